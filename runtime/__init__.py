@@ -1,0 +1,1 @@
+"""asyncrl runtime: scheduler core, config, CLI."""

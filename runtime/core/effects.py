@@ -1,0 +1,117 @@
+"""What the core gives back: replies to the caller and notices for everyone else.
+
+Replies are returned by the command that caused them. Notices (a group moved, a version
+was published, a lock was granted) and journal records accumulate in the core's outbox;
+the I/O shell drains them and turns them into PUB messages and journal appends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .pipeline import GroupState
+
+__all__ = [
+    "Accepted",
+    "Grant",
+    "GroupsAdded",
+    "LockGranted",
+    "LockQueued",
+    "Notice",
+    "Reason",
+    "Rejected",
+    "Transition",
+    "VersionLoaded",
+    "VersionPublished",
+    "WorkerLost",
+]
+
+
+class Reason(StrEnum):
+    """Why a command was refused. Every refusal is counted under its reason."""
+
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_WORKER = "unknown_worker"
+    WRONG_ROLE = "wrong_role"
+    UNKNOWN_LEASE = "unknown_lease"
+    STALE_FENCE = "stale_fence"
+    NOT_IN_LEASE = "not_in_lease"
+    INCOMPLETE_STEP = "incomplete_step"
+    BAD_RESULT = "bad_result"
+    BAD_VERSION = "bad_version"
+    UNKNOWN_RESOURCE = "unknown_resource"
+    DUPLICATE_KEY = "duplicate_key"
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    reason: Reason
+    detail: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A lease: the groups are this worker's until ``deadline`` unless renewed."""
+
+    lease_id: int
+    fence: int
+    role: str
+    deadline: float
+    groups: tuple[int, ...]
+    version: int | None = None  # for admitted work: the version the generator had loaded
+
+
+@dataclass(frozen=True, slots=True)
+class LockGranted:
+    resource: str
+    lease_id: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockQueued:
+    resource: str
+    lease_id: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    source: GroupState
+    target: GroupState
+    groups: tuple[int, ...]
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupsAdded:
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPublished:
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class VersionLoaded:
+    worker: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    worker: str
+    reason: str
+
+
+Notice = Transition | GroupsAdded | VersionPublished | VersionLoaded | LockGranted | WorkerLost

@@ -1,0 +1,219 @@
+"""The pipeline as data: group states, roles and the table of stages between them.
+
+A *stage* is one row: a role takes a group from a ``source`` state to a ``target`` state.
+The core reads this table and nothing else to know what a role may claim, so a new stage
+(a critic's values, a validation stream) is a new row, not an edit of the core.
+
+Two shapes of row exist:
+
+- an *exclusive* stage names a ``working`` state: while leased, the group sits there
+  (``pending → generating → generated``); it must be the only stage reading its source;
+- *branch* stages have no working state: several may read the same source at once, the
+  group stays in the source while they run, and joins into their common target once every
+  branch has completed (``generated → {logp, ref_logp, reward} → ready``).
+
+Two stages carry the pipeline's policy (``Gate``): the ``ADMIT`` stage is where groups are
+released under the staleness bound and stamped with behaviour versions; the ``STEP`` stage
+takes exactly one train batch at a time and advances the step counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "Gate",
+    "GroupState",
+    "Pipeline",
+    "PipelineError",
+    "Role",
+    "Stage",
+]
+
+
+class GroupState(StrEnum):
+    PENDING = "pending"
+    GENERATING = "generating"
+    GENERATED = "generated"
+    READY = "ready"
+    TRAINING = "training"
+    TRAINED = "trained"
+    DEAD = "dead"
+
+
+class Role(StrEnum):
+    """The built-in roles. A stage may name any other role string: that is an extension."""
+
+    DATALOADER = "dataloader"
+    GENERATE = "generate"
+    LOGP = "logp"
+    REF_LOGP = "ref_logp"
+    REWARD = "reward"
+    TRAIN = "train"
+
+
+class Gate(StrEnum):
+    """What the core checks before it hands out work of a stage."""
+
+    FREE = "free"  # any available group, as many as asked for
+    ADMIT = "admit"  # released under the staleness bound; completion carries versions
+    STEP = "step"  # exactly one train batch at a time; completion is a train step
+
+
+class PipelineError(ValueError):
+    """The table is inconsistent; the message names the offending row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    role: str
+    source: GroupState
+    target: GroupState
+    working: GroupState | None = None
+    gate: Gate = Gate.FREE
+
+    def __str__(self) -> str:
+        via = f" → {self.working}" if self.working else ""
+        return f"{self.role}: {self.source}{via} → {self.target} [{self.gate}]"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A validated table of stages with the lookups the core needs, computed once."""
+
+    stages: tuple[Stage, ...]
+    entry: GroupState = GroupState.PENDING
+    _by_source: dict[GroupState, tuple[Stage, ...]] = field(init=False, repr=False)
+    _by_working: dict[GroupState, Stage] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        by_source: dict[GroupState, list[Stage]] = {}
+        for stage in self.stages:
+            by_source.setdefault(stage.source, []).append(stage)
+        object.__setattr__(self, "_by_source", {k: tuple(v) for k, v in by_source.items()})
+        working = {s.working: s for s in self.stages if s.working is not None}
+        object.__setattr__(self, "_by_working", working)
+        _validate(self)
+
+    def consumers(self, state: GroupState) -> tuple[Stage, ...]:
+        """The stages that read groups in ``state`` (empty for a final state)."""
+        return self._by_source.get(state, ())
+
+    def stage_at(self, state: GroupState, role: str) -> Stage:
+        for stage in self.consumers(state):
+            if stage.role == role:
+                return stage
+        raise KeyError(f"no stage of role {role!r} reads {state}")
+
+    def for_role(self, role: str) -> tuple[Stage, ...]:
+        return tuple(s for s in self.stages if s.role == role)
+
+    def leased_in(self, state: GroupState) -> Stage | None:
+        """The exclusive stage whose working state is ``state``, if any."""
+        return self._by_working.get(state)
+
+    def gated(self, gate: Gate) -> Stage:
+        return next(s for s in self.stages if s.gate is gate)
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.role for s in self.stages))
+
+    def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
+        """Every (from, to) move a group may make, failures and deaths included."""
+        for stage in self.stages:
+            if stage.working is None:
+                yield stage.source, stage.target
+                continue
+            yield stage.source, stage.working
+            yield stage.working, stage.target
+            yield stage.working, stage.source  # lease lost: back to the stable state
+        for state in self._states():
+            if state is not GroupState.DEAD:
+                yield state, GroupState.DEAD
+
+    def _states(self) -> Iterable[GroupState]:
+        seen = {self.entry}
+        for stage in self.stages:
+            seen.update(x for x in (stage.source, stage.target, stage.working) if x)
+        return seen
+
+
+def _validate(pipeline: Pipeline) -> None:
+    checks = (_check_rows, _check_sources, _check_gates, _check_acyclic)
+    for check in checks:
+        check(pipeline)
+
+
+def _check_rows(pipeline: Pipeline) -> None:
+    working_of: dict[GroupState, Stage] = {}
+    for stage in pipeline.stages:
+        if GroupState.DEAD in (stage.source, stage.target, stage.working):
+            raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
+        if stage.source == stage.target:
+            raise PipelineError(f"{stage}: source and target are the same state")
+        if stage.working is None:
+            continue
+        if stage.working in working_of:
+            raise PipelineError(f"{stage}: working state shared with {working_of[stage.working]}")
+        if pipeline.consumers(stage.working):
+            raise PipelineError(f"{stage}: working state {stage.working} is also a source")
+        working_of[stage.working] = stage
+
+
+def _check_sources(pipeline: Pipeline) -> None:
+    for source, stages in pipeline._by_source.items():
+        roles = [s.role for s in stages]
+        if len(set(roles)) != len(roles):
+            raise PipelineError(f"two stages of one role read {source}: {roles}")
+        if len(stages) == 1:
+            continue
+        if any(s.working is not None for s in stages):
+            raise PipelineError(f"{source} has several readers; branches take no working state")
+        if len({s.target for s in stages}) != 1:
+            raise PipelineError(f"branches from {source} must join into one target")
+
+
+def _check_gates(pipeline: Pipeline) -> None:
+    for gate in (Gate.ADMIT, Gate.STEP):
+        rows = [s for s in pipeline.stages if s.gate is gate]
+        if len(rows) != 1:
+            raise PipelineError(f"the table needs exactly one {gate} stage, found {len(rows)}")
+    admit = pipeline.gated(Gate.ADMIT)
+    if admit.source != pipeline.entry:
+        raise PipelineError(f"{admit}: the admit stage must read the entry state {pipeline.entry}")
+    for stage in (admit, pipeline.gated(Gate.STEP)):
+        if stage.working is None:
+            raise PipelineError(f"{stage}: a gated stage must be exclusive (name a working state)")
+
+
+def _check_acyclic(pipeline: Pipeline) -> None:
+    """Groups only move forward: a cycle would let a group be trained twice."""
+    done: set[GroupState] = set()
+
+    def visit(state: GroupState, path: tuple[GroupState, ...]) -> None:
+        if state in path:
+            raise PipelineError(f"the table has a cycle: {' → '.join((*path, state))}")
+        if state in done:
+            return
+        for stage in pipeline.consumers(state):
+            visit(stage.target, (*path, state))
+        done.add(state)
+
+    for state in list(pipeline._by_source):
+        visit(state, ())
+
+
+S = GroupState
+DEFAULT_PIPELINE = Pipeline(
+    (
+        Stage(Role.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT),
+        Stage(Role.LOGP, S.GENERATED, S.READY),
+        Stage(Role.REF_LOGP, S.GENERATED, S.READY),
+        Stage(Role.REWARD, S.GENERATED, S.READY),
+        Stage(Role.TRAIN, S.READY, S.TRAINED, S.TRAINING, Gate.STEP),
+    )
+)

@@ -1,0 +1,50 @@
+"""Journal records: the facts the core has decided, one opcode each.
+
+The core decides (which groups to lease, whether a completion is valid, who dies) and then
+*applies* a record; applying is the only way its state changes. Replaying the same records
+on a fresh core therefore rebuilds the same state, and a record states what happened, not
+what was asked, so replay never re-runs a decision.
+
+Records are plain tuples so that they cost little on the hot path and pack straight into
+MessagePack; they come back from the journal as lists, which ``apply`` accepts too.
+
+========  ==============================================================================
+opcode    fields after the opcode
+========  ==============================================================================
+REGISTER  worker, role
+LEAVE     worker                                (its leases have already been failed)
+LOADED    worker, version
+ADD       first_gid, keys                       (new groups in ``entry``, gids in order)
+LEASE     lid, fence, role, source, worker, lease_deadline, gids, version, step_deadline
+RENEW     lids, lease_deadline
+COMPLETE  lid, gids, behaviour                  (behaviour: [[vmin, vmax], ...] or None)
+FAIL      lid, gids, reason                     (back to the source, attempt + 1)
+KILL      gids, reason                          (to ``dead``, out of any lease)
+PUBLISH   version
+GRANT     resource, lid, token                  (a lock taken under a lease)
+WAIT      resource, lid                         (queued for a full resource)
+UNLOCK    resource, token
+========  ==============================================================================
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = ["Op"]
+
+
+class Op(IntEnum):
+    REGISTER = 1
+    LOADED = 2
+    ADD = 3
+    LEASE = 4
+    RENEW = 5
+    COMPLETE = 6
+    FAIL = 7
+    KILL = 8
+    PUBLISH = 9
+    GRANT = 10
+    WAIT = 11
+    UNLOCK = 12
+    LEAVE = 13

@@ -1,0 +1,392 @@
+"""The scheduler core: commands in, replies and journal records and notices out.
+
+``SchedulerCore`` is sans-IO. It never opens a socket or reads a clock: every command
+that depends on time takes ``now``. Each command validates its input (a bad one is a
+``Rejected`` reply, counted, never an exception), decides, and commits records through
+``CoreState.apply``; the scheduler process drains the records into the journal and the
+notices onto the bus.
+
+Worker liveness (last heartbeat) and refusal counters are soft state: they are not
+journaled, since workers re-register and heartbeat after a restart anyway.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .codec import load_state
+from .effects import (
+    Accepted,
+    Grant,
+    LockGranted,
+    LockQueued,
+    Notice,
+    Reason,
+    Rejected,
+    WorkerLost,
+)
+from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
+from .records import Op
+from .staleness import admission_capacity, step_deadline
+from .state import CoreState, Lease
+
+__all__ = ["CoreSettings", "SchedulerCore"]
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    max_staleness: int = 1
+    train_batch_groups: int = 8
+    max_attempts: int = 3
+    lease_timeout: float = 60.0
+    worker_timeout: float = 15.0
+    resources: Mapping[str, int] = field(default_factory=dict)
+
+
+class SchedulerCore:
+    def __init__(self, settings: CoreSettings, pipeline: Pipeline = DEFAULT_PIPELINE) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.state = CoreState(pipeline, dict(settings.resources))
+        self.last_seen: dict[str, float] = {}
+        self.rejections: Counter[Reason] = Counter()
+        self._records: list[tuple[Any, ...]] = []
+        self._roles = {*pipeline.roles, Role.DATALOADER.value}
+
+    # --- outbox ----------------------------------------------------------------------
+
+    def drain(self) -> tuple[list[tuple[Any, ...]], list[Notice]]:
+        """Records to journal and notices to publish since the last drain, in order."""
+        records, self._records = self._records, []
+        notices, self.state.notices = self.state.notices, []
+        return records, notices
+
+    def _commit(self, *record: Any) -> None:
+        self.state.apply(record)
+        self._records.append(record)
+
+    def _reject(self, reason: Reason, detail: str) -> Rejected:
+        self.rejections[reason] += 1
+        return Rejected(reason, detail)
+
+    # --- workers ---------------------------------------------------------------------
+
+    def register(self, worker: str, role: str, now: float) -> Accepted | Rejected:
+        if role not in self._roles:
+            return self._reject(
+                Reason.WRONG_ROLE, f"role {role!r} is not one of {sorted(self._roles)}"
+            )
+        self._revoke(worker, "worker registered again")  # a restarted process holds nothing
+        self._commit(Op.REGISTER, worker, role)
+        self.last_seen[worker] = now
+        return Accepted()
+
+    def heartbeat(self, worker: str, now: float) -> Accepted | Rejected:
+        if worker not in self.state.workers:
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        self.last_seen[worker] = now
+        lids = [lease.lid for lease in self._leases_of(worker)]
+        if lids:
+            self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
+        return Accepted(len(lids))
+
+    def worker_lost(self, worker: str, reason: str) -> Accepted | Rejected:
+        """The worker is gone (timed out, or left): its work goes back, its locks go free."""
+        if worker not in self.state.workers:
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        self._revoke(worker, reason)
+        self._commit(Op.LEAVE, worker)
+        self.last_seen.pop(worker, None)
+        self.state.notices.append(WorkerLost(worker, reason))
+        return Accepted()
+
+    def tick(self, now: float) -> int:
+        """Expire overdue leases and silent workers. Returns how many leases ended."""
+        ended = 0
+        expiry = self.state.expiry_heap()
+        while expiry and expiry[0][0] <= now:
+            deadline, lid = heapq.heappop(expiry)
+            lease = self.state.leases.get(lid)
+            if lease is not None and lease.deadline == deadline:
+                self._fail_groups(lease, sorted(lease.gids), f"{lease.role}: lease expired")
+                ended += 1
+        timeout = self.settings.worker_timeout
+        for worker in [w for w, seen in self.last_seen.items() if seen + timeout <= now]:
+            self.worker_lost(worker, f"no heartbeat for {timeout:g}s")
+        return ended
+
+    def _leases_of(self, worker: str) -> list[Lease]:
+        return [lease for lease in self.state.leases.values() if lease.worker == worker]
+
+    def _revoke(self, worker: str, reason: str) -> None:
+        for lease in self._leases_of(worker):
+            self._fail_groups(lease, sorted(lease.gids), f"{lease.role}: {reason}")
+
+    # --- data ------------------------------------------------------------------------
+
+    def add_groups(self, keys: Sequence[str]) -> Accepted | Rejected:
+        """New prompt groups enter the pipeline; ``keys`` name them for the dataloader."""
+        dupes = sorted({k for k in keys if k in self.state.keys} | _repeated(keys))
+        if dupes:
+            return self._reject(Reason.DUPLICATE_KEY, f"groups already known: {dupes[:5]}")
+        if keys:
+            self._commit(Op.ADD, self.state.next_gid, list(keys))
+        return Accepted(len(keys))
+
+    # --- leases ----------------------------------------------------------------------
+
+    def claim(self, role: str, worker: str, n: int, now: float) -> Grant | Rejected | None:
+        """Lease up to ``n`` groups of ``role``'s work to ``worker``; None when there is none."""
+        known = self.state.workers.get(worker)
+        if known is None:
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        if known.role != role:
+            return self._reject(Reason.WRONG_ROLE, f"worker {worker!r} registered as {known.role}")
+        if n < 1:
+            return self._reject(Reason.BAD_REQUEST, f"claim of {n} items; ask for at least 1")
+        for stage in self.pipeline.for_role(role):
+            grant = self._claim_stage(stage, worker, n, now)
+            if grant is not None:
+                return grant
+        return None
+
+    def _claim_stage(
+        self, stage: Stage, worker: str, n: int, now: float
+    ) -> Grant | Rejected | None:
+        version = deadline = None
+        if stage.gate is Gate.ADMIT:
+            version = self.state.workers[worker].loaded
+            if version is None:
+                return self._reject(
+                    Reason.BAD_VERSION, f"{worker!r} has not reported a loaded version"
+                )
+            deadline = step_deadline(version, self.settings.max_staleness)
+            n = min(n, self._admissible(deadline))
+        elif stage.gate is Gate.STEP:
+            n = self.settings.train_batch_groups if self._step_ready(stage) else 0
+        gids = self._take(stage, n)
+        if not gids:
+            return None
+        s = self.state
+        lid, fence, expires = s.next_lid, s.fence + 1, now + self.settings.lease_timeout
+        self._commit(
+            Op.LEASE,
+            lid,
+            fence,
+            stage.role,
+            stage.source.value,
+            worker,
+            expires,
+            gids,
+            version,
+            deadline,
+        )
+        return Grant(lid, fence, stage.role, expires, tuple(gids), version)
+
+    def _admissible(self, deadline: int) -> int:
+        s = self.state
+        return admission_capacity(s.due, s.steps_done, self.settings.train_batch_groups, deadline)
+
+    def _step_ready(self, stage: Stage) -> bool:
+        """One batch at a time, and never without a group whose deadline is this step."""
+        s = self.state
+        if any(lease.role == stage.role for lease in s.leases.values()):
+            return False
+        step = s.steps_done + 1
+        return s.counts[stage.source] >= self.settings.train_batch_groups and (
+            s.due_ready[step] == s.due[step]
+        )
+
+    def _take(self, stage: Stage, n: int) -> list[int]:
+        heap, groups, taken = self.state.available(stage), self.state.groups, []
+        while heap and len(taken) < n:
+            gid = heapq.heappop(heap)[1]
+            if self.state.takeable(groups[gid], stage) and gid not in taken:
+                taken.append(gid)
+        return taken
+
+    def complete(
+        self,
+        lease_id: int,
+        fence: int,
+        gids: Sequence[int],
+        behaviour: Sequence[Sequence[int]] | None = None,
+    ) -> Accepted | Rejected:
+        """Results for ``gids`` of a lease; admitted work carries (min, max) versions each."""
+        lease = self._held(lease_id, fence)
+        if isinstance(lease, Rejected):
+            return lease
+        bad = self._check_completion(lease, gids, behaviour)
+        if bad is not None:
+            return bad
+        rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
+        self._commit(Op.COMPLETE, lease.lid, list(gids), rows)
+        return Accepted(len(gids))
+
+    def _check_completion(
+        self, lease: Lease, gids: Sequence[int], behaviour: Sequence[Sequence[int]] | None
+    ) -> Rejected | None:
+        stage = self.pipeline.stage_at(lease.source, lease.role)
+        missing = self._outside(lease, gids)
+        if missing is not None:
+            return missing
+        if stage.gate is Gate.STEP and set(gids) != lease.gids:
+            return self._reject(Reason.INCOMPLETE_STEP, "a train step completes its whole batch")
+        if (behaviour is not None) != (stage.gate is Gate.ADMIT):
+            want = "needs" if stage.gate is Gate.ADMIT else "takes no"
+            return self._reject(Reason.BAD_RESULT, f"{stage.role} completion {want} versions")
+        if behaviour is not None:
+            return self._check_versions(lease, gids, behaviour)
+        return None
+
+    def _check_versions(
+        self, lease: Lease, gids: Sequence[int], behaviour: Sequence[Sequence[int]]
+    ) -> Rejected | None:
+        if len(behaviour) != len(gids):
+            return self._reject(
+                Reason.BAD_RESULT, f"{len(behaviour)} versions for {len(gids)} groups"
+            )
+        low, high = lease.version, self.state.policy_version
+        for gid, pair in zip(gids, behaviour, strict=True):
+            if len(pair) != 2 or not low <= pair[0] <= pair[1] <= high:
+                detail = f"group {gid}: versions {list(pair)} outside [{low}, {high}]"
+                return self._reject(Reason.BAD_VERSION, detail)
+        return None
+
+    def fail(
+        self, lease_id: int, fence: int, gids: Sequence[int] | None, reason: str
+    ) -> Accepted | Rejected:
+        """Give groups back (all of the lease when ``gids`` is None) to be tried again."""
+        lease = self._held(lease_id, fence)
+        if isinstance(lease, Rejected):
+            return lease
+        gids = sorted(lease.gids) if gids is None else list(gids)
+        missing = self._outside(lease, gids)
+        if missing is not None:
+            return missing
+        self._fail_groups(lease, gids, f"{lease.role}: {reason}")
+        return Accepted(len(gids))
+
+    def _fail_groups(self, lease: Lease, gids: Sequence[int], reason: str) -> None:
+        limit, role = self.settings.max_attempts, lease.role
+        groups = self.state.groups
+        last = [g for g in gids if groups[g].attempts.get(role, 0) + 1 >= limit]
+        retry = [g for g in gids if g not in set(last)]
+        if retry:
+            self._commit(Op.FAIL, lease.lid, retry, reason)
+        if last:
+            self._commit(Op.KILL, last, f"{reason} (attempt {limit} of {limit})")
+
+    def _held(self, lease_id: int, fence: int) -> Lease | Rejected:
+        lease = self.state.leases.get(lease_id)
+        if lease is None:
+            if 0 < lease_id < self.state.next_lid:
+                return self._reject(Reason.STALE_FENCE, f"lease {lease_id} has ended")
+            return self._reject(Reason.UNKNOWN_LEASE, f"no lease {lease_id} was ever granted")
+        if lease.fence != fence:
+            return self._reject(Reason.STALE_FENCE, f"lease {lease_id}: fence {fence} is stale")
+        return lease
+
+    def _outside(self, lease: Lease, gids: Sequence[int]) -> Rejected | None:
+        if not gids or len(set(gids)) != len(gids):
+            return self._reject(Reason.BAD_REQUEST, "name each group of the lease once")
+        outside = [g for g in gids if g not in lease.gids]
+        if outside:
+            return self._reject(
+                Reason.NOT_IN_LEASE, f"groups {outside[:5]} not in lease {lease.lid}"
+            )
+        return None
+
+    # --- versions --------------------------------------------------------------------
+
+    def publish_version(self, worker: str, version: int) -> Accepted | Rejected:
+        """The trainer made ``version``'s weights available to generators."""
+        trainer = self.pipeline.gated(Gate.STEP).role
+        known = self.state.workers.get(worker)
+        if known is None or known.role != trainer:
+            return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker publishes versions")
+        s = self.state
+        if not s.policy_version < version <= s.steps_done:
+            allowed = f"({s.policy_version}, {s.steps_done}]"
+            return self._reject(Reason.BAD_VERSION, f"version {version} outside {allowed}")
+        self._commit(Op.PUBLISH, version)
+        return Accepted()
+
+    def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:
+        known = self.state.workers.get(worker)
+        if known is None:
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        floor = -1 if known.loaded is None else known.loaded
+        if not floor <= version <= self.state.policy_version:
+            allowed = f"[{max(floor, 0)}, {self.state.policy_version}]"
+            return self._reject(Reason.BAD_VERSION, f"loaded version {version} outside {allowed}")
+        if version != known.loaded:
+            self._commit(Op.LOADED, worker, version)
+        return Accepted()
+
+    # --- locks -----------------------------------------------------------------------
+
+    def acquire(
+        self, resource: str, lease_id: int, fence: int
+    ) -> LockGranted | LockQueued | Rejected:
+        """Take one unit of ``resource`` for as long as the lease lives (or until released)."""
+        held = self.state.resources.get(resource)
+        if held is None:
+            return self._reject(Reason.UNKNOWN_RESOURCE, f"no resource {resource!r}")
+        lease = self._held(lease_id, fence)
+        if isinstance(lease, Rejected):
+            return lease
+        if resource in lease.locks.values() or lease_id in held.waiting:
+            return self._reject(
+                Reason.BAD_REQUEST, f"lease {lease_id} already asked for {resource!r}"
+            )
+        if len(held.holders) < held.capacity:
+            token = self.state.fence + 1
+            self._commit(Op.GRANT, resource, lease_id, token)
+            return LockGranted(resource, lease_id, token)
+        self._commit(Op.WAIT, resource, lease_id)
+        return LockQueued(resource, lease_id, len(held.waiting))
+
+    def release(self, resource: str, token: int) -> Accepted | Rejected:
+        held = self.state.resources.get(resource)
+        if held is None:
+            return self._reject(Reason.UNKNOWN_RESOURCE, f"no resource {resource!r}")
+        if token not in held.holders:
+            return self._reject(Reason.STALE_FENCE, f"{resource!r}: token {token} is not held")
+        self._commit(Op.UNLOCK, resource, token)
+        return Accepted()
+
+    # --- restart ---------------------------------------------------------------------
+
+    @classmethod
+    def restore(
+        cls,
+        settings: CoreSettings,
+        records: Iterable[Sequence[Any]],
+        pipeline: Pipeline = DEFAULT_PIPELINE,
+        snapshot: Mapping[str, Any] | None = None,
+    ) -> SchedulerCore:
+        """Rebuild a core from a snapshot (if any) and the records journaled after it."""
+        core = cls(settings, pipeline)
+        if snapshot is not None:
+            core.state = load_state(pipeline, dict(settings.resources), snapshot)
+        for record in records:
+            core.state.apply(record)
+        core.state.notices.clear()
+        return core
+
+    def resume(self, now: float) -> None:
+        """After a restart: workers could not renew while we were down, so give grace."""
+        for worker in self.state.workers:
+            self.last_seen[worker] = now
+        lids = sorted(self.state.leases)
+        if lids:
+            self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
+
+
+def _repeated(keys: Sequence[str]) -> set[str]:
+    return {key for key, count in Counter(keys).items() if count > 1}

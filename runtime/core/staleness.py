@@ -1,0 +1,39 @@
+"""Staleness admission: how many groups a generator may start without breaking the bound.
+
+A generator that has loaded version ``L`` produces tokens of version ``L`` or newer. Train
+step ``s`` updates version ``s - 1`` into ``s``, so a group trained at step ``s`` is
+``s - 1 - L`` versions stale at worst. To keep that within ``max_staleness`` the group
+must be trained by step ``L + max_staleness + 1``: its *step deadline*.
+
+Admitting a group is a promise to train it by its deadline, and every step takes exactly
+``batch`` groups. The promises are keepable (the trainer can meet every deadline taking
+the earliest deadlines first) exactly when, for every deadline ``d``, the alive untrained
+groups due by ``d`` fit in the steps left until ``d``. Admission keeps that true, and the
+trainer waits for a due group rather than leave it behind.
+
+With ``max_staleness = 0`` this is synchronous RL: a generator gets work only once it has
+loaded the newest version, and exactly one batch is in flight per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["admission_capacity", "step_deadline"]
+
+
+def step_deadline(loaded_version: int, max_staleness: int) -> int:
+    """The last train step at which work started under ``loaded_version`` may be used."""
+    return loaded_version + max_staleness + 1
+
+
+def admission_capacity(due: Mapping[int, int], steps_done: int, batch: int, deadline: int) -> int:
+    """How many more groups with ``deadline`` fit beside the ``due`` ones (deadline -> count)."""
+    if deadline <= steps_done:
+        return 0
+    due_by = sum(count for d, count in due.items() if d <= deadline)
+    room = (deadline - steps_done) * batch - due_by
+    for later in sorted(d for d in due if d > deadline):
+        due_by += due[later]
+        room = min(room, (later - steps_done) * batch - due_by)
+    return max(room, 0)

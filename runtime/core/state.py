@@ -1,0 +1,290 @@
+"""The core's durable state and ``apply``, the only code that changes it.
+
+``CoreState.apply(record)`` is a pure function of the state and one record (see
+``records.py``): the live core and a replay of its journal call the same code with the
+same records, so they end in the same state. Indexes (which groups each stage may take
+next, which leases expire first) are derived and rebuilt on restore, never journaled.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .effects import GroupsAdded, LockGranted, Notice, Transition, VersionLoaded, VersionPublished
+from .pipeline import Gate, GroupState, Pipeline, Stage
+from .records import Op
+
+__all__ = ["CoreState", "Group", "Lease", "Worker"]
+
+DEAD = GroupState.DEAD
+
+
+@dataclass(slots=True)
+class Group:
+    gid: int
+    key: str
+    state: GroupState
+    done: set[str] = field(default_factory=set)  # branches finished at the current state
+    leases: dict[str, int] = field(default_factory=dict)  # role -> lease now working on it
+    attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
+    step_deadline: int | None = None  # the last train step the staleness bound allows
+    behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
+    step: int | None = None  # the train step that consumed it
+    reason: str | None = None  # why it died
+
+
+@dataclass(slots=True)
+class Lease:
+    lid: int
+    fence: int
+    role: str
+    source: GroupState
+    worker: str
+    deadline: float
+    gids: set[int]
+    version: int | None = None  # admitted work: the version the generator had loaded
+    locks: dict[int, str] = field(default_factory=dict)  # token -> resource
+
+
+@dataclass(slots=True)
+class Worker:
+    role: str
+    loaded: int | None = None  # the policy version a generator has loaded
+
+
+@dataclass(slots=True)
+class Resource:
+    capacity: int
+    holders: dict[int, int] = field(default_factory=dict)  # token -> lid
+    waiting: deque[int] = field(default_factory=deque)  # lids, first come first served
+
+
+class CoreState:
+    """Everything the scheduler must not forget, plus indexes derived from it."""
+
+    def __init__(self, pipeline: Pipeline, resources: dict[str, int]) -> None:
+        self.pipeline = pipeline
+        self.groups: dict[int, Group] = {}
+        self.keys: set[str] = set()
+        self.leases: dict[int, Lease] = {}
+        self.workers: dict[str, Worker] = {}
+        self.resources = {name: Resource(cap) for name, cap in sorted(resources.items())}
+        self.next_gid = 0
+        self.next_lid = 1
+        self.fence = 0
+        self.steps_done = 0
+        self.policy_version = 0
+        self.due: Counter[int] = Counter()  # step_deadline -> alive, untrained groups
+        self.due_ready: Counter[int] = Counter()  # the same, among groups the trainer may take
+        self.counts: Counter[GroupState] = Counter()
+        self.notices: list[Notice] = []
+        self._available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
+        self._expiry: list[tuple[float, int]] = []
+        self.step_source = pipeline.gated(Gate.STEP).source
+        self._admit_working = pipeline.gated(Gate.ADMIT).working
+        self._handlers: dict[int, Callable[..., None]] = {
+            Op.REGISTER: self._register,
+            Op.LEAVE: self._leave,
+            Op.LOADED: self._loaded,
+            Op.ADD: self._add,
+            Op.LEASE: self._lease,
+            Op.RENEW: self._renew,
+            Op.COMPLETE: self._complete,
+            Op.FAIL: self._fail,
+            Op.KILL: self._kill,
+            Op.PUBLISH: self._publish,
+            Op.GRANT: self._grant,
+            Op.WAIT: self._wait,
+            Op.UNLOCK: self._unlock,
+        }
+
+    def apply(self, record: Sequence[Any]) -> None:
+        self._handlers[record[0]](*record[1:])
+
+    # --- indexes ---------------------------------------------------------------------
+
+    def available(self, stage: Stage) -> list[tuple[Any, int]]:
+        """Heap of (order key, gid) that *may* be takeable; stale entries are skipped."""
+        return self._available[stage]
+
+    def takeable(self, group: Group, stage: Stage) -> bool:
+        return (
+            group.state == stage.source
+            and stage.role not in group.done
+            and stage.role not in group.leases
+        )
+
+    def expiry_heap(self) -> list[tuple[float, int]]:
+        return self._expiry
+
+    def offer(self, group: Group) -> None:
+        for stage in self.pipeline.consumers(group.state):
+            if stage.gate is Gate.STEP:
+                key: Any = (group.step_deadline, group.gid)
+            else:
+                key = group.gid
+            heapq.heappush(self._available[stage], (key, group.gid))
+
+    def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
+        source = group.state
+        if source == self.step_source and group.step_deadline is not None:
+            self.due_ready[group.step_deadline] -= 1
+        if target == self.step_source and group.step_deadline is not None:
+            self.due_ready[group.step_deadline] += 1
+        self.counts[source] -= 1
+        self.counts[target] += 1
+        group.state = target
+        self.notices.append(Transition(source, target, (group.gid,), reason))
+        self.offer(group)
+
+    # --- handlers, one per opcode ----------------------------------------------------
+
+    def _register(self, worker: str, role: str) -> None:
+        # A (re)started worker process holds no weights yet: it reports what it loads.
+        self.workers[worker] = Worker(role)
+
+    def _leave(self, worker: str) -> None:
+        del self.workers[worker]
+
+    def _loaded(self, worker: str, version: int) -> None:
+        self.workers[worker].loaded = version
+        self.notices.append(VersionLoaded(worker, version))
+
+    def _add(self, first_gid: int, keys: Sequence[str]) -> None:
+        entry = self.pipeline.entry
+        for gid, key in enumerate(keys, first_gid):
+            group = Group(gid, key, entry)
+            self.groups[gid] = group
+            self.keys.add(key)
+            self.offer(group)
+        self.next_gid = first_gid + len(keys)
+        self.counts[entry] += len(keys)
+        self.notices.append(GroupsAdded(tuple(range(first_gid, self.next_gid))))
+
+    def _lease(
+        self,
+        lid: int,
+        fence: int,
+        role: str,
+        source: str,
+        worker: str,
+        deadline: float,
+        gids: Sequence[int],
+        version: int | None,
+        step_deadline: int | None,
+    ) -> None:
+        stage = self.pipeline.stage_at(GroupState(source), role)
+        lease = Lease(lid, fence, role, stage.source, worker, deadline, set(gids), version)
+        self.leases[lid] = lease
+        self.next_lid = lid + 1
+        self.fence = max(self.fence, fence)
+        heapq.heappush(self._expiry, (deadline, lid))
+        for gid in gids:
+            group = self.groups[gid]
+            group.leases[role] = lid
+            if step_deadline is not None:
+                group.step_deadline = step_deadline
+                self.due[step_deadline] += 1
+            if stage.working is not None:
+                self._move(group, stage.working)
+
+    def _renew(self, lids: Sequence[int], deadline: float) -> None:
+        for lid in lids:
+            self.leases[lid].deadline = deadline
+            heapq.heappush(self._expiry, (deadline, lid))
+
+    def _complete(self, lid: int, gids: Sequence[int], behaviour: Sequence | None) -> None:
+        lease = self.leases[lid]
+        stage = self.pipeline.stage_at(lease.source, lease.role)
+        if stage.gate is Gate.STEP:
+            self.steps_done += 1
+        for i, gid in enumerate(gids):
+            group = self.groups[gid]
+            del group.leases[lease.role]
+            if behaviour is not None:
+                group.behaviour = (behaviour[i][0], behaviour[i][1])
+            self._finish_branch(group, stage)
+        self._release_groups(lease, gids)
+
+    def _finish_branch(self, group: Group, stage: Stage) -> None:
+        group.done.add(stage.role)
+        branches = self.pipeline.consumers(stage.source)
+        if len(group.done) < len(branches):
+            return
+        group.done.clear()
+        if stage.gate is Gate.STEP:
+            group.step = self.steps_done
+            self._forget_deadline(group)
+        self._move(group, stage.target)
+
+    def _fail(self, lid: int, gids: Sequence[int], reason: str) -> None:
+        lease = self.leases[lid]
+        for gid in gids:
+            group = self.groups[gid]
+            del group.leases[lease.role]
+            group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
+            if group.state != lease.source:
+                if group.state == self._admit_working:
+                    self._forget_deadline(group)  # it will be admitted afresh
+                self._move(group, lease.source, reason)
+            else:
+                self.offer(group)
+        self._release_groups(lease, gids)
+
+    def _kill(self, gids: Sequence[int], reason: str) -> None:
+        for gid in gids:
+            group = self.groups[gid]
+            for lid in set(group.leases.values()):
+                self._release_groups(self.leases[lid], (gid,))
+            group.leases.clear()
+            group.done.clear()
+            group.reason = reason
+            self._forget_deadline(group)
+            self._move(group, DEAD, reason)
+
+    def _forget_deadline(self, group: Group) -> None:
+        if group.step_deadline is None:
+            return
+        self.due[group.step_deadline] -= 1
+        if group.state == self.step_source:
+            self.due_ready[group.step_deadline] -= 1
+        group.step_deadline = None
+
+    def _publish(self, version: int) -> None:
+        self.policy_version = version
+        self.notices.append(VersionPublished(version))
+
+    # --- leases end, locks follow ----------------------------------------------------
+
+    def _release_groups(self, lease: Lease, gids: Sequence[int]) -> None:
+        lease.gids.difference_update(gids)
+        if lease.gids:
+            return
+        del self.leases[lease.lid]
+        for resource in self.resources.values():
+            if lease.lid in resource.waiting:
+                resource.waiting.remove(lease.lid)
+        for token, name in list(lease.locks.items()):
+            self._unlock(name, token)
+
+    def _grant(self, name: str, lid: int, token: int) -> None:
+        self.resources[name].holders[token] = lid
+        self.leases[lid].locks[token] = name
+        self.fence = max(self.fence, token)
+        self.notices.append(LockGranted(name, lid, token))
+
+    def _wait(self, name: str, lid: int) -> None:
+        self.resources[name].waiting.append(lid)
+
+    def _unlock(self, name: str, token: int) -> None:
+        resource = self.resources[name]
+        lid = resource.holders.pop(token)
+        if lid in self.leases:
+            del self.leases[lid].locks[token]
+        if resource.waiting:
+            self.fence += 1  # the next in line takes the freed slot under a new fence
+            self._grant(name, resource.waiting.popleft(), self.fence)
