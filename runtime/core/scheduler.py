@@ -31,7 +31,7 @@ from .effects import (
 )
 from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
 from .records import Op
-from .staleness import admission_capacity, step_deadline
+from .staleness import admission_capacity, step_deadline, step_keeps_promises
 from .state import CoreState, Lease
 
 __all__ = ["CoreSettings", "SchedulerCore"]
@@ -192,13 +192,13 @@ class SchedulerCore:
         return admission_capacity(s.due, s.steps_done, self.settings.train_batch_groups, deadline)
 
     def _step_ready(self, stage: Stage) -> bool:
-        """One batch at a time, and never without a group whose deadline is this step."""
+        """One batch at a time, and only one that leaves every admitted group trainable."""
         s = self.state
         if any(lease.role == stage.role for lease in s.leases.values()):
             return False
-        step = s.steps_done + 1
-        return s.counts[stage.source] >= self.settings.train_batch_groups and (
-            s.due_ready[step] == s.due[step]
+        batch = self.settings.train_batch_groups
+        return s.counts[stage.source] >= batch and step_keeps_promises(
+            s.due, s.due_ready, s.steps_done, batch
         )
 
     def _take(self, stage: Stage, n: int) -> list[int]:

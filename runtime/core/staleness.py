@@ -8,8 +8,10 @@ must be trained by step ``L + max_staleness + 1``: its *step deadline*.
 Admitting a group is a promise to train it by its deadline, and every step takes exactly
 ``batch`` groups. The promises are keepable (the trainer can meet every deadline taking
 the earliest deadlines first) exactly when, for every deadline ``d``, the alive untrained
-groups due by ``d`` fit in the steps left until ``d``. Admission keeps that true, and the
-trainer waits for a due group rather than leave it behind.
+groups due by ``d`` fit in the steps left until ``d``. Admission keeps that true. The
+trainer keeps it true too: it takes a step only if the groups it can take now (the ready
+ones, earliest deadline first) leave the rest keepable, and otherwise waits for the
+stragglers rather than leave them behind.
 
 With ``max_staleness = 0`` this is synchronous RL: a generator gets work only once it has
 loaded the newest version, and exactly one batch is in flight per step.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["admission_capacity", "step_deadline"]
+__all__ = ["admission_capacity", "step_deadline", "step_keeps_promises"]
 
 
 def step_deadline(loaded_version: int, max_staleness: int) -> int:
@@ -37,3 +39,22 @@ def admission_capacity(due: Mapping[int, int], steps_done: int, batch: int, dead
         due_by += due[later]
         room = min(room, (later - steps_done) * batch - due_by)
     return max(room, 0)
+
+
+def step_keeps_promises(
+    due: Mapping[int, int], due_ready: Mapping[int, int], steps_done: int, batch: int
+) -> bool:
+    """Whether a step now, taking the ``batch`` ready groups due soonest, strands no one.
+
+    After the step, the groups due by each deadline ``d`` must fit in the ``d - step``
+    steps left, so the step must take at least ``due_by(d) - (d - step) * batch`` of them,
+    and it can take ``min(batch, ready_by(d))``.
+    """
+    step = steps_done + 1
+    due_by = ready_by = 0
+    for d in sorted(due):
+        due_by += due[d]
+        ready_by += due_ready.get(d, 0)
+        if d >= step and min(batch, ready_by) < due_by - (d - step) * batch:
+            return False
+    return True

@@ -132,9 +132,9 @@ class CoreState:
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
         source = group.state
         if source == self.step_source and group.step_deadline is not None:
-            self.due_ready[group.step_deadline] -= 1
+            _bump(self.due_ready, group.step_deadline, -1)
         if target == self.step_source and group.step_deadline is not None:
-            self.due_ready[group.step_deadline] += 1
+            _bump(self.due_ready, group.step_deadline, 1)
         self.counts[source] -= 1
         self.counts[target] += 1
         group.state = target
@@ -188,7 +188,7 @@ class CoreState:
             group.leases[role] = lid
             if step_deadline is not None:
                 group.step_deadline = step_deadline
-                self.due[step_deadline] += 1
+                _bump(self.due, step_deadline, 1)
             if stage.working is not None:
                 self._move(group, stage.working)
 
@@ -249,9 +249,9 @@ class CoreState:
     def _forget_deadline(self, group: Group) -> None:
         if group.step_deadline is None:
             return
-        self.due[group.step_deadline] -= 1
+        _bump(self.due, group.step_deadline, -1)
         if group.state == self.step_source:
-            self.due_ready[group.step_deadline] -= 1
+            _bump(self.due_ready, group.step_deadline, -1)
         group.step_deadline = None
 
     def _publish(self, version: int) -> None:
@@ -288,3 +288,12 @@ class CoreState:
         if resource.waiting:
             self.fence += 1  # the next in line takes the freed slot under a new fence
             self._grant(name, resource.waiting.popleft(), self.fence)
+
+
+def _bump(counter: Counter[int], key: int, delta: int) -> None:
+    """Counts by deadline, without the zeros: the staleness checks walk every key."""
+    value = counter[key] + delta
+    if value:
+        counter[key] = value
+    else:
+        del counter[key]

@@ -1,0 +1,43 @@
+"""Typed run configuration: one YAML file -> a frozen `RunConfig`."""
+
+from .load import (
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    describe_fields,
+    dump_config,
+    load_config,
+)
+from .schema import (
+    WORKER_ROLES,
+    AlgorithmSection,
+    BackendsSection,
+    DataSection,
+    LoggingSection,
+    ModelSection,
+    PipelineSection,
+    RunConfig,
+    RunSection,
+    SchedulerSection,
+    WeightsSection,
+)
+
+__all__ = [
+    "WORKER_ROLES",
+    "AlgorithmSection",
+    "BackendsSection",
+    "ConfigError",
+    "DataSection",
+    "LoggingSection",
+    "ModelSection",
+    "PipelineSection",
+    "RunConfig",
+    "RunSection",
+    "SchedulerSection",
+    "WeightsSection",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_fields",
+    "dump_config",
+    "load_config",
+]

@@ -1,0 +1,231 @@
+"""Typed, frozen sections of a run's configuration.
+
+Each constraint is declared once, in the field's metadata, and the generic loader
+(`load.py`) enforces it and words the error from it:
+
+- "help": one line shown by `describe_fields` and the CLI;
+- "min" / "max": inclusive bounds; "exclusive_min": a strict lower bound;
+- "keys": the only keys a mapping field may have.
+
+For mapping and list fields the bounds apply to each value. A check across fields goes in
+the section's `__post_init__` as `ValueError("<field>: got ...; allowed: ...")`; the loader
+prefixes the section's dotted path. Every field has a default, so an empty YAML file is a
+valid config: the embedded CPU demo.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Pipeline roles, in data-flow order; `pipeline.workers` may name only these.
+WORKER_ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
+
+
+def doc(text: str, **limits: Any) -> dict[str, Any]:
+    """Field metadata: one-line help plus limits (see the module docstring)."""
+    return {"help": text, **limits}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSection:
+    name: str = field(default="demo", metadata=doc("name of the run; fills {name} in run.dir"))
+    dir: str = field(
+        default="runs/{name}", metadata=doc("run directory: journal, checkpoints, resolved config")
+    )
+    seed: int = field(
+        default=0, metadata=doc("seed for every random number generator of the run", min=0)
+    )
+    total_steps: int = field(
+        default=200, metadata=doc("optimizer steps before the run ends", min=1)
+    )
+
+    def __post_init__(self) -> None:
+        # Expanded here, after overrides are merged, so `run.name=x` alone moves the dir.
+        # str.replace, not str.format: other braces in a path are left alone.
+        object.__setattr__(self, "dir", self.dir.replace("{name}", self.name))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSection:
+    task: str = field(
+        default="asyncrl.actors.tasks.arithmetic:task",
+        metadata=doc("task plug-in, as an import path module:attr"),
+    )
+    group_size: int = field(
+        default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
+    )
+    val_every_versions: int = field(
+        default=10, metadata=doc("validate every this many weight versions", min=1)
+    )
+    val_prompts: int = field(default=64, metadata=doc("prompts per validation pass", min=1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSection:
+    path: str = field(
+        default="embedded",
+        metadata=doc("model directory, or 'embedded' for the packaged demo model"),
+    )
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata=doc("parameter and compute dtype")
+    )
+    max_new_tokens: int = field(
+        default=64, metadata=doc("most tokens generated per response", min=1)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmSection:
+    estimator: Literal["grpo", "dr_grpo"] = field(
+        default="grpo", metadata=doc("group advantage estimator")
+    )
+    lr: float = field(default=1e-5, metadata=doc("learning rate", exclusive_min=0))
+    clip_low: float = field(
+        default=0.2, metadata=doc("PPO ratio clip below 1 (1 - clip_low)", min=0)
+    )
+    clip_high: float = field(
+        default=0.28, metadata=doc("PPO ratio clip above 1 (1 + clip_high)", min=0)
+    )
+    kl_coef: float = field(
+        default=0.0, metadata=doc("weight of the KL penalty to the reference model", min=0)
+    )
+    kl_estimator: Literal["k1", "k3"] = field(default="k3", metadata=doc("KL estimator"))
+    loss_agg: Literal["token", "sequence"] = field(
+        default="token", metadata=doc("average the loss per token or per sequence")
+    )
+    is_cap: float = field(
+        default=5.0, metadata=doc("cap on the behaviour/proximal importance weight", min=1)
+    )
+    max_grad_norm: float = field(default=1.0, metadata=doc("gradient norm clip", exclusive_min=0))
+    micro_batch_groups: int = field(
+        default=4, metadata=doc("groups per micro-batch (gradient accumulation)", min=1)
+    )
+    temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineSection:
+    max_staleness: int = field(
+        default=1,
+        metadata=doc(
+            "weight versions a sample may lag the trainer; 0 = synchronous on-policy", min=0
+        ),
+    )
+    train_batch_groups: int = field(default=8, metadata=doc("groups per optimizer step", min=1))
+    max_attempts: int = field(default=3, metadata=doc("tries per task before it is failed", min=1))
+    lease_timeout_s: float = field(
+        default=60.0,
+        metadata=doc("seconds before an unfinished lease is re-issued", exclusive_min=0),
+    )
+    workers: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(WORKER_ROLES, 1),
+        metadata=doc(
+            "workers per role; roles not given keep their default", min=0, keys=WORKER_ROLES
+        ),
+    )
+    checkpoint_every: int = field(
+        default=50, metadata=doc("optimizer steps between checkpoints", min=1)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightsSection:
+    strategy: Literal["ucx", "shm", "interim"] = field(
+        default="ucx", metadata=doc("how new weights reach generators")
+    )
+    produce_bucket_mb: int = field(
+        default=64, metadata=doc("MiB per bucket when publishing weights", min=1)
+    )
+    consume_bucket_mb: int = field(
+        default=64, metadata=doc("MiB per bucket when loading weights", min=1)
+    )
+    progress_mode: Literal["thread", "polling"] = field(
+        default="thread", metadata=doc("how transfers make progress")
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendsSection:
+    generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
+    train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerSection:
+    host: str = field(
+        default="127.0.0.1", metadata=doc("address the scheduler binds and workers dial")
+    )
+    control_port: int = field(
+        default=5555, metadata=doc("port for requests; 0 = any free port", min=0, max=65535)
+    )
+    events_port: int = field(
+        default=5556, metadata=doc("port for published events; 0 = any free port", min=0, max=65535)
+    )
+    heartbeat_interval_s: float = field(
+        default=2.0, metadata=doc("seconds between worker heartbeats", exclusive_min=0)
+    )
+    worker_timeout_s: float = field(
+        default=15.0, metadata=doc("silence after which a worker is dead", exclusive_min=0)
+    )
+    resources: dict[str, int] = field(
+        default_factory=dict, metadata=doc("named lock resources and their capacity", min=1)
+    )
+    journal_fsync_every: int = field(
+        default=256, metadata=doc("journal records per batched fsync", min=1)
+    )
+    journal_fsync_interval_ms: int = field(
+        default=50, metadata=doc("longest wait before a batched fsync", min=0)
+    )
+    snapshot_every: int = field(
+        default=10000, metadata=doc("journal records between snapshots", min=1)
+    )
+    max_message_mb: int = field(default=64, metadata=doc("largest accepted message, MiB", min=1))
+    curve: Literal["auto", "on", "off"] = field(
+        default="auto", metadata=doc("CurveZMQ encryption; auto = on unless the host is loopback")
+    )
+
+    def __post_init__(self) -> None:
+        # Two sockets cannot bind one port; both 0 lets the OS pick two free ones.
+        if self.control_port == self.events_port != 0:
+            raise ValueError(
+                f"events_port: got {self.events_port}, the same as control_port; "
+                "allowed: a port other than control_port, or both 0"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoggingSection:
+    level: Literal["debug", "info", "warning", "error"] = field(
+        default="info", metadata=doc("lowest level logged")
+    )
+    format: Literal["json", "console"] = field(
+        default="json", metadata=doc("json lines, or coloured console text")
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    run: RunSection = field(
+        default_factory=RunSection, metadata=doc("identity, directory and length of the run")
+    )
+    data: DataSection = field(
+        default_factory=DataSection, metadata=doc("task and sampling of prompts")
+    )
+    model: ModelSection = field(default_factory=ModelSection, metadata=doc("policy model"))
+    algorithm: AlgorithmSection = field(
+        default_factory=AlgorithmSection, metadata=doc("loss and optimizer")
+    )
+    pipeline: PipelineSection = field(
+        default_factory=PipelineSection, metadata=doc("asynchronous pipeline and workers")
+    )
+    weights: WeightsSection = field(
+        default_factory=WeightsSection, metadata=doc("weight transfer to generators")
+    )
+    backends: BackendsSection = field(
+        default_factory=BackendsSection, metadata=doc("generation and training engines")
+    )
+    scheduler: SchedulerSection = field(
+        default_factory=SchedulerSection, metadata=doc("scheduler service and journal")
+    )
+    logging: LoggingSection = field(default_factory=LoggingSection, metadata=doc("log output"))

@@ -1,0 +1,35 @@
+"""A plain summary of the core's state, for `status` commands, logs and dashboards."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .pipeline import GroupState
+from .state import CoreState
+
+__all__ = ["summarize"]
+
+
+def summarize(state: CoreState) -> dict[str, Any]:
+    """Counts per state, versions, leases per role, locks, staleness and deaths."""
+    groups = state.groups.values()
+    return {
+        "groups": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
+        "created": state.next_gid,
+        "steps_done": state.steps_done,
+        "policy_version": state.policy_version,
+        "workers": {
+            name: {"role": w.role, "loaded": w.loaded} for name, w in sorted(state.workers.items())
+        },
+        "leases": dict(Counter(lease.role for lease in state.leases.values())),
+        "locks": {
+            name: {"capacity": r.capacity, "held": len(r.holders), "waiting": len(r.waiting)}
+            for name, r in state.resources.items()
+        },
+        "max_staleness_trained": max(
+            (g.step - 1 - g.behaviour[0] for g in groups if g.step is not None and g.behaviour),
+            default=None,
+        ),
+        "dead": dict(Counter(g.reason for g in groups if g.state is GroupState.DEAD)),
+    }

@@ -1,0 +1,456 @@
+"""A hypothesis state machine that drives the real scheduler core against ``PipelineModel``.
+
+Random interleavings of claims, completions, failures, stale completions, lease expiries,
+worker deaths and restarts, lock requests, version publications and loads, train steps
+and restarts from the journal. After every step the invariants compare core and model.
+``make_machine`` takes the pipeline table as a parameter so a test can plant a wrong row
+and show that this machine catches it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from asyncrl.runtime.core.codec import dump_state
+from asyncrl.runtime.core.effects import Grant, LockGranted, LockQueued, Rejected, Transition
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
+
+from .pipeline_model import (
+    EDGES,
+    GENERATE,
+    TRAIN,
+    ModelLease,
+    PipelineModel,
+)
+
+GENERATORS = ("gen0", "gen1")
+WORKERS = {"gen0": GENERATE, "gen1": GENERATE, "logp0": "logp", "ref0": "ref_logp",
+           "rew0": "reward", "train0": TRAIN}  # fmt: skip
+LEASE_TIMEOUT, WORKER_TIMEOUT = 10.0, 25.0
+GPU = "gpu"
+
+
+def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -> type:
+    class CoreMachine(RuleBasedStateMachine):
+        keys = Bundle("keys")
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.now = 0.0
+            self.journal: list = []
+            self.snapshot: tuple[dict, int] | None = None  # (state, records before it)
+            self.last_state: dict[int, str] = {}
+
+        @initialize(
+            staleness=st.just(0) if sync else st.integers(1, 3),
+            batch=st.integers(1, 3),
+            attempts=st.integers(1, 3),
+            capacity=st.integers(1, 2),
+        )
+        def setup(self, staleness: int, batch: int, attempts: int, capacity: int) -> None:
+            self.settings = CoreSettings(staleness, batch, attempts, LEASE_TIMEOUT,
+                                         WORKER_TIMEOUT, {GPU: capacity})  # fmt: skip
+            self.core = SchedulerCore(self.settings, pipeline)
+            self.model = PipelineModel(staleness, batch, attempts, LEASE_TIMEOUT, WORKER_TIMEOUT)
+            for worker in WORKERS:
+                self._register(worker)
+                if WORKERS[worker] == GENERATE:
+                    self._ok(self.core.loaded_version(worker, 0))
+                    self.model.loaded[worker] = 0
+            self.seen = (0, 0, dict(self.model.loaded))
+            self.add_groups(4 * batch)
+
+        # --- helpers -----------------------------------------------------------------
+
+        def _sync_journal(self) -> None:
+            records, notices = self.core.drain()
+            self.journal.extend(records)
+            for notice in notices:
+                if isinstance(notice, Transition):
+                    self._follow(notice)
+
+        def _follow(self, move: Transition) -> None:
+            """Every move the core announces is an edge of the pipeline, from where it was."""
+            edge = (move.source.value, move.target.value)
+            assert edge in EDGES, f"groups {move.groups} moved {edge[0]}→{edge[1]}"
+            for gid in move.groups:
+                was = self.last_state.get(gid, "pending")
+                assert was == move.source, f"group {gid} left {move.source} but was in {was}"
+                self.last_state[gid] = move.target.value
+
+        def _ok(self, reply: object) -> None:
+            assert not isinstance(reply, Rejected), reply
+            self._sync_journal()
+
+        def _register(self, worker: str) -> None:
+            self._ok(self.core.register(worker, WORKERS[worker], self.now))
+            if worker in self.model.workers:
+                self.model.revoke(worker)
+            self.model.workers[worker] = WORKERS[worker]
+            self.model.last_seen[worker] = self.now
+            if WORKERS[worker] == GENERATE:
+                self.model.loaded[worker] = None
+
+        def _unchanged(self, action) -> None:
+            before = dump_state(self.core.state)
+            reply = action()
+            assert isinstance(reply, Rejected), f"expected a refusal, got {reply}"
+            assert dump_state(self.core.state) == before
+            records, _ = self.core.drain()
+            assert records == []
+
+        # --- data ----------------------------------------------------------------------
+
+        @rule(target=keys, count=st.integers(1, 4))
+        def add_groups(self, count: int) -> str:
+            first = self.core.state.next_gid
+            names = [f"prompt-{first + i}" for i in range(count)]
+            self._ok(self.core.add_groups(names))
+            self.model.add(first, count)
+            return names[0]
+
+        @rule(key=keys)
+        def add_duplicate(self, key: str) -> None:
+            self._unchanged(lambda: self.core.add_groups([key]))
+
+        # --- leases --------------------------------------------------------------------
+
+        @rule(worker=st.sampled_from(sorted(WORKERS)), n=st.integers(1, 5), lock=st.booleans())
+        def claim(self, worker: str, n: int, lock: bool) -> None:
+            role = WORKERS[worker]
+            if worker not in self.model.workers:
+                return self._unchanged(lambda: self.core.claim(role, worker, n, self.now))
+            if role == GENERATE and self.model.loaded[worker] is None:
+                return self._unchanged(lambda: self.core.claim(role, worker, n, self.now))
+            reply = self.core.claim(role, worker, n, self.now)
+            self._ok(reply)
+            if reply is None:
+                return self._check_idle(role)
+            assert isinstance(reply, Grant)
+            self._check_grant(role, worker, n, reply)
+            if lock:
+                self._ok(self.core.acquire(GPU, reply.lease_id, reply.fence))
+
+        def _check_idle(self, role: str) -> None:
+            if role not in (GENERATE, TRAIN):
+                assert self.model.takeable(role) == [], f"{role} had work but got none"
+
+        def _check_grant(self, role: str, worker: str, n: int, grant: Grant) -> None:
+            gids = list(grant.groups)
+            if role not in (GENERATE, TRAIN):
+                oldest = self.model.takeable(role)[:n]
+                assert gids == oldest, f"{role} got {gids}, oldest takeable {oldest}"
+            if role == TRAIN:
+                assert len(gids) == self.model.batch, f"train batch of {len(gids)}"
+                assert not self.model.train_leased(), "two train steps at once"
+                if sync:
+                    expected = self.model.alive_untrained()[: self.model.batch]
+                    assert sorted(gids) == expected, f"sync batch {gids} != {expected}"
+            else:
+                assert 1 <= len(gids) <= n
+            if role == GENERATE:
+                assert grant.version == self.model.loaded[worker]
+            lease = ModelLease(grant.lease_id, grant.fence, role, worker, grant.deadline,
+                               set(gids), grant.version)  # fmt: skip
+            assert grant.deadline == self.now + LEASE_TIMEOUT
+            self.model.lease(lease)
+
+        def _pick_lease(self, data: st.DataObject) -> ModelLease:
+            lids = sorted(self.model.leases)
+            return self.model.leases[data.draw(st.sampled_from(lids))]
+
+        def _pick_groups(self, data: st.DataObject, lease: ModelLease) -> list[int]:
+            gids = sorted(lease.gids)
+            if lease.role == TRAIN:
+                return gids
+            chosen = data.draw(st.lists(st.sampled_from(gids), min_size=1, unique=True))
+            return sorted(chosen)
+
+        @rule(data=st.data())
+        def busy_round(self, data: st.DataObject) -> None:
+            """Every role claims, maybe locks, maybe completes: deep states in few steps."""
+            # a seeded Random, not st.randoms(): every call of that would use up test data
+            rng = random.Random(data.draw(st.integers(0, 2**32)))
+            for _ in range(data.draw(st.integers(1, 4))):
+                self.now += 0.5
+                _one_round(self, rng)
+
+        @precondition(lambda self: self.model.leases)
+        @rule(data=st.data())
+        def complete(self, data: st.DataObject) -> None:
+            lease = self._pick_lease(data)
+            gids = self._pick_groups(data, lease)
+            behaviour = None
+            if lease.role == GENERATE:
+                behaviour = [self._draw_versions(data, lease.version) for _ in gids]
+            self._ok(self.core.complete(lease.lid, lease.fence, gids, behaviour))
+            self.model.complete(lease.lid, gids, behaviour)
+            if lease.role == TRAIN:
+                self._check_step(gids)
+
+        def _draw_versions(self, data: st.DataObject, floor: int) -> tuple[int, int]:
+            top = self.model.policy_version
+            low = data.draw(st.one_of(st.just(floor), st.integers(floor, top)))
+            return low, data.draw(st.integers(low, top))
+
+        def _check_step(self, gids: list[int]) -> None:
+            step, bound = self.model.steps_done, self.model.max_staleness
+            for gid in gids:
+                low, high = self.model.groups[gid].behaviour
+                assert step - 1 - low <= bound, f"group {gid} of v{low} trained at step {step}"
+                if sync:
+                    assert low == high == step - 1, f"off-policy group {gid} in sync mode"
+
+        @precondition(lambda self: self.model.leases)
+        @rule(data=st.data(), reason=st.sampled_from(["oom", "reward raised", "nan loss"]))
+        def fail(self, data: st.DataObject, reason: str) -> None:
+            lease = self._pick_lease(data)
+            gids = self._pick_groups(data, lease)
+            self._ok(self.core.fail(lease.lid, lease.fence, gids, reason))
+            self.model.fail(lease.lid, gids)
+
+        @precondition(lambda self: self.model.ended or self.model.leases)
+        @rule(data=st.data())
+        def stale_completion(self, data: st.DataObject) -> None:
+            past = [(lid, fence) for lid, fence in self.model.ended]
+            live = [(x.lid, x.fence - 1) for x in self.model.leases.values()]
+            lid, fence = data.draw(st.sampled_from(past + live))
+            gid = next(iter(self.model.groups), 0)
+            self._unchanged(lambda: self.core.complete(lid, fence, [gid], None))
+            self._unchanged(lambda: self.core.fail(lid, fence, None, "late"))
+            self._unchanged(lambda: self.core.acquire(GPU, lid, fence))
+
+        # --- time and workers ----------------------------------------------------------
+
+        @rule(dt=st.sampled_from([0.5, 2.0, 6.0, 11.0]))
+        def advance(self, dt: float) -> None:
+            self.now += dt
+            self.core.tick(self.now)
+            self._sync_journal()
+            self.model.tick(self.now)
+
+        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        def heartbeat(self, worker: str) -> None:
+            if worker not in self.model.workers:
+                return self._unchanged(lambda: self.core.heartbeat(worker, self.now))
+            self._ok(self.core.heartbeat(worker, self.now))
+            self.model.heartbeat(worker, self.now)
+
+        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        def worker_dies(self, worker: str) -> None:
+            if worker not in self.model.workers:
+                return
+            self._ok(self.core.worker_lost(worker, "killed"))
+            self.model.lose(worker)
+
+        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        def worker_restarts(self, worker: str) -> None:
+            self._register(worker)
+
+        # --- versions ------------------------------------------------------------------
+
+        @precondition(lambda self: self.model.steps_done > self.model.policy_version)
+        @rule(data=st.data())
+        def publish(self, data: st.DataObject) -> None:
+            version = data.draw(st.integers(self.model.policy_version + 1, self.model.steps_done))
+            if "train0" not in self.model.workers:
+                return self._unchanged(lambda: self.core.publish_version("train0", version))
+            self._ok(self.core.publish_version("train0", version))
+            self.model.policy_version = version
+
+        @rule(worker=st.sampled_from(GENERATORS), data=st.data())
+        def load(self, worker: str, data: st.DataObject) -> None:
+            if worker not in self.model.workers:
+                return
+            floor = self.model.loaded[worker] or 0
+            version = data.draw(st.integers(floor, self.model.policy_version + 1))
+            if version > self.model.policy_version:
+                return self._unchanged(lambda: self.core.loaded_version(worker, version))
+            self._ok(self.core.loaded_version(worker, version))
+            self.model.loaded[worker] = version
+
+        # --- locks ---------------------------------------------------------------------
+
+        @precondition(lambda self: self.model.leases)
+        @rule(data=st.data())
+        def acquire(self, data: st.DataObject) -> None:
+            lease = self._pick_lease(data)
+            reply = self.core.acquire(GPU, lease.lid, lease.fence)
+            self._sync_journal()
+            assert isinstance(reply, LockGranted | LockQueued | Rejected)
+
+        @rule(data=st.data())
+        def release(self, data: st.DataObject) -> None:
+            holders = sorted(self.core.state.resources[GPU].holders)
+            stale = data.draw(st.integers(0, self.core.state.fence + 1))
+            if stale not in holders:
+                self._unchanged(lambda: self.core.release(GPU, stale))
+            if holders:
+                self._ok(self.core.release(GPU, data.draw(st.sampled_from(holders))))
+
+        # --- restart from the journal --------------------------------------------------
+
+        @rule()
+        def take_snapshot(self) -> None:
+            self.snapshot = (dump_state(self.core.state), len(self.journal))
+
+        @rule()
+        def restart(self) -> None:
+            """The scheduler crashes and comes back from its journal."""
+            replayed = self._replayed()
+            assert dump_state(replayed.state) == dump_state(self.core.state)
+            self.core = replayed
+            self.core.resume(self.now)  # workers could not heartbeat while it was down
+            self._sync_journal()
+            for worker in self.model.workers:
+                self.model.heartbeat(worker, self.now)
+
+        def _replayed(self, use_snapshot: bool = True) -> SchedulerCore:
+            if use_snapshot and self.snapshot is not None:
+                state, upto = self.snapshot
+                return SchedulerCore.restore(self.settings, self.journal[upto:], pipeline, state)
+            return SchedulerCore.restore(self.settings, self.journal, pipeline)
+
+        # --- invariants ----------------------------------------------------------------
+
+        @invariant()
+        def groups_match_the_model(self) -> None:
+            for gid, expected in self.model.groups.items():
+                group = self.core.state.groups[gid]
+                assert group.state == expected.state, f"group {gid}: {group.state} != model"
+                assert self.last_state.get(gid, "pending") == group.state, f"{gid} moved unseen"
+                assert group.done == expected.done, f"group {gid}: branches {group.done}"
+                assert set(group.leases) == expected.leased, f"group {gid}: leases"
+
+        @invariant()
+        def groups_are_conserved(self) -> None:
+            counts = self.core.state.counts
+            assert sum(counts.values()) == len(self.model.groups) == self.core.state.next_gid
+            trained = [g for g in self.core.state.groups.values() if g.state == "trained"]
+            assert len(trained) == sum(len(b) for b in self.model.batches)
+            assert len({g.gid for g in trained}) == len(trained)
+
+        @invariant()
+        def trained_groups_are_fresh_enough(self) -> None:
+            bound = self.model.max_staleness
+            for group in self.core.state.groups.values():
+                if group.state == "trained":
+                    assert group.step - 1 - group.behaviour[0] <= bound
+            assert self.model.overdue() == [], "a started group can no longer be trained in time"
+
+        @invariant()
+        def versions_only_go_forward(self) -> None:
+            state = self.core.state
+            steps, policy, loaded = self.seen
+            assert state.steps_done >= steps and state.policy_version >= policy
+            assert state.policy_version <= state.steps_done
+            for worker, info in state.workers.items():
+                if info.loaded is not None and loaded.get(worker) is not None:
+                    assert info.loaded >= loaded[worker], f"{worker} loaded went back"
+            current = {w: i.loaded for w, i in state.workers.items()}
+            self.seen = (state.steps_done, state.policy_version, current)
+
+        @invariant()
+        def locks_respect_capacity(self) -> None:
+            resource = self.core.state.resources[GPU]
+            assert len(resource.holders) <= resource.capacity
+            for token, lid in resource.holders.items():
+                assert lid in self.core.state.leases, f"lock {token} held by ended lease {lid}"
+                assert token <= self.core.state.fence
+            for lid in resource.waiting:
+                assert lid in self.core.state.leases
+            if resource.waiting:
+                assert len(resource.holders) == resource.capacity, "a waiter left behind"
+
+        @invariant()
+        def replay_equals_live(self) -> None:
+            self._sync_journal()
+            live = dump_state(self.core.state)
+            assert dump_state(self._replayed(use_snapshot=False).state) == live
+            if self.snapshot is not None:
+                assert dump_state(self._replayed().state) == live
+
+        def teardown(self) -> None:
+            if hasattr(self, "core"):
+                drain_to_the_end(self)
+
+    return CoreMachine
+
+
+def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
+    """Liveness: with every worker healthy, the pipeline trains everything it can."""
+    core, model = machine.core, machine.model
+    for worker in WORKERS:
+        if worker not in model.workers:
+            machine._register(worker)
+    for lease in list(model.leases.values()):
+        if lease.lid in model.leases:
+            machine._ok(core.fail(lease.lid, lease.fence, None, "drained"))
+            model.fail(lease.lid, sorted(lease.gids))
+    for _ in range(200):
+        machine.now += 1.0
+        progressed = _one_round(machine, None)
+        if not progressed and not model.leases:
+            break
+    left = [g for g in model.alive_untrained() if model.groups[g].state != "ready"]
+    stuck = {
+        g: (core.state.groups[g].state.value, core.state.groups[g].step_deadline) for g in left
+    }
+    assert not left, f"groups stuck short of ready: {stuck}; {_pipeline_view(core)}"
+    assert len(model.alive_untrained()) < model.batch, "a full batch was never trained"
+    assert core.state.leases == {}
+
+
+def _pipeline_view(core: SchedulerCore) -> str:
+    s = core.state
+    loaded = {w: i.loaded for w, i in s.workers.items() if i.role == GENERATE}
+    return f"step {s.steps_done}, due {dict(s.due)}, ready {dict(s.due_ready)}, loaded {loaded}"
+
+
+def _one_round(machine: RuleBasedStateMachine, rng: random.Random | None) -> bool:
+    """Heartbeat, claim and complete for every worker; with ``rng``, lock and leave some."""
+    core, model = machine.core, machine.model
+    progressed = False
+    if model.steps_done > model.policy_version and "train0" in model.workers:
+        machine._ok(core.publish_version("train0", model.steps_done))  # a step left unpublished
+        model.policy_version = model.steps_done
+    for worker in GENERATORS:
+        if worker in model.workers and model.loaded[worker] != model.policy_version:
+            machine._ok(core.loaded_version(worker, model.policy_version))
+            model.loaded[worker] = model.policy_version
+    for worker, role in WORKERS.items():
+        if worker not in model.workers:
+            continue
+        machine._ok(core.heartbeat(worker, machine.now))
+        model.heartbeat(worker, machine.now)
+        reply = core.claim(role, worker, 8, machine.now)
+        machine._ok(reply)
+        if reply is None:
+            continue
+        machine._check_grant(role, worker, 8, reply)
+        progressed = True
+        if rng is not None and rng.random() < 0.5:
+            machine._ok(core.acquire(GPU, reply.lease_id, reply.fence))
+        if rng is not None and rng.random() < 0.3:
+            continue  # left running: leases pile up, locks contend, deadlines pass
+        gids = list(reply.groups)
+        version = reply.version
+        behaviour = [(version, version)] * len(gids) if role == GENERATE else None
+        machine._ok(core.complete(reply.lease_id, reply.fence, gids, behaviour))
+        model.complete(reply.lease_id, gids, behaviour)
+        if role == TRAIN:
+            machine._check_step(gids)
+            machine._ok(core.publish_version(worker, model.steps_done))
+            model.policy_version = model.steps_done
+    return progressed

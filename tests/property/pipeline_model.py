@@ -1,0 +1,198 @@
+"""A plain model of the default pipeline, written without the core's table or indexes.
+
+It knows the pipeline by heart (below) rather than reading ``DEFAULT_PIPELINE``: if a wrong
+row were planted in the core's table, the model would still say what should happen, and
+the state-machine test would see the two disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GENERATE, LOGP, REF_LOGP, REWARD, TRAIN = "generate", "logp", "ref_logp", "reward", "train"
+BRANCHES = frozenset({LOGP, REF_LOGP, REWARD})
+# role -> (source, working state or None, target)
+ROWS = {
+    GENERATE: ("pending", "generating", "generated"),
+    LOGP: ("generated", None, "ready"),
+    REF_LOGP: ("generated", None, "ready"),
+    REWARD: ("generated", None, "ready"),
+    TRAIN: ("ready", "training", "trained"),
+}
+# every move a group may make: forward, back after a lost lease, and into dead
+EDGES = frozenset(
+    {
+        ("pending", "generating"),
+        ("generating", "generated"),
+        ("generating", "pending"),
+        ("generated", "ready"),
+        ("ready", "training"),
+        ("training", "trained"),
+        ("training", "ready"),
+    }
+    | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
+)
+FINAL = frozenset({"trained", "dead"})
+
+
+@dataclass
+class ModelLease:
+    lid: int
+    fence: int
+    role: str
+    worker: str
+    deadline: float
+    gids: set[int]
+    version: int | None
+
+
+@dataclass
+class ModelGroup:
+    state: str = "pending"
+    done: set[str] = field(default_factory=set)
+    leased: set[str] = field(default_factory=set)
+    attempts: dict[str, int] = field(default_factory=dict)
+    behaviour: tuple[int, int] | None = None
+    admitted: int | None = None  # the version its generator had loaded when it started
+    step: int | None = None
+
+
+@dataclass
+class PipelineModel:
+    max_staleness: int
+    batch: int
+    max_attempts: int
+    lease_timeout: float
+    worker_timeout: float
+    groups: dict[int, ModelGroup] = field(default_factory=dict)
+    leases: dict[int, ModelLease] = field(default_factory=dict)
+    ended: list[tuple[int, int]] = field(default_factory=list)  # (lid, fence) of past leases
+    workers: dict[str, str] = field(default_factory=dict)  # worker -> role
+    loaded: dict[str, int | None] = field(default_factory=dict)
+    last_seen: dict[str, float] = field(default_factory=dict)
+    steps_done: int = 0
+    policy_version: int = 0
+    batches: list[list[int]] = field(default_factory=list)
+
+    # --- questions -------------------------------------------------------------------
+
+    def takeable(self, role: str) -> list[int]:
+        source = ROWS[role][0]
+        return sorted(
+            gid
+            for gid, g in self.groups.items()
+            if g.state == source and role not in g.done and role not in g.leased
+        )
+
+    def alive_untrained(self) -> list[int]:
+        return sorted(gid for gid, g in self.groups.items() if g.state not in FINAL)
+
+    def overdue(self) -> list[int]:
+        """Started groups that can no longer be trained within the staleness bound."""
+        return [
+            gid
+            for gid, g in self.groups.items()
+            if g.state not in FINAL
+            and g.admitted is not None
+            and self.steps_done >= g.admitted + self.max_staleness + 1
+        ]
+
+    def train_leased(self) -> bool:
+        return any(lease.role == TRAIN for lease in self.leases.values())
+
+    # --- what happens ----------------------------------------------------------------
+
+    def add(self, first_gid: int, count: int) -> None:
+        for gid in range(first_gid, first_gid + count):
+            self.groups[gid] = ModelGroup()
+
+    def lease(self, lease: ModelLease) -> None:
+        source, working, _ = ROWS[lease.role]
+        for gid in lease.gids:
+            group = self.groups[gid]
+            assert group.state == source, f"{lease.role} leased group {gid} in {group.state}"
+            assert lease.role not in group.done | group.leased, f"group {gid} taken twice"
+            group.leased.add(lease.role)
+            if lease.role == GENERATE:
+                group.admitted = lease.version
+            if working:
+                group.state = working
+        self.leases[lease.lid] = lease
+
+    def complete(self, lid: int, gids: list[int], behaviour: list[tuple[int, int]] | None) -> None:
+        lease = self.leases[lid]
+        if lease.role == TRAIN:
+            self.steps_done += 1
+            self.batches.append(sorted(gids))
+        for i, gid in enumerate(gids):
+            group = self.groups[gid]
+            group.leased.discard(lease.role)
+            if behaviour is not None:
+                group.behaviour = behaviour[i]
+            self._advance(gid, group, lease.role)
+        self._drop(lease, gids)
+
+    def _advance(self, gid: int, group: ModelGroup, role: str) -> None:
+        if role in BRANCHES:
+            group.done.add(role)
+            if group.done == BRANCHES:
+                group.done.clear()
+                group.state = "ready"
+            return
+        group.state = ROWS[role][2]
+        if role == TRAIN:
+            assert group.step is None, f"group {gid} trained twice"
+            group.step = self.steps_done
+
+    def fail(self, lid: int, gids: list[int]) -> None:
+        lease = self.leases[lid]
+        source = ROWS[lease.role][0]
+        for gid in gids:
+            group = self.groups[gid]
+            group.leased.discard(lease.role)
+            tries = group.attempts.get(lease.role, 0) + 1
+            group.attempts[lease.role] = tries
+            if tries >= self.max_attempts:
+                self._kill(gid)
+            else:
+                group.state = source
+                group.admitted = None if source == "pending" else group.admitted
+        self._drop(lease, gids)
+
+    def _kill(self, gid: int) -> None:
+        group = self.groups[gid]
+        group.state, group.done, group.leased = "dead", set(), set()
+        for lease in list(self.leases.values()):
+            if gid in lease.gids:
+                self._drop(lease, [gid])
+
+    def _drop(self, lease: ModelLease, gids: list[int]) -> None:
+        lease.gids.difference_update(gids)
+        if not lease.gids and lease.lid in self.leases:
+            del self.leases[lease.lid]
+            self.ended.append((lease.lid, lease.fence))
+
+    def revoke(self, worker: str) -> None:
+        for lease in [x for x in self.leases.values() if x.worker == worker]:
+            if lease.lid in self.leases:
+                self.fail(lease.lid, sorted(lease.gids))
+
+    def lose(self, worker: str) -> None:
+        self.revoke(worker)
+        del self.workers[worker]
+        self.loaded.pop(worker, None)
+        self.last_seen.pop(worker, None)
+
+    def tick(self, now: float) -> None:
+        for lease in sorted(self.leases.values(), key=lambda x: (x.deadline, x.lid)):
+            if lease.deadline <= now and lease.lid in self.leases:
+                self.fail(lease.lid, sorted(lease.gids))
+        for worker, seen in list(self.last_seen.items()):
+            if seen + self.worker_timeout <= now:
+                self.lose(worker)
+
+    def heartbeat(self, worker: str, now: float) -> None:
+        self.last_seen[worker] = now
+        for lease in self.leases.values():
+            if lease.worker == worker:
+                lease.deadline = now + self.lease_timeout

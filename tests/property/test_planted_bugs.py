@@ -1,0 +1,55 @@
+"""The state-machine test must catch a wrong table: plant one and expect a failure.
+
+Each planted table passes the table's own structural validation, so only the behaviour
+checks (the model and the invariants) can find it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from asyncrl.runtime.core.pipeline import Gate, Pipeline, Role, Stage
+from asyncrl.runtime.core.pipeline import GroupState as S
+
+from .core_machine import make_machine
+
+GENERATE = Stage(Role.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT)
+TRAIN = Stage(Role.TRAIN, S.READY, S.TRAINED, S.TRAINING, Gate.STEP)
+SCORING = tuple(Stage(role, S.GENERATED, S.READY) for role in (Role.LOGP, Role.REF_LOGP))
+
+PLANTED = {
+    # train reads `generated`: generated → training, skipping logp, ref_logp and reward
+    "generated→training": Pipeline(
+        (GENERATE, Stage(Role.TRAIN, S.GENERATED, S.TRAINED, S.TRAINING, Gate.STEP))
+    ),
+    # the reward branch is missing: groups join into ready unrewarded
+    "no reward branch": Pipeline((GENERATE, *SCORING, TRAIN)),
+    # generation lands in ready: generating → ready
+    "generating→ready": Pipeline(
+        (
+            Stage(Role.GENERATE, S.PENDING, S.READY, S.GENERATING, Gate.ADMIT),
+            *SCORING,
+            Stage(Role.REWARD, S.GENERATED, S.READY),
+            TRAIN,
+        )
+    ),
+}
+
+FIND = settings(
+    max_examples=300,
+    stateful_step_count=30,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_the_machine_finds_a_planted_row(name: str) -> None:
+    machine = make_machine(PLANTED[name])
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(machine, settings=FIND)

@@ -1,0 +1,309 @@
+"""Tests of asyncrl.runtime.config: defaults, validation messages, overrides, round trip."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from asyncrl.runtime.config import (
+    WORKER_ROLES,
+    ConfigError,
+    RunConfig,
+    config_from_dict,
+    config_to_dict,
+    describe_fields,
+    dump_config,
+    load_config,
+)
+
+DEFAULT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "default.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def error_of(data: Any = None, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({} if data is None else data, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------ defaults
+
+
+def test_defaults() -> None:
+    cfg = RunConfig()
+    assert cfg.run.name == "demo"
+    assert cfg.run.dir == "runs/demo"
+    assert cfg.data.task == "asyncrl.actors.tasks.arithmetic:task"
+    assert cfg.algorithm.lr == 1e-5
+    assert cfg.algorithm.estimator == "grpo"
+    assert cfg.pipeline.max_staleness == 1
+    assert cfg.pipeline.workers == dict.fromkeys(WORKER_ROLES, 1)
+    assert cfg.scheduler.resources == {}
+    assert (cfg.scheduler.control_port, cfg.scheduler.events_port) == (5555, 5556)
+
+
+def test_defaults_pass_their_own_validation() -> None:
+    assert config_from_dict(config_to_dict(RunConfig())) == RunConfig()
+
+
+def test_no_file_and_empty_file_give_defaults(tmp_path: Path) -> None:
+    assert load_config(None) == RunConfig()
+    assert load_config(write(tmp_path, "")) == RunConfig()
+    assert load_config(write(tmp_path, "# only a comment\n")) == RunConfig()
+
+
+def test_empty_section_gives_its_defaults(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "pipeline:\n  # max_staleness: 0\n")) == RunConfig()
+
+
+def test_mutable_defaults_are_not_shared() -> None:
+    first, second = RunConfig(), RunConfig()
+    assert first.pipeline.workers is not second.pipeline.workers
+
+
+def test_default_yaml_equals_code_defaults() -> None:
+    assert load_config(DEFAULT_YAML) == RunConfig()
+
+
+def test_default_yaml_shows_every_key() -> None:
+    data = yaml.safe_load(DEFAULT_YAML.read_text(encoding="utf-8"))
+    shown = {f"{section}.{key}" for section, keys in data.items() for key in keys}
+    assert shown == {key for key, _, _ in describe_fields()}
+
+
+def test_frozen() -> None:
+    cfg = RunConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.pipeline.max_staleness = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.pipeline = cfg.pipeline  # type: ignore[misc]
+
+
+def test_run_dir_expands_the_final_name() -> None:
+    assert load_config(None, ["run.name=exp7"]).run.dir == "runs/exp7"
+    custom = config_from_dict({"run": {"name": "a", "dir": "/scratch/{name}/x"}})
+    assert custom.run.dir == "/scratch/a/x"
+
+
+# ------------------------------------------------------------------------------ overrides
+
+
+def test_overrides_scalar_dict_and_nested_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "pipeline:\n  max_staleness: 4\n")
+    cfg = load_config(
+        path,
+        [
+            "pipeline.max_staleness=0",
+            "scheduler.resources={gpu: 2}",
+            "pipeline.workers.generate=2",
+            "algorithm.estimator=dr_grpo",
+        ],
+    )
+    assert cfg.pipeline.max_staleness == 0
+    assert cfg.scheduler.resources == {"gpu": 2}
+    assert cfg.pipeline.workers == {**dict.fromkeys(WORKER_ROLES, 1), "generate": 2}
+    assert cfg.algorithm.estimator == "dr_grpo"
+
+
+def test_later_override_wins() -> None:
+    cfg = load_config(None, ["data.group_size=4", "data.group_size=16"])
+    assert cfg.data.group_size == 16
+
+
+def test_file_mapping_merges_over_default_mapping(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "pipeline:\n  workers: {generate: 3, reward: 0}\n"))
+    assert cfg.pipeline.workers["generate"] == 3
+    assert cfg.pipeline.workers["reward"] == 0
+    assert cfg.pipeline.workers["train"] == 1
+
+
+@pytest.mark.parametrize("text", ["1e-4", "1.0e-4", "0.0001"])
+def test_float_accepts_exponent_forms(text: str) -> None:
+    # PyYAML reads `1e-4` (no dot) as a string; it must still mean 0.0001.
+    assert load_config(None, [f"algorithm.lr={text}"]).algorithm.lr == pytest.approx(1e-4)
+
+
+def test_int_is_accepted_for_float() -> None:
+    cfg = load_config(None, ["pipeline.lease_timeout_s=30"])
+    assert cfg.pipeline.lease_timeout_s == 30.0
+    assert isinstance(cfg.pipeline.lease_timeout_s, float)
+
+
+def test_both_ports_zero_is_allowed() -> None:
+    cfg = load_config(None, ["scheduler.control_port=0", "scheduler.events_port=0"])
+    assert cfg.scheduler.control_port == cfg.scheduler.events_port == 0
+
+
+def test_input_mapping_is_not_modified() -> None:
+    data = {"pipeline": {"workers": {"generate": 2}}}
+    config_from_dict(data, ["pipeline.workers.train=0"])
+    assert data == {"pipeline": {"workers": {"generate": 2}}}
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        # unknown keys, with a suggestion and the keys allowed
+        ({"pipelin": {}}, ["pipelin: unknown key", "did you mean 'pipeline'?", "scheduler"]),
+        (
+            {"pipeline": {"max_stalenes": 1}},
+            ["pipeline.max_stalenes: unknown key", "did you mean 'max_staleness'?"],
+        ),
+        (
+            {"pipeline": {"workers": {"genrate": 2}}},
+            ["pipeline.workers.genrate: unknown key", "'generate'", "ref_logp"],
+        ),
+        ({"zzz": 1}, ["zzz: unknown key (keys of the config: run, data"]),
+        # wrong types
+        (
+            {"scheduler": {"control_port": "abc"}},
+            ["scheduler.control_port: got 'abc' (str); allowed: an integer in 0..65535"],
+        ),
+        ({"data": {"group_size": 2.0}}, ["data.group_size: got 2.0 (float)", "integer >= 1"]),
+        ({"data": {"group_size": True}}, ["data.group_size: got True (bool)"]),
+        ({"algorithm": {"lr": False}}, ["algorithm.lr: got False (bool)", "a number > 0"]),
+        ({"run": {"name": 7}}, ["run.name: got 7 (int); allowed: a string"]),
+        ({"pipeline": [1, 2]}, ["pipeline: got [1, 2] (list); allowed: a mapping with keys"]),
+        ({"pipeline": {"workers": 3}}, ["pipeline.workers: got 3 (int)", "a mapping"]),
+        ({"scheduler": {"resources": {1: 2}}}, ["scheduler.resources: got key 1 (int)"]),
+        # out of range
+        (
+            {"pipeline": {"max_staleness": -1}},
+            ["pipeline.max_staleness: got -1; allowed: an integer >= 0"],
+        ),
+        ({"algorithm": {"lr": 0}}, ["algorithm.lr: got 0; allowed: a number > 0"]),
+        ({"algorithm": {"is_cap": 0.5}}, ["algorithm.is_cap: got 0.5; allowed: a number >= 1"]),
+        ({"algorithm": {"lr": float("nan")}}, ["algorithm.lr: got nan"]),
+        ({"scheduler": {"events_port": 65536}}, ["scheduler.events_port: got 65536", "0..65535"]),
+        ({"pipeline": {"workers": {"train": -1}}}, ["pipeline.workers.train: got -1", ">= 0"]),
+        ({"scheduler": {"resources": {"gpu": 0}}}, ["scheduler.resources.gpu: got 0", ">= 1"]),
+        # bad choices
+        (
+            {"algorithm": {"estimator": "ppo"}},
+            ["algorithm.estimator: got 'ppo'; allowed: one of 'grpo', 'dr_grpo'"],
+        ),
+        ({"logging": {"level": 3}}, ["logging.level: got 3 (int)", "'debug'"]),
+        ({"scheduler": {"curve": True}}, ["scheduler.curve: got True (bool)", "quote"]),
+        # cross-field
+        (
+            {"scheduler": {"control_port": 7000, "events_port": 7000}},
+            ["scheduler.events_port: got 7000", "control_port"],
+        ),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(data: dict[str, Any], expected: list[str]) -> None:
+    message = error_of(data)
+    for part in expected:
+        assert part in message, message
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("pipeline.max_staleness", ["'pipeline.max_staleness'", "no '='"]),
+        ("=3", ["'=3'", "empty key"]),
+        ("pipeline..max_staleness=3", ["empty key"]),
+        ("scheduler.resources={gpu: 2", ["'scheduler.resources={gpu: 2'", "not valid YAML"]),
+        ("pipeline.max_staleness=-2", ["pipeline.max_staleness: got -2"]),
+        ("pipeline.nope=1", ["pipeline.nope: unknown key"]),
+        ("run.name.first=x", ["'run.name.first=x'", "run.name is 'demo', not a mapping"]),
+        ("scheduler.curve=on", ["scheduler.curve: got True (bool)"]),
+    ],
+)
+def test_bad_overrides(override: str, expected: list[str]) -> None:
+    message = error_of({"run": {"name": "demo"}}, (override,))
+    for part in expected:
+        assert part in message, message
+
+
+def test_missing_file_names_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError, match="not found") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read") as info:
+        load_config(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_yaml_syntax_error_names_path_and_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "run:\n  name: demo\npipeline:\n  max_staleness: [1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert str(path) in message and "invalid YAML" in message
+    assert "line 5" in message, message
+    assert "\n" not in message
+
+
+def test_top_level_must_be_a_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, "- run\n- data\n"))
+    message = str(info.value)
+    assert str(tmp_path) in message and "mapping" in message and "['run', 'data']" in message
+
+
+def test_error_from_file_names_the_dotted_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "algorithm:\n  kl_estimator: k2\n")
+    with pytest.raises(ConfigError, match=r"algorithm\.kl_estimator: got 'k2'; allowed"):
+        load_config(path)
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+# ---------------------------------------------------------------------- output and help
+
+
+def test_round_trip_through_dump(tmp_path: Path) -> None:
+    cfg = load_config(
+        None,
+        [
+            "run.name=rt",
+            "algorithm.lr=3e-6",
+            "pipeline.workers.generate=4",
+            "scheduler.resources={gpu: 2, nic: 1}",
+            "scheduler.curve='off'",
+            "logging.format=console",
+        ],
+    )
+    path = write(tmp_path, dump_config(cfg))
+    assert load_config(path) == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_config_to_dict_is_plain_builtins() -> None:
+    data = config_to_dict(RunConfig())
+    assert type(data) is dict and type(data["pipeline"]["workers"]) is dict
+    assert data["run"] == {"name": "demo", "dir": "runs/demo", "seed": 0, "total_steps": 200}
+    yaml.safe_dump(data)  # raises on anything that is not a YAML builtin
+
+
+def test_describe_fields_covers_every_leaf_with_help() -> None:
+    rows = describe_fields()
+    keys = [key for key, _, _ in rows]
+    assert len(keys) == len(set(keys))
+    assert all(help_text.split(" (allowed:")[0] for _, _, help_text in rows)
+    described = {key: (default, text) for key, default, text in rows}
+    assert described["pipeline.max_staleness"][0] == "1"
+    assert "an integer >= 0" in described["pipeline.max_staleness"][1]
+    assert described["run.dir"][0] == "runs/{name}"
+    assert "one of 'grpo', 'dr_grpo'" in described["algorithm.estimator"][1]
