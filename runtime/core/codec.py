@@ -15,7 +15,7 @@ from .state import CoreState, Group, Lease, Resource, Worker
 
 __all__ = ["dump_state", "load_state"]
 
-FORMAT = 1
+FORMAT = 2
 
 
 def dump_state(state: CoreState) -> dict[str, Any]:
@@ -27,7 +27,10 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.fence,
             state.steps_done,
             state.policy_version,
+            state.counts[GroupState.TRAINED],
+            state.worst_staleness,
         ],
+        "keys": sorted(state.keys),
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
         "workers": {name: [w.role, w.loaded] for name, w in sorted(state.workers.items())},
@@ -48,7 +51,6 @@ def _dump_group(g: Group) -> list[Any]:
         sorted(g.attempts.items()),
         g.step_deadline,
         None if g.behaviour is None else list(g.behaviour),
-        g.step,
         g.reason,
     ]
 
@@ -71,9 +73,10 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
     if snap.get("format") != FORMAT:
         raise ValueError(f"snapshot format {snap.get('format')!r}; this build reads {FORMAT}")
     state = CoreState(pipeline, resources)
-    (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version) = snap[
-        "counters"
-    ]
+    (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version,
+     trained, state.worst_staleness) = snap["counters"]  # fmt: skip
+    state.counts[GroupState.TRAINED] = trained
+    state.keys = set(snap["keys"])
     for row in snap["groups"]:
         _load_group(state, row)
     for row in snap["leases"]:
@@ -85,7 +88,7 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
 
 
 def _load_group(state: CoreState, row: list[Any]) -> None:
-    gid, key, st, done, leases, attempts, deadline, behaviour, step, reason = row
+    gid, key, st, done, leases, attempts, deadline, behaviour, reason = row
     group = Group(
         gid,
         key,
@@ -95,11 +98,9 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         dict(map(tuple, attempts)),
         deadline,
         None if behaviour is None else tuple(behaviour),
-        step,
         reason,
     )
     state.groups[gid] = group
-    state.keys.add(key)
     state.counts[group.state] += 1
     if deadline is not None:
         state.due[deadline] += 1

@@ -16,7 +16,7 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .codec import load_state
 from .effects import (
@@ -34,6 +34,9 @@ from .records import Op
 from .staleness import admission_capacity, step_deadline, step_keeps_promises
 from .state import CoreState, Lease
 
+if TYPE_CHECKING:
+    from asyncrl.runtime.config import RunConfig
+
 __all__ = ["CoreSettings", "SchedulerCore"]
 
 
@@ -45,6 +48,19 @@ class CoreSettings:
     lease_timeout: float = 60.0
     worker_timeout: float = 15.0
     resources: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> CoreSettings:
+        """The scheduler's part of a run's configuration."""
+        pipeline, scheduler = cfg.pipeline, cfg.scheduler
+        return cls(
+            max_staleness=pipeline.max_staleness,
+            train_batch_groups=pipeline.train_batch_groups,
+            max_attempts=pipeline.max_attempts,
+            lease_timeout=pipeline.lease_timeout_s,
+            worker_timeout=scheduler.worker_timeout_s,
+            resources=dict(scheduler.resources),
+        )
 
 
 class SchedulerCore:
@@ -205,7 +221,8 @@ class SchedulerCore:
         heap, groups, taken = self.state.available(stage), self.state.groups, []
         while heap and len(taken) < n:
             gid = heapq.heappop(heap)[1]
-            if self.state.takeable(groups[gid], stage) and gid not in taken:
+            group = groups.get(gid)  # None once trained: heaps drop stale entries lazily
+            if group is not None and self.state.takeable(group, stage) and gid not in taken:
                 taken.append(gid)
         return taken
 

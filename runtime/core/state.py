@@ -33,7 +33,6 @@ class Group:
     attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
     step_deadline: int | None = None  # the last train step the staleness bound allows
     behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
-    step: int | None = None  # the train step that consumed it
     reason: str | None = None  # why it died
 
 
@@ -81,8 +80,16 @@ class CoreState:
         self.due: Counter[int] = Counter()  # step_deadline -> alive, untrained groups
         self.due_ready: Counter[int] = Counter()  # the same, among groups the trainer may take
         self.counts: Counter[GroupState] = Counter()
+        self.worst_staleness = -1  # the most versions a trained group lagged its step
         self.notices: list[Notice] = []
+        self._moves: dict[tuple[GroupState, GroupState, str | None], list[int]] = {}
         self._available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
+        # per state: the heaps a group entering it joins, and how many branches it waits for
+        self._fanout = {
+            state: [(self._available[s], s.gate is Gate.STEP) for s in pipeline.consumers(state)]
+            for state in GroupState
+        }
+        self._branches = {state: len(pipeline.consumers(state)) for state in GroupState}
         self._expiry: list[tuple[float, int]] = []
         self.step_source = pipeline.gated(Gate.STEP).source
         self._admit_working = pipeline.gated(Gate.ADMIT).working
@@ -104,6 +111,9 @@ class CoreState:
 
     def apply(self, record: Sequence[Any]) -> None:
         self._handlers[record[0]](*record[1:])
+        for (source, target, reason), gids in self._moves.items():
+            self.notices.append(Transition(source, target, tuple(gids), reason))
+        self._moves.clear()
 
     # --- indexes ---------------------------------------------------------------------
 
@@ -122,12 +132,9 @@ class CoreState:
         return self._expiry
 
     def offer(self, group: Group) -> None:
-        for stage in self.pipeline.consumers(group.state):
-            if stage.gate is Gate.STEP:
-                key: Any = (group.step_deadline, group.gid)
-            else:
-                key = group.gid
-            heapq.heappush(self._available[stage], (key, group.gid))
+        gid = group.gid
+        for heap, by_deadline in self._fanout[group.state]:
+            heapq.heappush(heap, ((group.step_deadline, gid) if by_deadline else gid, gid))
 
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
         source = group.state
@@ -138,7 +145,7 @@ class CoreState:
         self.counts[source] -= 1
         self.counts[target] += 1
         group.state = target
-        self.notices.append(Transition(source, target, (group.gid,), reason))
+        self._moves.setdefault((source, target, reason), []).append(group.gid)
         self.offer(group)
 
     # --- handlers, one per opcode ----------------------------------------------------
@@ -212,14 +219,20 @@ class CoreState:
 
     def _finish_branch(self, group: Group, stage: Stage) -> None:
         group.done.add(stage.role)
-        branches = self.pipeline.consumers(stage.source)
-        if len(group.done) < len(branches):
+        if len(group.done) < self._branches[stage.source]:
             return
         group.done.clear()
-        if stage.gate is Gate.STEP:
-            group.step = self.steps_done
-            self._forget_deadline(group)
+        if stage.gate is not Gate.STEP:
+            self._move(group, stage.target)
+            return
+        self._forget_deadline(group)
         self._move(group, stage.target)
+        # Trained groups leave the table (their transition was journaled and published):
+        # snapshots then hold the work in flight, however long the run.
+        del self.groups[group.gid]
+        if group.behaviour is not None:
+            lag = self.steps_done - 1 - group.behaviour[0]
+            self.worst_staleness = max(self.worst_staleness, lag)
 
     def _fail(self, lid: int, gids: Sequence[int], reason: str) -> None:
         lease = self.leases[lid]

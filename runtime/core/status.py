@@ -27,9 +27,6 @@ def summarize(state: CoreState) -> dict[str, Any]:
             name: {"capacity": r.capacity, "held": len(r.holders), "waiting": len(r.waiting)}
             for name, r in state.resources.items()
         },
-        "max_staleness_trained": max(
-            (g.step - 1 - g.behaviour[0] for g in groups if g.step is not None and g.behaviour),
-            default=None,
-        ),
+        "worst_staleness_trained": None if state.worst_staleness < 0 else state.worst_staleness,
         "dead": dict(Counter(g.reason for g in groups if g.state is GroupState.DEAD)),
     }

@@ -26,6 +26,7 @@ class Sim:
         self.core, self.commit, self.total = core, commit, groups
         self.rng = random.Random(0)
         self.transitions = 0
+        self.rounds = 0
         self.now = 0.0
 
     def count(self) -> None:
@@ -43,11 +44,20 @@ class Sim:
         """Until every full batch of ``groups`` is trained."""
         self.start()
         batch = self.core.settings.train_batch_groups
+        idle = 0
         while self.core.state.steps_done * batch < self.total - batch:
+            before = self.transitions
             self.step()
+            idle = 0 if self.transitions > before else idle + 1
+            if idle > 1000:
+                raise RuntimeError(f"the simulated pipeline stalled: {self.core.state.counts}")
 
     def step(self) -> None:
         self.now += 0.01
+        self.rounds += 1
+        if self.rounds % 100 == 0:  # a heartbeat a second, as real workers send them
+            for worker in WORKERS:
+                self.core.heartbeat(worker, self.now)
         self.round(self.core.settings.train_batch_groups)
         self.count()
 
