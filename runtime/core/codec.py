@@ -29,6 +29,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.policy_version,
             state.counts[GroupState.TRAINED],
             state.worst_staleness,
+            state.epoch,
         ],
         "keys": sorted(state.keys),
         "groups": [_dump_group(g) for g in state.groups.values()],
@@ -74,7 +75,7 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
         raise ValueError(f"snapshot format {snap.get('format')!r}; this build reads {FORMAT}")
     state = CoreState(pipeline, resources)
     (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version,
-     trained, state.worst_staleness) = snap["counters"]  # fmt: skip
+     trained, state.worst_staleness, state.epoch) = snap["counters"]  # fmt: skip
     state.counts[GroupState.TRAINED] = trained
     state.keys = set(snap["keys"])
     for row in snap["groups"]:

@@ -24,6 +24,7 @@ PUBLISH   version
 GRANT     resource, lid, token                  (a lock taken under a lease)
 WAIT      resource, lid                         (queued for a full resource)
 UNLOCK    resource, token
+RESUME    epoch                                 (restart: fences and lease ids jump ahead)
 ========  ==============================================================================
 """
 
@@ -48,3 +49,4 @@ class Op(IntEnum):
     WAIT = 11
     UNLOCK = 12
     LEAVE = 13
+    RESUME = 14

@@ -397,7 +397,8 @@ class SchedulerCore:
         return core
 
     def resume(self, now: float) -> None:
-        """After a restart: workers could not renew while we were down, so give grace."""
+        """After a restart: a new fence epoch, and grace for workers that could not renew."""
+        self._commit(Op.RESUME, self.state.epoch + 1)
         for worker in self.state.workers:
             self.last_seen[worker] = now
         lids = sorted(self.state.leases)

@@ -21,6 +21,7 @@ from .records import Op
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
 
 DEAD = GroupState.DEAD
+EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
 
 
 @dataclass(slots=True)
@@ -80,6 +81,7 @@ class CoreState:
         self.due: Counter[int] = Counter()  # step_deadline -> alive, untrained groups
         self.due_ready: Counter[int] = Counter()  # the same, among groups the trainer may take
         self.counts: Counter[GroupState] = Counter()
+        self.epoch = 0  # restarts so far: the high bits of every fence and lease id
         self.worst_staleness = -1  # the most versions a trained group lagged its step
         self.notices: list[Notice] = []
         self._moves: dict[tuple[GroupState, GroupState, str | None], list[int]] = {}
@@ -107,6 +109,7 @@ class CoreState:
             Op.GRANT: self._grant,
             Op.WAIT: self._wait,
             Op.UNLOCK: self._unlock,
+            Op.RESUME: self._resume,
         }
 
     def apply(self, record: Sequence[Any]) -> None:
@@ -266,6 +269,15 @@ class CoreState:
         if group.state == self.step_source:
             _bump(self.due_ready, group.step_deadline, -1)
         group.step_deadline = None
+
+    def _resume(self, epoch: int) -> None:
+        # A crash may lose the journal's unsynced tail, and with it grants that workers
+        # already hold. Starting fences and lease ids in a new epoch means such a lost
+        # grant can never collide with one issued after the restart.
+        self.epoch = epoch
+        base = epoch << EPOCH_SHIFT
+        self.fence = max(self.fence, base)
+        self.next_lid = max(self.next_lid, base + 1)
 
     def _publish(self, version: int) -> None:
         self.policy_version = version

@@ -205,3 +205,16 @@ def test_restore_equals_live_and_resume_grants_grace() -> None:
     again.resume(now=100.0)
     assert again.tick(105.0) == 0  # leases got a fresh deadline
     assert again.tick(110.0) == 1
+
+
+def test_a_grant_lost_in_a_crash_never_matches_a_new_one() -> None:
+    core = make_core()
+    core.add_groups(["a", "b"])
+    journaled, _ = core.drain()
+    lost = grant(core.claim("generate", "gen", 1, now=0.0))  # its record never hit the disk
+    again = SchedulerCore.restore(core.settings, journaled)
+    again.resume(now=1.0)
+    fresh = grant(again.claim("generate", "gen", 1, now=1.0))
+    assert (fresh.lease_id, fresh.fence) != (lost.lease_id, lost.fence)
+    late = again.complete(lost.lease_id, lost.fence, list(lost.groups), [(0, 0)])
+    assert isinstance(late, Rejected) and late.reason is Reason.STALE_FENCE
