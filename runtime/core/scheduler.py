@@ -15,9 +15,9 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .checks import completion_problem, membership_problem
 from .codec import load_state
 from .effects import (
     Accepted,
@@ -31,36 +31,11 @@ from .effects import (
 )
 from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
 from .records import Op
+from .settings import CoreSettings
 from .staleness import admission_capacity, step_deadline, step_keeps_promises
 from .state import CoreState, Lease
 
-if TYPE_CHECKING:
-    from asyncrl.runtime.config import RunConfig
-
 __all__ = ["CoreSettings", "SchedulerCore"]
-
-
-@dataclass(frozen=True, slots=True)
-class CoreSettings:
-    max_staleness: int = 1
-    train_batch_groups: int = 8
-    max_attempts: int = 3
-    lease_timeout: float = 60.0
-    worker_timeout: float = 15.0
-    resources: Mapping[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, cfg: RunConfig) -> CoreSettings:
-        """The scheduler's part of a run's configuration."""
-        pipeline, scheduler = cfg.pipeline, cfg.scheduler
-        return cls(
-            max_staleness=pipeline.max_staleness,
-            train_batch_groups=pipeline.train_batch_groups,
-            max_attempts=pipeline.max_attempts,
-            lease_timeout=pipeline.lease_timeout_s,
-            worker_timeout=scheduler.worker_timeout_s,
-            resources=dict(scheduler.resources),
-        )
 
 
 class SchedulerCore:
@@ -237,42 +212,13 @@ class SchedulerCore:
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
             return lease
-        bad = self._check_completion(lease, gids, behaviour)
-        if bad is not None:
-            return bad
+        stage = self.pipeline.stage_at(lease.source, lease.role)
+        problem = completion_problem(stage, lease, gids, behaviour, self.state.policy_version)
+        if problem is not None:
+            return self._reject(*problem)
         rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
         self._commit(Op.COMPLETE, lease.lid, list(gids), rows)
         return Accepted(len(gids))
-
-    def _check_completion(
-        self, lease: Lease, gids: Sequence[int], behaviour: Sequence[Sequence[int]] | None
-    ) -> Rejected | None:
-        stage = self.pipeline.stage_at(lease.source, lease.role)
-        missing = self._outside(lease, gids)
-        if missing is not None:
-            return missing
-        if stage.gate is Gate.STEP and set(gids) != lease.gids:
-            return self._reject(Reason.INCOMPLETE_STEP, "a train step completes its whole batch")
-        if (behaviour is not None) != (stage.gate is Gate.ADMIT):
-            want = "needs" if stage.gate is Gate.ADMIT else "takes no"
-            return self._reject(Reason.BAD_RESULT, f"{stage.role} completion {want} versions")
-        if behaviour is not None:
-            return self._check_versions(lease, gids, behaviour)
-        return None
-
-    def _check_versions(
-        self, lease: Lease, gids: Sequence[int], behaviour: Sequence[Sequence[int]]
-    ) -> Rejected | None:
-        if len(behaviour) != len(gids):
-            return self._reject(
-                Reason.BAD_RESULT, f"{len(behaviour)} versions for {len(gids)} groups"
-            )
-        low, high = lease.version, self.state.policy_version
-        for gid, pair in zip(gids, behaviour, strict=True):
-            if len(pair) != 2 or not low <= pair[0] <= pair[1] <= high:
-                detail = f"group {gid}: versions {list(pair)} outside [{low}, {high}]"
-                return self._reject(Reason.BAD_VERSION, detail)
-        return None
 
     def fail(
         self, lease_id: int, fence: int, gids: Sequence[int] | None, reason: str
@@ -282,9 +228,9 @@ class SchedulerCore:
         if isinstance(lease, Rejected):
             return lease
         gids = sorted(lease.gids) if gids is None else list(gids)
-        missing = self._outside(lease, gids)
-        if missing is not None:
-            return missing
+        problem = membership_problem(lease, gids)
+        if problem is not None:
+            return self._reject(*problem)
         self._fail_groups(lease, gids, f"{lease.role}: {reason}")
         return Accepted(len(gids))
 
@@ -307,16 +253,6 @@ class SchedulerCore:
         if lease.fence != fence:
             return self._reject(Reason.STALE_FENCE, f"lease {lease_id}: fence {fence} is stale")
         return lease
-
-    def _outside(self, lease: Lease, gids: Sequence[int]) -> Rejected | None:
-        if not gids or len(set(gids)) != len(gids):
-            return self._reject(Reason.BAD_REQUEST, "name each group of the lease once")
-        outside = [g for g in gids if g not in lease.gids]
-        if outside:
-            return self._reject(
-                Reason.NOT_IN_LEASE, f"groups {outside[:5]} not in lease {lease.lid}"
-            )
-        return None
 
     # --- versions --------------------------------------------------------------------
 
