@@ -74,7 +74,8 @@ def report(plain, plain_s, journaled, journal_s, stats, found, replay_s) -> None
     print(f"  journal cost   : {journal_s / plain_s:.2f}x the time of the core alone")
     print(
         f"  journal        : {stats.records} records, {stats.bytes_written / n:.1f} bytes per "
-        f"transition, {stats.fsyncs} fsyncs, {stats.snapshots} snapshots"
+        f"transition, {stats.fsyncs} fsyncs ({stats.fsync_seconds:.2f} s, off the core's "
+        f"thread), {stats.snapshots} snapshots"
     )
     print(
         f"  restart replay : {replay_s * 1000:.0f} ms "

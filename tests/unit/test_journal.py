@@ -1,11 +1,18 @@
-"""Tests for the scheduler journal: framing, torn tails, corruption, snapshots, fsync batching."""
+"""Tests for the scheduler journal: framing, torn tails, corruption, snapshots, fsync batching.
+
+Tests that count fsyncs use ``background_fsync=False`` so the counts do not depend on when
+the syncer thread runs; the background syncer has its own section at the end.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import struct
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -387,7 +394,9 @@ def test_fsync_every_n_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
-    writer = JournalWriter.open(tmp_path, fsync_every=4, fsync_interval_s=1e9, clock=FakeClock())
+    writer = JournalWriter.open(
+        tmp_path, fsync_every=4, fsync_interval_s=1e9, clock=FakeClock(), background_fsync=False
+    )
     synced.clear()
     writer.append_many(make_records(10))
     assert len(synced) == 2
@@ -403,7 +412,7 @@ def test_fsync_every_n_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_fsync_after_interval(tmp_path: Path) -> None:
     clock = FakeClock()
     with JournalWriter.open(
-        tmp_path, fsync_every=1000, fsync_interval_s=0.05, clock=clock
+        tmp_path, fsync_every=1000, fsync_interval_s=0.05, clock=clock, background_fsync=False
     ) as writer:
         writer.append([1])
         clock.now = 0.04
@@ -470,3 +479,163 @@ def test_any_cut_of_the_last_segment_replays_a_prefix(
         assert result.last_seq == expected_seq
         assert result.records == records[result.snapshot_seq : result.last_seq]
         assert result.snapshot in (None, {"seq": result.snapshot_seq})
+
+
+# --------------------------------------------------------------------------- background fsync
+
+
+def test_background_flush_leaves_records_replayable(tmp_path: Path) -> None:
+    records = make_records(500)
+    with JournalWriter.open(tmp_path, fsync_every=16) as writer:
+        writer.append_many(records)
+        writer.flush()
+        # Read while the writer is still open: flush alone must have put everything out.
+        assert replay(tmp_path).records == records
+        stats = writer.stats
+        assert 1 <= stats.fsyncs <= 500 // 16 + 1  # batches may coalesce, never split
+        assert stats.fsync_seconds > 0
+        assert stats.bytes_written == segments(tmp_path)[0].stat().st_size
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_durable_seq_advances_after_flush(tmp_path: Path, background: bool) -> None:
+    options: dict[str, Any] = {"fsync_every": 1000, "background_fsync": background}
+    with JournalWriter.open(tmp_path, **options) as writer:
+        assert writer.durable_seq == 0
+        writer.append_many(make_records(5))
+        assert (writer.last_seq, writer.durable_seq) == (5, 0)  # still buffered
+        writer.flush()
+        assert writer.durable_seq == 5
+        writer.append([6])
+        writer.write_snapshot({"n": 6})
+        assert writer.durable_seq == 6
+    # What a new writer finds on disk counts as durable from the start.
+    with JournalWriter.open(tmp_path, **options) as writer:
+        assert writer.durable_seq == writer.last_seq == 6
+
+
+def journal_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("journal-fsync")]
+
+
+def test_background_fsyncs_run_off_the_appending_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        threads.append(threading.current_thread())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with JournalWriter.open(tmp_path, fsync_every=8) as writer:
+        threads.clear()  # recovery at open fsyncs on this thread
+        writer.append_many(make_records(100))
+        writer.flush()
+        assert threads
+        assert threading.current_thread() not in threads
+
+
+def test_close_waits_for_the_syncer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fsync = os.fsync
+    running: list[int] = []
+    done: list[int] = []
+
+    def slow_fsync(fd: int) -> None:
+        running.append(fd)
+        time.sleep(0.02)
+        real_fsync(fd)  # fails with EBADF if the fd was closed under it
+        done.append(fd)
+
+    writer = JournalWriter.open(tmp_path, fsync_every=4)
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    writer.append_many(make_records(10))
+    assert writer.durable_seq < 10  # the fsyncs are still running or queued
+    writer.close()
+    assert running and len(done) == len(running)
+    assert writer.durable_seq == 10
+    assert not journal_threads()
+    assert replay(tmp_path).records == make_records(10)
+
+
+def failing_fsync(fd: int) -> None:
+    raise OSError(errno.EIO, "injected")
+
+
+def test_background_fsync_error_surfaces_on_the_next_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = JournalWriter.open(tmp_path, fsync_every=4)
+    writer.append_many(make_records(3))
+    writer.flush()
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    writer.append_many(make_records(4, start=4))  # the batch 1..4 is due: background fsync
+    # The syncer fails some time after that append; the next append to notice raises.
+    deadline = time.monotonic() + 5
+    with pytest.raises(OSError, match="injected") as info:
+        while time.monotonic() < deadline:
+            writer.append(["probe"])
+            time.sleep(0.001)
+    assert info.value.errno == errno.EIO
+    appended = writer.last_seq
+    # Sticky: a failed fsync is never retried (it could "succeed" after the pages were lost).
+    with pytest.raises(OSError, match="injected"):
+        writer.flush()
+    assert writer.durable_seq == 3
+    with pytest.raises(OSError, match="injected"):
+        writer.close()
+    assert writer.closed
+    assert not journal_threads()
+    monkeypatch.undo()
+    # The fds and the lock were released; what was written is still there.
+    with JournalWriter.open(tmp_path) as reopened:
+        assert reopened.last_seq == appended
+    assert replay(tmp_path).last_seq == appended
+
+
+def test_flush_raises_a_background_fsync_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = JournalWriter.open(tmp_path, fsync_every=2)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    writer.append_many(make_records(2))
+    with pytest.raises(OSError, match="injected") as info:
+        writer.flush()
+    assert info.value.errno == errno.EIO
+    with pytest.raises(OSError, match="injected"):
+        writer.append([3])
+    assert writer.last_seq == 2  # the refused append took no seq
+    with pytest.raises(OSError, match="injected"):
+        writer.close()
+    assert writer.closed
+
+
+def test_rolling_a_segment_during_a_pending_fsync_is_safe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    wrong: list[str] = []
+
+    def checking_fsync(fd: int) -> None:
+        # The fd must name the same file for the whole fsync: not closed, not reused.
+        before = os.readlink(f"/proc/self/fd/{fd}")
+        time.sleep(0.002)
+        real_fsync(fd)
+        after = os.readlink(f"/proc/self/fd/{fd}")
+        if before != after:
+            wrong.append(f"{before} -> {after}")
+
+    monkeypatch.setattr(os, "fsync", checking_fsync)
+    state: dict[str, Any] = {}
+    with JournalWriter.open(tmp_path, fsync_every=8, snapshot_every=200) as writer:
+        for i in range(1000):
+            record = [1, f"k{i % 3}", i]
+            writer.append(record)
+            apply(state, record)
+            if writer.needs_snapshot:
+                # Right after a batch was handed off, while its fsync is likely still running.
+                writer.write_snapshot(state)
+    assert not wrong
+    assert rebuild(tmp_path) == full_state(1000)
+    assert replay(tmp_path).snapshot_seq == 1000

@@ -1,0 +1,139 @@
+"""File-system steps of the writer: the directory lock, recovery at open, durable writes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ._format import (
+    HEADER_SIZE,
+    LOCK_NAME,
+    MAX_SNAPSHOT_BYTES,
+    SEGMENT_RE,
+    SNAPSHOT_RE,
+    frame_header,
+    listing,
+    segment_name,
+    snapshot_name,
+)
+from ._replay import scan_segment
+
+# O_APPEND: a segment is only ever extended, even if the recovered offset were off.
+OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+
+
+class JournalLocked(RuntimeError):
+    """Another :class:`JournalWriter` already holds the journal directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What :meth:`JournalWriter.open` found on disk."""
+
+    segments: list[int]  # first seqs, ascending
+    snapshots: list[int]  # seqs, ascending
+    last_seq: int
+    tail_next: int | None  # seq the last segment would hold next; None without segments
+
+
+def write_all(fd: int, data: bytes | bytearray) -> None:
+    with memoryview(data) as view:
+        written = 0
+        while written < len(view):
+            written += os.write(fd, view[written:])
+
+
+def fsync_dir(root: Path) -> None:
+    # Makes a created, renamed or removed name durable, not just the file's contents.
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock(root: Path) -> int:
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalLocked(f"{root} is open in another JournalWriter") from None
+    return fd
+
+
+def _settle_tail(path: Path, size: int, *, torn: bool) -> None:
+    """Cut a torn tail off and fsync what is left.
+
+    The fsync matters even without a tear: a writer that died (a process crash, not a machine
+    crash) may have left records in the page cache only, and the new writer reports everything
+    found at open as durable.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        if torn:
+            os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def recover(root: Path) -> Layout:
+    """Inspect the directory, cut a torn tail off the last segment, drop stale temp files."""
+    for entry in os.scandir(root):
+        if entry.name.endswith(".tmp"):
+            os.unlink(entry.path)
+    segments = [seq for seq, _ in listing(root, SEGMENT_RE)]
+    snapshots = [seq for seq, _ in listing(root, SNAPSHOT_RE)]
+    last_seq = snapshots[-1] if snapshots else 0
+    if not segments:
+        return Layout(segments, snapshots, last_seq, None)
+    path = root / segment_name(segments[-1])
+    scan = scan_segment(path, segments[-1], last=True)
+    _settle_tail(path, scan.end, torn=bool(scan.torn))
+    tail_next = segments[-1] + len(scan.records)
+    return Layout(segments, snapshots, max(last_seq, tail_next - 1), tail_next)
+
+
+def store_snapshot(root: Path, seq: int, state: dict[Any, Any]) -> int:
+    """Durably write ``state`` as snapshot ``seq``; returns the file's size.
+
+    Written to a temp file, fsynced and renamed, so a crash leaves the old set of snapshots or
+    the new one, never a half-written file under a snapshot's name.
+    """
+    payload = msgpack.packb([seq, state], use_bin_type=True)
+    if len(payload) > MAX_SNAPSHOT_BYTES:
+        raise ValueError(f"snapshot of {len(payload)} bytes does not fit a frame")
+    final = root / snapshot_name(seq)
+    tmp = final.with_name(final.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, frame_header(payload) + payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    fsync_dir(root)
+    return HEADER_SIZE + len(payload)
+
+
+def remove_obsolete(root: Path, snapshots: list[int], segments: list[int]) -> None:
+    """Keep the newest two snapshots and every segment with records after the older one.
+
+    ``snapshots`` and ``segments`` (seqs, ascending) are updated in place.
+    """
+    fallback = snapshots[-2] if len(snapshots) > 1 else 0
+    for seq in snapshots[:-2]:
+        os.unlink(root / snapshot_name(seq))
+    del snapshots[:-2]
+    # A segment's last record is the next segment's first seq minus one.
+    obsolete = [first for first, nxt in pairwise(segments) if nxt <= fallback + 1]
+    for first in obsolete:
+        os.unlink(root / segment_name(first))
+    del segments[: len(obsolete)]
