@@ -193,12 +193,21 @@ class SchedulerCore:
         )
 
     def _take(self, stage: Stage, n: int) -> list[int]:
+        """Pop up to ``n`` takeable groups; entries that went stale are dropped lazily."""
         heap, groups, taken = self.state.available(stage), self.state.groups, []
+        source, role = stage.source, stage.role
         while heap and len(taken) < n:
             gid = heapq.heappop(heap)[1]
-            group = groups.get(gid)  # None once trained: heaps drop stale entries lazily
-            if group is not None and self.state.takeable(group, stage) and gid not in taken:
-                taken.append(gid)
+            group = groups.get(gid)  # None once trained
+            if (
+                group is None
+                or group.state != source
+                or role in group.done
+                or role in group.leases
+                or gid in taken
+            ):
+                continue
+            taken.append(gid)
         return taken
 
     def complete(

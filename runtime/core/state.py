@@ -124,13 +124,6 @@ class CoreState:
         """Heap of (order key, gid) that *may* be takeable; stale entries are skipped."""
         return self._available[stage]
 
-    def takeable(self, group: Group, stage: Stage) -> bool:
-        return (
-            group.state == stage.source
-            and stage.role not in group.done
-            and stage.role not in group.leases
-        )
-
     def expiry_heap(self) -> list[tuple[float, int]]:
         return self._expiry
 
@@ -140,15 +133,22 @@ class CoreState:
             heapq.heappush(heap, ((group.step_deadline, gid) if by_deadline else gid, gid))
 
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
-        source = group.state
-        if source == self.step_source and group.step_deadline is not None:
-            _bump(self.due_ready, group.step_deadline, -1)
-        if target == self.step_source and group.step_deadline is not None:
-            _bump(self.due_ready, group.step_deadline, 1)
-        self.counts[source] -= 1
-        self.counts[target] += 1
+        source, deadline = group.state, group.step_deadline
+        if deadline is not None:
+            if source == self.step_source:
+                _bump(self.due_ready, deadline, -1)
+            elif target == self.step_source:
+                _bump(self.due_ready, deadline, 1)
+        counts = self.counts
+        counts[source] -= 1
+        counts[target] += 1
         group.state = target
-        self._moves.setdefault((source, target, reason), []).append(group.gid)
+        key = (source, target, reason)
+        moved = self._moves.get(key)
+        if moved is None:
+            self._moves[key] = [group.gid]
+        else:
+            moved.append(group.gid)
         self.offer(group)
 
     # --- handlers, one per opcode ----------------------------------------------------
@@ -221,10 +221,11 @@ class CoreState:
         self._release_groups(lease, gids)
 
     def _finish_branch(self, group: Group, stage: Stage) -> None:
-        group.done.add(stage.role)
-        if len(group.done) < self._branches[stage.source]:
-            return
-        group.done.clear()
+        if self._branches[stage.source] > 1:
+            group.done.add(stage.role)
+            if len(group.done) < self._branches[stage.source]:
+                return
+            group.done.clear()
         if stage.gate is not Gate.STEP:
             self._move(group, stage.target)
             return
