@@ -59,6 +59,7 @@ class JournaledCore:
         durable = cls(core, writer_factory(directory))
         if resume:
             core.resume(now)
+            durable.commit()  # a snapshot must never run ahead of the journal
         if found.bad_snapshots:
             durable.snapshot()  # so cleanup can never delete the last good one
         return durable
@@ -73,6 +74,7 @@ class JournaledCore:
         return notices
 
     def snapshot(self) -> None:
+        """Write the state as of the last journaled record (call right after a commit)."""
         self.writer.write_snapshot(dump_state(self.core.state), self.writer.last_seq)
 
     def close(self) -> None:

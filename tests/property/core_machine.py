@@ -397,7 +397,7 @@ def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
         if lease.lid in model.leases:
             machine._ok(core.fail(lease.lid, lease.fence, None, "drained"))
             model.fail(lease.lid, sorted(lease.gids))
-    for _ in range(200):
+    for _ in range(2 * len(model.groups) + 50):  # a step a round at worst (batch 1)
         machine.now += 1.0
         progressed = _one_round(machine, None)
         if not progressed and not model.leases:
