@@ -75,6 +75,7 @@ def test_a_cut_journal_resumes_and_keeps_going(tmp_path: Path) -> None:
     segment.write_bytes(segment.read_bytes()[:-3])  # torn last record
     assert replay(tmp_path).last_seq == len(records) - 1
     resumed = JournaledCore.open(tmp_path, SETTINGS, resume=True, now=100.0)
+    resumed.writer.flush()
     assert replay(tmp_path).records[len(records) - 1][0] == Op.RESUME  # journaled at once
     sim = Sim(resumed.core, resumed.commit, groups=10_000)
     sim.now = 100.0
