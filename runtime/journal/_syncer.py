@@ -1,8 +1,10 @@
-"""Who fsyncs a writer's segment: the writer's own thread, or a background syncer thread.
+"""Who writes and fsyncs a writer's batches: its own thread, or a background log thread.
 
-Both syncers take the same calls from :class:`JournalWriter`: ``request(fd, seq)`` once the
-records up to ``seq`` have been written to ``fd``, and ``barrier()`` when the writer needs
-them on disk before going on (flush, snapshot, segment roll, close).
+Both syncers take the same calls from :class:`JournalWriter`: ``request(fd, seq, data)``
+with a batch of framed records ending at ``seq``, to be written to ``fd`` and fsynced, and
+``barrier()`` when the writer needs everything on disk before going on (flush, snapshot,
+segment roll, close). The background one also does the ``write``: on this kind of disk a
+write to a file whose pages are under writeback can wait as long as the fsync itself.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+
+from ._files import write_all
 
 
 class InlineSyncer:
@@ -22,7 +26,8 @@ class InlineSyncer:
         self._fsyncs = 0
         self._fsync_seconds = 0.0
 
-    def request(self, fd: int, seq: int) -> None:
+    def request(self, fd: int, seq: int, data: bytearray) -> None:
+        write_all(fd, data)
         start = time.perf_counter()
         os.fsync(fd)
         self._fsync_seconds += time.perf_counter() - start
@@ -54,17 +59,19 @@ class BackgroundSyncer(InlineSyncer):
         super().__init__(durable_seq)
         self._cond = threading.Condition(threading.Lock())
         self._waiting: tuple[int, int] | None = None  # (fd, seq) not yet taken by the thread
+        self._data = bytearray()  # the bytes of the waiting request, in order
         self._busy = False  # the thread is inside os.fsync
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def request(self, fd: int, seq: int) -> None:
+    def request(self, fd: int, seq: int, data: bytearray) -> None:
         with self._cond:
             # The writer calls barrier() before it closes or replaces an fd, so a waiting
-            # request is always for the fd in use; replacing one for another fd would lose it.
+            # request is always for the fd in use; merging one for another fd would lose it.
             assert self._waiting is None or self._waiting[0] == fd, "fd switched without barrier"
             self._waiting = (fd, seq)
+            self._data += data
             self._cond.notify_all()
 
     def barrier(self) -> None:
@@ -98,6 +105,7 @@ class BackgroundSyncer(InlineSyncer):
                 if self._waiting is None:
                     return
                 (fd, seq), self._waiting = self._waiting, None
+                data, self._data = self._data, bytearray()
                 if self.error is not None:
                     self._cond.notify_all()  # dropped: wake barrier() so it raises the error
                     continue
@@ -105,6 +113,7 @@ class BackgroundSyncer(InlineSyncer):
             start = time.perf_counter()
             error: Exception | None = None
             try:
+                write_all(fd, data)
                 os.fsync(fd)
             except Exception as exc:  # not just OSError: the thread must not die with _busy set
                 error = exc

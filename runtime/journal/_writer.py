@@ -21,7 +21,6 @@ from ._files import (
     recover,
     remove_obsolete,
     store_snapshot,
-    write_all,
 )
 from ._format import HEADER, MAX_RECORD_BYTES, PathLike, segment_name
 from ._syncer import BackgroundSyncer, InlineSyncer
@@ -60,10 +59,12 @@ class JournalWriter:
 
     Records are framed into an in-memory buffer. Once ``fsync_every`` records are pending or
     ``fsync_interval_s`` has passed since the first pending one (checked on each append; call
-    :meth:`flush_if_due` from an idle timer), the batch is handed to the OS and fsynced. With
-    ``background_fsync`` (the default) a syncer thread does the fsync and the appending thread
-    goes on at once; :attr:`durable_seq` says how far the disk has caught up and :meth:`flush`
-    waits for it. Without, the fsync runs inside the call that made the batch due.
+    :meth:`flush_if_due` from an idle timer), the batch is written and fsynced. With
+    ``background_fsync`` (the default) a log thread does both and the appending thread goes
+    on at once; :attr:`durable_seq` says how far the disk has caught up and :meth:`flush`
+    waits for it. A caller that must not acknowledge anything before it is on disk (the
+    scheduler's replies) waits until ``durable_seq`` covers it. Without background_fsync,
+    the write and fsync run inside the call that made the batch due.
 
     A crash may lose records not yet fsynced; it never loses or damages earlier ones. An
     ``OSError`` from a background fsync is raised by the next :meth:`append`, :meth:`flush`,
@@ -182,13 +183,11 @@ class JournalWriter:
         return self._seq
 
     def _hand_off(self) -> None:
-        """Write the buffered records to the segment and ask the syncer to fsync them."""
-        write_all(self._fd, self._buf)
-        self._flushed_bytes += len(self._buf)
-        self._buf.clear()
-        self._syncer.request(self._fd, self._seq)
-        # Only now: an inline fsync that raised leaves the batch pending for the next flush.
+        """Give the buffered records to the syncer, to be written and fsynced."""
+        batch, self._buf = self._buf, bytearray()
+        self._flushed_bytes += len(batch)
         self._pending = 0
+        self._syncer.request(self._fd, self._seq, batch)
 
     def flush(self) -> None:
         """Write buffered records and return once everything appended so far is fsynced."""
