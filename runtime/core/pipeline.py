@@ -87,15 +87,12 @@ class Pipeline:
     stages: tuple[Stage, ...]
     entry: GroupState = GroupState.PENDING
     _by_source: dict[GroupState, tuple[Stage, ...]] = field(init=False, repr=False)
-    _by_working: dict[GroupState, Stage] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         by_source: dict[GroupState, list[Stage]] = {}
         for stage in self.stages:
             by_source.setdefault(stage.source, []).append(stage)
         object.__setattr__(self, "_by_source", {k: tuple(v) for k, v in by_source.items()})
-        working = {s.working: s for s in self.stages if s.working is not None}
-        object.__setattr__(self, "_by_working", working)
         _validate(self)
 
     def consumers(self, state: GroupState) -> tuple[Stage, ...]:
@@ -110,10 +107,6 @@ class Pipeline:
 
     def for_role(self, role: str) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if s.role == role)
-
-    def leased_in(self, state: GroupState) -> Stage | None:
-        """The exclusive stage whose working state is ``state``, if any."""
-        return self._by_working.get(state)
 
     def gated(self, gate: Gate) -> Stage:
         return next(s for s in self.stages if s.gate is gate)

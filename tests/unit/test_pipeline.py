@@ -35,7 +35,6 @@ def test_default_table_has_the_designed_moves() -> None:
         "ref_logp",
         "reward",
     ]
-    assert DEFAULT_PIPELINE.leased_in(S.GENERATING) == GENERATE
     assert DEFAULT_PIPELINE.consumers(S.TRAINED) == ()
 
 
