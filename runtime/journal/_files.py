@@ -12,7 +12,6 @@ from typing import Any
 import msgpack
 
 from ._format import (
-    HEADER_SIZE,
     LOCK_NAME,
     MAX_SNAPSHOT_BYTES,
     SEGMENT_RE,
@@ -22,7 +21,7 @@ from ._format import (
     segment_name,
     snapshot_name,
 )
-from ._replay import scan_segment
+from ._replay import scan_segment, without_empty_tail
 
 # O_APPEND: a segment is only ever extended, even if the recovered offset were off.
 OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -89,7 +88,11 @@ def recover(root: Path) -> Layout:
     for entry in os.scandir(root):
         if entry.name.endswith(".tmp"):
             os.unlink(entry.path)
-    segments = [seq for seq, _ in listing(root, SEGMENT_RE)]
+    found = listing(root, SEGMENT_RE)
+    kept = without_empty_tail(found)
+    for _, path in found[len(kept) :]:
+        path.unlink()  # an empty segment after a torn one: see without_empty_tail
+    segments = [seq for seq, _ in kept]
     snapshots = [seq for seq, _ in listing(root, SNAPSHOT_RE)]
     last_seq = snapshots[-1] if snapshots else 0
     if not segments:
@@ -101,39 +104,45 @@ def recover(root: Path) -> Layout:
     return Layout(segments, snapshots, max(last_seq, tail_next - 1), tail_next)
 
 
-def store_snapshot(root: Path, seq: int, state: dict[Any, Any]) -> int:
-    """Durably write ``state`` as snapshot ``seq``; returns the file's size.
-
-    Written to a temp file, fsynced and renamed, so a crash leaves the old set of snapshots or
-    the new one, never a half-written file under a snapshot's name.
-    """
+def pack_snapshot(seq: int, state: dict[Any, Any]) -> bytes:
+    """The snapshot file's bytes: one frame holding ``[seq, state]``."""
     payload = msgpack.packb([seq, state], use_bin_type=True)
     if len(payload) > MAX_SNAPSHOT_BYTES:
         raise ValueError(f"snapshot of {len(payload)} bytes does not fit a frame")
+    return frame_header(payload) + payload
+
+
+def store_snapshot(root: Path, seq: int, frame: bytes) -> None:
+    """Durably write a packed snapshot as snapshot ``seq``.
+
+    Written to a temp file, fsynced and renamed, so a crash leaves the old set of snapshots or
+    the new one, never a half-written file under a snapshot's name. The directory fsync also
+    makes any segment created before the call durable by name.
+    """
     final = root / snapshot_name(seq)
     tmp = final.with_name(final.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        write_all(fd, frame_header(payload) + payload)
+        write_all(fd, frame)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, final)
     fsync_dir(root)
-    return HEADER_SIZE + len(payload)
 
 
-def remove_obsolete(root: Path, snapshots: list[int], segments: list[int]) -> None:
-    """Keep the newest two snapshots and every segment with records after the older one.
+def obsolete_files(root: Path, snapshots: list[int], segments: list[int]) -> list[Path]:
+    """What to delete to keep the newest two snapshots and the segments replay needs.
 
-    ``snapshots`` and ``segments`` (seqs, ascending) are updated in place.
+    Every segment with records after the older kept snapshot stays. ``snapshots`` and
+    ``segments`` (seqs, ascending) are updated in place; the caller deletes the files once
+    the newest snapshot is durable.
     """
     fallback = snapshots[-2] if len(snapshots) > 1 else 0
-    for seq in snapshots[:-2]:
-        os.unlink(root / snapshot_name(seq))
+    doomed = [root / snapshot_name(seq) for seq in snapshots[:-2]]
     del snapshots[:-2]
     # A segment's last record is the next segment's first seq minus one.
     obsolete = [first for first, nxt in pairwise(segments) if nxt <= fallback + 1]
-    for first in obsolete:
-        os.unlink(root / segment_name(first))
+    doomed += [root / segment_name(first) for first in obsolete]
     del segments[: len(obsolete)]
+    return doomed

@@ -133,6 +133,20 @@ def _newest_valid_snapshot(
     return 0, None, tuple(bad)
 
 
+def without_empty_tail(segments: list[tuple[int, Path]]) -> list[tuple[int, Path]]:
+    """Drop an empty last segment that does not follow on from the one before it.
+
+    The writer creates the next segment when it takes a snapshot, before its log thread
+    has written the previous segment's last batch; a crash in between leaves an empty
+    segment after a torn one. It holds no records, so that is a torn tail, not damage.
+    """
+    if len(segments) < 2 or segments[-1][1].stat().st_size:
+        return segments
+    (first, path), (nxt, _) = segments[-2], segments[-1]
+    scan = scan_segment(path, first, last=True)
+    return segments if first + len(scan.records) == nxt else segments[:-1]
+
+
 def _segments_after(segments: list[tuple[int, Path]], after: int) -> list[tuple[int, Path]]:
     """Drop the leading segments whose records all have seq <= ``after``."""
     skip = 0
@@ -171,7 +185,7 @@ def replay(directory: PathLike) -> Replay:
         return Replay(None, 0, [])
     snapshots = listing(root, SNAPSHOT_RE)
     snapshot_seq, state, bad = _newest_valid_snapshot(snapshots)
-    records, torn = _records_after(listing(root, SEGMENT_RE), snapshot_seq)
+    records, torn = _records_after(without_empty_tail(listing(root, SEGMENT_RE)), snapshot_seq)
     result = Replay(state, snapshot_seq, records, torn, bad)
     if snapshots and result.last_seq < snapshots[-1][0]:
         newest_seq, newest = snapshots[-1]

@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
 
 from ._files import write_all
 
@@ -34,6 +37,9 @@ class InlineSyncer:
         self._fsyncs += 1
         self._durable_seq = seq
 
+    def run(self, job: Callable[[], None]) -> None:
+        job()
+
     def barrier(self) -> None:
         """Nothing to wait for: every request was synced before it returned."""
 
@@ -46,42 +52,45 @@ class InlineSyncer:
 
 
 class BackgroundSyncer(InlineSyncer):
-    """fsyncs on a daemon thread so that the appending thread never waits for the disk.
+    """Writes and fsyncs on a daemon thread so that the appending thread never waits.
 
-    At most one request waits: a newer one for the same fd replaces it, because fsync covers
-    everything written before it, so a slow disk makes batches bigger rather than queueing
-    them. After a failed fsync it fsyncs nothing more: on Linux a failed fsync may drop the
-    dirty pages, so a later one could succeed without the data being on disk. The error is
-    kept in ``error`` for the writer's thread to raise.
+    Work runs in the order it was asked for: batches (``request``) and other disk work
+    (``run``, e.g. storing a snapshot and retiring a segment). A batch asked for while the
+    previous one for the same fd still waits joins it, so a slow disk makes batches bigger
+    rather than queueing them. After a failure nothing more is done: on Linux a failed
+    fsync may drop the dirty pages, so a later one could succeed without the data being on
+    disk. The error is kept in ``error`` for the writer's thread to raise.
     """
 
     def __init__(self, durable_seq: int, name: str) -> None:
         super().__init__(durable_seq)
         self._cond = threading.Condition(threading.Lock())
-        self._waiting: tuple[int, int] | None = None  # (fd, seq) not yet taken by the thread
-        self._data = bytearray()  # the bytes of the waiting request, in order
-        self._busy = False  # the thread is inside os.fsync
+        self._jobs: deque[list[Any]] = deque()  # [fd, seq, data] or [callable]
+        self._busy = False  # the thread is doing a job
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def request(self, fd: int, seq: int, data: bytearray) -> None:
         with self._cond:
-            # The writer calls barrier() before it closes or replaces an fd, so a waiting
-            # request is always for the fd in use; merging one for another fd would lose it.
-            assert self._waiting is None or self._waiting[0] == fd, "fd switched without barrier"
-            self._waiting = (fd, seq)
-            self._data += data
+            last = self._jobs[-1] if self._jobs else None
+            if last is not None and len(last) == 3 and last[0] == fd:
+                last[1] = seq
+                last[2] += data
+            else:
+                self._jobs.append([fd, seq, data])
+            self._cond.notify_all()
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Do ``job`` on the thread once everything asked for before it is done."""
+        with self._cond:
+            self._jobs.append([job])
             self._cond.notify_all()
 
     def barrier(self) -> None:
-        """Wait until every request is done; then raise the fsync error if there was one.
-
-        Once it returns, the thread touches no fd until the next request, so the writer may
-        close the segment it was syncing.
-        """
+        """Wait until every job is done; then raise the error if there was one."""
         with self._cond:
-            while self._waiting is not None or self._busy:
+            while self._jobs or self._busy:
                 self._cond.wait()
         if self.error is not None:
             raise self.error
@@ -91,7 +100,7 @@ class BackgroundSyncer(InlineSyncer):
             return self._fsyncs, self._fsync_seconds, self._durable_seq
 
     def close(self) -> None:
-        """Finish the requests made so far and stop the thread. Idempotent."""
+        """Finish the jobs asked for so far and stop the thread. Idempotent."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -100,30 +109,35 @@ class BackgroundSyncer(InlineSyncer):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._waiting is None and not self._stopping:
+                while not self._jobs and not self._stopping:
                     self._cond.wait()
-                if self._waiting is None:
+                if not self._jobs:
                     return
-                (fd, seq), self._waiting = self._waiting, None
-                data, self._data = self._data, bytearray()
+                job = self._jobs.popleft()
                 if self.error is not None:
                     self._cond.notify_all()  # dropped: wake barrier() so it raises the error
                     continue
                 self._busy = True
-            start = time.perf_counter()
-            error: Exception | None = None
-            try:
-                write_all(fd, data)
-                os.fsync(fd)
-            except Exception as exc:  # not just OSError: the thread must not die with _busy set
-                error = exc
-            elapsed = time.perf_counter() - start
-            with self._cond:
-                self._busy = False
+            self._do(job)
+
+    def _do(self, job: list[Any]) -> None:
+        start = time.perf_counter()
+        error: Exception | None = None
+        try:
+            if len(job) == 3:
+                write_all(job[0], job[2])
+                os.fsync(job[0])
+            else:
+                job[0]()
+        except Exception as exc:  # not just OSError: the thread must not die with _busy set
+            error = exc
+        elapsed = time.perf_counter() - start
+        with self._cond:
+            self._busy = False
+            if error is not None:
+                self.error = error
+            elif len(job) == 3:
+                self._fsyncs += 1
                 self._fsync_seconds += elapsed
-                if error is None:
-                    self._fsyncs += 1
-                    self._durable_seq = seq
-                else:
-                    self.error = error
-                self._cond.notify_all()
+                self._durable_seq = job[1]
+            self._cond.notify_all()

@@ -7,6 +7,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -18,8 +19,9 @@ from ._files import (
     Layout,
     fsync_dir,
     lock,
+    obsolete_files,
+    pack_snapshot,
     recover,
-    remove_obsolete,
     store_snapshot,
 )
 from ._format import HEADER, MAX_RECORD_BYTES, PathLike, segment_name
@@ -220,22 +222,28 @@ class JournalWriter:
         return self._seq - newest >= self._snapshot_every
 
     def write_snapshot(self, state: dict[Any, Any], seq: int | None = None) -> int:
-        """Durably store ``state`` as the state after record ``seq`` (default: the last one).
+        """Store ``state`` as the state after record ``seq`` (default: the last one).
 
-        Then starts a new segment and deletes files no longer needed for replay. Returns seq.
+        Then starts a new segment and deletes files no longer needed for replay. With a
+        background syncer the disk work happens there, in order after the records up to
+        ``seq``, and this returns once ``state`` is packed (``flush`` waits for all of it).
+        Returns seq.
         """
         seq = self._seq if seq is None else seq
         newest = self._snapshots[-1] if self._snapshots else 0
         if not newest < seq <= self._seq:
             raise ValueError(f"snapshot seq must be in ({newest}, {self._seq}], got {seq}")
-        # The records up to seq must be durable before a snapshot claims to follow them.
-        self.flush()
-        self._snapshot_bytes += store_snapshot(self._root, seq, state)
-        self._snapshots.append(seq)
-        self._snapshots_written += 1
+        frame = pack_snapshot(seq, state)
+        if self._pending:
+            self._hand_off()  # the records a snapshot claims to follow go to disk first
+        old_fd = -1
         if self._segment_first <= self._seq:
-            self._start_segment(self._seq + 1)
-        remove_obsolete(self._root, self._snapshots, self._segments)
+            old_fd, self._fd = self._fd, self._new_segment(self._seq + 1)
+        self._snapshots.append(seq)
+        doomed = obsolete_files(self._root, self._snapshots, self._segments)
+        self._syncer.run(partial(_retire, self._root, seq, frame, old_fd, doomed))
+        self._snapshot_bytes += len(frame)
+        self._snapshots_written += 1
         return seq
 
     def _open_tail(self, tail_next: int | None) -> None:
@@ -248,15 +256,15 @@ class JournalWriter:
         self._fd = os.open(self._root / segment_name(self._segment_first), OPEN_FLAGS, 0o644)
 
     def _start_segment(self, first_seq: int) -> None:
-        if self._fd >= 0:
-            # The syncer may still be fsyncing the old fd; closing it (and the number being
-            # reused by the open below) would fsync the wrong file or fail with EBADF.
-            self._syncer.barrier()
-            os.close(self._fd)
-        self._fd = os.open(self._root / segment_name(first_seq), OPEN_FLAGS, 0o644)
+        """The first segment of a directory, made durable by name before any record."""
+        self._fd = self._new_segment(first_seq)
         fsync_dir(self._root)
+
+    def _new_segment(self, first_seq: int) -> int:
+        fd = os.open(self._root / segment_name(first_seq), OPEN_FLAGS, 0o644)
         self._segments.append(first_seq)
         self._segment_first = first_seq
+        return fd
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -319,3 +327,16 @@ class JournalWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _retire(root: Path, seq: int, frame: bytes, old_fd: int, doomed: list[Path]) -> None:
+    """A snapshot's disk work, after the records before it: store it, then clean up.
+
+    The old segment's fd closes only here, after its last batch was written and fsynced,
+    and files go only once the snapshot that makes them unneeded is durable.
+    """
+    store_snapshot(root, seq, frame)  # its directory fsync also covers the new segment
+    if old_fd >= 0:
+        os.close(old_fd)
+    for path in doomed:
+        os.unlink(path)

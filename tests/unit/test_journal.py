@@ -507,8 +507,10 @@ def test_durable_seq_advances_after_flush(tmp_path: Path, background: bool) -> N
         writer.flush()
         assert writer.durable_seq == 5
         writer.append([6])
-        writer.write_snapshot({"n": 6})
+        writer.write_snapshot({"n": 6})  # in the background, queued after record 6
+        writer.flush()
         assert writer.durable_seq == 6
+        assert replay(tmp_path).snapshot_seq == 6
     # What a new writer finds on disk counts as durable from the start.
     with JournalWriter.open(tmp_path, **options) as writer:
         assert writer.durable_seq == writer.last_seq == 6
@@ -639,3 +641,17 @@ def test_rolling_a_segment_during_a_pending_fsync_is_safe(
     assert not wrong
     assert rebuild(tmp_path) == full_state(1000)
     assert replay(tmp_path).snapshot_seq == 1000
+
+
+def test_a_crash_between_segment_roll_and_the_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    """The next segment exists (empty) while the previous one lost its unsynced tail."""
+    with JournalWriter.open(tmp_path, background_fsync=False) as writer:
+        writer.append_many(make_records(10))
+        writer.write_snapshot({"n": 10}, seq=5)
+    first = tmp_path / segment_name(1)
+    first.write_bytes(first.read_bytes()[:-3])  # record 10 torn
+    found = replay(tmp_path)
+    assert (found.snapshot_seq, found.last_seq) == (5, 9)
+    with JournalWriter.open(tmp_path) as writer:  # resumes after record 9
+        assert writer.append([11]) == 10
+    assert replay(tmp_path).last_seq == 10
