@@ -30,18 +30,21 @@ Recovery rules (see :func:`replay`):
 * A damaged frame at the very end of the *last* segment is a torn write from a crash and is
   ignored: a short header, a short payload, a crc mismatch on the final frame, or a damaged
   frame followed only by zero bytes (some filesystems expose zero-filled blocks after a crash).
-  :meth:`JournalWriter.open` truncates it away before appending.
+  :meth:`JournalWriter.open` truncates it away before appending. An *empty* last segment
+  after such a torn one is part of the same torn tail (the writer had started the next
+  segment for a snapshot) and is dropped too.
 * Any other damage (a bad frame followed by data, a damaged non-last segment, a seq gap within
   or between segments) raises :class:`JournalCorrupt` naming the file and byte offset.
 * The newest snapshot whose crc and seq check out is used; older ones are fallbacks. The writer
   keeps the newest two snapshots and every segment with records after the older of them.
 
-Durability: records are fsynced in batches, by default on a background thread (see
-:class:`JournalWriter`); a segment is fully fsynced before the writer moves to the next one,
-so only the last segment can hold records that are not yet on disk.
+Durability: records are written and fsynced in batches, by default on a log thread (see
+:class:`JournalWriter`), which also stores snapshots and retires old files, all in the order
+they were asked for. No record reaches a segment before the previous segment is fully on
+disk, so only the last segment holding records can be missing some.
 
 Modules: ``_format`` (frame layout, names, errors), ``_replay`` (reading and recovery rules),
-``_files`` (lock, recovery at open, file helpers), ``_syncer`` (who runs the fsyncs) and
+``_files`` (lock, recovery at open, file helpers), ``_syncer`` (who does the disk work) and
 ``_writer`` (:class:`JournalWriter`).
 """
 
