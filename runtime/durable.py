@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import Notice
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
-from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
 from asyncrl.runtime.journal import JournalWriter, Replay, replay
 
 __all__ = ["JournalExists", "JournaledCore", "recover"]

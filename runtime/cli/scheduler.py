@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.runtime.config import RunConfig, load_config
-from asyncrl.runtime.core.scheduler import CoreSettings
+from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.core.status import summarize
 from asyncrl.runtime.durable import recover
 from asyncrl.runtime.journal import JournalCorrupt

@@ -35,7 +35,7 @@ from .settings import CoreSettings
 from .staleness import admission_capacity, step_deadline, step_keeps_promises
 from .state import CoreState, Lease
 
-__all__ = ["CoreSettings", "SchedulerCore"]
+__all__ = ["SchedulerCore"]
 
 
 class SchedulerCore:

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.durable import JournaledCore, recover
 from asyncrl.runtime.journal import JournalWriter
 

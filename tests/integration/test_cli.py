@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.core.scheduler import CoreSettings
+from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.durable import JournaledCore
 from asyncrl.runtime.rundir import RunDir
 

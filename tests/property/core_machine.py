@@ -21,10 +21,10 @@ from hypothesis.stateful import (
     rule,
 )
 
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import Grant, LockGranted, LockQueued, Rejected, Transition
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
-from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
 
 from .pipeline_model import (
     EDGES,

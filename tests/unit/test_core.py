@@ -6,6 +6,7 @@ from itertools import pairwise
 
 import pytest
 
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import (
     Accepted,
@@ -16,7 +17,6 @@ from asyncrl.runtime.core.effects import (
     Rejected,
     Transition,
 )
-from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
 
 ROLES = {"gen": "generate", "lp": "logp", "ref": "ref_logp", "rw": "reward", "tr": "train"}
 

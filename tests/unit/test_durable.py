@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.records import Op
-from asyncrl.runtime.core.scheduler import CoreSettings, SchedulerCore
 from asyncrl.runtime.durable import JournaledCore, JournalExists, recover
 from asyncrl.runtime.journal import JournalWriter, replay
 

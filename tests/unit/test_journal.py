@@ -223,16 +223,21 @@ def test_seq_gap_inside_a_segment_is_corrupt(tmp_path: Path) -> None:
         replay(tmp_path)
 
 
+def append_toy_run(writer: JournalWriter, count: int) -> None:
+    """Append ``count`` toy records, snapshotting the toy state whenever the writer asks."""
+    state: dict[str, Any] = {}
+    for i in range(count):
+        record = [1, f"k{i % 3}", i]
+        writer.append(record)
+        apply(state, record)
+        if writer.needs_snapshot:
+            writer.write_snapshot(state)
+
+
 def rolled_journal(directory: Path) -> list[Path]:
     """Three snapshots of a toy state, leaving two snapshots and several segments."""
     with JournalWriter.open(directory, snapshot_every=10) as writer:
-        state: dict[str, Any] = {}
-        for i in range(45):
-            record = [1, f"k{i % 3}", i]
-            writer.append(record)
-            apply(state, record)
-            if writer.needs_snapshot:
-                writer.write_snapshot(state)
+        append_toy_run(writer, 45)
     return segments(directory)
 
 
@@ -629,15 +634,9 @@ def test_rolling_a_segment_during_a_pending_fsync_is_safe(
             wrong.append(f"{before} -> {after}")
 
     monkeypatch.setattr(os, "fsync", checking_fsync)
-    state: dict[str, Any] = {}
+    # Snapshots come right after a batch was handed off, while its fsync likely still runs.
     with JournalWriter.open(tmp_path, fsync_every=8, snapshot_every=200) as writer:
-        for i in range(1000):
-            record = [1, f"k{i % 3}", i]
-            writer.append(record)
-            apply(state, record)
-            if writer.needs_snapshot:
-                # Right after a batch was handed off, while its fsync is likely still running.
-                writer.write_snapshot(state)
+        append_toy_run(writer, 1000)
     assert not wrong
     assert rebuild(tmp_path) == full_state(1000)
     assert replay(tmp_path).snapshot_seq == 1000
