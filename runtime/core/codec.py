@@ -15,7 +15,7 @@ from .state import CoreState, Group, Lease, Resource, Worker
 
 __all__ = ["dump_state", "load_state"]
 
-FORMAT = 2
+FORMAT = 3
 
 
 def dump_state(state: CoreState) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def _dump_group(g: Group) -> list[Any]:
         g.step_deadline,
         None if g.behaviour is None else list(g.behaviour),
         g.reason,
+        g.data,
     ]
 
 
@@ -89,7 +90,7 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
 
 
 def _load_group(state: CoreState, row: list[Any]) -> None:
-    gid, key, st, done, leases, attempts, deadline, behaviour, reason = row
+    gid, key, st, done, leases, attempts, deadline, behaviour, reason, data = row
     group = Group(
         gid,
         key,
@@ -100,6 +101,7 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         deadline,
         None if behaviour is None else tuple(behaviour),
         reason,
+        data,
     )
     state.groups[gid] = group
     state.counts[group.state] += 1

@@ -5,6 +5,11 @@ The core decides (which groups to lease, whether a completion is valid, who dies
 on a fresh core therefore rebuilds the same state, and a record states what happened, not
 what was asked, so replay never re-runs a decision.
 
+A payload is what a role produced for a group (a prompt, tokens, rewards), opaque to the
+core: it is kept with the group under the role's name, handed to the next stages with
+their leases, journaled with the completion that produced it, and forgotten when the
+group is trained. So data that reached ``generated`` is never generated again.
+
 Records are plain tuples so that they cost little on the hot path and pack straight into
 MessagePack; they come back from the journal as lists, which ``apply`` accepts too.
 
@@ -14,10 +19,12 @@ opcode    fields after the opcode
 REGISTER  worker, role
 LEAVE     worker                                (its leases have already been failed)
 LOADED    worker, version
-ADD       first_gid, keys                       (new groups in ``entry``, gids in order)
+ADD       first_gid, keys, data               (new groups in ``entry``, gids in order;
+                                                data: one payload per key, or None)
 LEASE     lid, fence, role, source, worker, lease_deadline, gids, version, step_deadline
 RENEW     lids, lease_deadline
-COMPLETE  lid, gids, behaviour                  (behaviour: [[vmin, vmax], ...] or None)
+COMPLETE  lid, gids, behaviour, data         (behaviour: [[vmin, vmax], ...] or None;
+                                                data: one payload per gid, or None)
 FAIL      lid, gids, reason                     (back to the source, attempt + 1)
 KILL      gids, reason                          (to ``dead``, out of any lease)
 PUBLISH   version

@@ -119,13 +119,20 @@ class SchedulerCore:
 
     # --- data ------------------------------------------------------------------------
 
-    def add_groups(self, keys: Sequence[str]) -> Accepted | Rejected:
-        """New prompt groups enter the pipeline; ``keys`` name them for the dataloader."""
+    def add_groups(
+        self, keys: Sequence[str], data: Sequence[Any] | None = None
+    ) -> Accepted | Rejected:
+        """New prompt groups enter the pipeline; ``keys`` name them for the dataloader.
+
+        ``data``, one payload per key (the prompt), goes to the stages with the group.
+        """
         dupes = sorted({k for k in keys if k in self.state.keys} | _repeated(keys))
         if dupes:
             return self._reject(Reason.DUPLICATE_KEY, f"groups already known: {dupes[:5]}")
+        if data is not None and len(data) != len(keys):
+            return self._reject(Reason.BAD_REQUEST, f"{len(data)} payloads for {len(keys)} keys")
         if keys:
-            self._commit(Op.ADD, self.state.next_gid, list(keys))
+            self._commit(Op.ADD, self.state.next_gid, list(keys), _listed(data))
         return Accepted(len(keys))
 
     # --- leases ----------------------------------------------------------------------
@@ -216,8 +223,12 @@ class SchedulerCore:
         fence: int,
         gids: Sequence[int],
         behaviour: Sequence[Sequence[int]] | None = None,
+        data: Sequence[Any] | None = None,
     ) -> Accepted | Rejected:
-        """Results for ``gids`` of a lease; admitted work carries (min, max) versions each."""
+        """Results for ``gids`` of a lease; admitted work carries (min, max) versions each.
+
+        ``data`` holds one payload per group, kept with the group for the next stages.
+        """
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
             return lease
@@ -225,8 +236,10 @@ class SchedulerCore:
         problem = completion_problem(stage, lease, gids, behaviour, self.state.policy_version)
         if problem is not None:
             return self._reject(*problem)
+        if data is not None and len(data) != len(gids):
+            return self._reject(Reason.BAD_RESULT, f"{len(data)} payloads for {len(gids)} groups")
         rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
-        self._commit(Op.COMPLETE, lease.lid, list(gids), rows)
+        self._commit(Op.COMPLETE, lease.lid, list(gids), rows, _listed(data))
         return Accepted(len(gids))
 
     def fail(
@@ -349,6 +362,10 @@ class SchedulerCore:
         lids = sorted(self.state.leases)
         if lids:
             self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
+
+
+def _listed(data: Sequence[Any] | None) -> list[Any] | None:
+    return None if data is None else list(data)
 
 
 def _repeated(keys: Sequence[str]) -> set[str]:

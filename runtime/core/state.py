@@ -21,6 +21,7 @@ from .records import Op
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
 
 DEAD = GroupState.DEAD
+ENTRY_ROLE = "dataloader"  # the payload a group is added with is filed under this name
 EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
 
 
@@ -35,6 +36,7 @@ class Group:
     step_deadline: int | None = None  # the last train step the staleness bound allows
     behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
     reason: str | None = None  # why it died
+    data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
 
 
 @dataclass(slots=True)
@@ -164,10 +166,12 @@ class CoreState:
         self.workers[worker].loaded = version
         self.notices.append(VersionLoaded(worker, version))
 
-    def _add(self, first_gid: int, keys: Sequence[str]) -> None:
+    def _add(self, first_gid: int, keys: Sequence[str], data: Sequence[Any] | None) -> None:
         entry = self.pipeline.entry
         for gid, key in enumerate(keys, first_gid):
             group = Group(gid, key, entry)
+            if data is not None:
+                group.data[ENTRY_ROLE] = data[gid - first_gid]
             self.groups[gid] = group
             self.keys.add(key)
             self.offer(group)
@@ -207,7 +211,9 @@ class CoreState:
             self.leases[lid].deadline = deadline
             heapq.heappush(self._expiry, (deadline, lid))
 
-    def _complete(self, lid: int, gids: Sequence[int], behaviour: Sequence | None) -> None:
+    def _complete(
+        self, lid: int, gids: Sequence[int], behaviour: Sequence | None, data: Sequence | None
+    ) -> None:
         lease = self.leases[lid]
         stage = self.pipeline.stage_at(lease.source, lease.role)
         if stage.gate is Gate.STEP:
@@ -217,6 +223,8 @@ class CoreState:
             del group.leases[lease.role]
             if behaviour is not None:
                 group.behaviour = (behaviour[i][0], behaviour[i][1])
+            if data is not None:
+                group.data[lease.role] = data[i]
             self._finish_branch(group, stage)
         self._release_groups(lease, gids)
 

@@ -7,7 +7,7 @@ from itertools import pairwise
 import pytest
 
 from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state
+from asyncrl.runtime.core.codec import dump_state, load_state
 from asyncrl.runtime.core.effects import (
     Accepted,
     Grant,
@@ -218,3 +218,32 @@ def test_a_grant_lost_in_a_crash_never_matches_a_new_one() -> None:
     assert (fresh.lease_id, fresh.fence) != (lost.lease_id, lost.fence)
     late = again.complete(lost.lease_id, lost.fence, list(lost.groups), [(0, 0)])
     assert isinstance(late, Rejected) and late.reason is Reason.STALE_FENCE
+
+
+def test_payloads_travel_with_their_group_and_leave_with_it() -> None:
+    core = make_core(train_batch_groups=1)
+    core.add_groups(["a"], [{"prompt": "1+1"}])
+    gen = grant(core.claim("generate", "gen", 1, now=0.0))
+    assert core.complete(gen.lease_id, gen.fence, [0], [(0, 0)], [{"tokens": [5, 6]}])
+    group = core.state.groups[0]
+    assert group.data == {"dataloader": {"prompt": "1+1"}, "generate": {"tokens": [5, 6]}}
+    journaled, _ = core.drain()
+    assert SchedulerCore.restore(core.settings, journaled).state.groups[0].data == group.data
+    reloaded = load_state(core.pipeline, {"gpu": 1}, dump_state(core.state))
+    assert reloaded.groups[0].data == group.data
+    for worker, role in (("lp", "logp"), ("ref", "ref_logp"), ("rw", "reward")):
+        lease = grant(core.claim(role, worker, 1, now=0.0))
+        assert core.complete(lease.lease_id, lease.fence, [0], data=[{role: 1.0}])
+    assert set(core.state.groups[0].data) == {"dataloader", *ROLES.values()} - {"train"}
+    step = grant(core.claim("train", "tr", 1, now=0.0))
+    assert core.complete(step.lease_id, step.fence, [0])
+    assert 0 not in core.state.groups  # trained: its data is gone with it
+
+
+def test_payload_counts_must_match() -> None:
+    core = make_core()
+    assert core.add_groups(["a", "b"], [{}]).reason is Reason.BAD_REQUEST
+    core.add_groups(["a"])
+    gen = grant(core.claim("generate", "gen", 1, now=0.0))
+    bad = core.complete(gen.lease_id, gen.fence, [0], [(0, 0)], [{}, {}])
+    assert isinstance(bad, Rejected) and bad.reason is Reason.BAD_RESULT

@@ -1,0 +1,646 @@
+"""The wire protocol: every message kind, declared once, and its MessagePack encoding.
+
+A message is a frozen dataclass with a ``KIND``. On the wire it is one multipart message::
+
+    frame 0      msgpack [PROTOCOL_VERSION, kind, req_id, body, arrays]
+    frame 1..n   the raw bytes of each array, in order, never copied into frame 0
+
+``body`` lists the fields in declaration order (nested messages as lists too). An array
+anywhere in a body is replaced by a MessagePack extension naming its frame; ``arrays``
+holds each frame's ``[dtype, shape]``. ``req_id`` pairs a reply with its request; events
+and one-way messages use 0. Nothing is pickled: :func:`decode` builds only the types
+declared here and checks every field against its annotation, so a frame that is not a
+valid message of this version is a :class:`ProtocolError` naming what was wrong.
+
+Transport code knows this module; it knows nothing of what the payloads mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Ack",
+    "AddGroups",
+    "Added",
+    "Bye",
+    "Claim",
+    "Complete",
+    "Error",
+    "Event",
+    "Fail",
+    "Heartbeat",
+    "Hello",
+    "Item",
+    "Kind",
+    "Lease",
+    "LoadedVersion",
+    "Lock",
+    "LockGranted",
+    "LockQueued",
+    "Message",
+    "NewGroup",
+    "NoWork",
+    "Payload",
+    "ProtocolError",
+    "PublishVersion",
+    "Ready",
+    "Result",
+    "Shutdown",
+    "Status",
+    "StatusReply",
+    "Stop",
+    "Unlock",
+    "Want",
+    "decode",
+    "encode",
+]
+
+PROTOCOL_VERSION = 1
+
+Payload = dict[str, Any]
+"""A role's result for one group: str keys; values are MessagePack types or numpy arrays."""
+
+_ARRAY_EXT = 1  # MessagePack extension code of an array reference: [frame, dtype, shape]
+_DTYPES = frozenset(
+    {"bool", "float16", "float32", "float64"}
+    | {f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}
+)
+_MAX_DIMS = 8
+_MAX_ARRAYS = 65_536
+_MAX_DEPTH = 16  # nesting of payload values; deeper is refused, not recursed into
+
+
+class Kind(IntEnum):
+    # worker -> scheduler (requests)
+    HELLO = 1
+    HEARTBEAT = 2
+    CLAIM = 3
+    COMPLETE = 4
+    FAIL = 5
+    LOCK = 6
+    UNLOCK = 7
+    PUBLISH_VERSION = 8
+    LOADED_VERSION = 9
+    ADD_GROUPS = 10
+    BYE = 11
+    # observers -> scheduler
+    STATUS = 20
+    STOP = 21
+    # scheduler -> worker (replies)
+    READY = 40
+    ACK = 41
+    ERROR = 42
+    LEASE = 43
+    NO_WORK = 44
+    WANT = 45
+    ADDED = 46
+    LOCK_GRANTED = 47
+    LOCK_QUEUED = 48
+    STATUS_REPLY = 49
+    SHUTDOWN = 50
+    # scheduler -> everyone (PUB)
+    EVENT = 60
+
+
+class ProtocolError(ValueError):
+    """Frames that are not a valid message of this protocol version; says what was wrong."""
+
+    def __init__(self, detail: str, req_id: int = 0) -> None:
+        super().__init__(detail)
+        self.req_id = req_id
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First message of a worker: who it is. Answered by Ready, or Error on a mismatch."""
+
+    KIND: ClassVar[Kind] = Kind.HELLO
+    worker: str
+    role: str
+    protocol: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    KIND: ClassVar[Kind] = Kind.HEARTBEAT
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Ask for up to ``n`` groups of the role's work (the dataloader: how many to add)."""
+
+    KIND: ClassVar[Kind] = Kind.CLAIM
+    worker: str
+    role: str
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One group's result; admitted work (generate) carries its (min, max) policy versions."""
+
+    gid: int
+    data: Payload
+    behaviour: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """Results of a lease; a train step may add the step's metrics."""
+
+    KIND: ClassVar[Kind] = Kind.COMPLETE
+    worker: str
+    lease_id: int
+    fence: int
+    results: tuple[Result, ...]
+    metrics: Payload | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Give groups of a lease back (all of them when ``gids`` is None) to be tried again."""
+
+    KIND: ClassVar[Kind] = Kind.FAIL
+    worker: str
+    lease_id: int
+    fence: int
+    gids: tuple[int, ...] | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    KIND: ClassVar[Kind] = Kind.LOCK
+    worker: str
+    resource: str
+    lease_id: int
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unlock:
+    KIND: ClassVar[Kind] = Kind.UNLOCK
+    worker: str
+    resource: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishVersion:
+    KIND: ClassVar[Kind] = Kind.PUBLISH_VERSION
+    worker: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedVersion:
+    KIND: ClassVar[Kind] = Kind.LOADED_VERSION
+    worker: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewGroup:
+    key: str
+    data: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class AddGroups:
+    """New prompt groups; keys the scheduler already knows are skipped, not added twice."""
+
+    KIND: ClassVar[Kind] = Kind.ADD_GROUPS
+    worker: str
+    groups: tuple[NewGroup, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    """The worker is leaving on purpose (drained): its registration ends now."""
+
+    KIND: ClassVar[Kind] = Kind.BYE
+    worker: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    KIND: ClassVar[Kind] = Kind.STATUS
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Drain: no new leases; the scheduler exits once running leases end."""
+
+    KIND: ClassVar[Kind] = Kind.STOP
+    reason: str
+
+
+# --- replies ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Hello accepted. Durations are the scheduler's, so every worker paces alike."""
+
+    KIND: ClassVar[Kind] = Kind.READY
+    worker: str
+    run: str
+    protocol: int
+    heartbeat_interval_s: float
+    lease_timeout_s: float
+    max_message_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    KIND: ClassVar[Kind] = Kind.ACK
+    count: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """A request was refused. ``code`` is a core Reason or a protocol-level one."""
+
+    KIND: ClassVar[Kind] = Kind.ERROR
+    code: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A leased group: its key and what earlier stages produced, by role."""
+
+    gid: int
+    key: str
+    data: dict[str, Payload]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Work for the worker until ``expires_in_s`` from now unless heartbeats renew it.
+
+    Relative, not a timestamp: worker and scheduler clocks need not agree.
+    """
+
+    KIND: ClassVar[Kind] = Kind.LEASE
+    lease_id: int
+    fence: int
+    role: str
+    expires_in_s: float
+    version: int | None
+    items: tuple[Item, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoWork:
+    KIND: ClassVar[Kind] = Kind.NO_WORK
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """Reply to a dataloader's claim: how many new groups the pipeline can take now."""
+
+    KIND: ClassVar[Kind] = Kind.WANT
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Added:
+    KIND: ClassVar[Kind] = Kind.ADDED
+    added: tuple[str, ...]
+    skipped: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LockGranted:
+    KIND: ClassVar[Kind] = Kind.LOCK_GRANTED
+    resource: str
+    lease_id: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockQueued:
+    KIND: ClassVar[Kind] = Kind.LOCK_QUEUED
+    resource: str
+    lease_id: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    KIND: ClassVar[Kind] = Kind.STATUS_REPLY
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The run is over or draining: the worker finishes what it holds and exits."""
+
+    KIND: ClassVar[Kind] = Kind.SHUTDOWN
+    reason: str
+
+
+# --- events -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A PUB message. ``seq`` numbers every event, so a subscriber sees gaps."""
+
+    KIND: ClassVar[Kind] = Kind.EVENT
+    seq: int
+    topic: str
+    body: dict[str, Any]
+
+
+Message = (
+    Hello
+    | Heartbeat
+    | Claim
+    | Complete
+    | Fail
+    | Lock
+    | Unlock
+    | PublishVersion
+    | LoadedVersion
+    | AddGroups
+    | Bye
+    | Status
+    | Stop
+    | Ready
+    | Ack
+    | Error
+    | Lease
+    | NoWork
+    | Want
+    | Added
+    | LockGranted
+    | LockQueued
+    | StatusReply
+    | Shutdown
+    | Event
+)
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
+    """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
+    buffers: list[bytes | memoryview] = []
+
+    def to_msgpack(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.name not in _DTYPES:
+                raise TypeError(f"arrays of dtype {obj.dtype} are not sent; use one of {_DTYPES}")
+            array = np.ascontiguousarray(obj)
+            buffers.append(memoryview(array).cast("B") if array.size else b"")
+            ref = [len(buffers), array.dtype.name, list(array.shape)]
+            return msgpack.ExtType(_ARRAY_EXT, msgpack.packb(ref))
+        if isinstance(obj, tuple):
+            return list(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"cannot send a {type(obj).__name__}")
+
+    header = msgpack.packb(
+        [PROTOCOL_VERSION, int(message.KIND), req_id, _to_wire(message)],
+        default=to_msgpack,
+        use_bin_type=True,
+    )
+    return [header, *buffers]
+
+
+def _to_wire(message: Any) -> list[Any]:
+    return [_field_to_wire(getattr(message, f.name)) for f in _fields(type(message))]
+
+
+def _field_to_wire(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return _to_wire(value)
+    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+        return [_to_wire(v) for v in value]
+    return value
+
+
+def decode(frames: Sequence[Any]) -> Message:
+    """The message in ``frames`` (bytes or buffers); ProtocolError if it is not valid."""
+    if not frames:
+        raise ProtocolError("empty message")
+    arrays = _ArrayFrames(frames[1:])
+    try:
+        header = msgpack.unpackb(
+            frames[0],
+            raw=False,
+            strict_map_key=True,
+            ext_hook=arrays.hook,
+            max_array_len=_MAX_ARRAYS,
+            max_map_len=_MAX_ARRAYS,
+        )
+    except ProtocolError as error:
+        raise ProtocolError(str(error), request_id(frames)) from None
+    except Exception as error:
+        raise ProtocolError(f"header is not MessagePack: {error}") from None
+    if not isinstance(header, list) or len(header) != 4:
+        raise ProtocolError("header must be [version, kind, req_id, body]")
+    version, kind, req_id, body = header
+    req_id = req_id if type(req_id) is int and 0 <= req_id < 2**63 else 0
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version {version!r}; this side speaks {PROTOCOL_VERSION}", req_id
+        )
+    cls = _BY_KIND.get(kind) if type(kind) is int else None
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {kind!r}", req_id)
+    if arrays.unused:
+        raise ProtocolError(f"array frames {sorted(arrays.unused)[:5]} are never used", req_id)
+    try:
+        return _build(cls, body, cls.__name__, 0)
+    except ProtocolError as error:
+        raise ProtocolError(str(error), req_id) from None
+
+
+def request_id(frames: Sequence[Any]) -> int:
+    """The req_id of a header that decodes at all (for replies to invalid messages)."""
+    try:
+        header = msgpack.unpackb(frames[0], raw=False, ext_hook=lambda _code, _data: None)
+        req_id = header[2]
+        return req_id if type(req_id) is int and 0 <= req_id < 2**63 else 0
+    except Exception:
+        return 0
+
+
+class _ArrayFrames:
+    """Resolves array references while the header is unpacked: views on the frames."""
+
+    def __init__(self, frames: Sequence[Any]) -> None:
+        self._frames = frames
+        self.unused = set(range(1, len(frames) + 1))
+
+    def hook(self, code: int, data: bytes) -> np.ndarray:
+        if code != _ARRAY_EXT:
+            raise ProtocolError(f"unknown MessagePack extension {code}")
+        try:
+            index, dtype_name, shape = msgpack.unpackb(data)
+        except Exception:
+            raise ProtocolError("array reference is not [frame, dtype, shape]") from None
+        if type(index) is not int or not 1 <= index <= len(self._frames):
+            raise ProtocolError(f"array frame {index!r:.20} is missing ({len(self._frames)} sent)")
+        if dtype_name not in _DTYPES:
+            raise ProtocolError(f"array {index}: dtype {dtype_name!r:.20} is not allowed")
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= _MAX_DIMS
+            and all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise ProtocolError(f"array {index}: shape {shape!r:.80} is not a list of sizes")
+        dtype = np.dtype(dtype_name)
+        buffer = memoryview(self._frames[index - 1]).cast("B")
+        expected = math.prod(shape) * dtype.itemsize
+        if buffer.nbytes != expected:
+            raise ProtocolError(
+                f"array {index}: {buffer.nbytes} bytes for {dtype_name}{shape} (needs {expected})"
+            )
+        self.unused.discard(index)
+        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# --- typed building ---------------------------------------------------------------------
+
+
+def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(cls)
+
+
+def _build(cls: type, body: Any, where: str, depth: int) -> Any:
+    checks = _CHECKS[cls]
+    if not isinstance(body, list):
+        raise ProtocolError(f"{where}: body must be a list of fields")
+    required = sum(1 for f in _fields(cls) if _required(f))
+    if not required <= len(body) <= len(checks):
+        raise ProtocolError(f"{where}: {len(body)} fields, expected {required}..{len(checks)}")
+    values = {}
+    for (name, check), raw in zip(checks, body, strict=False):
+        values[name] = check(raw, f"{where}.{name}", depth + 1)
+    return cls(**values)
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+Check = Callable[[Any, str, int], Any]
+
+
+def _checker(hint: Any) -> Check:
+    """A function that validates and converts one decoded field of type ``hint``."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in args if a is not type(None)]
+        inner = _checker(options[0])
+
+        def optional(raw: Any, where: str, depth: int) -> Any:
+            return None if raw is None else inner(raw, where, depth)
+
+        return optional
+    if hint in (int, float, str, bool):
+        return _scalar(hint)
+    if dataclasses.is_dataclass(hint):
+        return lambda raw, where, depth: _build(hint, raw, where, depth)
+    if origin is tuple:
+        return _tuple_checker(args)
+    if origin is dict:
+        return _dict_checker(args[1])
+    raise TypeError(f"no wire check for {hint!r}")
+
+
+def _scalar(kind: type) -> Check:
+    def check(raw: Any, where: str, _depth: int) -> Any:
+        if kind is float and type(raw) is int:
+            return float(raw)
+        if type(raw) is not kind:
+            raise ProtocolError(f"{where}: expected {kind.__name__}, got {type(raw).__name__}")
+        if kind is float and not math.isfinite(raw):
+            raise ProtocolError(f"{where}: {raw} is not a finite number")
+        return raw
+
+    return check
+
+
+def _tuple_checker(args: tuple[Any, ...]) -> Check:
+    variadic = len(args) == 2 and args[1] is Ellipsis
+    items = [_checker(args[0])] if variadic else [_checker(a) for a in args]
+
+    def check(raw: Any, where: str, depth: int) -> Any:
+        if not isinstance(raw, list):
+            raise ProtocolError(f"{where}: expected a list, got {type(raw).__name__}")
+        if not variadic and len(raw) != len(items):
+            raise ProtocolError(f"{where}: expected {len(items)} values, got {len(raw)}")
+        checks = items * len(raw) if variadic else items
+        return tuple(
+            c(v, f"{where}[{i}]", depth) for i, (c, v) in enumerate(zip(checks, raw, strict=True))
+        )
+
+    return check
+
+
+def _dict_checker(value_hint: Any) -> Check:
+    inner = None if value_hint is Any else _checker(value_hint)
+
+    def check(raw: Any, where: str, depth: int) -> Any:
+        if not isinstance(raw, dict) or not all(type(k) is str for k in raw):
+            raise ProtocolError(f"{where}: expected a map with string keys")
+        if inner is not None:
+            return {k: inner(v, f"{where}[{k!r:.40}]", depth) for k, v in raw.items()}
+        for v in raw.values():
+            _check_depth(v, where, depth)
+        return raw
+
+    return check
+
+
+def _check_depth(raw: Any, where: str, depth: int) -> None:
+    """Payload values are plain MessagePack data and arrays, nested to a bounded depth."""
+    if depth > _MAX_DEPTH:
+        raise ProtocolError(f"{where}: nested deeper than {_MAX_DEPTH}")
+    if isinstance(raw, list):
+        for v in raw:
+            _check_depth(v, where, depth + 1)
+    elif isinstance(raw, dict):
+        for v in raw.values():
+            _check_depth(v, where, depth + 1)
+
+
+_MESSAGES: tuple[type, ...] = typing.get_args(Message)
+_BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
+_CHECKS: dict[type, list[tuple[str, Check]]] = {}
+
+
+def _register_checks() -> None:
+    pending = [*_MESSAGES, Result, Item, NewGroup]
+    for cls in pending:
+        hints = typing.get_type_hints(cls, globalns=globals())
+        _CHECKS[cls] = [(f.name, _checker(hints[f.name])) for f in _fields(cls)]
+
+
+_register_checks()
+assert len(_BY_KIND) == len(_MESSAGES), "two messages share a kind"
