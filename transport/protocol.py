@@ -267,6 +267,7 @@ class Ready:
     heartbeat_interval_s: float
     lease_timeout_s: float
     max_message_bytes: int
+    policy_version: int  # the newest published weights, for a generator to load first
 
 
 @dataclass(frozen=True, slots=True)
