@@ -127,6 +127,10 @@ class PipelineSection:
     checkpoint_every: int = field(
         default=50, metadata=doc("optimizer steps between checkpoints", min=1)
     )
+    actors: str = field(
+        default="asyncrl.actors.demo",
+        metadata=doc("module whose ROLES maps each role to its worker class (an import path)"),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,8 +185,16 @@ class SchedulerSection:
         default=10000, metadata=doc("journal records between snapshots", min=1)
     )
     max_message_mb: int = field(default=64, metadata=doc("largest accepted message, MiB", min=1))
+    ack_after: Literal["write", "fsync"] = field(
+        default="write",
+        metadata=doc("acknowledge results once journaled to the OS, or only once fsynced"),
+    )
     curve: Literal["auto", "on", "off"] = field(
         default="auto", metadata=doc("CurveZMQ encryption; auto = on unless the host is loopback")
+    )
+    keys_dir: str = field(
+        default="{run.dir}/keys",
+        metadata=doc("CurveZMQ keys from `asyncrl-scheduler keygen DIR`"),
     )
 
     def __post_init__(self) -> None:

@@ -25,12 +25,13 @@ class InlineSyncer:
     error: Exception | None = None  # never set: an inline fsync raises at its caller
 
     def __init__(self, durable_seq: int) -> None:
-        self._durable_seq = durable_seq
+        self._durable_seq = self._written_seq = durable_seq
         self._fsyncs = 0
         self._fsync_seconds = 0.0
 
     def request(self, fd: int, seq: int, data: bytearray) -> None:
         write_all(fd, data)
+        self._written_seq = seq
         start = time.perf_counter()
         os.fsync(fd)
         self._fsync_seconds += time.perf_counter() - start
@@ -47,6 +48,10 @@ class InlineSyncer:
         """(fsyncs, seconds spent in them, highest seq fsync'd)."""
         return self._fsyncs, self._fsync_seconds, self._durable_seq
 
+    def written_seq(self) -> int:
+        """Highest seq handed to the OS: it survives a crash of this process, not of the host."""
+        return self._written_seq
+
     def close(self) -> None:
         pass
 
@@ -62,8 +67,11 @@ class BackgroundSyncer(InlineSyncer):
     disk. The error is kept in ``error`` for the writer's thread to raise.
     """
 
-    def __init__(self, durable_seq: int, name: str) -> None:
+    def __init__(
+        self, durable_seq: int, name: str, on_progress: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(durable_seq)
+        self._on_progress = on_progress
         self._cond = threading.Condition(threading.Lock())
         self._jobs: deque[list[Any]] = deque()  # [fd, seq, data] or [callable]
         self._busy = False  # the thread is doing a job
@@ -99,6 +107,10 @@ class BackgroundSyncer(InlineSyncer):
         with self._cond:
             return self._fsyncs, self._fsync_seconds, self._durable_seq
 
+    def written_seq(self) -> int:
+        with self._cond:
+            return self._written_seq
+
     def close(self) -> None:
         """Finish the jobs asked for so far and stop the thread. Idempotent."""
         with self._cond:
@@ -126,6 +138,9 @@ class BackgroundSyncer(InlineSyncer):
         try:
             if len(job) == 3:
                 write_all(job[0], job[2])
+                with self._cond:
+                    self._written_seq = job[1]
+                self._progressed()
                 os.fsync(job[0])
             else:
                 job[0]()
@@ -141,3 +156,8 @@ class BackgroundSyncer(InlineSyncer):
                 self._fsync_seconds += elapsed
                 self._durable_seq = job[1]
             self._cond.notify_all()
+        self._progressed()
+
+    def _progressed(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress()

@@ -87,6 +87,7 @@ class JournalWriter:
         snapshot_every: int,
         clock: Callable[[], float],
         background_fsync: bool = True,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self._root = root
         self._lock_fd = lock_fd
@@ -106,7 +107,7 @@ class JournalWriter:
         self._flushed_bytes = self._snapshot_bytes = self._snapshots_written = 0
         # Everything found at open is on disk: recovery fsynced the tail, snapshots are fsynced.
         self._syncer = (
-            BackgroundSyncer(layout.last_seq, name=f"journal-fsync:{root}")
+            BackgroundSyncer(layout.last_seq, f"journal-fsync:{root}", on_progress)
             if background_fsync
             else InlineSyncer(layout.last_seq)
         )
@@ -126,8 +127,12 @@ class JournalWriter:
         snapshot_every: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         background_fsync: bool = True,
+        on_progress: Callable[[], None] | None = None,
     ) -> JournalWriter:
         """Open (creating if needed) a journal directory for appending after its last record.
+
+        ``on_progress`` is called from the log thread after each batch is written and again
+        after it is fsynced (a server uses it to wake the loop that holds replies).
 
         Raises :class:`JournalLocked` if another writer holds it and :class:`JournalCorrupt`
         if its last segment is damaged beyond a torn tail.
@@ -147,6 +152,7 @@ class JournalWriter:
                 snapshot_every=snapshot_every,
                 clock=clock,
                 background_fsync=background_fsync,
+                on_progress=on_progress,
             )
         except BaseException:
             os.close(lock_fd)
@@ -190,6 +196,14 @@ class JournalWriter:
         self._flushed_bytes += len(batch)
         self._pending = 0
         self._syncer.request(self._fd, self._seq, batch)
+
+    def submit(self) -> None:
+        """Hand buffered records to the disk now, without waiting (a reply is held on them)."""
+        failed = self._syncer.error
+        if failed is not None:
+            raise failed
+        if self._pending:
+            self._hand_off()
 
     def flush(self) -> None:
         """Write buffered records and return once everything appended so far is fsynced."""
@@ -281,6 +295,11 @@ class JournalWriter:
     def durable_seq(self) -> int:
         """Seq of the last record known to be fsynced; lags :attr:`last_seq` until a flush."""
         return self._syncer.counters()[2]
+
+    @property
+    def written_seq(self) -> int:
+        """Seq of the last record handed to the OS: safe from a crash of this process."""
+        return self._syncer.written_seq()
 
     @property
     def stats(self) -> JournalStats:

@@ -654,3 +654,20 @@ def test_a_crash_between_segment_roll_and_the_last_batch_is_a_torn_tail(tmp_path
     with JournalWriter.open(tmp_path) as writer:  # resumes after record 9
         assert writer.append([11]) == 10
     assert replay(tmp_path).last_seq == 10
+
+
+def test_submit_hands_records_off_and_reports_progress(tmp_path: Path) -> None:
+    woken = threading.Event()
+    writer = JournalWriter.open(
+        tmp_path, fsync_every=1000, fsync_interval_s=60.0, on_progress=woken.set
+    )
+    with writer:
+        seq = writer.append(["a"])
+        assert writer.written_seq == writer.durable_seq == 0  # still buffered
+        writer.submit()
+        assert woken.wait(10)
+        deadline = time.monotonic() + 10
+        while writer.durable_seq < seq and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert writer.written_seq == writer.durable_seq == seq
+    assert replay(tmp_path).records == [["a"]]

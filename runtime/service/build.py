@@ -1,0 +1,66 @@
+"""Assembling a scheduler service from a run's configuration and directory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from asyncrl.runtime.config import RunConfig, dump_config
+from asyncrl.runtime.core import CoreSettings
+from asyncrl.runtime.durable import JournaledCore
+from asyncrl.runtime.journal import JournalWriter
+from asyncrl.runtime.rundir import RunDir
+
+from .metrics import MetricsLog
+from .service import RunPlan, SchedulerService
+
+__all__ = ["keys_dir", "open_service"]
+
+
+def keys_dir(cfg: RunConfig) -> Path:
+    """Where the run's CurveZMQ keys are (``{run.dir}`` expanded)."""
+    return Path(cfg.scheduler.keys_dir.replace("{run.dir}", cfg.run.dir))
+
+
+def open_service(
+    cfg: RunConfig,
+    *,
+    resume: bool,
+    now: float,
+    on_progress: Callable[[], None] | None = None,
+) -> SchedulerService:
+    """Open the run directory's journal (fresh, or resumed) and wrap it in a service.
+
+    A fresh start refuses a directory that already holds a journal (JournalExists).
+    """
+    run = RunDir(Path(cfg.run.dir))
+    run.root.mkdir(parents=True, exist_ok=True)
+    sched = cfg.scheduler
+    writer_factory = partial(
+        JournalWriter.open,
+        fsync_every=sched.journal_fsync_every,
+        fsync_interval_s=sched.journal_fsync_interval_ms / 1000,
+        snapshot_every=sched.snapshot_every,
+        on_progress=on_progress,
+    )
+    durable = JournaledCore.open(
+        run.journal,
+        CoreSettings.from_config(cfg),
+        resume=resume,
+        now=now,
+        writer_factory=writer_factory,
+    )
+    if not resume:
+        run.config.write_text(dump_config(cfg), encoding="utf-8")
+    pipeline = cfg.pipeline
+    plan = RunPlan(cfg.run.total_steps, pipeline.train_batch_groups, pipeline.max_staleness)
+    return SchedulerService(
+        durable,
+        plan,
+        MetricsLog(run.metrics),
+        run_name=cfg.run.name,
+        heartbeat_interval_s=sched.heartbeat_interval_s,
+        max_message_bytes=sched.max_message_mb << 20,
+        started_at=now,
+    )

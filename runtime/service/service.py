@@ -1,0 +1,336 @@
+"""The scheduler service: bus messages in, replies and events out, around the durable core.
+
+Like the core it wraps, the service opens no socket and reads no clock (``now`` comes with
+every call), so the ZeroMQ daemon and the in-process hub run the same code. It turns each
+request into core commands, each core answer into a reply, and each notice into a
+numbered event; it writes one metrics line per train step; it knows when the run is over.
+
+Which replies must wait for the journal is said here, once (:data:`ACKNOWLEDGES_DATA`):
+a reply that lets a worker forget something (results, new groups, a version) is sent only
+after the records behind it are journaled, so a crash of the scheduler loses nothing a
+worker already dropped. Leases are sent at once: a lease lost in a crash is harmless,
+because a restart starts a new fence epoch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from asyncrl.runtime.core import SchedulerCore
+from asyncrl.runtime.core.effects import (
+    Accepted,
+    Grant,
+    LockGranted,
+    LockQueued,
+    Reason,
+    Rejected,
+)
+from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.runtime.core.status import summarize
+from asyncrl.runtime.durable import JournaledCore
+from asyncrl.transport import protocol as p
+from asyncrl.transport.topics import Topic, topic
+
+from .events import ENTRY_ROLE, EventNumbering
+from .metrics import MetricsLog
+
+__all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+ACKNOWLEDGES_DATA = frozenset(
+    {
+        p.Kind.HELLO,
+        p.Kind.COMPLETE,
+        p.Kind.FAIL,
+        p.Kind.UNLOCK,
+        p.Kind.PUBLISH_VERSION,
+        p.Kind.LOADED_VERSION,
+        p.Kind.ADD_GROUPS,
+        p.Kind.BYE,
+    }
+)
+"""Requests whose reply is held until the journal holds what the request changed."""
+
+
+class RunPlan:
+    """How much work the run has and how much may wait in the entry state."""
+
+    def __init__(self, total_steps: int, batch_groups: int, max_staleness: int) -> None:
+        self.total_steps = total_steps
+        self.total_groups = total_steps * batch_groups
+        # Enough queued prompts for every generator to be busy up to the staleness bound.
+        self.backlog = batch_groups * (max_staleness + 2)
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        durable: JournaledCore,
+        plan: RunPlan,
+        metrics: MetricsLog,
+        *,
+        run_name: str,
+        heartbeat_interval_s: float,
+        max_message_bytes: int,
+        started_at: float,
+    ) -> None:
+        self.durable = durable
+        self.core: SchedulerCore = durable.core
+        self.plan = plan
+        self.metrics = metrics
+        self.run_name = run_name
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_message_bytes = max_message_bytes
+        self.started_at = started_at
+        self.events = EventNumbering()
+        self.outbox: list[p.Event] = []
+        self.draining: str | None = None  # why no new leases are handed out
+        self.protocol_errors = 0
+        self._handlers: dict[type, Callable[[Any, float], p.Message]] = {
+            p.Hello: self._hello,
+            p.Heartbeat: self._heartbeat,
+            p.Claim: self._claim,
+            p.Complete: self._complete,
+            p.Fail: self._fail,
+            p.Lock: self._lock,
+            p.Unlock: self._unlock,
+            p.PublishVersion: self._publish,
+            p.LoadedVersion: self._loaded,
+            p.AddGroups: self._add_groups,
+            p.Bye: self._bye,
+            p.Status: self._status,
+            p.Stop: self._stop,
+        }
+        metrics.reconcile(self.core.state.steps_done)
+        if self.finished:
+            self.draining = "the run is finished"
+
+    # --- the loop's calls ------------------------------------------------------------
+
+    def handle(self, message: p.Message, now: float) -> p.Message:
+        """The reply to one request. Never raises for a bad request: it gets an Error."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            reply: p.Message = p.Error(
+                "bad_request", f"{type(message).__name__} is not a request to the scheduler"
+            )
+        else:
+            reply = handler(message, now)
+        self._publish_notices()
+        return reply
+
+    def tick(self, now: float) -> None:
+        """Expire overdue leases and silent workers."""
+        ended = self.core.tick(now)
+        if ended:
+            log.warning("leases ended by the clock", leases=ended)
+        self._publish_notices()
+
+    def protocol_error(self, detail: str) -> p.Error:
+        self.protocol_errors += 1
+        return p.Error("protocol", detail)
+
+    def take_events(self) -> list[p.Event]:
+        events, self.outbox = self.outbox, []
+        return events
+
+    @property
+    def finished(self) -> bool:
+        return self.core.state.steps_done >= self.plan.total_steps
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is leased: a drain may end."""
+        return not self.core.state.leases
+
+    def drain(self, reason: str) -> None:
+        if self.draining is None:
+            self.draining = reason
+            log.info("draining", reason=reason)
+            self._emit(topic(Topic.RUN, "draining"), {"reason": reason})
+
+    # --- handlers --------------------------------------------------------------------
+
+    def _hello(self, m: p.Hello, now: float) -> p.Message:
+        if m.protocol != p.PROTOCOL_VERSION:
+            return p.Error(
+                "protocol",
+                f"worker speaks protocol {m.protocol}; this scheduler speaks "
+                f"{p.PROTOCOL_VERSION}: install the same asyncrl version on both sides",
+            )
+        reply = self.core.register(m.worker, m.role, now)
+        if isinstance(reply, Rejected):
+            return _error(reply)
+        log.info("worker registered", worker=m.worker, role=m.role, pid=m.pid)
+        settings = self.core.settings
+        return p.Ready(
+            m.worker,
+            self.run_name,
+            p.PROTOCOL_VERSION,
+            self.heartbeat_interval_s,
+            settings.lease_timeout,
+            self.max_message_bytes,
+            self.core.state.policy_version,
+        )
+
+    def _heartbeat(self, m: p.Heartbeat, now: float) -> p.Message:
+        return _reply(self.core.heartbeat(m.worker, now))
+
+    def _claim(self, m: p.Claim, now: float) -> p.Message:
+        if self.draining is not None:
+            return p.Shutdown(self.draining)
+        if m.role == ENTRY_ROLE:
+            return self._want(m)
+        grant = self.core.claim(m.role, m.worker, m.n, now)
+        if grant is None:
+            return p.NoWork("nothing to do now")
+        if isinstance(grant, Rejected):
+            return _error(grant)
+        return self._lease(grant, now)
+
+    def _want(self, m: p.Claim) -> p.Message:
+        known = self.core.state.workers.get(m.worker)
+        if known is None or known.role != ENTRY_ROLE:
+            return p.Error(Reason.WRONG_ROLE, f"{m.worker!r} is not a registered {ENTRY_ROLE}")
+        counts = self.core.state.counts
+        alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
+        needed = self.plan.total_groups - counts[GroupState.TRAINED] - alive
+        room = self.plan.backlog - counts[self.core.pipeline.entry]
+        return p.Want(max(0, min(m.n, needed, room)))
+
+    def _lease(self, grant: Grant, now: float) -> p.Lease:
+        groups = self.core.state.groups
+        items = tuple(p.Item(g, groups[g].key, groups[g].data) for g in grant.groups)
+        return p.Lease(
+            grant.lease_id, grant.fence, grant.role, grant.deadline - now, grant.version, items
+        )
+
+    def _complete(self, m: p.Complete, now: float) -> p.Message:
+        lease = self.core.state.leases.get(m.lease_id)
+        gids = [r.gid for r in m.results]
+        versions = [r.behaviour for r in m.results]
+        behaviour = None if all(v is None for v in versions) else versions
+        if behaviour is not None and any(v is None for v in behaviour):
+            return p.Error(Reason.BAD_RESULT, "either every result carries versions or none")
+        data = [r.data for r in m.results]
+        steps_before = self.core.state.steps_done
+        reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data)
+        if isinstance(reply, Rejected):
+            return _error(reply)
+        if self.core.state.steps_done > steps_before:
+            self._record_step(m, lease.worker if lease else m.worker, now)
+        return p.Ack(reply.count)
+
+    def _record_step(self, m: p.Complete, worker: str, now: float) -> None:
+        state = self.core.state
+        line = {
+            "step": state.steps_done,
+            "elapsed_s": round(now - self.started_at, 3),
+            "policy_version": state.policy_version,
+            "worker": worker,
+            **(m.metrics or {}),
+        }
+        self.metrics.append(line)
+        self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
+        if self.finished:
+            log.info("run finished", steps=state.steps_done)
+            self._emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
+            self.draining = "the run is finished"
+
+    def _fail(self, m: p.Fail, _now: float) -> p.Message:
+        gids = None if m.gids is None else list(m.gids)
+        reply = self.core.fail(m.lease_id, m.fence, gids, m.reason)
+        if isinstance(reply, Accepted):
+            log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
+        return _reply(reply)
+
+    def _lock(self, m: p.Lock, _now: float) -> p.Message:
+        reply = self.core.acquire(m.resource, m.lease_id, m.fence)
+        if isinstance(reply, LockGranted):
+            return p.LockGranted(reply.resource, reply.lease_id, reply.token)
+        if isinstance(reply, LockQueued):
+            return p.LockQueued(reply.resource, reply.lease_id, reply.position)
+        return _error(reply)
+
+    def _unlock(self, m: p.Unlock, _now: float) -> p.Message:
+        return _reply(self.core.release(m.resource, m.token))
+
+    def _publish(self, m: p.PublishVersion, _now: float) -> p.Message:
+        return _reply(self.core.publish_version(m.worker, m.version))
+
+    def _loaded(self, m: p.LoadedVersion, _now: float) -> p.Message:
+        return _reply(self.core.loaded_version(m.worker, m.version))
+
+    def _add_groups(self, m: p.AddGroups, _now: float) -> p.Message:
+        known = self.core.state.workers.get(m.worker)
+        if known is None or known.role != ENTRY_ROLE:
+            return p.Error(Reason.WRONG_ROLE, f"{m.worker!r} is not a registered {ENTRY_ROLE}")
+        keys = [g.key for g in m.groups]
+        if len(set(keys)) != len(keys):
+            return p.Error(Reason.BAD_REQUEST, "a key appears twice in one request")
+        fresh = [g for g in m.groups if g.key not in self.core.state.keys]
+        reply = self.core.add_groups([g.key for g in fresh], [g.data for g in fresh])
+        if isinstance(reply, Rejected):
+            return _error(reply)
+        skipped = tuple(k for k in keys if k not in {g.key for g in fresh})
+        return p.Added(tuple(g.key for g in fresh), skipped)
+
+    def _bye(self, m: p.Bye, _now: float) -> p.Message:
+        log.info("worker left", worker=m.worker, reason=m.reason)
+        return _reply(self.core.worker_lost(m.worker, f"left: {m.reason}"))
+
+    def _status(self, _m: p.Status, now: float) -> p.Message:
+        return p.StatusReply(self.status(now))
+
+    def _stop(self, m: p.Stop, _now: float) -> p.Message:
+        self.drain(f"stop requested: {m.reason}")
+        return p.Ack(len(self.core.state.leases))
+
+    # --- status ----------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        core = self.core
+        summary = summarize(core.state)
+        for name, worker in summary["workers"].items():
+            seen = core.last_seen.get(name)
+            worker["last_heartbeat_s_ago"] = None if seen is None else round(now - seen, 3)
+        steps = core.state.steps_done
+        summary["run"] = {
+            "name": self.run_name,
+            "steps": f"{steps}/{self.plan.total_steps}",
+            "finished": self.finished,
+            "draining": self.draining,
+            "uptime_s": round(now - self.started_at, 3),
+        }
+        summary["staleness"] = {
+            "max_staleness": core.settings.max_staleness,
+            "lag_policy_behind_steps": steps - core.state.policy_version,
+            "worst_trained": summary.pop("worst_staleness_trained"),
+        }
+        summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
+        summary["protocol_errors"] = self.protocol_errors
+        writer = self.durable.writer
+        summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
+        return summary
+
+    # --- events ----------------------------------------------------------------------
+
+    def _publish_notices(self) -> None:
+        notices = self.durable.commit()
+        if notices:
+            self.outbox.extend(self.events.from_notices(notices))
+
+    def _emit(self, name: str, body: dict[str, Any]) -> None:
+        self.outbox.append(self.events.make(name, body))
+
+
+def _error(rejected: Rejected) -> p.Error:
+    return p.Error(rejected.reason.value, rejected.detail)
+
+
+def _reply(answer: Accepted | Rejected) -> p.Message:
+    return p.Ack(answer.count) if isinstance(answer, Accepted) else _error(answer)
