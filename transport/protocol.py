@@ -65,6 +65,8 @@ __all__ = [
     "Want",
     "decode",
     "encode",
+    "pack_payload",
+    "unpack_payload",
 ]
 
 PROTOCOL_VERSION = 1
@@ -73,6 +75,7 @@ Payload = dict[str, Any]
 """A role's result for one group: str keys; values are MessagePack types or numpy arrays."""
 
 _ARRAY_EXT = 1  # MessagePack extension code of an array reference: [frame, dtype, shape]
+_INLINE_ARRAY_EXT = 2  # an array stored inside a payload blob: [dtype, shape, bytes]
 _DTYPES = frozenset(
     {"bool", "float16", "float32", "float64"}
     | {f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}
@@ -523,6 +526,40 @@ class _ArrayFrames:
             )
         self.unused.discard(index)
         return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# --- payloads at rest -------------------------------------------------------------------
+
+
+def pack_payload(payload: Payload) -> bytes:
+    """One blob for a payload, arrays inline: how the scheduler journals and keeps it."""
+
+    def inline(obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.name not in _DTYPES:
+                raise TypeError(f"arrays of dtype {obj.dtype} are not kept; use one of {_DTYPES}")
+            array = np.ascontiguousarray(obj)
+            desc = msgpack.packb([array.dtype.name, list(array.shape), array.tobytes()])
+            return msgpack.ExtType(_INLINE_ARRAY_EXT, desc)
+        if isinstance(obj, tuple):
+            return list(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"cannot keep a {type(obj).__name__}")
+
+    return msgpack.packb(payload, default=inline, use_bin_type=True)
+
+
+def unpack_payload(blob: bytes) -> Payload:
+    """The payload :func:`pack_payload` made (blobs come only from the scheduler's journal)."""
+
+    def array(code: int, data: bytes) -> Any:
+        if code != _INLINE_ARRAY_EXT:
+            raise ProtocolError(f"unknown MessagePack extension {code} in a stored payload")
+        dtype, shape, raw = msgpack.unpackb(data)
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+    return msgpack.unpackb(blob, raw=False, ext_hook=array)
 
 
 # --- typed building ---------------------------------------------------------------------

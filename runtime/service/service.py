@@ -204,7 +204,10 @@ class SchedulerService:
 
     def _lease(self, grant: Grant, now: float) -> p.Lease:
         groups = self.core.state.groups
-        items = tuple(p.Item(g, groups[g].key, groups[g].data) for g in grant.groups)
+        items = tuple(
+            p.Item(g, groups[g].key, {r: p.unpack_payload(b) for r, b in groups[g].data.items()})
+            for g in grant.groups
+        )
         return p.Lease(
             grant.lease_id, grant.fence, grant.role, grant.deadline - now, grant.version, items
         )
@@ -216,7 +219,7 @@ class SchedulerService:
         behaviour = None if all(v is None for v in versions) else versions
         if behaviour is not None and any(v is None for v in behaviour):
             return p.Error(Reason.BAD_RESULT, "either every result carries versions or none")
-        data = [r.data for r in m.results]
+        data = [p.pack_payload(r.data) for r in m.results]
         steps_before = self.core.state.steps_done
         reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data)
         if isinstance(reply, Rejected):
@@ -273,7 +276,9 @@ class SchedulerService:
         if len(set(keys)) != len(keys):
             return p.Error(Reason.BAD_REQUEST, "a key appears twice in one request")
         fresh = [g for g in m.groups if g.key not in self.core.state.keys]
-        reply = self.core.add_groups([g.key for g in fresh], [g.data for g in fresh])
+        reply = self.core.add_groups(
+            [g.key for g in fresh], [p.pack_payload(g.data) for g in fresh]
+        )
         if isinstance(reply, Rejected):
             return _error(reply)
         skipped = tuple(k for k in keys if k not in {g.key for g in fresh})

@@ -1,0 +1,171 @@
+"""The scheduler process's loop: the service behind a ROUTER and a PUB socket.
+
+One thread owns both sockets. Each turn it reads every request waiting on the ROUTER
+(so one journal batch covers them all: group commit), hands them to the service, publishes
+the events, lets the journal's log thread have the new records, and sends each reply
+whose records are journaled. Replies that must wait are held in order and released when
+the log thread reports progress (it writes to an eventfd the poller watches), so a slow
+disk delays only those replies, never the loop.
+
+Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on the PUB as
+``[topic, header, *arrays]`` (see transport/protocol.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Literal
+
+import structlog
+import zmq
+
+from asyncrl.transport import protocol as p
+
+from .service import ACKNOWLEDGES_DATA, SchedulerService
+
+__all__ = ["SchedulerDaemon"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+_BATCH = 512  # requests read per turn before the loop publishes and replies
+_DETAIL = 200  # characters of a protocol error kept in its log line
+
+
+class SchedulerDaemon:
+    def __init__(
+        self,
+        service: SchedulerService,
+        router: zmq.Socket[Any],
+        pub: zmq.Socket[Any],
+        wake_fd: int,
+        *,
+        ack_after: Literal["write", "fsync"] = "write",
+        tick_interval_s: float = 0.1,
+        exit_grace_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        auth_failures: Callable[[], list[str]] | None = None,
+    ) -> None:
+        self.service = service
+        self.router = router
+        self.pub = pub
+        self.wake_fd = wake_fd
+        self.ack_after = ack_after
+        self.tick_interval_s = tick_interval_s
+        self.exit_grace_s = exit_grace_s
+        self.clock = clock
+        self.auth_failures = auth_failures
+        self._stops = 0  # stop signals so far: the first drains, the second ends the loop
+        self._held: deque[tuple[int, list[Any]]] = deque()  # (journal seq, reply frames)
+        self._draining_since: float | None = None
+
+    def request_stop(self) -> None:
+        """From a signal handler: drain at the first call, stop at once at the second."""
+        self._stops += 1
+        os.eventfd_write(self.wake_fd, 1)
+
+    def run(self) -> int:
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.wake_fd, zmq.POLLIN)
+        writer = self.service.durable.writer
+        next_tick = self.clock()
+        while True:
+            ready = dict(poller.poll(self._poll_ms(next_tick)))
+            if ready.get(self.wake_fd):
+                os.eventfd_read(self.wake_fd)
+            if ready.get(self.router):
+                self._serve_batch()
+            now = self.clock()
+            if now >= next_tick:
+                self.service.tick(now)
+                self._log_auth_failures()
+                next_tick = now + self.tick_interval_s
+            self._publish()
+            if self._held:
+                writer.submit()
+            self._release()
+            if self._should_exit(now):
+                return 0
+
+    def _poll_ms(self, next_tick: float) -> int:
+        return max(0, int((next_tick - self.clock()) * 1000) + 1)
+
+    # --- requests --------------------------------------------------------------------
+
+    def _serve_batch(self) -> None:
+        writer = self.service.durable.writer
+        for _ in range(_BATCH):
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity, body = frames[0], [f.buffer for f in frames[1:]]
+            reply, req_id, kind = self._answer(body)
+            out = [identity, *p.encode(reply, req_id)]
+            if kind in ACKNOWLEDGES_DATA and writer.last_seq > self._confirmed():
+                self._held.append((writer.last_seq, out))
+            elif self._held:
+                self._held.append((0, out))  # keep replies in order behind held ones
+            else:
+                self._send(out)
+
+    def _answer(self, frames: list[Any]) -> tuple[p.Message, int, p.Kind | None]:
+        try:
+            message = p.decode(frames)
+        except p.ProtocolError as error:
+            detail = str(error)[:_DETAIL]
+            log.warning("bad message", detail=detail)
+            return self.service.protocol_error(detail), error.req_id, None
+        req_id = p.request_id(frames)
+        try:
+            return self.service.handle(message, self.clock()), req_id, message.KIND
+        except Exception:
+            # A bug, not bad input: the request fails, the scheduler and the run go on.
+            log.exception("request failed", kind=message.KIND.name)
+            return p.Error("internal", "the scheduler failed on this request"), req_id, None
+
+    def _confirmed(self) -> int:
+        writer = self.service.durable.writer
+        return writer.written_seq if self.ack_after == "write" else writer.durable_seq
+
+    def _release(self) -> None:
+        confirmed = self._confirmed()
+        held = self._held
+        while held and held[0][0] <= confirmed:
+            self._send(held.popleft()[1])
+
+    def _send(self, frames: list[Any]) -> None:
+        try:
+            self.router.send_multipart(frames, copy=False)
+        except zmq.ZMQError as error:  # the peer is gone; it will time out and retry
+            log.info("reply not delivered", error=str(error))
+
+    # --- events and the end ----------------------------------------------------------
+
+    def _publish(self) -> None:
+        for event in self.service.take_events():
+            self.pub.send_multipart([event.topic.encode(), *p.encode(event)], copy=False)
+
+    def _log_auth_failures(self) -> None:
+        if self.auth_failures is not None:
+            for failure in self.auth_failures():
+                log.warning("client rejected", detail=failure)
+
+    def _should_exit(self, now: float) -> bool:
+        service = self.service
+        if self._stops:
+            service.drain("stop signal")
+        if self._stops > 1:
+            log.warning("second stop signal: exiting without waiting for leases")
+            return True
+        if service.draining is None:
+            return False
+        if self._draining_since is None:
+            self._draining_since = now
+        if self._held or not service.idle:
+            return False
+        workers_gone = not service.core.state.workers
+        return workers_gone or now - self._draining_since >= self.exit_grace_s
