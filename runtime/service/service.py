@@ -88,6 +88,7 @@ class SchedulerService:
         self.started_at = started_at
         self.events = EventNumbering()
         self.outbox: list[p.Event] = []
+        self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
         self.draining: str | None = None  # why no new leases are handed out
         self.protocol_errors = 0
         self._handlers: dict[type, Callable[[Any, float], p.Message]] = {
@@ -152,6 +153,7 @@ class SchedulerService:
             self.draining = reason
             log.info("draining", reason=reason)
             self._emit(topic(Topic.RUN, "draining"), {"reason": reason})
+            self._publish_notices()
 
     # --- handlers --------------------------------------------------------------------
 
@@ -325,12 +327,16 @@ class SchedulerService:
     # --- events ----------------------------------------------------------------------
 
     def _publish_notices(self) -> None:
+        """Journal what changed; announce the core's moves, then what followed from them."""
         notices = self.durable.commit()
         if notices:
             self.outbox.extend(self.events.from_notices(notices))
+        for name, body in self._followers:
+            self.outbox.append(self.events.make(name, body))
+        self._followers.clear()
 
     def _emit(self, name: str, body: dict[str, Any]) -> None:
-        self.outbox.append(self.events.make(name, body))
+        self._followers.append((name, body))
 
 
 def _error(rejected: Rejected) -> p.Error:

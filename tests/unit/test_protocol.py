@@ -1,0 +1,151 @@
+"""The wire protocol: round trips, zero-copy arrays, and a clear error for every bad frame."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncrl.transport import protocol as p
+
+
+def round_trip(message: p.Message, req_id: int = 7) -> p.Message:
+    frames = p.encode(message, req_id)
+    assert p.request_id(frames) == req_id
+    return p.decode([bytes(f) for f in frames])
+
+
+def test_every_kind_is_declared_once() -> None:
+    kinds = [cls.KIND for cls in p._MESSAGES]
+    assert len(kinds) == len(set(kinds)) == len(p.Kind)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        p.Hello("generate-0", "generate", p.PROTOCOL_VERSION, 123),
+        p.Claim("w", "logp", 4),
+        p.Fail("w", 3, 9, None, "boom"),
+        p.Fail("w", 3, 9, (1, 2), "boom"),
+        p.Lease(1, 2, "train", 59.5, None, (p.Item(0, "q0", {"dataloader": {"x": 0}}),)),
+        p.AddGroups("d", (p.NewGroup("q1", {"x": 1}),)),
+        p.StatusReply({"groups": {"pending": 3}, "nested": [1, 2.5, None, "s"]}),
+        p.Event(4, "transition.pending.generating", {"groups": [1, 2]}),
+        p.Ready("w", "demo", 1, 2.0, 60.0, 1 << 20, 0),
+    ],
+)
+def test_messages_round_trip(message: p.Message) -> None:
+    assert round_trip(message) == message
+
+
+def test_arrays_travel_as_their_own_frames_and_come_back_as_views() -> None:
+    tokens = np.arange(1000, dtype=np.int32)
+    logprobs = np.linspace(-1, 0, 12, dtype=np.float32).reshape(3, 4)
+    message = p.Complete(
+        "w", 1, 2, (p.Result(5, {"tokens": tokens, "lp": [logprobs]}, (0, 1)),), {"loss": 0.1}
+    )
+    frames = p.encode(message)
+    assert len(frames) == 3
+    assert len(frames[0]) < 200  # the header holds no array bytes
+    assert bytes(frames[1]) == tokens.tobytes()
+    decoded = p.decode(frames)
+    assert isinstance(decoded, p.Complete)
+    got = decoded.results[0].data
+    np.testing.assert_array_equal(got["tokens"], tokens)
+    np.testing.assert_array_equal(got["lp"][0], logprobs)
+    assert got["tokens"].base is not None  # a view on the frame, not a copy
+
+
+def test_payload_blobs_keep_arrays() -> None:
+    payload = {"t": np.arange(6, dtype=np.int64).reshape(2, 3), "r": 1.5, "s": ["a"]}
+    back = p.unpack_payload(p.pack_payload(payload))
+    np.testing.assert_array_equal(back["t"], payload["t"])
+    assert back["r"] == 1.5 and back["s"] == ["a"]
+
+
+def test_objects_that_are_not_data_are_refused_at_the_sender() -> None:
+    with pytest.raises(TypeError, match="object"):
+        p.encode(p.Complete("w", 1, 2, (p.Result(0, {"x": np.array([object()])}),)))
+    with pytest.raises(TypeError, match="set"):
+        p.encode(p.StatusReply({"x": {1, 2}}))
+
+
+def header(kind: int, body: list, version: int = p.PROTOCOL_VERSION, req_id: int = 3) -> bytes:
+    return msgpack.packb([version, kind, req_id, body])
+
+
+@pytest.mark.parametrize(
+    ("frames", "words"),
+    [
+        ([], "empty"),
+        ([b"\xc1"], "not MessagePack"),
+        ([msgpack.packb({"a": 1})], "header must be"),
+        ([header(p.Kind.STATUS, [], version=99)], "protocol version 99"),
+        ([header(999, [])], "unknown message kind 999"),
+        ([header(p.Kind.CLAIM, ["w", "logp"])], "2 fields"),
+        ([header(p.Kind.CLAIM, ["w", "logp", "4"])], "Claim.n: expected int"),
+        ([header(p.Kind.CLAIM, ["w", "logp", True])], "Claim.n: expected int, got bool"),
+        ([header(p.Kind.LEASE, [1, 2, "t", float("nan"), None, []])], "not a finite number"),
+        ([header(p.Kind.FAIL, ["w", 1, 2, [1, "x"], "r"])], "Fail.gids[1]"),
+        ([header(p.Kind.STATUS_REPLY, [{1: 2}])], "map key"),
+        ([header(p.Kind.STATUS, []), b"extra"], "never used"),
+    ],
+)
+def test_bad_frames_are_errors_that_say_what_is_wrong(frames: list, words: str) -> None:
+    with pytest.raises(p.ProtocolError, match=words.replace("[", r"\[")):
+        p.decode(frames)
+
+
+def array_ref(index: int, dtype: str, shape: list) -> msgpack.ExtType:
+    return msgpack.ExtType(1, msgpack.packb([index, dtype, shape]))
+
+
+@pytest.mark.parametrize(
+    ("ref", "frame", "words"),
+    [
+        (array_ref(2, "int32", [1]), b"\0" * 4, "missing"),
+        (array_ref(1, "object", [1]), b"\0" * 8, "not allowed"),
+        (array_ref(1, "int32", [3]), b"\0" * 8, "needs 12"),  # truncated array
+        (array_ref(1, "int32", [-1]), b"", "shape"),
+        (msgpack.ExtType(9, b""), b"", "extension 9"),
+    ],
+)
+def test_bad_array_references_are_errors(ref: msgpack.ExtType, frame: bytes, words: str) -> None:
+    body = [{"x": ref}]
+    with pytest.raises(p.ProtocolError, match=words) as caught:
+        p.decode([msgpack.packb([1, p.Kind.STATUS_REPLY, 5, body]), frame])
+    assert caught.value.req_id == 5
+
+
+def test_the_request_id_survives_a_bad_body_for_the_error_reply() -> None:
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode([header(p.Kind.CLAIM, ["w"], req_id=42)])
+    assert caught.value.req_id == 42
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=4))
+def test_arbitrary_bytes_decode_or_raise_protocol_error(frames: list[bytes]) -> None:
+    with contextlib.suppress(p.ProtocolError):
+        p.decode(frames)
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    kind=st.sampled_from([int(k) for k in p.Kind]) | st.integers(-(2**63), 2**63 - 1),
+    body=st.lists(msgpack_values, max_size=8),
+)
+def test_well_formed_headers_with_wrong_fields_raise_protocol_error(kind: int, body: list) -> None:
+    with contextlib.suppress(p.ProtocolError):
+        p.decode([msgpack.packb([p.PROTOCOL_VERSION, kind, 1, body])])

@@ -1,0 +1,133 @@
+"""The scheduler service without sockets: each request's reply, the metrics file, drains."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.service.build import open_service
+from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.transport import protocol as p
+
+ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
+
+
+def make(tmp_path: Path, resume: bool = False, **pipeline: object) -> SchedulerService:
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(tmp_path), "total_steps": 2},
+            "pipeline": {"train_batch_groups": 1, **pipeline},
+        }
+    )
+    service = open_service(cfg, resume=resume, now=0.0)
+    for role in ROLES:
+        assert isinstance(service.handle(p.Hello(role, role, p.PROTOCOL_VERSION, 1), 0.0), p.Ready)
+    assert service.handle(p.LoadedVersion("generate", 0), 0.0) == p.Ack()
+    return service
+
+
+def one_step(service: SchedulerService, key: str, metrics: dict | None = None) -> None:
+    service.handle(p.AddGroups("dataloader", (p.NewGroup(key, {"x": 1}),)), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    assert isinstance(lease, p.Lease)
+    gid = lease.items[0].gid
+    done = (p.Result(gid, {"t": np.arange(3)}, (0, 0)),)
+    assert service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
+    for role in ("logp", "ref_logp", "reward"):
+        lease = service.handle(p.Claim(role, role, 1), 0.0)
+        results = (p.Result(gid, {role: 1.0}),)
+        service.handle(p.Complete(role, lease.lease_id, lease.fence, results), 0.0)
+    lease = service.handle(p.Claim("train", "train", 1), 0.0)
+    assert isinstance(lease, p.Lease)
+    assert lease.items[0].data["generate"]["t"].tolist() == [0, 1, 2]
+    assert set(lease.items[0].data) == set(ROLES) - {"train"}
+    result = (p.Result(gid, {}),)
+    reply = service.handle(p.Complete("train", lease.lease_id, lease.fence, result, metrics), 0.0)
+    assert reply == p.Ack(1)
+
+
+def test_a_run_writes_one_metrics_line_per_step_and_then_shuts_workers_down(
+    tmp_path: Path,
+) -> None:
+    service = make(tmp_path)
+    one_step(service, "a", {"loss": 0.5})
+    one_step(service, "b")
+    assert service.finished
+    assert isinstance(service.handle(p.Claim("generate", "generate", 1), 0.0), p.Shutdown)
+    service.durable.close()
+    service.metrics.close()
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2] and lines[0]["loss"] == 0.5
+    topics = [e.topic for e in service.take_events()]
+    assert "transition.pending.generating" in topics and topics[-1] == "run.finished"
+
+
+def test_metrics_lines_ahead_of_the_journal_are_cut_on_resume(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    one_step(service, "a")
+    service.durable.close()
+    service.metrics.append({"step": 2, "note": "journal never got this step"})
+    with open(tmp_path / "metrics.jsonl", "a") as torn:
+        torn.write('{"step": 3, "tor')
+    again = make(tmp_path, resume=True)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1]
+    again.durable.close()
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (p.Hello("x", "generate", p.PROTOCOL_VERSION + 1, 1), "protocol"),
+        (p.Hello("x", "painter", p.PROTOCOL_VERSION, 1), "wrong_role"),
+        (p.Ack(), "bad_request"),
+        (p.Claim("ghost", "logp", 1), "unknown_worker"),
+        (p.Claim("logp", "logp", 0), "bad_request"),
+        (p.Complete("logp", 99, 1, ()), "unknown_lease"),
+        (p.AddGroups("logp", ()), "wrong_role"),
+        (p.AddGroups("dataloader", (p.NewGroup("k", {}), p.NewGroup("k", {}))), "bad_request"),
+        (p.PublishVersion("generate", 1), "wrong_role"),
+        (p.Unlock("train", "gpu", 1), "unknown_resource"),
+    ],
+)
+def test_bad_requests_get_errors_naming_the_problem(
+    tmp_path: Path, message: p.Message, code: str
+) -> None:
+    service = make(tmp_path)
+    reply = service.handle(message, 0.0)
+    assert isinstance(reply, p.Error) and reply.code == code and reply.detail
+    service.durable.close()
+
+
+def test_known_keys_are_skipped_not_added_twice(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    first = service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {}),)), 0.0)
+    assert first == p.Added(("a",), ())
+    both = (p.NewGroup("a", {}), p.NewGroup("b", {}))
+    assert service.handle(p.AddGroups("dataloader", both), 0.0) == p.Added(("b",), ("a",))
+    service.durable.close()
+
+
+def test_the_dataloader_is_asked_for_a_bounded_backlog(tmp_path: Path) -> None:
+    service = make(tmp_path, max_staleness=1)  # backlog: 1 group x (1 + 2)
+    assert service.handle(p.Claim("dataloader", "dataloader", 100), 0.0) == p.Want(2)  # 2 steps
+    service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {}),)), 0.0)
+    assert service.handle(p.Claim("dataloader", "dataloader", 100), 0.0) == p.Want(1)
+    service.durable.close()
+
+
+def test_stop_drains_no_new_leases_but_results_still_land(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {}),)), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    assert service.handle(p.Stop("maintenance"), 0.0) == p.Ack(1)
+    assert not service.idle
+    assert isinstance(service.handle(p.Claim("generate", "generate", 1), 0.0), p.Shutdown)
+    done = (p.Result(lease.items[0].gid, {}, (0, 0)),)
+    assert service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
+    assert service.idle
+    service.durable.close()
