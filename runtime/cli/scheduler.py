@@ -1,27 +1,125 @@
-"""``asyncrl-scheduler``: the scheduler's commands. ``inspect`` for now.
+"""``asyncrl-scheduler``: the scheduler's commands.
 
-    asyncrl-scheduler inspect runs/demo      # replay a run's journal, print where it stands
+    asyncrl-scheduler start -c run.yaml [--resume]   # serve the run (journal in run.dir)
+    asyncrl-scheduler status -c run.yaml [--json]    # ask the live scheduler where it stands
+    asyncrl-scheduler stop -c run.yaml               # drain: no new leases, then exit
+    asyncrl-scheduler keygen DIR                     # CurveZMQ keys for a non-loopback bus
+    asyncrl-scheduler inspect runs/demo              # replay a run's journal, read-only
 
-``inspect`` only reads: it works on a live run's directory and after a crash alike.
+``status`` and ``stop`` find the scheduler through ``<run.dir>/endpoints.json`` (or
+``--scheduler tcp://HOST:PORT``); ``inspect`` works on a live run and after a crash alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from asyncrl.runtime.config import RunConfig, load_config
 from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.core.status import summarize
-from asyncrl.runtime.durable import recover
-from asyncrl.runtime.journal import JournalCorrupt
+from asyncrl.runtime.durable import JournalExists, recover
+from asyncrl.runtime.journal import JournalCorrupt, JournalLocked
+from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.service.build import keys_dir
+from asyncrl.runtime.service.process import next_port, read_endpoints, serve
+from asyncrl.transport import protocol as p
+from asyncrl.transport.link import LinkTimeout
+from asyncrl.transport.security import (
+    KeyFileError,
+    curve_required,
+    keygen,
+    load_client_keys,
+)
 
-from ._common import UsageError, run_command
+from ._common import UsageError, add_config_arguments, config_from_args, run_command
+from ._status import render_status
 
 __all__ = ["main"]
+
+
+def _start(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
+    try:
+        return serve(cfg, resume=args.resume)
+    except JournalExists as error:
+        raise UsageError(str(error)) from None
+    except JournalLocked:
+        raise UsageError(f"another scheduler is serving {cfg.run.dir}; stop it first") from None
+    except KeyFileError as error:
+        raise UsageError(str(error)) from None
+
+
+def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
+    """Send one request to the live scheduler of the run (or at --scheduler)."""
+    from asyncrl.transport.zmq_link import ZmqLink
+
+    cfg = config_from_args(args)
+    control, events, curve = _where(args, cfg)
+    keys = load_client_keys(keys_dir(cfg)) if curve else None
+    with ZmqLink(control, events, identity=f"observer-{os.getpid()}", client_keys=keys) as link:
+        try:
+            return link.request(message, timeout_s=args.timeout)
+        except LinkTimeout:
+            raise UsageError(
+                f"no scheduler answered at {control} within {args.timeout:g}s: is it running?"
+            ) from None
+
+
+def _where(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, str, bool]:
+    """Control and events endpoints, and whether the bus is encrypted."""
+    if args.scheduler:
+        host = args.scheduler.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
+        return args.scheduler, next_port(args.scheduler), curve_required(host, cfg.scheduler.curve)
+    found = read_endpoints(cfg)
+    if found is None:
+        raise UsageError(
+            f"no scheduler is serving {cfg.run.dir} (no endpoints.json); "
+            "start one with `asyncrl-scheduler start` or pass --scheduler tcp://HOST:PORT"
+        )
+    return found["control"], found["events"], bool(found["curve"])
+
+
+def _status(args: argparse.Namespace) -> int:
+    while True:
+        reply = _ask(args, p.Status())
+        if not isinstance(reply, p.StatusReply):
+            raise UsageError(f"unexpected reply {reply!r}")
+        if args.json:
+            print(json.dumps(reply.summary, sort_keys=True))
+        else:
+            print(render_status(reply.summary))
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    reply = _ask(args, p.Stop(args.reason))
+    if isinstance(reply, p.Error):
+        raise UsageError(f"stop refused: {reply.detail}")
+    count = reply.count if isinstance(reply, p.Ack) else 0
+    print(f"draining: {count} lease(s) still running; the scheduler exits when they end")
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    try:
+        keygen(args.directory)
+    except FileExistsError as error:
+        raise UsageError(str(error)) from None
+    print(
+        f"wrote server and client key pairs to {args.directory} (files are 0600); "
+        "give workers the client pair and server.key"
+    )
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -33,7 +131,7 @@ def _inspect(args: argparse.Namespace) -> int:
         core, found = recover(run.journal, CoreSettings.from_config(cfg))
     except JournalCorrupt as error:
         raise UsageError(f"{error}; the journal cannot be replayed past this point") from None
-    summary = summarize(core.state)
+    summary: dict[str, Any] = summarize(core.state)
     summary["journal"] = {
         "records": found.last_seq,
         "snapshot_at": found.snapshot_seq,
@@ -43,9 +141,36 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--scheduler", help="control endpoint, e.g. tcp://10.0.0.5:5555")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for a reply")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl-scheduler", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(title="commands")
+
+    start = commands.add_parser("start", help="serve a run: bind the bus, journal every change")
+    add_config_arguments(start)
+    start.add_argument("--resume", action="store_true", help="continue the run in run.dir")
+    start.set_defaults(handler=_start)
+
+    status = commands.add_parser("status", help="the live scheduler's counts, workers, versions")
+    _add_live_arguments(status)
+    status.add_argument("--json", action="store_true", help="one line of JSON")
+    status.add_argument("--watch", type=float, metavar="S", help="repeat every S seconds")
+    status.set_defaults(handler=_status)
+
+    stop = commands.add_parser("stop", help="drain: no new leases, exit when running ones end")
+    _add_live_arguments(stop)
+    stop.add_argument("--reason", default="asyncrl-scheduler stop", help="logged with the stop")
+    stop.set_defaults(handler=_stop)
+
+    keys = commands.add_parser("keygen", help="write CurveZMQ key pairs (files 0600)")
+    keys.add_argument("directory", type=Path, help="where to write them (scheduler.keys_dir)")
+    keys.set_defaults(handler=_keygen)
+
     inspect = commands.add_parser("inspect", help="replay a run's journal and summarize it")
     inspect.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
     inspect.add_argument("--json", action="store_true", help="one line of JSON")

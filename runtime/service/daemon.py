@@ -13,6 +13,7 @@ Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -75,7 +76,8 @@ class SchedulerDaemon:
         while True:
             ready = dict(poller.poll(self._poll_ms(next_tick)))
             if ready.get(self.wake_fd):
-                os.eventfd_read(self.wake_fd)
+                with contextlib.suppress(BlockingIOError):  # another read took it
+                    os.eventfd_read(self.wake_fd)
             if ready.get(self.router):
                 self._serve_batch()
             now = self.clock()

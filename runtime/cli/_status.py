@@ -1,0 +1,42 @@
+"""The live status as a person reads it: a few aligned lines, not a JSON dump."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_status"]
+
+
+def render_status(s: dict[str, Any]) -> str:
+    run, stale = s["run"], s["staleness"]
+    lines = [
+        f"run {run['name']}: step {run['steps']}, up {run['uptime_s']:.0f}s"
+        + (f", draining ({run['draining']})" if run["draining"] else ""),
+        "groups    " + _pairs(s["groups"]) + f"  (created {s['created']})",
+        f"versions  policy {s['policy_version']}, steps done {s['steps_done']}, "
+        f"max staleness {stale['max_staleness']}, worst trained lag {stale['worst_trained']}",
+        "leases    " + (_pairs(s["leases"]) or "none"),
+    ]
+    if s["locks"]:
+        locks = {
+            k: f"{v['held']}/{v['capacity']} (+{v['waiting']} waiting)"
+            for k, v in s["locks"].items()
+        }
+        lines.append("locks     " + _pairs(locks))
+    lines.append("workers")
+    for name, w in sorted(s["workers"].items(), key=lambda kv: (kv[1]["role"], kv[0])):
+        loaded = "" if w["loaded"] is None else f"  loaded v{w['loaded']}"
+        ago = w["last_heartbeat_s_ago"]
+        seen = "never" if ago is None else f"{ago:.1f}s ago"
+        lines.append(f"  {w['role']:<10} {name:<24} heartbeat {seen}{loaded}")
+    if s["dead"]:
+        lines.append("dead      " + _pairs(s["dead"]))
+    if s["refused"] or s["protocol_errors"]:
+        refused = {**s["refused"], "protocol": s["protocol_errors"]}
+        lines.append("refused   " + _pairs({k: v for k, v in refused.items() if v}))
+    lines.append(f"journal   {s['journal']['records']} records, {s['journal']['durable']} fsynced")
+    return "\n".join(lines)
+
+
+def _pairs(mapping: dict[str, Any]) -> str:
+    return "  ".join(f"{k} {v}" for k, v in mapping.items())

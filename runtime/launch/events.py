@@ -1,0 +1,56 @@
+"""What the supervisor reports as it goes, and the one line `asyncrl run` prints for each.
+
+Every event is `(kind, fields)`; the fields each kind carries:
+
+- started: name, pid, restart (0 for the first start)
+- exited: name, pid, lived_s, and code (a normal exit) or signal (e.g. "SIGTERM")
+- restarting: name, delay_s, restart
+- gave_up: name, restarts, max_restarts
+- stopping: reason
+- killed: name, pid, why
+- done: code
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from enum import StrEnum
+
+__all__ = ["EventKind", "describe", "print_event"]
+
+
+class EventKind(StrEnum):
+    STARTED = "started"
+    EXITED = "exited"
+    RESTARTING = "restarting"
+    GAVE_UP = "gave_up"
+    STOPPING = "stopping"
+    KILLED = "killed"
+    DONE = "done"
+
+
+_TEMPLATES = {
+    EventKind.STARTED: "started {name} (pid {pid})",
+    EventKind.EXITED: "{name} (pid {pid}) exited with code {code}",
+    EventKind.RESTARTING: "restarting {name} in {delay_s:g}s (restart {restart})",
+    EventKind.GAVE_UP: "{name} exited again after {restarts} restarts "
+    "(max_restarts={max_restarts}); giving up",
+    EventKind.STOPPING: "stopping: {reason}",
+    EventKind.KILLED: "killed {name} (pid {pid}): {why}",
+    EventKind.DONE: "done, exit code {code}",
+}
+
+
+def describe(kind: str, fields: Mapping[str, object]) -> str:
+    """One short human line for an event."""
+    if kind == EventKind.EXITED and "signal" in fields:
+        return "{name} (pid {pid}) was ended by {signal}".format_map(fields)
+    if kind == EventKind.STARTED and fields.get("restart"):
+        return "started {name} (pid {pid}, restart {restart})".format_map(fields)
+    return _TEMPLATES[EventKind(kind)].format_map(fields)
+
+
+def print_event(kind: str, fields: Mapping[str, object]) -> None:
+    """The default `on_event`: the line on stderr, prefixed like the command's other messages."""
+    print(f"asyncrl run: {describe(kind, fields)}", file=sys.stderr, flush=True)

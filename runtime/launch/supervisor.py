@@ -1,0 +1,301 @@
+"""The process supervisor behind `asyncrl run`: a scheduler and its workers on one machine.
+
+The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
+over, and `run()` returns its exit status. A child with `restart=True` (a worker) is started
+again whenever it exits, after a delay that doubles from `backoff_initial_s` up to
+`backoff_max_s` and starts over once the child has lived `healthy_after_s`.
+
+Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
+past `max_restarts`) drains the workers before the scheduler they report to:
+
+1. SIGTERM to every child but the primary; wait up to `stop_grace_s` for them;
+2. SIGTERM to the primary; wait up to `stop_grace_s`;
+3. SIGKILL to whatever is left, each with its process group.
+
+A second SIGINT or SIGTERM during a stop jumps to step 3. Each child's stdout and stderr are
+appended to `log_dir/<name>.log`; see `_spawn` for how children die with the supervisor.
+
+Exits are found by polling every `_TICK_S` with `waitpid(WNOHANG)` (through `Popen.poll`): a
+handful of syscalls twenty times a second, and no signal handler for SIGCHLD to share with
+the embedding program.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from ._backoff import Backoff
+from ._spawn import kill, spawn
+from .events import EventKind, print_event
+
+__all__ = ["ChildSpec", "OnEvent", "Supervisor"]
+
+OnEvent = Callable[[str, dict[str, object]], None]
+"""Called as `on_event(kind, fields)`; `kind` is an `EventKind`, `fields` as listed there."""
+
+_TICK_S = 0.05  # how long an exit or a stop request can go unnoticed
+_INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C
+_GAVE_UP = 1
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str  # "scheduler", "generate-0", ...: names the log file too
+    argv: Sequence[str]  # the full command line
+    restart: bool  # workers: True; the scheduler: False
+    env: Mapping[str, str] | None = None  # added to the supervisor's environment
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ValueError(f"child name {self.name!r} cannot name a log file")
+        if not self.argv:
+            raise ValueError(f"child {self.name!r} has an empty command line")
+
+
+@dataclass(slots=True)
+class _Child:
+    """One spec's live state: its current process, if any, and its restart history."""
+
+    spec: ChildSpec
+    primary: bool
+    backoff: Backoff
+    proc: subprocess.Popen[bytes] | None = None  # None once its exit was seen
+    started_at: float = 0.0
+    restarts: int = 0
+    restart_at: float | None = None  # when a pending restart is due (monotonic)
+
+
+class Supervisor:
+    """Runs `specs` as child processes until the primary exits or a stop is requested."""
+
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        log_dir: Path,
+        *,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 10.0,
+        healthy_after_s: float = 30.0,
+        stop_grace_s: float = 15.0,
+        max_restarts: int | None = None,
+        on_event: OnEvent | None = None,
+    ) -> None:
+        _check_specs(specs)
+        if not 0 < backoff_initial_s <= backoff_max_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        primary = next((spec for spec in specs if not spec.restart), None)
+        backoff = (backoff_initial_s, backoff_max_s, healthy_after_s)
+        self._children = [_Child(spec, spec is primary, Backoff(*backoff)) for spec in specs]
+        self._log_dir = log_dir
+        self._grace_s = stop_grace_s
+        self._max_restarts = max_restarts
+        self._on_event = on_event or print_event
+        self._ran = False
+        # Written by signal handlers and other threads; plain assignments, read by the loop.
+        self._stop_reason: str | None = None
+        self._interrupted = False
+        self._kill_now = False
+        self._gave_up = False
+        self._primary_status: int | None = None
+
+    def run(self) -> int:
+        """Start every child, supervise them until the run ends, and stop them all.
+
+        Returns the primary's exit status (128 + N for signal N), 130 for a stop begun by
+        SIGINT, 1 when a child went past `max_restarts`. Signal handlers for SIGINT and SIGTERM
+        are installed only when called in the main thread, and restored on return.
+        """
+        if self._ran:
+            raise RuntimeError("a Supervisor runs once; make a new one")
+        self._ran = True
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        with self._signal_handlers():
+            try:
+                for child in self._children:
+                    self._start(child)
+                self._supervise()
+                self._stop_all()
+            except BaseException:
+                _kill_all(self._children)  # whatever went wrong, no child outlives run()
+                raise
+        code = self._exit_status()
+        self._emit(EventKind.DONE, code=code)
+        return code
+
+    def request_stop(self) -> None:
+        """Begin an orderly stop; safe from any thread or a signal handler."""
+        self._begin_stop("stop requested")
+
+    def _supervise(self) -> None:
+        while True:
+            for child in self._children:
+                self._reap(child)
+            if self._stop_reason is not None:
+                return
+            now = time.monotonic()
+            for child in self._children:
+                if child.restart_at is not None and child.restart_at <= now:
+                    self._start(child)
+            time.sleep(self._pause_s())
+
+    def _stop_all(self) -> None:
+        self._emit(EventKind.STOPPING, reason=self._stop_reason)
+        for child in self._children:
+            child.restart_at = None
+        self._stop_group([child for child in self._children if not child.primary])
+        self._stop_group([child for child in self._children if child.primary])
+
+    def _stop_group(self, group: list[_Child]) -> None:
+        """SIGTERM, wait out the grace period (or a second signal), then SIGKILL."""
+        if not self._kill_now:
+            # Only the child itself: a worker shuts down the processes it started.
+            for proc in _procs(group):
+                proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self._grace_s
+            while _procs(group) and not self._kill_now and time.monotonic() < deadline:
+                time.sleep(min(_TICK_S, max(0.0, deadline - time.monotonic())))
+                for child in group:
+                    self._reap(child)
+        late = f"still running {self._grace_s:g}s after SIGTERM"
+        why = "second stop signal" if self._kill_now else late
+        for child in group:
+            if child.proc is not None:
+                self._kill(child, child.proc, why)
+
+    def _kill(self, child: _Child, proc: subprocess.Popen[bytes], why: str) -> None:
+        kill(proc)
+        self._emit(EventKind.KILLED, name=child.spec.name, pid=proc.pid, why=why)
+        proc.wait()
+        self._reap(child)
+
+    def _start(self, child: _Child) -> None:
+        child.restart_at = None
+        log_path = self._log_dir / f"{child.spec.name}.log"
+        child.proc = spawn(child.spec.argv, log_path, child.spec.env)
+        child.started_at = time.monotonic()
+        self._emit(
+            EventKind.STARTED, name=child.spec.name, pid=child.proc.pid, restart=child.restarts
+        )
+
+    def _reap(self, child: _Child) -> None:
+        """If `child` has exited, report it and decide what follows: a restart, or the end."""
+        proc = child.proc
+        if proc is None or proc.poll() is None:
+            return
+        child.proc = None
+        lived_s = round(time.monotonic() - child.started_at, 3)
+        how = _how_it_ended(proc.returncode)
+        self._emit(EventKind.EXITED, name=child.spec.name, pid=proc.pid, lived_s=lived_s, **how)
+        if child.primary:
+            self._primary_status = _shell_status(proc.returncode)
+            self._begin_stop(f"{child.spec.name} exited")
+        elif child.spec.restart and self._stop_reason is None:
+            self._schedule_restart(child, lived_s)
+
+    def _schedule_restart(self, child: _Child, lived_s: float) -> None:
+        if self._max_restarts is not None and child.restarts >= self._max_restarts:
+            self._gave_up = True
+            self._emit(
+                EventKind.GAVE_UP,
+                name=child.spec.name,
+                restarts=child.restarts,
+                max_restarts=self._max_restarts,
+            )
+            self._begin_stop(f"{child.spec.name} kept exiting")
+            return
+        delay_s = child.backoff.delay_after(lived_s)
+        child.restarts += 1
+        child.restart_at = time.monotonic() + delay_s
+        self._emit(
+            EventKind.RESTARTING, name=child.spec.name, delay_s=delay_s, restart=child.restarts
+        )
+
+    def _pause_s(self) -> float:
+        """Sleep one tick, or less when a restart falls due sooner."""
+        now = time.monotonic()
+        due = [child.restart_at - now for child in self._children if child.restart_at is not None]
+        return max(0.0, min([_TICK_S, *due]))
+
+    def _begin_stop(self, reason: str, *, interrupted: bool = False) -> None:
+        if self._stop_reason is None:
+            self._interrupted = interrupted
+            self._stop_reason = reason
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self._stop_reason is not None:
+            self._kill_now = True  # a second Ctrl-C: the user has waited long enough
+        else:
+            name = signal.Signals(signum).name
+            self._begin_stop(f"got {name}", interrupted=signum == signal.SIGINT)
+
+    @contextmanager
+    def _signal_handlers(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                # None: a handler not installed from Python, which cannot be put back as it was.
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    def _exit_status(self) -> int:
+        if self._gave_up:
+            return _GAVE_UP
+        if self._interrupted:
+            return _INTERRUPTED
+        return 0 if self._primary_status is None else self._primary_status
+
+    def _emit(self, kind: EventKind, **fields: object) -> None:
+        self._on_event(kind, fields)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _check_specs(specs: Sequence[ChildSpec]) -> None:
+    if not specs:
+        raise ValueError("no children to supervise")
+    names = [spec.name for spec in specs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"child names must be unique (they name log files): {duplicates}")
+
+
+def _procs(group: list[_Child]) -> list[subprocess.Popen[bytes]]:
+    """The processes of those in `group` still running, as far as the last poll knows."""
+    return [child.proc for child in group if child.proc is not None]
+
+
+def _kill_all(children: list[_Child]) -> None:
+    for proc in _procs(children):
+        kill(proc)
+        proc.wait()
+
+
+def _how_it_ended(returncode: int) -> dict[str, object]:
+    if returncode < 0:
+        return {"signal": _signal_name(-returncode)}
+    return {"code": returncode}
+
+
+def _shell_status(returncode: int) -> int:
+    """A child's `Popen.returncode` as a shell would report it: 128 + N for signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -1,0 +1,120 @@
+"""The scheduler process: config in, bound sockets, the daemon loop, a clean exit.
+
+Where the bus is lives in ``<run.dir>/endpoints.json`` while the scheduler runs (ports may
+be 0 = picked by the OS), so workers, ``status`` and ``stop`` can find it from the run's
+configuration alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+import zmq
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.security import curve_required, load_server_keys
+from asyncrl.transport.sockets import BoundSockets, bind_scheduler_sockets
+
+from .build import keys_dir, open_service
+from .daemon import SchedulerDaemon
+
+__all__ = ["endpoints_file", "next_port", "read_endpoints", "serve"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+
+def endpoints_file(cfg: RunConfig) -> Path:
+    return RunDir(Path(cfg.run.dir)).root / "endpoints.json"
+
+
+def read_endpoints(cfg: RunConfig) -> dict[str, Any] | None:
+    """The running scheduler's endpoints, or None if it is not running (no file)."""
+    try:
+        return json.loads(endpoints_file(cfg).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+
+
+def next_port(control_endpoint: str) -> str:
+    """The events endpoint by convention: the control endpoint's port + 1."""
+    base, _, port = control_endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"{control_endpoint!r} is not tcp://HOST:PORT")
+    return f"{base}:{int(port) + 1}"
+
+
+def serve(cfg: RunConfig, *, resume: bool) -> int:
+    """Run the scheduler until the run is finished or it is stopped; returns the exit code."""
+    sched = cfg.scheduler
+    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    service = open_service(
+        cfg, resume=resume, now=time.monotonic(), on_progress=lambda: os.eventfd_write(wake_fd, 1)
+    )
+    ctx = zmq.Context()
+    sockets: BoundSockets | None = None
+    try:
+        curve = curve_required(sched.host, sched.curve)
+        sockets = bind_scheduler_sockets(
+            ctx,
+            sched.host,
+            sched.control_port,
+            sched.events_port,
+            max_message_bytes=sched.max_message_mb << 20,
+            server_keys=load_server_keys(keys_dir(cfg)) if curve else None,
+        )
+        daemon = SchedulerDaemon(
+            service,
+            sockets.control,
+            sockets.events,
+            wake_fd,
+            ack_after=sched.ack_after,
+            exit_grace_s=2 * sched.heartbeat_interval_s + 1,
+            auth_failures=sockets.auth_failures,
+        )
+        _announce(cfg, sockets, curve, resume, service.core.state.steps_done)
+        with _stop_signals(daemon):
+            return daemon.run()
+    finally:
+        endpoints_file(cfg).unlink(missing_ok=True)
+        service.durable.close()
+        service.metrics.close()
+        if sockets is not None:
+            sockets.close()
+        ctx.term()
+        os.close(wake_fd)
+        log.info("scheduler stopped", steps=service.core.state.steps_done)
+
+
+def _announce(cfg: RunConfig, sockets: BoundSockets, curve: bool, resume: bool, steps: int) -> None:
+    where = {
+        "control": sockets.control_endpoint,
+        "events": sockets.events_endpoint,
+        "curve": curve,
+        "pid": os.getpid(),
+    }
+    path = endpoints_file(cfg)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(where), encoding="utf-8")
+    os.replace(tmp, path)
+    log.info("scheduler listening", resumed=resume, steps_done=steps, **where)
+
+
+@contextlib.contextmanager
+def _stop_signals(daemon: SchedulerDaemon) -> Iterator[None]:
+    """SIGTERM or Ctrl-C: drain; a second one: stop now."""
+    handler = lambda _signum, _frame: daemon.request_stop()  # noqa: E731
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)

@@ -1,0 +1,306 @@
+"""The supervisor behind `asyncrl run`, with real child processes (small `python -c` scripts).
+
+Children report their pid by writing a file; whether a pid is still alive is read from /proc
+(a zombie counts as gone: nothing runs, and an orphan's reaper may be slow to collect it).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.runtime.launch import ChildSpec, Supervisor
+from asyncrl.runtime.launch._backoff import Backoff
+
+pytestmark = pytest.mark.timeout(60)
+
+# Writes "pid sid" to argv[1] (atomically, so a reader never sees half), then sleeps.
+SLEEPER = """
+import os, pathlib, sys, time
+path = pathlib.Path(sys.argv[1])
+tmp = path.with_suffix(".tmp")
+tmp.write_text(f"{os.getpid()} {os.getsid(0)}")
+tmp.rename(path)
+time.sleep(60)
+"""
+# Like SLEEPER, but ignores SIGTERM first.
+STUBBORN = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
+# Exits with code argv[1] once every file in argv[2:] exists.
+WAITER = """
+import pathlib, sys, time
+paths = [pathlib.Path(p) for p in sys.argv[2:]]
+deadline = time.monotonic() + 20
+while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+    time.sleep(0.02)
+sys.exit(int(sys.argv[1]))
+"""
+# Appends a line to argv[1], says so on stdout and stderr, and exits 1.
+CRASHER = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write("start\\n")
+print("out: starting")
+print("err: crashing", file=sys.stderr)
+sys.exit(1)
+"""
+# Runs a Supervisor in its own process, as `asyncrl run` would; config is JSON in argv[1].
+DRIVER = """
+import json, sys
+from pathlib import Path
+from typing import Any
+from asyncrl.runtime.launch import ChildSpec, Supervisor
+config = json.loads(sys.argv[1])
+specs = [ChildSpec(**spec) for spec in config["specs"]]
+sys.exit(Supervisor(specs, Path(config["log_dir"]), stop_grace_s=config["grace_s"]).run())
+"""
+
+
+def py(script: str, *args: object) -> list[str]:
+    """A child's command line. -I -S: the scripts need only the standard library, and skipping
+    site-packages' .pth files makes a start several times faster."""
+    return [sys.executable, "-I", "-S", "-c", script, *map(str, args)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    state = stat.rpartition(")")[2].split()[0]  # the name, in parentheses, may hold spaces
+    return state not in ("Z", "X")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
+
+
+def pid_of(path: Path) -> int:
+    wait_until(path.exists)
+    return int(path.read_text().split()[0])
+
+
+class Recorder:
+    """An `on_event` that keeps every event, for the tests to read back."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def __call__(self, kind: str, fields: dict[str, object]) -> None:
+        self.events.append((kind, fields))
+
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.events]
+
+    def of(self, kind: str, name: str | None = None) -> list[dict[str, object]]:
+        return [f for k, f in self.events if k == kind and name in (None, f.get("name"))]
+
+
+def supervise(tmp_path: Path, specs: list[ChildSpec], **options: Any) -> tuple[int, Recorder]:
+    recorder = Recorder()
+    supervisor = Supervisor(specs, tmp_path / "logs", on_event=recorder, **options)
+    return supervisor.run(), recorder
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_the_primary_exiting_ends_the_run_and_stops_the_workers(tmp_path: Path, code: int) -> None:
+    pid_files = [tmp_path / "w0.pid", tmp_path / "w1.pid"]
+    specs = [
+        ChildSpec("scheduler", py(WAITER, code, *pid_files), restart=False),
+        ChildSpec("generate-0", py(SLEEPER, pid_files[0]), restart=True),
+        ChildSpec("generate-1", py(SLEEPER, pid_files[1]), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, stop_grace_s=5)
+
+    assert status == code
+    for path in pid_files:
+        pid, sid = map(int, path.read_text().split())
+        assert not alive(pid)
+        assert sid == pid  # each child leads its own session, away from the terminal's Ctrl-C
+    assert [f["code"] for f in events.of("exited", "scheduler")] == [code]
+    assert [f["signal"] for f in events.of("exited") if "signal" in f] == ["SIGTERM", "SIGTERM"]
+    assert events.of("restarting") == []
+    assert events.kinds()[-1] == "done"
+    assert events.of("done") == [{"code": code}]
+
+
+def test_a_crashing_worker_is_restarted_with_a_doubling_backoff(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec("scheduler", py(WAITER, 0, tmp_path / "enough"), restart=False),
+        ChildSpec("generate-0", py(CRASHER, starts), restart=True),
+    ]
+    recorder = Recorder()
+
+    def on_event(kind: str, fields: dict[str, object]) -> None:
+        recorder(kind, fields)
+        if kind == "restarting" and fields["restart"] == 4:
+            (tmp_path / "enough").touch()
+
+    status = Supervisor(
+        specs, tmp_path / "logs", backoff_initial_s=0.05, backoff_max_s=0.2, on_event=on_event
+    ).run()
+
+    assert status == 0
+    delays = [f["delay_s"] for f in recorder.of("restarting")]
+    assert delays[:4] == [0.05, 0.1, 0.2, 0.2]
+    assert starts.read_text().count("start") >= 4
+    log = (tmp_path / "logs" / "generate-0.log").read_text()
+    assert log.count("out: starting") >= 4  # every run's output appended to the one file
+    assert log.count("err: crashing") >= 4
+
+
+def test_backoff_starts_over_once_a_child_was_healthy() -> None:
+    backoff = Backoff(initial_s=0.5, max_s=3.0, healthy_after_s=30.0)
+    assert [backoff.delay_after(1.0) for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    assert backoff.delay_after(30.0) == 0.5
+    assert backoff.delay_after(0.1) == 1.0
+
+
+def test_a_worker_past_max_restarts_ends_the_run_with_status_1(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec("scheduler", py("import time; time.sleep(60)"), restart=False),
+        ChildSpec("generate-0", py(CRASHER, starts), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01, max_restarts=2)
+
+    assert status == 1
+    assert starts.read_text().count("start") == 3  # the first run and two restarts
+    assert events.of("gave_up") == [{"name": "generate-0", "restarts": 2, "max_restarts": 2}]
+    assert events.of("exited", "scheduler")[0]["signal"] == "SIGTERM"
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    specs = [
+        ChildSpec("scheduler", py(WAITER, 0, pid_file), restart=False),
+        ChildSpec("generate-0", py(STUBBORN, pid_file), restart=True),
+    ]
+    started = time.monotonic()
+    status, events = supervise(tmp_path, specs, stop_grace_s=0.5)
+
+    assert status == 0
+    assert time.monotonic() - started >= 0.5
+    assert [f["name"] for f in events.of("killed")] == ["generate-0"]
+    assert events.of("exited", "generate-0")[0]["signal"] == "SIGKILL"
+    assert not alive(pid_of(pid_file))
+
+
+def test_request_stop_drains_the_workers_before_the_primary(tmp_path: Path) -> None:
+    # The scheduler notes, on its SIGTERM, whether the worker was still there, then exits 0.
+    # (Its supervisor, the parent, has reaped the worker by then: no zombie to tell apart.)
+    scheduler = """
+import os, pathlib, signal, sys, time
+def on_term(signum, frame):
+    pid = int(pathlib.Path(sys.argv[1]).read_text().split()[0])
+    pathlib.Path(sys.argv[2]).write_text(str(os.path.exists(f"/proc/{pid}")))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+time.sleep(60)
+"""
+    pid_file, verdict = tmp_path / "worker.pid", tmp_path / "worker-alive-at-term"
+    specs = [
+        ChildSpec("scheduler", py(scheduler, pid_file, verdict), restart=False),
+        ChildSpec("generate-0", py(SLEEPER, pid_file), restart=True),
+    ]
+    recorder = Recorder()
+    supervisor = Supervisor(specs, tmp_path / "logs", on_event=recorder)
+    stopper = threading.Thread(target=lambda: (pid_of(pid_file), supervisor.request_stop()))
+    stopper.start()
+    status = supervisor.run()
+    stopper.join()
+
+    assert status == 0
+    assert verdict.read_text() == "False"
+    assert recorder.of("stopping") == [{"reason": "stop requested"}]
+
+
+def test_env_is_added_to_the_childs_environment(tmp_path: Path) -> None:
+    script = "import os; print(os.environ['ASYNCRL_TEST'], 'PATH' in os.environ)"
+    specs = [ChildSpec("scheduler", py(script), restart=False, env={"ASYNCRL_TEST": "hello"})]
+    status, _ = supervise(tmp_path, specs)
+
+    assert status == 0
+    assert (tmp_path / "logs" / "scheduler.log").read_text() == "hello True\n"
+
+
+def start_driver(tmp_path: Path, specs: list[ChildSpec], grace_s: float) -> subprocess.Popen[bytes]:
+    config = {
+        "specs": [{"name": s.name, "argv": list(s.argv), "restart": s.restart} for s in specs],
+        "log_dir": str(tmp_path / "logs"),
+        "grace_s": grace_s,
+    }
+    with (tmp_path / "driver.err").open("w") as stderr:
+        command = [sys.executable, "-c", DRIVER, json.dumps(config)]  # needs asyncrl: site on
+        return subprocess.Popen(command, stderr=stderr)
+
+
+def test_sigint_stops_every_child_and_exits_130(tmp_path: Path) -> None:
+    pid_files = [tmp_path / "scheduler.pid", tmp_path / "w0.pid", tmp_path / "w1.pid"]
+    specs = [
+        ChildSpec("scheduler", py(SLEEPER, pid_files[0]), restart=False),
+        ChildSpec("generate-0", py(SLEEPER, pid_files[1]), restart=True),
+        ChildSpec("train-0", py(SLEEPER, pid_files[2]), restart=True),
+    ]
+    driver = start_driver(tmp_path, specs, grace_s=5)
+    pids = [pid_of(path) for path in pid_files]
+
+    driver.send_signal(signal.SIGINT)
+
+    assert driver.wait(timeout=20) == 130
+    assert not any(alive(pid) for pid in pids)
+    err = (tmp_path / "driver.err").read_text()
+    assert "asyncrl run: stopping: got SIGINT" in err
+    assert "asyncrl run: done, exit code 130" in err
+
+
+def test_a_second_sigint_kills_at_once(tmp_path: Path) -> None:
+    pid_files = [tmp_path / "scheduler.pid", tmp_path / "worker.pid"]
+    specs = [
+        ChildSpec("scheduler", py(SLEEPER, pid_files[0]), restart=False),
+        ChildSpec("generate-0", py(STUBBORN, pid_files[1]), restart=True),
+    ]
+    driver = start_driver(tmp_path, specs, grace_s=30)
+    pids = [pid_of(path) for path in pid_files]
+
+    driver.send_signal(signal.SIGINT)
+    wait_until(lambda: "stopping" in (tmp_path / "driver.err").read_text())
+    driver.send_signal(signal.SIGINT)
+
+    assert driver.wait(timeout=10) == 130  # long before the 30 s grace period
+    assert not any(alive(pid) for pid in pids)
+    assert "killed generate-0" in (tmp_path / "driver.err").read_text()
+
+
+def test_kill_9_of_the_supervisor_leaves_no_child(tmp_path: Path) -> None:
+    pid_files = [tmp_path / "scheduler.pid", tmp_path / "worker.pid"]
+    specs = [
+        ChildSpec("scheduler", py(SLEEPER, pid_files[0]), restart=False),
+        ChildSpec("generate-0", py(STUBBORN, pid_files[1]), restart=True),
+    ]
+    driver = start_driver(tmp_path, specs, grace_s=5)
+    pids = [pid_of(path) for path in pid_files]
+
+    driver.kill()
+    driver.wait(timeout=10)
+
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=3)
+
+
+def test_bad_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Supervisor([ChildSpec("a", ["true"], False), ChildSpec("a", ["true"], True)], Path("."))
+    with pytest.raises(ValueError, match="log file"):
+        ChildSpec("../a", ["true"], restart=True)
