@@ -1,5 +1,6 @@
-"""``asyncrl``: the user's entry point. ``asyncrl config check|show|keys`` for now.
+"""``asyncrl``: the user's entry point.
 
+asyncrl run -c run.yaml [--resume]        # scheduler + every worker on this machine
 asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
@@ -29,6 +30,14 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from asyncrl.runtime.launch.local import run_locally
+
+    cfg = config_from_args(args)
+    config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
+    return run_locally(cfg, config_args, resume=args.resume)
+
+
 def _keys(_args: argparse.Namespace) -> int:
     rows = describe_fields()
     width = max(len(key) for key, _, _ in rows)
@@ -40,6 +49,10 @@ def _keys(_args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(title="commands")
+    run = commands.add_parser("run", help="run the whole pipeline on this machine")
+    add_config_arguments(run)
+    run.add_argument("--resume", action="store_true", help="continue the run in run.dir")
+    run.set_defaults(handler=_run)
     config = commands.add_parser("config", help="validate and show run configurations")
     actions = config.add_subparsers(title="actions")
     for name, handler, text in (

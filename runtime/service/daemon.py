@@ -115,6 +115,12 @@ class SchedulerDaemon:
                 self._send(out)
 
     def _answer(self, frames: list[Any]) -> tuple[p.Message, int, p.Kind | None]:
+        size = sum(f.nbytes for f in frames)
+        limit = self.service.max_message_bytes
+        if size > limit:  # libzmq bounds each frame; the sum is bounded here
+            detail = f"message of {size} bytes exceeds scheduler.max_message_mb ({limit} bytes)"
+            log.warning("bad message", detail=detail)
+            return self.service.protocol_error(detail), p.request_id(frames), None
         try:
             message = p.decode(frames)
         except p.ProtocolError as error:

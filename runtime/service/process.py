@@ -22,7 +22,11 @@ import zmq
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.security import curve_required, load_server_keys
-from asyncrl.transport.sockets import BoundSockets, bind_scheduler_sockets
+from asyncrl.transport.sockets import (
+    BoundSockets,
+    bind_scheduler_sockets,
+    bind_scheduler_sockets_at,
+)
 
 from .build import keys_dir, open_service
 from .daemon import SchedulerDaemon
@@ -52,8 +56,12 @@ def next_port(control_endpoint: str) -> str:
     return f"{base}:{int(port) + 1}"
 
 
-def serve(cfg: RunConfig, *, resume: bool) -> int:
-    """Run the scheduler until the run is finished or it is stopped; returns the exit code."""
+def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = None) -> int:
+    """Run the scheduler until the run is finished or it is stopped; returns the exit code.
+
+    ``endpoints`` (control, events) replaces the config's host and ports, e.g. with
+    ``ipc://`` paths for a benchmark on one machine.
+    """
     sched = cfg.scheduler
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     service = open_service(
@@ -63,14 +71,15 @@ def serve(cfg: RunConfig, *, resume: bool) -> int:
     sockets: BoundSockets | None = None
     try:
         curve = curve_required(sched.host, sched.curve)
-        sockets = bind_scheduler_sockets(
-            ctx,
-            sched.host,
-            sched.control_port,
-            sched.events_port,
-            max_message_bytes=sched.max_message_mb << 20,
-            server_keys=load_server_keys(keys_dir(cfg)) if curve else None,
-        )
+        options: dict[str, Any] = {
+            "max_message_bytes": sched.max_message_mb << 20,
+            "server_keys": load_server_keys(keys_dir(cfg)) if curve else None,
+        }
+        if endpoints is None:
+            where = (sched.host, sched.control_port, sched.events_port)
+            sockets = bind_scheduler_sockets(ctx, *where, **options)
+        else:
+            sockets = bind_scheduler_sockets_at(ctx, *endpoints, **options)
         daemon = SchedulerDaemon(
             service,
             sockets.control,

@@ -1,0 +1,45 @@
+"""``asyncrl run``: a whole pipeline on this machine, as the config describes it.
+
+The scheduler and every worker are separate processes started by the supervisor with the
+same configuration arguments, so each resolves the same config; workers find the
+scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.rundir import RunDir
+
+from .progress import ProgressReporter
+from .supervisor import ChildSpec, Supervisor
+
+__all__ = ["local_specs", "run_locally"]
+
+
+def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:
+    """The scheduler first (the primary), then ``pipeline.workers[role]`` workers per role."""
+    python = [sys.executable, "-m"]
+    start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
+    specs = [ChildSpec("scheduler", [*start, "--resume"] if resume else start, restart=False)]
+    for role, count in cfg.pipeline.workers.items():
+        for index in range(count):
+            argv = [*python, "asyncrl.runtime.cli.worker", "--role", role, "--index", str(index)]
+            specs.append(ChildSpec(f"{role}-{index}", [*argv, *config_args], restart=True))
+    return specs
+
+
+def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:
+    run = RunDir(Path(cfg.run.dir))
+    run.logs.mkdir(parents=True, exist_ok=True)
+    specs = local_specs(cfg, config_args, resume=resume)
+    print(
+        f"asyncrl run: {cfg.run.name} in {run.root}: scheduler and {len(specs) - 1} workers; "
+        f"logs in {run.logs}",
+        file=sys.stderr,
+    )
+    with ProgressReporter(run.metrics, cfg.run.total_steps):
+        return Supervisor(specs, run.logs).run()

@@ -1,0 +1,171 @@
+"""Small-message round trips through the scheduler, beside a Ray actor queue, in one run.
+
+    python -m tests.bench.bus_roundtrip [--rounds 3000] [--warmup 300]
+
+One round is what a worker does for each item: claim → lease → complete → ack, two
+requests. Ours runs through the real scheduler process (journal on, replies to completions
+held until the journal has them) and the real worker link, over ipc:// and tcp://127.0.0.1.
+The Ray side is the pattern verl's fully-async trainer uses for its rollout queue: one Ray
+actor holding the items, a client calling ``claim`` then ``complete`` on it and waiting for
+each. Both carry the same payload (16 int32 token ids). Prints rounds per second, p50 and
+p99 of a round, and our rate over Ray's. Needs ``ray`` (``pip install -e '.[bench]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from asyncrl.runtime.config import config_from_dict, dump_config, load_config
+from asyncrl.transport import protocol as p
+from asyncrl.transport.zmq_link import ZmqLink
+
+TOKENS = np.arange(16, dtype=np.int32)
+
+
+def scheduler_config(run_dir: Path) -> dict:
+    return {
+        "run": {"dir": str(run_dir), "total_steps": 1_000_000},
+        # No step ever runs here, so admission must not wait for one.
+        "pipeline": {"max_staleness": 10_000_000, "train_batch_groups": 1},
+        "logging": {"level": "warning"},
+    }
+
+
+def start_scheduler(run_dir: Path, control: str, events: str) -> subprocess.Popen[bytes]:
+    cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
+    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir))))
+    serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
+    proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (run_dir / "endpoints.json").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the scheduler did not start")
+        time.sleep(0.05)
+    return proc
+
+
+def time_rounds(one_round: Callable[[], None], rounds: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        one_round()
+    took = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        one_round()
+        took.append(time.perf_counter() - start)
+    return took
+
+
+def bench_scheduler(kind: str, rounds: int, warmup: int, root: Path) -> list[float]:
+    run_dir = root / kind
+    if kind == "ipc":
+        control, events = f"ipc://{root}/control.sock", f"ipc://{root}/events.sock"
+    else:
+        control, events = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+    proc = start_scheduler(run_dir, control, events)
+    where = json.loads((run_dir / "endpoints.json").read_text())
+    link = ZmqLink(where["control"], where["events"], identity=f"bench-{kind}")
+    try:
+        for worker, role in (("loader", "dataloader"), ("gen", "generate")):
+            assert isinstance(
+                link.request(p.Hello(worker, role, p.PROTOCOL_VERSION, 0), 10), p.Ready
+            )
+        link.request(p.LoadedVersion("gen", 0), 10)
+        total = rounds + warmup
+        for start in range(0, total, 500):
+            keys = range(start, min(total, start + 500))
+            groups = tuple(p.NewGroup(f"k{i}", {"x": i}) for i in keys)
+            link.request(p.AddGroups("loader", groups), 30)
+
+        def one_round() -> None:
+            lease = link.request(p.Claim("gen", "generate", 1), 10)
+            assert isinstance(lease, p.Lease), lease
+            result = p.Result(lease.items[0].gid, {"tokens": TOKENS}, (0, 0))
+            ack = link.request(p.Complete("gen", lease.lease_id, lease.fence, (result,)), 10)
+            assert isinstance(ack, p.Ack), ack
+
+        return time_rounds(one_round, rounds, warmup)
+    finally:
+        link.request(p.Stop("benchmark done"), 10)
+        link.close()
+        proc.wait(30)
+
+
+def bench_ray(rounds: int, warmup: int) -> list[float]:
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+
+    @ray.remote
+    class WorkQueue:
+        def __init__(self, count: int) -> None:
+            self.items = [(i, {"x": i}) for i in range(count)]
+            self.done: dict[int, dict] = {}
+
+        def claim(self) -> tuple[int, dict]:
+            return self.items.pop()
+
+        def complete(self, item: int, result: dict) -> int:
+            self.done[item] = result
+            return len(self.done)
+
+    queue = WorkQueue.remote(rounds + warmup)
+
+    def one_round() -> None:
+        item, _payload = ray.get(queue.claim.remote())
+        ray.get(queue.complete.remote(item, {"tokens": TOKENS}))
+
+    try:
+        return time_rounds(one_round, rounds, warmup)
+    finally:
+        ray.shutdown()
+
+
+def summary(took: list[float]) -> tuple[float, float, float]:
+    cuts = statistics.quantiles(took, n=100)
+    return len(took) / sum(took), cuts[49] * 1e3, cuts[98] * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3000)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
+    args = parser.parse_args()
+    if args.serve:
+        from asyncrl.runtime.logs import configure_logging
+        from asyncrl.runtime.service.process import serve
+
+        configure_logging(process="scheduler", level="warning")
+        raise SystemExit(serve(load_config(Path(args.serve[0])), resume=False,
+                               endpoints=(args.serve[1], args.serve[2])))  # fmt: skip
+    print(f"{args.rounds} rounds (claim → lease → complete → ack) after {args.warmup} warm-up, "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp:
+        for kind in ("ipc", "tcp"):
+            results[f"asyncrl scheduler, {kind}"] = summary(
+                bench_scheduler(kind, args.rounds, args.warmup, Path(tmp))
+            )
+    results["Ray actor queue"] = summary(bench_ray(args.rounds, args.warmup))
+    print(f"{'':28} {'rounds/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
+    for name, (rate, p50, p99) in results.items():
+        print(f"{name:28} {rate:10.0f} {p50:8.3f} {p99:8.3f}")
+    ray_rate = results["Ray actor queue"][0]
+    for kind in ("ipc", "tcp"):
+        rate = results[f"asyncrl scheduler, {kind}"][0]
+        print(f"ratio asyncrl {kind} / Ray: {rate / ray_rate:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""Every socket of the bus, made in one place with every option chosen on purpose.
+
+The scheduler binds a ROUTER (control) and a PUB (events); a worker connects a DEALER and
+a SUB. The wire forms::
+
+    control  DEALER sends  encode(request, req_id)
+             ROUTER sees   [identity, *encode(request, req_id)]
+             ROUTER sends  [identity, *encode(reply, req_id)]; the DEALER sees the frames
+    events   PUB sends     [topic (utf-8), *encode(event)]; SUB filters on the topic prefix
+
+Endpoints are ZeroMQ's: ``bind_scheduler_sockets`` takes a host and two ports (0 = any free
+port) for TCP; ``bind_scheduler_sockets_at`` takes any two endpoints, ``ipc://`` ones
+included (benchmarks, single-host runs). ``BoundSockets`` names the endpoints as workers
+dial them.
+
+With server keys both scheduler sockets are CURVE servers, and a ZAP authenticator lets in
+only the listed client keys. Every failed handshake (wrong key, no keys, wrong server key)
+is collected for the scheduler to log through ``BoundSockets.auth_failures()``.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils.monitor import recv_monitor_message
+
+from .security import ClientKeys, ServerKeys
+
+__all__ = [
+    "EVENTS_HWM",
+    "BoundSockets",
+    "WorkerSockets",
+    "bind_scheduler_sockets",
+    "bind_scheduler_sockets_at",
+    "connect_dealer",
+    "connect_subscriber",
+    "connect_worker_sockets",
+    "tcp_endpoint",
+]
+
+# The default HWM of 1000 silently drops a third of a fast burst (MEASUREMENTS.md). Events
+# are small wake-ups, so a deep queue costs little and a drop stays rare.
+EVENTS_HWM = 100_000
+# Closing the scheduler's sockets waits this long to flush the last replies, never longer.
+_SCHEDULER_LINGER_MS = 100
+# The OS default waits two hours before probing an idle connection; a half-open one (a
+# host that vanished, a NAT that forgot us) should be noticed within about a minute.
+_KEEPALIVE_IDLE_S = 30
+_KEEPALIVE_INTERVAL_S = 10
+_KEEPALIVE_COUNT = 3
+_ZAP_DOMAINS = {"control": b"asyncrl.control", "events": b"asyncrl.events"}
+_HANDSHAKE_FAILURES = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+_ZAP_DENIED = 400
+_MAX_UNREAD_FAILURES = 1000  # a client retrying a bad key must not grow memory without end
+_PROTOCOL_ERRORS = {
+    int(getattr(zmq, name)): name.removeprefix("PROTOCOL_ERROR_")
+    for name in dir(zmq)
+    if name.startswith("PROTOCOL_ERROR_")
+}
+_PROTOCOL_HINTS = {
+    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "a client without CURVE keys?",
+    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "a client with the wrong server public key?",
+}
+
+
+# --- the scheduler's side ---------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class BoundSockets:
+    """The scheduler's ROUTER and PUB, owned by the thread that uses them.
+
+    ``monitors`` may be registered in that thread's poller: when one is readable,
+    ``auth_failures()`` has something new.
+    """
+
+    control: zmq.Socket
+    events: zmq.Socket
+    control_endpoint: str
+    events_endpoint: str
+    monitors: tuple[zmq.Socket, zmq.Socket]
+    _guard: _CurveGuard | None = field(default=None, repr=False)
+
+    def auth_failures(self) -> list[str]:
+        """Handshakes refused since the last call, described; repeats are counted, not listed."""
+        found: list[str] = []
+        for name, monitor in zip(("control", "events"), self.monitors, strict=True):
+            found.extend(_read_monitor(name, monitor))
+        if self._guard is not None:
+            found.extend(self._guard.take_denied())
+        counts = collections.Counter(found)
+        return [text if n == 1 else f"{text} ({n} times)" for text, n in counts.items()]
+
+    def close(self) -> None:
+        """Close both sockets and their monitors, and stop the authenticator."""
+        for socket, monitor in zip((self.control, self.events), self.monitors, strict=True):
+            if not socket.closed:
+                socket.disable_monitor()
+            monitor.close(linger=0)
+        self.control.close()
+        self.events.close()
+        if self._guard is not None:
+            self._guard.stop()
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    """The TCP endpoint of ``host``:``port``; port 0 asks the OS for a free one."""
+    address = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"tcp://{address}:{port if port else '*'}"
+
+
+def bind_scheduler_sockets(
+    ctx: zmq.Context,
+    host: str,
+    control_port: int,
+    events_port: int,
+    *,
+    max_message_bytes: int,
+    server_keys: ServerKeys | None = None,
+    allowed_client_keys: Iterable[bytes] | None = None,
+) -> BoundSockets:
+    """Bind control and events on ``host`` over TCP (see ``bind_scheduler_sockets_at``)."""
+    return bind_scheduler_sockets_at(
+        ctx,
+        tcp_endpoint(host, control_port),
+        tcp_endpoint(host, events_port),
+        max_message_bytes=max_message_bytes,
+        server_keys=server_keys,
+        allowed_client_keys=allowed_client_keys,
+    )
+
+
+def bind_scheduler_sockets_at(
+    ctx: zmq.Context,
+    control_endpoint: str,
+    events_endpoint: str,
+    *,
+    max_message_bytes: int,
+    server_keys: ServerKeys | None = None,
+    allowed_client_keys: Iterable[bytes] | None = None,
+) -> BoundSockets:
+    """Bind the ROUTER at ``control_endpoint`` and the PUB at ``events_endpoint``.
+
+    A frame larger than ``max_message_bytes`` makes libzmq drop the sender's connection
+    (and whatever else was in flight on it); it never reaches the scheduler. libzmq checks
+    each frame, not their sum: a bound on a whole message is the receiver's to check.
+
+    With ``server_keys`` both sockets are CURVE servers admitting ``allowed_client_keys``
+    (z85; ``server_keys.clients`` when None). One context holds one authenticator, so
+    bind once per context at a time.
+    """
+    guard = None
+    if server_keys is not None:
+        allowed = server_keys.clients if allowed_client_keys is None else allowed_client_keys
+        # Started before binding: a client that connects first must meet the check too.
+        guard = _CurveGuard(ctx, frozenset(allowed))
+    made: list[zmq.Socket] = []
+    try:
+        control = ctx.socket(zmq.ROUTER)
+        made.append(control)
+        _scheduler_options(control, max_message_bytes)
+        # Unroutable replies (the worker is gone) are dropped, not raised in the loop.
+        control.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # A restarted worker reconnects under the same identity and takes the route over.
+        control.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        events = ctx.socket(zmq.PUB)
+        made.append(events)
+        _scheduler_options(events, max_message_bytes)
+        events.setsockopt(zmq.SNDHWM, EVENTS_HWM)
+        if server_keys is not None:
+            _curve_server(control, server_keys, _ZAP_DOMAINS["control"])
+            _curve_server(events, server_keys, _ZAP_DOMAINS["events"])
+        monitors = tuple(s.get_monitor_socket(_HANDSHAKE_FAILURES) for s in (control, events))
+        made.extend(monitors)
+        _bind(control, control_endpoint)
+        _bind(events, events_endpoint)
+    except BaseException:
+        for socket in made:
+            socket.close(linger=0)
+        if guard is not None:
+            guard.stop()
+        raise
+    return BoundSockets(
+        control=control,
+        events=events,
+        control_endpoint=_last_endpoint(control),
+        events_endpoint=_last_endpoint(events),
+        monitors=monitors,
+        _guard=guard,
+    )
+
+
+def _scheduler_options(socket: zmq.Socket, max_message_bytes: int) -> None:
+    socket.setsockopt(zmq.LINGER, _SCHEDULER_LINGER_MS)
+    socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    _keepalive(socket)
+
+
+def _curve_server(socket: zmq.Socket, keys: ServerKeys, domain: bytes) -> None:
+    socket.setsockopt(zmq.CURVE_SERVER, 1)
+    socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    socket.setsockopt(zmq.ZAP_DOMAIN, domain)  # tells the authenticator which socket asks
+
+
+def _bind(socket: zmq.Socket, endpoint: str) -> None:
+    if endpoint.startswith("tcp://["):
+        socket.setsockopt(zmq.IPV6, 1)
+    socket.bind(endpoint)
+
+
+def _last_endpoint(socket: zmq.Socket) -> str:
+    # The port the OS chose for a "*" bind, or the path of an ipc:// one.
+    return socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+
+class _CurveGuard:
+    """The ZAP authenticator: admits only the allowed client keys and notes every refusal."""
+
+    def __init__(self, ctx: zmq.Context, allowed: frozenset[bytes]) -> None:
+        self._allowed = allowed
+        self._domains = {v.decode(): k for k, v in _ZAP_DOMAINS.items()}
+        self._denied: collections.deque[str] = collections.deque(maxlen=_MAX_UNREAD_FAILURES)
+        self._auth = ThreadAuthenticator(ctx)
+        self._auth.start()
+        for domain in self._domains:
+            self._auth.configure_curve_callback(domain, credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """Called by the authenticator's thread for every CURVE handshake."""
+        if key in self._allowed:
+            return True
+        socket = self._domains.get(domain, domain)
+        self._denied.append(f"{socket}: refused a client whose key {key.decode()} is not allowed")
+        return False
+
+    def take_denied(self) -> list[str]:
+        taken = []
+        while self._denied:
+            taken.append(self._denied.popleft())
+        return taken
+
+    def stop(self) -> None:
+        self._auth.stop()
+
+
+def _read_monitor(name: str, monitor: zmq.Socket) -> list[str]:
+    found = []
+    while True:
+        try:
+            event = recv_monitor_message(monitor, zmq.NOBLOCK)
+        except zmq.Again:
+            return found
+        description = _describe_failure(int(event["event"]), int(event["value"]))
+        if description is not None:
+            found.append(f"{name}: {description}")
+
+
+def _describe_failure(event: int, value: int) -> str | None:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        # A denial (400) comes from _CurveGuard.callback, which already noted it with the key.
+        if value == _ZAP_DENIED:
+            return None
+        return f"refused a client: the authenticator answered {value}"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        name = _PROTOCOL_ERRORS.get(value, hex(value))
+        hint = _PROTOCOL_HINTS.get(value)
+        return f"refused a client: handshake error {name}" + (f" ({hint})" if hint else "")
+    # The client saw the problem first (no CURVE keys, say) and hung up, or it timed out.
+    return "a client's handshake failed with no detail (the client hung up or timed out)"
+
+
+# --- a worker's side --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class WorkerSockets:
+    control: zmq.Socket
+    events: zmq.Socket
+
+
+def connect_worker_sockets(
+    ctx: zmq.Context,
+    control_endpoint: str,
+    events_endpoint: str,
+    *,
+    identity: str,
+    max_message_bytes: int,
+    client_keys: ClientKeys | None = None,
+) -> WorkerSockets:
+    """A worker's DEALER and SUB (subscribed to nothing yet), connecting in the background."""
+    control = connect_dealer(
+        ctx,
+        control_endpoint,
+        identity=identity,
+        max_message_bytes=max_message_bytes,
+        client_keys=client_keys,
+    )
+    try:
+        events = connect_subscriber(
+            ctx, events_endpoint, max_message_bytes=max_message_bytes, client_keys=client_keys
+        )
+    except BaseException:
+        control.close(linger=0)
+        raise
+    return WorkerSockets(control=control, events=events)
+
+
+def connect_dealer(
+    ctx: zmq.Context,
+    endpoint: str,
+    *,
+    identity: str,
+    max_message_bytes: int,
+    client_keys: ClientKeys | None = None,
+) -> zmq.Socket:
+    """A DEALER to the scheduler's ROUTER, known there by ``identity``.
+
+    IMMEDIATE: while no connection is up, a send does not queue (it would raise
+    ``zmq.Again`` with NOBLOCK), so nothing waits in libzmq to reach a scheduler later.
+    """
+    socket = ctx.socket(zmq.DEALER)
+    try:
+        socket.setsockopt(zmq.IDENTITY, identity.encode())
+        socket.setsockopt(zmq.IMMEDIATE, 1)
+        socket.setsockopt(zmq.LINGER, 0)  # a request not sent by close is given up
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        _client_options(socket, endpoint, client_keys)
+    except BaseException:
+        socket.close(linger=0)
+        raise
+    return socket
+
+
+def connect_subscriber(
+    ctx: zmq.Context,
+    endpoint: str,
+    *,
+    max_message_bytes: int,
+    client_keys: ClientKeys | None = None,
+) -> zmq.Socket:
+    """A SUB to the scheduler's PUB, with no subscription yet."""
+    socket = ctx.socket(zmq.SUB)
+    try:
+        socket.setsockopt(zmq.RCVHWM, EVENTS_HWM)  # see EVENTS_HWM
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        _client_options(socket, endpoint, client_keys)
+    except BaseException:
+        socket.close(linger=0)
+        raise
+    return socket
+
+
+def _client_options(socket: zmq.Socket, endpoint: str, keys: ClientKeys | None) -> None:
+    _keepalive(socket)
+    if keys is not None:
+        socket.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
+        socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+        socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    if endpoint.startswith("tcp://["):
+        socket.setsockopt(zmq.IPV6, 1)
+    socket.connect(endpoint)
+
+
+def _keepalive(socket: zmq.Socket) -> None:
+    socket.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_IDLE, _KEEPALIVE_IDLE_S)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_INTVL, _KEEPALIVE_INTERVAL_S)
+    socket.setsockopt(zmq.TCP_KEEPALIVE_CNT, _KEEPALIVE_COUNT)
