@@ -7,12 +7,14 @@ scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.service.process import endpoints_file, read_endpoints
 
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
@@ -32,9 +34,23 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     return specs
 
 
+def _forget_dead_scheduler(cfg: RunConfig) -> None:
+    """A scheduler killed outright leaves its endpoints behind; workers must not dial them."""
+    found = read_endpoints(cfg)
+    if found is None:
+        return
+    try:
+        os.kill(int(found["pid"]), 0)
+    except ProcessLookupError:
+        endpoints_file(cfg).unlink(missing_ok=True)
+    except PermissionError:
+        pass  # alive, another user's: the scheduler's journal lock will say so
+
+
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:
     run = RunDir(Path(cfg.run.dir))
     run.logs.mkdir(parents=True, exist_ok=True)
+    _forget_dead_scheduler(cfg)
     specs = local_specs(cfg, config_args, resume=resume)
     print(
         f"asyncrl run: {cfg.run.name} in {run.root}: scheduler and {len(specs) - 1} workers; "

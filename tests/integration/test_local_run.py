@@ -1,0 +1,57 @@
+"""``asyncrl run``: the whole pipeline from one command, Ctrl-C, and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def asyncrl_run(c: Cluster, *extra: str, work: str = "") -> subprocess.Popen[bytes]:
+    log = open(c.logs / "asyncrl-run.log", "ab")  # noqa: SIM115 - the child owns it
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    env = {**os.environ, "ASYNCRL_DEMO_WORK_S": work}  # the supervisor passes it on
+    return subprocess.Popen([*argv, *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def test_one_command_runs_the_pipeline_to_the_end(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, run={"total_steps": 8})
+    proc = asyncrl_run(c)
+    assert proc.wait(150) == 0, c.log_text("asyncrl-run")
+    c.check_exactly_once()
+    run_logs = c.run_dir / "logs"
+    for name in ("scheduler", *(f"{role}-0" for role in ROLES)):
+        lines = (run_logs / f"{name}.log").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        assert records and all(r["process"] == name for r in records), name
+    assert "step 8/8" in c.log_text("asyncrl-run")
+    assert processes_mentioning(str(c.config_path)) == []
+
+
+def test_ctrl_c_stops_everything_and_resume_finishes_the_run_exactly(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, run={"total_steps": 1000})
+    proc = asyncrl_run(c, work="train=0.1")
+    wait_for(lambda: c.steps_done() >= 3, 90, "three train steps")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+    assert wait_for(lambda: not processes_mentioning(str(c.config_path)), 10, "no process left")
+    done = c.steps_done()
+    assert done < 1000
+    c.config["run"]["total_steps"] = done + 4
+    c.config_path.write_text(yaml.safe_dump(c.config))
+    again = asyncrl_run(c, "--resume")
+    assert again.wait(150) == 0, c.log_text("asyncrl-run")
+    c.check_exactly_once()
+    time.sleep(0.2)
+    assert processes_mentioning(str(c.config_path)) == []
