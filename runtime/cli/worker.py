@@ -1,18 +1,49 @@
-"""``asyncrl-worker``: one stateless worker process per role. ``roles`` for now.
+"""``asyncrl-worker``: one stateless worker process for one role of a run.
 
-asyncrl-worker roles       # each role's stages: what it consumes and what it produces
+    asyncrl-worker --role generate --scheduler tcp://HOST:PORT [--events tcp://HOST:PORT]
+                   [-c run.yaml] [--index N] [section.key=value ...]
+    asyncrl-worker roles       # each role's stages: what it consumes and what it produces
+
+The role's code is ``ROLES[role]`` of the module ``pipeline.actors`` names. The events
+endpoint defaults to the control port + 1. Without ``--scheduler`` the worker dials the
+scheduler serving ``run.dir`` (its ``endpoints.json``; else the configured host and ports).
+The name is ``ROLE-N`` with ``--index N``, else ``ROLE-HOST-PID``. SIGTERM or Ctrl-C: the
+current lease is finished first; a second one hurries.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import signal
+import sys
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from asyncrl.actors.worker import Actor, Worker, default_worker_name
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
+from asyncrl.runtime.logs import configure_logging
+from asyncrl.runtime.service.build import keys_dir
+from asyncrl.runtime.service.process import endpoints_file, next_port, read_endpoints
+from asyncrl.transport import protocol as p
+from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
+from asyncrl.transport.sockets import tcp_endpoint
+from asyncrl.transport.zmq_link import ZmqLink
 
-from ._common import run_command
+from ._common import UsageError, add_config_arguments, config_from_args, run_command
 
 __all__ = ["main"]
+
+_ENDPOINTS_WAIT_S = 60.0  # how long a worker started beside its scheduler waits for it
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoints:
+    control: str
+    events: str
+    curve: bool
 
 
 def _roles(_args: argparse.Namespace) -> int:
@@ -22,17 +53,138 @@ def _roles(_args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="asyncrl-worker", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(title="commands")
-    commands.add_parser("roles", help="list the roles and their stages").set_defaults(
-        handler=_roles
+def _serve(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    actor_class = load_actor_class(cfg.pipeline.actors, args.role)
+    name = default_worker_name(args.role) if args.index is None else f"{args.role}-{args.index}"
+    configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
+    where = _endpoints(args, cfg)
+    return _run_worker(actor_class(), cfg, name, where)
+
+
+def _run_worker(actor: Actor, cfg: RunConfig, name: str, where: _Endpoints) -> int:
+    try:
+        keys = load_client_keys(keys_dir(cfg)) if where.curve else None
+    except KeyFileError as error:
+        raise UsageError(str(error)) from None
+    worker: Worker | None = None
+
+    def late_reply(message: p.Message) -> None:
+        if worker is not None:
+            worker.late_reply(message)
+
+    link = ZmqLink(
+        where.control,
+        where.events,
+        identity=name,
+        max_message_bytes=cfg.scheduler.max_message_mb << 20,
+        client_keys=keys,
+        on_late_reply=late_reply,
     )
+    try:
+        worker = running = Worker(actor, link, cfg, name=name)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda _signum, _frame: running.stop())
+        return running.run()
+    finally:
+        link.close()
+
+
+def load_actor_class(module_name: str, role: str) -> type[Actor]:
+    """``ROLES[role]`` of ``module_name``; UsageError naming what is missing."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"pipeline.actors: cannot import {module_name!r}: {error}") from None
+    roles = getattr(module, "ROLES", None)
+    if not isinstance(roles, dict):
+        raise UsageError(f"pipeline.actors: {module_name} has no ROLES mapping of role to class")
+    if role not in roles:
+        known = ", ".join(sorted(roles))
+        raise UsageError(f"{module_name}.ROLES has no role {role!r}; it has: {known}")
+    actor_class = roles[role]
+    if getattr(actor_class, "role", None) != role:
+        raise UsageError(f"{module_name}.ROLES[{role!r}] is a class whose role is not {role!r}")
+    return actor_class
+
+
+def _endpoints(args: argparse.Namespace, cfg: RunConfig) -> _Endpoints:
+    if args.scheduler:
+        return _given_endpoints(args.scheduler, args.events, cfg)
+    if args.events:
+        raise UsageError("--events needs --scheduler")
+    return _run_endpoints(cfg)
+
+
+def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> _Endpoints:
+    if events is None:
+        if not control.startswith("tcp://"):
+            raise UsageError(f"--scheduler {control}: give --events too (not a tcp:// endpoint)")
+        try:
+            events = next_port(control)
+        except ValueError as error:
+            raise UsageError(f"--scheduler: {error}") from None
+    return _Endpoints(control, events, curve_required(_host_of(control), cfg.scheduler.curve))
+
+
+def _host_of(endpoint: str) -> str:
+    if not endpoint.startswith("tcp://"):
+        return "localhost"  # ipc:// and inproc:// never leave the machine
+    return endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+
+
+def _run_endpoints(cfg: RunConfig) -> _Endpoints:
+    """Where the scheduler serving ``run.dir`` listens, as it announced it or as configured."""
+    sched = cfg.scheduler
+    deadline = time.monotonic() + _ENDPOINTS_WAIT_S
+    while True:
+        found = read_endpoints(cfg)
+        if found is not None:
+            return _Endpoints(found["control"], found["events"], bool(found["curve"]))
+        if sched.control_port and sched.events_port:
+            # Fixed ports: dial them now; the link connects once the scheduler is up.
+            return _Endpoints(
+                tcp_endpoint(sched.host, sched.control_port),
+                tcp_endpoint(sched.host, sched.events_port),
+                curve_required(sched.host, sched.curve),
+            )
+        if time.monotonic() >= deadline:
+            raise UsageError(
+                f"no scheduler announced itself in {endpoints_file(cfg)} within "
+                f"{_ENDPOINTS_WAIT_S:g}s; start one or pass --scheduler tcp://HOST:PORT"
+            )
+        time.sleep(0.2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's own command line (``asyncrl-worker roles`` is :func:`build_roles_parser`)."""
+    parser = argparse.ArgumentParser(
+        prog="asyncrl-worker",
+        description=__doc__.splitlines()[0],
+        epilog="`asyncrl-worker roles` lists each role's stages.",
+    )
+    parser.add_argument("--role", required=True, help="the role to serve, e.g. generate")
+    parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="the control endpoint")
+    parser.add_argument("--events", metavar="tcp://HOST:PORT", help="the events endpoint")
+    parser.add_argument("--index", type=int, help="this worker's number within its role")
+    add_config_arguments(parser)
+    parser.set_defaults(handler=_serve)
+    return parser
+
+
+def build_roles_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl-worker roles", description="list the roles and their stages"
+    )
+    parser.set_defaults(handler=_roles)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command("asyncrl-worker", build_parser(), argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["roles"]:
+        return run_command("asyncrl-worker", build_roles_parser(), args[1:])
+    return run_command("asyncrl-worker", build_parser(), args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,487 @@
+"""The worker: one role's code (an :class:`Actor`) driven over one SchedulerLink.
+
+A role subclasses :class:`Actor` and fills in hooks; :class:`Worker` does the talking.
+Role code never sees a socket, a retry or a heartbeat. The loop::
+
+    Hello → Ready                      register (a protocol mismatch is fatal: exit 1)
+    Claim(n) → Lease  → process        → Complete (or Fail if process raised)
+             → NoWork                  wait for a wake-up event, or poll_s, then claim again
+             → Want(k) → feed(k)       → AddGroups (the dataloader)
+             → Shutdown                → Bye, exit 0
+
+Beside it a heartbeat thread renews the worker's leases. A generator (an actor that
+overrides ``on_version``) loads each published version between leases and reports it
+with LoadedVersion; a trainer (``publishes_versions``) announces the scheduler's step
+count as a version after each acknowledged step.
+
+Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
+be restarting), so a Complete whose reply was lost is sent again with the same lease and
+fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
+the worker (``unknown_worker``) gets a new Hello, then the request again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import structlog
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.core.effects import Reason
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.service.events import wakeup_topics
+from asyncrl.transport import protocol as p
+from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
+from asyncrl.transport.topics import Topic, topic
+
+__all__ = ["Actor", "Outcome", "Pacing", "Worker", "WorkerContext", "default_worker_name"]
+
+log = structlog.get_logger("asyncrl.worker")
+
+VERSION_PUBLISHED = topic(Topic.VERSION, "published")
+_LEASE_ENDED = frozenset({Reason.STALE_FENCE, Reason.UNKNOWN_LEASE})
+_FIRST_BACKOFF_S = 0.05
+_BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
+_MAX_REASON = 500  # characters of an exception kept in a Fail's reason
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerContext:
+    """What an actor knows at start: who it is, the run's config and the scheduler's pace."""
+
+    worker: str
+    role: str
+    config: RunConfig
+    run: str
+    heartbeat_interval_s: float
+    lease_timeout_s: float
+    max_message_bytes: int
+    policy_version: int  # the newest published weights when the worker registered
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What ``process`` made of a lease: one result per group, and a train step's metrics."""
+
+    results: tuple[p.Result, ...]
+    metrics: p.Payload | None = None
+
+
+class Actor:
+    """A role's code. Subclass it, set ``role``, and override the hooks the role needs.
+
+    Hooks run on the worker's main thread, one at a time.
+    """
+
+    role: ClassVar[str]
+    claim_size: ClassVar[int] = 1  # groups asked for per claim (the dataloader: per AddGroups)
+    publishes_versions: ClassVar[bool] = False  # the trainer: announce each trained step
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        """The worker is registered; load what the role needs."""
+
+    def process(self, lease: p.Lease) -> Outcome:
+        """Do the lease's work. Raise to give every group back to be tried again."""
+        raise NotImplementedError(f"{type(self).__name__} does not process leases")
+
+    def feed(self, wanted: int) -> Sequence[p.NewGroup]:
+        """Up to ``wanted`` new groups (the dataloader). Keys already known are skipped."""
+        raise NotImplementedError(f"{type(self).__name__} does not feed groups")
+
+    def on_version(self, version: int) -> int | None:
+        """``version`` was published: load it (or not); return the version now loaded.
+
+        Only generators override this; the worker then reports what they load.
+        """
+        return None
+
+    def on_publish(self, version: int) -> None:
+        """Make ``version``'s weights available before it is announced; raise to not."""
+
+    def on_stop(self) -> None:
+        """The worker is leaving; release what ``on_start`` took."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """How often a worker asks, and how long it waits; the defaults suit a real run."""
+
+    poll_s: float = 0.5  # idle: claim again after this long without a wake-up event
+    request_timeout_s: float = 5.0  # a request unanswered this long is sent again
+    max_backoff_s: float = 5.0  # the longest pause between two tries
+    stop_retry_s: float = 30.0  # how long a stopping worker retries handing back its lease
+    version_check_s: float = 2.0  # events may drop: an idle generator asks this often
+
+
+class _Fatal(Exception):
+    """The worker cannot go on (refused registration, an actor that fails to start)."""
+
+
+class _GaveUp(Exception):
+    """A request was abandoned because the worker is stopping."""
+
+
+def default_worker_name(role: str) -> str:
+    return f"{role}-{socket.gethostname()}-{os.getpid()}"
+
+
+class Worker:
+    """Runs one Actor on one link until the run ends or ``stop()`` is called."""
+
+    def __init__(
+        self,
+        actor: Actor,
+        link: SchedulerLink,
+        config: RunConfig,
+        *,
+        name: str | None = None,
+        pacing: Pacing = Pacing(),
+        pipeline: Pipeline = DEFAULT_PIPELINE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.actor = actor
+        self.link = link
+        self.config = config
+        self.role = actor.role
+        self.name = name or default_worker_name(self.role)
+        self.pacing = pacing
+        self.pipeline = pipeline
+        self.clock = clock
+        self._stop_requests = 0  # a plain counter: set from a signal handler
+        self._done = threading.Event()  # the main loop has ended: the heartbeat thread ends
+        self._ready: p.Ready | None = None
+        self._tracks_versions = type(actor).on_version is not Actor.on_version
+        self._loaded: int | None = None
+        self._newest = 0  # the newest published version this worker has heard of
+        self._version_checked = clock()
+        self._settled = 0  # leases completed or failed, as the scheduler took them
+        self._log = log.bind(worker=self.name, role=self.role)
+
+    # --- the public surface ----------------------------------------------------------
+
+    def run(self) -> int:
+        """Register, work until the run ends or ``stop()``, leave. Returns the exit code."""
+        try:
+            self._start()
+        except (_Fatal, _GaveUp, LinkClosed) as error:
+            return self._finish(error)
+        beats = threading.Thread(target=self._heartbeats, name=f"{self.name}-heartbeat")
+        beats.daemon = True
+        beats.start()
+        try:
+            self._loop()
+            error = None
+        except (_Fatal, _GaveUp, LinkClosed) as caught:
+            error = caught
+        finally:
+            self._done.set()
+            beats.join(_BYE_S)  # a beat in flight to a scheduler that is gone is not awaited
+        return self._finish(error)
+
+    def stop(self) -> None:
+        """Finish the current lease, then leave. Safe from a signal handler; twice: hurry."""
+        self._stop_requests += 1
+
+    def late_reply(self, message: p.Message) -> None:
+        """For the link: a reply that came after its request timed out.
+
+        A Lease that came too late was retried as another claim, so nobody works on it:
+        give it back now rather than hold its groups (heartbeats would keep renewing it).
+        """
+        if not isinstance(message, p.Lease):
+            return
+        self._log.warning("a lease came too late; giving it back", lease=message.lease_id)
+        fail = p.Fail(self.name, message.lease_id, message.fence, None, "lease arrived too late")
+        # If the worker is leaving, the lease ends with its registration anyway.
+        with contextlib.suppress(_GaveUp, LinkClosed):
+            self._retry(fail)
+
+    # --- start and end ---------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.link.subscribe(wakeup_topics(self.role, self.pipeline))
+        ready = self._register()
+        try:
+            self.actor.on_start(self._context(ready))
+        except Exception as error:
+            self._log.exception("the actor failed to start")
+            raise _Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
+        if self._tracks_versions:
+            self.link.subscribe([VERSION_PUBLISHED])
+            self._load_newest()
+        if self.actor.publishes_versions:
+            self._publish_trained()
+
+    def _context(self, ready: p.Ready) -> WorkerContext:
+        return WorkerContext(
+            worker=self.name,
+            role=self.role,
+            config=self.config,
+            run=ready.run,
+            heartbeat_interval_s=ready.heartbeat_interval_s,
+            lease_timeout_s=ready.lease_timeout_s,
+            max_message_bytes=ready.max_message_bytes,
+            policy_version=ready.policy_version,
+        )
+
+    def _register(self) -> p.Ready:
+        reply = self._retry(p.Hello(self.name, self.role, p.PROTOCOL_VERSION, os.getpid()))
+        if isinstance(reply, p.Error):
+            raise _Fatal(f"the scheduler refused this worker ({reply.code}): {reply.detail}")
+        if not isinstance(reply, p.Ready):
+            raise _Fatal(f"the scheduler answered Hello with {type(reply).__name__}")
+        first = self._ready is None
+        self._ready = reply
+        self._newest = max(self._newest, reply.policy_version)
+        self._log.info("registered" if first else "registered again", run=reply.run)
+        if not first and self._loaded is not None:
+            self._report_loaded()  # a new registration starts with nothing loaded
+        return reply
+
+    def _finish(self, error: BaseException | None) -> int:
+        """Leave the scheduler, stop the actor; the exit code says whether it went well."""
+        if self._ready is not None and not isinstance(error, LinkClosed):
+            self._say_bye("stopped" if self._stopping else "failed" if error else "run over")
+        self._stop_actor()
+        if error is None or (self._stopping and not isinstance(error, _Fatal)):
+            self._log.info("worker done", leases=self._settled)
+            return 0
+        self._log.error("worker failed", error=f"{type(error).__name__}: {error}")
+        return 1
+
+    def _say_bye(self, reason: str) -> None:
+        try:  # once, briefly: a scheduler that is gone has forgotten us already
+            self.link.request(p.Bye(self.name, reason), min(self.pacing.request_timeout_s, _BYE_S))
+        except (LinkTimeout, LinkClosed):
+            self._log.info("leaving without a goodbye: the scheduler did not answer")
+
+    def _stop_actor(self) -> None:
+        if self._ready is None:
+            return
+        try:
+            self.actor.on_stop()
+        except Exception:
+            self._log.exception("the actor failed to stop cleanly")
+
+    @property
+    def _stopping(self) -> bool:
+        return self._stop_requests > 0
+
+    # --- the loop --------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._take_events(0)
+            reply = self._call(p.Claim(self.name, self.role, self.actor.claim_size))
+            if isinstance(reply, p.Shutdown):
+                self._log.info("the scheduler says the run is over", reason=reply.reason)
+                return
+            self._handle(reply)
+        self._log.info("stopping, as asked")
+
+    def _handle(self, reply: p.Message) -> None:
+        match reply:
+            case p.Lease():
+                self._work(reply)
+            case p.Want(count) if count > 0:
+                self._feed(count)
+            case p.NoWork() | p.Want():
+                self._idle()
+            case p.Error(code) if code == Reason.BAD_VERSION and self._loaded is not None:
+                self._report_loaded()  # the scheduler lost what we loaded: tell it again
+            case _:
+                self._log.warning("claim not granted", reply=_describe(reply))
+                self._idle()
+
+    def _work(self, lease: p.Lease) -> None:
+        try:
+            outcome = self.actor.process(lease)
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
+            self._log.warning("lease failed", lease=lease.lease_id, reason=reason, exc_info=True)
+            self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
+            return
+        done = p.Complete(self.name, lease.lease_id, lease.fence, outcome.results, outcome.metrics)
+        if self._settle(done) and self.actor.publishes_versions:
+            self._publish_trained()
+
+    def _settle(self, message: p.Complete | p.Fail) -> bool:
+        """Send a lease's end; True once the scheduler took it."""
+        reply = self._call(message)
+        if isinstance(reply, p.Ack):
+            self._settled += 1
+            return True
+        if isinstance(reply, p.Error) and reply.code in _LEASE_ENDED:
+            self._log.warning("result dropped: lease ended", lease=message.lease_id)
+            return False
+        self._log.error("result refused", lease=message.lease_id, reply=_describe(reply))
+        if isinstance(message, p.Complete):
+            # Give the groups back now: heartbeats would otherwise keep the lease alive.
+            reason = f"result refused: {_describe(reply)}"[:_MAX_REASON]
+            self._settle(p.Fail(self.name, message.lease_id, message.fence, None, reason))
+        return False
+
+    def _feed(self, wanted: int) -> None:
+        try:
+            groups = tuple(self.actor.feed(wanted))
+        except Exception:
+            self._log.exception("feed failed")
+            groups = ()
+        if not groups:
+            self._idle()
+            return
+        reply = self._call(p.AddGroups(self.name, groups))
+        if isinstance(reply, p.Added):
+            self._log.debug("groups added", added=len(reply.added), skipped=len(reply.skipped))
+        else:
+            self._log.warning("groups not added", reply=_describe(reply))
+            self._idle()
+
+    def _idle(self) -> None:
+        """Nothing to do now: wait for a wake-up (or the slow poll), then look again."""
+        self._take_events(self.pacing.poll_s)
+        due = self.clock() - self._version_checked >= self.pacing.version_check_s
+        if self._tracks_versions and due:
+            self._check_version()
+
+    def _take_events(self, timeout_s: float) -> None:
+        """Drain the wake-ups that came (waiting up to ``timeout_s`` for the first)."""
+        event = self.link.next_event(timeout_s)
+        while event is not None:
+            if event.topic == VERSION_PUBLISHED:
+                self._heard_of(event.body.get("version"))
+            event = self.link.next_event(0)
+        self._load_newest()
+
+    # --- versions --------------------------------------------------------------------
+
+    def _heard_of(self, version: object) -> None:
+        if isinstance(version, int):
+            self._newest = max(self._newest, version)
+            self._version_checked = self.clock()
+
+    def _check_version(self) -> None:
+        summary = self._status()
+        if summary is not None:
+            self._heard_of(summary.get("policy_version"))
+        self._version_checked = self.clock()
+        self._load_newest()
+
+    def _load_newest(self) -> None:
+        if not self._tracks_versions:
+            return
+        if self._loaded is not None and self._newest <= self._loaded:
+            return
+        try:
+            loaded = self.actor.on_version(self._newest)
+        except Exception:
+            self._log.exception("version not loaded", version=self._newest)
+            return
+        if loaded is not None and loaded != self._loaded:
+            self._loaded = loaded
+            self._log.info("loaded a policy version", version=loaded)
+            self._report_loaded()
+
+    def _report_loaded(self) -> None:
+        assert self._loaded is not None
+        reply = self._call(p.LoadedVersion(self.name, self._loaded), reregister=False)
+        if not isinstance(reply, p.Ack):
+            self._log.warning("loaded version not taken", reply=_describe(reply))
+
+    def _publish_trained(self) -> None:
+        """Announce the scheduler's step count as the policy version, if it is ahead."""
+        summary = self._status()
+        if summary is None:
+            return
+        steps, published = summary.get("steps_done", 0), summary.get("policy_version", 0)
+        if steps <= published:
+            return
+        try:
+            self.actor.on_publish(steps)
+        except Exception:
+            self._log.exception("version not published", version=steps)
+            return
+        reply = self._call(p.PublishVersion(self.name, steps))
+        if isinstance(reply, p.Ack):
+            self._log.info("published a policy version", version=steps)
+        else:  # another trainer published first, or a step landed meanwhile: the next one will
+            self._log.info("version not published", version=steps, reply=_describe(reply))
+
+    def _status(self) -> dict[str, Any] | None:
+        reply = self._retry(p.Status())
+        if isinstance(reply, p.StatusReply):
+            return reply.summary
+        self._log.warning("status not answered", reply=_describe(reply))
+        return None
+
+    # --- requests --------------------------------------------------------------------
+
+    def _call(self, message: p.Message, *, reregister: bool = True) -> p.Message:
+        """The reply to ``message``; registers again first if the scheduler forgot us."""
+        while True:
+            reply = self._retry(message)
+            if not (reregister and _is_error(reply, Reason.UNKNOWN_WORKER)):
+                return reply
+            self._log.warning("the scheduler does not know this worker; registering again")
+            self._register()
+
+    def _retry(self, message: p.Message) -> p.Message:
+        """Send until a reply comes, backing off; a stopping worker gives up in time."""
+        started, delay = self.clock(), _FIRST_BACKOFF_S
+        while True:
+            try:
+                return self.link.request(message, self.pacing.request_timeout_s)
+            except LinkTimeout:
+                if self._should_give_up(message, started):
+                    raise _GaveUp(f"{type(message).__name__}: no reply while stopping") from None
+                name = type(message).__name__
+                self._log.warning("no reply from the scheduler; retrying", request=name, in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, self.pacing.max_backoff_s)
+
+    def _should_give_up(self, message: p.Message, started: float) -> bool:
+        """A stopping worker retries only to end a lease it holds, and only for a while."""
+        if not self._stopping:
+            return False
+        if self._stop_requests > 1 or not isinstance(message, p.Complete | p.Fail):
+            return True
+        return self.clock() - started >= self.pacing.stop_retry_s
+
+    # --- heartbeats ------------------------------------------------------------------
+
+    def _heartbeats(self) -> None:
+        while not self._done.wait(self._heartbeat_interval()):
+            self._beat()
+
+    def _heartbeat_interval(self) -> float:
+        assert self._ready is not None
+        return self._ready.heartbeat_interval_s
+
+    def _beat(self) -> None:
+        # One try each: the next beat is the retry. The timeout is the long one: a link may
+        # reconnect after a timeout, which could cost the main loop's reply in flight.
+        # Registering again is the main loop's job (a forgotten worker's leases are gone
+        # anyway), so two threads never race it.
+        try:
+            reply = self.link.request(p.Heartbeat(self.name), self.pacing.request_timeout_s)
+        except (LinkTimeout, LinkClosed):
+            return
+        if isinstance(reply, p.Error):
+            self._log.warning("heartbeat refused", reply=_describe(reply))
+
+
+def _is_error(reply: p.Message, code: str) -> bool:
+    return isinstance(reply, p.Error) and reply.code == code
+
+
+def _describe(reply: p.Message) -> str:
+    if isinstance(reply, p.Error):
+        return f"{reply.code}: {reply.detail}"
+    return type(reply).__name__

@@ -1,0 +1,244 @@
+"""The worker loop against a scripted scheduler: what it sends for each reply it gets."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asyncrl.actors.demo import Dataloader, Generate, Logp, Train
+from asyncrl.actors.worker import Actor, Outcome, Pacing, Worker
+from asyncrl.runtime.config import RunConfig, config_from_dict
+from asyncrl.transport import protocol as p
+from asyncrl.transport.link import LinkTimeout
+
+Answer = p.Message | Exception
+
+
+class ScriptedLink:
+    """A SchedulerLink whose replies come from ``script`` (per kind) and sane defaults."""
+
+    def __init__(self, script: dict[type, list[Answer]] | None = None) -> None:
+        self.script = {kind: list(answers) for kind, answers in (script or {}).items()}
+        self.sent: list[p.Message] = []
+        self.prefixes: list[str] = []
+        self.events: queue.Queue[p.Event] = queue.Queue()
+        self.on_request: Callable[[p.Message], None] | None = None
+        self._lock = threading.Lock()
+
+    def request(self, message: p.Message, timeout_s: float) -> p.Message:
+        p.decode(p.encode(message))  # only what the wire allows
+        with self._lock:
+            self.sent.append(message)
+            answers = self.script.get(type(message))
+            answer = answers.pop(0) if answers else _default(message)
+        if self.on_request is not None:
+            self.on_request(message)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def subscribe(self, prefixes: Sequence[str]) -> None:
+        self.prefixes.extend(prefixes)
+
+    def next_event(self, timeout_s: float) -> p.Event | None:
+        try:
+            return self.events.get(timeout=timeout_s) if timeout_s > 0 else self.events.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+    def kinds(self, *ignore: type) -> str:
+        """The kinds of what was sent, in order, heartbeats (and ``ignore``) left out."""
+        skip = (p.Heartbeat, *ignore)
+        return " ".join(type(m).__name__ for m in self.sent if not isinstance(m, skip))
+
+    def of(self, kind: type) -> list[p.Message]:
+        return [m for m in self.sent if isinstance(m, kind)]
+
+
+def _default(message: p.Message) -> p.Message:
+    match message:
+        case p.Hello():
+            return p.Ready(message.worker, "test", p.PROTOCOL_VERSION, 0.05, 5.0, 1 << 20, 0)
+        case p.Claim():
+            return p.Shutdown("the run is finished")
+        case p.Status():
+            return p.StatusReply({"steps_done": 0, "policy_version": 0})
+    return p.Ack()
+
+
+def lease(lease_id: int, *keys: int, role: str = "logp", version: int | None = None) -> p.Lease:
+    tokens = {"tokens": np.arange(3, dtype=np.int32)}
+    items = tuple(
+        p.Item(i, f"q{i:06d}", {"generate": tokens, "dataloader": {"x": i}}) for i in keys
+    )
+    return p.Lease(lease_id, lease_id + 100, role, 5.0, version, items)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> RunConfig:
+    return config_from_dict({"run": {"dir": str(tmp_path / "run")}})
+
+
+def make_worker(actor: Actor, link: ScriptedLink, cfg: RunConfig, stop_s: float = 30.0) -> Worker:
+    pacing = Pacing(poll_s=0.01, max_backoff_s=0.01, version_check_s=0.05, stop_retry_s=stop_s)
+    return Worker(actor, link, cfg, name=f"{actor.role}-0", pacing=pacing)
+
+
+def test_a_lease_is_processed_completed_and_the_worker_leaves_at_shutdown(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 7), p.NoWork("idle")]})
+    assert make_worker(Logp(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Claim Complete Claim Claim Bye"
+    (done,) = link.of(p.Complete)
+    assert (done.lease_id, done.fence) == (1, 101)
+    assert done.results == (p.Result(7, {"logp": 1.5}),)
+
+
+class Boom(Logp):
+    def process(self, lease: p.Lease) -> Outcome:
+        raise ValueError("bad input")
+
+
+def test_a_raising_process_fails_the_lease_and_the_worker_goes_on(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [lease(3, 1, 2)]})
+    assert make_worker(Boom(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Claim Fail Claim Bye"
+    assert link.of(p.Fail) == [p.Fail("logp-0", 3, 103, None, "ValueError: bad input")]
+
+
+def test_a_protocol_mismatch_is_fatal(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Hello: [p.Error("protocol", "worker speaks 1; this speaks 2")]})
+    assert make_worker(Logp(), link, cfg).run() == 1
+    assert link.kinds() == "Hello"
+
+
+def test_requests_are_retried_while_the_scheduler_does_not_answer(cfg: RunConfig) -> None:
+    timeout = LinkTimeout("no reply")
+    link = ScriptedLink({p.Hello: [timeout, timeout], p.Claim: [timeout, lease(1, 4)]})
+    link.script[p.Complete] = [timeout]  # the reply to the first Complete is lost
+    assert make_worker(Logp(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Hello Hello Claim Claim Complete Complete Claim Bye"
+    completes = link.of(p.Complete)
+    assert len(completes) == 2 and completes[0] == completes[1]  # the same lease and fence
+
+
+def test_a_complete_for_a_lease_that_ended_is_dropped(cfg: RunConfig) -> None:
+    ended = p.Error("stale_fence", "lease 1 has ended")
+    link = ScriptedLink({p.Claim: [lease(1, 4)], p.Complete: [ended]})
+    assert make_worker(Logp(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Claim Complete Claim Bye"
+
+
+def test_a_refused_complete_gives_the_groups_back(cfg: RunConfig) -> None:
+    refused = p.Error("bad_result", "a logp completion takes no behaviour versions")
+    link = ScriptedLink({p.Claim: [lease(1, 4)], p.Complete: [refused]})
+    assert make_worker(Logp(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Claim Complete Fail Claim Bye"
+
+
+def test_a_forgotten_worker_registers_again_and_retries(cfg: RunConfig) -> None:
+    forgotten = p.Error("unknown_worker", "worker 'generate-0' is not registered")
+    link = ScriptedLink({p.Claim: [forgotten, lease(1, 2, role="generate", version=0)]})
+    assert make_worker(Generate(), link, cfg).run() == 0
+    # A new registration holds no weights: the generator reports them again.
+    again = "Hello LoadedVersion Claim"
+    assert link.kinds(p.Status) == f"{again} {again} Complete Claim Bye"
+    (done,) = link.of(p.Complete)
+    assert done.results[0].behaviour == (0, 0)
+
+
+def test_a_generator_loads_each_published_version_and_reports_it(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [p.NoWork("stale"), lease(1, 5, role="generate", version=3)]})
+    link.events.put(p.Event(1, "version.published", {"version": 3}))
+    generate = Generate()
+    assert make_worker(generate, link, cfg).run() == 0
+    assert "version.published" in link.prefixes
+    assert [m.version for m in link.of(p.LoadedVersion)] == [0, 3]
+    assert link.of(p.Complete)[0].results[0].behaviour == (3, 3)
+
+
+def test_a_generator_asks_for_the_version_when_events_are_lost(cfg: RunConfig) -> None:
+    status = p.StatusReply({"steps_done": 2, "policy_version": 2})
+    link = ScriptedLink({p.Claim: [p.NoWork("stale")] * 10, p.Status: [status] * 10})
+    assert make_worker(Generate(), link, cfg).run() == 0
+    assert [m.version for m in link.of(p.LoadedVersion)] == [0, 2]
+
+
+def test_the_trainer_publishes_the_step_count_after_each_acknowledged_step(
+    cfg: RunConfig,
+) -> None:
+    batch = lease(1, 1, 2, role="train")
+    stages = {"logp": {"logp": 1.0}, "ref_logp": {"ref": -2.0}, "reward": {"reward": 1.0}}
+    batch_items = tuple(p.Item(i.gid, i.key, {**i.data, **stages}) for i in batch.items)
+    step = p.Lease(1, 101, "train", 5.0, None, batch_items)
+    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
+    link = ScriptedLink({p.Claim: [step], p.Status: [_default(p.Status()), after]})
+    assert make_worker(Train(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Status Claim Complete Status PublishVersion Claim Bye"
+    (done,) = link.of(p.Complete)
+    assert done.metrics is not None
+    assert done.metrics["groups"] == {"q000001": 3.0, "q000002": 3.0}
+    assert link.of(p.PublishVersion) == [p.PublishVersion("train-0", 1)]
+
+
+def test_stop_finishes_the_current_lease_then_leaves(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 4), lease(2, 5)]})
+    worker = make_worker(Logp(), link, cfg)
+
+    class StopsMidLease(Logp):
+        def process(self, lease: p.Lease) -> Outcome:
+            worker.stop()  # as SIGTERM would, while the lease is being worked on
+            return super().process(lease)
+
+    worker.actor = StopsMidLease()
+    assert worker.run() == 0
+    assert link.kinds() == "Hello Claim Complete Bye"
+
+
+def test_a_stopping_worker_gives_up_on_a_scheduler_that_is_gone(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 4)], p.Complete: [LinkTimeout("gone")] * 1000})
+    worker = make_worker(Logp(), link, cfg, stop_s=0.05)
+    link.on_request = lambda m: worker.stop() if isinstance(m, p.Complete) else None
+    assert worker.run() == 0
+    assert link.kinds().endswith("Complete Complete Bye")
+
+
+def test_a_lease_that_came_too_late_is_given_back(cfg: RunConfig) -> None:
+    link = ScriptedLink()
+    worker = make_worker(Logp(), link, cfg)
+    worker.late_reply(lease(9, 1))
+    worker.late_reply(p.Ack())
+    assert link.sent == [p.Fail("logp-0", 9, 109, None, "lease arrived too late")]
+
+
+def test_the_dataloader_feeds_what_the_scheduler_wants(cfg: RunConfig) -> None:
+    skipped = p.Added(("q000002",), ("q000000", "q000001"))
+    link = ScriptedLink({p.Claim: [p.Want(3), p.Want(0), p.Want(2)], p.AddGroups: [skipped]})
+    assert make_worker(Dataloader(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Claim AddGroups Claim Claim AddGroups Claim Bye"
+    first, second = link.of(p.AddGroups)
+    assert [g.key for g in first.groups] == ["q000000", "q000001", "q000002"]
+    assert [g.key for g in second.groups] == ["q000003", "q000004"]
+    assert second.groups[0].data == {"x": 3}
+
+
+def test_a_worker_stopped_before_the_scheduler_answers_leaves_at_once(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Hello: [LinkTimeout("nobody there")] * 1000})
+    worker = make_worker(Logp(), link, cfg)
+    link.on_request = lambda _m: worker.stop()
+    assert worker.run() == 0
+    assert link.kinds() == "Hello"  # not registered: no goodbye owed
+
+
+def test_heartbeats_go_on_while_a_long_lease_is_worked_on(cfg: RunConfig) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 4)]})
+    assert make_worker(Logp(work_s=0.3), link, cfg).run() == 0  # beats every 0.05 s
+    assert len(link.of(p.Heartbeat)) >= 2
+    assert link.kinds() == "Hello Claim Complete Claim Bye"
