@@ -76,11 +76,22 @@ class SchedulerCore:
         self.last_seen[worker] = now
         return Accepted()
 
-    def heartbeat(self, worker: str, now: float) -> Accepted | Rejected:
+    def heartbeat(
+        self, worker: str, now: float, held: Sequence[int] | None = None
+    ) -> Accepted | Rejected:
+        """The worker is alive; its leases are renewed (only those in ``held``, if given).
+
+        A worker names the leases it holds so that one it never received (the reply was
+        lost) is not kept alive by its heartbeats: that lease runs out and its groups go
+        back. Without ``held`` every lease of the worker is renewed.
+        """
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
         self.last_seen[worker] = now
         lids = [lease.lid for lease in self._leases_of(worker)]
+        if held is not None:
+            wanted = set(held)
+            lids = [lid for lid in lids if lid in wanted]
         if lids:
             self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
         return Accepted(len(lids))

@@ -247,3 +247,14 @@ def test_payload_counts_must_match() -> None:
     gen = grant(core.claim("generate", "gen", 1, now=0.0))
     bad = core.complete(gen.lease_id, gen.fence, [0], [(0, 0)], [{}, {}])
     assert isinstance(bad, Rejected) and bad.reason is Reason.BAD_RESULT
+
+
+def test_a_heartbeat_renews_only_the_leases_the_worker_says_it_holds() -> None:
+    core = make_core(lease_timeout=10.0, worker_timeout=100.0)
+    core.add_groups(["a", "b"])
+    kept = grant(core.claim("generate", "gen", 1, now=0.0))
+    lost = grant(core.claim("generate", "gen", 1, now=0.0))  # its reply never arrived
+    assert core.heartbeat("gen", 8.0, held=[kept.lease_id]) == Accepted(1)
+    assert core.tick(12.0) == 1  # the unheld lease ran out; the held one was renewed
+    assert set(core.state.leases) == {kept.lease_id}
+    assert core.state.groups[lost.groups[0]].state.value == "pending"
