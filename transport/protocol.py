@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
+import threading
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -64,6 +66,7 @@ __all__ = [
     "Unlock",
     "Want",
     "decode",
+    "decode_with_id",
     "encode",
     "pack_payload",
     "unpack_payload",
@@ -407,38 +410,106 @@ Message = (
 
 # --- encoding ---------------------------------------------------------------------------
 
+# A thread keeps its packers' buffers; one that grew past this for a big message is dropped.
+_KEEP_BUFFER_BYTES = 1 << 20
+_AS_IS = frozenset({int, float, str, bool, bytes, dict, type(None)})  # never a dataclass
 
-def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
-    """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
-    buffers: list[bytes | memoryview] = []
 
-    def to_msgpack(obj: Any) -> Any:
+class _Packers(threading.local):
+    """This thread's MessagePack packers, and the array frames of the message it encodes.
+
+    ``msgpack.packb`` makes and frees a packer with a 256 KiB buffer on every call, which
+    costs more than packing a small header does; a kept packer reuses its buffer. One set
+    per thread: a packer is not thread-safe, and links encode on their callers' threads.
+    """
+
+    def __init__(self) -> None:
+        self.buffers: list[bytes | memoryview] = []
+        self._new_header()
+        self._new_blob()
+        self.plain = msgpack.Packer()  # array descriptions, packed from the others' hooks
+
+    def _new_header(self) -> None:
+        self.header = msgpack.Packer(default=self._to_frame, use_bin_type=True)
+
+    def _new_blob(self) -> None:
+        self.blob = msgpack.Packer(default=self._inline, use_bin_type=True)
+
+    def pack_header(self, header: list[Any]) -> tuple[bytes, list[bytes | memoryview]]:
+        self.buffers = []
+        try:
+            packed = self.header.pack(header)
+            buffers = self.buffers
+        finally:
+            self.buffers = []  # holds no caller's array past this call
+        if len(packed) > _KEEP_BUFFER_BYTES:
+            self._new_header()
+        return packed, buffers
+
+    def pack_blob(self, payload: Payload) -> bytes:
+        packed = self.blob.pack(payload)
+        if len(packed) > _KEEP_BUFFER_BYTES:
+            self._new_blob()
+        return packed
+
+    def _to_frame(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
-            if obj.dtype.name not in _DTYPES:
+            name = _dtype_name(obj.dtype)
+            if name not in _DTYPES:
                 raise TypeError(f"arrays of dtype {obj.dtype} are not sent; use one of {_DTYPES}")
             array = np.ascontiguousarray(obj)
-            buffers.append(memoryview(array).cast("B") if array.size else b"")
-            ref = [len(buffers), array.dtype.name, list(array.shape)]
-            return msgpack.ExtType(_ARRAY_EXT, msgpack.packb(ref))
+            self.buffers.append(memoryview(array).cast("B") if array.size else b"")
+            ref = [len(self.buffers), name, list(array.shape)]
+            return msgpack.ExtType(_ARRAY_EXT, self.plain.pack(ref))
         if isinstance(obj, tuple):
             return list(obj)
         if isinstance(obj, np.generic):
             return obj.item()
         raise TypeError(f"cannot send a {type(obj).__name__}")
 
-    header = msgpack.packb(
-        [PROTOCOL_VERSION, int(message.KIND), req_id, _to_wire(message)],
-        default=to_msgpack,
-        use_bin_type=True,
+    def _inline(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            name = _dtype_name(obj.dtype)
+            if name not in _DTYPES:
+                raise TypeError(f"arrays of dtype {obj.dtype} are not kept; use one of {_DTYPES}")
+            array = np.ascontiguousarray(obj)
+            desc = self.plain.pack([name, list(array.shape), array.tobytes()])
+            return msgpack.ExtType(_INLINE_ARRAY_EXT, desc)
+        if isinstance(obj, tuple):
+            return list(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+        raise TypeError(f"cannot keep a {type(obj).__name__}")
+
+
+_PACKERS = _Packers()
+# numpy computes ``dtype.name`` in Python on every access (several µs); the allowed dtypes
+# are looked up here instead. Other dtypes (byte-swapped ones too) take the slow path.
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {np.dtype(name): name for name in _DTYPES}
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    return _DTYPE_NAMES.get(dtype) or dtype.name
+
+
+def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
+    """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
+    header, buffers = _PACKERS.pack_header(
+        [PROTOCOL_VERSION, int(message.KIND), req_id, _to_wire(message)]
     )
     return [header, *buffers]
 
 
 def _to_wire(message: Any) -> list[Any]:
-    return [_field_to_wire(getattr(message, f.name)) for f in _fields(type(message))]
+    getter = _GETTERS.get(type(message))
+    values = getter(message) if getter else [getattr(message, f.name) for f in _fields(message)]
+    return [_field_to_wire(v) for v in values]
 
 
 def _field_to_wire(value: Any) -> Any:
+    kind = type(value)
+    if kind in _AS_IS or (kind is tuple and (not value or type(value[0]) in _AS_IS)):
+        return value  # the common case, decided without asking dataclasses
     if dataclasses.is_dataclass(value):
         return _to_wire(value)
     if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
@@ -446,8 +517,23 @@ def _field_to_wire(value: Any) -> Any:
     return value
 
 
+def _getter(cls: type) -> Callable[[Any], Sequence[Any]]:
+    """Reads every field of a ``cls`` instance in declaration order, in one call."""
+    names = [f.name for f in _fields(cls)]
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        return lambda obj: (getattr(obj, names[0]),)
+    return lambda _obj: ()
+
+
 def decode(frames: Sequence[Any]) -> Message:
     """The message in ``frames`` (bytes or buffers); ProtocolError if it is not valid."""
+    return decode_with_id(frames)[0]
+
+
+def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
+    """:func:`decode`, with the message's req_id, read from the same unpacking of the header."""
     if not frames:
         raise ProtocolError("empty message")
     arrays = _ArrayFrames(frames[1:])
@@ -478,9 +564,9 @@ def decode(frames: Sequence[Any]) -> Message:
     if arrays.unused:
         raise ProtocolError(f"array frames {sorted(arrays.unused)[:5]} are never used", req_id)
     try:
-        return _build(cls, body, cls.__name__, 0)
-    except ProtocolError as error:
-        raise ProtocolError(str(error), req_id) from None
+        return _build(cls, body, 0), req_id
+    except _Invalid as bad:
+        raise ProtocolError(bad.describe(cls.__name__), req_id) from None
 
 
 def request_id(frames: Sequence[Any]) -> int:
@@ -533,60 +619,66 @@ class _ArrayFrames:
 
 def pack_payload(payload: Payload) -> bytes:
     """One blob for a payload, arrays inline: how the scheduler journals and keeps it."""
-
-    def inline(obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            if obj.dtype.name not in _DTYPES:
-                raise TypeError(f"arrays of dtype {obj.dtype} are not kept; use one of {_DTYPES}")
-            array = np.ascontiguousarray(obj)
-            desc = msgpack.packb([array.dtype.name, list(array.shape), array.tobytes()])
-            return msgpack.ExtType(_INLINE_ARRAY_EXT, desc)
-        if isinstance(obj, tuple):
-            return list(obj)
-        if isinstance(obj, np.generic):
-            return obj.item()
-        raise TypeError(f"cannot keep a {type(obj).__name__}")
-
-    return msgpack.packb(payload, default=inline, use_bin_type=True)
+    return _PACKERS.pack_blob(payload)
 
 
 def unpack_payload(blob: bytes) -> Payload:
     """The payload :func:`pack_payload` made (blobs come only from the scheduler's journal)."""
+    return msgpack.unpackb(blob, raw=False, ext_hook=_stored_array)
 
-    def array(code: int, data: bytes) -> Any:
-        if code != _INLINE_ARRAY_EXT:
-            raise ProtocolError(f"unknown MessagePack extension {code} in a stored payload")
-        dtype, shape, raw = msgpack.unpackb(data)
-        return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
-    return msgpack.unpackb(blob, raw=False, ext_hook=array)
+def _stored_array(code: int, data: bytes) -> Any:
+    if code != _INLINE_ARRAY_EXT:
+        raise ProtocolError(f"unknown MessagePack extension {code} in a stored payload")
+    dtype, shape, raw = msgpack.unpackb(data)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
 # --- typed building ---------------------------------------------------------------------
 
 
-def _fields(cls: type) -> tuple[dataclasses.Field[Any], ...]:
+class _Invalid(Exception):
+    """A field that does not check out. Its path is gathered while the error unwinds, so a
+    valid message never pays for formatting the names of its fields."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self._path: list[str] = []  # innermost first
+
+    def at(self, part: str) -> _Invalid:
+        self._path.append(part)
+        return self
+
+    def describe(self, root: str) -> str:
+        return f"{root}{''.join(reversed(self._path))}: {self.detail}"
+
+
+def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
     return dataclasses.fields(cls)
 
 
-def _build(cls: type, body: Any, where: str, depth: int) -> Any:
-    checks = _CHECKS[cls]
+def _build(cls: type, body: Any, depth: int) -> Any:
+    checks, required = _CHECKS[cls]
     if not isinstance(body, list):
-        raise ProtocolError(f"{where}: body must be a list of fields")
-    required = sum(1 for f in _fields(cls) if _required(f))
+        raise _Invalid("body must be a list of fields")
     if not required <= len(body) <= len(checks):
-        raise ProtocolError(f"{where}: {len(body)} fields, expected {required}..{len(checks)}")
-    values = {}
+        raise _Invalid(f"{len(body)} fields, expected {required}..{len(checks)}")
+    values = []
     for (name, check), raw in zip(checks, body, strict=False):
-        values[name] = check(raw, f"{where}.{name}", depth + 1)
-    return cls(**values)
+        try:
+            values.append(check(raw, depth + 1))
+        except _Invalid as bad:
+            raise bad.at(f".{name}") from None
+    return cls(*values)
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
-Check = Callable[[Any, str, int], Any]
+Check = Callable[[Any, int], Any]
+"""Validates and converts one decoded value (at a nesting depth); raises _Invalid."""
 
 
 def _checker(hint: Any) -> Check:
@@ -596,14 +688,14 @@ def _checker(hint: Any) -> Check:
         options = [a for a in args if a is not type(None)]
         inner = _checker(options[0])
 
-        def optional(raw: Any, where: str, depth: int) -> Any:
-            return None if raw is None else inner(raw, where, depth)
+        def optional(raw: Any, depth: int) -> Any:
+            return None if raw is None else inner(raw, depth)
 
         return optional
-    if hint in (int, float, str, bool):
-        return _scalar(hint)
+    if hint in _SCALARS:
+        return _SCALARS[hint]
     if dataclasses.is_dataclass(hint):
-        return lambda raw, where, depth: _build(hint, raw, where, depth)
+        return lambda raw, depth: _build(hint, raw, depth)
     if origin is tuple:
         return _tuple_checker(args)
     if origin is dict:
@@ -611,32 +703,62 @@ def _checker(hint: Any) -> Check:
     raise TypeError(f"no wire check for {hint!r}")
 
 
-def _scalar(kind: type) -> Check:
-    def check(raw: Any, where: str, _depth: int) -> Any:
-        if kind is float and type(raw) is int:
-            return float(raw)
-        if type(raw) is not kind:
-            raise ProtocolError(f"{where}: expected {kind.__name__}, got {type(raw).__name__}")
-        if kind is float and not math.isfinite(raw):
-            raise ProtocolError(f"{where}: {raw} is not a finite number")
-        return raw
+def _wrong_type(kind: type, raw: Any) -> _Invalid:
+    return _Invalid(f"expected {kind.__name__}, got {type(raw).__name__}")
 
-    return check
+
+def _check_int(raw: Any, _depth: int) -> int:
+    if type(raw) is not int:
+        raise _wrong_type(int, raw)
+    return raw
+
+
+def _check_str(raw: Any, _depth: int) -> str:
+    if type(raw) is not str:
+        raise _wrong_type(str, raw)
+    return raw
+
+
+def _check_bool(raw: Any, _depth: int) -> bool:
+    if type(raw) is not bool:
+        raise _wrong_type(bool, raw)
+    return raw
+
+
+def _check_float(raw: Any, _depth: int) -> float:
+    if type(raw) is int:
+        return float(raw)
+    if type(raw) is not float:
+        raise _wrong_type(float, raw)
+    if not math.isfinite(raw):
+        raise _Invalid(f"{raw} is not a finite number")
+    return raw
+
+
+_SCALARS: dict[type, Check] = {
+    int: _check_int,
+    str: _check_str,
+    bool: _check_bool,
+    float: _check_float,
+}
 
 
 def _tuple_checker(args: tuple[Any, ...]) -> Check:
     variadic = len(args) == 2 and args[1] is Ellipsis
     items = [_checker(args[0])] if variadic else [_checker(a) for a in args]
 
-    def check(raw: Any, where: str, depth: int) -> Any:
+    def check(raw: Any, depth: int) -> Any:
         if not isinstance(raw, list):
-            raise ProtocolError(f"{where}: expected a list, got {type(raw).__name__}")
+            raise _Invalid(f"expected a list, got {type(raw).__name__}")
         if not variadic and len(raw) != len(items):
-            raise ProtocolError(f"{where}: expected {len(items)} values, got {len(raw)}")
-        checks = items * len(raw) if variadic else items
-        return tuple(
-            c(v, f"{where}[{i}]", depth) for i, (c, v) in enumerate(zip(checks, raw, strict=True))
-        )
+            raise _Invalid(f"expected {len(items)} values, got {len(raw)}")
+        out = []
+        for i, (c, v) in enumerate(zip(items * len(raw) if variadic else items, raw, strict=True)):
+            try:
+                out.append(c(v, depth))
+            except _Invalid as bad:
+                raise bad.at(f"[{i}]") from None
+        return tuple(out)
 
     return check
 
@@ -644,41 +766,50 @@ def _tuple_checker(args: tuple[Any, ...]) -> Check:
 def _dict_checker(value_hint: Any) -> Check:
     inner = None if value_hint is Any else _checker(value_hint)
 
-    def check(raw: Any, where: str, depth: int) -> Any:
+    def check(raw: Any, depth: int) -> Any:
         if not isinstance(raw, dict) or not all(type(k) is str for k in raw):
-            raise ProtocolError(f"{where}: expected a map with string keys")
-        if inner is not None:
-            return {k: inner(v, f"{where}[{k!r:.40}]", depth) for k, v in raw.items()}
-        for v in raw.values():
-            _check_depth(v, where, depth)
-        return raw
+            raise _Invalid("expected a map with string keys")
+        if inner is None:
+            for v in raw.values():
+                _check_depth(v, depth)
+            return raw
+        out = {}
+        for k, v in raw.items():
+            try:
+                out[k] = inner(v, depth)
+            except _Invalid as bad:
+                raise bad.at(f"[{k!r:.40}]") from None
+        return out
 
     return check
 
 
-def _check_depth(raw: Any, where: str, depth: int) -> None:
+def _check_depth(raw: Any, depth: int) -> None:
     """Payload values are plain MessagePack data and arrays, nested to a bounded depth."""
     if depth > _MAX_DEPTH:
-        raise ProtocolError(f"{where}: nested deeper than {_MAX_DEPTH}")
+        raise _Invalid(f"nested deeper than {_MAX_DEPTH}")
     if isinstance(raw, list):
         for v in raw:
-            _check_depth(v, where, depth + 1)
+            _check_depth(v, depth + 1)
     elif isinstance(raw, dict):
         for v in raw.values():
-            _check_depth(v, where, depth + 1)
+            _check_depth(v, depth + 1)
 
 
 _MESSAGES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
-_CHECKS: dict[type, list[tuple[str, Check]]] = {}
+_CHECKS: dict[type, tuple[list[tuple[str, Check]], int]] = {}  # per class: checks, required
+_GETTERS: dict[type, Callable[[Any], Sequence[Any]]] = {}
 
 
-def _register_checks() -> None:
-    pending = [*_MESSAGES, Result, Item, NewGroup]
-    for cls in pending:
+def _register() -> None:
+    for cls in [*_MESSAGES, Result, Item, NewGroup]:
         hints = typing.get_type_hints(cls, globalns=globals())
-        _CHECKS[cls] = [(f.name, _checker(hints[f.name])) for f in _fields(cls)]
+        fields = _fields(cls)
+        checks = [(f.name, _checker(hints[f.name])) for f in fields]
+        _CHECKS[cls] = (checks, sum(1 for f in fields if _required(f)))
+        _GETTERS[cls] = _getter(cls)
 
 
-_register_checks()
+_register()
 assert len(_BY_KIND) == len(_MESSAGES), "two messages share a kind"

@@ -62,11 +62,14 @@ class JournalWriter:
     Records are framed into an in-memory buffer. Once ``fsync_every`` records are pending or
     ``fsync_interval_s`` has passed since the first pending one (checked on each append; call
     :meth:`flush_if_due` from an idle timer), the batch is written and fsynced. With
-    ``background_fsync`` (the default) a log thread does both and the appending thread goes
-    on at once; :attr:`durable_seq` says how far the disk has caught up and :meth:`flush`
-    waits for it. A caller that must not acknowledge anything before it is on disk (the
-    scheduler's replies) waits until ``durable_seq`` covers it. Without background_fsync,
-    the write and fsync run inside the call that made the batch due.
+    ``background_fsync`` (the default) the call that made the batch due writes it (a copy
+    into the page cache, so :attr:`written_seq` covers it when the call returns) and a log
+    thread fsyncs it, the appending thread going on at once; only right after a snapshot,
+    until the log thread has done the snapshot's disk work, are batches written there too.
+    :attr:`durable_seq` says how far the disk has caught up and :meth:`flush` waits for it.
+    A caller that must not acknowledge anything before it is on disk (the scheduler's
+    replies) waits until ``durable_seq`` covers it. Without background_fsync, the write and
+    fsync run inside the call that made the batch due.
 
     A crash may lose records not yet fsynced; it never loses or damages earlier ones. An
     ``OSError`` from a background fsync is raised by the next :meth:`append`, :meth:`flush`,
@@ -98,6 +101,7 @@ class JournalWriter:
         self._pack: Callable[[Any], bytes] = msgpack.Packer(use_bin_type=True).pack
         self._buf = bytearray()
         self._pending = 0  # records appended since the last hand-off to the OS
+        self._unsynced = 0  # records handed off since the last hand-off fsynced at once
         self._first_pending_at = 0.0
         self._segments = list(layout.segments)
         self._snapshots = list(layout.snapshots)
@@ -131,8 +135,8 @@ class JournalWriter:
     ) -> JournalWriter:
         """Open (creating if needed) a journal directory for appending after its last record.
 
-        ``on_progress`` is called from the log thread after each batch is written and again
-        after it is fsynced (a server uses it to wake the loop that holds replies).
+        ``on_progress`` is called from the log thread after each fsync, and after each batch
+        the log thread writes itself (a server uses it to wake the loop that holds replies).
 
         Raises :class:`JournalLocked` if another writer holds it and :class:`JournalCorrupt`
         if its last segment is damaged beyond a torn tail.
@@ -190,20 +194,34 @@ class JournalWriter:
             append(record)
         return self._seq
 
-    def _hand_off(self) -> None:
-        """Give the buffered records to the syncer, to be written and fsynced."""
+    def _hand_off(self, fsync_within: float = 0.0) -> None:
+        """Give the buffered records to the syncer, to be written and fsynced (the fsync
+        within ``fsync_within`` seconds, or at once once a batch's worth is unsynced)."""
         batch, self._buf = self._buf, bytearray()
         self._flushed_bytes += len(batch)
+        self._unsynced += self._pending
         self._pending = 0
-        self._syncer.request(self._fd, self._seq, batch)
+        if self._unsynced >= self._fsync_every:
+            fsync_within = 0.0
+        if not fsync_within:
+            self._unsynced = 0
+        self._syncer.request(self._fd, self._seq, batch, fsync_within)
 
-    def submit(self) -> None:
-        """Hand buffered records to the disk now, without waiting (a reply is held on them)."""
+    def submit(self, *, durable: bool = True) -> None:
+        """Hand buffered records to the disk now, without waiting (a reply is held on them):
+        usually they are written when this returns (see the class doc).
+
+        With ``durable`` the fsync follows at once. Without it (a reply that waits only for
+        the write) the fsync keeps to the batching rule, ``fsync_interval_s`` after the
+        oldest record or once ``fsync_every`` are unsynced, so that one fsync covers the
+        writes of many turns instead of the log thread fsyncing (and waking) for each.
+        """
         failed = self._syncer.error
         if failed is not None:
             raise failed
         if self._pending:
-            self._hand_off()
+            due_in = self._first_pending_at + self._fsync_interval_s - self._clock()
+            self._hand_off(0.0 if durable else max(0.0, due_in))
 
     def flush(self) -> None:
         """Write buffered records and return once everything appended so far is fsynced."""

@@ -1,11 +1,14 @@
 """The scheduler process's loop: the service behind a ROUTER and a PUB socket.
 
 One thread owns both sockets. Each turn it reads every request waiting on the ROUTER
-(so one journal batch covers them all: group commit), hands them to the service, publishes
-the events, lets the journal's log thread have the new records, and sends each reply
-whose records are journaled. Replies that must wait are held in order and released when
-the log thread reports progress (it writes to an eventfd the poller watches), so a slow
-disk delays only those replies, never the loop.
+(so one journal batch covers them all: group commit), hands them to the service, hands the
+new records to the journal, sends each reply whose records are journaled, then publishes
+the events. With ``ack_after: write`` the journal writes the batch in that call, so held
+replies go out in the same turn, and fsyncs it within ``journal_fsync_interval_ms`` (or
+once ``journal_fsync_every`` records are unsynced) rather than once per turn. Replies that
+wait for an fsync (``ack_after: fsync``, or a batch queued behind a snapshot's disk work)
+are held in order and released when the log thread reports progress (it writes to an
+eventfd the poller watches), so a slow fsync delays only those replies, never the loop.
 
 Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on the PUB as
 ``[topic, header, *arrays]`` (see transport/protocol.py).
@@ -24,6 +27,7 @@ import structlog
 import zmq
 
 from asyncrl.transport import protocol as p
+from asyncrl.transport.sockets import recv_waiting, send_frames
 
 from .service import ACKNOWLEDGES_DATA, SchedulerService
 
@@ -85,10 +89,13 @@ class SchedulerDaemon:
                 self.service.tick(now)
                 self._log_auth_failures()
                 next_tick = now + self.tick_interval_s
-            self._publish()
             if self._held:
-                writer.submit()
-            self._release()
+                # Usually written when this returns (see JournalWriter). A reply that waits
+                # only for the write leaves the fsync to the journal's batching rule.
+                writer.submit(durable=self.ack_after == "fsync")
+                self._release()
+            # After the replies: a worker waits on its reply, while events are wake-ups.
+            self._publish()
             if self._should_exit(now):
                 return 0
 
@@ -100,9 +107,8 @@ class SchedulerDaemon:
     def _serve_batch(self) -> None:
         writer = self.service.durable.writer
         for _ in range(_BATCH):
-            try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = recv_waiting(self.router)
+            if frames is None:
                 return
             identity, body = frames[0], [f.buffer for f in frames[1:]]
             reply, req_id, kind = self._answer(body)
@@ -122,12 +128,11 @@ class SchedulerDaemon:
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), p.request_id(frames), None
         try:
-            message = p.decode(frames)
+            message, req_id = p.decode_with_id(frames)
         except p.ProtocolError as error:
             detail = str(error)[:_DETAIL]
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), error.req_id, None
-        req_id = p.request_id(frames)
         try:
             return self.service.handle(message, self.clock()), req_id, message.KIND
         except Exception:
@@ -147,7 +152,7 @@ class SchedulerDaemon:
 
     def _send(self, frames: list[Any]) -> None:
         try:
-            self.router.send_multipart(frames, copy=False)
+            send_frames(self.router, frames)
         except zmq.ZMQError as error:  # the peer is gone; it will time out and retry
             log.info("reply not delivered", error=str(error))
 
@@ -155,7 +160,7 @@ class SchedulerDaemon:
 
     def _publish(self) -> None:
         for event in self.service.take_events():
-            self.pub.send_multipart([event.topic.encode(), *p.encode(event)], copy=False)
+            send_frames(self.pub, [event.topic.encode(), *p.encode(event)])
 
     def _log_auth_failures(self) -> None:
         if self.auth_failures is not None:

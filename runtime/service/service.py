@@ -283,8 +283,9 @@ class SchedulerService:
         )
         if isinstance(reply, Rejected):
             return _error(reply)
-        skipped = tuple(k for k in keys if k not in {g.key for g in fresh})
-        return p.Added(tuple(g.key for g in fresh), skipped)
+        added = tuple(g.key for g in fresh)
+        known = set(added)  # once, not per key: a request may carry hundreds of groups
+        return p.Added(added, tuple(k for k in keys if k not in known))
 
     def _bye(self, m: p.Bye, _now: float) -> p.Message:
         log.info("worker left", worker=m.worker, reason=m.reason)

@@ -38,6 +38,9 @@ def scheduler_config(run_dir: Path) -> dict:
         "run": {"dir": str(run_dir), "total_steps": 1_000_000},
         # No step ever runs here, so admission must not wait for one.
         "pipeline": {"max_staleness": 10_000_000, "train_batch_groups": 1},
+        # The benchmark's worker never heartbeats: on a loaded machine a run can outlast
+        # the default timeout, and a worker declared dead would end the benchmark.
+        "scheduler": {"worker_timeout_s": 3600},
         "logging": {"level": "warning"},
     }
 

@@ -51,11 +51,13 @@ def answer(message: Message) -> Message:
 
 class AnswerServer:
     """A stand-in scheduler: its thread owns the ROUTER; while ``hold`` is set it keeps
-    requests unanswered, and answers them (late) before the next request it serves."""
+    requests unanswered, and answers them (late) before the next request it serves, or
+    once ``answer_held`` is set."""
 
     def __init__(self, bound: BoundSockets) -> None:
         self.bound = bound
         self.hold = threading.Event()
+        self.answer_held = threading.Event()
         self.received: list[Message] = []
         self._held: list[tuple[bytes, Message, int]] = []
         self._stop = threading.Event()
@@ -65,6 +67,11 @@ class AnswerServer:
     def _serve(self) -> None:
         control = self.bound.control
         while not self._stop.is_set():
+            if self.answer_held.is_set() and not self.hold.is_set():
+                self.answer_held.clear()
+                for held in self._held:
+                    control.send_multipart([held[0], *encode(answer(held[1]), held[2])])
+                self._held.clear()
             if not control.poll(20):
                 continue
             identity, *frames = control.recv_multipart()
@@ -208,6 +215,49 @@ def test_a_timeout_reconnects_and_the_late_reply_goes_to_the_callback(serve, lin
     assert link.request(Claim("next", "generate", 1), LONG_S) == NoWork("next")
     wait_for(lambda: late)
     assert late == [NoWork("early")]
+
+
+def test_a_late_reply_reaches_the_callback_without_waiting_for_another_request(serve, links):
+    server = serve()
+    late: list[Message] = []
+    link = links(server, on_late_reply=late.append)
+    server.hold.set()
+    with pytest.raises(LinkTimeout):
+        link.request(Claim("early", "generate", 1), SHORT_S)
+    server.hold.clear()
+    # The link dialled again after the timeout; the late reply can only be routed to the
+    # new connection once it is up (a reply with no route is dropped), so give it time.
+    time.sleep(0.5)
+    server.answer_held.set()  # the reply comes now, and no request follows it
+    wait_for(lambda: late)
+    assert late == [NoWork("early")]
+    # Once a later request has had its reply, calls are made on the caller's thread again.
+    assert link.request(Claim("next", "generate", 1), LONG_S) == NoWork("next")
+    assert link.request(Claim("then", "generate", 1), LONG_S) == NoWork("then")
+
+
+def test_requests_overlapping_a_slow_one_are_answered_in_turn(serve, links):
+    """One thread's call holds the socket; the others go through the I/O thread."""
+    server = serve()
+    link = links(server)
+    server.hold.set()
+    replies: dict[str, Message] = {}
+
+    def claim(name: str) -> None:
+        replies[name] = link.request(Claim(name, "generate", 1), LONG_S)
+
+    first = threading.Thread(target=claim, args=("first",))
+    first.start()
+    wait_for(lambda: len(server.received) == 1)
+    others = [threading.Thread(target=claim, args=(f"t{i}",)) for i in range(3)]
+    for thread in others:
+        thread.start()
+    time.sleep(0.1)
+    server.hold.clear()
+    server.answer_held.set()
+    for thread in [first, *others]:
+        thread.join(LONG_S)
+    assert replies == {name: NoWork(name) for name in ["first", "t0", "t1", "t2"]}
 
 
 def test_a_restarted_server_on_the_same_port_is_reached_again(serve, links):

@@ -671,3 +671,155 @@ def test_submit_hands_records_off_and_reports_progress(tmp_path: Path) -> None:
             time.sleep(0.01)
         assert writer.written_seq == writer.durable_seq == seq
     assert replay(tmp_path).records == [["a"]]
+
+
+# ------------------------------------------------- writes on the appending thread, fsyncs off it
+
+
+def test_a_write_does_not_wait_for_a_running_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck_fsync(fd: int) -> None:
+        started.set()
+        assert release.wait(10)
+        real_fsync(fd)
+
+    with JournalWriter.open(tmp_path, fsync_every=1000, fsync_interval_s=60.0) as writer:
+        monkeypatch.setattr(os, "fsync", stuck_fsync)
+        writer.append(["a"])
+        writer.submit()
+        assert started.wait(10)  # the log thread is inside the first batch's fsync
+        writer.append(["b"])
+        writer.submit()
+        # Handed to the OS by the time submit() returns, fsync or not: a reader sees it.
+        assert writer.written_seq == 2
+        assert replay(tmp_path).records == [["a"], ["b"]]
+        assert writer.durable_seq == 0
+        release.set()
+        writer.flush()
+        assert writer.durable_seq == 2
+
+
+def test_durable_seq_only_covers_writes_made_before_the_fsync_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    wrong: list[str] = []
+    holder: dict[str, JournalWriter] = {}
+    written_at_start = [0]
+
+    def slow_fsync(fd: int) -> None:
+        if "w" in holder:
+            written_at_start[0] = holder["w"].written_seq
+        time.sleep(0.001)
+        real_fsync(fd)
+
+    def check() -> None:  # on_progress: right after each fsync, on the log thread
+        durable = holder["w"].durable_seq
+        if durable > written_at_start[0]:
+            wrong.append(f"durable {durable} > written {written_at_start[0]} at fsync start")
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    options: dict[str, Any] = {"fsync_every": 5, "snapshot_every": 97, "on_progress": check}
+    with JournalWriter.open(tmp_path, **options) as writer:
+        holder["w"] = writer
+        state: dict[str, Any] = {}
+        for i in range(600):
+            record = [1, f"k{i % 3}", i]
+            writer.append(record)
+            apply(state, record)
+            if i % 7 == 0:
+                writer.submit(durable=i % 2 == 0)
+            if writer.needs_snapshot:
+                writer.write_snapshot(state)
+    assert not wrong, wrong[:3]
+    assert rebuild(tmp_path) == full_state(600)
+
+
+def test_no_record_reaches_a_segment_before_the_previous_one_is_fsynced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records written on the appending thread after a snapshot still wait for the old
+    segment: a crash must never leave a gap in one segment and records in the next."""
+    from asyncrl.runtime.journal import _syncer
+
+    real_fsync, real_write_all = os.fsync, _syncer.write_all
+    synced: dict[str, int] = {}  # segment name -> size when its last fsync began
+    wrong: list[str] = []
+
+    def name_of(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+    def recording_fsync(fd: int) -> None:
+        name = name_of(fd)
+        size = os.fstat(fd).st_size
+        time.sleep(0.002)  # let the appending thread run ahead
+        real_fsync(fd)
+        synced[name] = size
+
+    def checking_write_all(fd: int, data: bytes | bytearray) -> None:
+        name = name_of(fd)
+        if name.startswith("journal-"):
+            earlier = [p for p in segments(tmp_path) if p.name < name]
+            if earlier and synced.get(earlier[-1].name) != earlier[-1].stat().st_size:
+                wrong.append(f"wrote {name} before {earlier[-1].name} was fsynced")
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(_syncer, "write_all", checking_write_all)
+    with JournalWriter.open(tmp_path, fsync_every=4, snapshot_every=50) as writer:
+        state: dict[str, Any] = {}
+        for i in range(400):
+            record = [1, f"k{i % 3}", i]
+            writer.append(record)
+            apply(state, record)
+            writer.submit(durable=False)
+            if writer.needs_snapshot:
+                writer.write_snapshot(state)
+    assert not wrong, wrong[:3]
+    assert rebuild(tmp_path) == full_state(400)
+
+
+def test_submit_without_durable_writes_now_and_fsyncs_within_the_interval(
+    tmp_path: Path,
+) -> None:
+    woken = threading.Event()
+    with JournalWriter.open(
+        tmp_path, fsync_every=1000, fsync_interval_s=0.3, on_progress=woken.set
+    ) as writer:
+        start = time.monotonic()
+        seq = writer.append(["a"])
+        writer.submit(durable=False)
+        assert writer.written_seq == seq
+        assert writer.durable_seq == 0  # not yet: the fsync waits for more writes to join
+        assert woken.wait(10)
+        assert writer.durable_seq == seq
+        assert time.monotonic() - start >= 0.25
+        assert writer.stats.fsyncs == 1
+
+
+def test_a_lazy_fsync_joins_the_next_one_and_flush_does_not_wait_for_it(
+    tmp_path: Path,
+) -> None:
+    with JournalWriter.open(tmp_path, fsync_every=3, fsync_interval_s=60.0) as writer:
+        writer.append(["a"])
+        writer.submit(durable=False)
+        writer.append(["b"])
+        writer.submit(durable=False)
+        assert writer.durable_seq == 0
+        writer.append(["c"])
+        writer.submit(durable=False)  # a batch's worth unsynced: fsynced at once
+        deadline = time.monotonic() + 10
+        while writer.durable_seq < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert (writer.durable_seq, writer.stats.fsyncs) == (3, 1)
+        writer.append(["d"])
+        writer.submit(durable=False)
+        start = time.monotonic()
+        writer.flush()
+        assert time.monotonic() - start < 30
+        assert writer.durable_seq == 4
