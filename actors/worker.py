@@ -162,6 +162,9 @@ class Worker:
         self._newest = 0  # the newest published version this worker has heard of
         self._version_checked = clock()
         self._settled = 0  # leases completed or failed, as the scheduler took them
+        # The lease being worked on: heartbeats renew only it, so a lease whose reply never
+        # reached this worker runs out instead of being kept alive.
+        self._holding: tuple[int, ...] = ()
         self._log = log.bind(worker=self.name, role=self.role)
 
     # --- the public surface ----------------------------------------------------------
@@ -301,6 +304,13 @@ class Worker:
                 self._idle()
 
     def _work(self, lease: p.Lease) -> None:
+        self._holding = (lease.lease_id,)
+        try:
+            self._process(lease)
+        finally:
+            self._holding = ()
+
+    def _process(self, lease: p.Lease) -> None:
         try:
             outcome = self.actor.process(lease)
         except Exception as error:
@@ -470,7 +480,8 @@ class Worker:
         # Registering again is the main loop's job (a forgotten worker's leases are gone
         # anyway), so two threads never race it.
         try:
-            reply = self.link.request(p.Heartbeat(self.name), self.pacing.request_timeout_s)
+            beat = p.Heartbeat(self.name, self._holding)
+            reply = self.link.request(beat, self.pacing.request_timeout_s)
         except (LinkTimeout, LinkClosed):
             return
         if isinstance(reply, p.Error):

@@ -144,8 +144,11 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
+    """Alive. ``leases``: the ones the worker holds, the only ones renewed (None: all)."""
+
     KIND: ClassVar[Kind] = Kind.HEARTBEAT
     worker: str
+    leases: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

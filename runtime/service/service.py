@@ -180,7 +180,8 @@ class SchedulerService:
         )
 
     def _heartbeat(self, m: p.Heartbeat, now: float) -> p.Message:
-        return _reply(self.core.heartbeat(m.worker, now))
+        held = None if m.leases is None else list(m.leases)
+        return _reply(self.core.heartbeat(m.worker, now, held))
 
     def _claim(self, m: p.Claim, now: float) -> p.Message:
         if self.draining is not None:

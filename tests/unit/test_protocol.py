@@ -29,6 +29,9 @@ def test_every_kind_is_declared_once() -> None:
     [
         p.Hello("generate-0", "generate", p.PROTOCOL_VERSION, 123),
         p.Claim("w", "logp", 4),
+        p.Heartbeat("w"),
+        p.Heartbeat("w", (3, 4)),
+        p.Heartbeat("w", ()),
         p.Fail("w", 3, 9, None, "boom"),
         p.Fail("w", 3, 9, (1, 2), "boom"),
         p.Lease(1, 2, "train", 59.5, None, (p.Item(0, "q0", {"dataloader": {"x": 0}}),)),
