@@ -25,8 +25,11 @@ from asyncrl.runtime.core.effects import (
     Grant,
     LockGranted,
     LockQueued,
+    Notice,
     Reason,
     Rejected,
+    Transition,
+    WorkerLost,
 )
 from asyncrl.runtime.core.pipeline import GroupState
 from asyncrl.runtime.core.status import summarize
@@ -196,14 +199,22 @@ class SchedulerService:
         return self._lease(grant, now)
 
     def _want(self, m: p.Claim) -> p.Message:
-        known = self.core.state.workers.get(m.worker)
-        if known is None or known.role != ENTRY_ROLE:
-            return p.Error(Reason.WRONG_ROLE, f"{m.worker!r} is not a registered {ENTRY_ROLE}")
+        refused = self._not_the_dataloader(m.worker)
+        if refused is not None:
+            return refused
         counts = self.core.state.counts
         alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
         needed = self.plan.total_groups - counts[GroupState.TRAINED] - alive
         room = self.plan.backlog - counts[self.core.pipeline.entry]
         return p.Want(max(0, min(m.n, needed, room)))
+
+    def _not_the_dataloader(self, worker: str) -> p.Error | None:
+        known = self.core.state.workers.get(worker)
+        if known is None:  # its own code, so the worker knows to register again
+            return p.Error(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        if known.role != ENTRY_ROLE:
+            return p.Error(Reason.WRONG_ROLE, f"{worker!r} is registered as {known.role}")
+        return None
 
     def _lease(self, grant: Grant, now: float) -> p.Lease:
         groups = self.core.state.groups
@@ -272,9 +283,9 @@ class SchedulerService:
         return _reply(self.core.loaded_version(m.worker, m.version))
 
     def _add_groups(self, m: p.AddGroups, _now: float) -> p.Message:
-        known = self.core.state.workers.get(m.worker)
-        if known is None or known.role != ENTRY_ROLE:
-            return p.Error(Reason.WRONG_ROLE, f"{m.worker!r} is not a registered {ENTRY_ROLE}")
+        refused = self._not_the_dataloader(m.worker)
+        if refused is not None:
+            return refused
         keys = [g.key for g in m.groups]
         if len(set(keys)) != len(keys):
             return p.Error(Reason.BAD_REQUEST, "a key appears twice in one request")
@@ -332,6 +343,7 @@ class SchedulerService:
         """Journal what changed; announce the core's moves, then what followed from them."""
         notices = self.durable.commit()
         if notices:
+            _log_losses(notices)
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))
@@ -339,6 +351,21 @@ class SchedulerService:
 
     def _emit(self, name: str, body: dict[str, Any]) -> None:
         self._followers.append((name, body))
+
+
+def _log_losses(notices: list[Notice]) -> None:
+    """Work that went back or died is worth a line: it is how an operator finds a fault."""
+    for notice in notices:
+        if isinstance(notice, WorkerLost):
+            log.warning("worker lost", worker=notice.worker, reason=notice.reason)
+        elif isinstance(notice, Transition) and notice.reason is not None:
+            level = log.error if notice.target is GroupState.DEAD else log.warning
+            level(
+                "groups went back" if notice.target is not GroupState.DEAD else "groups died",
+                groups=list(notice.groups[:20]),
+                to=notice.target.value,
+                reason=notice.reason,
+            )
 
 
 def _error(rejected: Rejected) -> p.Error:

@@ -60,6 +60,8 @@ def test_a_killed_workers_lease_is_redelivered_and_every_result_arrives_once(clu
     c.worker("generate", 1)
     assert c.wait("scheduler", 90) == 0
     c.check_exactly_once()
+    log = c.log_text("scheduler")
+    assert '"worker lost"' in log and "generate-0" in log and "groups went back" in log
 
 
 def test_a_scheduler_killed_mid_run_resumes_and_the_run_ends_exact(cluster) -> None:

@@ -89,6 +89,8 @@ def test_metrics_lines_ahead_of_the_journal_are_cut_on_resume(tmp_path: Path) ->
         (p.Claim("logp", "logp", 0), "bad_request"),
         (p.Complete("logp", 99, 1, ()), "unknown_lease"),
         (p.AddGroups("logp", ()), "wrong_role"),
+        (p.AddGroups("ghost", ()), "unknown_worker"),  # so a forgotten dataloader registers
+        (p.Claim("ghost", "dataloader", 1), "unknown_worker"),
         (p.AddGroups("dataloader", (p.NewGroup("k", {}), p.NewGroup("k", {}))), "bad_request"),
         (p.PublishVersion("generate", 1), "wrong_role"),
         (p.Unlock("train", "gpu", 1), "unknown_resource"),
