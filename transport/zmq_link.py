@@ -183,8 +183,7 @@ class ZmqLink:
         try:
             return self._exchange(call)
         finally:
-            if self._turn.give_back():
-                self._mailbox.wake()  # the I/O thread has calls waiting, or must watch
+            self._turn.give_back(self._mailbox.wake)
 
     def _exchange(self, call: _Call) -> Message:
         dealer = self._wire.dealer
@@ -277,13 +276,16 @@ class _Turn:
             self._io_calls += 1
             return False
 
-    def give_back(self) -> bool:
-        """From the calling thread that held the turn; True if the I/O thread takes it."""
+    def give_back(self, wake_io: Callable[[], None]) -> None:
+        """From the calling thread that held the turn; calls ``wake_io`` if the I/O thread
+        takes it, under the lock, so that the I/O thread cannot finish (and the link close
+        the pipe ``wake_io`` writes to) in between."""
         with self._cond:
             busy = bool(self._io_calls) or self._late_possible
             self._holder = _Holder.IO if busy and not self.closed else _Holder.NOBODY
+            if self._holder is _Holder.IO:
+                wake_io()  # it has calls waiting, or must watch for a late reply
             self._cond.notify_all()
-            return self._holder is _Holder.IO
 
     # --- the holder
 
@@ -335,11 +337,11 @@ class _Turn:
             if self.closed:
                 return
             self.closed = True
-        # A full pipe is already readable, which is all this is for.
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._closed_write, b"\0")
+            os.write(self._closed_write, b"\0")  # once, into an empty pipe: never blocks
+            self._cond.notify_all()
 
     def release(self) -> None:
+        """Close the pipe once nobody can poll it any more (see ZmqLink.close)."""
         os.close(self.closed_fd)
         os.close(self._closed_write)
 

@@ -38,10 +38,12 @@ Recovery rules (see :func:`replay`):
 * The newest snapshot whose crc and seq check out is used; older ones are fallbacks. The writer
   keeps the newest two snapshots and every segment with records after the older of them.
 
-Durability: records are written and fsynced in batches, by default on a log thread (see
-:class:`JournalWriter`), which also stores snapshots and retires old files, all in the order
-they were asked for. No record reaches a segment before the previous segment is fully on
-disk, so only the last segment holding records can be missing some.
+Durability: records are framed in memory and handed off in batches. By default a batch is
+written by the appending thread (when nothing is queued before it) and fsynced by a log
+thread (see :class:`JournalWriter`), which also stores snapshots and retires old files, all
+in the order they were asked for; a batch that finds work queued is written there too. No
+record reaches a segment before the previous segment is fully on disk, so only the last
+segment holding records can be missing some.
 
 Modules: ``_format`` (frame layout, names, errors), ``_replay`` (reading and recovery rules),
 ``_files`` (lock, recovery at open, file helpers), ``_syncer`` (who does the disk work) and

@@ -88,6 +88,8 @@ class SchedulerDaemon:
             if now >= next_tick:
                 self.service.tick(now)
                 self._log_auth_failures()
+                # Records no reply waits on (leases, renewals) still reach the disk in time.
+                self.service.durable.writer.flush_if_due()
                 next_tick = now + self.tick_interval_s
             if self._held:
                 # Usually written when this returns (see JournalWriter). A reply that waits
