@@ -21,7 +21,6 @@ import dataclasses
 import math
 import operator
 import threading
-import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
+
+from . import _typed
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -85,7 +86,6 @@ _DTYPES = frozenset(
 )
 _MAX_DIMS = 8
 _MAX_ARRAYS = 65_536
-_MAX_DEPTH = 16  # nesting of payload values; deeper is refused, not recursed into
 
 
 class Kind(IntEnum):
@@ -504,8 +504,7 @@ def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
 
 
 def _to_wire(message: Any) -> list[Any]:
-    getter = _GETTERS.get(type(message))
-    values = getter(message) if getter else [getattr(message, f.name) for f in _fields(message)]
+    values = _GETTERS[type(message)](message)  # every message class is registered below
     return [_field_to_wire(v) for v in values]
 
 
@@ -522,7 +521,7 @@ def _field_to_wire(value: Any) -> Any:
 
 def _getter(cls: type) -> Callable[[Any], Sequence[Any]]:
     """Reads every field of a ``cls`` instance in declaration order, in one call."""
-    names = [f.name for f in _fields(cls)]
+    names = [f.name for f in dataclasses.fields(cls)]
     if len(names) > 1:
         return operator.attrgetter(*names)
     if names:
@@ -567,8 +566,8 @@ def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
     if arrays.unused:
         raise ProtocolError(f"array frames {sorted(arrays.unused)[:5]} are never used", req_id)
     try:
-        return _build(cls, body, 0), req_id
-    except _Invalid as bad:
+        return _typed.build(cls, body, 0), req_id
+    except _typed.Invalid as bad:
         raise ProtocolError(bad.describe(cls.__name__), req_id) from None
 
 
@@ -637,180 +636,14 @@ def _stored_array(code: int, data: bytes) -> Any:
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
-# --- typed building ---------------------------------------------------------------------
-
-
-class _Invalid(Exception):
-    """A field that does not check out. Its path is gathered while the error unwinds, so a
-    valid message never pays for formatting the names of its fields."""
-
-    def __init__(self, detail: str) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self._path: list[str] = []  # innermost first
-
-    def at(self, part: str) -> _Invalid:
-        self._path.append(part)
-        return self
-
-    def describe(self, root: str) -> str:
-        return f"{root}{''.join(reversed(self._path))}: {self.detail}"
-
-
-def _fields(cls: Any) -> tuple[dataclasses.Field[Any], ...]:
-    return dataclasses.fields(cls)
-
-
-def _build(cls: type, body: Any, depth: int) -> Any:
-    checks, required = _CHECKS[cls]
-    if not isinstance(body, list):
-        raise _Invalid("body must be a list of fields")
-    if not required <= len(body) <= len(checks):
-        raise _Invalid(f"{len(body)} fields, expected {required}..{len(checks)}")
-    values = []
-    for (name, check), raw in zip(checks, body, strict=False):
-        try:
-            values.append(check(raw, depth + 1))
-        except _Invalid as bad:
-            raise bad.at(f".{name}") from None
-    return cls(*values)
-
-
-def _required(f: dataclasses.Field[Any]) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-Check = Callable[[Any, int], Any]
-"""Validates and converts one decoded value (at a nesting depth); raises _Invalid."""
-
-
-def _checker(hint: Any) -> Check:
-    """A function that validates and converts one decoded field of type ``hint``."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (types.UnionType, typing.Union):
-        options = [a for a in args if a is not type(None)]
-        inner = _checker(options[0])
-
-        def optional(raw: Any, depth: int) -> Any:
-            return None if raw is None else inner(raw, depth)
-
-        return optional
-    if hint in _SCALARS:
-        return _SCALARS[hint]
-    if dataclasses.is_dataclass(hint):
-        return lambda raw, depth: _build(hint, raw, depth)
-    if origin is tuple:
-        return _tuple_checker(args)
-    if origin is dict:
-        return _dict_checker(args[1])
-    raise TypeError(f"no wire check for {hint!r}")
-
-
-def _wrong_type(kind: type, raw: Any) -> _Invalid:
-    return _Invalid(f"expected {kind.__name__}, got {type(raw).__name__}")
-
-
-def _check_int(raw: Any, _depth: int) -> int:
-    if type(raw) is not int:
-        raise _wrong_type(int, raw)
-    return raw
-
-
-def _check_str(raw: Any, _depth: int) -> str:
-    if type(raw) is not str:
-        raise _wrong_type(str, raw)
-    return raw
-
-
-def _check_bool(raw: Any, _depth: int) -> bool:
-    if type(raw) is not bool:
-        raise _wrong_type(bool, raw)
-    return raw
-
-
-def _check_float(raw: Any, _depth: int) -> float:
-    if type(raw) is int:
-        return float(raw)
-    if type(raw) is not float:
-        raise _wrong_type(float, raw)
-    if not math.isfinite(raw):
-        raise _Invalid(f"{raw} is not a finite number")
-    return raw
-
-
-_SCALARS: dict[type, Check] = {
-    int: _check_int,
-    str: _check_str,
-    bool: _check_bool,
-    float: _check_float,
-}
-
-
-def _tuple_checker(args: tuple[Any, ...]) -> Check:
-    variadic = len(args) == 2 and args[1] is Ellipsis
-    items = [_checker(args[0])] if variadic else [_checker(a) for a in args]
-
-    def check(raw: Any, depth: int) -> Any:
-        if not isinstance(raw, list):
-            raise _Invalid(f"expected a list, got {type(raw).__name__}")
-        if not variadic and len(raw) != len(items):
-            raise _Invalid(f"expected {len(items)} values, got {len(raw)}")
-        out = []
-        for i, (c, v) in enumerate(zip(items * len(raw) if variadic else items, raw, strict=True)):
-            try:
-                out.append(c(v, depth))
-            except _Invalid as bad:
-                raise bad.at(f"[{i}]") from None
-        return tuple(out)
-
-    return check
-
-
-def _dict_checker(value_hint: Any) -> Check:
-    inner = None if value_hint is Any else _checker(value_hint)
-
-    def check(raw: Any, depth: int) -> Any:
-        if not isinstance(raw, dict) or not all(type(k) is str for k in raw):
-            raise _Invalid("expected a map with string keys")
-        if inner is None:
-            for v in raw.values():
-                _check_depth(v, depth)
-            return raw
-        out = {}
-        for k, v in raw.items():
-            try:
-                out[k] = inner(v, depth)
-            except _Invalid as bad:
-                raise bad.at(f"[{k!r:.40}]") from None
-        return out
-
-    return check
-
-
-def _check_depth(raw: Any, depth: int) -> None:
-    """Payload values are plain MessagePack data and arrays, nested to a bounded depth."""
-    if depth > _MAX_DEPTH:
-        raise _Invalid(f"nested deeper than {_MAX_DEPTH}")
-    if isinstance(raw, list):
-        for v in raw:
-            _check_depth(v, depth + 1)
-    elif isinstance(raw, dict):
-        for v in raw.values():
-            _check_depth(v, depth + 1)
-
-
 _MESSAGES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
-_CHECKS: dict[type, tuple[list[tuple[str, Check]], int]] = {}  # per class: checks, required
 _GETTERS: dict[type, Callable[[Any], Sequence[Any]]] = {}
 
 
 def _register() -> None:
-    for cls in [*_MESSAGES, Result, Item, NewGroup]:
-        hints = typing.get_type_hints(cls, globalns=globals())
-        fields = _fields(cls)
-        checks = [(f.name, _checker(hints[f.name])) for f in fields]
-        _CHECKS[cls] = (checks, sum(1 for f in fields if _required(f)))
+    for cls in [Result, Item, NewGroup, *_MESSAGES]:  # nested ones first
+        _typed.register(cls, globals())
         _GETTERS[cls] = _getter(cls)
 
 
