@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils.monitor import recv_monitor_message
 
+from ._handshakes import HANDSHAKE_FAILURES, ZAP_DOMAINS, CurveGuard, read_monitor
 from .security import ClientKeys, ServerKeys
 
 __all__ = [
@@ -55,29 +54,12 @@ _SCHEDULER_LINGER_MS = 100
 _KEEPALIVE_IDLE_S = 30
 _KEEPALIVE_INTERVAL_S = 10
 _KEEPALIVE_COUNT = 3
-_ZAP_DOMAINS = {"control": b"asyncrl.control", "events": b"asyncrl.events"}
-_HANDSHAKE_FAILURES = (
-    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-)
-_ZAP_DENIED = 400
-_MAX_UNREAD_FAILURES = 1000  # a client retrying a bad key must not grow memory without end
-_PROTOCOL_ERRORS = {
-    int(getattr(zmq, name)): name.removeprefix("PROTOCOL_ERROR_")
-    for name in dir(zmq)
-    if name.startswith("PROTOCOL_ERROR_")
-}
 # pyzmq's send_multipart and recv_multipart spend more time in Python (a flag enum per frame,
 # a getsockopt(RCVMORE) per frame, a zmq.Again built to say "nothing") than libzmq spends
 # moving a small message; these helpers below take about half as long.
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
 _POLLIN = int(zmq.POLLIN)
-_PROTOCOL_HINTS = {
-    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "a client without CURVE keys?",
-    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "a client with the wrong server public key?",
-}
 
 
 # --- the scheduler's side ---------------------------------------------------------------
@@ -96,13 +78,13 @@ class BoundSockets:
     control_endpoint: str
     events_endpoint: str
     monitors: tuple[zmq.Socket, zmq.Socket]
-    _guard: _CurveGuard | None = field(default=None, repr=False)
+    _guard: CurveGuard | None = field(default=None, repr=False)
 
     def auth_failures(self) -> list[str]:
         """Handshakes refused since the last call, described; repeats are counted, not listed."""
         found: list[str] = []
         for name, monitor in zip(("control", "events"), self.monitors, strict=True):
-            found.extend(_read_monitor(name, monitor))
+            found.extend(read_monitor(name, monitor))
         if self._guard is not None:
             found.extend(self._guard.take_denied())
         counts = collections.Counter(found)
@@ -170,7 +152,7 @@ def bind_scheduler_sockets_at(
     if server_keys is not None:
         allowed = server_keys.clients if allowed_client_keys is None else allowed_client_keys
         # Started before binding: a client that connects first must meet the check too.
-        guard = _CurveGuard(ctx, frozenset(allowed))
+        guard = CurveGuard(ctx, frozenset(allowed))
     made: list[zmq.Socket] = []
     try:
         control = ctx.socket(zmq.ROUTER)
@@ -185,9 +167,9 @@ def bind_scheduler_sockets_at(
         _scheduler_options(events, max_message_bytes)
         events.setsockopt(zmq.SNDHWM, EVENTS_HWM)
         if server_keys is not None:
-            _curve_server(control, server_keys, _ZAP_DOMAINS["control"])
-            _curve_server(events, server_keys, _ZAP_DOMAINS["events"])
-        monitors = tuple(s.get_monitor_socket(_HANDSHAKE_FAILURES) for s in (control, events))
+            _curve_server(control, server_keys, ZAP_DOMAINS["control"])
+            _curve_server(events, server_keys, ZAP_DOMAINS["events"])
+        monitors = tuple(s.get_monitor_socket(HANDSHAKE_FAILURES) for s in (control, events))
         made.extend(monitors)
         _bind(control, control_endpoint)
         _bind(events, events_endpoint)
@@ -229,62 +211,6 @@ def _bind(socket: zmq.Socket, endpoint: str) -> None:
 def _last_endpoint(socket: zmq.Socket) -> str:
     # The port the OS chose for a "*" bind, or the path of an ipc:// one.
     return socket.getsockopt(zmq.LAST_ENDPOINT).decode()
-
-
-class _CurveGuard:
-    """The ZAP authenticator: admits only the allowed client keys and notes every refusal."""
-
-    def __init__(self, ctx: zmq.Context, allowed: frozenset[bytes]) -> None:
-        self._allowed = allowed
-        self._domains = {v.decode(): k for k, v in _ZAP_DOMAINS.items()}
-        self._denied: collections.deque[str] = collections.deque(maxlen=_MAX_UNREAD_FAILURES)
-        self._auth = ThreadAuthenticator(ctx)
-        self._auth.start()
-        for domain in self._domains:
-            self._auth.configure_curve_callback(domain, credentials_provider=self)
-
-    def callback(self, domain: str, key: bytes) -> bool:
-        """Called by the authenticator's thread for every CURVE handshake."""
-        if key in self._allowed:
-            return True
-        socket = self._domains.get(domain, domain)
-        self._denied.append(f"{socket}: refused a client whose key {key.decode()} is not allowed")
-        return False
-
-    def take_denied(self) -> list[str]:
-        taken = []
-        while self._denied:
-            taken.append(self._denied.popleft())
-        return taken
-
-    def stop(self) -> None:
-        self._auth.stop()
-
-
-def _read_monitor(name: str, monitor: zmq.Socket) -> list[str]:
-    found = []
-    while True:
-        try:
-            event = recv_monitor_message(monitor, zmq.NOBLOCK)
-        except zmq.Again:
-            return found
-        description = _describe_failure(int(event["event"]), int(event["value"]))
-        if description is not None:
-            found.append(f"{name}: {description}")
-
-
-def _describe_failure(event: int, value: int) -> str | None:
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        # A denial (400) comes from _CurveGuard.callback, which already noted it with the key.
-        if value == _ZAP_DENIED:
-            return None
-        return f"refused a client: the authenticator answered {value}"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        name = _PROTOCOL_ERRORS.get(value, hex(value))
-        hint = _PROTOCOL_HINTS.get(value)
-        return f"refused a client: handshake error {name}" + (f" ({hint})" if hint else "")
-    # The client saw the problem first (no CURVE keys, say) and hung up, or it timed out.
-    return "a client's handshake failed with no detail (the client hung up or timed out)"
 
 
 # --- a worker's side --------------------------------------------------------------------
