@@ -1,7 +1,7 @@
 """``ZmqLink``: a worker's SchedulerLink over a DEALER (requests) and a SUB (events).
 
 ZeroMQ sockets are not thread-safe, so one thread at a time may use the DEALER: the one
-that holds the link's *turn* (``_Turn``). A call made while no other call is in flight
+that holds the link's *turn* (``Turn`` in _turn.py). A call made while no other call is in flight
 takes the turn and does its own I/O: it sends, polls the DEALER until its reply or its
 deadline, and gives the turn back. That is the common case (a worker's loop; its
 heartbeat thread rarely overlaps it), and it costs no thread hand-off. Handing every call
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import functools
 import itertools
 import logging
@@ -49,6 +48,7 @@ from typing import Any
 
 import zmq
 
+from ._turn import Turn
 from .link import LinkClosed, LinkTimeout
 from .protocol import Event, Message, ProtocolError, decode, decode_with_id, encode
 from .security import ClientKeys
@@ -104,7 +104,7 @@ class ZmqLink:
         self._ids = itertools.count(1)
         self._ids_lock = threading.Lock()
         self._mailbox = _Mailbox()
-        self._turn = _Turn()
+        self._turn = Turn()
         self._wire = _Wire(sockets.control, dial)
         self._events = _EventBuffer(event_buffer)
         self._late = _LateReplies(on_late_reply)
@@ -228,122 +228,6 @@ class ZmqLink:
                 return reply
             self._late.deliver(reply)
         return None
-
-
-# --- who may use the DEALER -------------------------------------------------------------
-
-
-class _Holder(enum.Enum):
-    NOBODY = enum.auto()
-    CALLER = enum.auto()  # a calling thread, doing its own call
-    IO = enum.auto()  # the link's I/O thread
-
-
-class _Turn:
-    """Who may use the DEALER now, and what decides it (see the module doc).
-
-    The I/O thread holds the turn while it has calls (``io_calls``: queued, unsent or in
-    flight) or while a late reply may still come; otherwise a calling thread may take it.
-    Only the holder sends, so only the holder counts timeouts and replies (``sending``,
-    ``expired``, ``answered``), which say whether a late reply may still come.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._holder = _Holder.NOBODY
-        self._io_calls = 0
-        self._timeouts = 0  # calls that timed out after they were sent
-        self._settled = 0  # timeouts after which a later call had its reply
-        self.closed = False
-        self.finished = False  # the I/O thread has closed the DEALER, or left it to a caller
-        # Readable once the link is closed: wakes a caller polling the DEALER.
-        self.closed_fd, self._closed_write = os.pipe()
-
-    @property
-    def _late_possible(self) -> bool:
-        return self._settled < self._timeouts
-
-    # --- callers
-
-    def take_or_queue(self) -> bool:
-        """True: the caller holds the turn. False: its call is counted for the I/O thread."""
-        with self._cond:
-            if self.closed:
-                raise LinkClosed("the link is closed")
-            if self._holder is _Holder.NOBODY and not self._io_calls and not self._late_possible:
-                self._holder = _Holder.CALLER
-                return True
-            self._io_calls += 1
-            return False
-
-    def give_back(self, wake_io: Callable[[], None]) -> None:
-        """From the calling thread that held the turn; calls ``wake_io`` if the I/O thread
-        takes it, under the lock, so that the I/O thread cannot finish (and the link close
-        the pipe ``wake_io`` writes to) in between."""
-        with self._cond:
-            busy = bool(self._io_calls) or self._late_possible
-            self._holder = _Holder.IO if busy and not self.closed else _Holder.NOBODY
-            if self._holder is _Holder.IO:
-                wake_io()  # it has calls waiting, or must watch for a late reply
-            self._cond.notify_all()
-
-    # --- the holder
-
-    def sending(self, call: _Call) -> None:
-        call.sent = True
-        call.timeouts_before = self._timeouts
-
-    def expired(self, call: _Call) -> None:
-        if call.sent:
-            with self._cond:
-                self._timeouts += 1
-
-    def answered(self, call: _Call) -> None:
-        if call.timeouts_before == self._timeouts:
-            with self._cond:
-                self._settled = self._timeouts  # sent after every timeout: nothing late left
-
-    # --- the I/O thread
-
-    def io_settle(self) -> bool:
-        """Take the turn if the I/O thread needs it and it is free, or give it back if not;
-        True while the I/O thread holds it."""
-        with self._cond:
-            needed = bool(self._io_calls) or self._late_possible
-            if needed and self._holder is _Holder.NOBODY:
-                self._holder = _Holder.IO
-            elif not needed and self._holder is _Holder.IO:
-                self._holder = _Holder.NOBODY
-            return self._holder is _Holder.IO
-
-    def io_done(self, calls: int) -> None:
-        with self._cond:
-            self._io_calls -= calls
-
-    def io_final(self, wait_s: float) -> bool:
-        """At the I/O thread's end: wait for a calling thread to give the turn back; True if
-        the I/O thread may close the DEALER."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._holder is not _Holder.CALLER, wait_s)
-            if self._holder is _Holder.CALLER:
-                return False
-            self._holder = _Holder.IO  # for good: closed, so nobody takes it any more
-            return True
-
-    # --- closing
-
-    def close(self) -> None:
-        with self._cond:
-            if self.closed:
-                return
-            self.closed = True
-            os.write(self._closed_write, b"\0")  # once, into an empty pipe: never blocks
-            self._cond.notify_all()
-
-    def release(self) -> None:
-        """Close the pipe once nobody can poll it any more (see ZmqLink.close)."""
-        os.close(self.closed_fd)
-        os.close(self._closed_write)
 
 
 class _Wire:
@@ -506,7 +390,7 @@ class _IoLoop:
         self,
         wire: _Wire,
         sub: zmq.Socket,
-        turn: _Turn,
+        turn: Turn,
         mailbox: _Mailbox,
         events: _EventBuffer,
         late: _LateReplies,
