@@ -41,7 +41,15 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
-__all__ = ["Actor", "Outcome", "Pacing", "Worker", "WorkerContext", "default_worker_name"]
+__all__ = [
+    "Actor",
+    "Outcome",
+    "Pacing",
+    "StreamingActor",
+    "Worker",
+    "WorkerContext",
+    "default_worker_name",
+]
 
 log = structlog.get_logger("asyncrl.worker")
 
@@ -64,6 +72,7 @@ class WorkerContext:
     lease_timeout_s: float
     max_message_bytes: int
     policy_version: int  # the newest published weights when the worker registered
+    index: int | None = None  # this worker's number within its role, if it was given one
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +114,45 @@ class Actor:
     def on_publish(self, version: int) -> None:
         """Make ``version``'s weights available before it is announced; raise to not."""
 
+    def take_reports(self) -> list[p.Report]:
+        """Reports made since the last call (validation results); the worker sends them."""
+        return []
+
     def on_stop(self) -> None:
         """The worker is leaving; release what ``on_start`` took."""
+
+
+class StreamingActor(Actor):
+    """An actor that works on many leases at once, in small steps (the generator).
+
+    The worker claims whenever ``capacity`` says there is room, hands each lease to
+    ``admit``, and calls ``advance`` in between; versions load between two ``advance``
+    calls, never inside one. A lease is completed as soon as ``advance`` returns it.
+    """
+
+    def capacity(self) -> int:
+        """How many more groups to claim now (0: full)."""
+        raise NotImplementedError
+
+    def admit(self, lease: p.Lease) -> None:
+        """Start working on ``lease`` beside what is already running."""
+        raise NotImplementedError
+
+    def advance(self) -> list[tuple[p.Lease, Outcome]]:
+        """One small step of all running work; the leases it finished, with their results.
+
+        Raise, and every running lease is given back (``abandon`` is called first).
+        """
+        raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Work is running (or queued) that ``advance`` will finish."""
+        raise NotImplementedError
+
+    def abandon(self) -> list[p.Lease]:
+        """Drop every running lease and return them, so the worker can give them back."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +191,10 @@ class Worker:
         pacing: Pacing = Pacing(),
         pipeline: Pipeline = DEFAULT_PIPELINE,
         clock: Callable[[], float] = time.monotonic,
+        index: int | None = None,
     ) -> None:
         self.actor = actor
+        self.index = index
         self.link = link
         self.config = config
         self.role = actor.role
@@ -165,6 +213,7 @@ class Worker:
         # The lease being worked on: heartbeats renew only it, so a lease whose reply never
         # reached this worker runs out instead of being kept alive.
         self._holding: tuple[int, ...] = ()
+        self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._log = log.bind(worker=self.name, role=self.role)
 
     # --- the public surface ----------------------------------------------------------
@@ -232,6 +281,7 @@ class Worker:
             lease_timeout_s=ready.lease_timeout_s,
             max_message_bytes=ready.max_message_bytes,
             policy_version=ready.policy_version,
+            index=self.index,
         )
 
     def _register(self) -> p.Ready:
@@ -280,6 +330,9 @@ class Worker:
     # --- the loop --------------------------------------------------------------------
 
     def _loop(self) -> None:
+        if isinstance(self.actor, StreamingActor):
+            self._stream(self.actor)
+            return
         while not self._stopping:
             self._take_events(0)
             reply = self._call(p.Claim(self.name, self.role, self.actor.claim_size))
@@ -288,6 +341,68 @@ class Worker:
                 return
             self._handle(reply)
         self._log.info("stopping, as asked")
+
+    def _stream(self, actor: StreamingActor) -> None:
+        """Claim while there is room, advance between claims, complete leases as they end."""
+        claim_again_at, run_over = 0.0, False
+        while True:
+            if self._take_events(0):
+                claim_again_at = 0.0  # new work was announced
+            if self._stop_requests > 1:
+                self._give_back(actor.abandon(), "the worker is stopping now")
+                return
+            open_for_work = not (self._stopping or run_over)
+            if open_for_work and self.clock() >= claim_again_at and actor.capacity() > 0:
+                reply = self._call(p.Claim(self.name, self.role, actor.capacity()))
+                if isinstance(reply, p.Lease):
+                    actor.admit(reply)
+                    self._running[reply.lease_id] = reply
+                    self._holding = tuple(self._running)
+                    continue  # there may be room for more
+                if isinstance(reply, p.Shutdown):
+                    self._log.info("the scheduler says the run is over", reason=reply.reason)
+                    run_over = True
+                elif _is_error(reply, Reason.BAD_VERSION) and self._loaded is not None:
+                    self._report_loaded()
+                else:
+                    claim_again_at = self.clock() + self.pacing.poll_s
+            if actor.busy:
+                self._advance(actor)
+            elif not open_for_work:
+                self._log.info("stopping" if self._stopping else "run over: leaving")
+                return
+            else:
+                self._idle()
+
+    def _advance(self, actor: StreamingActor) -> None:
+        try:
+            finished = actor.advance()
+        except Exception as error:
+            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
+            self._log.warning("streaming work failed", reason=reason, exc_info=True)
+            self._give_back(actor.abandon(), reason)
+            return
+        self._send_reports()
+        for lease, outcome in finished:
+            self._running.pop(lease.lease_id, None)
+            self._holding = tuple(self._running)
+            done = p.Complete(
+                self.name, lease.lease_id, lease.fence, outcome.results, outcome.metrics
+            )
+            self._settle(done)
+
+    def _send_reports(self) -> None:
+        for report in self.actor.take_reports():
+            reply = self._call(report)
+            if not isinstance(reply, p.Ack):
+                self._log.warning("report not taken", name=report.name, reply=_describe(reply))
+
+    def _give_back(self, leases: list[p.Lease], reason: str) -> None:
+        for lease in leases:
+            self._running.pop(lease.lease_id, None)
+            with contextlib.suppress(_GaveUp, LinkClosed):
+                self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
+        self._holding = tuple(self._running)
 
     def _handle(self, reply: p.Message) -> None:
         match reply:
@@ -318,6 +433,7 @@ class Worker:
             self._log.warning("lease failed", lease=lease.lease_id, reason=reason, exc_info=True)
             self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
             return
+        self._send_reports()
         done = p.Complete(self.name, lease.lease_id, lease.fence, outcome.results, outcome.metrics)
         if self._settle(done) and self.actor.publishes_versions:
             self._publish_trained()
@@ -361,14 +477,21 @@ class Worker:
         if self._tracks_versions and due:
             self._check_version()
 
-    def _take_events(self, timeout_s: float) -> None:
-        """Drain the wake-ups that came (waiting up to ``timeout_s`` for the first)."""
+    def _take_events(self, timeout_s: float) -> bool:
+        """Drain the events that came (waiting up to ``timeout_s`` for the first).
+
+        True if one announced work (anything but a version).
+        """
+        woken = False
         event = self.link.next_event(timeout_s)
         while event is not None:
             if event.topic == VERSION_PUBLISHED:
                 self._heard_of(event.body.get("version"))
+            else:
+                woken = True
             event = self.link.next_event(0)
         self._load_newest()
+        return woken
 
     # --- versions --------------------------------------------------------------------
 

@@ -30,5 +30,9 @@ class RunDir:
         return self.root / "metrics.jsonl"
 
     @property
+    def validation(self) -> Path:
+        return self.root / "validation.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"

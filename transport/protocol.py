@@ -59,6 +59,7 @@ __all__ = [
     "ProtocolError",
     "PublishVersion",
     "Ready",
+    "Report",
     "Result",
     "Shutdown",
     "Status",
@@ -101,6 +102,7 @@ class Kind(IntEnum):
     LOADED_VERSION = 9
     ADD_GROUPS = 10
     BYE = 11
+    REPORT = 12
     # observers -> scheduler
     STATUS = 20
     STOP = 21
@@ -223,6 +225,20 @@ class LoadedVersion:
     KIND: ClassVar[Kind] = Kind.LOADED_VERSION
     worker: str
     version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """A worker's measurement that belongs to no lease, e.g. a validation pass.
+
+    ``name`` says what it is ("validation"); ``version`` is the policy version measured.
+    """
+
+    KIND: ClassVar[Kind] = Kind.REPORT
+    worker: str
+    name: str
+    version: int
+    data: Payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +409,7 @@ Message = (
     | Unlock
     | PublishVersion
     | LoadedVersion
+    | Report
     | AddGroups
     | Bye
     | Status

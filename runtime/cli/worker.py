@@ -59,10 +59,12 @@ def _serve(args: argparse.Namespace) -> int:
     name = default_worker_name(args.role) if args.index is None else f"{args.role}-{args.index}"
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
     where = _endpoints(args, cfg)
-    return _run_worker(actor_class(), cfg, name, where)
+    return _run_worker(actor_class(), cfg, name, where, args.index)
 
 
-def _run_worker(actor: Actor, cfg: RunConfig, name: str, where: _Endpoints) -> int:
+def _run_worker(
+    actor: Actor, cfg: RunConfig, name: str, where: _Endpoints, index: int | None
+) -> int:
     try:
         keys = load_client_keys(keys_dir(cfg)) if where.curve else None
     except KeyFileError as error:
@@ -82,7 +84,7 @@ def _run_worker(actor: Actor, cfg: RunConfig, name: str, where: _Endpoints) -> i
         on_late_reply=late_reply,
     )
     try:
-        worker = running = Worker(actor, link, cfg, name=name)
+        worker = running = Worker(actor, link, cfg, name=name, index=index)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
         return running.run()

@@ -128,15 +128,16 @@ class PipelineSection:
         default=50, metadata=doc("optimizer steps between checkpoints", min=1)
     )
     actors: str = field(
-        default="asyncrl.actors.demo",
+        default="asyncrl.actors.roles",
         metadata=doc("module whose ROLES maps each role to its worker class (an import path)"),
     )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightsSection:
-    strategy: Literal["ucx", "shm", "interim"] = field(
-        default="ucx", metadata=doc("how new weights reach generators")
+    strategy: Literal["files"] = field(
+        default="files",
+        metadata=doc("how new weights reach generators (files: safetensors in run.dir/weights)"),
     )
     produce_bucket_mb: int = field(
         default=64, metadata=doc("MiB per bucket when publishing weights", min=1)
@@ -153,6 +154,9 @@ class WeightsSection:
 class BackendsSection:
     generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
+    cpu_threads: int = field(
+        default=1, metadata=doc("torch threads per worker process on CPU", min=1)
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,7 +67,9 @@ class Grant:
     role: str
     deadline: float
     groups: tuple[int, ...]
-    version: int | None = None  # for admitted work: the version the generator had loaded
+    # Admitted work: the version the generator had loaded; a train step: the version it
+    # trains from (the steps done before it).
+    version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

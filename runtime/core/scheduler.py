@@ -177,6 +177,7 @@ class SchedulerCore:
             n = min(n, self._admissible(deadline))
         elif stage.gate is Gate.STEP:
             n = self.settings.train_batch_groups if self._step_ready(stage) else 0
+            version = self.state.steps_done  # the version this step trains from
         gids = self._take(stage, n)
         if not gids:
             return None

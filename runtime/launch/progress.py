@@ -19,17 +19,25 @@ __all__ = ["ProgressReporter", "progress_line"]
 
 
 def progress_line(last: dict[str, Any], total_steps: int, elapsed_s: float) -> str:
-    """``step 12/200 (6%) · 3.1 steps/s · reward 0.41 · 40s``: whatever the step recorded."""
+    """``[####------] step 12/200 · 3.1 steps/s · reward 0.41 · val 0.62 (v10) · 40s``."""
     step = int(last.get("step", 0))
-    parts = [f"step {step}/{total_steps} ({100 * step // max(total_steps, 1)}%)"]
+    done = min(_BAR, _BAR * step // max(total_steps, 1))
+    parts = [f"[{'#' * done}{'-' * (_BAR - done)}] step {step}/{total_steps}"]
     if elapsed_s > 0 and step:
         parts.append(f"{step / elapsed_s:.2f} steps/s")
-    for key in ("reward", "val_reward", "staleness"):
+    for key, label in _SHOWN:
         value = last.get(key)
         if isinstance(value, int | float):
-            parts.append(f"{key} {value:.3g}")
+            parts.append(f"{label} {value:.3g}")
+    if isinstance(last.get("val_reward"), int | float):
+        parts.append(f"val {last['val_reward']:.3g} (v{last.get('val_version', '?')})")
     parts.append(f"{elapsed_s:.0f}s")
     return " · ".join(parts)
+
+
+_BAR = 20
+# What a step's metrics line may hold, and the label shown for it (demo runs hold fewer).
+_SHOWN = (("reward_mean", "reward"), ("staleness_mean", "staleness"))
 
 
 class ProgressReporter:

@@ -12,7 +12,7 @@ from asyncrl.runtime.durable import JournaledCore
 from asyncrl.runtime.journal import JournalWriter
 from asyncrl.runtime.rundir import RunDir
 
-from .metrics import MetricsLog
+from .metrics import MetricsLog, ReportLog
 from .service import RunPlan, SchedulerService
 
 __all__ = ["keys_dir", "open_service"]
@@ -59,6 +59,7 @@ def open_service(
         durable,
         plan,
         MetricsLog(run.metrics),
+        reports=ReportLog(run.validation),
         run_name=cfg.run.name,
         heartbeat_interval_s=sched.heartbeat_interval_s,
         max_message_bytes=sched.max_message_mb << 20,

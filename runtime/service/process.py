@@ -96,6 +96,8 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         endpoints_file(cfg).unlink(missing_ok=True)
         service.durable.close()
         service.metrics.close()
+        if service.reports is not None:
+            service.reports.close()
         if sockets is not None:
             sockets.close()
         ctx.term()

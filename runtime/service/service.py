@@ -38,7 +38,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
 from .events import ENTRY_ROLE, EventNumbering
-from .metrics import MetricsLog
+from .metrics import MetricsLog, ReportLog
 
 __all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
 
@@ -80,11 +80,13 @@ class SchedulerService:
         heartbeat_interval_s: float,
         max_message_bytes: int,
         started_at: float,
+        reports: ReportLog | None = None,
     ) -> None:
         self.durable = durable
         self.core: SchedulerCore = durable.core
         self.plan = plan
         self.metrics = metrics
+        self.reports = reports
         self.run_name = run_name
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_message_bytes = max_message_bytes
@@ -106,6 +108,7 @@ class SchedulerService:
             p.LoadedVersion: self._loaded,
             p.AddGroups: self._add_groups,
             p.Bye: self._bye,
+            p.Report: self._report,
             p.Status: self._status,
             p.Stop: self._stop,
         }
@@ -250,6 +253,7 @@ class SchedulerService:
             "policy_version": state.policy_version,
             "worker": worker,
             **(m.metrics or {}),
+            **self._latest_validation(),
         }
         self.metrics.append(line)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
@@ -257,6 +261,23 @@ class SchedulerService:
             log.info("run finished", steps=state.steps_done)
             self._emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
             self.draining = "the run is finished"
+
+    def _latest_validation(self) -> dict[str, Any]:
+        latest = self.reports.latest if self.reports is not None else None
+        if latest is None:
+            return {}
+        return {"val_reward": latest.get("val_reward"), "val_version": latest["version"]}
+
+    def _report(self, m: p.Report, now: float) -> p.Message:
+        if self.reports is None or m.name not in self.reports.NAMES:
+            return p.Error(Reason.BAD_REQUEST, f"report {m.name!r} is not one this run keeps")
+        if m.worker not in self.core.state.workers:
+            return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
+        line = {"elapsed_s": round(now - self.started_at, 3), "worker": m.worker, **m.data}
+        if self.reports.record(m.version, line):
+            log.info("validation", version=m.version, **m.data)
+            self._emit(topic(Topic.METRICS, m.name), {"version": m.version, **m.data})
+        return p.Ack()
 
     def _fail(self, m: p.Fail, _now: float) -> p.Message:
         gids = None if m.gids is None else list(m.gids)

@@ -41,7 +41,11 @@ class Cluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
             "run": {"dir": str(self.run_dir), "total_steps": 10},
-            "pipeline": {"train_batch_groups": 2, "lease_timeout_s": 5.0},
+            "pipeline": {
+                "train_batch_groups": 2,
+                "lease_timeout_s": 5.0,
+                "actors": "asyncrl.actors.demo",  # exact results per group
+            },
             "scheduler": {
                 "control_port": 0,
                 "events_port": 0,

@@ -1,0 +1,35 @@
+"""What logp and ref_logp share: score a lease's responses under a model, batch by batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from asyncrl.transport import protocol as p
+
+from .payloads import RolloutsOut
+from .policy.model import CausalLM
+from .policy.scoring import pack, response_logprobs
+
+__all__ = ["score_items"]
+
+
+@torch.no_grad()
+def score_items(
+    model: CausalLM, items: tuple[p.Item, ...], pad_id: int, temperature: float
+) -> list[np.ndarray]:
+    """Per item, log-probs of its responses ``[n, longest]`` (float32; 0 past each end)."""
+    rollouts = [RolloutsOut.of(item) for item in items]
+    prompts, responses = [], []
+    for group in rollouts:
+        for response in group.responses():
+            prompts.append(group.prompt_ids.tolist())
+            responses.append(response)
+    packed = pack(prompts, responses, pad_id)
+    scores = response_logprobs(model.eval(), packed, temperature).numpy()
+    out, row = [], 0
+    for group in rollouts:
+        n, width = group.response_ids.shape
+        out.append(np.ascontiguousarray(scores[row : row + n, :width], dtype=np.float32))
+        row += n
+    return out

@@ -1,0 +1,49 @@
+"""The ``dataloader`` role: feeds the task's training prompts into ``pending``.
+
+Consumes the scheduler's Want (how many groups it can take); produces one
+:class:`PromptIn` per group, keyed ``train-{index:09d}``. It keeps no cursor worth saving:
+after a restart it offers keys from index 0 again and the scheduler skips the ones it
+already holds (its journal records every consumed key), so the data position survives
+any crash of either side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+from .payloads import PromptIn
+from .tasks import Task, load_task
+from .worker import Actor, WorkerContext
+
+__all__ = ["Dataloader", "group_key"]
+
+
+def group_key(index: int) -> str:
+    return f"train-{index:09d}"
+
+
+class Dataloader(Actor):
+    role: ClassVar[str] = Role.DATALOADER.value
+    claim_size: ClassVar[int] = 256  # groups offered per request, at most
+
+    def __init__(self) -> None:
+        self.next_index = 0
+        self.task: Task | None = None
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        self.task = load_task(ctx.config.data.task)
+
+    def feed(self, wanted: int) -> Sequence[p.NewGroup]:
+        assert self.task is not None, "on_start loads the task"
+        first = self.next_index
+        self.next_index += wanted
+        groups = []
+        for index in range(first, first + wanted):
+            sample = self.task.sample("train", index)
+            prompt = PromptIn(index, sample.prompt, sample.answer)
+            groups.append(p.NewGroup(group_key(index), prompt.to_payload()))
+        return groups

@@ -1,0 +1,193 @@
+"""The ``generate`` role: pending → generated, by continuous batching on the policy model.
+
+Consumes ``transition.*.pending`` wake-ups; produces one :class:`RolloutsOut` per group
+(``data.group_size`` sampled responses with per-token log-probs and versions). Leases
+stream through one decoder: a group's sequences join the running batch as soon as there
+are free slots, and a lease is completed the moment its last sequence ends, so a long
+response never keeps the others waiting.
+
+New versions load between two decode steps (the worker calls ``on_version`` there);
+sequences in flight continue under the new weights and their tokens say so.
+
+Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
+versions, the generator with index 0 (or no index) decodes the validation prompts
+greedily with a frozen copy of that version and reports their mean reward.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+from ._setup import load_policy, weight_sync
+from .payloads import PromptIn, RolloutsOut
+from .policy.decoder import Decoder, Finished, Request
+from .tasks import Sample, load_task
+from .worker import Outcome, StreamingActor, WorkerContext
+
+__all__ = ["Generate"]
+
+DEFAULT_SLOTS = 64  # sequences decoded at once
+
+
+@dataclass
+class _Running:
+    lease: p.Lease
+    waiting: int  # sequences not yet finished
+    rows: dict[int, dict[int, Finished]] = field(default_factory=dict)  # gid → seq → result
+
+
+@dataclass
+class _Validation:
+    version: int
+    decoder: Decoder
+    samples: list[Sample]
+    started: float
+    rewards: list[float] = field(default_factory=list)
+
+
+class Generate(StreamingActor):
+    role: ClassVar[str] = Role.GENERATE.value
+
+    def __init__(self, slots: int = DEFAULT_SLOTS) -> None:
+        self.slots = slots
+        self.running: dict[int, _Running] = {}
+        self.validation: _Validation | None = None
+        self.reports: list[p.Report] = []
+        self.loaded = 0
+        self.last_validated: int | None = None
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        cfg = ctx.config
+        self.ctx = ctx
+        self.model, self.codec = load_policy(cfg, self.role)
+        self.task = load_task(cfg.data.task)
+        self.sync = weight_sync(cfg)
+        self.n = cfg.data.group_size
+        if self.n > self.slots:
+            raise ValueError(f"data.group_size={self.n} exceeds the decoder's {self.slots} slots")
+        self.validates = ctx.index in (None, 0)
+        self.decoder = self._decoder(self.model, greedy_only=False)
+
+    def _decoder(self, model, *, greedy_only: bool) -> Decoder:
+        cfg = self.ctx.config
+        max_new = cfg.model.max_new_tokens
+        return Decoder(
+            model,
+            slots=self.slots,
+            max_new_tokens=max_new,
+            max_prompt_tokens=model.config.max_position_embeddings - max_new,
+            eos_id=self.codec.eos_id,
+            pad_id=self.codec.pad_id,
+            temperature=1.0 if greedy_only else cfg.algorithm.temperature,
+            seed=cfg.run.seed + (self.ctx.index or 0),
+            version=self.loaded,
+        )
+
+    # --- versions ------------------------------------------------------------------------
+
+    def on_version(self, version: int) -> int | None:
+        if version > self.loaded:
+            fetched = self.sync.fetch(version)
+            if fetched is None:
+                return self.loaded  # pruned or not there yet: a newer one will come
+            self.decoder.load(fetched.state, version)  # in-flight sequences carry on
+            self.loaded = version
+        self._maybe_validate()
+        return self.loaded
+
+    def _maybe_validate(self) -> None:
+        every = self.ctx.config.data.val_every_versions
+        due = self.last_validated is None or self.loaded // every > self.last_validated // every
+        if not (self.validates and due and self.validation is None):
+            return
+        self.last_validated = self.loaded
+        frozen = copy.deepcopy(self.model)  # the decoder's model changes under training
+        decoder = self._decoder(frozen, greedy_only=True)
+        samples = [
+            self.task.sample("validation", i) for i in range(self.ctx.config.data.val_prompts)
+        ]
+        decoder.submit(
+            Request(i, tuple(self.codec.encode(s.prompt)), greedy=True)
+            for i, s in enumerate(samples)
+        )
+        self.validation = _Validation(self.loaded, decoder, samples, time.monotonic())
+
+    # --- leases --------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        return max(0, self.decoder.free_slots // self.n)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running) or self.validation is not None
+
+    def admit(self, lease: p.Lease) -> None:
+        for item in lease.items:
+            prompt = tuple(self.codec.encode(PromptIn.of(item).prompt))
+            self.decoder.submit(
+                Request((lease.lease_id, item.gid, j), prompt) for j in range(self.n)
+            )
+        self.running[lease.lease_id] = _Running(lease, waiting=len(lease.items) * self.n)
+
+    def advance(self) -> list[tuple[p.Lease, Outcome]]:
+        done = []
+        for finished in self.decoder.step():
+            lease_id, gid, j = finished.tag
+            running = self.running[lease_id]
+            running.rows.setdefault(gid, {})[j] = finished
+            running.waiting -= 1
+            if running.waiting == 0:
+                del self.running[lease_id]
+                done.append((running.lease, Outcome(self._results(running))))
+        self._advance_validation()
+        return done
+
+    def abandon(self) -> list[p.Lease]:
+        leases = [running.lease for running in self.running.values()]
+        self.running.clear()
+        self.decoder = self._decoder(self.model, greedy_only=False)
+        return leases
+
+    def _results(self, running: _Running) -> tuple[p.Result, ...]:
+        results = []
+        for item in running.lease.items:
+            rows = running.rows[item.gid]
+            prompt = list(rows[0].prompt)
+            rollouts = RolloutsOut.stack(
+                prompt,
+                [(f.tokens, f.logprobs, f.versions, f.truncated) for _, f in sorted(rows.items())],
+            )
+            results.append(p.Result(item.gid, rollouts.to_payload(), rollouts.behaviour()))
+        return tuple(results)
+
+    # --- validation ----------------------------------------------------------------------
+
+    def _advance_validation(self) -> None:
+        v = self.validation
+        if v is None:
+            return
+        for finished in v.decoder.step():
+            response = self.codec.decode(finished.tokens)
+            v.rewards.append(self.task.reward(v.samples[finished.tag], response))
+        if v.decoder.busy:
+            return
+        rewards = np.asarray(v.rewards, np.float64)
+        metrics = {
+            "val_reward": float(rewards.mean()),
+            "val_prompts": len(rewards),
+            "val_seconds": round(time.monotonic() - v.started, 3),
+        }
+        self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
+        self.validation = None
+
+    def take_reports(self) -> list[p.Report]:
+        reports, self.reports = self.reports, []
+        return reports

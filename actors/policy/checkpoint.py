@@ -1,0 +1,132 @@
+"""Model directories in Hugging Face format: config.json, model.safetensors, tokenizer.json.
+
+``embedded`` names the base model shipped inside this package (made by
+``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
+Writes go to a temporary directory renamed into place, so a crash never leaves half a
+checkpoint under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import CausalLM, ModelConfig
+from .tokenizer import TextCodec
+
+__all__ = [
+    "EMBEDDED",
+    "EMBEDDED_DIR",
+    "load_model",
+    "load_state",
+    "model_dir",
+    "save_model",
+    "state_for_saving",
+]
+
+EMBEDDED = "embedded"
+EMBEDDED_DIR = Path(__file__).parent / "embedded"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def model_dir(path: str) -> Path:
+    """The directory ``model.path`` names; a clear error if it is not a model directory."""
+    directory = EMBEDDED_DIR if path == EMBEDDED else Path(path).expanduser()
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"model.path={path!r}: {directory} holds no config.json")
+    return directory
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM, TextCodec]:
+    """The model and its tokenizer from ``path`` (a directory, or ``embedded``)."""
+    directory = model_dir(path)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    model = CausalLM(config)
+    load_state(model, _read_weights(directory))
+    return model.to(dtype), TextCodec.from_dir(directory)
+
+
+def load_state(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``model``; a missing or unexpected tensor is an error naming it."""
+    if model.config.tie_word_embeddings:
+        state = {name: t for name, t in state.items() if name != "lm_head.weight"}
+    expected = set(state_for_saving(model))
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"weights do not fit the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+
+
+def state_for_saving(model: CausalLM) -> dict[str, torch.Tensor]:
+    """Parameters by Hugging Face name; a tied output layer is stored once, as HF does."""
+    state = {name: p.detach() for name, p in model.named_parameters()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    return state
+
+
+def save_model(model: CausalLM, source: Path, target: Path, extra: dict | None = None) -> None:
+    """Write ``model`` as a Hugging Face directory at ``target``, with ``source``'s tokenizer.
+
+    ``extra`` files (name → bytes) land beside the weights (optimizer state, counters).
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tensors = {name: t.contiguous() for name, t in state_for_saving(model).items()}
+        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_hf() | _token_ids(source) | {"torch_dtype": _dtype_name(model)}
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in _TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, staging / name)
+        for name, data in (extra or {}).items():
+            (staging / name).write_bytes(data)
+        _fsync_dir(staging)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return load_file(str(single))
+    index = directory / "model.safetensors.index.json"
+    if not index.is_file():
+        raise FileNotFoundError(f"{directory}: no model.safetensors (or its index)")
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        state.update(load_file(str(directory / shard)))
+    return state
+
+
+def _token_ids(source: Path) -> dict:
+    config = json.loads((source / "config.json").read_text())
+    return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+
+
+def _dtype_name(model: CausalLM) -> str:
+    return str(model.lm_head.weight.dtype).removeprefix("torch.")
+
+
+def _fsync_dir(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as handle:
+            os.fsync(handle.fileno())

@@ -1,0 +1,198 @@
+"""A continuous-batching decoder: many sequences share a KV cache, each at its own length.
+
+Sequences wait in a queue; every :meth:`Decoder.step` first admits waiting sequences
+into free cache slots, then advances every active sequence by one token. A sequence that
+ends frees its slot for the next waiting one at the very next step, so short responses
+never hold the batch for the longest one (the long tail).
+
+Weights change between steps (:meth:`Decoder.load`). Sequences in flight are not
+dropped: their cached keys and values are recomputed under the new weights at the next
+step, then they go on. Every sampled token records the policy version whose
+distribution it was drawn from, and that distribution's log-probability of it, so a
+trainer recomputing log-probs of the same version gets the same numbers.
+
+Each slot keeps its tokens and how many of them are in the cache ("fed"). One step feeds
+each slot its unfed tokens (one, usually; a whole prompt for a new sequence; everything
+after a reload) and samples a next token from the last position's logits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .model import CausalLM
+
+__all__ = ["Decoder", "Finished", "Request"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sequence to generate: a prompt, and how to pick tokens."""
+
+    tag: Any  # the caller's handle for the result
+    prompt: tuple[int, ...]
+    greedy: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A generated response: per token, its id, log-probability and policy version."""
+
+    tag: Any
+    prompt: tuple[int, ...]
+    tokens: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    truncated: bool  # stopped by the length limit rather than end-of-sequence
+
+
+@dataclass
+class _Sequence:
+    request: Request
+    tokens: list[int]  # prompt + response so far
+    fed: int = 0  # leading tokens whose keys/values are in the cache
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    @property
+    def response(self) -> list[int]:
+        return self.tokens[len(self.request.prompt) :]
+
+
+class Decoder:
+    """Generates from ``model`` for up to ``slots`` sequences at a time."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        slots: int,
+        max_new_tokens: int,
+        max_prompt_tokens: int,
+        eos_id: int,
+        pad_id: int,
+        temperature: float = 1.0,
+        seed: int = 0,
+        version: int = 0,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: expected a number > 0")
+        self.model = model.eval()
+        self.slots = slots
+        self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.temperature = temperature
+        self.version = version
+        self.cache = model.new_cache(slots, max_prompt_tokens + max_new_tokens)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.waiting: deque[Request] = deque()
+        self.active: dict[int, _Sequence] = {}  # slot → sequence
+        self.tokens_generated = 0
+
+    # --- the caller's side ------------------------------------------------------------
+
+    def submit(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            if not 0 < len(request.prompt) <= self.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt of {len(request.prompt)} tokens: expected 1.."
+                    f"{self.max_prompt_tokens} (raise the decoder's max_prompt_tokens)"
+                )
+            self.waiting.append(request)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.active)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots that no sequence, running or waiting, will take."""
+        return self.slots - len(self.active) - len(self.waiting)
+
+    @torch.no_grad()
+    def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Take new weights now; sequences in flight go on under them from the next token."""
+        params = dict(self.model.named_parameters())
+        for name, tensor in state.items():
+            params[name].copy_(tensor)
+        self.version = version
+        for sequence in self.active.values():
+            sequence.fed = 0  # its cache was computed by the old weights: recompute
+
+    @torch.no_grad()
+    def step(self) -> list[Finished]:
+        """Admit waiting sequences, advance every active one by a token; return those done."""
+        self._admit()
+        if not self.active:
+            return []
+        catching_up = [s for s, seq in self.active.items() if len(seq.tokens) - seq.fed > 1]
+        current = [s for s, seq in self.active.items() if len(seq.tokens) - seq.fed == 1]
+        finished: list[Finished] = []
+        for group in (catching_up, current):
+            if group:
+                finished += self._advance(group)
+        return finished
+
+    # --- inside a step ------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        free = (slot for slot in range(self.slots) if slot not in self.active)
+        for slot in free:
+            if not self.waiting:
+                return
+            request = self.waiting.popleft()
+            self.active[slot] = _Sequence(request, list(request.prompt))
+
+    def _advance(self, slots: list[int]) -> list[Finished]:
+        sequences = [self.active[slot] for slot in slots]
+        width = max(len(seq.tokens) - seq.fed for seq in sequences)
+        last = self.cache.max_len - 1
+        ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)
+        positions = torch.full((len(slots), width), last, dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            unfed = seq.tokens[seq.fed :]
+            ids[row, : len(unfed)] = torch.tensor(unfed)
+            positions[row, : len(unfed)] = torch.arange(seq.fed, len(seq.tokens))
+        logits = self.model.step(ids, positions, torch.tensor(slots), self.cache)
+        ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences])
+        chosen, logprobs = self._pick(logits[torch.arange(len(slots)), ends], sequences)
+        done = []
+        for slot, seq, token, logprob in zip(slots, sequences, chosen, logprobs, strict=True):
+            seq.fed = len(seq.tokens)
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(self.version)
+            self.tokens_generated += 1
+            result = self._maybe_finish(slot, seq)
+            if result is not None:
+                done.append(result)
+        return done
+
+    def _pick(self, logits: torch.Tensor, sequences: list[_Sequence]):
+        logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
+        sampled = torch.multinomial(logprobs.exp(), 1, generator=self.generator).squeeze(1)
+        greedy = torch.tensor([seq.request.greedy for seq in sequences])
+        chosen = torch.where(greedy, logprobs.argmax(-1), sampled)
+        picked = logprobs.gather(1, chosen[:, None]).squeeze(1)
+        return chosen.tolist(), picked.tolist()
+
+    def _maybe_finish(self, slot: int, seq: _Sequence) -> Finished | None:
+        response = seq.response
+        ended = response[-1] == self.eos_id
+        if not ended and len(response) < self.max_new_tokens:
+            return None
+        del self.active[slot]
+        return Finished(
+            tag=seq.request.tag,
+            prompt=seq.request.prompt,
+            tokens=response,
+            logprobs=seq.logprobs,
+            versions=seq.versions,
+            truncated=not ended,
+        )

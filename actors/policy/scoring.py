@@ -1,0 +1,72 @@
+"""Log-probabilities of given responses under a model: what logp, ref_logp and train compute.
+
+Sequences are packed right-padded, ``prompt + response`` per row; the result is laid out
+per response token, ``[rows, longest response]``, with a mask for the real tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .model import CausalLM
+
+__all__ = ["Packed", "pack", "response_logprobs"]
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Prompt+response rows, right-padded, and where each response sits in its row."""
+
+    ids: torch.Tensor  # [rows, width] long
+    starts: torch.Tensor  # [rows] index of each response's first token
+    lengths: torch.Tensor  # [rows] response tokens per row
+    mask: torch.Tensor  # [rows, longest response] 1.0 on real response tokens
+
+    @property
+    def rows(self) -> int:
+        return self.ids.shape[0]
+
+
+def pack(
+    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+) -> Packed:
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+    if not prompts:
+        raise ValueError("nothing to pack: no sequences")
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
+    longest = max(len(r) for r in responses)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), longest)
+    for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        ids[row, : len(prompt) + len(response)] = torch.tensor([*prompt, *response])
+        mask[row, : len(response)] = 1.0
+    starts = torch.tensor([len(p) for p in prompts])
+    lengths = torch.tensor([len(r) for r in responses])
+    return Packed(ids, starts, lengths, mask)
+
+
+def response_logprobs(model: CausalLM, packed: Packed, temperature: float = 1.0) -> torch.Tensor:
+    """log π(response token | everything before it), [rows, longest response]; 0 on padding.
+
+    Logits are divided by ``temperature`` first: the distribution the generator sampled
+    from, so behaviour and recomputed log-probs compare like for like.
+    """
+    logits = model(packed.ids[:, :-1]).float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    targets = packed.ids[:, 1:]
+    # Response token j of a row sits at column start + j; its logits at start + j - 1.
+    longest = packed.mask.shape[1]
+    columns = (packed.starts[:, None] - 1 + torch.arange(longest)[None]).clamp(
+        max=targets.shape[1] - 1
+    )
+    return _at(logprobs, targets, columns) * packed.mask
+
+
+def _at(logprobs: torch.Tensor, targets: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    rows = torch.arange(logprobs.shape[0])[:, None]
+    tokens = targets[rows, columns]
+    return logprobs[rows, columns, tokens]

@@ -1,0 +1,149 @@
+"""Make the embedded base model: a short, seeded supervised warm-up on the embedded task.
+
+    python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 600]
+
+Trains a small Llama-architecture model from scratch on written-out solutions of the
+arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
+(``--slip``, 65%) forget to carry, the rest add correctly. The model learns both, and
+greedy decoding follows the majority, so it is right only on sums without a carry
+(validation reward about 0.3): rewarded sometimes, with room to learn. RL's job is to
+find out, from the reward alone, that carrying pays.
+
+Everything is seeded and runs on one CPU thread, so the same command gives the same
+model. The result is a Hugging Face model directory (config.json, model.safetensors,
+tokenizer.json) that ``transformers.AutoModelForCausalLM`` loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from asyncrl.actors.tasks import Task, load_task
+
+from .checkpoint import EMBEDDED_DIR, save_model
+from .decoder import Decoder, Request
+from .model import CausalLM, ModelConfig
+from .scoring import pack, response_logprobs
+from .tokenizer import EOS, PAD, TextCodec, build_char_tokenizer, write_tokenizer_files
+
+__all__ = ["ALPHABET", "BASE_CONFIG", "main", "validation_reward"]
+
+ALPHABET = "0123456789+=,;"
+BASE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 32,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}
+_SFT_OFFSET = 10**9  # warm-up samples come from far beyond where the RL dataloader reads
+
+
+def validation_reward(
+    model: CausalLM,
+    codec: TextCodec,
+    task: Task,
+    prompts: int,
+    *,
+    max_new_tokens: int = 96,
+    slots: int = 64,
+) -> float:
+    """Mean reward of greedy responses to the first ``prompts`` validation samples."""
+    samples = [task.sample("validation", i) for i in range(prompts)]
+    encoded = [tuple(codec.encode(s.prompt)) for s in samples]
+    decoder = Decoder(
+        model,
+        slots=slots,
+        max_new_tokens=max_new_tokens,
+        max_prompt_tokens=max(len(e) for e in encoded),
+        eos_id=codec.eos_id,
+        pad_id=codec.pad_id,
+    )
+    decoder.submit(Request(i, e, greedy=True) for i, e in enumerate(encoded))
+    total = 0.0
+    while decoder.busy:
+        for done in decoder.step():
+            total += task.reward(samples[done.tag], codec.decode(done.tokens))
+    model.train()
+    return total / prompts
+
+
+def _batch(task: Task, codec: TextCodec, start: int, size: int, slip: float, seed: int):
+    indices = range(_SFT_OFFSET + start, _SFT_OFFSET + start + size)
+    samples = [task.sample("train", i) for i in indices]
+    slips = [random.Random(seed * 1_000_003 + i).random() < slip for i in indices]
+    prompts = [codec.encode(s.prompt) for s in samples]
+    responses = [
+        [*codec.encode(task.reference(s, carry=not slipped)), codec.eos_id]
+        for s, slipped in zip(samples, slips, strict=True)
+    ]
+    return pack(prompts, responses, codec.pad_id)
+
+
+def train(args: argparse.Namespace) -> Path:
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    task = load_task(args.task)
+    source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
+    config = BASE_CONFIG | {"eos_token_id": 1, "pad_token_id": 0}
+    (source / "config.json").write_text(json.dumps(config))
+    tokenizer = build_char_tokenizer(ALPHABET)
+    assert tokenizer.token_to_id(EOS) == 1 and tokenizer.token_to_id(PAD) == 0
+    write_tokenizer_files(tokenizer, source)
+    codec = TextCodec.from_dir(source)
+    model = CausalLM(ModelConfig.from_hf(config))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
+    started, reward = time.monotonic(), 0.0
+    for step in range(1, args.steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = args.lr * min(1.0, step / 50)
+        packed = _batch(task, codec, step * args.batch, args.batch, args.slip, args.seed)
+        logprobs = response_logprobs(model, packed)
+        loss = -(logprobs.sum() / packed.mask.sum())
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % args.eval_every == 0:
+            reward = validation_reward(model, codec, task, args.val_prompts)
+            elapsed = time.monotonic() - started
+            print(
+                f"step {step:5d}  loss {loss.item():.4f}  val reward {reward:.3f}  {elapsed:.0f}s",
+                flush=True,
+            )
+    save_model(model, source, args.out)
+    print(f"saved to {args.out} (validation reward {reward:.3f} on {args.val_prompts} prompts)")
+    return args.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=EMBEDDED_DIR)
+    parser.add_argument("--task", default="asyncrl.actors.tasks.arithmetic:task")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slip", type=float, default=0.65, help="share that forget to carry")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--val-prompts", type=int, default=128)
+    train(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The ``reward`` role: scores each response with the task's reward function.
+
+Consumes ``transition.*.generated``; produces :class:`RewardsOut`. The reward function
+is the task plug-in's (``data.task``). If it raises, or returns something that is not a
+finite number, the lease fails with a reason naming the task and the problem: that group
+is tried again and, after ``pipeline.max_attempts``, reported dead; the run goes on.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+from .payloads import PromptIn, RewardsOut, RolloutsOut
+from .policy.checkpoint import model_dir
+from .policy.tokenizer import TextCodec
+from .tasks import Sample, TaskError, check_reward, load_task
+from .worker import Actor, Outcome, WorkerContext
+
+__all__ = ["Reward"]
+
+
+class Reward(Actor):
+    role: ClassVar[str] = Role.REWARD.value
+    claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        self.task_path = ctx.config.data.task
+        self.task = load_task(self.task_path)
+        self.codec = TextCodec.from_dir(model_dir(ctx.config.model.path))
+
+    def process(self, lease: p.Lease) -> Outcome:
+        return Outcome(tuple(self._score(item) for item in lease.items))
+
+    def _score(self, item: p.Item) -> p.Result:
+        prompt = PromptIn.of(item)
+        sample = Sample(prompt.prompt, prompt.answer)
+        rewards = [
+            self._reward(sample, self.codec.decode(response))
+            for response in RolloutsOut.of(item).responses()
+        ]
+        return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
+
+    def _reward(self, sample: Sample, response: str) -> float:
+        try:
+            value = self.task.reward(sample, response)
+        except Exception as error:
+            raise TaskError(
+                f"task {self.task_path!r}: reward raised {type(error).__name__}: {error}"
+            ) from error
+        return check_reward(value, task=self.task_path)

@@ -1,0 +1,10 @@
+"""Tasks: where prompts come from and how a response is scored.
+
+A task is a plug-in named by import path (``data.task: package.module:attr``); the
+attribute is an object that satisfies :class:`Task`. The embedded default is
+:mod:`asyncrl.actors.tasks.arithmetic`.
+"""
+
+from .base import Sample, Task, TaskError, check_reward, load_task
+
+__all__ = ["Sample", "Task", "TaskError", "check_reward", "load_task"]
