@@ -33,7 +33,7 @@ from ._setup import load_policy, load_version, weight_sync
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import load_state, model_dir, save_model, state_for_saving
 from .policy.scoring import pack, response_logprobs
-from .rl import LossConfig, group_advantages, merge_stats, policy_loss
+from .rl import LossConfig, group_advantages, loss_metrics, policy_loss
 from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["Train", "latest_checkpoint"]
@@ -126,7 +126,7 @@ class Train(Actor):
         per_micro = self.cfg.algorithm.micro_batch_groups
         total_tokens = int(sum(g.rollouts.lengths.sum() for g in groups))
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
-        parts = []
+        parts, total_loss = [], 0.0
         for first in range(0, len(groups), per_micro):
             chunk = groups[first : first + per_micro]
             loss, part = self._micro_batch(
@@ -134,7 +134,8 @@ class Train(Actor):
             )
             loss.backward()
             parts.append(part)
-        return merge_stats(parts), total_tokens
+            total_loss += loss.item()
+        return {"loss": total_loss, **loss_metrics(parts)}, total_tokens
 
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
         prompts, responses = [], []

@@ -360,7 +360,9 @@ class Worker:
                     self._holding = tuple(self._running)
                     continue  # there may be room for more
                 if isinstance(reply, p.Shutdown):
+                    # Work in flight now would only be refused: hand it back and leave.
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
+                    self._give_back(actor.abandon(), f"shutdown: {reply.reason}")
                     run_over = True
                 elif _is_error(reply, Reason.BAD_VERSION) and self._loaded is not None:
                     self._report_loaded()

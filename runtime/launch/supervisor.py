@@ -2,7 +2,7 @@
 
 The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
 over, and `run()` returns its exit status. A child with `restart=True` (a worker) is started
-again whenever it exits, after a delay that doubles from `backoff_initial_s` up to
+again whenever it fails (exits non-zero or by a signal), after a delay that doubles from `backoff_initial_s` up to
 `backoff_max_s` and starts over once the child has lived `healthy_after_s`.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
@@ -197,7 +197,8 @@ class Supervisor:
         if child.primary:
             self._primary_status = _shell_status(proc.returncode)
             self._begin_stop(f"{child.spec.name} exited")
-        elif child.spec.restart and self._stop_reason is None:
+        elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
+            # Exit 0 is a worker leaving on purpose (the run is over): not a failure.
             self._schedule_restart(child, lived_s)
 
     def _schedule_restart(self, child: _Child, lived_s: float) -> None:

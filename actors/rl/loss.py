@@ -1,0 +1,351 @@
+"""The GRPO policy loss over one micro-batch: decoupled PPO with clip-higher and optional KL.
+
+Three policies meet here. The *behaviour* policy is the generator's, which sampled the
+tokens, possibly several weight versions ago. The *proximal* policy is a recent one whose
+log-probs the ``logp`` role recomputed. The current policy is the trainer's, whose ``logp``
+carries the gradient. Decoupled PPO (as in AReaL) clips the current policy's ratio against
+the proximal policy, so the trust region is anchored on recent weights, and corrects for
+the off-policy sampling with a per-token importance weight proximal/behaviour, truncated so
+one very stale token cannot dominate the step.
+
+All functions are pure: tensors in, tensors out; nothing here reads a model or the bus.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Literal, get_args
+
+import torch
+
+from .advantages import Estimator, check_estimator
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "LOSS_AGGS",
+    "KLEstimator",
+    "LossAgg",
+    "LossConfig",
+    "LossStats",
+    "loss_metrics",
+    "merge_stats",
+    "policy_loss",
+]
+
+KLEstimator = Literal["k1", "k3"]
+LossAgg = Literal["token", "sequence"]
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
+LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """The knobs of :func:`policy_loss`, checked once at construction.
+
+    ``clip_low``/``clip_high``: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``. A
+    larger ``clip_high`` ("clip-higher", DAPO) lets unlikely tokens with positive advantage
+    grow faster, which keeps entropy from collapsing.
+    ``is_cap``: the behaviour importance weight is truncated at this value (``math.inf``
+    turns truncation off).
+    ``kl_coef``: weight of the per-token KL to the reference policy; 0 turns the penalty off.
+    ``kl_estimator``: ``"k1"`` (``log p - log ref``) or ``"k3"`` (non-negative, low variance).
+    ``loss_agg``: ``"token"`` (every token in the step weighs the same) or ``"sequence"``
+    (every sequence weighs the same, its tokens share its weight).
+    ``estimator``: ``"grpo"`` or ``"dr_grpo"``; must match the one used for the advantages,
+    since ``"dr_grpo"`` also fixes the loss normaliser (see :func:`policy_loss`).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    is_cap: float = 5.0
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    loss_agg: LossAgg = "token"
+    estimator: Estimator = "grpo"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.clip_low < 1.0:
+            # 1 - clip_low is the lower ratio bound and must stay positive.
+            raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low!r}")
+        if not 0.0 <= self.clip_high < math.inf:
+            raise ValueError(f"clip_high must be finite and >= 0, got {self.clip_high!r}")
+        if not self.is_cap > 0.0:
+            raise ValueError(f"is_cap must be > 0, got {self.is_cap!r}")
+        if not 0.0 <= self.kl_coef < math.inf:
+            raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}"
+            )
+        if self.loss_agg not in LOSS_AGGS:
+            raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
+        check_estimator(self.estimator)
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Sums over one micro-batch's masked tokens, to be added up across a step.
+
+    Every field is a detached 0-d tensor on the inputs' device (counts too, stored as
+    floats), so that a trainer pays no device-to-host copy per micro-batch: it collects them
+    and calls :func:`loss_metrics` once per step. Being sums (and one max), they also
+    all-reduce across data-parallel ranks unchanged (SUM, and MAX for ``is_weight_max``).
+
+    The importance-weight fields describe the weight *before* truncation, since that is
+    what shows how stale the data was; ``is_capped`` counts the tokens truncation changed.
+    ``kl_sum`` is None when no ``ref_logp`` was given.
+    """
+
+    tokens: torch.Tensor
+    clipped: torch.Tensor
+    is_weight_sum: torch.Tensor
+    is_weight_max: torch.Tensor
+    is_capped: torch.Tensor
+    ratio_sum: torch.Tensor
+    behaviour_proximal_abs_diff_sum: torch.Tensor
+    kl_sum: torch.Tensor | None = None
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    proximal_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: LossConfig,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    total_tokens: float,
+    total_sequences: float,
+    max_len: int,
+) -> tuple[torch.Tensor, LossStats]:
+    """The scalar loss of one micro-batch, and its :class:`LossStats`.
+
+    Shapes: every log-prob tensor and ``mask`` are ``[B, T]`` (B sequences, T response
+    positions; ``mask`` is bool or 0/1, true on real response tokens); ``advantages`` is
+    ``[B]``, one per sequence, shared by its tokens. Only ``logp`` gets a gradient; the others
+    are detached here whatever the caller passes. Padded positions may hold any value,
+    even inf or NaN: they are zeroed before any arithmetic so they cannot leak into the loss
+    or its gradient.
+
+    Per token, with ``r = exp(logp - proximal_logp)`` and
+    ``w = min(exp(proximal_logp - behaviour_logp), is_cap)``::
+
+        loss_t = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * kl_t
+
+    where ``kl_t`` is k1 ``logp - ref`` or k3 ``exp(ref - logp) - (ref - logp) - 1``. The KL
+    term is added when ``kl_coef > 0`` (which then requires ``ref_logp``); given a
+    ``ref_logp`` with ``kl_coef == 0``, the KL is still measured for the stats only.
+
+    Aggregation is built for gradient accumulation: the normalisers are the whole
+    optimizer step's, passed in, so summing the losses of a step's micro-batches gives
+    exactly the loss (and gradient) of the step as one batch.
+
+    - ``loss_agg="token"``: ``sum(loss_t) / total_tokens``, with ``total_tokens`` the mask
+      sum over the step.
+    - ``loss_agg="sequence"``: ``sum_i mean_t(loss_t of i) / total_sequences``; a sequence
+      with no response token contributes 0.
+    - ``estimator="dr_grpo"``: ``sum(loss_t) / (total_sequences * max_len)`` whatever
+      ``loss_agg`` says. Dr. GRPO replaces every length-dependent normaliser with a constant,
+      ``max_len`` being the generation budget (max new tokens), because dividing by a
+      response's own length gives short correct answers a larger per-token push and long
+      wrong ones a smaller penalty, a bias towards long wrong answers.
+
+    With data parallelism whose gradient all-reduce averages over ``world`` ranks, pass the
+    global totals divided by ``world``.
+    """
+    _check_inputs(logp, proximal_logp, behaviour_logp, advantages, mask, ref_logp, cfg)
+    _check_totals(total_tokens=total_tokens, total_sequences=total_sequences, max_len=max_len)
+
+    real = mask.to(torch.bool)
+    dtype = torch.promote_types(logp.dtype, torch.float32)  # no log-prob math in half precision
+    logp = logp.to(dtype)
+    proximal, behaviour = (t.detach().to(dtype) for t in (proximal_logp, behaviour_logp))
+    ref = None if ref_logp is None else ref_logp.detach().to(dtype)
+
+    ratio = _masked(logp - proximal, real).exp()
+    proximal_minus_behaviour = _masked(proximal - behaviour, real)
+    raw_weight = proximal_minus_behaviour.exp()
+    weight = raw_weight.clamp(max=cfg.is_cap)
+    surrogate, clipped = _clipped_surrogate(ratio, advantages.detach().to(dtype), cfg)
+    per_token = -weight * surrogate
+
+    kl = None if ref is None else _kl(logp, ref, real, cfg.kl_estimator)
+    if kl is not None and cfg.kl_coef > 0:
+        per_token = per_token + cfg.kl_coef * kl
+    per_token = _masked(per_token, real)
+
+    loss = _aggregate(per_token, real, cfg, total_tokens, total_sequences, max_len)
+    stats = _stats(real, ratio, raw_weight, clipped, proximal_minus_behaviour, kl, cfg.is_cap)
+    return loss, stats
+
+
+def _masked(values: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``values`` with 0 at padded positions (a select, not a product: 0 * inf is NaN)."""
+    return torch.where(real, values, 0.0)
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's pessimistic surrogate ``min(r*A, clip(r)*A)`` and where its clipped side won.
+
+    The clipped side is taken only where it is strictly smaller, i.e. the ratio left the
+    trust region in the direction the advantage pushes it. There ``clip(r)`` is a constant,
+    so those tokens give no gradient: that is the trust region at work.
+    """
+    adv = advantages[:, None]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
+    took_clipped = clipped < unclipped
+    return torch.where(took_clipped, clipped, unclipped), took_clipped
+
+
+def _kl(logp: torch.Tensor, ref: torch.Tensor, real: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(current || reference) from the sampled tokens' log-probs.
+
+    Both are unbiased for tokens sampled from the current policy. k1 can be negative per
+    token and is noisy; k3 (Schulman's) is never negative and lower in variance, which is why
+    GRPO uses it.
+    """
+    log_ref_ratio = _masked(ref - logp, real)
+    if estimator == "k1":
+        return -log_ref_ratio
+    return log_ref_ratio.exp() - log_ref_ratio - 1.0
+
+
+def _aggregate(
+    per_token: torch.Tensor,
+    real: torch.Tensor,
+    cfg: LossConfig,
+    total_tokens: float,
+    total_sequences: float,
+    max_len: int,
+) -> torch.Tensor:
+    """Reduce masked per-token losses to the micro-batch's share of the step's loss."""
+    if cfg.estimator == "dr_grpo":
+        return per_token.sum() / (total_sequences * max_len)
+    if cfg.loss_agg == "token":
+        return per_token.sum() / total_tokens
+    lengths = real.sum(dim=1).clamp(min=1).to(per_token.dtype)  # empty rows: 0 / 1, not 0 / 0
+    return (per_token.sum(dim=1) / lengths).sum() / total_sequences
+
+
+@torch.no_grad()
+def _stats(
+    real: torch.Tensor,
+    ratio: torch.Tensor,
+    raw_weight: torch.Tensor,
+    clipped: torch.Tensor,
+    proximal_minus_behaviour: torch.Tensor,
+    kl: torch.Tensor | None,
+    is_cap: float,
+) -> LossStats:
+    """The micro-batch's :class:`LossStats`; every input is already 0 or 1 at padding."""
+    dtype = ratio.dtype
+    return LossStats(
+        tokens=real.sum().to(dtype),
+        clipped=(clipped & real).sum().to(dtype),
+        is_weight_sum=_masked(raw_weight, real).sum(),
+        is_weight_max=_masked(raw_weight, real).amax(),  # weights are > 0, so 0 is neutral
+        is_capped=((raw_weight > is_cap) & real).sum().to(dtype),
+        ratio_sum=_masked(ratio, real).sum(),
+        behaviour_proximal_abs_diff_sum=proximal_minus_behaviour.abs().sum(),
+        kl_sum=None if kl is None else kl.sum(),
+    )
+
+
+def merge_stats(stats: Sequence[LossStats]) -> LossStats:
+    """One :class:`LossStats` for several micro-batches: sums add, the max is the max."""
+    if not stats:
+        raise ValueError("stats must hold at least one LossStats")
+    with_kl = sum(s.kl_sum is not None for s in stats)
+    if with_kl not in (0, len(stats)):
+        raise ValueError("stats mix micro-batches with and without kl_sum")
+    merged: dict[str, torch.Tensor | None] = {}
+    for field in fields(LossStats):
+        values = [getattr(s, field.name) for s in stats]
+        if values[0] is None:
+            merged[field.name] = None
+        elif field.name == "is_weight_max":
+            merged[field.name] = torch.stack(values).amax()
+        else:
+            merged[field.name] = torch.stack(values).sum()
+    return LossStats(**merged)  # type: ignore[arg-type]
+
+
+def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
+    """Per-token means and fractions of a step's stats, as plain floats for logging.
+
+    Keys: ``clip_frac``, ``is_weight_mean``, ``is_weight_max``, ``is_capped_frac``,
+    ``ratio_mean``, ``behaviour_proximal_abs_diff`` and, when KL was measured, ``kl_ref``.
+    All values are copied to the host in one transfer.
+    """
+    s = stats if isinstance(stats, LossStats) else merge_stats(stats)
+    names = [f.name for f in fields(LossStats) if getattr(s, f.name) is not None]
+    values = torch.stack([getattr(s, name).detach().float() for name in names]).tolist()
+    v = dict(zip(names, values, strict=True))
+    tokens = max(v["tokens"], 1.0)  # a step with no tokens reports zeros, not NaN
+    metrics = {
+        "clip_frac": v["clipped"] / tokens,
+        "is_weight_mean": v["is_weight_sum"] / tokens,
+        "is_weight_max": v["is_weight_max"],
+        "is_capped_frac": v["is_capped"] / tokens,
+        "ratio_mean": v["ratio_sum"] / tokens,
+        "behaviour_proximal_abs_diff": v["behaviour_proximal_abs_diff_sum"] / tokens,
+    }
+    if "kl_sum" in v:
+        metrics["kl_ref"] = v["kl_sum"] / tokens
+    return metrics
+
+
+def _check_inputs(
+    logp: torch.Tensor,
+    proximal_logp: torch.Tensor,
+    behaviour_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    cfg: LossConfig,
+) -> None:
+    """Shape and type checks, each ValueError naming the argument at fault."""
+    if not isinstance(cfg, LossConfig):
+        raise ValueError(f"cfg must be a LossConfig, got {type(cfg).__name__}")
+    if not isinstance(logp, torch.Tensor) or logp.ndim != 2 or not logp.is_floating_point():
+        raise ValueError(f"logp must be a floating [B, T] tensor, got {_describe(logp)}")
+    if logp.numel() == 0:
+        raise ValueError(f"logp must be non-empty, got shape {tuple(logp.shape)}")
+    named = {
+        "proximal_logp": proximal_logp,
+        "behaviour_logp": behaviour_logp,
+        "mask": mask,
+        "ref_logp": ref_logp,
+    }
+    for name, tensor in named.items():
+        if tensor is None:
+            continue
+        if not isinstance(tensor, torch.Tensor) or tensor.shape != logp.shape:
+            raise ValueError(
+                f"{name} must have logp's shape {tuple(logp.shape)}, got {_describe(tensor)}"
+            )
+    if not isinstance(advantages, torch.Tensor) or advantages.shape != logp.shape[:1]:
+        raise ValueError(
+            f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(advantages)}"
+        )
+    if cfg.kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"ref_logp is required when kl_coef > 0 (kl_coef={cfg.kl_coef})")
+
+
+def _check_totals(**totals: float) -> None:
+    """The step-wide normalisers must be positive (``not > 0`` also rejects NaN)."""
+    for name, value in totals.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)} ({value.dtype})"
+    return type(value).__name__
