@@ -260,7 +260,7 @@ def _rows(groups: list[_Group], pick, width: int) -> torch.Tensor:
     out = torch.zeros(sum(a.shape[0] for a in arrays), width)
     row = 0
     for a in arrays:
-        out[row : row + a.shape[0], : a.shape[1]] = torch.from_numpy(a)
+        out[row : row + a.shape[0], : a.shape[1]] = torch.tensor(a)  # a copy: frames are read-only
         row += a.shape[0]
     return out
 

@@ -2,48 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from asyncrl.actors.policy.checkpoint import load_model, save_model, state_for_saving
+from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.policy.model import CausalLM, ModelConfig
 from asyncrl.actors.policy.scoring import pack, response_logprobs
-from asyncrl.actors.policy.tokenizer import (
-    TextCodec,
-    build_char_tokenizer,
-    write_tokenizer_files,
-)
-
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 32,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 64,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": True,
-    "eos_token_id": 1,
-    "pad_token_id": 0,
-}
+from asyncrl.actors.policy.tokenizer import TextCodec
+from tests.support.models import TINY, tiny_model
 
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
-    torch.manual_seed(0)
-    source = tmp_path / "source"
-    source.mkdir()
-    (source / "config.json").write_text(json.dumps(TINY))
-    write_tokenizer_files(build_char_tokenizer("0123456789+=,;"), source)
-    save_model(CausalLM(ModelConfig.from_hf(TINY)), source, tmp_path / "model")
-    return tmp_path / "model"
+    return tiny_model(tmp_path / "model")
 
 
 def decoder(model: CausalLM, codec: TextCodec, slots: int = 8, seed: int = 0) -> Decoder:

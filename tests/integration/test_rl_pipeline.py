@@ -1,0 +1,76 @@
+"""The RL roles end to end on the in-process scheduler, with a tiny random model.
+
+These check the plumbing (every role's payload reaches the trainer, versions are
+published and loaded, validation is reported, checkpoints are written in Hugging Face
+format), not learning: the default run's learning is what README command 1 shows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.actors.roles import ROLES
+from asyncrl.runtime.config import RunConfig, config_from_dict
+from tests.integration.test_inprocess_pipeline import run_pipeline
+from tests.support.models import tiny_model
+
+pytestmark = pytest.mark.timeout(120)
+
+STEPS = 4
+
+
+def rl_config(tmp_path: Path, **data: Any) -> RunConfig:
+    return config_from_dict(
+        {
+            "run": {"dir": str(tmp_path / "run"), "total_steps": STEPS},
+            "data": {"group_size": 4, "val_every_versions": 2, "val_prompts": 4, **data},
+            "model": {"path": str(tiny_model(tmp_path / "model")), "max_new_tokens": 12},
+            "algorithm": {"lr": 1e-3, "micro_batch_groups": 1, "kl_coef": 0.01},
+            "pipeline": {"train_batch_groups": 2, "checkpoint_every": 2, "max_attempts": 2},
+            "scheduler": {"heartbeat_interval_s": 0.2},
+        }
+    )
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    return run_pipeline(cfg, [cls() for cls in ROLES.values()])
+
+
+def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> None:
+    cfg = rl_config(tmp_path)
+    status = run(cfg)
+    assert status["run"]["finished"] and status["dead"] == {}
+    run_dir = Path(cfg.run.dir)
+    steps = lines(run_dir / "metrics.jsonl")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    for s in steps:
+        assert 0.0 <= s["reward_mean"] <= 1.0
+        assert 0 <= s["staleness_max"] <= cfg.pipeline.max_staleness
+        assert s["kl_ref"] >= 0 and 0 <= s["clip_frac"] <= 1
+        assert s["logprob_mismatch"] < 1e-4  # behaviour and proximal of one version agree
+    validated = [v["version"] for v in lines(run_dir / "validation.jsonl")]
+    assert validated[0] == 0 and validated == sorted(set(validated))
+    assert steps[-1]["val_version"] == validated[-1] or steps[-1]["val_version"] in validated
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert checkpoints == ["step-0000002", "step-0000004"]
+    transformers = pytest.importorskip("transformers")
+    transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
+
+
+def test_a_reward_plug_in_that_fails_kills_only_its_groups(tmp_path: Path) -> None:
+    cfg = rl_config(tmp_path, task="tests.support.tasks:misbehaving")
+    status = run(cfg)
+    assert status["run"]["finished"]  # the run went on around the bad groups
+    reasons = status["dead"]
+    assert reasons, "some sums end in 3 or 7"
+    text = " ".join(reasons)
+    assert "ZeroDivisionError" in text or "not a number" in text
+    assert "tests.support.tasks:misbehaving" in text

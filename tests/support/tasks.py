@@ -1,0 +1,30 @@
+"""Task plug-ins for tests: the arithmetic task with a reward function that misbehaves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.actors.tasks import Sample
+from asyncrl.actors.tasks.arithmetic import Arithmetic
+
+_BASE = Arithmetic()
+
+
+@dataclass(frozen=True)
+class Misbehaving:
+    """Arithmetic, but the reward raises for sums ending in 3 and returns text for 7."""
+
+    name: str = "misbehaving"
+
+    def sample(self, split: str, index: int) -> Sample:
+        return _BASE.sample(split, index)
+
+    def reward(self, sample: Sample, response: str) -> float:
+        if sample.answer.endswith("3"):
+            raise ZeroDivisionError("the plug-in's own bug")
+        if sample.answer.endswith("7"):
+            return "seven"  # type: ignore[return-value]
+        return _BASE.reward(sample, response)
+
+
+misbehaving = Misbehaving()
