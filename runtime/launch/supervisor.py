@@ -2,8 +2,9 @@
 
 The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
 over, and `run()` returns its exit status. A child with `restart=True` (a worker) is started
-again whenever it fails (exits non-zero or by a signal), after a delay that doubles from `backoff_initial_s` up to
-`backoff_max_s` and starts over once the child has lived `healthy_after_s`.
+again whenever it fails (exits non-zero or by a signal), after a delay that doubles from
+`backoff_initial_s` up to `backoff_max_s` and starts over once the child has lived
+`healthy_after_s`. A worker that exits 0 left on purpose and is not started again.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
 past `max_restarts`) drains the workers before the scheduler they report to:
