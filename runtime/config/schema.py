@@ -29,7 +29,7 @@ def doc(text: str, **limits: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSection:
-    name: str = field(default="demo", metadata=doc("name of the run; fills {name} in run.dir"))
+    name: str = field(default="arithmetic", metadata=doc("name of the run; fills {name} in run.dir"))
     dir: str = field(
         default="runs/{name}", metadata=doc("run directory: journal, checkpoints, resolved config")
     )
@@ -37,7 +37,7 @@ class RunSection:
         default=0, metadata=doc("seed for every random number generator of the run", min=0)
     )
     total_steps: int = field(
-        default=200, metadata=doc("optimizer steps before the run ends", min=1)
+        default=300, metadata=doc("optimizer steps before the run ends", min=1)
     )
 
     def __post_init__(self) -> None:
@@ -58,7 +58,7 @@ class DataSection:
     val_every_versions: int = field(
         default=10, metadata=doc("validate every this many weight versions", min=1)
     )
-    val_prompts: int = field(default=64, metadata=doc("prompts per validation pass", min=1))
+    val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +71,7 @@ class ModelSection:
         default="float32", metadata=doc("parameter and compute dtype")
     )
     max_new_tokens: int = field(
-        default=64, metadata=doc("most tokens generated per response", min=1)
+        default=80, metadata=doc("most tokens generated per response", min=1)
     )
 
 
@@ -80,7 +80,8 @@ class AlgorithmSection:
     estimator: Literal["grpo", "dr_grpo"] = field(
         default="grpo", metadata=doc("group advantage estimator")
     )
-    lr: float = field(default=1e-5, metadata=doc("learning rate", exclusive_min=0))
+    # Suits the small embedded model; billion-parameter models want about 1e-6.
+    lr: float = field(default=2e-4, metadata=doc("learning rate", exclusive_min=0))
     clip_low: float = field(
         default=0.2, metadata=doc("PPO ratio clip below 1 (1 - clip_low)", min=0)
     )

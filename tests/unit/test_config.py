@@ -42,10 +42,11 @@ def error_of(data: Any = None, overrides: tuple[str, ...] = ()) -> str:
 
 def test_defaults() -> None:
     cfg = RunConfig()
-    assert cfg.run.name == "demo"
-    assert cfg.run.dir == "runs/demo"
+    assert cfg.run.name == "arithmetic"
+    assert cfg.run.dir == "runs/arithmetic"
     assert cfg.data.task == "asyncrl.actors.tasks.arithmetic:task"
-    assert cfg.algorithm.lr == 1e-5
+    assert cfg.algorithm.lr == 2e-4
+    assert cfg.pipeline.actors == "asyncrl.actors.roles"
     assert cfg.algorithm.estimator == "grpo"
     assert cfg.pipeline.max_staleness == 1
     assert cfg.pipeline.workers == dict.fromkeys(WORKER_ROLES, 1)
@@ -293,7 +294,12 @@ def test_round_trip_through_dump(tmp_path: Path) -> None:
 def test_config_to_dict_is_plain_builtins() -> None:
     data = config_to_dict(RunConfig())
     assert type(data) is dict and type(data["pipeline"]["workers"]) is dict
-    assert data["run"] == {"name": "demo", "dir": "runs/demo", "seed": 0, "total_steps": 200}
+    assert data["run"] == {
+        "name": "arithmetic",
+        "dir": "runs/arithmetic",
+        "seed": 0,
+        "total_steps": 300,
+    }
     yaml.safe_dump(data)  # raises on anything that is not a YAML builtin
 
 
