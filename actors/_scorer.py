@@ -11,7 +11,12 @@ from .payloads import RolloutsOut
 from .policy.model import CausalLM
 from .policy.scoring import pack, response_logprobs
 
-__all__ = ["score_items"]
+__all__ = ["score_items", "tokens_of"]
+
+
+def tokens_of(lease: p.Lease) -> int:
+    """Response tokens in a lease's groups."""
+    return sum(int(RolloutsOut.of(item).lengths.sum()) for item in lease.items)
 
 
 @torch.no_grad()

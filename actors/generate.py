@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
+import structlog
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
@@ -29,10 +30,12 @@ from asyncrl.transport import protocol as p
 from ._setup import load_policy, weight_sync
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
-from .tasks import Sample, load_task
+from .tasks import Sample, TaskError, load_task, score
 from .worker import Outcome, StreamingActor, WorkerContext
 
 __all__ = ["Generate"]
+
+log = structlog.get_logger("asyncrl.generate")
 
 DEFAULT_SLOTS = 64  # sequences decoded at once
 
@@ -51,6 +54,7 @@ class _Validation:
     samples: list[Sample]
     started: float
     rewards: list[float] = field(default_factory=list)
+    errors: int = 0  # responses the reward function failed on (counted as 0)
 
 
 class Generate(StreamingActor):
@@ -68,7 +72,8 @@ class Generate(StreamingActor):
         cfg = ctx.config
         self.ctx = ctx
         self.model, self.codec = load_policy(cfg, self.role)
-        self.task = load_task(cfg.data.task)
+        self.task_path = cfg.data.task
+        self.task = load_task(self.task_path)
         self.sync = weight_sync(cfg)
         self.n = cfg.data.group_size
         if self.n > self.slots:
@@ -146,7 +151,8 @@ class Generate(StreamingActor):
             running.waiting -= 1
             if running.waiting == 0:
                 del self.running[lease_id]
-                done.append((running.lease, Outcome(self._results(running))))
+                tokens = sum(len(f.tokens) for rows in running.rows.values() for f in rows.values())
+                done.append((running.lease, Outcome(self._results(running), tokens=tokens)))
         self._advance_validation()
         return done
 
@@ -176,13 +182,19 @@ class Generate(StreamingActor):
             return
         for finished in v.decoder.step():
             response = self.codec.decode(finished.tokens)
-            v.rewards.append(self.task.reward(v.samples[finished.tag], response))
+            try:
+                reward = score(self.task, self.task_path, v.samples[finished.tag], response)
+            except TaskError as error:
+                log.warning("validation reward failed", version=v.version, reason=str(error))
+                reward, v.errors = 0.0, v.errors + 1
+            v.rewards.append(reward)
         if v.decoder.busy:
             return
         rewards = np.asarray(v.rewards, np.float64)
         metrics = {
             "val_reward": float(rewards.mean()),
             "val_prompts": len(rewards),
+            "val_reward_errors": v.errors,
             "val_seconds": round(time.monotonic() - v.started, 3),
         }
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))

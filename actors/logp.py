@@ -14,6 +14,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._scorer import score_items
+from ._scorer import tokens_of as _tokens
 from ._setup import load_policy, load_version, weight_sync
 from .payloads import LogprobsOut
 from .worker import Actor, Outcome, WorkerContext
@@ -45,5 +46,6 @@ class Logp(Actor):
             tuple(
                 p.Result(item.gid, LogprobsOut(score, self.loaded).to_payload())
                 for item, score in zip(lease.items, scores, strict=True)
-            )
+            ),
+            tokens=_tokens(lease),
         )

@@ -13,6 +13,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._scorer import score_items
+from ._scorer import tokens_of as _tokens
 from ._setup import load_policy
 from .payloads import LogprobsOut
 from .worker import Actor, Outcome, WorkerContext
@@ -35,5 +36,6 @@ class RefLogp(Actor):
             tuple(
                 p.Result(item.gid, LogprobsOut(score, None).to_payload())
                 for item, score in zip(lease.items, scores, strict=True)
-            )
+            ),
+            tokens=_tokens(lease),
         )

@@ -15,10 +15,11 @@ import numpy as np
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
+from ._scorer import tokens_of
 from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
-from .tasks import Sample, TaskError, check_reward, load_task
+from .tasks import Sample, load_task, score
 from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["Reward"]
@@ -34,7 +35,7 @@ class Reward(Actor):
         self.codec = TextCodec.from_dir(model_dir(ctx.config.model.path))
 
     def process(self, lease: p.Lease) -> Outcome:
-        return Outcome(tuple(self._score(item) for item in lease.items))
+        return Outcome(tuple(self._score(item) for item in lease.items), tokens=tokens_of(lease))
 
     def _score(self, item: p.Item) -> p.Result:
         prompt = PromptIn.of(item)
@@ -46,10 +47,4 @@ class Reward(Actor):
         return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
 
     def _reward(self, sample: Sample, response: str) -> float:
-        try:
-            value = self.task.reward(sample, response)
-        except Exception as error:
-            raise TaskError(
-                f"task {self.task_path!r}: reward raised {type(error).__name__}: {error}"
-            ) from error
-        return check_reward(value, task=self.task_path)
+        return score(self.task, self.task_path, sample, response)

@@ -119,7 +119,7 @@ class Train(Actor):
         if self._last_step:
             self._save_final()
         results = tuple(p.Result(g.gid, {"trained_at": self.step}) for g in groups)
-        return Outcome(results, metrics)
+        return Outcome(results, metrics, tokens=tokens)
 
     def _accumulate(self, groups: list[_Group], advantages: torch.Tensor):
         self.model.train()

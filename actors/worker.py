@@ -36,6 +36,7 @@ import structlog
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.service.activity import ACTIVITY_KEY
 from asyncrl.runtime.service.events import wakeup_topics
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
@@ -81,6 +82,7 @@ class Outcome:
 
     results: tuple[p.Result, ...]
     metrics: p.Payload | None = None
+    tokens: int = 0  # tokens the work covered, for the role's tokens-per-second
 
 
 class Actor:
@@ -214,6 +216,7 @@ class Worker:
         # reached this worker runs out instead of being kept alive.
         self._holding: tuple[int, ...] = ()
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
+        self._busy_s = 0.0  # time in the actor's work since the last completion
         self._log = log.bind(worker=self.name, role=self.role)
 
     # --- the public surface ----------------------------------------------------------
@@ -377,6 +380,7 @@ class Worker:
                 self._idle()
 
     def _advance(self, actor: StreamingActor) -> None:
+        started = time.perf_counter()
         try:
             finished = actor.advance()
         except Exception as error:
@@ -384,14 +388,20 @@ class Worker:
             self._log.warning("streaming work failed", reason=reason, exc_info=True)
             self._give_back(actor.abandon(), reason)
             return
+        finally:
+            self._busy_s += time.perf_counter() - started
         self._send_reports()
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
             self._holding = tuple(self._running)
-            done = p.Complete(
-                self.name, lease.lease_id, lease.fence, outcome.results, outcome.metrics
-            )
-            self._settle(done)
+            self._settle(self._completion(lease, outcome))
+
+    def _completion(self, lease: p.Lease, outcome: Outcome) -> p.Complete:
+        """The Complete for ``outcome``, with how busy this worker was since the last one."""
+        activity = {"busy_s": round(self._busy_s, 6), "tokens": outcome.tokens}
+        self._busy_s = 0.0
+        metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
+        return p.Complete(self.name, lease.lease_id, lease.fence, outcome.results, metrics)
 
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():
@@ -428,16 +438,18 @@ class Worker:
             self._holding = ()
 
     def _process(self, lease: p.Lease) -> None:
+        started = time.perf_counter()
         try:
             outcome = self.actor.process(lease)
         except Exception as error:
+            self._busy_s += time.perf_counter() - started
             reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
             self._log.warning("lease failed", lease=lease.lease_id, reason=reason, exc_info=True)
             self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
             return
+        self._busy_s += time.perf_counter() - started
         self._send_reports()
-        done = p.Complete(self.name, lease.lease_id, lease.fence, outcome.results, outcome.metrics)
-        if self._settle(done) and self.actor.publishes_versions:
+        if self._settle(self._completion(lease, outcome)) and self.actor.publishes_versions:
             self._publish_trained()
 
     def _settle(self, message: p.Complete | p.Fail) -> bool:

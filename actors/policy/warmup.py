@@ -17,6 +17,7 @@ tokenizer.json) that ``transformers.AutoModelForCausalLM`` loads.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from asyncrl.actors.tasks import Task, load_task
+from asyncrl.actors.tasks.arithmetic import Arithmetic
 
 from .checkpoint import EMBEDDED_DIR, save_model
 from .decoder import Decoder, Request
@@ -82,7 +84,7 @@ def validation_reward(
     return total / prompts
 
 
-def _batch(task: Task, codec: TextCodec, start: int, size: int, slip: float, seed: int):
+def _batch(task: Arithmetic, codec: TextCodec, start: int, size: int, slip: float, seed: int):
     indices = range(_SFT_OFFSET + start, _SFT_OFFSET + start + size)
     samples = [task.sample("train", i) for i in indices]
     slips = [random.Random(seed * 1_000_003 + i).random() < slip for i in indices]
@@ -98,6 +100,9 @@ def train(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     task = load_task(args.task)
+    if not isinstance(task, Arithmetic):
+        raise SystemExit(f"--task {args.task}: the warm-up knows only the arithmetic task")
+    data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
     source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
     config = BASE_CONFIG | {"eos_token_id": 1, "pad_token_id": 0}
     (source / "config.json").write_text(json.dumps(config))
@@ -111,7 +116,7 @@ def train(args: argparse.Namespace) -> Path:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 50)
-        packed = _batch(task, codec, step * args.batch, args.batch, args.slip, args.seed)
+        packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
         logprobs = response_logprobs(model, packed)
         loss = -(logprobs.sum() / packed.mask.sum())
         optimizer.zero_grad()

@@ -5,10 +5,10 @@ step per column (``digit + digit + carry = two-digit sum``), then gives the answ
 
     9+3+0=12,8+2+1=11,5+1+1=07,4+0+0=04;4712
 
-Every column costs nine characters, so a one-digit problem's response (11 characters) is
-about six times shorter than a seven-digit one's (71): the lengths have the long tail
-that asynchronous generation is for. Most problems are short (the number of columns is
-drawn with weight 1/d), a few are long.
+Every column costs nine characters, so a one-digit problem's response (10 or 11
+characters) is about six times shorter than a six-digit one's (61): the lengths have the
+long tail that asynchronous generation is for. Most problems are short (the number of
+columns is drawn with weight 1/d), a few are long.
 
 The reward is 1.0 when the text after the last ``;`` is the right sum and 0.0 otherwise;
 the written-out steps are how the model gets there, not what it is paid for.
@@ -54,9 +54,14 @@ def solution(a: int, b: int, *, carry: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Arithmetic:
-    """Sums of two numbers of 1..``max_digits`` digits."""
+    """Sums of two numbers of 1..``max_digits`` digits.
 
-    max_digits: int = 7
+    ``long_tail=False`` draws the number of columns uniformly instead (the warm-up's data,
+    so the base model has seen enough long sums to be able to do them).
+    """
+
+    max_digits: int = 6
+    long_tail: bool = True
     name: str = "arithmetic"
 
     def sample(self, split: str, index: int) -> Sample:
@@ -79,7 +84,8 @@ class Arithmetic:
 
     def _operands(self, rng: random.Random) -> tuple[int, int]:
         sizes = range(1, self.max_digits + 1)
-        longest = rng.choices(sizes, weights=[1 / d for d in sizes])[0]
+        weights = [1 / d if self.long_tail else 1.0 for d in sizes]
+        longest = rng.choices(sizes, weights=weights)[0]
         other = rng.randint(1, longest)
         a, b = _number(rng, longest), _number(rng, other)
         return (a, b) if rng.random() < 0.5 else (b, a)

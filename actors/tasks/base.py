@@ -8,7 +8,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Sample", "Task", "TaskError", "check_reward", "load_task"]
+__all__ = ["Sample", "Task", "TaskError", "check_reward", "load_task", "score"]
 
 
 class TaskError(ValueError):
@@ -64,3 +64,12 @@ def check_reward(value: Any, *, task: str) -> float:
     if not math.isfinite(value):
         raise TaskError(f"task {task!r}: reward returned {value!r}, not a finite number")
     return float(value)
+
+
+def score(task: Task, path: str, sample: Sample, response: str) -> float:
+    """``task``'s reward for ``response``; a TaskError naming ``path`` if the plug-in fails."""
+    try:
+        value = task.reward(sample, response)
+    except Exception as error:
+        raise TaskError(f"task {path!r}: reward raised {type(error).__name__}: {error}") from error
+    return check_reward(value, task=path)

@@ -29,7 +29,9 @@ def doc(text: str, **limits: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSection:
-    name: str = field(default="arithmetic", metadata=doc("name of the run; fills {name} in run.dir"))
+    name: str = field(
+        default="arithmetic", metadata=doc("name of the run; fills {name} in run.dir")
+    )
     dir: str = field(
         default="runs/{name}", metadata=doc("run directory: journal, checkpoints, resolved config")
     )

@@ -14,6 +14,7 @@ because a restart starts a new fence epoch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from asyncrl.runtime.durable import JournaledCore
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
+from .activity import ACTIVITY_KEY, RoleActivity
 from .events import ENTRY_ROLE, EventNumbering
 from .metrics import MetricsLog, ReportLog
 
@@ -87,6 +89,7 @@ class SchedulerService:
         self.plan = plan
         self.metrics = metrics
         self.reports = reports
+        self.activity = RoleActivity(started_at)
         self.run_name = run_name
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_message_bytes = max_message_bytes
@@ -241,6 +244,8 @@ class SchedulerService:
         reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data)
         if isinstance(reply, Rejected):
             return _error(reply)
+        if lease is not None:
+            self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY))
         if self.core.state.steps_done > steps_before:
             self._record_step(m, lease.worker if lease else m.worker, now)
         return p.Ack(reply.count)
@@ -252,8 +257,9 @@ class SchedulerService:
             "elapsed_s": round(now - self.started_at, 3),
             "policy_version": state.policy_version,
             "worker": worker,
-            **(m.metrics or {}),
+            **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
             **self._latest_validation(),
+            "roles": self.activity.take(now, self._workers_per_role()),
         }
         self.metrics.append(line)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
@@ -261,6 +267,9 @@ class SchedulerService:
             log.info("run finished", steps=state.steps_done)
             self._emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
             self.draining = "the run is finished"
+
+    def _workers_per_role(self) -> dict[str, int]:
+        return dict(Counter(w.role for w in self.core.state.workers.values()))
 
     def _latest_validation(self) -> dict[str, Any]:
         latest = self.reports.latest if self.reports is not None else None
