@@ -114,6 +114,7 @@ class Train(Actor):
         self.step += 1
         seconds = time.perf_counter() - started
         metrics = self._metrics(groups, rewards, stats, grad_norm, tokens, seconds)
+        metrics["keys"] = [item.key for item in lease.items]  # the data this step consumed
         if self.step % self.cfg.pipeline.checkpoint_every == 0 or self._last_step:
             self.save_checkpoint()
         if self._last_step:
