@@ -1,0 +1,51 @@
+"""Role payloads survive the wire and say clearly when something is missing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asyncrl.actors.payloads import LogprobsOut, PayloadError, PromptIn, RewardsOut, RolloutsOut
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+
+def over_the_wire(item: p.Item) -> p.Item:
+    lease = p.Lease(1, 1, "train", 5.0, 0, (item,))
+    decoded = p.decode(p.encode(lease))
+    assert isinstance(decoded, p.Lease)
+    return decoded.items[0]
+
+
+def test_every_role_payload_round_trips_through_the_protocol() -> None:
+    rollouts = RolloutsOut.stack(
+        [5, 6, 7], [([3, 4, 1], [-0.5, -0.25, -0.1], [2, 3, 3], False), ([9], [-2.0], [2], True)]
+    )
+    item = p.Item(
+        7,
+        "train-000000007",
+        {
+            Role.DATALOADER.value: PromptIn(7, "1+2=", "3").to_payload(),
+            Role.GENERATE.value: rollouts.to_payload(),
+            Role.LOGP.value: LogprobsOut(np.zeros((2, 3), np.float32), 3).to_payload(),
+            Role.REF_LOGP.value: LogprobsOut(np.ones((2, 3), np.float32), None).to_payload(),
+            Role.REWARD.value: RewardsOut(np.array([1.0, 0.0], np.float32)).to_payload(),
+        },
+    )
+    got = over_the_wire(item)
+    assert PromptIn.of(got) == PromptIn(7, "1+2=", "3")
+    back = RolloutsOut.of(got)
+    assert back.responses() == [[3, 4, 1], [9]]
+    assert back.behaviour() == (2, 3)  # the padding's zeros are not a version
+    assert back.truncated.tolist() == [0, 1]
+    assert LogprobsOut.of(got, Role.LOGP).version == 3
+    assert LogprobsOut.of(got, Role.REF_LOGP).version is None
+    assert RewardsOut.of(got).rewards.tolist() == [1.0, 0.0]
+
+
+def test_a_missing_or_mistyped_field_names_the_group_and_field() -> None:
+    item = p.Item(1, "k1", {Role.REWARD.value: {"rewards": np.zeros(2, np.float64)}})
+    with pytest.raises(PayloadError, match=r"'k1'.*generate\.prompt_ids"):
+        RolloutsOut.of(item)
+    with pytest.raises(PayloadError, match=r"reward\.rewards is not a 1-d float32"):
+        RewardsOut.of(item)
