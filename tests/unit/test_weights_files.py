@@ -44,5 +44,5 @@ def test_a_damaged_file_is_not_loaded(tmp_path: Path) -> None:
 
 
 def test_an_unknown_strategy_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="weights.strategy='ucx'"):
+    with pytest.raises(ValueError, match=r"weights\.strategy='ucx'"):
         make_weight_sync("ucx", tmp_path)
