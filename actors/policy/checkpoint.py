@@ -95,6 +95,7 @@ def save_model(model: CausalLM, source: Path, target: Path, extra: dict | None =
         for name, data in (extra or {}).items():
             (staging / name).write_bytes(data)
         _fsync_dir(staging)
+        _readable(staging)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
@@ -124,6 +125,13 @@ def _token_ids(source: Path) -> dict:
 
 def _dtype_name(model: CausalLM) -> str:
     return str(model.lm_head.weight.dtype).removeprefix("torch.")
+
+
+def _readable(directory: Path) -> None:
+    """Like any model directory: readable by all (a temporary directory starts private)."""
+    directory.chmod(0o755)
+    for path in directory.iterdir():
+        path.chmod(0o644)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -1,10 +1,10 @@
 """Make the embedded base model: a short, seeded supervised warm-up on the embedded task.
 
-    python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 600]
+    python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 1000]
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
-(``--slip``, 65%) forget to carry, the rest add correctly. The model learns both, and
+(``--slip``, 75%) forget to carry, the rest add correctly. The model learns both, and
 greedy decoding follows the majority, so it is right only on sums without a carry
 (validation reward about 0.3): rewarded sometimes, with room to learn. RL's job is to
 find out, from the reward alone, that carrying pays.
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=EMBEDDED_DIR)
     parser.add_argument("--task", default="asyncrl.actors.tasks.arithmetic:task")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--slip", type=float, default=0.65, help="share that forget to carry")
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--slip", type=float, default=0.75, help="share that forget to carry")
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-every", type=int, default=50)
