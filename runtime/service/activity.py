@@ -1,14 +1,15 @@
-"""How busy each role is: tokens per second and idle fraction, between two train steps.
+"""How busy each role is: tokens per second and idle fraction, over the last half minute.
 
 Workers measure themselves: each completion carries ``activity`` (seconds spent working
 since the worker's previous completion, and the tokens that work covered). The service
-adds these up per role and, at each train step, turns them into rates over the time since
-the previous step, for the step's metrics line.
+keeps these for a sliding window and, at each train step, turns them into per-role rates
+for the step's metrics line. A window, not the time since the previous step: two steps
+can land milliseconds apart, and a generator's completions are not paced by steps.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,34 +19,39 @@ ACTIVITY_KEY = "activity"  # in Complete.metrics: {"busy_s": float, "tokens": in
 
 
 class RoleActivity:
-    def __init__(self, now: float) -> None:
-        self._since = now
-        self._busy: dict[str, float] = defaultdict(float)
-        self._tokens: dict[str, int] = defaultdict(int)
+    def __init__(self, now: float, window_s: float = 30.0) -> None:
+        self._started = now
+        self.window_s = window_s
+        self._seen: deque[tuple[float, str, float, int]] = deque()  # (when, role, busy, tokens)
+        self._roles: set[str] = set()
 
-    def add(self, role: str, activity: Any) -> None:
+    def add(self, role: str, activity: Any, now: float) -> None:
         """Count one completion's ``activity``; anything malformed is ignored (it is a measure)."""
         if not isinstance(activity, Mapping):
             return
         busy, tokens = activity.get("busy_s"), activity.get("tokens")
-        if isinstance(busy, int | float) and busy >= 0:
-            self._busy[role] += float(busy)
-        if isinstance(tokens, int) and tokens >= 0:
-            self._tokens[role] += tokens
+        busy = float(busy) if isinstance(busy, int | float) and busy >= 0 else 0.0
+        tokens = tokens if isinstance(tokens, int) and tokens >= 0 else 0
+        self._seen.append((now, role, busy, tokens))
+        self._roles.add(role)
 
-    def take(self, now: float, workers: Mapping[str, int]) -> dict[str, dict[str, float]]:
-        """Per role with workers: tokens/s and idle fraction since the last call; then reset."""
-        span = max(now - self._since, 1e-9)
-        rates = {}
-        for role, count in sorted(workers.items()):
+    def rates(self, now: float, workers: Mapping[str, int]) -> dict[str, dict[str, float]]:
+        """Per role that reports activity: tokens/s and idle fraction over the window."""
+        while self._seen and self._seen[0][0] < now - self.window_s:
+            self._seen.popleft()
+        span = max(min(self.window_s, now - self._started), 1e-9)
+        busy: dict[str, float] = dict.fromkeys(self._roles, 0.0)
+        tokens: dict[str, int] = dict.fromkeys(self._roles, 0)
+        for _, role, b, t in self._seen:
+            busy[role] += b
+            tokens[role] += t
+        out = {}
+        for role in sorted(self._roles):
+            count = workers.get(role, 0)
             if count <= 0:
                 continue
-            busy = min(self._busy[role] / (span * count), 1.0)
-            rates[role] = {
-                "tokens_per_s": round(self._tokens[role] / span, 1),
-                "idle_frac": round(1.0 - busy, 3),
+            out[role] = {
+                "tokens_per_s": round(tokens[role] / span, 1),
+                "idle_frac": round(max(0.0, 1.0 - busy[role] / (span * count)), 3),
             }
-        self._since = now
-        self._busy.clear()
-        self._tokens.clear()
-        return rates
+        return out

@@ -245,7 +245,7 @@ class SchedulerService:
         if isinstance(reply, Rejected):
             return _error(reply)
         if lease is not None:
-            self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY))
+            self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
         if self.core.state.steps_done > steps_before:
             self._record_step(m, lease.worker if lease else m.worker, now)
         return p.Ack(reply.count)
@@ -259,7 +259,7 @@ class SchedulerService:
             "worker": worker,
             **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
             **self._latest_validation(),
-            "roles": self.activity.take(now, self._workers_per_role()),
+            "roles": self.activity.rates(now, self._workers_per_role()),
         }
         self.metrics.append(line)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
