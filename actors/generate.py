@@ -159,6 +159,7 @@ class Generate(StreamingActor):
     def abandon(self) -> list[p.Lease]:
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
+        self.validation = None  # measured again at the next due version
         self.decoder = self._decoder(self.model, greedy_only=False)
         return leases
 

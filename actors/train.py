@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 import structlog
 import torch
+from safetensors.torch import load_file
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
@@ -223,8 +224,6 @@ class Train(Actor):
         log.info("final model written", step=self.step, path=str(self.run_dir / "final"))
 
     def _restore(self, checkpoint: Path) -> None:
-        from safetensors.torch import load_file
-
         load_state(self.model, load_file(str(checkpoint / "model.safetensors")))
         state = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
