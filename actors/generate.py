@@ -30,7 +30,7 @@ from asyncrl.transport import protocol as p
 from ._setup import load_policy, weight_sync
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
-from .tasks import Sample, TaskError, load_task, score
+from .tasks import RewardFunction, Sample, TaskError, load_task
 from .worker import Outcome, StreamingActor, WorkerContext
 
 __all__ = ["Generate"]
@@ -72,8 +72,8 @@ class Generate(StreamingActor):
         cfg = ctx.config
         self.ctx = ctx
         self.model, self.codec = load_policy(cfg, self.role)
-        self.task_path = cfg.data.task
-        self.task = load_task(self.task_path)
+        self.task = load_task(cfg.data.task)
+        self.reward = RewardFunction.load(cfg.data.reward, self.task, cfg.data.task)
         self.sync = weight_sync(cfg)
         self.n = cfg.data.group_size
         if self.n > self.slots:
@@ -184,7 +184,7 @@ class Generate(StreamingActor):
         for finished in v.decoder.step():
             response = self.codec.decode(finished.tokens)
             try:
-                reward = score(self.task, self.task_path, v.samples[finished.tag], response)
+                reward = self.reward(v.samples[finished.tag], response)
             except TaskError as error:
                 log.warning("validation reward failed", version=v.version, reason=str(error))
                 reward, v.errors = 0.0, v.errors + 1

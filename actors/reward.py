@@ -1,9 +1,10 @@
 """The ``reward`` role: scores each response with the task's reward function.
 
 Consumes ``transition.*.generated``; produces :class:`RewardsOut`. The reward function
-is the task plug-in's (``data.task``). If it raises, or returns something that is not a
-finite number, the lease fails with a reason naming the task and the problem: that group
-is tried again and, after ``pipeline.max_attempts``, reported dead; the run goes on.
+is a plug-in: ``data.reward`` (an import path), or the task's own when that is empty. If
+it raises, or returns something that is not a finite number, the lease fails with a
+reason naming the plug-in and the problem: that group is tried again and, after
+``pipeline.max_attempts``, reported dead; the run goes on.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ._scorer import tokens_of
 from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
-from .tasks import Sample, load_task, score
+from .tasks import RewardFunction, Sample, load_task
 from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["Reward"]
@@ -30,8 +31,8 @@ class Reward(Actor):
     claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
 
     def on_start(self, ctx: WorkerContext) -> None:
-        self.task_path = ctx.config.data.task
-        self.task = load_task(self.task_path)
+        data = ctx.config.data
+        self.reward = RewardFunction.load(data.reward, load_task(data.task), data.task)
         self.codec = TextCodec.from_dir(model_dir(ctx.config.model.path))
 
     def process(self, lease: p.Lease) -> Outcome:
@@ -41,10 +42,7 @@ class Reward(Actor):
         prompt = PromptIn.of(item)
         sample = Sample(prompt.prompt, prompt.answer)
         rewards = [
-            self._reward(sample, self.codec.decode(response))
+            self.reward(sample, self.codec.decode(response))
             for response in RolloutsOut.of(item).responses()
         ]
         return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
-
-    def _reward(self, sample: Sample, response: str) -> float:
-        return score(self.task, self.task_path, sample, response)

@@ -5,6 +5,6 @@ attribute is an object that satisfies :class:`Task`. The embedded default is
 :mod:`asyncrl.actors.tasks.arithmetic`.
 """
 
-from .base import Sample, Task, TaskError, check_reward, load_task, score
+from .base import RewardFunction, Sample, Task, TaskError, check_reward, load_task
 
-__all__ = ["Sample", "Task", "TaskError", "check_reward", "load_task", "score"]
+__all__ = ["RewardFunction", "Sample", "Task", "TaskError", "check_reward", "load_task"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Sample", "Task", "TaskError", "check_reward", "load_task", "score"]
+__all__ = ["RewardFunction", "Sample", "Task", "TaskError", "check_reward", "load_task"]
 
 
 class TaskError(ValueError):
@@ -40,36 +41,58 @@ class Task(Protocol):
 
 def load_task(path: str) -> Task:
     """The task at ``path`` (``package.module:attr``), checked against :class:`Task`."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise TaskError(f"data.task={path!r}: expected an import path 'package.module:attr'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise TaskError(f"data.task={path!r}: cannot import {module_name!r}: {error}") from None
-    try:
-        task = getattr(module, attr)
-    except AttributeError:
-        raise TaskError(f"data.task={path!r}: {module_name!r} has no attribute {attr!r}") from None
+    task = _import(path, "data.task")
     if not isinstance(task, Task):
         missing = [name for name in ("name", "sample", "reward") if not hasattr(task, name)]
         raise TaskError(f"data.task={path!r}: not a task (missing {', '.join(missing)})")
     return task
 
 
+class RewardFunction:
+    """The reward in use, guarded: a plug-in that raises or returns a non-number is a
+    TaskError naming the plug-in, which fails the group it was scoring, not the run."""
+
+    def __init__(self, function: Callable[[Sample, str], Any], name: str) -> None:
+        self.function = function
+        self.name = name
+
+    @classmethod
+    def load(cls, reward_path: str, task: Task, task_path: str) -> RewardFunction:
+        """``data.reward``'s function, or the task's own when that key is empty."""
+        if not reward_path:
+            return cls(task.reward, task_path)
+        function = _import(reward_path, "data.reward")
+        if not callable(function):
+            raise TaskError(f"data.reward={reward_path!r}: not callable")
+        return cls(function, reward_path)
+
+    def __call__(self, sample: Sample, response: str) -> float:
+        try:
+            value = self.function(sample, response)
+        except Exception as error:
+            detail = f"{type(error).__name__}: {error}"
+            raise TaskError(f"reward {self.name!r} raised {detail}") from error
+        return check_reward(value, task=self.name)
+
+
 def check_reward(value: Any, *, task: str) -> float:
     """``value`` as a float, or a TaskError saying what the reward function returned."""
     if not isinstance(value, numbers.Real):
-        raise TaskError(f"task {task!r}: reward returned {type(value).__name__}, not a number")
+        raise TaskError(f"reward {task!r} returned {type(value).__name__}, not a number")
     if not math.isfinite(value):
-        raise TaskError(f"task {task!r}: reward returned {value!r}, not a finite number")
+        raise TaskError(f"reward {task!r} returned {value!r}, not a finite number")
     return float(value)
 
 
-def score(task: Task, path: str, sample: Sample, response: str) -> float:
-    """``task``'s reward for ``response``; a TaskError naming ``path`` if the plug-in fails."""
+def _import(path: str, key: str) -> Any:
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise TaskError(f"{key}={path!r}: expected an import path 'package.module:attr'")
     try:
-        value = task.reward(sample, response)
-    except Exception as error:
-        raise TaskError(f"task {path!r}: reward raised {type(error).__name__}: {error}") from error
-    return check_reward(value, task=path)
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise TaskError(f"{key}={path!r}: cannot import {module_name!r}: {error}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise TaskError(f"{key}={path!r}: {module_name!r} has no attribute {attr!r}") from None

@@ -54,6 +54,12 @@ class DataSection:
         default="asyncrl.actors.tasks.arithmetic:task",
         metadata=doc("task plug-in, as an import path module:attr"),
     )
+    reward: str = field(
+        default="",
+        metadata=doc(
+            "reward function f(sample, response) -> float as module:attr; empty: the task's"
+        ),
+    )
     group_size: int = field(
         default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
     )

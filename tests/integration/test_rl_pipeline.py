@@ -74,3 +74,11 @@ def test_a_reward_plug_in_that_fails_kills_only_its_groups(tmp_path: Path) -> No
     text = " ".join(reasons)
     assert "ZeroDivisionError" in text or "not a number" in text
     assert "tests.support.tasks:misbehaving" in text
+
+
+def test_a_reward_plug_in_by_import_path_replaces_the_tasks(tmp_path: Path) -> None:
+    cfg = rl_config(tmp_path, reward="tests.support.tasks:raising_reward")
+    status = run(cfg)
+    assert status["run"]["finished"]
+    text = " ".join(status["dead"])
+    assert "reward 'tests.support.tasks:raising_reward' raised KeyError" in text

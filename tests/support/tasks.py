@@ -28,3 +28,10 @@ class Misbehaving:
 
 
 misbehaving = Misbehaving()
+
+
+def raising_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in (``data.reward``) with a bug for sums ending in 5."""
+    if sample.answer.endswith("5"):
+        raise KeyError("the plug-in's own bug")
+    return 1.0 if response.endswith(sample.answer) else 0.0

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from asyncrl.actors.tasks import Sample, TaskError, check_reward, load_task
+from asyncrl.actors.tasks import RewardFunction, Sample, TaskError, check_reward, load_task
 from asyncrl.actors.tasks.arithmetic import Arithmetic, solution, task
 
 
@@ -79,6 +79,24 @@ def test_numbers_are_rewards(value: float) -> None:
 def test_a_reward_that_is_not_a_number_is_named(value: object, message: str) -> None:
     with pytest.raises(TaskError, match=message):
         check_reward(value, task="my.task:t")
+
+
+def test_the_reward_is_the_tasks_unless_a_plug_in_is_named() -> None:
+    sample = task.sample("train", 0)
+    own = RewardFunction.load("", task, "arithmetic")
+    assert own(sample, task.reference(sample)) == 1.0
+    plug_in = RewardFunction.load("tests.support.tasks:raising_reward", task, "arithmetic")
+    assert plug_in.name == "tests.support.tasks:raising_reward"
+    with pytest.raises(TaskError, match=r"data\.reward=.x:y.: cannot import"):
+        RewardFunction.load("x:y", task, "arithmetic")
+    with pytest.raises(TaskError, match="not callable"):
+        RewardFunction.load("asyncrl.actors.tasks.arithmetic:task", task, "arithmetic")
+
+
+def test_a_reward_that_raises_is_named_with_its_error() -> None:
+    broken = RewardFunction(lambda s, r: 1 / 0, "my.plugin:f")
+    with pytest.raises(TaskError, match=r"reward .my\.plugin:f. raised ZeroDivisionError"):
+        broken(Sample("1+1=", "2"), "2")
 
 
 def test_sample_holds_prompt_and_answer() -> None:
