@@ -131,8 +131,10 @@ class Decoder:
         self._admit()
         if not self.active:
             return []
-        catching_up = [s for s, seq in self.active.items() if len(seq.tokens) - seq.fed > 1]
-        current = [s for s, seq in self.active.items() if len(seq.tokens) - seq.fed == 1]
+        # Ascending slot order lets the model read a run of slots from the cache as a view.
+        slots = sorted(self.active)
+        catching_up = [s for s in slots if len(self.active[s].tokens) - self.active[s].fed > 1]
+        current = [s for s in slots if len(self.active[s].tokens) - self.active[s].fed == 1]
         finished: list[Finished] = []
         for group in (catching_up, current):
             if group:
@@ -151,14 +153,7 @@ class Decoder:
 
     def _advance(self, slots: list[int]) -> list[Finished]:
         sequences = [self.active[slot] for slot in slots]
-        width = max(len(seq.tokens) - seq.fed for seq in sequences)
-        last = self.cache.max_len - 1
-        ids = torch.full((len(slots), width), self.pad_id, dtype=torch.long)
-        positions = torch.full((len(slots), width), last, dtype=torch.long)
-        for row, seq in enumerate(sequences):
-            unfed = seq.tokens[seq.fed :]
-            ids[row, : len(unfed)] = torch.tensor(unfed)
-            positions[row, : len(unfed)] = torch.arange(seq.fed, len(seq.tokens))
+        ids, positions = self._inputs(sequences)
         logits = self.model.step(ids, positions, torch.tensor(slots), self.cache)
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences])
         chosen, logprobs = self._pick(logits[torch.arange(len(slots)), ends], sequences)
@@ -173,6 +168,22 @@ class Decoder:
             if result is not None:
                 done.append(result)
         return done
+
+    def _inputs(self, sequences: list[_Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's unfed tokens and their positions, right-padded into a batch."""
+        width = max(len(seq.tokens) - seq.fed for seq in sequences)
+        if width == 1:  # the common case, one token each: no per-row tensors
+            ids = torch.tensor([[seq.tokens[-1]] for seq in sequences])
+            return ids, torch.tensor([[len(seq.tokens) - 1] for seq in sequences])
+        # Padding goes to the cache's last position: never visible before it is overwritten.
+        last = self.cache.max_len - 1
+        ids = torch.full((len(sequences), width), self.pad_id, dtype=torch.long)
+        positions = torch.full((len(sequences), width), last, dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            unfed = seq.tokens[seq.fed :]
+            ids[row, : len(unfed)] = torch.tensor(unfed)
+            positions[row, : len(unfed)] = torch.arange(seq.fed, len(seq.tokens))
+        return ids, positions
 
     def _pick(self, logits: torch.Tensor, sequences: list[_Sequence]):
         logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)

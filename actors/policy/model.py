@@ -167,10 +167,7 @@ class _Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         q, k, v = self._project(x, rope)
-        groups = self.heads // self.kv_heads
-        attended = F.scaled_dot_product_attention(
-            q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), is_causal=True
-        )
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self._out(attended)
 
     def step(
@@ -188,11 +185,25 @@ class _Attention(nn.Module):
         rows = slots[:, None].expand_as(positions)
         keys[rows, :, positions] = k.transpose(1, 2)
         values[rows, :, positions] = v.transpose(1, 2)
-        groups = self.heads // self.kv_heads
-        k_all = keys[slots].repeat_interleave(groups, 1)
-        v_all = values[slots].repeat_interleave(groups, 1)
-        attended = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=visible[:, None])
+        span = visible.shape[-1]  # only the positions some row can see
+        rows_of = _run(slots)  # a run of consecutive slots is read as a view, not a copy
+        keys, values = keys[rows_of], values[rows_of]
+        attended = F.scaled_dot_product_attention(
+            q,
+            keys[:, :, :span],
+            values[:, :, :span],
+            attn_mask=visible[:, None],
+            enable_gqa=True,
+        )
         return self._out(attended)
+
+
+def _run(slots: torch.Tensor) -> slice | torch.Tensor:
+    """``slots`` as a slice when they are consecutive and ascending, else as they are."""
+    first, last = int(slots[0]), int(slots[-1])
+    if last - first + 1 == len(slots) and bool((slots[1:] > slots[:-1]).all()):
+        return slice(first, last + 1)
+    return slots
 
 
 class _MLP(nn.Module):
@@ -262,8 +273,9 @@ class CausalLM(nn.Module):
         """Logits [rows, tokens, vocab] for ``input_ids`` [rows, tokens] placed at ``positions``
         of cache ``slots`` [rows]; each token sees its slot's cache up to its own position."""
         rope = self.rotary(positions)
-        span = torch.arange(cache.max_len)
-        visible = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, max_len]
+        # Attend over the longest prefix any row needs, not the whole cache.
+        span = torch.arange(int(positions.max()) + 1)
+        visible = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, span]
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
             kv = (cache.keys[i], cache.values[i])

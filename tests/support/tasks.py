@@ -31,7 +31,7 @@ misbehaving = Misbehaving()
 
 
 def raising_reward(sample: Sample, response: str) -> float:
-    """A reward plug-in (``data.reward``) with a bug for sums ending in 5."""
-    if sample.answer.endswith("5"):
+    """A reward plug-in (``data.reward``) with a bug for odd sums."""
+    if int(sample.answer) % 2:
         raise KeyError("the plug-in's own bug")
     return 1.0 if response.endswith(sample.answer) else 0.0
