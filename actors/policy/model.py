@@ -99,18 +99,17 @@ def _rope_theta(config: dict[str, Any]) -> float:
 
 
 class KVCache:
-    """Keys and values for ``slots`` sequences of up to ``max_len`` tokens each."""
+    """Keys and values for ``slots`` sequences of up to ``max_len`` tokens each.
+
+    Laid out [layer, slot, position, head, dim]: slot and position side by side make
+    writing one token per sequence a single indexed copy.
+    """
 
     def __init__(self, config: ModelConfig, slots: int, max_len: int, dtype: torch.dtype):
-        shape = (config.num_hidden_layers, slots, config.num_key_value_heads, max_len)
+        shape = (config.num_hidden_layers, slots, max_len, config.num_key_value_heads)
         self.keys = torch.zeros(*shape, config.head_dim, dtype=dtype)
         self.values = torch.zeros(*shape, config.head_dim, dtype=dtype)
         self.max_len = max_len
-
-    def copy_slot(self, source: int, targets: list[int], length: int) -> None:
-        """Give ``targets`` the first ``length`` positions of ``source`` (a shared prompt)."""
-        for cache in (self.keys, self.values):
-            cache[:, targets, :, :length] = cache[:, source : source + 1, :, :length]
 
 
 class _RMSNorm(nn.Module):
@@ -183,15 +182,15 @@ class _Attention(nn.Module):
         q, k, v = self._project(x, rope)
         keys, values = cache
         rows = slots[:, None].expand_as(positions)
-        keys[rows, :, positions] = k.transpose(1, 2)
-        values[rows, :, positions] = v.transpose(1, 2)
+        keys[rows, positions] = k.transpose(1, 2)
+        values[rows, positions] = v.transpose(1, 2)
         span = visible.shape[-1]  # only the positions some row can see
         rows_of = _run(slots)  # a run of consecutive slots is read as a view, not a copy
-        keys, values = keys[rows_of], values[rows_of]
+        keys, values = keys[rows_of, :span], values[rows_of, :span]
         attended = F.scaled_dot_product_attention(
             q,
-            keys[:, :, :span],
-            values[:, :, :span],
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
             attn_mask=visible[:, None],
             enable_gqa=True,
         )
