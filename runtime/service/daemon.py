@@ -114,8 +114,8 @@ class SchedulerDaemon:
 
     def _serve_batch(self) -> None:
         writer = self.service.durable.writer
-        for _ in range(_BATCH):
-            frames = recv_waiting(self.router)
+        for i in range(_BATCH):
+            frames = recv_waiting(self.router, polled=i == 0)  # the poll said so for the first
             if frames is None:
                 return
             identity, body = frames[0], [f.buffer for f in frames[1:]]
