@@ -91,7 +91,9 @@ class Turn:
                 self._timeouts += 1
 
     def answered(self, call: Sendable) -> None:
-        if call.timeouts_before == self._timeouts:
+        # Only the holder writes these two, so it may read them without the lock; it takes
+        # it only to change _settled (other threads read _late_possible under it).
+        if call.timeouts_before == self._timeouts and self._settled != self._timeouts:
             with self._cond:
                 self._settled = self._timeouts  # sent after every timeout: nothing late left
 

@@ -17,12 +17,10 @@ Transport code knows this module; it knows nothing of what the payloads mean.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import operator
 import threading
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -30,7 +28,7 @@ from typing import Any, ClassVar
 import msgpack
 import numpy as np
 
-from . import _typed
+from . import _compiled, _typed
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -432,7 +430,6 @@ Message = (
 
 # A thread keeps its packers' buffers; one that grew past this for a big message is dropped.
 _KEEP_BUFFER_BYTES = 1 << 20
-_AS_IS = frozenset({int, float, str, bool, bytes, dict, type(None)})  # never a dataclass
 
 
 class _Packers(threading.local):
@@ -515,35 +512,9 @@ def _dtype_name(dtype: np.dtype[Any]) -> str:
 def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
     """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
     header, buffers = _PACKERS.pack_header(
-        [PROTOCOL_VERSION, int(message.KIND), req_id, _to_wire(message)]
+        [PROTOCOL_VERSION, int(message.KIND), req_id, _compiled.to_wire(message)]
     )
     return [header, *buffers]
-
-
-def _to_wire(message: Any) -> list[Any]:
-    values = _GETTERS[type(message)](message)  # every message class is registered below
-    return [_field_to_wire(v) for v in values]
-
-
-def _field_to_wire(value: Any) -> Any:
-    kind = type(value)
-    if kind in _AS_IS or (kind is tuple and (not value or type(value[0]) in _AS_IS)):
-        return value  # the common case, decided without asking dataclasses
-    if dataclasses.is_dataclass(value):
-        return _to_wire(value)
-    if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
-        return [_to_wire(v) for v in value]
-    return value
-
-
-def _getter(cls: type) -> Callable[[Any], Sequence[Any]]:
-    """Reads every field of a ``cls`` instance in declaration order, in one call."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    if len(names) > 1:
-        return operator.attrgetter(*names)
-    if names:
-        return lambda obj: (getattr(obj, names[0]),)
-    return lambda _obj: ()
 
 
 def decode(frames: Sequence[Any]) -> Message:
@@ -583,7 +554,7 @@ def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
     if arrays.unused:
         raise ProtocolError(f"array frames {sorted(arrays.unused)[:5]} are never used", req_id)
     try:
-        return _typed.build(cls, body, 0), req_id
+        return _compiled.build(cls, body), req_id
     except _typed.Invalid as bad:
         raise ProtocolError(bad.describe(cls.__name__), req_id) from None
 
@@ -655,13 +626,11 @@ def _stored_array(code: int, data: bytes) -> Any:
 
 _MESSAGES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
-_GETTERS: dict[type, Callable[[Any], Sequence[Any]]] = {}
 
 
 def _register() -> None:
     for cls in [Result, Item, NewGroup, *_MESSAGES]:  # nested ones first
-        _typed.register(cls, globals())
-        _GETTERS[cls] = _getter(cls)
+        _compiled.register(cls, globals())
 
 
 _register()

@@ -328,9 +328,13 @@ def send_frames(socket: zmq.Socket, frames: Sequence[Any], *, noblock: bool = Fa
         socket.send(frame, (flags | _SNDMORE) if i < last else flags, copy=False)
 
 
-def recv_waiting(socket: zmq.Socket) -> list[zmq.Frame] | None:
-    """The next message's frames if one is waiting (never blocks), else None."""
-    if not socket.getsockopt(zmq.EVENTS) & _POLLIN:
+def recv_waiting(socket: zmq.Socket, *, polled: bool = False) -> list[zmq.Frame] | None:
+    """The next message's frames if one is waiting (never blocks), else None.
+
+    ``polled``: a poll just reported POLLIN on ``socket``, so asking its EVENTS first (a
+    getsockopt, as long as the recv of a small frame) is skipped.
+    """
+    if not polled and not socket.getsockopt(zmq.EVENTS) & _POLLIN:
         return None
     try:
         frame = socket.recv(_NOBLOCK, copy=False)

@@ -196,13 +196,16 @@ class ZmqLink:
                 except zmq.Again:
                     pass  # not connected (IMMEDIATE) or the queue is full: POLLOUT says when
             left_ms = math.ceil((call.deadline - time.monotonic()) * 1000)
+            readable = False
             if left_ms > 0:
                 flags = zmq.POLLIN if call.sent else zmq.POLLIN | zmq.POLLOUT
-                zmq.zmq_poll([(dealer, flags), (self._turn.closed_fd, zmq.POLLIN)], left_ms)
+                items = [(dealer, flags), (self._turn.closed_fd, zmq.POLLIN)]
+                for which, events in zmq.zmq_poll(items, left_ms):
+                    readable = readable or (which is dealer and bool(events & zmq.POLLIN))
             if self._turn.closed:
                 raise LinkClosed("the link was closed while the request waited")
             if call.sent:
-                reply = self._read_replies(dealer, call)
+                reply = self._read_replies(dealer, call, readable)
                 if reply is not None:
                     return reply
             if time.monotonic() >= call.deadline:
@@ -212,10 +215,11 @@ class ZmqLink:
                     f"{call.what}: no reply from the scheduler in {call.timeout_s:g} s"
                 )
 
-    def _read_replies(self, dealer: zmq.Socket, call: _Call) -> Message | None:
-        """Read what has come: ``call``'s reply, or late ones (delivered) before it."""
-        for _ in range(_BATCH):
-            frames = recv_waiting(dealer)
+    def _read_replies(self, dealer: zmq.Socket, call: _Call, polled: bool) -> Message | None:
+        """Read what has come: ``call``'s reply, or late ones (delivered) before it.
+        ``polled``: the poll just said the DEALER is readable."""
+        for i in range(_BATCH):
+            frames = recv_waiting(dealer, polled=polled and i == 0)
             if frames is None:
                 return None
             try:

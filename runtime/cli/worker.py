@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from asyncrl.actors.worker import Actor, Worker, default_worker_name
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
+from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.service.build import keys_dir
 from asyncrl.runtime.service.process import endpoints_file, next_port, read_endpoints
@@ -87,6 +88,7 @@ def _run_worker(
         worker = running = Worker(actor, link, cfg, name=name, index=index)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
+        settle_after_startup()
         return running.run()
     finally:
         link.close()

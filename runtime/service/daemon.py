@@ -36,6 +36,7 @@ __all__ = ["SchedulerDaemon"]
 log = structlog.get_logger("asyncrl.scheduler")
 
 _BATCH = 512  # requests read per turn before the loop publishes and replies
+_POLLIN = int(zmq.POLLIN)
 _DETAIL = 200  # characters of a protocol error kept in its log line
 
 
@@ -72,17 +73,22 @@ class SchedulerDaemon:
         os.eventfd_write(self.wake_fd, 1)
 
     def run(self) -> int:
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.wake_fd, zmq.POLLIN)
+        # zmq_poll itself, not zmq.Poller: the Poller rebuilds its list and a dict per call,
+        # once per request here. Items are (socket or fd, events); results the same.
+        watched = [(self.router, _POLLIN), (self.wake_fd, _POLLIN)]
         writer = self.service.durable.writer
         next_tick = self.clock()
         while True:
-            ready = dict(poller.poll(self._poll_ms(next_tick)))
-            if ready.get(self.wake_fd):
+            woken = requests = False
+            for which, _events in zmq.zmq_poll(watched, self._poll_ms(next_tick)):
+                if which is self.router:
+                    requests = True
+                else:
+                    woken = True
+            if woken:
                 with contextlib.suppress(BlockingIOError):  # another read took it
                     os.eventfd_read(self.wake_fd)
-            if ready.get(self.router):
+            if requests:
                 self._serve_batch()
             now = self.clock()
             if now >= next_tick:
@@ -108,8 +114,8 @@ class SchedulerDaemon:
 
     def _serve_batch(self) -> None:
         writer = self.service.durable.writer
-        for _ in range(_BATCH):
-            frames = recv_waiting(self.router)
+        for i in range(_BATCH):
+            frames = recv_waiting(self.router, polled=i == 0)  # the poll said so for the first
             if frames is None:
                 return
             identity, body = frames[0], [f.buffer for f in frames[1:]]

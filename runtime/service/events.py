@@ -6,6 +6,7 @@ them, and a worker also polls). Each carries a sequence number so that gaps are 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -34,7 +35,7 @@ def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
             body: dict[str, Any] = {"groups": list(groups)}
             if reason is not None:
                 body["reason"] = reason
-            return topic(Topic.TRANSITION, source.value, target.value), body
+            return _transition_topic(source, target), body
         case GroupsAdded(groups):
             return topic(Topic.GROUPS, "added"), {"groups": list(groups)}
         case VersionPublished(version):
@@ -47,6 +48,12 @@ def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
         case WorkerLost(worker, reason):
             return topic(Topic.WORKER, "lost"), {"worker": worker, "reason": reason}
     raise TypeError(f"no event for {notice!r}")
+
+
+@functools.cache
+def _transition_topic(source: GroupState, target: GroupState) -> str:
+    # Built once per edge: nearly every request moves a group, and the few edges repeat.
+    return topic(Topic.TRANSITION, source.value, target.value)
 
 
 class EventNumbering:

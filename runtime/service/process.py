@@ -20,6 +20,7 @@ import structlog
 import zmq
 
 from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.security import curve_required, load_server_keys
 from asyncrl.transport.sockets import (
@@ -89,6 +90,8 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
             exit_grace_s=2 * sched.heartbeat_interval_s + 1,
             auth_failures=sockets.auth_failures,
         )
+        # Before announcing: a worker's first request meets no start-up collection.
+        settle_after_startup()
         _announce(cfg, sockets, curve, resume, service.core.state.steps_done)
         with _stop_signals(daemon):
             return daemon.run()
