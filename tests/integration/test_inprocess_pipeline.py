@@ -53,7 +53,10 @@ def demo_actors(*extra: Actor, replace: Iterable[str] = ()) -> list[Actor]:
 
 
 def run_pipeline(
-    cfg: RunConfig, actors: list[Actor], prepare: Callable[[InProcessHub], None] | None = None
+    cfg: RunConfig,
+    actors: list[Actor],
+    prepare: Callable[[InProcessHub], None] | None = None,
+    timeout_s: float = RUN_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Run ``actors`` as worker threads on one hub to the end; the scheduler's last status."""
     hub = InProcessHub(cfg)
@@ -61,7 +64,7 @@ def run_pipeline(
         if prepare is not None:
             prepare(hub)
         workers = _name_workers(hub, cfg, actors)
-        codes = _run_threads(workers)
+        codes = _run_threads(workers, timeout_s)
         assert codes == {w.name: 0 for w in workers}
         return hub.service.status(hub.clock())
     finally:
@@ -78,7 +81,7 @@ def _name_workers(hub: InProcessHub, cfg: RunConfig, actors: list[Actor]) -> lis
     return workers
 
 
-def _run_threads(workers: list[Worker]) -> dict[str, int]:
+def _run_threads(workers: list[Worker], timeout_s: float) -> dict[str, int]:
     codes: dict[str, int] = {}
 
     def run(worker: Worker) -> None:
@@ -87,7 +90,7 @@ def _run_threads(workers: list[Worker]) -> dict[str, int]:
     threads = [threading.Thread(target=run, args=(w,), daemon=True) for w in workers]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     stuck = [w.name for w, t in zip(workers, threads, strict=True) if t.is_alive()]
@@ -95,7 +98,7 @@ def _run_threads(workers: list[Worker]) -> dict[str, int]:
         for worker in workers:
             worker.stop()
             worker.stop()
-        pytest.fail(f"the run did not finish in {RUN_TIMEOUT_S:g}s; still running: {stuck}")
+        pytest.fail(f"the run did not finish in {timeout_s:g}s; still running: {stuck}")
     return codes
 
 
