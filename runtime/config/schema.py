@@ -116,7 +116,7 @@ class AlgorithmSection:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineSection:
     max_staleness: int = field(
-        default=1,
+        default=2,
         metadata=doc(
             "weight versions a sample may lag the trainer; 0 = synchronous on-policy", min=0
         ),

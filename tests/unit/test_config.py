@@ -48,7 +48,7 @@ def test_defaults() -> None:
     assert cfg.algorithm.lr == 2e-4
     assert cfg.pipeline.actors == "asyncrl.actors.roles"
     assert cfg.algorithm.estimator == "grpo"
-    assert cfg.pipeline.max_staleness == 1
+    assert cfg.pipeline.max_staleness == 2
     assert cfg.pipeline.workers == dict.fromkeys(WORKER_ROLES, 1)
     assert cfg.scheduler.resources == {}
     assert (cfg.scheduler.control_port, cfg.scheduler.events_port) == (5555, 5556)
