@@ -309,7 +309,7 @@ def test_describe_fields_covers_every_leaf_with_help() -> None:
     assert len(keys) == len(set(keys))
     assert all(help_text.split(" (allowed:")[0] for _, _, help_text in rows)
     described = {key: (default, text) for key, default, text in rows}
-    assert described["pipeline.max_staleness"][0] == "1"
+    assert described["pipeline.max_staleness"][0] == "2"
     assert "an integer >= 0" in described["pipeline.max_staleness"][1]
     assert described["run.dir"][0] == "runs/{name}"
     assert "one of 'grpo', 'dr_grpo'" in described["algorithm.estimator"][1]
