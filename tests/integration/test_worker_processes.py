@@ -43,7 +43,8 @@ def test_worker_processes_run_the_demo_and_a_terminated_one_leaves_cleanly(tmp_p
     config = tmp_path / "run.yaml"
     config.write_text(
         f"run: {{dir: {tmp_path / 'run'}, total_steps: {STEPS}}}\n"
-        f"pipeline: {{train_batch_groups: {BATCH}, lease_timeout_s: 10}}\n"
+        f"pipeline: {{train_batch_groups: {BATCH}, lease_timeout_s: 10,"
+        " actors: asyncrl.actors.demo}\n"
         "scheduler: {control_port: 0, events_port: 0, heartbeat_interval_s: 0.5}\n"
     )
     metrics = tmp_path / "run" / "metrics.jsonl"
