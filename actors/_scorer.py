@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 
 from asyncrl.transport import protocol as p
 
-from .payloads import RolloutsOut
+from ._setup import load_policy
+from .payloads import LogprobsOut, RolloutsOut
 from .policy.model import CausalLM
 from .policy.scoring import pack, response_logprobs
+from .worker import Actor, Outcome, WorkerContext
 
-__all__ = ["score_items", "tokens_of"]
+__all__ = ["ScoringActor", "score_items", "tokens_of"]
+
+
+class ScoringActor(Actor):
+    """Log-probs of every response of a lease's groups, under this actor's model."""
+
+    claim_size: ClassVar[int] = 4
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        self.temperature = ctx.config.algorithm.temperature
+        self.model, self.codec = load_policy(ctx.config, self.role)
+
+    @property
+    def version(self) -> int | None:
+        """The policy version scored under (None: the frozen reference)."""
+        return None
+
+    def process(self, lease: p.Lease) -> Outcome:
+        scores = score_items(self.model, lease.items, self.codec.pad_id, self.temperature)
+        results = tuple(
+            p.Result(item.gid, LogprobsOut(score, self.version).to_payload())
+            for item, score in zip(lease.items, scores, strict=True)
+        )
+        return Outcome(results, tokens=tokens_of(lease))
 
 
 def tokens_of(lease: p.Lease) -> int:

@@ -10,32 +10,13 @@ from __future__ import annotations
 from typing import ClassVar
 
 from asyncrl.runtime.core.pipeline import Role
-from asyncrl.transport import protocol as p
 
-from ._scorer import score_items
-from ._scorer import tokens_of as _tokens
-from ._setup import load_policy
-from .payloads import LogprobsOut
-from .worker import Actor, Outcome, WorkerContext
+from ._scorer import ScoringActor
 
 __all__ = ["RefLogp"]
 
 
-class RefLogp(Actor):
+class RefLogp(ScoringActor):
+    """Scores under the base model as loaded at start; it never loads a version."""
+
     role: ClassVar[str] = Role.REF_LOGP.value
-    claim_size: ClassVar[int] = 4
-
-    def on_start(self, ctx: WorkerContext) -> None:
-        self.cfg = ctx.config
-        self.model, self.codec = load_policy(ctx.config, self.role)
-
-    def process(self, lease: p.Lease) -> Outcome:
-        temperature = self.cfg.algorithm.temperature
-        scores = score_items(self.model, lease.items, self.codec.pad_id, temperature)
-        return Outcome(
-            tuple(
-                p.Result(item.gid, LogprobsOut(score, None).to_payload())
-                for item, score in zip(lease.items, scores, strict=True)
-            ),
-            tokens=_tokens(lease),
-        )
