@@ -6,12 +6,16 @@ Trains a small Llama-architecture model from scratch on written-out solutions of
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
 (``--slip``, 75%) forget to carry, the rest add correctly. The model learns both, and
 greedy decoding follows the majority, so it is right only on sums without a carry
-(validation reward about 0.3): rewarded sometimes, with room to learn. RL's job is to
-find out, from the reward alone, that carrying pays.
+(validation reward 0.44 on 128 prompts): rewarded sometimes, with room to learn. RL's
+job is to find out, from the reward alone, that carrying pays. The warm-up draws the
+number of columns uniformly, so the model has seen enough long sums to do them.
 
-Everything is seeded and runs on one CPU thread, so the same command gives the same
-model. The result is a Hugging Face model directory (config.json, model.safetensors,
-tokenizer.json) that ``transformers.AutoModelForCausalLM`` loads.
+Everything is seeded and runs on one CPU thread, so a rerun makes a model of the same
+kind, though not bit for bit the same one: CPU kernels round according to memory layout,
+which an extra validation pass or a change in the attention code shifts. (The shipped
+model: validation reward 0.44; a rerun with the current code: 0.46.) The result is
+a Hugging Face model directory (config.json, model.safetensors, tokenizer.json) that
+``transformers.AutoModelForCausalLM`` loads.
 """
 
 from __future__ import annotations
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--val-prompts", type=int, default=128)
     train(parser.parse_args(argv))
     return 0
