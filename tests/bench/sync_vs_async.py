@@ -6,9 +6,10 @@
 Both runs use one config and differ only in ``pipeline.max_staleness`` (0, then the
 config's value, or 1 if it says 0). Each is a real ``asyncrl run`` (scheduler and six
 worker processes) into its own run directory. Printed: for each, the wall-clock seconds
-until the validation reward first reached ``--target`` (from ``validation.jsonl``, the
-scheduler's clock), the whole run's seconds, the final validation reward and the final
-train reward; then the ratio sync/async of the time to the target.
+until the mean of the last three validation rewards first reached ``--target`` (from
+``validation.jsonl``, the scheduler's clock), the whole run's seconds, the final
+validation reward and the final train reward; then the ratio sync/async of the time to
+the target.
 
 The two runs take turns on the machine, never overlap, so neither slows the other.
 """
@@ -69,7 +70,7 @@ def run_once(name: str, config: Path, overrides: list[str], work: Path, target: 
         raise SystemExit(f"{name}: asyncrl run exited with {proc.returncode}")
     validation = lines(run_dir / "validation.jsonl")
     steps = lines(run_dir / "metrics.jsonl")
-    reached = next((v["elapsed_s"] for v in validation if v["val_reward"] >= target), None)
+    reached = time_to_reach(validation, target)
     last_val = validation[-1] if validation else {}
     return Outcome(
         name=name,
@@ -80,6 +81,19 @@ def run_once(name: str, config: Path, overrides: list[str], work: Path, target: 
         final_reward=_tail_mean([s.get("reward_mean") for s in steps], 10),
         steps=len(steps),
     )
+
+
+def time_to_reach(validation: list[dict[str, Any]], target: float, window: int = 3) -> float | None:
+    """Seconds until the mean of the last ``window`` validations first reached ``target``.
+
+    One pass over 128 prompts has a standard error of about 0.035 near 0.8, so a single
+    lucky pass would decide the race; a trailing mean asks for the level to hold.
+    """
+    for i in range(window - 1, len(validation)):
+        recent = validation[i - window + 1 : i + 1]
+        if sum(v["val_reward"] for v in recent) / window >= target:
+            return validation[i]["elapsed_s"]
+    return None
 
 
 def _tail_mean(values: list[Any], n: int) -> float | None:
@@ -94,13 +108,13 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 def report(outcomes: list[Outcome], target: float) -> None:
     print()
     print(
-        f"{'run':<6} {'steps':>5} {'to val>=' + str(target):>13} {'whole run':>10} "
+        f"{'run':<6} {'steps':>5} {'to mean-of-3 val>=' + str(target):>23} {'whole run':>10} "
         f"{'final val (version)':>20} {'train reward, last 10':>22}"
     )
     for o in outcomes:
         final_val = f"{_fmt(o.final_val)} (v{o.final_val_version})"
         print(
-            f"{o.name:<6} {o.steps:>5} {_fmt(o.to_target_s, '.0f') + ' s':>13} "
+            f"{o.name:<6} {o.steps:>5} {_fmt(o.to_target_s, '.0f') + ' s':>23} "
             f"{o.wall_s:>8.0f} s {final_val:>20} {_fmt(o.final_reward):>22}"
         )
     sync, asyn = outcomes
