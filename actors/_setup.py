@@ -9,7 +9,7 @@ import torch
 from asyncrl.runtime.config import RunConfig
 from asyncrl.transport.weights import WeightSync, make_weight_sync
 
-from .policy.checkpoint import load_model, state_for_saving
+from .policy.checkpoint import load_model, load_state
 from .policy.model import CausalLM
 from .policy.tokenizer import TextCodec
 
@@ -36,8 +36,5 @@ def load_version(model: CausalLM, sync: WeightSync, version: int) -> float | Non
     fetched = sync.fetch(version)
     if fetched is None:
         return None
-    params = state_for_saving(model)
-    with torch.no_grad():
-        for name, tensor in fetched.state.items():
-            params[name].copy_(tensor)
+    load_state(model, fetched.state)
     return fetched.seconds

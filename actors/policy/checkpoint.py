@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -52,7 +53,7 @@ def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM,
     return model.to(dtype), TextCodec.from_dir(directory)
 
 
-def load_state(model: CausalLM, state: dict[str, torch.Tensor]) -> None:
+def load_state(model: CausalLM, state: Mapping[str, torch.Tensor]) -> None:
     """Copy ``state`` into ``model``; a missing or unexpected tensor is an error naming it."""
     if model.config.tie_word_embeddings:
         state = {name: t for name, t in state.items() if name != "lm_head.weight"}

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint import load_state
 from .model import CausalLM
 
 __all__ = ["Decoder", "Finished", "Request"]
@@ -93,7 +94,6 @@ class Decoder:
         self.generator = torch.Generator().manual_seed(seed)
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Sequence] = {}  # slot → sequence
-        self.tokens_generated = 0
 
     # --- the caller's side ------------------------------------------------------------
 
@@ -118,9 +118,7 @@ class Decoder:
     @torch.no_grad()
     def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Take new weights now; sequences in flight go on under them from the next token."""
-        params = dict(self.model.named_parameters())
-        for name, tensor in state.items():
-            params[name].copy_(tensor)
+        load_state(self.model, state)
         self.version = version
         for sequence in self.active.values():
             sequence.fed = 0  # its cache was computed by the old weights: recompute
@@ -163,7 +161,6 @@ class Decoder:
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(self.version)
-            self.tokens_generated += 1
             result = self._maybe_finish(slot, seq)
             if result is not None:
                 done.append(result)

@@ -25,10 +25,6 @@ class Packed:
     lengths: torch.Tensor  # [rows] response tokens per row
     mask: torch.Tensor  # [rows, longest response] 1.0 on real response tokens
 
-    @property
-    def rows(self) -> int:
-        return self.ids.shape[0]
-
 
 def pack(
     prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
