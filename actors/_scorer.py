@@ -10,10 +10,10 @@ import torch
 from asyncrl.transport import protocol as p
 
 from ._setup import load_policy
+from .actor import Actor, Outcome, WorkerContext
 from .payloads import LogprobsOut, RolloutsOut
 from .policy.model import CausalLM
 from .policy.scoring import pack, response_logprobs
-from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["ScoringActor", "score_items", "tokens_of"]
 

@@ -15,9 +15,9 @@ from typing import ClassVar
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
+from .actor import Actor, WorkerContext
 from .payloads import PromptIn
 from .tasks import Task, load_task
-from .worker import Actor, WorkerContext
 
 __all__ = ["Dataloader", "group_key"]
 

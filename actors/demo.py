@@ -33,7 +33,7 @@ import numpy as np
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from .worker import Actor, Outcome, WorkerContext
+from .actor import Actor, Outcome, WorkerContext
 
 __all__ = [
     "ROLES",

@@ -28,10 +28,10 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._setup import load_policy, weight_sync
+from .actor import Outcome, StreamingActor, WorkerContext
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
 from .tasks import RewardFunction, Sample, TaskError, load_task
-from .worker import Outcome, StreamingActor, WorkerContext
 
 __all__ = ["Generate"]
 

@@ -14,7 +14,7 @@ from asyncrl.runtime.core.pipeline import Role
 
 from ._scorer import ScoringActor
 from ._setup import load_version, weight_sync
-from .worker import WorkerContext
+from .actor import WorkerContext
 
 __all__ = ["Logp"]
 

@@ -17,11 +17,11 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._scorer import tokens_of
+from .actor import Actor, Outcome, WorkerContext
 from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
 from .tasks import RewardFunction, Sample, load_task
-from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["Reward"]
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from .actor import Actor
 from .dataloader import Dataloader
 from .generate import Generate
 from .logp import Logp
 from .ref_logp import RefLogp
 from .reward import Reward
 from .train import Train
-from .worker import Actor
 
 __all__ = ["ROLES"]
 

@@ -31,11 +31,11 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._setup import load_policy, load_version, weight_sync
+from .actor import Actor, Outcome, WorkerContext
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import load_state, model_dir, save_model, state_for_saving
 from .policy.scoring import pack, response_logprobs
 from .rl import LossConfig, group_advantages, loss_metrics, policy_loss
-from .worker import Actor, Outcome, WorkerContext
 
 __all__ = ["Train", "latest_checkpoint"]
 

@@ -1,7 +1,7 @@
 """The worker: one role's code (an :class:`Actor`) driven over one SchedulerLink.
 
-A role subclasses :class:`Actor` and fills in hooks; :class:`Worker` does the talking.
-Role code never sees a socket, a retry or a heartbeat. The loop::
+A role subclasses :class:`~.actor.Actor` and fills in hooks; :class:`Worker` does the
+talking. Role code never sees a socket, a retry or a heartbeat. The loop::
 
     Hello → Ready                      register (a protocol mismatch is fatal: exit 1)
     Claim(n) → Lease  → process        → Complete (or Fail if process raised)
@@ -9,7 +9,9 @@ Role code never sees a socket, a retry or a heartbeat. The loop::
              → Want(k) → feed(k)       → AddGroups (the dataloader)
              → Shutdown                → Bye, exit 0
 
-Beside it a heartbeat thread renews the worker's leases. A generator (an actor that
+A :class:`~.actor.StreamingActor` (the generator) gets another loop: claim while it has
+room, ``advance`` in between, complete each lease as soon as it is done. Beside either, a
+heartbeat thread renews the worker's leases. A generator (an actor that
 overrides ``on_version``) loads each published version between leases and reports it
 with LoadedVersion; a trainer (``publishes_versions``) announces the scheduler's step
 count as a version after each acknowledged step.
@@ -27,9 +29,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import structlog
 
@@ -42,15 +44,9 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
-__all__ = [
-    "Actor",
-    "Outcome",
-    "Pacing",
-    "StreamingActor",
-    "Worker",
-    "WorkerContext",
-    "default_worker_name",
-]
+from .actor import Actor, Outcome, StreamingActor, WorkerContext
+
+__all__ = ["Pacing", "Worker", "default_worker_name"]
 
 log = structlog.get_logger("asyncrl.worker")
 
@@ -59,102 +55,6 @@ _LEASE_ENDED = frozenset({Reason.STALE_FENCE, Reason.UNKNOWN_LEASE})
 _FIRST_BACKOFF_S = 0.05
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 _MAX_REASON = 500  # characters of an exception kept in a Fail's reason
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerContext:
-    """What an actor knows at start: who it is, the run's config and the scheduler's pace."""
-
-    worker: str
-    role: str
-    config: RunConfig
-    run: str
-    heartbeat_interval_s: float
-    lease_timeout_s: float
-    max_message_bytes: int
-    policy_version: int  # the newest published weights when the worker registered
-    index: int | None = None  # this worker's number within its role, if it was given one
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What ``process`` made of a lease: one result per group, and a train step's metrics."""
-
-    results: tuple[p.Result, ...]
-    metrics: p.Payload | None = None
-    tokens: int = 0  # tokens the work covered, for the role's tokens-per-second
-
-
-class Actor:
-    """A role's code. Subclass it, set ``role``, and override the hooks the role needs.
-
-    Hooks run on the worker's main thread, one at a time.
-    """
-
-    role: ClassVar[str]
-    claim_size: ClassVar[int] = 1  # groups asked for per claim (the dataloader: per AddGroups)
-    publishes_versions: ClassVar[bool] = False  # the trainer: announce each trained step
-
-    def on_start(self, ctx: WorkerContext) -> None:
-        """The worker is registered; load what the role needs."""
-
-    def process(self, lease: p.Lease) -> Outcome:
-        """Do the lease's work. Raise to give every group back to be tried again."""
-        raise NotImplementedError(f"{type(self).__name__} does not process leases")
-
-    def feed(self, wanted: int) -> Sequence[p.NewGroup]:
-        """Up to ``wanted`` new groups (the dataloader). Keys already known are skipped."""
-        raise NotImplementedError(f"{type(self).__name__} does not feed groups")
-
-    def on_version(self, version: int) -> int | None:
-        """``version`` was published: load it (or not); return the version now loaded.
-
-        Only generators override this; the worker then reports what they load.
-        """
-        return None
-
-    def on_publish(self, version: int) -> None:
-        """Make ``version``'s weights available before it is announced; raise to not."""
-
-    def take_reports(self) -> list[p.Report]:
-        """Reports made since the last call (validation results); the worker sends them."""
-        return []
-
-    def on_stop(self) -> None:
-        """The worker is leaving; release what ``on_start`` took."""
-
-
-class StreamingActor(Actor):
-    """An actor that works on many leases at once, in small steps (the generator).
-
-    The worker claims whenever ``capacity`` says there is room, hands each lease to
-    ``admit``, and calls ``advance`` in between; versions load between two ``advance``
-    calls, never inside one. A lease is completed as soon as ``advance`` returns it.
-    """
-
-    def capacity(self) -> int:
-        """How many more groups to claim now (0: full)."""
-        raise NotImplementedError
-
-    def admit(self, lease: p.Lease) -> None:
-        """Start working on ``lease`` beside what is already running."""
-        raise NotImplementedError
-
-    def advance(self) -> list[tuple[p.Lease, Outcome]]:
-        """One small step of all running work; the leases it finished, with their results.
-
-        Raise, and every running lease is given back (``abandon`` is called first).
-        """
-        raise NotImplementedError
-
-    @property
-    def busy(self) -> bool:
-        """Work is running (or queued) that ``advance`` will finish."""
-        raise NotImplementedError
-
-    def abandon(self) -> list[p.Lease]:
-        """Drop every running lease and return them, so the worker can give them back."""
-        raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)

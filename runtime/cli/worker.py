@@ -21,7 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from asyncrl.actors.worker import Actor, Worker, default_worker_name
+from asyncrl.actors.actor import Actor
+from asyncrl.actors.worker import Worker, default_worker_name
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
 from asyncrl.runtime.gc_policy import settle_after_startup

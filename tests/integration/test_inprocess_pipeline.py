@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from asyncrl.actors.actor import Actor, Outcome
 from asyncrl.actors.demo import (
     Dataloader,
     Generate,
@@ -26,7 +27,7 @@ from asyncrl.actors.demo import (
     expected_value,
     prompt_key,
 )
-from asyncrl.actors.worker import Actor, Outcome, Pacing, Worker
+from asyncrl.actors.worker import Pacing, Worker
 from asyncrl.runtime.config import RunConfig, config_from_dict
 from asyncrl.runtime.service.hub import InProcessHub
 from asyncrl.transport import protocol as p

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from asyncrl.actors.actor import Actor, Outcome
 from asyncrl.actors.demo import Dataloader, Generate, Logp, Train
-from asyncrl.actors.worker import Actor, Outcome, Pacing, Worker
+from asyncrl.actors.worker import Pacing, Worker
 from asyncrl.runtime.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout

@@ -1,0 +1,113 @@
+"""The actor contract: what a role's code provides, and what it is given.
+
+A role subclasses :class:`Actor` (one lease at a time) or :class:`StreamingActor` (many
+leases at once, in small steps) and fills in the hooks it needs; :mod:`.worker` drives
+it over the bus. Nothing here sees a socket, a retry or a heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.transport import protocol as p
+
+__all__ = ["Actor", "Outcome", "StreamingActor", "WorkerContext"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerContext:
+    """What an actor knows at start: who it is, the run's config and the scheduler's pace."""
+
+    worker: str
+    role: str
+    config: RunConfig
+    run: str
+    heartbeat_interval_s: float
+    lease_timeout_s: float
+    max_message_bytes: int
+    policy_version: int  # the newest published weights when the worker registered
+    index: int | None = None  # this worker's number within its role, if it was given one
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What ``process`` made of a lease: one result per group, and a train step's metrics."""
+
+    results: tuple[p.Result, ...]
+    metrics: p.Payload | None = None
+    tokens: int = 0  # tokens the work covered, for the role's tokens-per-second
+
+
+class Actor:
+    """A role's code. Subclass it, set ``role``, and override the hooks the role needs.
+
+    Hooks run on the worker's main thread, one at a time.
+    """
+
+    role: ClassVar[str]
+    claim_size: ClassVar[int] = 1  # groups asked for per claim (the dataloader: per AddGroups)
+    publishes_versions: ClassVar[bool] = False  # the trainer: announce each trained step
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        """The worker is registered; load what the role needs."""
+
+    def process(self, lease: p.Lease) -> Outcome:
+        """Do the lease's work. Raise to give every group back to be tried again."""
+        raise NotImplementedError(f"{type(self).__name__} does not process leases")
+
+    def feed(self, wanted: int) -> Sequence[p.NewGroup]:
+        """Up to ``wanted`` new groups (the dataloader). Keys already known are skipped."""
+        raise NotImplementedError(f"{type(self).__name__} does not feed groups")
+
+    def on_version(self, version: int) -> int | None:
+        """``version`` was published: load it (or not); return the version now loaded.
+
+        Only generators override this; the worker then reports what they load.
+        """
+        return None
+
+    def on_publish(self, version: int) -> None:
+        """Make ``version``'s weights available before it is announced; raise to not."""
+
+    def take_reports(self) -> list[p.Report]:
+        """Reports made since the last call (validation results); the worker sends them."""
+        return []
+
+    def on_stop(self) -> None:
+        """The worker is leaving; release what ``on_start`` took."""
+
+
+class StreamingActor(Actor):
+    """An actor that works on many leases at once, in small steps (the generator).
+
+    The worker claims whenever ``capacity`` says there is room, hands each lease to
+    ``admit``, and calls ``advance`` in between; versions load between two ``advance``
+    calls, never inside one. A lease is completed as soon as ``advance`` returns it.
+    """
+
+    def capacity(self) -> int:
+        """How many more groups to claim now (0: full)."""
+        raise NotImplementedError
+
+    def admit(self, lease: p.Lease) -> None:
+        """Start working on ``lease`` beside what is already running."""
+        raise NotImplementedError
+
+    def advance(self) -> list[tuple[p.Lease, Outcome]]:
+        """One small step of all running work; the leases it finished, with their results.
+
+        Raise, and every running lease is given back (``abandon`` is called first).
+        """
+        raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Work is running (or queued) that ``advance`` will finish."""
+        raise NotImplementedError
+
+    def abandon(self) -> list[p.Lease]:
+        """Drop every running lease and return them, so the worker can give them back."""
+        raise NotImplementedError
