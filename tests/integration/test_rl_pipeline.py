@@ -59,7 +59,7 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
         assert s["logprob_mismatch"] < 1e-4  # behaviour and proximal of one version agree
     validated = [v["version"] for v in lines(run_dir / "validation.jsonl")]
     assert validated[0] == 0 and validated == sorted(set(validated))
-    assert steps[-1]["val_version"] == validated[-1] or steps[-1]["val_version"] in validated
+    assert steps[-1]["val_version"] in validated  # step lines carry a reported validation
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert checkpoints == ["step-0000002", "step-0000004"]
     transformers = pytest.importorskip("transformers")

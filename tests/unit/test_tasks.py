@@ -97,7 +97,3 @@ def test_a_reward_that_raises_is_named_with_its_error() -> None:
     broken = RewardFunction(lambda s, r: 1 / 0, "my.plugin:f")
     with pytest.raises(TaskError, match=r"reward .my\.plugin:f. raised ZeroDivisionError"):
         broken(Sample("1+1=", "2"), "2")
-
-
-def test_sample_holds_prompt_and_answer() -> None:
-    assert Sample("1+1=", "2").answer == "2"
