@@ -9,7 +9,35 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Fetched", "WeightSync", "make_weight_sync"]
+__all__ = ["Announcement", "Fetched", "Plan", "WeightSync", "make_weight_sync"]
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """What a trainer hands the scheduler with version ``version``: how to fetch it.
+
+    ``manifest`` is the strategy's description of the bytes (layout, bucket checksums), a
+    MessagePack-able dict the scheduler passes on untouched; ``address`` is where the
+    publisher serves them (b"" for a strategy that needs no peer, such as files).
+    """
+
+    version: int
+    manifest: dict[str, object]
+    address: bytes = b""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the scheduler tells a receiver: ``version``'s manifest and whom to pull it from.
+
+    ``source`` is the worker serving it (the publisher, or a receiver relaying it) and
+    ``source_address`` its weight-plane address.
+    """
+
+    version: int
+    manifest: dict[str, object]
+    source: str
+    source_address: bytes = b""
 
 
 @dataclass(frozen=True)
