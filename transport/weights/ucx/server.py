@@ -1,0 +1,192 @@
+"""Serve byte ranges of the versions a node holds to the receivers that ask for them.
+
+One thread per node. A request names a version and a range; it is answered from the
+slot holding that version as soon as the range is there (a relay may still be receiving
+it), or answered GONE if the version is no longer held. A send that does not complete by
+its deadline, or that reads a slot the writer revoked, is cancelled by closing its
+endpoint; the receiver notices by its own deadline and asks elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import structlog
+
+from .node import UcxNode
+from .store import Store
+from .wire import (
+    CONTROL_BYTES,
+    REQUEST_TAG,
+    RangeRequest,
+    Status,
+    WireError,
+    decode_request,
+    encode_header,
+)
+
+__all__ = ["Server"]
+
+log = structlog.get_logger("asyncrl.weights")
+
+
+@dataclass(slots=True)
+class _Waiting:
+    request: RangeRequest
+    slot: int
+    deadline: float
+
+
+@dataclass(slots=True)
+class _Sending:
+    request: RangeRequest
+    slot: int | None  # None: a header with no bytes behind it
+    pending: list[Any]
+    deadline: float
+
+
+class Server:
+    def __init__(self, node: UcxNode, store: Store, send_timeout_s: float) -> None:
+        self.node, self.store = node, store
+        self.send_timeout_s = send_timeout_s
+        self.served_bytes = 0
+        self._waiting: list[_Waiting] = []
+        self._sending: list[_Sending] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="weights-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self.store.changed:
+            self.store.changed.notify_all()
+        self._thread.join(timeout=5)
+
+    # --- the loop --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        frame = np.zeros(CONTROL_BYTES, np.uint8)
+        incoming = self.node.recv_any(frame, REQUEST_TAG)
+        while not self._stop.is_set():
+            busy = False
+            if incoming.completed:
+                busy = True
+                self._take(incoming, frame)
+                frame = np.zeros(CONTROL_BYTES, np.uint8)
+                incoming = self.node.recv_any(frame, REQUEST_TAG)
+            with self.store.changed:
+                busy |= self._step(time.monotonic())
+                if not busy:
+                    # Requests arrive through UCX, which cannot notify this condition:
+                    # a short wait keeps the reply latency around a millisecond.
+                    self.store.changed.wait(0.0005 if self._sending else 0.002)
+
+    def _take(self, incoming: Any, frame: np.ndarray) -> None:
+        try:
+            incoming.check_error()
+            request = decode_request(frame)
+        except (WireError, Exception) as error:  # a truncated or foreign message
+            log.warning("weight request dropped", reason=str(error)[:200])
+            return
+        with self.store.changed:
+            slot = self.store.pool.open_read(request.version)
+            if slot is None:
+                self._reply(request, Status.GONE, f"version {request.version} not held")
+                return
+            if request.end > self._size(slot):
+                self.store.pool.close_read(slot)
+                self._reply(request, Status.BAD_REQUEST, f"range ends past {self._size(slot)}")
+                return
+            self._waiting.append(_Waiting(request, slot, time.monotonic() + self.send_timeout_s))
+
+    def _size(self, slot: int) -> int:
+        buffer = self.store.buffers[slot]
+        return 0 if buffer is None else buffer.size
+
+    def _step(self, now: float) -> bool:
+        """Start what can start, finish what finished, cancel what must stop."""
+        pool, progressed = self.store.pool, False
+        still: list[_Waiting] = []
+        for w in self._waiting:
+            readable = pool.readable(w.slot, w.request.version)
+            if readable is None or now >= w.deadline:
+                pool.close_read(w.slot)
+                self._reply(w.request, Status.GONE, f"version {w.request.version} withdrawn")
+                progressed = True
+            elif readable >= w.request.end:
+                self._send(w)
+                progressed = True
+            else:
+                still.append(w)
+        self._waiting = still
+        revoked = set(pool.revoked())
+        running: list[_Sending] = []
+        for s in self._sending:
+            if all(r.completed for r in s.pending):
+                failed = _failed(s.pending)
+                if failed:
+                    log.info("weight send failed", reason=failed)
+                elif s.slot is not None:
+                    self.served_bytes += s.request.end - s.request.start
+                self._release(s)
+                progressed = True
+            elif now >= s.deadline or s.slot in revoked:
+                # Closing the endpoint cancels the send; the receiver's deadline finds out.
+                self.node.drop(s.request.address)
+                log.info(
+                    "weight send cancelled",
+                    version=s.request.version,
+                    reason="revoked" if s.slot in revoked else "timed out",
+                )
+                self._release(s)
+                progressed = True
+            else:
+                running.append(s)
+        self._sending = running
+        if progressed:
+            self.store.changed.notify_all()
+        return progressed
+
+    def _send(self, w: _Waiting) -> None:
+        r = w.request
+        buffer = self.store.buffers[w.slot]
+        assert buffer is not None
+        try:
+            header = self.node.send(r.address, encode_header(Status.OK), r.reply_tag)
+            data = self.node.send(r.address, buffer[r.start : r.end], r.reply_tag + 1)
+        except Exception as error:  # an address UCX cannot reach
+            log.warning("weight send not started", reason=str(error)[:200])
+            self.store.pool.close_read(w.slot)
+            return
+        self._sending.append(
+            _Sending(r, w.slot, [header, data], time.monotonic() + self.send_timeout_s)
+        )
+
+    def _reply(self, request: RangeRequest, status: Status, detail: str) -> None:
+        try:
+            header = self.node.send(
+                request.address, encode_header(status, detail), request.reply_tag
+            )
+        except Exception as error:
+            log.warning("weight reply not sent", reason=str(error)[:200])
+            return
+        self._sending.append(
+            _Sending(request, None, [header], time.monotonic() + self.send_timeout_s)
+        )
+
+    def _release(self, s: _Sending) -> None:
+        if s.slot is not None:
+            self.store.pool.close_read(s.slot)
+
+
+def _failed(requests: list[Any]) -> str:
+    for request in requests:
+        try:
+            request.check_error()
+        except Exception as error:
+            return str(error)[:200]
+    return ""

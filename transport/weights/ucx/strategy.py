@@ -1,0 +1,252 @@
+"""The UCX strategy: :class:`UcxPublisher` on the trainer, :class:`UcxReceiver` on generators.
+
+Publishing stages the state dict into one of two buffers (the other may still be read by
+receivers of the previous version), checksums its buckets and returns the announcement
+the scheduler passes on. Receiving runs in the background: the receiver fetches the
+version its plan names into its free buffer, relays what it has checked to receivers
+that pull from it, and hands the version over, whole and checked, to the caller's
+:meth:`UcxReceiver.poll`. The caller's model then runs on that buffer's bytes, which is
+why the buffer is pinned until the next version replaces it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+import torch
+
+from ..base import Announcement, Plan
+from ..layout import Manifest, bucket_checksums, plan, stage, views
+from .fetch import Fetch
+from .node import ProgressMode, UcxNode
+from .server import Server
+from .store import Store
+from .wire import TagSource
+
+__all__ = ["NeedsPlan", "Received", "UcxPublisher", "UcxReceiver"]
+
+log = structlog.get_logger("asyncrl.weights")
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Received:
+    """A whole, checked version, ready for the model to run on."""
+
+    version: int
+    state: dict[str, torch.Tensor]  # views of the receiver's buffer
+    nbytes: int
+    transfer_s: float  # from the first plan to the last checked byte
+    source: str
+    attempts: int  # sources tried: 1 unless one failed
+    retried_buckets: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class NeedsPlan:
+    """The fetch of ``version`` lost its source; ask the scheduler for another."""
+
+    version: int
+    failed: str
+    reason: str
+
+
+class UcxPublisher:
+    def __init__(
+        self,
+        *,
+        bucket_mb: float = 64,
+        progress_mode: ProgressMode = "thread",
+        send_timeout_s: float = 30.0,
+    ) -> None:
+        self.bucket_bytes = max(1, int(bucket_mb * MiB))
+        self.node = UcxNode(progress_mode)
+        self.store = Store()
+        self.server = Server(self.node, self.store, send_timeout_s)
+        self.address = self.node.address
+        self.last_stage_s = 0.0
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
+        started = time.perf_counter()
+        specs, total = plan(state)
+        slot = self.store.claim(version)
+        assert slot is not None
+        buffer = self.store.buffer(slot, total)
+        try:
+            stage(state, specs, buffer)
+            checksums = tuple(bucket_checksums(buffer, total, self.bucket_bytes))
+        except BaseException:
+            with self.store.changed:
+                self.store.pool.abort_write(slot)
+            raise
+        with self.store.changed:
+            self.store.pool.verified(slot, total)
+            self.store.pool.finish_write(slot)
+            self.store.changed.notify_all()
+        manifest = Manifest(version, specs, total, self.bucket_bytes, checksums)
+        self.last_stage_s = time.perf_counter() - started
+        return Announcement(version, manifest.to_payload(), self.address)
+
+    def close(self) -> None:
+        self.server.close()
+        self.node.close()
+
+
+class UcxReceiver:
+    def __init__(
+        self,
+        *,
+        bucket_mb: float = 64,
+        progress_mode: ProgressMode = "thread",
+        stall_timeout_s: float = 10.0,
+        relay: bool = True,
+    ) -> None:
+        self.consume_bytes = max(1, int(bucket_mb * MiB))
+        self.stall_timeout_s = stall_timeout_s
+        self.node = UcxNode(progress_mode)
+        self.store = Store()
+        self.server = Server(self.node, self.store, stall_timeout_s) if relay else None
+        self.address = self.node.address if relay else b""
+        self.loaded_version: int | None = None
+        self._tags = TagSource()
+        self._fetch: Fetch | None = None
+        self._thread: threading.Thread | None = None
+        self._outcome: Received | NeedsPlan | None = None
+        self._first_plan_at: dict[int, float] = {}
+        self._attempts: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def target(self) -> int | None:
+        """The version being fetched, if any."""
+        return None if self._fetch is None else self._fetch.manifest.version
+
+    def want(self, plan_: Plan) -> None:
+        """Fetch ``plan_``'s version from its source (in the background).
+
+        A plan for an older version than the one held or being fetched is ignored; one
+        for the version being fetched moves the fetch to the new source, keeping the
+        checked bytes.
+        """
+        manifest = Manifest.from_payload(plan_.manifest)
+        if manifest.version != plan_.version:
+            raise ValueError(
+                f"plan for version {plan_.version} carries manifest {manifest.version}"
+            )
+        if self.loaded_version is not None and plan_.version <= self.loaded_version:
+            return
+        current = self._fetch
+        if current is not None and self._thread is not None and self._thread.is_alive():
+            if plan_.version <= current.manifest.version:
+                return  # already on it (or on a newer one)
+            current.stop.set()  # a newer version: the old fetch ends after its range
+        self._first_plan_at.setdefault(plan_.version, time.monotonic())
+        self._attempts[plan_.version] = self._attempts.get(plan_.version, 0) + 1
+        previous, self._outcome = self._thread, None
+        self._thread = threading.Thread(
+            target=self._run, args=(plan_, manifest, previous), name="weights-fetch", daemon=True
+        )
+        self._thread.start()
+
+    def poll(self) -> Received | NeedsPlan | None:
+        """What the background fetch came to, once: a version, or a request for a new source."""
+        with self._lock:
+            outcome, self._outcome = self._outcome, None
+        return outcome
+
+    def loaded(self, received: Received) -> None:
+        """The model now runs on ``received``'s buffer: keep it until the next one."""
+        with self.store.changed:
+            self.store.pool.pin(received.slot)
+            self.store.changed.notify_all()
+        self.loaded_version = received.version
+
+    def close(self) -> None:
+        if self._fetch is not None:
+            self._fetch.stop.set()
+        with self.store.changed:
+            self.store.changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=self.stall_timeout_s + 1)
+        if self.server is not None:
+            self.server.close()
+        self.node.close()
+
+    # --- the fetch thread ------------------------------------------------------------
+
+    def _run(self, plan_: Plan, manifest: Manifest, previous: threading.Thread | None) -> None:
+        if previous is not None:
+            previous.join()
+        slot, resume = self._slot_for(manifest)
+        if slot is None:
+            return
+        fetch = Fetch(
+            manifest,
+            plan_.source,
+            plan_.source_address,
+            slot,
+            self.node,
+            self.store,
+            self.consume_bytes,
+            self.stall_timeout_s,
+            self._tags,
+            resume_from=resume,
+        )
+        self._fetch = fetch
+        if fetch.run():
+            with self.store.changed:
+                self.store.pool.finish_write(slot)
+                self.store.changed.notify_all()
+            version = manifest.version
+            outcome: Received | NeedsPlan = Received(
+                version,
+                views(self.store.buffers[slot][: manifest.total], manifest.tensors),
+                manifest.total,
+                time.monotonic() - self._first_plan_at.pop(version, time.monotonic()),
+                plan_.source,
+                self._attempts.pop(version, 1),
+                fetch.retried_buckets,
+                slot,
+            )
+        elif fetch.stop.is_set():
+            with self.store.changed:
+                self.store.pool.abort_write(slot)
+                self.store.changed.notify_all()
+            return
+        else:
+            log.warning(
+                "weight fetch lost its source",
+                version=manifest.version,
+                source=plan_.source,
+                reason=fetch.error[:200],
+                checked_bytes=fetch.verified,
+            )
+            outcome = NeedsPlan(manifest.version, plan_.source, fetch.error)
+        with self._lock:
+            self._outcome = outcome
+
+    def _slot_for(self, manifest: Manifest) -> tuple[int | None, int]:
+        """The slot to fetch into and the checked bytes already there (a resumed fetch)."""
+        pool = self.store.pool
+        with self.store.changed:
+            for index in range(len(pool)):
+                state, version, _, verified, _ = pool.state(index)
+                if state.value == "writing" and version == manifest.version:
+                    return index, verified
+                if state.value == "writing":  # an older version's fetch that was stopped
+                    pool.abort_write(index)
+        stop = threading.Event()
+        if self._fetch is not None:
+            stop = self._fetch.stop if self._fetch.manifest.version > manifest.version else stop
+        slot = self.store.claim(manifest.version)
+        if slot is None:
+            return None, 0
+        with self.store.changed:
+            self.store.buffer(slot, manifest.total)
+        return slot, 0

@@ -1,0 +1,120 @@
+"""The two small messages of a transfer, and how tags pair a reply with its request.
+
+A receiver asks its source for one byte range of one version with a *request* (sent on
+``REQUEST_TAG`` to the source's worker, which receives from anyone). The source answers
+on the receiver's endpoint with a *header* on ``reply_tag`` and, if the header says OK,
+the bytes themselves on ``reply_tag + 1``. The receiver posts both receives before it
+asks, so the bytes land straight in its buffer.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+
+__all__ = [
+    "CONTROL_BYTES",
+    "HEADER_BYTES",
+    "REQUEST_TAG",
+    "RangeRequest",
+    "Status",
+    "TagSource",
+    "WireError",
+    "decode_header",
+    "decode_request",
+    "encode_header",
+    "encode_request",
+]
+
+REQUEST_TAG = 1
+CONTROL_BYTES = 4096  # a request: the receiver's UCX address is most of it (~200-1000 B)
+HEADER_BYTES = 64
+
+
+class WireError(ValueError):
+    """A control message that is not one; says what was wrong."""
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    GONE = 1  # the source no longer holds (or never held) that version
+    BAD_REQUEST = 2
+
+
+@dataclass(frozen=True, slots=True)
+class RangeRequest:
+    version: int
+    start: int
+    end: int
+    reply_tag: int
+    address: bytes  # the receiver's worker address, to answer on
+
+
+def _framed(body: bytes, size: int) -> np.ndarray:
+    if len(body) + 4 > size:
+        raise WireError(f"control message of {len(body)} bytes exceeds {size - 4}")
+    out = np.zeros(size, np.uint8)
+    out[:4] = np.frombuffer(len(body).to_bytes(4, "little"), np.uint8)
+    out[4 : 4 + len(body)] = np.frombuffer(body, np.uint8)
+    return out
+
+
+def _unframed(frame: np.ndarray) -> object:
+    length = int.from_bytes(frame[:4].tobytes(), "little")
+    if length > frame.size - 4:
+        raise WireError(f"length {length} exceeds the {frame.size - 4}-byte frame")
+    try:
+        return msgpack.unpackb(frame[4 : 4 + length].tobytes())
+    except Exception as error:  # msgpack raises several unrelated types
+        raise WireError(f"not MessagePack: {error}") from None
+
+
+def encode_request(request: RangeRequest) -> np.ndarray:
+    r = request
+    return _framed(
+        msgpack.packb([r.version, r.start, r.end, r.reply_tag, r.address]), CONTROL_BYTES
+    )
+
+
+def decode_request(frame: np.ndarray) -> RangeRequest:
+    body = _unframed(frame)
+    if not (isinstance(body, list) and len(body) == 5):
+        raise WireError(
+            f"request must be [version, start, end, reply_tag, address], got {body!r:.80}"
+        )
+    version, start, end, reply_tag, address = body
+    if not all(isinstance(x, int) and x >= 0 for x in (version, start, end, reply_tag)):
+        raise WireError(f"request fields must be non-negative integers: {body[:4]!r}")
+    if start > end or not isinstance(address, bytes) or not address:
+        raise WireError(f"range [{start}, {end}) or address ({len(address)} bytes) malformed")
+    return RangeRequest(version, start, end, reply_tag, address)
+
+
+def encode_header(status: Status, detail: str = "") -> np.ndarray:
+    return _framed(msgpack.packb([int(status), detail[:40]]), HEADER_BYTES)
+
+
+def decode_header(frame: np.ndarray) -> tuple[Status, str]:
+    body = _unframed(frame)
+    try:
+        status, detail = body  # type: ignore[misc]
+        return Status(status), str(detail)
+    except (TypeError, ValueError):
+        raise WireError(f"header must be [status, detail], got {body!r:.80}") from None
+
+
+class TagSource:
+    """Reply tags unique to this receiver: a random 31-bit prefix, then a counter."""
+
+    def __init__(self) -> None:
+        self._base = (random.SystemRandom().getrandbits(31) | 1) << 32
+        self._next = 0
+
+    def take(self) -> int:
+        tag = self._base | (self._next << 1)
+        self._next = (self._next + 1) % (1 << 30)
+        return tag
