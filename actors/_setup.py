@@ -1,19 +1,16 @@
-"""What every model-holding role does at start: threads, the model, the task, weights."""
+"""What every model-holding role does at start: threads, seed, the model."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
 from asyncrl.runtime.config import RunConfig
-from asyncrl.transport.weights import WeightSync, make_weight_sync
 
-from .policy.checkpoint import load_model, load_state
+from .policy.checkpoint import load_model
 from .policy.model import CausalLM
 from .policy.tokenizer import TextCodec
 
-__all__ = ["load_policy", "load_version", "weight_sync"]
+__all__ = ["load_policy"]
 
 
 def load_policy(cfg: RunConfig, role: str) -> tuple[CausalLM, TextCodec]:
@@ -25,16 +22,3 @@ def load_policy(cfg: RunConfig, role: str) -> tuple[CausalLM, TextCodec]:
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
     return load_model(cfg.model.path, dtype)
-
-
-def weight_sync(cfg: RunConfig) -> WeightSync:
-    return make_weight_sync(cfg.weights.strategy, Path(cfg.run.dir))
-
-
-def load_version(model: CausalLM, sync: WeightSync, version: int) -> float | None:
-    """Copy ``version``'s published weights into ``model``; seconds taken, or None if gone."""
-    fetched = sync.fetch(version)
-    if fetched is None:
-        return None
-    load_state(model, fetched.state)
-    return fetched.seconds

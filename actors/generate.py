@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -26,8 +27,10 @@ import structlog
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import make_receiver
 
-from ._setup import load_policy, weight_sync
+from ._setup import load_policy
+from ._weights import WeightFollower
 from .actor import Outcome, StreamingActor, WorkerContext
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
@@ -74,7 +77,9 @@ class Generate(StreamingActor):
         self.model, self.codec = load_policy(cfg, self.role)
         self.task = load_task(cfg.data.task)
         self.reward = RewardFunction.load(cfg.data.reward, self.task, cfg.data.task)
-        self.sync = weight_sync(cfg)
+        self.weights = WeightFollower(
+            make_receiver(cfg.weights, Path(cfg.run.dir)), ctx.ask_weights
+        )
         self.n = cfg.data.group_size
         if self.n > self.slots:
             raise ValueError(f"data.group_size={self.n} exceeds the decoder's {self.slots} slots")
@@ -99,12 +104,15 @@ class Generate(StreamingActor):
     # --- versions ------------------------------------------------------------------------
 
     def on_version(self, version: int) -> int | None:
-        if version > self.loaded:
-            fetched = self.sync.fetch(version)
-            if fetched is None:
-                return self.loaded  # pruned or not there yet: a newer one will come
-            self.decoder.load(fetched.state, version)  # in-flight sequences carry on
-            self.loaded = version
+        received = self.weights.step(version, self.loaded)
+        if received is not None:
+            started = time.perf_counter()
+            # The model runs on the receiver's checked buffer itself (no copy); in-flight
+            # sequences carry on, their caches recomputed at the next step.
+            self.decoder.load(received.state, received.version, copy=False)
+            cost = self.weights.loaded(received, time.perf_counter() - started)
+            self.loaded = received.version
+            self.reports.append(p.Report(self.ctx.worker, "weights", self.loaded, cost))
         self._maybe_validate()
         return self.loaded
 
@@ -200,6 +208,9 @@ class Generate(StreamingActor):
         }
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
         self.validation = None
+
+    def on_stop(self) -> None:
+        self.weights.receiver.close()
 
     def take_reports(self) -> list[p.Report]:
         reports, self.reports = self.reports, []

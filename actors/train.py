@@ -30,7 +30,8 @@ from safetensors.torch import load_file
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from ._setup import load_policy, load_version, weight_sync
+from ._setup import load_policy
+from ._weights import fetch_now
 from .actor import Actor, Outcome, WorkerContext
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import load_state, model_dir, save_model, state_for_saving
@@ -78,7 +79,8 @@ class Train(Actor):
         self.run_dir = Path(cfg.run.dir)
         self.model, self.codec = load_policy(cfg, self.role)
         self.source = model_dir(cfg.model.path)
-        self.sync = weight_sync(cfg)
+        self.ctx = ctx
+        self.weights = make_publisher(cfg.weights, self.run_dir)
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
@@ -188,14 +190,15 @@ class Train(Actor):
 
     # --- versions and checkpoints --------------------------------------------------------
 
-    def on_publish(self, version: int) -> None:
+    def on_publish(self, version: int) -> Announcement:
         if version != self.step:
             raise RuntimeError(f"asked to publish version {version}, the model is at {self.step}")
-        self.sync.publish(version, state_for_saving(self.model))
+        return self.weights.publish(version, state_for_saving(self.model))
 
     def on_stop(self) -> None:
         if self.step > self.saved_step:
             self.save_checkpoint()
+        self.weights.close()
 
     def save_checkpoint(self) -> Path:
         target = self.run_dir / "checkpoints" / f"step-{self.step:07d}"
@@ -235,10 +238,7 @@ class Train(Actor):
         """Meet the scheduler's step count if it ran ahead of the last checkpoint."""
         if scheduler_steps is None or scheduler_steps == self.step:
             return
-        if (
-            scheduler_steps > self.step
-            and load_version(self.model, self.sync, scheduler_steps) is not None
-        ):
+        if scheduler_steps > self.step and self._fetch_published(scheduler_steps):
             log.warning(
                 "steps after the last checkpoint were lost with the trainer; continuing from "
                 "their published weights with the checkpoint's optimizer state",
@@ -252,6 +252,19 @@ class Train(Actor):
                 scheduler_steps=scheduler_steps,
             )
         self.step = scheduler_steps
+
+    def _fetch_published(self, version: int) -> bool:
+        """Take ``version``'s weights from whoever still holds them (the generators)."""
+        if self.ctx.ask_weights is None:
+            return False
+        receiver = make_receiver(self.cfg.weights, self.run_dir, relay=False)
+        try:
+            received = fetch_now(receiver, self.ctx.ask_weights, version, timeout_s=60.0)
+            if received is not None:
+                load_state(self.model, received.state)  # a copy: the receiver goes away
+            return received is not None
+        finally:
+            receiver.close()
 
 
 def _rows(groups: list[_Group], pick, width: int) -> torch.Tensor:

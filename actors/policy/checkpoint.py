@@ -53,8 +53,12 @@ def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM,
     return model.to(dtype), TextCodec.from_dir(directory)
 
 
-def load_state(model: CausalLM, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy ``state`` into ``model``; a missing or unexpected tensor is an error naming it."""
+def load_state(model: CausalLM, state: Mapping[str, torch.Tensor], *, copy: bool = True) -> None:
+    """Put ``state`` into ``model``; a missing or unexpected tensor is an error naming it.
+
+    ``copy=False`` makes the model run on ``state``'s tensors themselves (a weight
+    receiver's checked buffer), which then must not change while the model uses them.
+    """
     if model.config.tie_word_embeddings:
         state = {name: t for name, t in state.items() if name != "lm_head.weight"}
     expected = set(state_for_saving(model))
@@ -64,10 +68,21 @@ def load_state(model: CausalLM, state: Mapping[str, torch.Tensor]) -> None:
             f"weights do not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    with torch.no_grad():
-        params = dict(model.named_parameters())
+    params = dict(model.named_parameters())
+    if not copy:
         for name, tensor in state.items():
-            params[name].copy_(tensor)
+            param = params[name]
+            if tensor.shape != param.shape or tensor.dtype != param.dtype:
+                raise ValueError(
+                    f"weight {name!r} is {tuple(tensor.shape)} {tensor.dtype}; the model's is "
+                    f"{tuple(param.shape)} {param.dtype}"
+                )
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if copy:
+                params[name].copy_(tensor)
+            else:
+                params[name].data = tensor
 
 
 def state_for_saving(model: CausalLM) -> dict[str, torch.Tensor]:

@@ -116,9 +116,12 @@ class Decoder:
         return self.slots - len(self.active) - len(self.waiting)
 
     @torch.no_grad()
-    def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Take new weights now; sequences in flight go on under them from the next token."""
-        load_state(self.model, state)
+    def load(self, state: Mapping[str, torch.Tensor], version: int, *, copy: bool = True) -> None:
+        """Take new weights now; sequences in flight go on under them from the next token.
+
+        ``copy=False`` runs the model on ``state``'s own tensors (see ``load_state``).
+        """
+        load_state(self.model, state, copy=copy)
         self.version = version
         for sequence in self.active.values():
             sequence.fed = 0  # its cache was computed by the old weights: recompute

@@ -144,18 +144,26 @@ class PipelineSection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightsSection:
-    strategy: Literal["files"] = field(
-        default="files",
-        metadata=doc("how new weights reach generators (files: safetensors in run.dir/weights)"),
+    strategy: Literal["ucx", "files"] = field(
+        default="ucx",
+        metadata=doc(
+            "how new weights reach generators (ucx: checksummed buckets from the trainer's "
+            "CPU buffers, relayed between generators; files: safetensors in run.dir/weights)"
+        ),
     )
     produce_bucket_mb: int = field(
-        default=64, metadata=doc("MiB per bucket when publishing weights", min=1)
+        default=64, metadata=doc("MiB per checksummed bucket when publishing weights", min=1)
     )
     consume_bucket_mb: int = field(
-        default=64, metadata=doc("MiB per bucket when loading weights", min=1)
+        default=64, metadata=doc("MiB a receiver asks for at a time", min=1)
     )
     progress_mode: Literal["thread", "polling"] = field(
-        default="thread", metadata=doc("how transfers make progress")
+        default="thread",
+        metadata=doc("how transfers make progress (polling: faster, keeps a core busy)"),
+    )
+    stall_timeout_s: float = field(
+        default=10.0,
+        metadata=doc("seconds without progress before a weight source counts as failed", min=0.1),
     )
 
 

@@ -1,11 +1,33 @@
 """The weight plane: how the trainer's new weights reach the generators (never the bus).
 
-Strategies sit behind :class:`WeightSync` (``weights.strategy`` picks one):
+Strategies sit behind :class:`WeightPublisher` and :class:`WeightReceiver`
+(``weights.strategy`` picks one):
 
+- ``ucx`` (the default): the trainer stages each version in one of two CPU buffers and
+  serves it in checksummed buckets over UCX; generators pull it, relay it on to other
+  generators, and run on it once whole and checked (:mod:`.ucx`);
 - ``files``: each version is a safetensors file in the run directory, written whole and
-  renamed into place; for one machine or a shared filesystem.
+  renamed into place; for tests, or hosts that share a filesystem but no fabric.
 """
 
-from .base import Fetched, WeightSync, make_weight_sync
+from .base import (
+    Announcement,
+    NeedsPlan,
+    Plan,
+    Received,
+    WeightPublisher,
+    WeightReceiver,
+    make_publisher,
+    make_receiver,
+)
 
-__all__ = ["Fetched", "WeightSync", "make_weight_sync"]
+__all__ = [
+    "Announcement",
+    "NeedsPlan",
+    "Plan",
+    "Received",
+    "WeightPublisher",
+    "WeightReceiver",
+    "make_publisher",
+    "make_receiver",
+]

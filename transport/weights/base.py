@@ -1,15 +1,35 @@
-"""The weight-sync contract, and the choice of strategy from the config."""
+"""The weight-plane contract, and the choice of strategy from the config.
+
+A trainer holds a :class:`WeightPublisher`: ``publish`` makes a version fetchable and
+returns the :class:`Announcement` the scheduler passes on. A generator holds a
+:class:`WeightReceiver`: it is handed a :class:`Plan` (the version's manifest and whom to
+pull it from), fetches in the background, and answers ``poll`` with a :class:`Received`
+version to run on, or :class:`NeedsPlan` when its source failed and the scheduler must
+name another.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["Announcement", "Fetched", "Plan", "WeightSync", "make_weight_sync"]
+if TYPE_CHECKING:
+    from asyncrl.runtime.config import WeightsSection
+
+__all__ = [
+    "Announcement",
+    "NeedsPlan",
+    "Plan",
+    "Received",
+    "WeightPublisher",
+    "WeightReceiver",
+    "make_publisher",
+    "make_receiver",
+]
 
 
 @dataclass(frozen=True)
@@ -41,34 +61,91 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Fetched:
-    """One version's weights as a receiver got them, with what it cost."""
+class Received:
+    """A whole, checked version, ready for a model to run on."""
 
     version: int
-    state: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]  # may be views of the receiver's buffer: see loaded()
     nbytes: int
-    seconds: float  # from asking to holding every tensor
+    transfer_s: float  # from the first plan to the last checked byte
+    source: str
+    attempts: int = 1  # sources tried: more than 1 when one failed mid-way
+    retried_buckets: int = 0  # buckets fetched again after failing their checksum
+    slot: int = -1  # the receiver's buffer holding it, if it has buffers
+
+
+@dataclass(frozen=True)
+class NeedsPlan:
+    """The fetch of ``version`` lost its source (``failed``); ask for another."""
+
+    version: int
+    failed: str
+    reason: str
 
 
 @runtime_checkable
-class WeightSync(Protocol):
-    """Publish a version on the trainer's side; fetch it on a receiver's side."""
-
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
-        """Make ``version``'s ``state`` fetchable before the scheduler announces it."""
-        ...
-
-    def fetch(self, version: int) -> Fetched | None:
-        """``version``'s weights, or None if it is no longer (or not yet) available."""
+class WeightPublisher(Protocol):
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
+        """Make ``version``'s ``state`` fetchable; what to tell the scheduler."""
         ...
 
     def close(self) -> None: ...
 
 
-def make_weight_sync(strategy: str, run_dir: Path) -> WeightSync:
-    """The strategy named by ``weights.strategy`` for the run in ``run_dir``."""
-    if strategy == "files":
-        from .files import FileWeightSync
+@runtime_checkable
+class WeightReceiver(Protocol):
+    address: bytes  # where this receiver relays from (b"" if it does not)
 
-        return FileWeightSync(run_dir / "weights")
-    raise ValueError(f"weights.strategy={strategy!r}: expected 'files'")
+    @property
+    def target(self) -> int | None:
+        """The version being fetched, if any."""
+        ...
+
+    def want(self, plan: Plan) -> None:
+        """Fetch ``plan``'s version (in the background); older plans are ignored."""
+        ...
+
+    def poll(self) -> Received | NeedsPlan | None:
+        """What the fetch came to, reported once."""
+        ...
+
+    def loaded(self, received: Received) -> None:
+        """The model now runs on ``received.state``: its memory must stay as it is."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def make_publisher(weights: WeightsSection, run_dir: Path) -> WeightPublisher:
+    """The trainer's side of the strategy named by ``weights.strategy``."""
+    if weights.strategy == "ucx":
+        from .ucx import UcxPublisher
+
+        return UcxPublisher(
+            bucket_mb=weights.produce_bucket_mb,
+            progress_mode=weights.progress_mode,
+            send_timeout_s=weights.stall_timeout_s,
+        )
+    if weights.strategy == "files":
+        from .files import FilePublisher
+
+        return FilePublisher(run_dir / "weights")
+    raise ValueError(f"weights.strategy={weights.strategy!r}: expected 'ucx' or 'files'")
+
+
+def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True) -> WeightReceiver:
+    """A generator's side of the strategy named by ``weights.strategy``."""
+    if weights.strategy == "ucx":
+        from .ucx import UcxReceiver
+
+        return UcxReceiver(
+            bucket_mb=weights.consume_bucket_mb,
+            progress_mode=weights.progress_mode,
+            stall_timeout_s=weights.stall_timeout_s,
+            relay=relay,
+        )
+    if weights.strategy == "files":
+        from .files import FileReceiver
+
+        return FileReceiver(run_dir / "weights")
+    raise ValueError(f"weights.strategy={weights.strategy!r}: expected 'ucx' or 'files'")

@@ -1,8 +1,9 @@
 """Weights through files: ``weights/v00000012.safetensors``, written whole, renamed in place.
 
-A reader never sees half a file: the writer renames a finished, fsynced file into place.
-The newest ``keep`` versions stay; a reader that asks for a pruned one gets None and
-takes a newer version, which the scheduler allows (generators may skip versions).
+For tests and for machines that share a filesystem but no UCX fabric. A reader never sees
+half a file: the writer renames a finished, fsynced file into place. The newest ``keep``
+versions stay; a plan for a pruned one reports its source failed, and the scheduler names
+a newer version (generators may skip versions).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .base import Fetched
+from .base import Announcement, NeedsPlan, Plan, Received
 
-__all__ = ["FileWeightSync"]
+__all__ = ["FilePublisher", "FileReceiver"]
 
 
-class FileWeightSync:
+def _path(directory: Path, version: int) -> Path:
+    return directory / f"v{version:08d}.safetensors"
+
+
+class FilePublisher:
     def __init__(self, directory: Path, keep: int = 4) -> None:
         if keep < 2:
             raise ValueError(f"keep={keep}: a reader needs the version before the newest")
@@ -29,11 +34,8 @@ class FileWeightSync:
         self.keep = keep
         directory.mkdir(parents=True, exist_ok=True)
 
-    def path(self, version: int) -> Path:
-        return self.directory / f"v{version:08d}.safetensors"
-
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
-        target = self.path(version)
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
+        target = _path(self.directory, version)
         staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         tensors = {name: t.detach().contiguous() for name, t in state.items()}
         save_file(tensors, str(staging), metadata={"version": str(version)})
@@ -41,15 +43,7 @@ class FileWeightSync:
             os.fsync(handle.fileno())
         os.replace(staging, target)
         self._prune(version)
-
-    def fetch(self, version: int) -> Fetched | None:
-        started = time.perf_counter()
-        try:
-            state = load_file(str(self.path(version)))
-        except (FileNotFoundError, SafetensorError):
-            return None  # pruned meanwhile, or never published here
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        return Fetched(version, state, nbytes, time.perf_counter() - started)
+        return Announcement(version, {"file": target.name})
 
     def close(self) -> None:
         pass
@@ -62,3 +56,41 @@ class FileWeightSync:
                 continue
             if version <= newest - self.keep:
                 path.unlink(missing_ok=True)
+
+
+class FileReceiver:
+    """Reads a version's file when asked; ``poll`` reports it (no background work)."""
+
+    address = b""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.loaded_version: int | None = None
+        self._outcome: Received | NeedsPlan | None = None
+
+    @property
+    def target(self) -> int | None:
+        return None
+
+    def want(self, plan: Plan) -> None:
+        if self.loaded_version is not None and plan.version <= self.loaded_version:
+            return
+        started = time.perf_counter()
+        try:
+            state = load_file(str(_path(self.directory, plan.version)))
+        except (FileNotFoundError, SafetensorError) as error:
+            self._outcome = NeedsPlan(plan.version, plan.source, f"file unreadable: {error}")
+            return
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        seconds = time.perf_counter() - started
+        self._outcome = Received(plan.version, state, nbytes, seconds, plan.source)
+
+    def poll(self) -> Received | NeedsPlan | None:
+        outcome, self._outcome = self._outcome, None
+        return outcome
+
+    def loaded(self, received: Received) -> None:
+        self.loaded_version = received.version
+
+    def close(self) -> None:
+        pass

@@ -14,12 +14,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import torch
 
-from ..base import Announcement, Plan
+from ..base import Announcement, NeedsPlan, Plan, Received
+from ..buffers import SlotState
 from ..layout import Manifest, bucket_checksums, plan, stage, views
 from .fetch import Fetch
 from .node import ProgressMode, UcxNode
@@ -27,34 +28,11 @@ from .server import Server
 from .store import Store
 from .wire import TagSource
 
-__all__ = ["NeedsPlan", "Received", "UcxPublisher", "UcxReceiver"]
+__all__ = ["UcxPublisher", "UcxReceiver"]
 
 log = structlog.get_logger("asyncrl.weights")
 
 MiB = 1 << 20
-
-
-@dataclass(frozen=True)
-class Received:
-    """A whole, checked version, ready for the model to run on."""
-
-    version: int
-    state: dict[str, torch.Tensor]  # views of the receiver's buffer
-    nbytes: int
-    transfer_s: float  # from the first plan to the last checked byte
-    source: str
-    attempts: int  # sources tried: 1 unless one failed
-    retried_buckets: int
-    slot: int
-
-
-@dataclass(frozen=True)
-class NeedsPlan:
-    """The fetch of ``version`` lost its source; ask the scheduler for another."""
-
-    version: int
-    failed: str
-    reason: str
 
 
 class UcxPublisher:
@@ -114,8 +92,9 @@ class UcxReceiver:
         self.server = Server(self.node, self.store, stall_timeout_s) if relay else None
         self.address = self.node.address if relay else b""
         self.loaded_version: int | None = None
+        self._held: int | None = None  # the newest version fetched whole
         self._tags = TagSource()
-        self._fetch: Fetch | None = None
+        self._job: _Job | None = None
         self._thread: threading.Thread | None = None
         self._outcome: Received | NeedsPlan | None = None
         self._first_plan_at: dict[int, float] = {}
@@ -125,7 +104,8 @@ class UcxReceiver:
     @property
     def target(self) -> int | None:
         """The version being fetched, if any."""
-        return None if self._fetch is None else self._fetch.manifest.version
+        job = self._job
+        return None if job is None or job.finished else job.version
 
     def want(self, plan_: Plan) -> None:
         """Fetch ``plan_``'s version from its source (in the background).
@@ -139,18 +119,22 @@ class UcxReceiver:
             raise ValueError(
                 f"plan for version {plan_.version} carries manifest {manifest.version}"
             )
-        if self.loaded_version is not None and plan_.version <= self.loaded_version:
-            return
-        current = self._fetch
-        if current is not None and self._thread is not None and self._thread.is_alive():
-            if plan_.version <= current.manifest.version:
+        if self._held is not None and plan_.version <= self._held:
+            return  # loaded, or whole and waiting to be polled
+        current = self._job
+        if current is not None and not current.finished:
+            if plan_.version <= current.version:
                 return  # already on it (or on a newer one)
             current.stop.set()  # a newer version: the old fetch ends after its range
         self._first_plan_at.setdefault(plan_.version, time.monotonic())
         self._attempts[plan_.version] = self._attempts.get(plan_.version, 0) + 1
         previous, self._outcome = self._thread, None
+        self._job = job = _Job(plan_.version)
         self._thread = threading.Thread(
-            target=self._run, args=(plan_, manifest, previous), name="weights-fetch", daemon=True
+            target=self._run,
+            args=(plan_, manifest, job, previous),
+            name="weights-fetch",
+            daemon=True,
         )
         self._thread.start()
 
@@ -168,8 +152,8 @@ class UcxReceiver:
         self.loaded_version = received.version
 
     def close(self) -> None:
-        if self._fetch is not None:
-            self._fetch.stop.set()
+        if self._job is not None:
+            self._job.stop.set()
         with self.store.changed:
             self.store.changed.notify_all()
         if self._thread is not None:
@@ -180,11 +164,14 @@ class UcxReceiver:
 
     # --- the fetch thread ------------------------------------------------------------
 
-    def _run(self, plan_: Plan, manifest: Manifest, previous: threading.Thread | None) -> None:
+    def _run(
+        self, plan_: Plan, manifest: Manifest, job: _Job, previous: threading.Thread | None
+    ) -> None:
         if previous is not None:
             previous.join()
-        slot, resume = self._slot_for(manifest)
+        slot, resume = self._slot_for(manifest, job.stop)
         if slot is None:
+            job.finished = True
             return
         fetch = Fetch(
             manifest,
@@ -197,8 +184,8 @@ class UcxReceiver:
             self.stall_timeout_s,
             self._tags,
             resume_from=resume,
+            stop=job.stop,
         )
-        self._fetch = fetch
         if fetch.run():
             with self.store.changed:
                 self.store.pool.finish_write(slot)
@@ -214,10 +201,11 @@ class UcxReceiver:
                 fetch.retried_buckets,
                 slot,
             )
-        elif fetch.stop.is_set():
+        elif job.stop.is_set():
             with self.store.changed:
                 self.store.pool.abort_write(slot)
                 self.store.changed.notify_all()
+            job.finished = True
             return
         else:
             log.warning(
@@ -228,25 +216,34 @@ class UcxReceiver:
                 checked_bytes=fetch.verified,
             )
             outcome = NeedsPlan(manifest.version, plan_.source, fetch.error)
+        job.finished = True
         with self._lock:
+            if isinstance(outcome, Received):
+                self._held = outcome.version
             self._outcome = outcome
 
-    def _slot_for(self, manifest: Manifest) -> tuple[int | None, int]:
+    def _slot_for(self, manifest: Manifest, stop: threading.Event) -> tuple[int | None, int]:
         """The slot to fetch into and the checked bytes already there (a resumed fetch)."""
         pool = self.store.pool
         with self.store.changed:
             for index in range(len(pool)):
                 state, version, _, verified, _ = pool.state(index)
-                if state.value == "writing" and version == manifest.version:
+                if state is SlotState.WRITING and version == manifest.version:
                     return index, verified
-                if state.value == "writing":  # an older version's fetch that was stopped
+                if state is SlotState.WRITING:  # an older version's fetch that gave up
                     pool.abort_write(index)
-        stop = threading.Event()
-        if self._fetch is not None:
-            stop = self._fetch.stop if self._fetch.manifest.version > manifest.version else stop
-        slot = self.store.claim(manifest.version)
+        slot = self.store.claim(manifest.version, stop)
         if slot is None:
             return None, 0
         with self.store.changed:
             self.store.buffer(slot, manifest.total)
         return slot, 0
+
+
+@dataclass
+class _Job:
+    """The version a receiver is after, and the flags its fetch thread reads and sets."""
+
+    version: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    finished: bool = False

@@ -1,0 +1,100 @@
+"""A generator's side of the weight plane: ask for plans, fetch in the background, hand
+over whole versions, and account for what each one cost the decode loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import structlog
+
+from asyncrl.transport.weights import NeedsPlan, Plan, Received, WeightReceiver
+
+__all__ = ["WeightFollower", "fetch_now"]
+
+log = structlog.get_logger("asyncrl.weights")
+
+AskWeights = Callable[[int, bytes, str], "Plan | None"]
+NEWEST = 0  # asked for as a version: whatever the scheduler holds newest
+
+# After the scheduler had no plan, ask again no sooner than this (it answers each step's
+# publication within milliseconds; a second is plenty and keeps the bus quiet).
+RETRY_S = 1.0
+
+
+class WeightFollower:
+    """Keeps one fetch going towards the newest version; never blocks the caller."""
+
+    def __init__(self, receiver: WeightReceiver, ask: AskWeights | None) -> None:
+        self.receiver = receiver
+        self.ask = ask
+        self._retry_at = 0.0
+        self._main_thread_s = 0.0  # the caller's time spent on the current version
+
+    def step(self, newest: int, loaded: int) -> Received | None:
+        """Advance towards ``newest``; a version ready to load, if one is."""
+        started = time.perf_counter()
+        try:
+            outcome = self.receiver.poll()
+            if isinstance(outcome, Received):
+                return outcome
+            if isinstance(outcome, NeedsPlan):
+                self._ask(outcome.version, outcome.failed)
+            elif newest > loaded and self.receiver.target is None:
+                self._ask(NEWEST, "")
+            return None
+        finally:
+            self._main_thread_s += time.perf_counter() - started
+
+    def loaded(self, received: Received, load_s: float) -> dict[str, object]:
+        """The model runs on ``received``; what moving it cost (for the weights report)."""
+        self.receiver.loaded(received)
+        stall_s, self._main_thread_s = self._main_thread_s + load_s, 0.0
+        return {
+            "transfer_s": round(received.transfer_s, 6),
+            "load_s": round(load_s, 6),
+            "stall_s": round(stall_s, 6),
+            "bytes": received.nbytes,
+            "mb_per_s": round(received.nbytes / max(received.transfer_s, 1e-9) / 1e6, 1),
+            "source": received.source,
+            "attempts": received.attempts,
+            "retried_buckets": received.retried_buckets,
+        }
+
+    def _ask(self, version: int, failed: str) -> None:
+        now = time.monotonic()
+        if self.ask is None or (not failed and now < self._retry_at):
+            return
+        plan = self.ask(version, self.receiver.address, failed)
+        if plan is None and version != NEWEST:  # that version is gone: take the newest
+            plan = self.ask(NEWEST, self.receiver.address, failed)
+        if plan is None:
+            self._retry_at = now + RETRY_S
+            return
+        try:
+            self.receiver.want(plan)
+        except ValueError as error:  # a manifest this receiver cannot use
+            log.warning("weight plan refused", version=plan.version, reason=str(error)[:200])
+            self._retry_at = now + RETRY_S
+
+
+def fetch_now(
+    receiver: WeightReceiver, ask: AskWeights, version: int, timeout_s: float
+) -> Received | None:
+    """``version`` fetched whole before ``timeout_s``, failing over between sources; or None.
+
+    For a trainer that restarts behind the scheduler: the version it must continue from
+    lives on in the generators (its own buffers died with the old process).
+    """
+    deadline = time.monotonic() + timeout_s
+    plan = ask(version, receiver.address, "")
+    while plan is not None and plan.version == version:
+        receiver.want(plan)
+        while (outcome := receiver.poll()) is None:
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
+        if isinstance(outcome, Received):
+            return outcome
+        plan = ask(version, receiver.address, outcome.failed)
+    return None
