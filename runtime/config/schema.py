@@ -157,6 +157,12 @@ class WeightsSection:
     progress_mode: Literal["thread", "polling"] = field(
         default="thread", metadata=doc("how transfers make progress")
     )
+    relay_fanout: int = field(
+        default=2,
+        metadata=doc(
+            "receivers each node relays to; 0 = every receiver pulls from the trainer", min=0
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
