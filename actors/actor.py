@@ -7,12 +7,15 @@ it over the bus. Nothing here sees a socket, a retry or a heartbeat.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.transport import protocol as p
+
+if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
+    from asyncrl.transport.weights.base import Announcement, Plan
 
 __all__ = ["Actor", "Outcome", "StreamingActor", "WorkerContext"]
 
@@ -30,6 +33,11 @@ class WorkerContext:
     max_message_bytes: int
     policy_version: int  # the newest published weights when the worker registered
     index: int | None = None  # this worker's number within its role, if it was given one
+    # ask_weights(version, address, failed): whom to fetch ``version`` (0: the newest) from,
+    # as the scheduler plans it; ``address`` is this worker's own weight-plane address if it
+    # can relay (b"": it cannot), ``failed`` a source that failed it. None when the scheduler
+    # holds no announcement for that version. Main thread only: it talks over the link.
+    ask_weights: Callable[[int, bytes, str], Plan | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +77,13 @@ class Actor:
         """
         return None
 
-    def on_publish(self, version: int) -> None:
-        """Make ``version``'s weights available before it is announced; raise to not."""
+    def on_publish(self, version: int) -> Announcement | None:
+        """Make ``version``'s weights available before it is announced; raise to not.
+
+        Return the weight plane's :class:`Announcement` (manifest, address) for the
+        scheduler to plan receivers' fetches with, or None where weights need no plan.
+        """
+        return None
 
     def take_reports(self) -> list[p.Report]:
         """Reports made since the last call (validation results); the worker sends them."""

@@ -14,7 +14,9 @@ room, ``advance`` in between, complete each lease as soon as it is done. Beside 
 heartbeat thread renews the worker's leases. A generator (an actor that
 overrides ``on_version``) loads each published version between leases and reports it
 with LoadedVersion; a trainer (``publishes_versions``) announces the scheduler's step
-count as a version after each acknowledged step.
+count as a version after each acknowledged step, with the weight plane's manifest and
+address when ``on_publish`` returns them. An actor asks whom to fetch weights from with
+``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread.
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
@@ -31,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -45,6 +47,9 @@ from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
 from .actor import Actor, Outcome, StreamingActor, WorkerContext
+
+if TYPE_CHECKING:
+    from asyncrl.transport.weights.base import Announcement, Plan
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -118,11 +123,13 @@ class Worker:
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._busy_s = 0.0  # time in the actor's work since the last completion
         self._log = log.bind(worker=self.name, role=self.role)
+        self._main: threading.Thread | None = None  # the thread in run(): the link's caller
 
     # --- the public surface ----------------------------------------------------------
 
     def run(self) -> int:
         """Register, work until the run ends or ``stop()``, leave. Returns the exit code."""
+        self._main = threading.current_thread()
         try:
             self._start()
         except (_Fatal, _GaveUp, LinkClosed) as error:
@@ -185,6 +192,7 @@ class Worker:
             max_message_bytes=ready.max_message_bytes,
             policy_version=ready.policy_version,
             index=self.index,
+            ask_weights=self._ask_weights,
         )
 
     def _register(self) -> p.Ready:
@@ -451,15 +459,44 @@ class Worker:
         if steps <= published:
             return
         try:
-            self.actor.on_publish(steps)
+            announcement = self.actor.on_publish(steps)
+            message = self._publication(steps, announcement)
         except Exception:
             self._log.exception("version not published", version=steps)
             return
-        reply = self._call(p.PublishVersion(self.name, steps))
+        reply = self._call(message)
         if isinstance(reply, p.Ack):
-            self._log.info("published a policy version", version=steps)
+            weights = message.weights is not None
+            self._log.info("published a policy version", version=steps, weights=weights)
         else:  # another trainer published first, or a step landed meanwhile: the next one will
             self._log.info("version not published", version=steps, reply=_describe(reply))
+
+    def _publication(self, version: int, announcement: Announcement | None) -> p.PublishVersion:
+        """The PublishVersion for ``version``, with the weight plane's announcement if any."""
+        if announcement is None:
+            return p.PublishVersion(self.name, version)
+        # Imported here: only an actor that announces weights has loaded the weights module.
+        from asyncrl.transport.weights.base import Announcement
+
+        if not isinstance(announcement, Announcement):
+            raise TypeError(f"on_publish returned a {type(announcement).__name__}")
+        if announcement.version != version:
+            raise ValueError(f"on_publish({version}) announced version {announcement.version}")
+        return p.PublishVersion(
+            self.name, version, dict(announcement.manifest), announcement.address
+        )
+
+    def _ask_weights(self, version: int, address: bytes, failed: str) -> Plan | None:
+        """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
+        if threading.current_thread() is not self._main:
+            raise RuntimeError("ask_weights is for the worker's main thread only")
+        from asyncrl.transport.weights.base import Plan  # see _publication
+
+        reply = self._call(p.WantWeights(self.name, version, address, failed))
+        if isinstance(reply, p.WeightsPlan):
+            return Plan(reply.version, reply.manifest, reply.source, reply.source_address)
+        self._log.info("no weights plan", version=version, reply=_describe(reply))
+        return None
 
     def _status(self) -> dict[str, Any] | None:
         reply = self._retry(p.Status())

@@ -34,5 +34,10 @@ class RunDir:
         return self.root / "validation.jsonl"
 
     @property
+    def weight_loads(self) -> Path:
+        """Each generator's report of each weight version it fetched and loaded."""
+        return self.root / "weights.jsonl"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"

@@ -40,7 +40,7 @@ class _Miss(Invalid):
 
 _FAST: dict[type, Callable[[Any, int], Any]] = {}
 _WIRE: dict[type, Callable[[Any], list[Any]]] = {}
-_SCALARS = (int, str, bool)
+_SCALARS = (int, str, bool, bytes)
 
 
 def build(cls: type, body: Any, depth: int = 0) -> Any:
@@ -104,6 +104,7 @@ class _Compiler:
             "int": int,
             "str": str,
             "bool": bool,
+            "bytes": bytes,
             "float": float,
             "list": list,
             "dict": dict,

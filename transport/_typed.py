@@ -116,11 +116,18 @@ def _check_float(raw: Any, _depth: int) -> float:
     return raw
 
 
+def _check_bytes(raw: Any, _depth: int) -> bytes:
+    if type(raw) is not bytes:
+        raise _wrong_type(bytes, raw)
+    return raw
+
+
 _SCALARS: dict[type, Check] = {
     int: _check_int,
     str: _check_str,
     bool: _check_bool,
     float: _check_float,
+    bytes: _check_bytes,  # opaque addresses (a weight-plane endpoint), MessagePack bin
 }
 
 

@@ -65,6 +65,8 @@ __all__ = [
     "Stop",
     "Unlock",
     "Want",
+    "WantWeights",
+    "WeightsPlan",
     "decode",
     "decode_with_id",
     "encode",
@@ -101,6 +103,7 @@ class Kind(IntEnum):
     ADD_GROUPS = 10
     BYE = 11
     REPORT = 12
+    WANT_WEIGHTS = 13
     # observers -> scheduler
     STATUS = 20
     STOP = 21
@@ -116,6 +119,7 @@ class Kind(IntEnum):
     LOCK_QUEUED = 48
     STATUS_REPLY = 49
     SHUTDOWN = 50
+    WEIGHTS_PLAN = 51
     # scheduler -> everyone (PUB)
     EVENT = 60
 
@@ -213,9 +217,18 @@ class Unlock:
 
 @dataclass(frozen=True, slots=True)
 class PublishVersion:
+    """The trainer made ``version`` available.
+
+    ``weights``: the weight plane's manifest for it (opaque here, passed on to receivers),
+    None where weights travel another way (files); ``address``: where the publisher serves
+    them on the weight plane.
+    """
+
     KIND: ClassVar[Kind] = Kind.PUBLISH_VERSION
     worker: str
     version: int
+    weights: Payload | None = None
+    address: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +250,23 @@ class Report:
     name: str
     version: int
     data: Payload
+
+
+@dataclass(frozen=True, slots=True)
+class WantWeights:
+    """Whom to fetch ``version``'s weights from (0: the newest announced). Answered by
+    WeightsPlan, or Error when no announcement for that version is held.
+
+    ``address``: the asker's own weight-plane address if it can relay to others (b"": it
+    cannot); ``failed``: a source that failed the asker (timed out, corrupt bytes), which
+    it is not given again.
+    """
+
+    KIND: ClassVar[Kind] = Kind.WANT_WEIGHTS
+    worker: str
+    version: int
+    address: bytes = b""
+    failed: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,6 +414,17 @@ class Shutdown:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class WeightsPlan:
+    """Fetch ``version`` (its ``manifest``) from worker ``source`` at ``source_address``."""
+
+    KIND: ClassVar[Kind] = Kind.WEIGHTS_PLAN
+    version: int
+    manifest: Payload
+    source: str
+    source_address: bytes
+
+
 # --- events -----------------------------------------------------------------------------
 
 
@@ -408,6 +449,7 @@ Message = (
     | PublishVersion
     | LoadedVersion
     | Report
+    | WantWeights
     | AddGroups
     | Bye
     | Status
@@ -423,6 +465,7 @@ Message = (
     | LockQueued
     | StatusReply
     | Shutdown
+    | WeightsPlan
     | Event
 )
 

@@ -165,6 +165,12 @@ class WeightsSection:
         default=10.0,
         metadata=doc("seconds without progress before a weight source counts as failed", min=0.1),
     )
+    relay_fanout: int = field(
+        default=2,
+        metadata=doc(
+            "receivers each node relays to; 0 = every receiver pulls from the trainer", min=0
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

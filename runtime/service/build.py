@@ -12,7 +12,8 @@ from asyncrl.runtime.durable import JournaledCore
 from asyncrl.runtime.journal import JournalWriter
 from asyncrl.runtime.rundir import RunDir
 
-from .metrics import MetricsLog, ReportLog
+from .metrics import MetricsLog
+from .reports import ReportLog
 from .service import RunPlan, SchedulerService
 
 __all__ = ["keys_dir", "open_service"]
@@ -59,7 +60,11 @@ def open_service(
         durable,
         plan,
         MetricsLog(run.metrics),
-        reports=ReportLog(run.validation),
+        reports={
+            "validation": ReportLog(run.validation),
+            "weights": ReportLog(run.weight_loads, per_worker=True),
+        },
+        relay_fanout=cfg.weights.relay_fanout,
         run_name=cfg.run.name,
         heartbeat_interval_s=sched.heartbeat_interval_s,
         max_message_bytes=sched.max_message_mb << 20,

@@ -72,7 +72,7 @@ class InProcessHub:
                 return
             self._closed.set()
             self.service.durable.close()
-            self.service.metrics.close()
+            self.service.close_files()
         self._ticker.join()
 
 

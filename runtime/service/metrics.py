@@ -43,7 +43,7 @@ class MetricsLog:
         return cut
 
     def append(self, line: dict[str, Any]) -> None:
-        self._file.write(json.dumps(line, separators=(",", ":"), default=_plain) + "\n")
+        self._file.write(json.dumps(line, separators=(",", ":"), default=plain) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -60,51 +60,9 @@ def _step_of(line: str) -> int | None:
     return step if type(step) is int else None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Numbers from numpy arrays in a trainer's metrics become plain JSON."""
     tolist = getattr(value, "tolist", None)
     if tolist is not None:
         return tolist()
     raise TypeError(f"metrics value of type {type(value).__name__} is not JSON")
-
-
-class ReportLog:
-    """``validation.jsonl``: one line per validated policy version, the newest kept at hand.
-
-    Reports are measurements, not pipeline state: they are not journaled. A version seen
-    before (a generator reporting again after a restart) is not written twice.
-    """
-
-    NAMES = frozenset({"validation"})
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.versions: set[int] = set()
-        self.latest: dict[str, Any] | None = None
-        if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a crash
-                if isinstance(record, dict) and type(record.get("version")) is int:
-                    self._remember(record)
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the service
-
-    def record(self, version: int, line: dict[str, Any]) -> bool:
-        """Append ``line`` for ``version``; False if that version was reported already."""
-        if version in self.versions:
-            return False
-        record = {"version": version, **line}
-        self._file.write(json.dumps(record, separators=(",", ":"), default=_plain) + "\n")
-        self._file.flush()
-        self._remember(record)
-        return True
-
-    def _remember(self, record: dict[str, Any]) -> None:
-        self.versions.add(record["version"])
-        if self.latest is None or record["version"] >= self.latest["version"]:
-            self.latest = record
-
-    def close(self) -> None:
-        self._file.close()

@@ -98,9 +98,7 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
     finally:
         endpoints_file(cfg).unlink(missing_ok=True)
         service.durable.close()
-        service.metrics.close()
-        if service.reports is not None:
-            service.reports.close()
+        service.close_files()
         if sockets is not None:
             sockets.close()
         ctx.term()

@@ -15,7 +15,7 @@ because a restart starts a new fence epoch.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -40,7 +40,9 @@ from asyncrl.transport.topics import Topic, topic
 
 from .activity import ACTIVITY_KEY, RoleActivity
 from .events import ENTRY_ROLE, EventNumbering
-from .metrics import MetricsLog, ReportLog
+from .metrics import MetricsLog
+from .reports import ReportLog, step_fields
+from .weight_routes import NoRoute, WeightRoutes
 
 __all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
 
@@ -82,13 +84,15 @@ class SchedulerService:
         heartbeat_interval_s: float,
         max_message_bytes: int,
         started_at: float,
-        reports: ReportLog | None = None,
+        reports: Mapping[str, ReportLog] | None = None,
+        relay_fanout: int = 2,
     ) -> None:
         self.durable = durable
         self.core: SchedulerCore = durable.core
         self.plan = plan
         self.metrics = metrics
-        self.reports = reports
+        self.reports: Mapping[str, ReportLog] = reports or {}
+        self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
         self.activity = RoleActivity(started_at)
         self.run_name = run_name
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -112,6 +116,7 @@ class SchedulerService:
             p.AddGroups: self._add_groups,
             p.Bye: self._bye,
             p.Report: self._report,
+            p.WantWeights: self._want_weights,
             p.Status: self._status,
             p.Stop: self._stop,
         }
@@ -163,6 +168,12 @@ class SchedulerService:
             log.info("draining", reason=reason)
             self._emit(topic(Topic.RUN, "draining"), {"reason": reason})
             self._publish_notices()
+
+    def close_files(self) -> None:
+        """Close the metrics and report files (the journal is the durable core's)."""
+        self.metrics.close()
+        for reports in self.reports.values():
+            reports.close()
 
     # --- handlers --------------------------------------------------------------------
 
@@ -258,7 +269,7 @@ class SchedulerService:
             "policy_version": state.policy_version,
             "worker": worker,
             **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
-            **self._latest_validation(),
+            **step_fields(self.reports),
             "roles": self.activity.rates(now, self._workers_per_role()),
         }
         self.metrics.append(line)
@@ -271,21 +282,18 @@ class SchedulerService:
     def _workers_per_role(self) -> dict[str, int]:
         return dict(Counter(w.role for w in self.core.state.workers.values()))
 
-    def _latest_validation(self) -> dict[str, Any]:
-        latest = self.reports.latest if self.reports is not None else None
-        if latest is None:
-            return {}
-        return {"val_reward": latest.get("val_reward"), "val_version": latest["version"]}
-
     def _report(self, m: p.Report, now: float) -> p.Message:
-        if self.reports is None or m.name not in self.reports.NAMES:
+        reports = self.reports.get(m.name)
+        if reports is None:
             return p.Error(Reason.BAD_REQUEST, f"report {m.name!r} is not one this run keeps")
         if m.worker not in self.core.state.workers:
             return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
-        line = {"elapsed_s": round(now - self.started_at, 3), "worker": m.worker, **m.data}
-        if self.reports.record(m.version, line):
-            log.info("validation", version=m.version, **m.data)
-            self._emit(topic(Topic.METRICS, m.name), {"version": m.version, **m.data})
+        # The line's own fields win over a report's keys of the same name.
+        data = {k: v for k, v in m.data.items() if k not in _REPORT_FIELDS}
+        line = {"elapsed_s": round(now - self.started_at, 3), "worker": m.worker, **data}
+        if reports.record(m.version, line):
+            log.info(m.name, worker=m.worker, version=m.version, **_scalars(data))
+            self._emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})
         return p.Ack()
 
     def _fail(self, m: p.Fail, _now: float) -> p.Message:
@@ -307,7 +315,41 @@ class SchedulerService:
         return _reply(self.core.release(m.resource, m.token))
 
     def _publish(self, m: p.PublishVersion, _now: float) -> p.Message:
-        return _reply(self.core.publish_version(m.worker, m.version))
+        bad = _bad_announcement(m)
+        if bad is not None:
+            log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
+            return p.Error(Reason.BAD_REQUEST, bad)
+        reply = self.core.publish_version(m.worker, m.version)
+        if isinstance(reply, Accepted):
+            self.routes.announce(m.version, m.worker, m.weights, m.address)
+            if m.weights is not None:
+                log.info(
+                    "weights announced",
+                    version=m.version,
+                    publisher=m.worker,
+                    manifest_bytes=len(p.pack_payload(m.weights)),
+                    manifest_keys=sorted(m.weights)[:_NAMES_LOGGED],
+                    address_bytes=len(m.address),
+                )
+        return _reply(reply)
+
+    def _want_weights(self, m: p.WantWeights, _now: float) -> p.Message:
+        if m.worker not in self.core.state.workers:  # its own code: the worker registers again
+            return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
+        try:
+            if m.version < 0:
+                raise ValueError(f"version {m.version} is negative (0 asks for the newest)")
+            route = self.routes.route(m.worker, m.version, m.address, m.failed)
+        except ValueError as bad:
+            log.warning("bad weights request", worker=m.worker, version=m.version, detail=str(bad))
+            return p.Error(Reason.BAD_REQUEST, str(bad))
+        except NoRoute as none:
+            log.info("no weights route", worker=m.worker, version=m.version, detail=none.detail)
+            return p.Error(none.code, none.detail)
+        if m.failed:
+            log.warning("weights source failed", worker=m.worker, failed=m.failed)
+        log.info("weights route", worker=m.worker, version=route.version, source=route.source)
+        return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
 
     def _loaded(self, m: p.LoadedVersion, _now: float) -> p.Message:
         return _reply(self.core.loaded_version(m.worker, m.version))
@@ -365,6 +407,7 @@ class SchedulerService:
         summary["protocol_errors"] = self.protocol_errors
         writer = self.durable.writer
         summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
+        summary["weights"] = self.routes.summary()
         return summary
 
     # --- events ----------------------------------------------------------------------
@@ -374,6 +417,9 @@ class SchedulerService:
         notices = self.durable.commit()
         if notices:
             _log_losses(notices)
+            for notice in notices:
+                if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
+                    self.routes.forget(notice.worker)
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))
@@ -396,6 +442,26 @@ def _log_losses(notices: list[Notice]) -> None:
                 to=notice.target.value,
                 reason=notice.reason,
             )
+
+
+_REPORT_FIELDS = frozenset({"version", "worker", "elapsed_s"})
+_NAMES_LOGGED = 8  # manifest keys named in a log line; the manifest itself can be large
+
+
+def _scalars(data: p.Payload) -> dict[str, Any]:
+    """A report's plain values, for its log line (structlog's own key left out)."""
+    return {
+        k: v for k, v in data.items() if k != "event" and isinstance(v, int | float | str | bool)
+    }
+
+
+def _bad_announcement(m: p.PublishVersion) -> str | None:
+    """Why a publication's weight-plane fields make no sense, if they do not."""
+    if m.weights is not None and not isinstance(m.weights, dict):
+        return f"weights of version {m.version} must be a manifest dict, not {type(m.weights)}"
+    if m.address and m.weights is None:
+        return f"version {m.version} names a weight-plane address but carries no manifest"
+    return None
 
 
 def _error(rejected: Rejected) -> p.Error:

@@ -55,6 +55,8 @@ def _right(hint: Any) -> st.SearchStrategy[Any]:
         return st.text(max_size=5)
     if hint is bool:
         return st.booleans()
+    if hint is bytes:
+        return st.binary(max_size=5)
     if dataclasses.is_dataclass(hint):
         return bodies(hint)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:

@@ -39,10 +39,21 @@ def test_every_kind_is_declared_once() -> None:
         p.StatusReply({"groups": {"pending": 3}, "nested": [1, 2.5, None, "s"]}),
         p.Event(4, "transition.pending.generating", {"groups": [1, 2]}),
         p.Ready("w", "demo", 1, 2.0, 60.0, 1 << 20, 0),
+        p.PublishVersion("t", 3),
+        p.PublishVersion("t", 3, {"buckets": [[0, 64]], "sum": "ab"}, b"\x00ucx\xff"),
+        p.WantWeights("g", 0),
+        p.WantWeights("g", 3, b"\x01addr", "relay-1"),
+        p.WeightsPlan(3, {"buckets": [[0, 64]]}, "t", b"\x00ucx\xff"),
     ],
 )
 def test_messages_round_trip(message: p.Message) -> None:
     assert round_trip(message) == message
+
+
+def test_requests_from_before_the_weight_plane_still_decode() -> None:
+    """A PublishVersion without weights fields (an older sender) takes the defaults."""
+    assert p.decode([header(p.Kind.PUBLISH_VERSION, ["t", 2])]) == p.PublishVersion("t", 2)
+    assert p.decode([header(p.Kind.WANT_WEIGHTS, ["g", 2])]) == p.WantWeights("g", 2, b"", "")
 
 
 def test_arrays_travel_as_their_own_frames_and_come_back_as_views() -> None:
@@ -96,6 +107,8 @@ def header(kind: int, body: list, version: int = p.PROTOCOL_VERSION, req_id: int
         ([header(p.Kind.FAIL, ["w", 1, 2, [1, "x"], "r"])], "Fail.gids[1]"),
         ([header(p.Kind.STATUS_REPLY, [{1: 2}])], "map key"),
         ([header(p.Kind.STATUS, []), b"extra"], "never used"),
+        ([header(p.Kind.WANT_WEIGHTS, ["g", 1, "addr"])], "WantWeights.address: expected bytes"),
+        ([header(p.Kind.PUBLISH_VERSION, ["t", 1, [1], b""])], "PublishVersion.weights"),
     ],
 )
 def test_bad_frames_are_errors_that_say_what_is_wrong(frames: list, words: str) -> None:

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncrl.actors.actor import Actor, Outcome
+from asyncrl.actors.actor import Actor, Outcome, WorkerContext
 from asyncrl.actors.demo import Dataloader, Generate, Logp, Train
 from asyncrl.actors.worker import Pacing, Worker
 from asyncrl.runtime.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
+from asyncrl.transport.weights.base import Announcement, Plan
 
 Answer = p.Message | Exception
 
@@ -187,6 +188,78 @@ def test_the_trainer_publishes_the_step_count_after_each_acknowledged_step(
     assert done.metrics is not None
     assert done.metrics["groups"] == {"q000001": 3.0, "q000002": 3.0}
     assert link.of(p.PublishVersion) == [p.PublishVersion("train-0", 1)]
+
+
+def train_step() -> p.Lease:
+    batch = lease(1, 1, 2, role="train")
+    stages = {"logp": {"logp": 1.0}, "ref_logp": {"ref": -2.0}, "reward": {"reward": 1.0}}
+    items = tuple(p.Item(i.gid, i.key, {**i.data, **stages}) for i in batch.items)
+    return p.Lease(1, 101, "train", 5.0, None, items)
+
+
+class AnnouncingTrain(Train):
+    def __init__(self, announced_version: int | None = None) -> None:
+        super().__init__()
+        self.announced_version = announced_version
+
+    def on_publish(self, version: int) -> Announcement:
+        return Announcement(self.announced_version or version, {"buckets": [[0, 8]]}, b"@t")
+
+
+def test_the_trainer_sends_its_announcement_with_the_version(cfg: RunConfig) -> None:
+    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
+    link = ScriptedLink({p.Claim: [train_step()], p.Status: [_default(p.Status()), after]})
+    assert make_worker(AnnouncingTrain(), link, cfg).run() == 0
+    assert link.of(p.PublishVersion) == [
+        p.PublishVersion("train-0", 1, {"buckets": [[0, 8]]}, b"@t")
+    ]
+
+
+def test_an_announcement_for_another_version_is_not_published(cfg: RunConfig) -> None:
+    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
+    link = ScriptedLink({p.Claim: [train_step()], p.Status: [_default(p.Status()), after]})
+    assert make_worker(AnnouncingTrain(announced_version=7), link, cfg).run() == 0
+    assert link.of(p.PublishVersion) == []
+
+
+class AsksForWeights(Logp):
+    """Asks for weights from on_start, as a receiver would, and keeps what it was told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plans: list[Plan | None] = []
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        super().on_start(ctx)
+        assert ctx.ask_weights is not None
+        self.plans.append(ctx.ask_weights(0, b"@me", ""))
+        self.plans.append(ctx.ask_weights(4, b"@me", "relay-1"))
+        errors: list[BaseException] = []
+        other = threading.Thread(target=lambda: _catch(ctx.ask_weights, errors))
+        other.start()
+        other.join()
+        assert isinstance(errors[0], RuntimeError)  # another thread may not use the link
+
+
+def _catch(ask: Callable[..., object] | None, errors: list[BaseException]) -> None:
+    try:
+        assert ask is not None
+        ask(0, b"", "")
+    except BaseException as error:
+        errors.append(error)
+
+
+def test_an_actor_asks_whom_to_fetch_weights_from(cfg: RunConfig) -> None:
+    plan = p.WeightsPlan(4, {"buckets": [[0, 8]]}, "train-0", b"@t")
+    refused = p.Error("bad_version", "no weights announced for version 4: none is held")
+    link = ScriptedLink({p.WantWeights: [plan, refused]})
+    actor = AsksForWeights()
+    assert make_worker(actor, link, cfg).run() == 0
+    assert actor.plans == [Plan(4, {"buckets": [[0, 8]]}, "train-0", b"@t"), None]
+    assert link.of(p.WantWeights) == [
+        p.WantWeights("logp-0", 0, b"@me", ""),
+        p.WantWeights("logp-0", 4, b"@me", "relay-1"),
+    ]
 
 
 def test_stop_finishes_the_current_lease_then_leaves(cfg: RunConfig) -> None:
