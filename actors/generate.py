@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import copy
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np

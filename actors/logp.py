@@ -8,13 +8,18 @@ was from them. It loads each published version, like a generator.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import ClassVar
 
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import make_receiver
 
 from ._scorer import ScoringActor
-from ._setup import load_version, weight_sync
+from ._weights import WeightFollower
 from .actor import WorkerContext
+from .policy.checkpoint import load_state
 
 __all__ = ["Logp"]
 
@@ -24,16 +29,31 @@ class Logp(ScoringActor):
 
     def __init__(self) -> None:
         self.loaded = 0
+        self.reports: list[p.Report] = []
 
     def on_start(self, ctx: WorkerContext) -> None:
         super().on_start(ctx)
-        self.sync = weight_sync(ctx.config)
+        self.worker = ctx.worker
+        receiver = make_receiver(ctx.config.weights, Path(ctx.config.run.dir))
+        self.weights = WeightFollower(receiver, ctx.ask_weights)
 
     @property
     def version(self) -> int | None:
         return self.loaded
 
     def on_version(self, version: int) -> int | None:
-        if version > self.loaded and load_version(self.model, self.sync, version) is not None:
-            self.loaded = version
+        received = self.weights.step(version, self.loaded)
+        if received is not None:
+            started = time.perf_counter()
+            load_state(self.model, received.state, copy=False)  # runs on the checked buffer
+            cost = self.weights.loaded(received, time.perf_counter() - started)
+            self.loaded = received.version
+            self.reports.append(p.Report(self.worker, "weights", self.loaded, cost))
         return self.loaded
+
+    def take_reports(self) -> list[p.Report]:
+        reports, self.reports = self.reports, []
+        return reports
+
+    def on_stop(self) -> None:
+        self.weights.receiver.close()

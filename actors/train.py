@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import Announcement, make_publisher, make_receiver
 
 from ._setup import load_policy
 from ._weights import fetch_now

@@ -1,4 +1,4 @@
-"""The files weight sync: whole versions appear atomically, old ones are pruned."""
+"""The files strategy: whole versions appear atomically, old ones are pruned."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.transport.weights import WeightSync, make_weight_sync
-from asyncrl.transport.weights.files import FileWeightSync
+from asyncrl.runtime.config import WeightsSection
+from asyncrl.transport.weights import NeedsPlan, Plan, Received, make_publisher, make_receiver
+from asyncrl.transport.weights.files import FilePublisher, FileReceiver
 
 
 def state(seed: int) -> dict[str, torch.Tensor]:
@@ -16,33 +17,54 @@ def state(seed: int) -> dict[str, torch.Tensor]:
     return {"a.weight": torch.randn(4, 3, generator=g), "b.bias": torch.randn(5, generator=g)}
 
 
-def test_a_published_version_is_fetched_byte_exact(tmp_path: Path) -> None:
-    sync = make_weight_sync("files", tmp_path)
-    assert isinstance(sync, WeightSync)
-    sync.publish(3, state(3))
-    fetched = sync.fetch(3)
-    assert fetched is not None and fetched.version == 3
-    assert fetched.nbytes == (12 + 5) * 4
+def fetch(receiver: FileReceiver, version: int) -> Received | NeedsPlan | None:
+    receiver.want(Plan(version, {}, "trainer"))
+    return receiver.poll()
+
+
+def test_a_published_version_is_received_byte_exact(tmp_path: Path) -> None:
+    files = WeightsSection(strategy="files")
+    publisher, receiver = make_publisher(files, tmp_path), make_receiver(files, tmp_path)
+    announcement = publisher.publish(3, state(3))
+    assert announcement.version == 3 and announcement.address == b""
+    got = fetch(receiver, 3)
+    assert isinstance(got, Received) and got.version == 3
+    assert got.nbytes == (12 + 5) * 4
     for name, tensor in state(3).items():
-        assert torch.equal(fetched.state[name], tensor)
+        assert torch.equal(got.state[name], tensor)
 
 
-def test_old_versions_are_pruned_and_fetch_says_so(tmp_path: Path) -> None:
-    sync = FileWeightSync(tmp_path, keep=3)
+def test_old_versions_are_pruned_and_a_plan_for_one_names_its_source_failed(
+    tmp_path: Path,
+) -> None:
+    publisher = FilePublisher(tmp_path, keep=3)
     for version in range(1, 7):
-        sync.publish(version, state(version))
-    assert sync.fetch(3) is None and sync.fetch(7) is None
-    assert [sync.fetch(v) is not None for v in (4, 5, 6)] == [True, True, True]
+        publisher.publish(version, state(version))
+    assert isinstance(fetch(FileReceiver(tmp_path), 3), NeedsPlan)
+    assert all(isinstance(fetch(FileReceiver(tmp_path), v), Received) for v in (4, 5, 6))
     assert not list(tmp_path.glob(".*"))  # no staging file left behind
 
 
 def test_a_damaged_file_is_not_loaded(tmp_path: Path) -> None:
-    sync = FileWeightSync(tmp_path)
-    sync.publish(1, state(1))
-    sync.path(1).write_bytes(sync.path(1).read_bytes()[:40])
-    assert sync.fetch(1) is None
+    FilePublisher(tmp_path).publish(1, state(1))
+    path = tmp_path / "v00000001.safetensors"
+    path.write_bytes(path.read_bytes()[:40])
+    got = fetch(FileReceiver(tmp_path), 1)
+    assert isinstance(got, NeedsPlan) and got.failed == "trainer"
+
+
+def test_a_version_older_than_the_loaded_one_is_ignored(tmp_path: Path) -> None:
+    publisher, receiver = FilePublisher(tmp_path), FileReceiver(tmp_path)
+    publisher.publish(1, state(1))
+    publisher.publish(2, state(2))
+    got = fetch(receiver, 2)
+    assert isinstance(got, Received)
+    receiver.loaded(got)
+    assert fetch(receiver, 1) is None
 
 
 def test_an_unknown_strategy_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"weights\.strategy='ucx'"):
-        make_weight_sync("ucx", tmp_path)
+    weights = WeightsSection()
+    object.__setattr__(weights, "strategy", "carrier-pigeon")
+    with pytest.raises(ValueError, match=r"weights\.strategy='carrier-pigeon'"):
+        make_publisher(weights, tmp_path)
