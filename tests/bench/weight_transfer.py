@@ -286,14 +286,16 @@ def run_method(name: str, receivers: int, nbytes: int, repeats: int) -> list[flo
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="asyncrl-wbench-") as workdir:
         port = free_port()
+        settings = [
+            Setting(rank, receivers, nbytes, workdir, port) for rank in range(receivers + 1)
+        ]
         procs = [
             ctx.Process(
                 target=_process_main,
-                args=(name, Setting(rank, receivers, nbytes, workdir, port), rounds, barrier,
-                      results),  # fmt: skip
-                name=f"{name}-{rank}",
+                args=(name, setting, rounds, barrier, results),
+                name=f"{name}-{setting.rank}",
             )
-            for rank in range(receivers + 1)
+            for setting in settings
         ]
         for proc in procs:
             proc.start()
