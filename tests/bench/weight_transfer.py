@@ -217,6 +217,108 @@ class Zmq(Method):
         self.ctx.destroy(linger=None)
 
 
+class Ucx(Method):
+    """asyncrl's weight plane: publish (stage + CRC-32C per bucket), then pull over UCX.
+
+    Receivers form the relay tree the scheduler would plan with ``fanout`` (0: every
+    receiver pulls from the sender). The scheduler's part, handing each receiver its plan,
+    is played through files in the run's private directory; the time includes staging the
+    bytes into the sender's buffer, checksumming them, and checking them at every receiver.
+    """
+
+    fanout: ClassVar[int]
+    progress: ClassVar[str] = "thread"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.setting.workdir, name)
+
+    def _publish_file(self, name: str, data: bytes) -> None:
+        staging = self._path(f".{name}.tmp")
+        with open(staging, "wb") as f:
+            f.write(data)
+        os.replace(staging, self._path(name))
+
+    def _read_file(self, name: str) -> bytes:
+        deadline = time.monotonic() + BARRIER_TIMEOUT_S
+        while not os.path.exists(self._path(name)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} never appeared")
+            time.sleep(0.0002)
+        with open(self._path(name), "rb") as f:
+            return f.read()
+
+    def setup_sender(self, src: np.ndarray) -> None:
+        import torch
+
+        from asyncrl.transport.weights.ucx import UcxPublisher
+
+        self.publisher = UcxPublisher(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+        self.state = {"flat": torch.from_numpy(src)}
+        self.version = 0
+        self._publish_file("addr-0", self.publisher.address)
+
+    def send(self, src: np.ndarray) -> None:
+        import msgpack
+
+        self.version += 1
+        announcement = self.publisher.publish(self.version, self.state)
+        self.ready_at = time.monotonic()
+        self._publish_file(f"manifest-{self.version}", msgpack.packb(announcement.manifest))
+
+    def setup_receiver(self, dst: np.ndarray) -> None:
+        from asyncrl.transport.weights.ucx import UcxReceiver
+
+        self.receiver = UcxReceiver(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+        self._publish_file(f"addr-{self.setting.rank}", self.receiver.address)
+        rank, k = self.setting.rank, self.fanout
+        self.parent = 0 if k == 0 else (rank - 1) // k
+        self.version = 0
+        self.received: np.ndarray | None = None
+
+    def receive(self, dst: np.ndarray) -> None:
+        import msgpack
+
+        from asyncrl.transport.weights import Plan, Received
+
+        self.version += 1
+        manifest = msgpack.unpackb(self._read_file(f"manifest-{self.version}"))
+        source = self._read_file(f"addr-{self.parent}")
+        self.receiver.want(Plan(self.version, manifest, f"rank-{self.parent}", source))
+        while (outcome := self.receiver.poll()) is None:
+            time.sleep(0.0002)
+        if not isinstance(outcome, Received):
+            raise RuntimeError(f"ucx: version {self.version} not received: {outcome}")
+        self.receiver.loaded(outcome)
+        self.received = outcome.state["flat"].numpy()
+
+    def checked_bytes(self, dst: np.ndarray) -> np.ndarray:
+        assert self.received is not None
+        return self.received
+
+    def teardown(self) -> None:
+        side = getattr(self, "publisher", None) or getattr(self, "receiver", None)
+        if side is not None:
+            side.close()
+
+
+@register
+class UcxTree(Ucx):
+    name = "ucx"
+    fanout = 2
+
+
+@register
+class UcxDirect(Ucx):
+    name = "ucx-direct"
+    fanout = 0
+
+
+@register
+class UcxChain(Ucx):
+    name = "ucx-chain"
+    fanout = 1
+
+
 # ---- the processes -------------------------------------------------------------------
 
 
@@ -239,6 +341,8 @@ def _sender_main(method: Method, rounds: int, barrier: Any, results: Any) -> Non
         start = time.monotonic()
         method.send(src)
         results.put(("start", round_, start))
+        # A method that stages before anything moves says when the bytes were ready.
+        results.put(("ready", round_, getattr(method, "ready_at", start)))
     barrier.wait(BARRIER_TIMEOUT_S)  # every receiver is done before the sockets close
     method.teardown()
 
@@ -256,7 +360,8 @@ def _receiver_main(method: Method, rounds: int, barrier: Any, results: Any) -> N
         method.receive(dst)
         results.put(("finish", round_, time.monotonic()))
         if checked:
-            results.put(("crc", method.setting.rank, zlib.crc32(dst)))
+            got = getattr(method, "checked_bytes", lambda d: d)(dst)
+            results.put(("crc", method.setting.rank, zlib.crc32(got)))
     barrier.wait(BARRIER_TIMEOUT_S)
     method.teardown()
 
@@ -278,8 +383,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_method(name: str, receivers: int, nbytes: int, repeats: int) -> list[float]:
-    """Seconds of each timed repeat, sender start to last receiver finish; checks the bytes."""
+def run_method(
+    name: str, receivers: int, nbytes: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of each timed repeat, sender start to last receiver finish, and from the
+    bytes being ready at the sender (after any staging) to the last finish; checks bytes."""
     ctx = mp.get_context("spawn")
     rounds = repeats + 1  # the first is the warm-up
     barrier = ctx.Barrier(receivers + 1)
@@ -300,7 +408,7 @@ def run_method(name: str, receivers: int, nbytes: int, repeats: int) -> list[flo
         for proc in procs:
             proc.start()
         try:
-            got = collect(results, procs, expected=rounds * (receivers + 1) + receivers + 1)
+            got = collect(results, procs, expected=rounds * (receivers + 2) + receivers + 1)
         finally:
             for proc in procs:
                 proc.join(30)
@@ -315,11 +423,14 @@ def run_method(name: str, receivers: int, nbytes: int, repeats: int) -> list[flo
     if wrong:
         raise SystemExit(f"{name}, {receivers} receivers: wrong bytes at receivers {wrong}")
     starts = {r: t for kind, r, t in got if kind == "start"}
+    ready = {r: t for kind, r, t in got if kind == "ready"}
     finishes: dict[int, list[float]] = {}
     for kind, round_, t in got:
         if kind == "finish":
             finishes.setdefault(round_, []).append(t)
-    return [max(finishes[r]) - starts[r] for r in range(1, rounds)]
+    whole = [max(finishes[r]) - starts[r] for r in range(1, rounds)]
+    moving = [max(finishes[r]) - ready[r] for r in range(1, rounds)]
+    return whole, moving
 
 
 def collect(results: Any, procs: list[Any], expected: int) -> list[tuple[str, int, Any]]:
@@ -360,7 +471,8 @@ def memcpy_seconds(nbytes: int, repeats: int) -> list[float]:
 class Row:
     method: str
     receivers: int  # 0 for memcpy, which has none
-    took: list[float]
+    took: list[float]  # sender start to last receiver finish
+    moving: list[float]  # bytes ready at the sender (staged) to last receiver finish
 
 
 def machine_facts() -> str:
@@ -382,7 +494,7 @@ def machine_facts() -> str:
 def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
     head = (
         f"{'method':12} {'receivers':>9} {'seconds':>8} {'(min-max)':>15} "
-        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8}"
+        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8} {'staged->done s':>14} {'GB/s':>6}"
     )
     lines = [head]
     one: dict[str, float] = {}
@@ -394,9 +506,11 @@ def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
         rel = f"{med / one[row.method]:8.2f}" if row.method in one else f"{'-':>8}"
         count = f"{row.receivers:9d}" if row.receivers else f"{'-':>9}"
         spread = f"({min(row.took):.3f}-{max(row.took):.3f})"
+        moving = statistics.median(row.moving)
+        staged = f"{moving:14.3f} {nbytes / moving / 1e9:6.2f}" if moving < med else ""
         lines.append(
             f"{row.method:12} {count} {med:8.3f} {spread:>15} "
-            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel}"
+            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel} {staged}"
         )
     return "\n".join(lines)
 
@@ -423,11 +537,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{nbytes / MIB:.0f} MiB per receiver, median of {args.repeats} repeats after 1 "
         f"warm-up; GB/s = 1e9 bytes per receiver per second; all figures from this run"
     )
-    rows = [Row("memcpy", 0, memcpy_seconds(nbytes, args.repeats))]
+    copies = memcpy_seconds(nbytes, args.repeats)
+    rows = [Row("memcpy", 0, copies, copies)]
     limit_gbs = nbytes / statistics.median(rows[0].took) / 1e9
     for name in names:
         for count in counts:
-            rows.append(Row(name, count, run_method(name, count, nbytes, args.repeats)))
+            rows.append(Row(name, count, *run_method(name, count, nbytes, args.repeats)))
             print(f"  {name}, {count} receivers: {statistics.median(rows[-1].took):.3f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
     print(table(rows, nbytes, limit_gbs))

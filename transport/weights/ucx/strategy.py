@@ -21,7 +21,7 @@ import torch
 
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..buffers import SlotState
-from ..layout import Manifest, bucket_checksums, plan, stage, views
+from ..layout import Manifest, plan, stage, views
 from .fetch import Fetch
 from .node import ProgressMode, UcxNode
 from .server import Server
@@ -57,8 +57,7 @@ class UcxPublisher:
         assert slot is not None
         buffer = self.store.buffer(slot, total)
         try:
-            stage(state, specs, buffer)
-            checksums = tuple(bucket_checksums(buffer, total, self.bucket_bytes))
+            checksums = tuple(stage(state, specs, buffer, self.bucket_bytes, total))
         except BaseException:
             with self.store.changed:
                 self.store.pool.abort_write(slot)
