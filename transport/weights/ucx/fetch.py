@@ -100,6 +100,10 @@ class Fetch:
         except (SourceFailed, TransferError, WireError) as error:
             self.error = str(error)
             return False
+        except Exception as error:  # UCX refusing the peer outright, e.g. a dead one's address
+            self.node.drop(self.source_address)
+            self.error = f"{self.source}: {type(error).__name__}: {error}"
+            return False
         return True
 
     def _ask(self, buffer: np.ndarray, start: int, end: int) -> _Range:
