@@ -10,7 +10,7 @@ import structlog
 
 from asyncrl.transport.weights import NeedsPlan, Plan, Received, WeightReceiver
 
-__all__ = ["WeightFollower", "fetch_now"]
+__all__ = ["WeightFollower"]
 
 log = structlog.get_logger("asyncrl.weights")
 
@@ -76,25 +76,3 @@ class WeightFollower:
         except ValueError as error:  # a manifest this receiver cannot use
             log.warning("weight plan refused", version=plan.version, reason=str(error)[:200])
             self._retry_at = now + RETRY_S
-
-
-def fetch_now(
-    receiver: WeightReceiver, ask: AskWeights, version: int, timeout_s: float
-) -> Received | None:
-    """``version`` fetched whole before ``timeout_s``, failing over between sources; or None.
-
-    For a trainer that restarts behind the scheduler: the version it must continue from
-    lives on in the generators (its own buffers died with the old process).
-    """
-    deadline = time.monotonic() + timeout_s
-    plan = ask(version, receiver.address, "")
-    while plan is not None and plan.version == version:
-        receiver.want(plan)
-        while (outcome := receiver.poll()) is None:
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.01)
-        if isinstance(outcome, Received):
-            return outcome
-        plan = ask(version, receiver.address, outcome.failed)
-    return None

@@ -29,10 +29,9 @@ from safetensors.torch import load_file
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Announcement, make_publisher, make_receiver
+from asyncrl.transport.weights import Announcement, make_publisher
 
 from ._setup import load_policy
-from ._weights import fetch_now
 from .actor import Actor, Outcome, WorkerContext
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import load_state, model_dir, save_model, state_for_saving
@@ -80,7 +79,6 @@ class Train(Actor):
         self.run_dir = Path(cfg.run.dir)
         self.model, self.codec = load_policy(cfg, self.role)
         self.source = model_dir(cfg.model.path)
-        self.ctx = ctx
         self.weights = make_publisher(cfg.weights, self.run_dir)
         a = cfg.algorithm
         self.loss_config = LossConfig(
@@ -239,33 +237,15 @@ class Train(Actor):
         """Meet the scheduler's step count if it ran ahead of the last checkpoint."""
         if scheduler_steps is None or scheduler_steps == self.step:
             return
-        if scheduler_steps > self.step and self._fetch_published(scheduler_steps):
-            log.warning(
-                "steps after the last checkpoint were lost with the trainer; continuing from "
-                "their published weights with the checkpoint's optimizer state",
-                checkpoint_step=self.step,
-                scheduler_steps=scheduler_steps,
-            )
-        else:
-            log.warning(
-                "the trainer's step differs from the scheduler's; taking the scheduler's",
-                trainer_step=self.step,
-                scheduler_steps=scheduler_steps,
-            )
+        # The weights of steps after the last checkpoint died with the old trainer (its
+        # staging buffers were the only copy it kept): go on from the checkpoint's.
+        log.warning(
+            "the trainer's step differs from the scheduler's; continuing from the last "
+            "checkpoint's weights with the scheduler's step count",
+            trainer_step=self.step,
+            scheduler_steps=scheduler_steps,
+        )
         self.step = scheduler_steps
-
-    def _fetch_published(self, version: int) -> bool:
-        """Take ``version``'s weights from whoever still holds them (the generators)."""
-        if self.ctx.ask_weights is None:
-            return False
-        receiver = make_receiver(self.cfg.weights, self.run_dir, relay=False)
-        try:
-            received = fetch_now(receiver, self.ctx.ask_weights, version, timeout_s=60.0)
-            if received is not None:
-                load_state(self.model, received.state)  # a copy: the receiver goes away
-            return received is not None
-        finally:
-            receiver.close()
 
 
 def _rows(groups: list[_Group], pick, width: int) -> torch.Tensor:

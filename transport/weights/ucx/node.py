@@ -10,6 +10,7 @@ endpoint cancels it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Literal
@@ -33,6 +34,9 @@ class UcxNode:
     """This process's UCX worker. Thread-safe: request submission is serialised."""
 
     def __init__(self, progress_mode: ProgressMode = "thread") -> None:
+        # ucxx sets UCX variables that this UCX build does not know, and UCX warns about
+        # each in every process; the variables are harmless.
+        os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         # Imported here: only the processes that move weights pay for loading UCX.
         import ucxx._lib.libucxx as ucx
         from ucxx._lib.arr import Array
