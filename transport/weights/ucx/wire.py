@@ -98,7 +98,10 @@ def decode_request(frame: np.ndarray) -> RangeRequest:
 
 
 def encode_header(status: Status, detail: str = "") -> np.ndarray:
-    return _framed(msgpack.packb([int(status), detail[:40]]), HEADER_BYTES)
+    # Clipped in UTF-8 bytes, not characters: 40 characters of non-ASCII text would not
+    # fit the frame. A character cut in two is dropped.
+    clipped = detail.encode("utf-8", "replace")[:40].decode("utf-8", "ignore")
+    return _framed(msgpack.packb([int(status), clipped]), HEADER_BYTES)
 
 
 def decode_header(frame: np.ndarray) -> tuple[Status, str]:
