@@ -197,6 +197,20 @@ class BufferPoolMachine(RuleBasedStateMachine):
                 assert readable <= self.verified[slot] <= written
 
     @invariant()
+    def no_slot_offers_bytes_of_a_version_it_does_not_hold(self) -> None:
+        # Asked directly too, not only through open reads: a stale (slot, version) pair
+        # from a reader that has not yet noticed must get None.
+        for slot in range(self.count):
+            for version in range(max(0, self.next_version - 3), self.next_version + 1):
+                readable = self.pool.readable(slot, version)
+                assert readable == self.servable(slot, version), (
+                    f"slot {slot} offers {readable} bytes of {version}, "
+                    f"model {self.servable(slot, version)}"
+                )
+                if readable is not None:
+                    assert self.content[slot][0] == version
+
+    @invariant()
     def the_pool_agrees_with_the_model(self) -> None:
         for slot in range(self.count):
             state, version, readers, verified, pinned = self.pool.state(slot)
