@@ -11,6 +11,7 @@ tensors over it without a copy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -91,11 +92,11 @@ class Manifest:
         if not isinstance(payload, dict):
             raise ManifestError(f"manifest must be a map, got {type(payload).__name__}")
         try:
-            version, total = int(payload["version"]), int(payload["total"])
-            bucket_bytes = int(payload["bucket_bytes"])
-            checksums = tuple(int(c) for c in payload["checksums"])
+            version, total = _integer(payload["version"]), _integer(payload["total"])
+            bucket_bytes = _integer(payload["bucket_bytes"])
+            checksums = tuple(_integer(c) for c in payload["checksums"])
             tensors = tuple(
-                TensorSpec(str(n), str(d), tuple(int(x) for x in s), int(o), int(b))
+                TensorSpec(str(n), str(d), tuple(_integer(x) for x in s), _integer(o), _integer(b))
                 for n, d, s, o, b in payload["tensors"]
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -117,12 +118,31 @@ class Manifest:
         for spec in self.tensors:
             if spec.dtype not in _DTYPES:
                 raise ManifestError(f"tensor {spec.name!r}: unknown dtype {spec.dtype!r}")
-            size = _DTYPES[spec.dtype].itemsize * int(np.prod(spec.shape, dtype=np.int64))
-            if spec.nbytes != size or spec.offset % ALIGN or spec.offset + size > self.total:
+            if any(d < 0 for d in spec.shape):
+                raise ManifestError(f"tensor {spec.name!r}: negative dimension in {spec.shape}")
+            # Exact, in Python integers: a NumPy product wraps around for huge shapes.
+            size = _DTYPES[spec.dtype].itemsize * math.prod(spec.shape)
+            if spec.nbytes != size:
                 raise ManifestError(
-                    f"tensor {spec.name!r}: {spec.nbytes} bytes at {spec.offset} do not fit "
-                    f"shape {spec.shape} of {spec.dtype} in {self.total} aligned bytes"
+                    f"tensor {spec.name!r}: {spec.nbytes} bytes, but shape {spec.shape} of "
+                    f"{spec.dtype} is {size}"
                 )
+            if spec.offset % ALIGN:
+                raise ManifestError(
+                    f"tensor {spec.name!r}: offset {spec.offset} is not {ALIGN}-byte aligned"
+                )
+            if spec.offset < 0 or spec.offset + size > self.total:
+                raise ManifestError(
+                    f"tensor {spec.name!r}: bytes [{spec.offset}, {spec.offset + size}) "
+                    f"out of bounds of the {self.total}-byte buffer"
+                )
+
+
+def _integer(value: object) -> int:
+    """An integer field as sent; a float or a bool is malformed, not rounded."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {value!r:.40}")
+    return value
 
 
 def plan(state: Mapping[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], int]:

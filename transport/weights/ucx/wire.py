@@ -87,15 +87,21 @@ def decode_request(frame: np.ndarray) -> RangeRequest:
             f"request must be [version, start, end, reply_tag, address], got {body!r:.80}"
         )
     version, start, end, reply_tag, address = body
-    if not all(isinstance(x, int) and x >= 0 for x in (version, start, end, reply_tag)):
-        raise WireError(f"request fields must be non-negative integers: {body[:4]!r}")
-    if start > end or not isinstance(address, bytes) or not address:
-        raise WireError(f"range [{start}, {end}) or address ({len(address)} bytes) malformed")
+    numbers = (version, start, end, reply_tag)
+    if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in numbers):
+        raise WireError(f"request fields must be non-negative integers: {body[:4]!r:.80}")
+    if start > end:
+        raise WireError(f"range [{start}, {end}) runs backwards")
+    if not isinstance(address, bytes) or not address:
+        raise WireError(f"reply address must be non-empty bytes, got {address!r:.40}")
     return RangeRequest(version, start, end, reply_tag, address)
 
 
 def encode_header(status: Status, detail: str = "") -> np.ndarray:
-    return _framed(msgpack.packb([int(status), detail[:40]]), HEADER_BYTES)
+    # Clipped in UTF-8 bytes, not characters: 40 characters of non-ASCII text would not
+    # fit the frame. A character cut in two is dropped.
+    clipped = detail.encode("utf-8", "replace")[:40].decode("utf-8", "ignore")
+    return _framed(msgpack.packb([int(status), clipped]), HEADER_BYTES)
 
 
 def decode_header(frame: np.ndarray) -> tuple[Status, str]:
