@@ -14,13 +14,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import crc32c
 import numpy as np
 
 from ..layout import Manifest
-from .node import TransferError, UcxNode, wait
+from .node import Request, TransferError, UcxNode, wait
 from .store import Store
 from .wire import (
     HEADER_BYTES,
@@ -41,9 +40,9 @@ class _Range:
     start: int
     end: int
     header: np.ndarray
-    sent: Any
-    got_header: Any
-    got_data: Any
+    sent: Request
+    got_header: Request
+    got_data: Request
 
 
 class SourceFailed(Exception):

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["TransferError", "UcxNode", "wait"]
+__all__ = ["Request", "TransferError", "UcxNode", "wait"]
 
 ProgressMode = Literal["thread", "polling"]
 
@@ -27,6 +27,27 @@ _EPOLL_TIMEOUT_MS = 1
 
 class TransferError(RuntimeError):
     """A transfer with a peer failed or timed out; the peer is named."""
+
+
+class Request:
+    """A UCX request and the buffer it reads or fills.
+
+    UCX keeps only a pointer to the buffer, and a request may be served well after it was
+    submitted (a send on an endpoint still being wired up waits in a queue), so the buffer
+    must live at least as long as the request: it travels with it.
+    """
+
+    __slots__ = ("_request", "buffer")
+
+    def __init__(self, request: Any, buffer: np.ndarray) -> None:
+        self._request, self.buffer = request, buffer
+
+    @property
+    def completed(self) -> bool:
+        return bool(self._request.completed)
+
+    def check_error(self) -> None:
+        self._request.check_error()
 
 
 class UcxNode:
@@ -68,20 +89,20 @@ class UcxNode:
             if ep is not None:
                 ep.close()
 
-    def send(self, address: bytes, data: np.ndarray, tag: int) -> Any:
+    def send(self, address: bytes, data: np.ndarray, tag: int) -> Request:
         ep = self.endpoint(address)
         with self._lock:
-            return ep.tag_send(self._array(data), self._ucx.UCXXTag(tag))
+            return Request(ep.tag_send(self._array(data), self._ucx.UCXXTag(tag)), data)
 
-    def recv(self, address: bytes, into: np.ndarray, tag: int) -> Any:
+    def recv(self, address: bytes, into: np.ndarray, tag: int) -> Request:
         ep = self.endpoint(address)
         with self._lock:
-            return ep.tag_recv(self._array(into), self._ucx.UCXXTag(tag))
+            return Request(ep.tag_recv(self._array(into), self._ucx.UCXXTag(tag)), into)
 
-    def recv_any(self, into: np.ndarray, tag: int) -> Any:
+    def recv_any(self, into: np.ndarray, tag: int) -> Request:
         """Receive a message with ``tag`` from any peer."""
         with self._lock:
-            return self._worker.tag_recv(self._array(into), self._ucx.UCXXTag(tag))
+            return Request(self._worker.tag_recv(self._array(into), self._ucx.UCXXTag(tag)), into)
 
     def close(self) -> None:
         if self._closed:
@@ -94,7 +115,7 @@ class UcxNode:
         self._worker.stop_progress_thread()
 
 
-def wait(request: Any, deadline: float, peer: str, what: str) -> bool:
+def wait(request: Request, deadline: float, peer: str, what: str) -> bool:
     """Wait for ``request`` until ``deadline`` (monotonic); False if it timed out.
 
     A request that completed with an error raises :class:`TransferError`.
