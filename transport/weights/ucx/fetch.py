@@ -107,7 +107,9 @@ class Fetch:
         address = self.source_address
         got_header = self.node.recv(address, header, tag)
         got_data = self.node.recv(address, buffer[start:end], tag + 1)
-        request = RangeRequest(self.manifest.version, start, end, tag, self.node.address)
+        request = RangeRequest(
+            self.manifest.version, start, end, tag, self.node.address, self.node.generation(address)
+        )
         sent = self.node.send(address, encode_request(request), REQUEST_TAG)
         return _Range(start, end, header, sent, got_header, got_data)
 

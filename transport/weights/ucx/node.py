@@ -70,6 +70,8 @@ class UcxNode:
         self._context = context
         self.address: bytes = bytes(self._worker.address.tobytes())
         self._endpoints: dict[bytes, Any] = {}
+        self._generations: dict[bytes, int] = {}  # endpoints made to each address so far
+        self._peer_generations: dict[bytes, int] = {}  # what each peer last said of its own
         self._lock = threading.Lock()
         self._closed = False
 
@@ -80,7 +82,26 @@ class UcxNode:
                 peer = self._ucx.UCXAddress.create_from_buffer(address)
                 ep = self._worker.create_endpoint_from_worker_address(peer, False)
                 self._endpoints[address] = ep
+                self._generations[address] = self._generations.get(address, -1) + 1
             return ep
+
+    def generation(self, address: bytes) -> int:
+        """How many times the endpoint to ``address`` was made again (0: the first one)."""
+        with self._lock:
+            return self._generations.get(address, 0)
+
+    def peer_generation(self, address: bytes, generation: int) -> None:
+        """The peer at ``address`` talks to us over its endpoint ``generation``.
+
+        When it made a new one, ours to it is stale (it delivers no rendezvous message any
+        more): close it, so the next send makes a fresh one.
+        """
+        with self._lock:
+            known = self._peer_generations.get(address)
+            self._peer_generations[address] = generation
+            ep = self._endpoints.pop(address) if known not in (None, generation) else None
+        if ep is not None:
+            ep.close()
 
     def drop(self, address: bytes) -> None:
         """Close the endpoint to ``address``: its requests in flight are cancelled."""

@@ -91,6 +91,8 @@ class Server:
         except (WireError, Exception) as error:  # a truncated or foreign message
             log.warning("weight request dropped", reason=str(error)[:200])
             return
+        # Answers from the endpoint that pairs with the one the receiver asked over.
+        self.node.peer_generation(request.address, request.generation)
         with self.store.changed:
             slot = self.store.pool.open_read(request.version)
             if slot is None:
