@@ -140,9 +140,7 @@ def test_a_killed_publisher_leaves_loaded_versions_intact_and_a_new_one_serves()
         (second,) = trainer.ask("announced", "publish", 2, 48, timeout=OUTCOME_S)
         for node in generators:
             node.send("want", plan_from(second, trainer, 2), 48)
-        wait_until(
-            mid_transfer(*generators, total=second.manifest["total"]), 20, "fetches mid-way"
-        )
+        wait_until(mid_transfer(*generators, total=second.manifest["total"]), 20, "fetches mid-way")
         trainer.kill9()
         for node in generators:
             lost = node.outcome(OUTCOME_S)

@@ -32,7 +32,7 @@ import torch
 
 from asyncrl.transport.weights.base import Announcement, NeedsPlan, Plan, Received
 
-__all__ = ["MiB", "Node", "Nodes", "model_state", "mismatches", "nodes", "plan_from"]
+__all__ = ["MiB", "Node", "Nodes", "mismatches", "model_state", "nodes", "plan_from"]
 
 MiB = 1 << 20
 _START_S = 60.0  # spawning imports torch and UCX: slow on two busy cores
@@ -75,9 +75,7 @@ def mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> l
     bad = sorted(set(got) ^ set(want))
     for name in sorted(set(got) & set(want)):
         a, b = got[name], want[name]
-        if a.dtype != b.dtype or a.shape != b.shape:
-            bad.append(name)
-        elif not torch.equal(_bytes(a), _bytes(b)):
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(_bytes(a), _bytes(b)):
             bad.append(name)
     return bad
 
