@@ -91,8 +91,8 @@ def test_a_receiver_killed_mid_transfer_harms_neither_the_publisher_nor_its_peer
         # The trainer goes on: the next versions are staged (the second one over the
         # slot the dead receiver was reading) and served whole.
         for version in (2, 3):
-            (announcement,) = trainer.ask("announced", "publish", version, 48, timeout=20)
-            peer.send("want", plan_from(announcement, trainer, version), 48)
+            (announcement,) = trainer.ask("announced", "publish", version, 16, timeout=20)
+            peer.send("want", plan_from(announcement, trainer, version), 16)
             received(peer, version, trainer)
 
 
