@@ -40,17 +40,24 @@ def as_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def staged(state: dict[str, torch.Tensor]) -> tuple[tuple[TensorSpec, ...], int, np.ndarray]:
+def staged(
+    state: dict[str, torch.Tensor], bucket_bytes: int = 64
+) -> tuple[tuple[TensorSpec, ...], int, np.ndarray, list[int]]:
     specs, total = plan(state)
     buffer = np.full(total, 0xAB, np.uint8)  # not zero, so a missed copy shows
-    stage(state, specs, buffer)
-    return specs, total, buffer
+    checksums = stage(state, specs, buffer, bucket_bytes, total)
+    return specs, total, buffer, checksums
 
 
 def manifest_for(state: dict[str, torch.Tensor], bucket_bytes: int = 64) -> Manifest:
-    specs, total, buffer = staged(state)
-    checksums = tuple(bucket_checksums(buffer, total, bucket_bytes))
-    return Manifest(9, specs, total, bucket_bytes, checksums)
+    specs, total, _, checksums = staged(state, bucket_bytes)
+    return Manifest(9, specs, total, bucket_bytes, tuple(checksums))
+
+
+@pytest.mark.parametrize("bucket_bytes", [1, 64, 100, 1 << 20])
+def test_staging_checksums_equal_the_checksums_of_the_staged_buffer(bucket_bytes: int) -> None:
+    _, total, buffer, checksums = staged(mixed_state(), bucket_bytes)
+    assert checksums == list(bucket_checksums(buffer, total, bucket_bytes))
 
 
 # --- plan, stage, views ------------------------------------------------------------------
@@ -58,7 +65,7 @@ def manifest_for(state: dict[str, torch.Tensor], bucket_bytes: int = 64) -> Mani
 
 def test_views_give_back_every_tensor_byte_exact() -> None:
     state = mixed_state()
-    specs, _, buffer = staged(state)
+    specs, _, buffer, _ = staged(state)
     got = views(buffer, specs)
     assert list(got) == list(state)
     for name, tensor in state.items():
@@ -69,7 +76,7 @@ def test_views_give_back_every_tensor_byte_exact() -> None:
 
 def test_views_of_a_copied_buffer_are_views_not_copies() -> None:
     state = {"w": torch.ones(4), "b": torch.zeros(3, dtype=torch.int64)}
-    specs, _, buffer = staged(state)
+    specs, _, buffer, _ = staged(state)
     received = buffer.copy()  # what a receiver holds after a transfer
     got = views(received, specs)
     received[specs[0].offset : specs[0].offset + 4] = np.frombuffer(
@@ -96,7 +103,7 @@ def test_plan_aligns_every_offset_and_keeps_tensors_apart() -> None:
 def test_stage_copies_non_contiguous_tensors_by_value() -> None:
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
     state = {"t": base.t(), "every_other": base[:, ::2]}
-    specs, _, buffer = staged(state)
+    specs, _, buffer, _ = staged(state)
     got = views(buffer, specs)
     assert torch.equal(got["t"], base.t())
     assert torch.equal(got["every_other"], base[:, ::2])
@@ -119,7 +126,7 @@ def test_a_dtype_weights_cannot_carry_is_refused_by_name() -> None:
 
 @pytest.mark.parametrize("bucket_bytes", [1, 7, 64, 100, 4096])
 def test_bucket_checksums_are_the_crc32c_of_each_slice(bucket_bytes: int) -> None:
-    _, total, buffer = staged(mixed_state())
+    _, total, buffer, _ = staged(mixed_state())
     raw = buffer.tobytes()
     expected = [
         crc32c.crc32c(raw[start : start + bucket_bytes]) for start in range(0, total, bucket_bytes)
@@ -142,7 +149,7 @@ def test_bucket_checksums_cover_only_the_first_total_bytes() -> None:
 
 
 def test_a_flipped_bit_changes_its_bucket_only() -> None:
-    _, total, buffer = staged(mixed_state())
+    _, total, buffer, _ = staged(mixed_state())
     before = list(bucket_checksums(buffer, total, 64))
     buffer[70] ^= 1
     after = list(bucket_checksums(buffer, total, 64))
@@ -161,7 +168,7 @@ def test_a_manifest_round_trips_through_msgpack() -> None:
 def test_a_received_buffer_checks_against_the_manifest_and_views_back() -> None:
     state = mixed_state()
     manifest = manifest_for(state, bucket_bytes=100)
-    _, _, buffer = staged(state)
+    _, _, buffer, _ = staged(state)
     received = Manifest.from_payload(msgpack.unpackb(msgpack.packb(manifest.to_payload())))
     assert tuple(bucket_checksums(buffer, received.total, received.bucket_bytes)) == (
         received.checksums

@@ -75,7 +75,7 @@ def test_an_oversize_request_is_refused_at_encode() -> None:
     with pytest.raises(WireError, match=f"exceeds {CONTROL_BYTES - 4}"):
         encode_request(big)
     # the largest address that fits still round-trips
-    overhead = len(msgpack.packb([1, 0, 10, 2, b""])) + 2  # bin8 -> bin16 length
+    overhead = len(msgpack.packb([1, 0, 10, 2, b"", 0])) + 2  # bin8 -> bin16 length
     fits = RangeRequest(1, 0, 10, 2, b"x" * (CONTROL_BYTES - 4 - overhead))
     assert decode_request(encode_request(fits)) == fits
 
@@ -125,8 +125,8 @@ def test_well_formed_msgpack_of_the_wrong_shape_only_ever_raises_wire_error(body
 @given(
     st.lists(
         st.one_of(st.integers(-5, 5), st.booleans(), st.none(), st.binary(max_size=3)),
-        min_size=5,
-        max_size=5,
+        min_size=6,
+        max_size=6,
     )
 )
 def test_a_request_with_bad_fields_only_ever_raises_wire_error(body: list) -> None:
@@ -136,15 +136,19 @@ def test_a_request_with_bad_fields_only_ever_raises_wire_error(body: list) -> No
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ([0, 0, 0, 0, 5], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, None], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, b""], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, "addr"], "address must be non-empty bytes"),
-        ([0, 9, 3, 0, b"a"], r"range \[9, 3\) runs backwards"),
-        ([-1, 0, 0, 0, b"a"], "non-negative integers"),
-        ([True, 0, 0, 0, b"a"], "non-negative integers"),
-        ([0, 0.0, 0, 0, b"a"], "non-negative integers"),
-        ([0, 0, 0, b"a"], r"request must be \[version, start, end, reply_tag, address\]"),
+        ([0, 0, 0, 0, 5, 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, None, 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, b"", 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, "addr", 0], "address must be non-empty bytes"),
+        ([0, 9, 3, 0, b"a", 0], r"range \[9, 3\) runs backwards"),
+        ([-1, 0, 0, 0, b"a", 0], "non-negative integers"),
+        ([True, 0, 0, 0, b"a", 0], "non-negative integers"),
+        ([0, 0.0, 0, 0, b"a", 0], "non-negative integers"),
+        ([0, 0, 0, 0, b"a", -1], "non-negative integers"),
+        (
+            [0, 0, 0, 0, b"a"],
+            r"request must be \[version, start, end, reply_tag, address, generation\]",
+        ),
         ({"version": 0}, "request must be"),
     ],
 )

@@ -14,13 +14,12 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import crc32c
 import numpy as np
 
 from ..layout import Manifest
-from .node import TransferError, UcxNode, wait
+from .node import Request, TransferError, UcxNode, wait
 from .store import Store
 from .wire import (
     HEADER_BYTES,
@@ -41,9 +40,9 @@ class _Range:
     start: int
     end: int
     header: np.ndarray
-    sent: Any
-    got_header: Any
-    got_data: Any
+    sent: Request
+    got_header: Request
+    got_data: Request
 
 
 class SourceFailed(Exception):
@@ -112,7 +111,9 @@ class Fetch:
         address = self.source_address
         got_header = self.node.recv(address, header, tag)
         got_data = self.node.recv(address, buffer[start:end], tag + 1)
-        request = RangeRequest(self.manifest.version, start, end, tag, self.node.address)
+        request = RangeRequest(
+            self.manifest.version, start, end, tag, self.node.address, self.node.generation(address)
+        )
         sent = self.node.send(address, encode_request(request), REQUEST_TAG)
         return _Range(start, end, header, sent, got_header, got_data)
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-__all__ = ["TransferError", "UcxNode", "wait"]
+__all__ = ["Request", "TransferError", "UcxNode", "wait"]
 
 ProgressMode = Literal["thread", "polling"]
 
@@ -28,6 +28,27 @@ _EPOLL_TIMEOUT_MS = 1
 
 class TransferError(RuntimeError):
     """A transfer with a peer failed or timed out; the peer is named."""
+
+
+class Request:
+    """A UCX request and the buffer it reads or fills.
+
+    UCX keeps only a pointer to the buffer, and a request may be served well after it was
+    submitted (a send on an endpoint still being wired up waits in a queue), so the buffer
+    must live at least as long as the request: it travels with it.
+    """
+
+    __slots__ = ("_request", "buffer")
+
+    def __init__(self, request: Any, buffer: np.ndarray) -> None:
+        self._request, self.buffer = request, buffer
+
+    @property
+    def completed(self) -> bool:
+        return bool(self._request.completed)
+
+    def check_error(self) -> None:
+        self._request.check_error()
 
 
 class UcxNode:
@@ -53,6 +74,8 @@ class UcxNode:
         self._context = context
         self.address: bytes = bytes(self._worker.address.tobytes())
         self._endpoints: dict[bytes, Any] = {}
+        self._generations: dict[bytes, int] = {}  # endpoints made to each address so far
+        self._peer_generations: dict[bytes, int] = {}  # what each peer last said of its own
         self._lock = threading.Lock()
         self._closed = False
 
@@ -63,7 +86,26 @@ class UcxNode:
                 peer = self._ucx.UCXAddress.create_from_buffer(address)
                 ep = self._worker.create_endpoint_from_worker_address(peer, False)
                 self._endpoints[address] = ep
+                self._generations[address] = self._generations.get(address, -1) + 1
             return ep
+
+    def generation(self, address: bytes) -> int:
+        """How many times the endpoint to ``address`` was made again (0: the first one)."""
+        with self._lock:
+            return self._generations.get(address, 0)
+
+    def peer_generation(self, address: bytes, generation: int) -> None:
+        """The peer at ``address`` talks to us over its endpoint ``generation``.
+
+        When it made a new one, ours to it is stale (it delivers no rendezvous message any
+        more): close it, so the next send makes a fresh one.
+        """
+        with self._lock:
+            known = self._peer_generations.get(address)
+            self._peer_generations[address] = generation
+            ep = self._endpoints.pop(address) if known not in (None, generation) else None
+        if ep is not None:
+            ep.close()
 
     def drop(self, address: bytes) -> None:
         """Close the endpoint to ``address``: its requests in flight are cancelled."""
@@ -72,20 +114,20 @@ class UcxNode:
             if ep is not None:
                 ep.close()
 
-    def send(self, address: bytes, data: np.ndarray, tag: int) -> Any:
+    def send(self, address: bytes, data: np.ndarray, tag: int) -> Request:
         ep = self.endpoint(address)
         with self._lock:
-            return ep.tag_send(self._array(data), self._ucx.UCXXTag(tag))
+            return Request(ep.tag_send(self._array(data), self._ucx.UCXXTag(tag)), data)
 
-    def recv(self, address: bytes, into: np.ndarray, tag: int) -> Any:
+    def recv(self, address: bytes, into: np.ndarray, tag: int) -> Request:
         ep = self.endpoint(address)
         with self._lock:
-            return ep.tag_recv(self._array(into), self._ucx.UCXXTag(tag))
+            return Request(ep.tag_recv(self._array(into), self._ucx.UCXXTag(tag)), into)
 
-    def recv_any(self, into: np.ndarray, tag: int) -> Any:
+    def recv_any(self, into: np.ndarray, tag: int) -> Request:
         """Receive a message with ``tag`` from any peer."""
         with self._lock:
-            return self._worker.tag_recv(self._array(into), self._ucx.UCXXTag(tag))
+            return Request(self._worker.tag_recv(self._array(into), self._ucx.UCXXTag(tag)), into)
 
     def close(self) -> None:
         if self._closed:
@@ -98,7 +140,7 @@ class UcxNode:
         self._worker.stop_progress_thread()
 
 
-def wait(request: Any, deadline: float, peer: str, what: str) -> bool:
+def wait(request: Request, deadline: float, peer: str, what: str) -> bool:
     """Wait for ``request`` until ``deadline`` (monotonic); False if it timed out.
 
     A request that completed with an error raises :class:`TransferError`.

@@ -12,12 +12,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import structlog
 
-from .node import UcxNode
+from .node import Request, UcxNode
 from .store import Store
 from .wire import (
     CONTROL_BYTES,
@@ -45,7 +44,7 @@ class _Waiting:
 class _Sending:
     request: RangeRequest
     slot: int | None  # None: a header with no bytes behind it
-    pending: list[Any]
+    pending: list[Request]
     deadline: float
 
 
@@ -85,13 +84,15 @@ class Server:
                     # a short wait keeps the reply latency around a millisecond.
                     self.store.changed.wait(0.0005 if self._sending else 0.002)
 
-    def _take(self, incoming: Any, frame: np.ndarray) -> None:
+    def _take(self, incoming: Request, frame: np.ndarray) -> None:
         try:
             incoming.check_error()
             request = decode_request(frame)
         except (WireError, Exception) as error:  # a truncated or foreign message
             log.warning("weight request dropped", reason=str(error)[:200])
             return
+        # Answers from the endpoint that pairs with the one the receiver asked over.
+        self.node.peer_generation(request.address, request.generation)
         with self.store.changed:
             slot = self.store.pool.open_read(request.version)
             if slot is None:
@@ -183,7 +184,7 @@ class Server:
             self.store.pool.close_read(s.slot)
 
 
-def _failed(requests: list[Any]) -> str:
+def _failed(requests: list[Request]) -> str:
     for request in requests:
         try:
             request.check_error()

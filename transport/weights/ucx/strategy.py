@@ -106,6 +106,17 @@ class UcxReceiver:
         job = self._job
         return None if job is None or job.finished else job.version
 
+    @property
+    def checked_bytes(self) -> int:
+        """Checked bytes of the version being fetched, or kept for a resumed fetch (else 0)."""
+        pool = self.store.pool
+        with self.store.changed:
+            for index in range(len(pool)):
+                state, _, _, verified, _ = pool.state(index)
+                if state is SlotState.WRITING:
+                    return verified
+        return 0
+
     def want(self, plan_: Plan) -> None:
         """Fetch ``plan_``'s version from its source (in the background).
 

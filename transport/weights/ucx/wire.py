@@ -5,6 +5,13 @@ A receiver asks its source for one byte range of one version with a *request* (s
 on the receiver's endpoint with a *header* on ``reply_tag`` and, if the header says OK,
 the bytes themselves on ``reply_tag + 1``. The receiver posts both receives before it
 asks, so the bytes land straight in its buffer.
+
+A request also carries the receiver's endpoint *generation* for that source: it goes up
+each time the receiver closes its endpoint and makes a new one (after a failed fetch).
+UCX pairs the two sides' endpoints, and without error handling nobody is told when one
+closes: the source's endpoint to the receiver then still delivers small messages but no
+longer rendezvous (large) ones, which the receiver sees cancelled. A source that sees a
+new generation therefore replaces its own endpoint before it answers.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class RangeRequest:
     end: int
     reply_tag: int
     address: bytes  # the receiver's worker address, to answer on
+    generation: int = 0  # of the receiver's endpoint to the source
 
 
 def _framed(body: bytes, size: int) -> np.ndarray:
@@ -76,25 +84,27 @@ def _unframed(frame: np.ndarray) -> object:
 def encode_request(request: RangeRequest) -> np.ndarray:
     r = request
     return _framed(
-        msgpack.packb([r.version, r.start, r.end, r.reply_tag, r.address]), CONTROL_BYTES
+        msgpack.packb([r.version, r.start, r.end, r.reply_tag, r.address, r.generation]),
+        CONTROL_BYTES,
     )
 
 
 def decode_request(frame: np.ndarray) -> RangeRequest:
     body = _unframed(frame)
-    if not (isinstance(body, list) and len(body) == 5):
+    if not (isinstance(body, list) and len(body) == 6):
         raise WireError(
-            f"request must be [version, start, end, reply_tag, address], got {body!r:.80}"
+            "request must be [version, start, end, reply_tag, address, generation], "
+            f"got {body!r:.80}"
         )
-    version, start, end, reply_tag, address = body
-    numbers = (version, start, end, reply_tag)
+    version, start, end, reply_tag, address, generation = body
+    numbers = (version, start, end, reply_tag, generation)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in numbers):
-        raise WireError(f"request fields must be non-negative integers: {body[:4]!r:.80}")
+        raise WireError(f"request fields must be non-negative integers: {numbers!r:.80}")
     if start > end:
         raise WireError(f"range [{start}, {end}) runs backwards")
     if not isinstance(address, bytes) or not address:
         raise WireError(f"reply address must be non-empty bytes, got {address!r:.40}")
-    return RangeRequest(version, start, end, reply_tag, address)
+    return RangeRequest(version, start, end, reply_tag, address, generation)
 
 
 def encode_header(status: Status, detail: str = "") -> np.ndarray:

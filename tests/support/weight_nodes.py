@@ -1,0 +1,330 @@
+"""A weight publisher and weight receivers in real processes, for the weight-plane tests.
+
+The test process plays the scheduler: it starts each node (multiprocessing, spawn), sends
+it commands, hands receivers :class:`Plan`\\ s, and reads what each reports on its own
+queue (one pair of queues per node, so that killing a node with SIGKILL breaks no other
+node's queues). A receiver checks every version it gets against the same deterministic
+state rebuilt locally (:func:`model_state`), tensor by tensor and byte for byte, and
+reports the names of the tensors that differ.
+
+Two test hooks run inside the node's own process, never in the library:
+
+- ``pace_s`` (receivers): sleep before taking each range, so a fetch lasts long enough
+  to be interrupted mid-way;
+- ``corrupt`` (publishers): flip one byte of the staged buffer just before the first
+  range that covers it is sent (after the checksums were taken), and flip it back before
+  the next one (``"once"``) or never (``"always"``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from asyncrl.transport.weights.base import Announcement, NeedsPlan, Plan, Received
+
+__all__ = ["MiB", "Node", "Nodes", "mismatches", "model_state", "nodes", "plan_from"]
+
+MiB = 1 << 20
+_START_S = 60.0  # spawning imports torch and UCX: slow on two busy cores
+
+
+# --- the state dicts ------------------------------------------------------------------
+
+
+def model_state(version: int, mib: float) -> dict[str, torch.Tensor]:
+    """A model-like state dict of about ``mib`` MiB, the same for the same ``version``.
+
+    Mixed dtypes and odd sizes, so tensors start at padded offsets and ranges cut across
+    tensors as well as buckets.
+    """
+    g = torch.Generator().manual_seed(1000 + version)
+    unit = max(1, int(mib * MiB) // 16)  # bytes per share of the total
+    hidden = 257
+    state = {
+        "embed.weight": torch.randn(unit * 4 // 4 // hidden, hidden, generator=g),
+        "norm.weight": torch.randn(hidden, generator=g).to(torch.bfloat16),
+        "step": torch.tensor([version], dtype=torch.int64),
+    }
+    for layer in range(2):
+        p = f"layers.{layer}."
+        state[p + "attn.qkv"] = torch.randn(unit * 2 // 2 // hidden, hidden, generator=g).to(
+            torch.bfloat16
+        )
+        state[p + "mlp.up"] = torch.randn(unit // 2 + 1, generator=g).to(torch.float16)
+        state[p + "mlp.down"] = torch.randn(unit // 4 + 5, generator=g)
+        state[p + "mask"] = torch.rand(1001, generator=g) > 0.5
+        state[p + "bias.q8"] = torch.randint(-128, 128, (333,), generator=g, dtype=torch.int8)
+    state["lm_head.weight"] = torch.randn(unit * 4 // 2 // hidden, hidden, generator=g).to(
+        torch.bfloat16
+    )
+    return state
+
+
+def mismatches(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> list[str]:
+    """The names whose tensors differ from ``want`` in name, dtype, shape or any byte."""
+    bad = sorted(set(got) ^ set(want))
+    for name in sorted(set(got) & set(want)):
+        a, b = got[name], want[name]
+        if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(_bytes(a), _bytes(b)):
+            bad.append(name)
+    return bad
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def plan_from(announcement: Announcement | None, source: Node, version: int) -> Plan:
+    """The plan the scheduler would hand out: ``version``'s manifest, pulled from ``source``."""
+    assert announcement is not None and announcement.version == version
+    return Plan(version, announcement.manifest, source.name, source.address)
+
+
+# --- inside the node processes --------------------------------------------------------
+
+
+def _publisher_main(
+    name: str, commands: Any, reports: Any, options: dict[str, Any]
+) -> None:  # pragma: no cover - runs in a child process
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    from asyncrl.transport.weights.ucx import UcxPublisher
+
+    if options.get("corrupt"):
+        _corrupt_sends(*options["corrupt"])
+    publisher = UcxPublisher(
+        bucket_mb=options.get("bucket_mb", 4), send_timeout_s=options.get("send_timeout_s", 2)
+    )
+    reports.put(("ready", publisher.address))
+    while True:
+        command = commands.get()
+        op = command[0]
+        if op == "publish":
+            _, version, mib = command
+            announcement = publisher.publish(version, model_state(version, mib))
+            reports.put(("announced", announcement))
+        elif op == "served":
+            reports.put(("served", publisher.server.served_bytes))
+        elif op == "close":
+            publisher.close()
+            reports.put(("closed",))
+            return
+
+
+def _corrupt_sends(offset: int, mode: str) -> None:  # pragma: no cover - child process
+    """Flip the byte at ``offset`` while the first range covering it is sent."""
+    from asyncrl.transport.weights.ucx import server
+
+    original = server.Server._send
+    covering = 0
+
+    def send(self: Any, waiting: Any) -> None:
+        nonlocal covering
+        r = waiting.request
+        if r.start <= offset < r.end:
+            covering += 1
+            if covering == 1 or (covering == 2 and mode == "once"):
+                buffer = self.store.buffers[waiting.slot]
+                buffer[offset] ^= 0xFF
+        original(self, waiting)
+
+    server.Server._send = send
+
+
+def _receiver_main(
+    name: str, commands: Any, reports: Any, options: dict[str, Any]
+) -> None:  # pragma: no cover - runs in a child process
+    os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+    from asyncrl.transport.weights.ucx import UcxReceiver
+
+    if options.get("pace_s"):
+        _pace_ranges(options["pace_s"])
+    receiver = UcxReceiver(
+        bucket_mb=options.get("bucket_mb", 3), stall_timeout_s=options.get("stall_timeout_s", 2)
+    )
+    reports.put(("ready", receiver.address))
+    sizes: dict[int, float] = {}  # version: MiB of the state it was built with
+    current: Received | None = None
+    while True:
+        try:
+            command = commands.get(timeout=0.002)
+        except queue.Empty:
+            command = None
+        if command is not None:
+            op = command[0]
+            if op == "want":
+                _, plan, mib = command
+                sizes[plan.version] = mib
+                receiver.want(plan)
+            elif op == "progress":
+                reports.put(("progress", receiver.checked_bytes, receiver.target))
+            elif op == "check_loaded":
+                assert current is not None
+                want = model_state(current.version, sizes[current.version])
+                reports.put(("loaded", current.version, mismatches(current.state, want)))
+            elif op == "close":
+                receiver.close()
+                reports.put(("closed",))
+                return
+        outcome = receiver.poll()
+        if isinstance(outcome, Received):
+            bad = mismatches(outcome.state, model_state(outcome.version, sizes[outcome.version]))
+            if not bad:
+                receiver.loaded(outcome)
+                current = outcome
+            reports.put(("received", outcome, bad))
+        elif isinstance(outcome, NeedsPlan):
+            reports.put(("needs_plan", outcome, receiver.checked_bytes))
+
+
+def _pace_ranges(pace_s: float) -> None:  # pragma: no cover - child process
+    from asyncrl.transport.weights.ucx import fetch
+
+    original = fetch.Fetch._finish
+
+    def finish(self: Any, r: Any) -> None:
+        time.sleep(pace_s)
+        original(self, r)
+
+    fetch.Fetch._finish = finish
+
+
+# --- in the test process --------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    """One node process, its command queue, and what it reported but was not yet read."""
+
+    name: str
+    process: Any
+    commands: Any
+    reports: Any
+    address: bytes = b""
+    backlog: list[tuple[Any, ...]] = field(default_factory=list)
+    kept: int = 0  # checked bytes a receiver kept when its last fetch lost its source
+
+    def send(self, *command: Any) -> None:
+        self.commands.put(command)
+
+    def next(self, kind: str, timeout: float) -> tuple[Any, ...]:
+        """The next report of ``kind`` (the fields after it), read within ``timeout`` s."""
+        for i, report in enumerate(self.backlog):
+            if report[0] == kind:
+                return self.backlog.pop(i)[1:]
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.name}: no {kind!r} report in {timeout:g} s")
+            try:
+                report = self.reports.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RuntimeError(
+                        f"{self.name} exited ({self.process.exitcode}) before {kind!r}"
+                    ) from None
+                continue
+            if report[0] == kind:
+                return report[1:]
+            self.backlog.append(report)
+
+    def ask(self, kind: str, *command: Any, timeout: float = 10) -> tuple[Any, ...]:
+        self.send(*command)
+        return self.next(kind, timeout)
+
+    def outcome(self, timeout: float) -> Received | NeedsPlan:
+        """The fetch's outcome: a Received (checked here too) or a NeedsPlan."""
+        for i, report in enumerate(self.backlog):
+            if report[0] in ("received", "needs_plan"):
+                del self.backlog[i]
+                return self._outcome(report)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.name}: no fetch outcome in {timeout:g} s")
+            try:
+                report = self.reports.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                if not self.process.is_alive():
+                    raise RuntimeError(f"{self.name} exited ({self.process.exitcode})") from None
+                continue
+            if report[0] in ("received", "needs_plan"):
+                return self._outcome(report)
+            self.backlog.append(report)
+
+    def _outcome(self, report: tuple[Any, ...]) -> Received | NeedsPlan:
+        if report[0] == "received":
+            received, bad = report[1], report[2]
+            assert not bad, f"{self.name}: version {received.version} differs in {bad}"
+            return received
+        self.kept = report[2]
+        return report[1]
+
+    def checked(self) -> int:
+        return self.ask("progress", "progress")[0]
+
+    def kill9(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join(10)
+
+
+class Nodes:
+    """The node processes of one test; :meth:`stop_all` leaves none behind."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+        self.all: list[Node] = []
+
+    def publisher(self, name: str = "trainer", **options: Any) -> Node:
+        return self._start(name, _publisher_main, options)
+
+    def receiver(self, name: str, **options: Any) -> Node:
+        return self._start(name, _receiver_main, options)
+
+    def started(self, *started: Node) -> None:
+        """Wait until every node in ``started`` reported its address."""
+        for node in started:
+            (node.address,) = node.next("ready", _START_S)
+
+    def _start(self, name: str, target: Any, options: dict[str, Any]) -> Node:
+        commands, reports = self._ctx.Queue(), self._ctx.Queue()
+        process = self._ctx.Process(
+            target=target, args=(name, commands, reports, options), name=name, daemon=True
+        )
+        process.start()
+        node = Node(name, process, commands, reports)
+        self.all.append(node)
+        return node
+
+    def stop_all(self) -> None:
+        for node in self.all:
+            if node.process.is_alive():
+                node.send("close")
+        for node in self.all:
+            node.process.join(5)
+            if node.process.is_alive():
+                node.process.kill()
+                node.process.join(5)
+            for q in (node.commands, node.reports):
+                q.close()
+                q.cancel_join_thread()
+
+
+@contextmanager
+def nodes() -> Iterator[Nodes]:
+    made = Nodes()
+    try:
+        yield made
+    finally:
+        made.stop_all()
