@@ -54,6 +54,7 @@ class Server:
         self.send_timeout_s = send_timeout_s
         self.served_bytes = 0
         self._waiting: list[_Waiting] = []
+        self._early: list[tuple[RangeRequest, float]] = []  # for a version not yet begun
         self._sending: list[_Sending] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="weights-server", daemon=True)
@@ -94,15 +95,24 @@ class Server:
         # Answers from the endpoint that pairs with the one the receiver asked over.
         self.node.peer_generation(request.address, request.generation)
         with self.store.changed:
-            slot = self.store.pool.open_read(request.version)
-            if slot is None:
-                self._reply(request, Status.GONE, f"version {request.version} not held")
-                return
-            if request.end > self._size(slot):
-                self.store.pool.close_read(slot)
-                self._reply(request, Status.BAD_REQUEST, f"range ends past {self._size(slot)}")
-                return
-            self._waiting.append(_Waiting(request, slot, time.monotonic() + self.send_timeout_s))
+            deadline = time.monotonic() + self.send_timeout_s
+            if not self._open(request, deadline):
+                if self.store.expecting == request.version:
+                    self._early.append((request, deadline))
+                else:
+                    self._reply(request, Status.GONE, f"version {request.version} not held")
+
+    def _open(self, request: RangeRequest, deadline: float) -> bool:
+        """Start serving ``request`` from the slot holding its version, if one does."""
+        slot = self.store.pool.open_read(request.version)
+        if slot is None:
+            return False
+        if request.end > self._size(slot):
+            self.store.pool.close_read(slot)
+            self._reply(request, Status.BAD_REQUEST, f"range ends past {self._size(slot)}")
+        else:
+            self._waiting.append(_Waiting(request, slot, deadline))
+        return True
 
     def _size(self, slot: int) -> int:
         buffer = self.store.buffers[slot]
@@ -111,6 +121,15 @@ class Server:
     def _step(self, now: float) -> bool:
         """Start what can start, finish what finished, cancel what must stop."""
         pool, progressed = self.store.pool, False
+        early, self._early = self._early, []
+        for request, deadline in early:
+            if self._open(request, deadline):
+                progressed = True
+            elif self.store.expecting != request.version or now >= deadline:
+                self._reply(request, Status.GONE, f"version {request.version} not held")
+                progressed = True
+            else:
+                self._early.append((request, deadline))
         still: list[_Waiting] = []
         for w in self._waiting:
             readable = pool.readable(w.slot, w.request.version)

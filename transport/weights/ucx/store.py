@@ -16,17 +16,22 @@ class Store:
         self.pool = BufferPool(2)
         self.buffers: list[np.ndarray | None] = [None] * len(self.pool)
         self.changed = threading.Condition()  # guards pool and buffers; notified on change
+        # The version this node is about to fetch: requests for it wait instead of GONE,
+        # so a relay planned before its own fetch began does not look failed.
+        self.expecting: int | None = None
 
-    def claim(self, version: int, stop: threading.Event | None = None) -> int | None:
-        """A slot to write ``version`` into, once its readers are cancelled (by the server).
+    def claim(self, version: int, nbytes: int, stop: threading.Event | None = None) -> int | None:
+        """A slot of ``nbytes`` to write ``version`` into, once its readers are cancelled.
 
         Waits while every slot must be kept (a receiver's model has not yet taken its
-        newest version); None if ``stop`` is set meanwhile.
+        newest version); None if ``stop`` is set meanwhile. The buffer is sized in the
+        same breath as the grant, so a reader never finds the slot with a stale buffer.
         """
         with self.changed:
             while True:
                 decision = self.pool.start_write(version)
                 if isinstance(decision, Grant):
+                    self.buffer(decision.slot, nbytes)
                     return decision.slot
                 self.changed.notify_all()  # revoked or kept: the server cancels, a model moves
                 if stop is not None and stop.is_set():

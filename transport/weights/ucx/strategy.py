@@ -53,9 +53,10 @@ class UcxPublisher:
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         started = time.perf_counter()
         specs, total = plan(state)
-        slot = self.store.claim(version)
+        slot = self.store.claim(version, total)
         assert slot is not None
-        buffer = self.store.buffer(slot, total)
+        buffer = self.store.buffers[slot]
+        assert buffer is not None
         try:
             checksums = tuple(stage(state, specs, buffer, self.bucket_bytes, total))
         except BaseException:
@@ -140,6 +141,8 @@ class UcxReceiver:
         self._attempts[plan_.version] = self._attempts.get(plan_.version, 0) + 1
         previous, self._outcome = self._thread, None
         self._job = job = _Job(plan_.version)
+        with self.store.changed:
+            self.store.expecting = plan_.version
         self._thread = threading.Thread(
             target=self._run,
             args=(plan_, manifest, job, previous),
@@ -242,11 +245,7 @@ class UcxReceiver:
                     return index, verified
                 if state is SlotState.WRITING:  # an older version's fetch that gave up
                     pool.abort_write(index)
-        slot = self.store.claim(manifest.version, stop)
-        if slot is None:
-            return None, 0
-        with self.store.changed:
-            self.store.buffer(slot, manifest.total)
+        slot = self.store.claim(manifest.version, manifest.total, stop)
         return slot, 0
 
 
