@@ -100,6 +100,10 @@ class Method:
     def receive(self, dst: np.ndarray) -> None:
         raise NotImplementedError
 
+    def wait_sent(self) -> float:
+        """When the sender no longer needs the source bytes (after ``send``)."""
+        return time.monotonic()
+
     def teardown(self) -> None:
         pass
 
@@ -193,9 +197,16 @@ class Zmq(Method):
 
     def send(self, src: np.ndarray) -> None:
         view = memoryview(src)
+        self.trackers = []
         for part in buckets(src.nbytes, BUCKET):
             for sock in self.socks:
-                sock.send(view[part], copy=False)
+                self.trackers.append(sock.send(view[part], copy=False, track=True))
+
+    def wait_sent(self) -> float:
+        # copy=False: libzmq reads the source until each message is out.
+        for tracker in self.trackers:
+            tracker.wait()
+        return time.monotonic()
 
     def setup_receiver(self, dst: np.ndarray) -> None:
         import zmq
@@ -319,6 +330,13 @@ class UcxChain(Ucx):
     fanout = 1
 
 
+@register
+class UcxPolling(Ucx):
+    name = "ucx-polling"
+    fanout = 2
+    progress = "polling"
+
+
 # ---- the processes -------------------------------------------------------------------
 
 
@@ -343,6 +361,9 @@ def _sender_main(method: Method, rounds: int, barrier: Any, results: Any) -> Non
         results.put(("start", round_, start))
         # A method that stages before anything moves says when the bytes were ready.
         results.put(("ready", round_, getattr(method, "ready_at", start)))
+        # How long the trainer could not train: until send() returned, or, for a method
+        # whose send only starts the transfer, until it has let go of the source bytes.
+        results.put(("held", round_, method.wait_sent() - start))
     barrier.wait(BARRIER_TIMEOUT_S)  # every receiver is done before the sockets close
     method.teardown()
 
@@ -385,7 +406,7 @@ def free_port() -> int:
 
 def run_method(
     name: str, receivers: int, nbytes: int, repeats: int
-) -> tuple[list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float]]:
     """Seconds of each timed repeat, sender start to last receiver finish, and from the
     bytes being ready at the sender (after any staging) to the last finish; checks bytes."""
     ctx = mp.get_context("spawn")
@@ -408,7 +429,7 @@ def run_method(
         for proc in procs:
             proc.start()
         try:
-            got = collect(results, procs, expected=rounds * (receivers + 2) + receivers + 1)
+            got = collect(results, procs, expected=rounds * (receivers + 3) + receivers + 1)
         finally:
             for proc in procs:
                 proc.join(30)
@@ -428,9 +449,10 @@ def run_method(
     for kind, round_, t in got:
         if kind == "finish":
             finishes.setdefault(round_, []).append(t)
+    held = {r: t for kind, r, t in got if kind == "held"}
     whole = [max(finishes[r]) - starts[r] for r in range(1, rounds)]
     moving = [max(finishes[r]) - ready[r] for r in range(1, rounds)]
-    return whole, moving
+    return whole, moving, [held[r] for r in range(1, rounds)]
 
 
 def collect(results: Any, procs: list[Any], expected: int) -> list[tuple[str, int, Any]]:
@@ -473,6 +495,7 @@ class Row:
     receivers: int  # 0 for memcpy, which has none
     took: list[float]  # sender start to last receiver finish
     moving: list[float]  # bytes ready at the sender (staged) to last receiver finish
+    held: list[float]  # the sender's training thread held up
 
 
 def machine_facts() -> str:
@@ -494,7 +517,8 @@ def machine_facts() -> str:
 def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
     head = (
         f"{'method':12} {'receivers':>9} {'seconds':>8} {'(min-max)':>15} "
-        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8} {'staged->done s':>14} {'GB/s':>6}"
+        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8} {'trainer held s':>14} "
+        f"{'staged->done s':>14} {'GB/s':>6}"
     )
     lines = [head]
     one: dict[str, float] = {}
@@ -508,9 +532,10 @@ def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
         spread = f"({min(row.took):.3f}-{max(row.took):.3f})"
         moving = statistics.median(row.moving)
         staged = f"{moving:14.3f} {nbytes / moving / 1e9:6.2f}" if moving < med else ""
+        held = f"{statistics.median(row.held):14.3f}" if row.receivers else f"{'-':>14}"
         lines.append(
             f"{row.method:12} {count} {med:8.3f} {spread:>15} "
-            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel} {staged}"
+            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel} {held} {staged}"
         )
     return "\n".join(lines)
 
@@ -538,7 +563,7 @@ def main(argv: list[str] | None = None) -> None:
         f"warm-up; GB/s = 1e9 bytes per receiver per second; all figures from this run"
     )
     copies = memcpy_seconds(nbytes, args.repeats)
-    rows = [Row("memcpy", 0, copies, copies)]
+    rows = [Row("memcpy", 0, copies, copies, copies)]
     limit_gbs = nbytes / statistics.median(rows[0].took) / 1e9
     for name in names:
         for count in counts:

@@ -12,6 +12,8 @@ tensors over it without a copy.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -166,41 +168,57 @@ def stage(
 ) -> list[int]:
     """Copy ``state`` into ``buffer`` where ``specs`` say; the CRC-32C of every bucket.
 
-    The trainer's one copy. It goes in pieces of at most ``_PIECE`` bytes, each
-    checksummed right after it is copied, while it is still in cache: the checksums then
-    cost little beyond the copy.
+    The trainer's one copy. It goes in pieces; a second thread checksums each piece
+    while the next is copied (both release the GIL), so staging takes about as long as
+    the copy alone rather than the copy plus a second pass over the bytes.
     """
     by_bucket = [0] * (-(-total // bucket_bytes))
     view = memoryview(buffer)
+    pieces: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+    checker = threading.Thread(
+        target=_checksum_pieces, args=(pieces, by_bucket, view, bucket_bytes), daemon=True
+    )
+    checker.start()
     end = 0
-    for spec in specs:
-        # As bytes, through NumPy: a plain memcpy, several times faster here than
-        # torch's typed copy into a reinterpreted view.
-        raw = state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        if spec.offset > end:  # alignment padding counts in its bucket's checksum
-            buffer[end : spec.offset] = 0
-            _fold(by_bucket, view, end, spec.offset, bucket_bytes)
-        for start in range(0, spec.nbytes, _PIECE):
-            stop = min(spec.nbytes, start + _PIECE)
-            np.copyto(buffer[spec.offset + start : spec.offset + stop], raw[start:stop])
-            _fold(by_bucket, view, spec.offset + start, spec.offset + stop, bucket_bytes)
-        end = spec.offset + spec.nbytes
-    if total > end:
-        buffer[end:total] = 0
-        _fold(by_bucket, view, end, total, bucket_bytes)
+    try:
+        for spec in specs:
+            # As bytes, through NumPy: a plain memcpy, several times faster here than
+            # torch's typed copy into a reinterpreted view.
+            raw = state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            if spec.offset > end:  # alignment padding counts in its bucket's checksum
+                buffer[end : spec.offset] = 0
+                pieces.put((end, spec.offset))
+            for start in range(0, spec.nbytes, _PIECE):
+                stop = min(spec.nbytes, start + _PIECE)
+                np.copyto(buffer[spec.offset + start : spec.offset + stop], raw[start:stop])
+                pieces.put((spec.offset + start, spec.offset + stop))
+            end = spec.offset + spec.nbytes
+        if total > end:
+            buffer[end:total] = 0
+            pieces.put((end, total))
+    finally:
+        pieces.put(None)
+        checker.join()
     return by_bucket
 
 
-_PIECE = 1 << 20  # fits in L2 on anything recent
+_PIECE = 4 << 20
 
 
-def _fold(crcs: list[int], view: memoryview, start: int, stop: int, bucket_bytes: int) -> None:
-    """Extend the running CRC of each bucket that ``[start, stop)`` touches."""
-    while start < stop:
-        index = start // bucket_bytes
-        edge = min(stop, (index + 1) * bucket_bytes)
-        crcs[index] = crc32c.crc32c(view[start:edge], crcs[index])
-        start = edge
+def _checksum_pieces(
+    pieces: queue.SimpleQueue[tuple[int, int] | None],
+    crcs: list[int],
+    view: memoryview,
+    bucket_bytes: int,
+) -> None:
+    """Extend each bucket's running CRC with the pieces, in the order they were copied."""
+    while (piece := pieces.get()) is not None:
+        start, stop = piece
+        while start < stop:
+            index = start // bucket_bytes
+            edge = min(stop, (index + 1) * bucket_bytes)
+            crcs[index] = crc32c.crc32c(view[start:edge], crcs[index])
+            start = edge
 
 
 def bucket_checksums(buffer: np.ndarray, total: int, bucket_bytes: int) -> Iterator[int]:
