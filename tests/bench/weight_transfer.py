@@ -294,7 +294,10 @@ class Ucx(Method):
         self.version += 1
         manifest = msgpack.unpackb(self._read_file(f"manifest-{self.version}"))
         source = self._read_file(f"addr-{self.parent}")
+        if self.parent:  # as the scheduler orders it: a relay is planned before its children
+            self._read_file(f"wants-{self.version}-{self.parent}")
         self.receiver.want(Plan(self.version, manifest, f"rank-{self.parent}", source))
+        self._publish_file(f"wants-{self.version}-{self.setting.rank}", b"")
         while (outcome := self.receiver.poll()) is None:
             time.sleep(0.0002)
         if not isinstance(outcome, Received):
