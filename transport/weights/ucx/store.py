@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import torch
 
 from ..buffers import BufferPool, Grant
 
@@ -47,6 +48,8 @@ class Store:
         current = self.buffers[slot]
         if current is None or current.size < nbytes:
             current = np.empty(nbytes, np.uint8)
-            current.fill(0)
+            # Through torch, which lets go of the GIL while it writes (NumPy's fill does
+            # not): a receiver's decode loop keeps running meanwhile.
+            torch.from_numpy(current).zero_()
             self.buffers[slot] = current
         return current
