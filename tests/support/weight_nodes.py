@@ -218,25 +218,7 @@ class Node:
 
     def next(self, kind: str, timeout: float) -> tuple[Any, ...]:
         """The next report of ``kind`` (the fields after it), read within ``timeout`` s."""
-        for i, report in enumerate(self.backlog):
-            if report[0] == kind:
-                return self.backlog.pop(i)[1:]
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{self.name}: no {kind!r} report in {timeout:g} s")
-            try:
-                report = self.reports.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                if not self.process.is_alive():
-                    raise RuntimeError(
-                        f"{self.name} exited ({self.process.exitcode}) before {kind!r}"
-                    ) from None
-                continue
-            if report[0] == kind:
-                return report[1:]
-            self.backlog.append(report)
+        return self._first_of((kind,), timeout)[1:]
 
     def ask(self, kind: str, *command: Any, timeout: float = 10) -> tuple[Any, ...]:
         self.send(*command)
@@ -244,23 +226,28 @@ class Node:
 
     def outcome(self, timeout: float) -> Received | NeedsPlan:
         """The fetch's outcome: a Received (checked here too) or a NeedsPlan."""
+        return self._outcome(self._first_of(("received", "needs_plan"), timeout))
+
+    def _first_of(self, kinds: tuple[str, ...], timeout: float) -> tuple[Any, ...]:
+        """The first report of one of ``kinds``, kept ones first; others are kept."""
         for i, report in enumerate(self.backlog):
-            if report[0] in ("received", "needs_plan"):
-                del self.backlog[i]
-                return self._outcome(report)
+            if report[0] in kinds:
+                return self.backlog.pop(i)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{self.name}: no fetch outcome in {timeout:g} s")
+                raise TimeoutError(f"{self.name}: no {' or '.join(kinds)} in {timeout:g} s")
             try:
                 report = self.reports.get(timeout=min(left, 0.5))
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise RuntimeError(f"{self.name} exited ({self.process.exitcode})") from None
+                    raise RuntimeError(
+                        f"{self.name} exited ({self.process.exitcode}) before {kinds}"
+                    ) from None
                 continue
-            if report[0] in ("received", "needs_plan"):
-                return self._outcome(report)
+            if report[0] in kinds:
+                return report
             self.backlog.append(report)
 
     def _outcome(self, report: tuple[Any, ...]) -> Received | NeedsPlan:
