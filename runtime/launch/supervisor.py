@@ -43,6 +43,7 @@ OnEvent = Callable[[str, dict[str, object]], None]
 """Called as `on_event(kind, fields)`; `kind` is an `EventKind`, `fields` as listed there."""
 
 _TICK_S = 0.05  # how long an exit or a stop request can go unnoticed
+_FINISH_GRACE_S = 10.0  # for workers to leave by themselves once the run has finished
 _INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C
 _GAVE_UP = 1
 
@@ -151,7 +152,17 @@ class Supervisor:
         self._emit(EventKind.STOPPING, reason=self._stop_reason)
         for child in self._children:
             child.restart_at = None
-        self._stop_group([child for child in self._children if not child.primary])
+        workers = [child for child in self._children if not child.primary]
+        if self._primary_status == 0 and not self._kill_now:
+            # The run finished: the scheduler told every worker so, and they are on their
+            # way out (the trainer writing its last checkpoint). A SIGTERM now would land
+            # in the middle of their exit.
+            deadline = time.monotonic() + min(self._grace_s, _FINISH_GRACE_S)
+            while _procs(workers) and not self._kill_now and time.monotonic() < deadline:
+                time.sleep(_TICK_S)
+                for child in workers:
+                    self._reap(child)
+        self._stop_group(workers)
         self._stop_group([child for child in self._children if child.primary])
 
     def _stop_group(self, group: list[_Child]) -> None:

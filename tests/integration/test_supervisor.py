@@ -135,6 +135,30 @@ def test_the_primary_exiting_ends_the_run_and_stops_the_workers(tmp_path: Path, 
     assert events.of("done") == [{"code": code}]
 
 
+# Exits 0 once argv[1] exists plus a second: a worker finishing its way out of a run.
+LEAVER = """
+import pathlib, sys, time
+while not pathlib.Path(sys.argv[1]).exists():
+    time.sleep(0.02)
+time.sleep(1.0)
+"""
+
+
+def test_workers_leaving_a_finished_run_are_let_finish_before_any_sigterm(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    specs = [
+        ChildSpec(
+            "scheduler", py(f"import pathlib; pathlib.Path({str(go)!r}).touch()"), restart=False
+        ),
+        ChildSpec("train-0", py(LEAVER, go), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, stop_grace_s=5)
+
+    assert status == 0
+    assert [f.get("code") for f in events.of("exited", "train-0")] == [0]
+    assert [f for f in events.of("exited") if "signal" in f] == []
+
+
 def test_a_crashing_worker_is_restarted_with_a_doubling_backoff(tmp_path: Path) -> None:
     starts = tmp_path / "starts"
     specs = [
