@@ -451,12 +451,18 @@ class Worker:
             self._log.warning("loaded version not taken", reply=_describe(reply))
 
     def _publish_trained(self) -> None:
-        """Announce the scheduler's step count as the policy version, if it is ahead."""
+        """Announce the scheduler's step count as the policy version, if it is ahead.
+
+        Also the current version again if the scheduler holds no weights for it (it or
+        this trainer restarted): generators could otherwise never load it, and without
+        loading it they may be too stale to generate what the next step needs.
+        """
         summary = self._status()
         if summary is None:
             return
         steps, published = summary.get("steps_done", 0), summary.get("policy_version", 0)
-        if steps <= published:
+        held = (summary.get("weights") or {}).get("version")
+        if steps < published or (steps == published and (steps == 0 or held == steps)):
             return
         try:
             announcement = self.actor.on_publish(steps)

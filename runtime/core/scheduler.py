@@ -294,7 +294,9 @@ class SchedulerCore:
         """The trainer made ``version``'s weights available to generators."""
         trainer = self.pipeline.gated(Gate.STEP).role
         known = self.state.workers.get(worker)
-        if known is None or known.role != trainer:
+        if known is None:  # e.g. declared lost while it started: it registers again
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        if known.role != trainer:
             return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker publishes versions")
         s = self.state
         if not s.policy_version < version <= s.steps_done:

@@ -320,6 +320,10 @@ class SchedulerService:
             log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
             return p.Error(Reason.BAD_REQUEST, bad)
         reply = self.core.publish_version(m.worker, m.version)
+        if _announces_again(m, self.core.state.policy_version, reply):
+            # The current version's weights, offered again after a restart: nothing for the
+            # core (versions only go forward), the routes take the new announcement.
+            reply = Accepted()
         if isinstance(reply, Accepted):
             self.routes.announce(m.version, m.worker, m.weights, m.address)
             if m.weights is not None:
@@ -453,6 +457,16 @@ def _scalars(data: p.Payload) -> dict[str, Any]:
     return {
         k: v for k, v in data.items() if k != "event" and isinstance(v, int | float | str | bool)
     }
+
+
+def _announces_again(m: p.PublishVersion, policy_version: int, reply: object) -> bool:
+    """A trainer's repeat of the current version, carrying its weights: welcome."""
+    return (
+        isinstance(reply, Rejected)
+        and reply.reason == Reason.BAD_VERSION
+        and m.weights is not None
+        and m.version == policy_version
+    )
 
 
 def _bad_announcement(m: p.PublishVersion) -> str | None:

@@ -87,11 +87,15 @@ class WeightRoutes:
     ) -> bool:
         """``publisher`` published ``version``; ``manifest`` None: without weights to route.
 
-        Versions only go forward: an older or equal one changes nothing (returns False).
-        A newer one replaces the held announcement and its tree, also when it carries no
-        manifest: weights of a superseded version are not handed out as the newest.
+        Versions only go forward: an older one changes nothing (returns False), and so does
+        the newest again without weights. The newest again *with* weights replaces what is
+        held (a restarted scheduler forgot them, or a restarted trainer serves them from a
+        new address). A newer one replaces the held announcement and its tree, also when it
+        carries no manifest: weights of a superseded version are not handed out as newest.
         """
-        if version <= self._newest_published:
+        if version < self._newest_published or (
+            version == self._newest_published and manifest is None
+        ):
             return False
         self._newest_published = version
         if manifest is None:

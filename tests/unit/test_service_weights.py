@@ -81,6 +81,20 @@ def test_a_newer_version_supersedes_the_old_one(service: SchedulerService) -> No
     assert service.handle(p.WantWeights("gen-a", 0), 0.0).manifest == {"v": 2}
 
 
+def test_a_restarted_trainer_announces_the_current_version_again(
+    service: SchedulerService,
+) -> None:
+    published(service)
+    again = p.PublishVersion("train", 1, {"again": 1}, b"tcp://new-trainer")
+    assert service.handle(again, 0.0) == p.Ack()
+    plan = service.handle(p.WantWeights("gen-a", 0), 0.0)
+    assert isinstance(plan, p.WeightsPlan)
+    assert plan.manifest == {"again": 1} and plan.source_address == b"tcp://new-trainer"
+    # Without weights, the same version is still refused: versions only go forward.
+    refused = service.handle(p.PublishVersion("train", 1), 0.0)
+    assert isinstance(refused, p.Error) and refused.code == "bad_version"
+
+
 def test_no_announcement_is_an_error_naming_the_version(service: SchedulerService) -> None:
     reply = service.handle(p.WantWeights("gen-a", 0), 0.0)
     assert isinstance(reply, p.Error) and reply.code == "bad_version"

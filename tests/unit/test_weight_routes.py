@@ -118,10 +118,20 @@ def test_lost_workers_leave_the_tree_and_a_lost_publisher_takes_the_announcement
         routes.route("g2", 3)
 
 
+def test_the_newest_version_announced_again_with_weights_replaces_what_is_held() -> None:
+    # A trainer that restarted serves the current version from a new address.
+    routes = announced(2, version=5)
+    routes.route("g1", 5, addr("g1"))
+    assert routes.announce(5, "trainer", {"again": 1}, b"T-new")
+    assert routes.tree() == {}
+    route = routes.route("g1", 5, addr("g1"))
+    assert route.manifest == {"again": 1} and route.source_address == b"T-new"
+
+
 def test_versions_only_go_forward_and_only_the_newest_is_routed() -> None:
     routes = announced(2, version=5)
     routes.route("g1", 5, addr("g1"))
-    assert not routes.announce(5, "trainer", {"other": 1}, b"T")
+    assert not routes.announce(5, "trainer", None, b"")  # the newest again, no weights
     assert not routes.announce(4, "trainer", {"other": 1}, b"T")
     assert routes.route("g1", 0).manifest == MANIFEST
     assert routes.announce(6, "trainer", {"v": 6}, b"T2")
