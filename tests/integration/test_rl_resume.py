@@ -6,7 +6,9 @@ checkpoint) and the same data position (no prompt trained twice, none skipped).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -34,6 +36,15 @@ def rl_cluster(tmp_path: Path) -> Cluster:
 
 def test_ctrl_c_then_resume_continues_counters_and_data_position(tmp_path: Path) -> None:
     c = rl_cluster(tmp_path)
+    try:
+        ctrl_c_then_resume(c)
+    finally:  # a failed run must not go on loading the machine under the next tests
+        for pid in processes_mentioning(str(c.config_path)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def ctrl_c_then_resume(c: Cluster) -> None:
     proc = asyncrl_run(c)
     wait_for(lambda: c.steps_done() >= 4, 150, "four train steps")
     proc.send_signal(signal.SIGINT)

@@ -97,6 +97,7 @@ class Fetch:
                     in_flight.clear()
                     asked = again
         except (SourceFailed, TransferError, WireError) as error:
+            self._drop_all(in_flight)  # no late bytes land after we move on
             self.error = str(error)
             return False
         except Exception as error:  # UCX refusing the peer outright, e.g. a dead one's address
