@@ -32,6 +32,9 @@ __all__ = ["Server"]
 
 log = structlog.get_logger("asyncrl.weights")
 
+_SENDING_POLL_S = 0.0005
+_IDLE_POLL_S = 0.02
+
 
 @dataclass(slots=True)
 class _Waiting:
@@ -81,9 +84,12 @@ class Server:
             with self.store.changed:
                 busy |= self._step(time.monotonic())
                 if not busy:
-                    # Requests arrive through UCX, which cannot notify this condition:
-                    # a short wait keeps the reply latency around a millisecond.
-                    self.store.changed.wait(0.0005 if self._sending else 0.002)
+                    # Sends in flight and new requests complete inside UCX, which cannot
+                    # notify this condition: poll sends fast, and otherwise slowly, since
+                    # this thread shares its process's GIL and cores with decoding or
+                    # training (a fetch asks for four ranges at once, so one slow first
+                    # answer costs little).
+                    self.store.changed.wait(_SENDING_POLL_S if self._sending else _IDLE_POLL_S)
 
     def _take(self, incoming: Request, frame: np.ndarray) -> None:
         try:
