@@ -48,10 +48,8 @@ class UcxPublisher:
         self.store = Store()
         self.server = Server(self.node, self.store, send_timeout_s)
         self.address = self.node.address
-        self.last_stage_s = 0.0
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
-        started = time.perf_counter()
         specs, total = plan(state)
         slot = self.store.claim(version, total)
         assert slot is not None
@@ -68,7 +66,6 @@ class UcxPublisher:
             self.store.pool.finish_write(slot)
             self.store.changed.notify_all()
         manifest = Manifest(version, specs, total, self.bucket_bytes, checksums)
-        self.last_stage_s = time.perf_counter() - started
         return Announcement(version, manifest.to_payload(), self.address)
 
     def close(self) -> None:
@@ -91,7 +88,6 @@ class UcxReceiver:
         self.store = Store()
         self.server = Server(self.node, self.store, stall_timeout_s) if relay else None
         self.address = self.node.address if relay else b""
-        self.loaded_version: int | None = None
         self._held: int | None = None  # the newest version fetched whole
         self._tags = TagSource()
         self._job: _Job | None = None
@@ -162,7 +158,6 @@ class UcxReceiver:
         with self.store.changed:
             self.store.pool.pin(received.slot)
             self.store.changed.notify_all()
-        self.loaded_version = received.version
 
     def close(self) -> None:
         if self._job is not None:
