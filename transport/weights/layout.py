@@ -12,9 +12,8 @@ tensors over it without a copy.
 from __future__ import annotations
 
 import math
-import queue
-import threading
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import crc32c
@@ -165,60 +164,79 @@ def stage(
     buffer: np.ndarray,
     bucket_bytes: int,
     total: int,
+    *,
+    threads: int = 2,
 ) -> list[int]:
     """Copy ``state`` into ``buffer`` where ``specs`` say; the CRC-32C of every bucket.
 
-    The trainer's one copy. It goes in pieces; a second thread checksums each piece
-    while the next is copied (both release the GIL), so staging takes about as long as
-    the copy alone rather than the copy plus a second pass over the bytes.
+    The trainer's one copy. Buckets are shared out between ``threads`` threads; each
+    copies its buckets in pieces and checksums every piece right after copying it, while
+    the piece is still in cache. Copy and checksum both release the GIL, so on two cores
+    1 GiB stages in about half the time of a copy followed by a checksum pass.
     """
-    by_bucket = [0] * (-(-total // bucket_bytes))
+    if threads < 1:
+        raise ValueError(f"threads={threads}: staging needs at least one")
+    sources = {
+        spec.name: state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        for spec in specs
+    }
+    work = _bucket_work(specs, bucket_bytes, total)
+    crcs = [0] * len(work)
     view = memoryview(buffer)
-    pieces: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-    checker = threading.Thread(
-        target=_checksum_pieces, args=(pieces, by_bucket, view, bucket_bytes), daemon=True
-    )
-    checker.start()
+
+    def run(first: int) -> None:
+        for index in range(first, len(work), threads):
+            crc = 0
+            for start, stop, name, source_start in work[index]:
+                for at in range(start, stop, _PIECE):
+                    end = min(stop, at + _PIECE)
+                    if name is None:  # alignment padding counts in its bucket's checksum
+                        buffer[at:end] = 0
+                    else:
+                        # As bytes, through NumPy: a plain memcpy, several times faster
+                        # here than torch's typed copy into a reinterpreted view.
+                        offset = source_start + at - start
+                        np.copyto(buffer[at:end], sources[name][offset : offset + end - at])
+                    crc = crc32c.crc32c(view[at:end], crc)
+            crcs[index] = crc
+
+    threads = min(threads, len(work)) or 1
+    with ThreadPoolExecutor(threads, thread_name_prefix="weights-stage") as pool:
+        for done in [pool.submit(run, k) for k in range(threads)]:
+            done.result()  # a failed copy fails the staging
+    return crcs
+
+
+_PIECE = 4 << 20  # checksummed right after its copy, from the last-level cache
+
+_Segment = tuple[
+    int, int, "str | None", int
+]  # buffer start, stop, tensor (None: zeros), its offset
+
+
+def _bucket_work(
+    specs: tuple[TensorSpec, ...], bucket_bytes: int, total: int
+) -> list[list[_Segment]]:
+    """What to write into each bucket, in order: pieces of tensors and the zeros between."""
+    segments: list[_Segment] = []
     end = 0
-    try:
-        for spec in specs:
-            # As bytes, through NumPy: a plain memcpy, several times faster here than
-            # torch's typed copy into a reinterpreted view.
-            raw = state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            if spec.offset > end:  # alignment padding counts in its bucket's checksum
-                buffer[end : spec.offset] = 0
-                pieces.put((end, spec.offset))
-            for start in range(0, spec.nbytes, _PIECE):
-                stop = min(spec.nbytes, start + _PIECE)
-                np.copyto(buffer[spec.offset + start : spec.offset + stop], raw[start:stop])
-                pieces.put((spec.offset + start, spec.offset + stop))
-            end = spec.offset + spec.nbytes
-        if total > end:
-            buffer[end:total] = 0
-            pieces.put((end, total))
-    finally:
-        pieces.put(None)
-        checker.join()
-    return by_bucket
-
-
-_PIECE = 4 << 20
-
-
-def _checksum_pieces(
-    pieces: queue.SimpleQueue[tuple[int, int] | None],
-    crcs: list[int],
-    view: memoryview,
-    bucket_bytes: int,
-) -> None:
-    """Extend each bucket's running CRC with the pieces, in the order they were copied."""
-    while (piece := pieces.get()) is not None:
-        start, stop = piece
-        while start < stop:
-            index = start // bucket_bytes
+    for spec in specs:
+        if spec.offset > end:
+            segments.append((end, spec.offset, None, 0))
+        if spec.nbytes:
+            segments.append((spec.offset, spec.offset + spec.nbytes, spec.name, 0))
+        end = max(end, spec.offset + spec.nbytes)
+    if total > end:
+        segments.append((end, total, None, 0))
+    work: list[list[_Segment]] = [[] for _ in range(-(-total // bucket_bytes))]
+    for start, stop, name, _ in segments:
+        at = start
+        while at < stop:
+            index = at // bucket_bytes
             edge = min(stop, (index + 1) * bucket_bytes)
-            crcs[index] = crc32c.crc32c(view[start:edge], crcs[index])
-            start = edge
+            work[index].append((at, edge, name, at - start))
+            at = edge
+    return work
 
 
 def bucket_checksums(buffer: np.ndarray, total: int, bucket_bytes: int) -> Iterator[int]:
