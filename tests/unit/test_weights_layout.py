@@ -41,11 +41,11 @@ def as_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def staged(
-    state: dict[str, torch.Tensor], bucket_bytes: int = 64
+    state: dict[str, torch.Tensor], bucket_bytes: int = 64, threads: int = 2
 ) -> tuple[tuple[TensorSpec, ...], int, np.ndarray, list[int]]:
     specs, total = plan(state)
     buffer = np.full(total, 0xAB, np.uint8)  # not zero, so a missed copy shows
-    checksums = stage(state, specs, buffer, bucket_bytes, total)
+    checksums = stage(state, specs, buffer, bucket_bytes, total, threads=threads)
     return specs, total, buffer, checksums
 
 
@@ -54,10 +54,22 @@ def manifest_for(state: dict[str, torch.Tensor], bucket_bytes: int = 64) -> Mani
     return Manifest(9, specs, total, bucket_bytes, tuple(checksums))
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("bucket_bytes", [1, 64, 100, 1 << 20])
-def test_staging_checksums_equal_the_checksums_of_the_staged_buffer(bucket_bytes: int) -> None:
-    _, total, buffer, checksums = staged(mixed_state(), bucket_bytes)
+def test_staging_checksums_equal_the_checksums_of_the_staged_buffer(
+    bucket_bytes: int, threads: int
+) -> None:
+    _, total, buffer, checksums = staged(mixed_state(), bucket_bytes, threads)
     assert checksums == list(bucket_checksums(buffer, total, bucket_bytes))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tensors_larger_than_a_copy_piece_stage_whole_across_buckets(threads: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    state = {"small": torch.randn(3, generator=g), "big": torch.randn(9 << 18, generator=g)}
+    specs, total, buffer, checksums = staged(state, bucket_bytes=5 << 20, threads=threads)
+    assert checksums == list(bucket_checksums(buffer, total, 5 << 20))
+    assert as_bytes(views(buffer, specs)["big"]) == as_bytes(state["big"])
 
 
 # --- plan, stage, views ------------------------------------------------------------------
