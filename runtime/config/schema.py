@@ -144,11 +144,12 @@ class PipelineSection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightsSection:
-    strategy: Literal["ucx", "files"] = field(
+    strategy: Literal["ucx", "shm", "files"] = field(
         default="ucx",
         metadata=doc(
             "how new weights reach generators (ucx: checksummed buckets from the trainer's "
-            "CPU buffers, relayed between generators; files: safetensors in run.dir/weights)"
+            "CPU buffers, relayed between generators; shm: generators on the trainer's host "
+            "map its staged buffer; files: safetensors in run.dir/weights)"
         ),
     )
     produce_bucket_mb: int = field(
@@ -170,6 +171,10 @@ class WeightsSection:
         metadata=doc(
             "receivers each node relays to; 0 = every receiver pulls from the trainer", min=0
         ),
+    )
+    shm_dir: str = field(
+        default="",
+        metadata=doc("where shm keeps staged versions; empty = a directory per run in /dev/shm"),
     )
 
 

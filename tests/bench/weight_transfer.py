@@ -11,7 +11,8 @@ Each method runs in real processes (multiprocessing, spawn): one sender ("traine
 N receivers ("generators"), each receiver with its own pre-faulted destination buffer.
 A repeat starts when every process has passed a barrier; its time runs from the sender's
 start to the last receiver's finish, both read from ``time.monotonic()`` (CLOCK_MONOTONIC,
-one clock for every process on Linux). One warm-up repeat, then ``--repeats`` timed ones;
+one clock for every process on Linux). Two warm-up repeats (a weight plane fills both of
+its buffers once), then ``--repeats`` timed ones;
 the last is checked: each receiver's buffer is zeroed before it and its CRC-32 must equal
 the sender's, or the benchmark fails.
 
@@ -28,13 +29,16 @@ memcpy limit, and the time relative to the same method's 1-receiver time.
 - ``zmq``: one PUSH socket per receiver over ipc://, the buffer sent in 64 MiB messages
   with ``copy=False`` (no copy on the sender), interleaved across receivers; each PULL
   receiver ``recv_into`` its buffer at the right offset (libzmq copies each message once).
+- ``ucx``, ``ucx-direct``, ``ucx-chain``, ``ucx-polling``: asyncrl's UCX strategy (relay
+  tree of fan-out 2, every receiver from the sender, a chain, busy-polling progress); the
+  time includes staging and checksumming at the sender and checking at every receiver.
+- ``shm``: asyncrl's shared-memory strategy: the sender stages into a file in /dev/shm,
+  each receiver maps it read-only and checks every bucket (no copy per receiver).
 
 Adding a method: subclass ``Method``, fill in its sender and receiver hooks, decorate it
-with ``@register``; it runs with the others under ``--methods``. A UCX method through
-``asyncrl.transport.weights`` belongs here the same way. A second measurement, how much
-of the time a generator is blocked while its weights arrive, belongs in
-``_receiver_main`` where the comment marks it: run a stand-in decode loop on the
-receiver's main thread beside ``receive`` and report its progress with the finish time.
+with ``@register``; it runs with the others under ``--methods``. How much of the time a
+generator is blocked while its weights arrive is measured apart, by
+``python -m tests.bench.weight_stall``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ GIB = 1 << 30
 MIB = 1 << 20
 BUCKET = 64 * MIB
 BARRIER_TIMEOUT_S = 600.0
+POLL_S = 0.0005  # how often a receiver looks for its plan: often, without taking a core
+WARMUPS = 2  # a dual-buffered sender allocates its second buffer on the second repeat
 
 
 @dataclass(frozen=True)
@@ -228,8 +234,8 @@ class Zmq(Method):
         self.ctx.destroy(linger=None)
 
 
-class Ucx(Method):
-    """asyncrl's weight plane: publish (stage + CRC-32C per bucket), then pull over UCX.
+class Plane(Method):
+    """asyncrl's weight plane: publish (stage + CRC-32C per bucket), then receive.
 
     Receivers form the relay tree the scheduler would plan with ``fanout`` (0: every
     receiver pulls from the sender). The scheduler's part, handing each receiver its plan,
@@ -237,8 +243,13 @@ class Ucx(Method):
     bytes into the sender's buffer, checksumming them, and checking them at every receiver.
     """
 
-    fanout: ClassVar[int]
-    progress: ClassVar[str] = "thread"
+    fanout: ClassVar[int] = 0
+
+    def make_publisher(self) -> Any:
+        raise NotImplementedError
+
+    def make_receiver(self) -> Any:
+        raise NotImplementedError
 
     def _path(self, name: str) -> str:
         return os.path.join(self.setting.workdir, name)
@@ -254,16 +265,14 @@ class Ucx(Method):
         while not os.path.exists(self._path(name)):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} never appeared")
-            time.sleep(0.0002)
+            time.sleep(POLL_S)
         with open(self._path(name), "rb") as f:
             return f.read()
 
     def setup_sender(self, src: np.ndarray) -> None:
         import torch
 
-        from asyncrl.transport.weights.ucx import UcxPublisher
-
-        self.publisher = UcxPublisher(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+        self.publisher = self.make_publisher()
         self.state = {"flat": torch.from_numpy(src)}
         self.version = 0
         self._publish_file("addr-0", self.publisher.address)
@@ -277,9 +286,7 @@ class Ucx(Method):
         self._publish_file(f"manifest-{self.version}", msgpack.packb(announcement.manifest))
 
     def setup_receiver(self, dst: np.ndarray) -> None:
-        from asyncrl.transport.weights.ucx import UcxReceiver
-
-        self.receiver = UcxReceiver(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+        self.receiver = self.make_receiver()
         self._publish_file(f"addr-{self.setting.rank}", self.receiver.address)
         rank, k = self.setting.rank, self.fanout
         self.parent = 0 if k == 0 else (rank - 1) // k
@@ -299,9 +306,9 @@ class Ucx(Method):
         self.receiver.want(Plan(self.version, manifest, f"rank-{self.parent}", source))
         self._publish_file(f"wants-{self.version}-{self.setting.rank}", b"")
         while (outcome := self.receiver.poll()) is None:
-            time.sleep(0.0002)
+            time.sleep(POLL_S)
         if not isinstance(outcome, Received):
-            raise RuntimeError(f"ucx: version {self.version} not received: {outcome}")
+            raise RuntimeError(f"{self.name}: version {self.version} not received: {outcome}")
         self.receiver.loaded(outcome)
         self.received = outcome.state["flat"].numpy()
 
@@ -313,6 +320,41 @@ class Ucx(Method):
         side = getattr(self, "publisher", None) or getattr(self, "receiver", None)
         if side is not None:
             side.close()
+
+
+class Ucx(Plane):
+    """Over UCX: receivers pull checksummed buckets into their own buffers, and relay them."""
+
+    progress: ClassVar[str] = "thread"
+
+    def make_publisher(self) -> Any:
+        from asyncrl.transport.weights.ucx import UcxPublisher
+
+        return UcxPublisher(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+
+    def make_receiver(self) -> Any:
+        from asyncrl.transport.weights.ucx import UcxReceiver
+
+        return UcxReceiver(bucket_mb=64, progress_mode=self.progress)  # type: ignore[arg-type]
+
+
+@register
+class Shm(Plane):
+    """Through shared memory: receivers map the sender's staged file and check it."""
+
+    name = "shm"
+
+    def make_publisher(self) -> Any:
+        from pathlib import Path
+
+        from asyncrl.transport.weights.shm import ShmPublisher, default_directory
+
+        return ShmPublisher(default_directory(Path(self.setting.workdir)), bucket_mb=64)
+
+    def make_receiver(self) -> Any:
+        from asyncrl.transport.weights.shm import ShmReceiver
+
+        return ShmReceiver()
 
 
 @register
@@ -413,7 +455,7 @@ def run_method(
     """Seconds of each timed repeat, sender start to last receiver finish, and from the
     bytes being ready at the sender (after any staging) to the last finish; checks bytes."""
     ctx = mp.get_context("spawn")
-    rounds = repeats + 1  # the first is the warm-up
+    rounds = repeats + WARMUPS
     barrier = ctx.Barrier(receivers + 1)
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="asyncrl-wbench-") as workdir:
@@ -453,9 +495,10 @@ def run_method(
         if kind == "finish":
             finishes.setdefault(round_, []).append(t)
     held = {r: t for kind, r, t in got if kind == "held"}
-    whole = [max(finishes[r]) - starts[r] for r in range(1, rounds)]
-    moving = [max(finishes[r]) - ready[r] for r in range(1, rounds)]
-    return whole, moving, [held[r] for r in range(1, rounds)]
+    timed = range(WARMUPS, rounds)
+    whole = [max(finishes[r]) - starts[r] for r in timed]
+    moving = [max(finishes[r]) - ready[r] for r in timed]
+    return whole, moving, [held[r] for r in timed]
 
 
 def collect(results: Any, procs: list[Any], expected: int) -> list[tuple[str, int, Any]]:
@@ -562,8 +605,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print(machine_facts())
     print(
-        f"{nbytes / MIB:.0f} MiB per receiver, median of {args.repeats} repeats after 1 "
-        f"warm-up; GB/s = 1e9 bytes per receiver per second; all figures from this run"
+        f"{nbytes / MIB:.0f} MiB per receiver, median of {args.repeats} repeats after {WARMUPS} "
+        f"warm-ups; GB/s = 1e9 bytes per receiver per second; all figures from this run"
     )
     copies = memcpy_seconds(nbytes, args.repeats)
     rows = [Row("memcpy", 0, copies, copies, copies)]

@@ -29,6 +29,7 @@ __all__ = [
     "WeightReceiver",
     "make_publisher",
     "make_receiver",
+    "shm_directory",
 ]
 
 
@@ -126,11 +127,15 @@ def make_publisher(weights: WeightsSection, run_dir: Path) -> WeightPublisher:
             progress_mode=weights.progress_mode,
             send_timeout_s=weights.stall_timeout_s,
         )
+    if weights.strategy == "shm":
+        from .shm import ShmPublisher
+
+        return ShmPublisher(shm_directory(weights, run_dir), bucket_mb=weights.produce_bucket_mb)
     if weights.strategy == "files":
         from .files import FilePublisher
 
         return FilePublisher(run_dir / "weights")
-    raise ValueError(f"weights.strategy={weights.strategy!r}: expected 'ucx' or 'files'")
+    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
 
 
 def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True) -> WeightReceiver:
@@ -144,8 +149,24 @@ def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True)
             stall_timeout_s=weights.stall_timeout_s,
             relay=relay,
         )
+    if weights.strategy == "shm":
+        from .shm import ShmReceiver
+
+        return ShmReceiver()
     if weights.strategy == "files":
         from .files import FileReceiver
 
         return FileReceiver(run_dir / "weights")
-    raise ValueError(f"weights.strategy={weights.strategy!r}: expected 'ucx' or 'files'")
+    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
+
+
+def shm_directory(weights: WeightsSection, run_dir: Path) -> Path:
+    """Where the shm strategy keeps a run's slot files (``weights.shm_dir``, or /dev/shm)."""
+    if weights.shm_dir:
+        return Path(weights.shm_dir)
+    from .shm import default_directory
+
+    return default_directory(run_dir)
+
+
+_STRATEGIES = "expected 'ucx', 'shm' or 'files'"
