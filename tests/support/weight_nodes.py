@@ -7,10 +7,12 @@ node's queues). A receiver checks every version it gets against the same determi
 state rebuilt locally (:func:`model_state`), tensor by tensor and byte for byte, and
 reports the names of the tensors that differ.
 
-Two test hooks run inside the node's own process, never in the library:
+Nodes run the UCX strategy unless started with ``strategy="shm"`` (and ``shm_dir``, the
+publisher's slot directory). Test hooks run inside the node's own process, never in the
+library:
 
-- ``pace_s`` (receivers): sleep before taking each range, so a fetch lasts long enough
-  to be interrupted mid-way;
+- ``pace_s`` (receivers): sleep before taking each range (UCX), or before checking a
+  mapped version (shm), so a transfer lasts long enough to be interrupted mid-way;
 - ``corrupt`` (publishers): flip one byte of the staged buffer just before the first
   range that covers it is sent (after the checksums were taken), and flip it back before
   the next one (``"once"``) or never (``"always"``).
@@ -18,6 +20,7 @@ Two test hooks run inside the node's own process, never in the library:
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import queue
@@ -97,13 +100,22 @@ def _publisher_main(
     name: str, commands: Any, reports: Any, options: dict[str, Any]
 ) -> None:  # pragma: no cover - runs in a child process
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-    from asyncrl.transport.weights.ucx import UcxPublisher
+    publisher: Any
+    if options.get("strategy") == "shm":
+        from pathlib import Path
 
-    if options.get("corrupt"):
-        _corrupt_sends(*options["corrupt"])
-    publisher = UcxPublisher(
-        bucket_mb=options.get("bucket_mb", 4), send_timeout_s=options.get("send_timeout_s", 2)
-    )
+        from asyncrl.transport.weights.shm import ShmPublisher
+
+        publisher = ShmPublisher(Path(options["shm_dir"]), bucket_mb=options.get("bucket_mb", 4))
+    else:
+        from asyncrl.transport.weights.ucx import UcxPublisher
+
+        if options.get("corrupt"):
+            _corrupt_sends(*options["corrupt"])
+        publisher = UcxPublisher(
+            bucket_mb=options.get("bucket_mb", 4),
+            send_timeout_s=options.get("send_timeout_s", 2),
+        )
     reports.put(("ready", publisher.address))
     while True:
         command = commands.get()
@@ -144,13 +156,22 @@ def _receiver_main(
     name: str, commands: Any, reports: Any, options: dict[str, Any]
 ) -> None:  # pragma: no cover - runs in a child process
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-    from asyncrl.transport.weights.ucx import UcxReceiver
+    receiver: Any
+    if options.get("strategy") == "shm":
+        from asyncrl.transport.weights.shm import ShmReceiver
 
-    if options.get("pace_s"):
-        _pace_ranges(options["pace_s"])
-    receiver = UcxReceiver(
-        bucket_mb=options.get("bucket_mb", 3), stall_timeout_s=options.get("stall_timeout_s", 2)
-    )
+        if options.get("pace_s"):
+            _pace_checks(options["pace_s"])
+        receiver = ShmReceiver()
+    else:
+        from asyncrl.transport.weights.ucx import UcxReceiver
+
+        if options.get("pace_s"):
+            _pace_ranges(options["pace_s"])
+        receiver = UcxReceiver(
+            bucket_mb=options.get("bucket_mb", 3),
+            stall_timeout_s=options.get("stall_timeout_s", 2),
+        )
     reports.put(("ready", receiver.address))
     sizes: dict[int, float] = {}  # version: MiB of the state it was built with
     current: Received | None = None
@@ -166,7 +187,8 @@ def _receiver_main(
                 sizes[plan.version] = mib
                 receiver.want(plan)
             elif op == "progress":
-                reports.put(("progress", receiver.checked_bytes, receiver.target))
+                checked = getattr(receiver, "checked_bytes", 0)
+                reports.put(("progress", checked, receiver.target))
             elif op == "check_loaded":
                 assert current is not None
                 want = model_state(current.version, sizes[current.version])
@@ -181,9 +203,12 @@ def _receiver_main(
             if not bad:
                 receiver.loaded(outcome)
                 current = outcome
-            reports.put(("received", outcome, bad))
+            # Without its tensors: pickling them for the queue would move their storage
+            # into fresh shared memory, and the model would no longer run on the
+            # receiver's buffer that "check_loaded" is meant to check.
+            reports.put(("received", dataclasses.replace(outcome, state={}), bad))
         elif isinstance(outcome, NeedsPlan):
-            reports.put(("needs_plan", outcome, receiver.checked_bytes))
+            reports.put(("needs_plan", outcome, getattr(receiver, "checked_bytes", 0)))
 
 
 def _pace_ranges(pace_s: float) -> None:  # pragma: no cover - child process
@@ -196,6 +221,18 @@ def _pace_ranges(pace_s: float) -> None:  # pragma: no cover - child process
         original(self, r)
 
     fetch.Fetch._finish = finish
+
+
+def _pace_checks(pace_s: float) -> None:  # pragma: no cover - child process
+    from asyncrl.transport.weights.shm import strategy
+
+    original = strategy.ShmReceiver._bad_buckets
+
+    def check(self: Any, mapped: Any, manifest: Any) -> list[int]:
+        time.sleep(pace_s)
+        return original(self, mapped, manifest)
+
+    strategy.ShmReceiver._bad_buckets = check
 
 
 # --- in the test process --------------------------------------------------------------
