@@ -7,6 +7,7 @@ scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -57,5 +58,21 @@ def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
         f"logs in {run.logs}",
         file=sys.stderr,
     )
-    with ProgressReporter(run.metrics, cfg.run.total_steps):
-        return Supervisor(specs, run.logs).run()
+    try:
+        with ProgressReporter(run.metrics, cfg.run.total_steps):
+            return Supervisor(specs, run.logs).run()
+    finally:
+        _release_shared_weights(cfg)
+
+
+def _release_shared_weights(cfg: RunConfig) -> None:
+    """Every process has ended: staged weights a killed trainer left in RAM go too."""
+    if cfg.weights.strategy != "shm":
+        return
+    from asyncrl.transport.weights import shm_directory
+    from asyncrl.transport.weights.shm import sweep
+
+    directory = shm_directory(cfg.weights, Path(cfg.run.dir))
+    sweep(directory)
+    with contextlib.suppress(OSError):  # gone already, or holding files not ours
+        directory.rmdir()

@@ -1,14 +1,14 @@
 """How long a decoding generator is held up while a new version of its weights arrives.
 
-    python -m tests.bench.weight_stall [--versions 4] [--layers 12]
+    python -m tests.bench.weight_stall [--versions 4] [--layers 12] [--strategy ucx|shm]
 
 Two processes. The trainer holds a Llama-shaped model of about 1 GiB (fp32, random
-weights) and publishes a new version of it every few seconds through the UCX weight
-plane. The generator decodes with the same architecture on its main thread, exactly as
-the ``generate`` role does (continuous batching, 4 slots, prompts refilled as sequences
-end) and follows the versions with the role's own ``WeightFollower``: the fetch runs in
-the background, and the decode loop only polls and, once a version is whole and
-checked, makes the model run on it (no copy).
+weights) and publishes a new version of it every few seconds through the weight plane
+(UCX, or shared memory with ``--strategy shm``). The generator decodes with the same
+architecture on its main thread, exactly as the ``generate`` role does (continuous
+batching, 4 slots, prompts refilled as sequences end) and follows the versions with the
+role's own ``WeightFollower``: the fetch runs in the background, and the decode loop only
+polls and, once a version is whole and checked, makes the model run on it (no copy).
 
 Printed per version, all measured in this run:
 - transfer: from the first plan to the last checked byte at the generator;
@@ -27,6 +27,7 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -57,14 +58,37 @@ def model_config(layers: int) -> Any:
     )
 
 
-def _trainer(layers: int, versions: int, plans: Any, done: Any) -> None:
+def _publisher(strategy: str, workdir: str) -> Any:
+    if strategy == "shm":
+        from pathlib import Path
+
+        from asyncrl.transport.weights.shm import ShmPublisher, default_directory
+
+        return ShmPublisher(default_directory(Path(workdir)), bucket_mb=64)
+    from asyncrl.transport.weights.ucx import UcxPublisher
+
+    return UcxPublisher(bucket_mb=64)
+
+
+def _receiver(strategy: str) -> Any:
+    if strategy == "shm":
+        from asyncrl.transport.weights.shm import ShmReceiver
+
+        return ShmReceiver()
+    from asyncrl.transport.weights.ucx import UcxReceiver
+
+    return UcxReceiver(bucket_mb=64)
+
+
+def _trainer(
+    layers: int, versions: int, strategy: str, workdir: str, plans: Any, done: Any
+) -> None:
     from asyncrl.actors.policy.checkpoint import state_for_saving
     from asyncrl.actors.policy.model import CausalLM
-    from asyncrl.transport.weights.ucx import UcxPublisher
 
     torch.set_num_threads(1)
     model = CausalLM(model_config(layers))
-    publisher = UcxPublisher(bucket_mb=64)
+    publisher = _publisher(strategy, workdir)
     for version in range(1, versions + 1):
         time.sleep(PUBLISH_EVERY_S)
         with torch.no_grad():
@@ -78,12 +102,11 @@ def _trainer(layers: int, versions: int, plans: Any, done: Any) -> None:
     publisher.close()
 
 
-def _generator(layers: int, versions: int, plans: Any, results: Any) -> None:
+def _generator(layers: int, versions: int, strategy: str, plans: Any, results: Any) -> None:
     from asyncrl.actors._weights import WeightFollower
     from asyncrl.actors.policy.checkpoint import load_state
     from asyncrl.actors.policy.decoder import Decoder, Request
     from asyncrl.actors.policy.model import CausalLM
-    from asyncrl.transport.weights.ucx import UcxReceiver
 
     torch.set_num_threads(1)
     model = CausalLM(model_config(layers))
@@ -96,7 +119,7 @@ def _generator(layers: int, versions: int, plans: Any, results: Any) -> None:
     def ask(version: int, address: bytes, failed: str) -> Plan | None:
         return newest.get("plan")
 
-    follower = WeightFollower(UcxReceiver(bucket_mb=64), ask)
+    follower = WeightFollower(_receiver(strategy), ask)
     loaded, tag = 0, 0
     steps: list[tuple[float, float]] = []  # (start, seconds) of every decode step
     marks: list[dict[str, float]] = []
@@ -135,21 +158,27 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=4)
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--strategy", choices=("ucx", "shm"), default="ucx")
     args = parser.parse_args(argv)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     ctx = mp.get_context("spawn")
     plans, results, done = ctx.Queue(), ctx.Queue(), ctx.Queue()
-    trainer = ctx.Process(target=_trainer, args=(args.layers, args.versions, plans, done))
-    generator = ctx.Process(target=_generator, args=(args.layers, args.versions, plans, results))
-    trainer.start()
-    generator.start()
-    steps, marks = results.get(timeout=600)
-    done.put(True)
-    generator.join(60)
-    trainer.join(60)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-stall-") as workdir:
+        common = (args.layers, args.versions, args.strategy)
+        trainer = ctx.Process(target=_trainer, args=(*common, workdir, plans, done))
+        generator = ctx.Process(target=_generator, args=(*common, plans, results))
+        trainer.start()
+        generator.start()
+        steps, marks = results.get(timeout=600)
+        done.put(True)
+        generator.join(60)
+        trainer.join(60)
 
     nbytes = marks[0]["bytes"]
-    print(f"{nbytes / 2**30:.2f} GiB model, {args.layers} layers, 4 slots; 2 processes")
+    print(
+        f"{nbytes / 2**30:.2f} GiB model, {args.layers} layers, 4 slots; 2 processes; "
+        f"weights.strategy={args.strategy}"
+    )
     quiet = [s for start, s in steps if not any(_during(start, m) for m in marks)]
     quiet_rate = 1 / statistics.median(quiet)
     median_step = statistics.median(quiet)

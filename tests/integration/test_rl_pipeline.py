@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(120)
 STEPS = 4
 
 
-def rl_config(tmp_path: Path, **data: Any) -> RunConfig:
+def rl_config(tmp_path: Path, weights: dict[str, Any] | None = None, **data: Any) -> RunConfig:
     return config_from_dict(
         {
             "run": {"dir": str(tmp_path / "run"), "total_steps": STEPS},
@@ -32,6 +32,7 @@ def rl_config(tmp_path: Path, **data: Any) -> RunConfig:
             "algorithm": {"lr": 1e-3, "micro_batch_groups": 1, "kl_coef": 0.01},
             "pipeline": {"train_batch_groups": 2, "checkpoint_every": 2, "max_attempts": 2},
             "scheduler": {"heartbeat_interval_s": 0.2},
+            "weights": weights or {},
         }
     )
 
@@ -64,6 +65,19 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
     assert checkpoints == ["step-0000002", "step-0000004"]
     transformers = pytest.importorskip("transformers")
     transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
+
+
+def test_generate_and_logp_run_on_weights_mapped_from_shared_memory(tmp_path: Path) -> None:
+    shm_dir = tmp_path / "shm"
+    cfg = rl_config(tmp_path, weights={"strategy": "shm", "shm_dir": str(shm_dir)})
+    status = run(cfg)
+    assert status["run"]["finished"] and status["dead"] == {}
+    run_dir = Path(cfg.run.dir)
+    assert len(lines(run_dir / "metrics.jsonl")) == STEPS
+    loads = lines(run_dir / "weights.jsonl")
+    assert {x["worker"] for x in loads} == {"generate-0", "logp-0"}
+    assert all(x["source"] == "train-0" and x["attempts"] == 1 for x in loads)
+    assert not list(shm_dir.glob("*.weights"))  # the trainer removed its files on the way out
 
 
 def test_a_reward_plug_in_that_fails_kills_only_its_groups(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ refusals a receiver gives for plans it cannot use."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +171,22 @@ def test_an_address_names_this_host_and_the_directory(directory: Path) -> None:
 def test_the_default_directory_is_one_per_run(tmp_path: Path) -> None:
     a, b = default_directory(tmp_path / "run-a"), default_directory(tmp_path / "run-b")
     assert a != b and a == default_directory(tmp_path / "run-a")
+
+
+def test_the_end_of_a_local_run_removes_what_a_killed_trainer_left(tmp_path: Path) -> None:
+    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.launch.local import _release_shared_weights
+
+    shm_dir = tmp_path / "shm"
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(tmp_path / "run")},
+            "weights": {"strategy": "shm", "shm_dir": str(shm_dir)},
+        }
+    )
+    shm_dir.mkdir()
+    left = SlotFile(shm_dir / "4242-0.weights", 64)
+    left.finish(7, 64)
+    os.close(left.fd)  # as a trainer killed with SIGKILL leaves it: on disk, nobody holding it
+    _release_shared_weights(cfg)
+    assert not shm_dir.exists()

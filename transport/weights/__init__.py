@@ -6,6 +6,8 @@ Strategies sit behind :class:`WeightPublisher` and :class:`WeightReceiver`
 - ``ucx`` (the default): the trainer stages each version in one of two CPU buffers and
   serves it in checksummed buckets over UCX; generators pull it, relay it on to other
   generators, and run on it once whole and checked (:mod:`.ucx`);
+- ``shm``: generators on the trainer's host map the buffer it staged into /dev/shm, so
+  no generator copies it (:mod:`.shm`);
 - ``files``: each version is a safetensors file in the run directory, written whole and
   renamed into place; for tests, or hosts that share a filesystem but no fabric.
 """
@@ -19,6 +21,7 @@ from .base import (
     WeightReceiver,
     make_publisher,
     make_receiver,
+    shm_directory,
 )
 
 __all__ = [
@@ -30,4 +33,5 @@ __all__ = [
     "WeightReceiver",
     "make_publisher",
     "make_receiver",
+    "shm_directory",
 ]
