@@ -18,20 +18,12 @@ from collections.abc import Callable
 import pytest
 
 from asyncrl.transport.weights.base import NeedsPlan, Received
-from tests.support.weight_nodes import MiB, Node, nodes, plan_from
+from tests.support.weight_nodes import MiB, Node, nodes, plan_from, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
 STALL_S = 1.5  # the receivers' stall timeout: how long a silent source is waited for
 OUTCOME_S = 30.0
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"no {what} in {timeout:g} s")
-        time.sleep(0.01)
 
 
 def mid_transfer(*receivers: Node, total: int) -> Callable[[], bool]:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from asyncrl.transport.weights.base import NeedsPlan, Received
 from asyncrl.transport.weights.shm.slot_file import _CHECKED, _CHECKED_AT, HEADER_BYTES
-from tests.support.weight_nodes import Node, Nodes, nodes, plan_from
+from tests.support.weight_nodes import Node, Nodes, nodes, plan_from, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -50,14 +49,6 @@ def check_held(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"no {what} in {timeout:g} s")
-        time.sleep(0.01)
 
 
 def slot_files(directory: Path) -> list[str]:

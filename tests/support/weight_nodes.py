@@ -26,7 +26,7 @@ import os
 import queue
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +35,16 @@ import torch
 
 from asyncrl.transport.weights.base import Announcement, NeedsPlan, Plan, Received
 
-__all__ = ["MiB", "Node", "Nodes", "mismatches", "model_state", "nodes", "plan_from"]
+__all__ = [
+    "MiB",
+    "Node",
+    "Nodes",
+    "mismatches",
+    "model_state",
+    "nodes",
+    "plan_from",
+    "wait_until",
+]
 
 MiB = 1 << 20
 _START_S = 60.0  # spawning imports torch and UCX: slow on two busy cores
@@ -343,6 +352,15 @@ class Nodes:
             for q in (node.commands, node.reports):
                 q.close()
                 q.cancel_join_thread()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` every 10 ms (fetches are caught mid-way by it) until true."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no {what} in {timeout:g} s")
+        time.sleep(0.01)
 
 
 @contextmanager

@@ -289,3 +289,10 @@ def test_from_payload_accepts_empty_and_scalar_tensors_at_the_end() -> None:
     manifest = Manifest.from_payload(payload(tensors=rows, total=64, checksums=[0]))
     got = views(np.zeros(64, np.uint8), manifest.tensors)
     assert got["s"].shape == () and got["e"].shape == (0, 3)
+
+
+def test_a_manifest_for_another_version_than_planned_is_refused() -> None:
+    payload = manifest_for(mixed_state()).to_payload()
+    assert Manifest.from_payload(payload, version=9).version == 9
+    with pytest.raises(ManifestError, match="plan for version 10 carries manifest 9"):
+        Manifest.from_payload(payload, version=10)

@@ -88,12 +88,12 @@ class Manifest:
         }
 
     @classmethod
-    def from_payload(cls, payload: object) -> Manifest:
-        """Parse and check a manifest that came over the wire."""
+    def from_payload(cls, payload: object, *, version: int | None = None) -> Manifest:
+        """Parse and check a manifest that came over the wire (for ``version``, if given)."""
         if not isinstance(payload, dict):
             raise ManifestError(f"manifest must be a map, got {type(payload).__name__}")
         try:
-            version, total = _integer(payload["version"]), _integer(payload["total"])
+            version_, total = _integer(payload["version"]), _integer(payload["total"])
             bucket_bytes = _integer(payload["bucket_bytes"])
             checksums = tuple(_integer(c) for c in payload["checksums"])
             tensors = tuple(
@@ -102,8 +102,10 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as error:
             raise ManifestError(f"manifest field missing or malformed: {error!r}") from None
-        manifest = cls(version, tensors, total, bucket_bytes, checksums)
+        manifest = cls(version_, tensors, total, bucket_bytes, checksums)
         manifest.check()
+        if version is not None and version_ != version:
+            raise ManifestError(f"plan for version {version} carries manifest {version_}")
         return manifest
 
     def check(self) -> None:

@@ -128,11 +128,7 @@ class ShmReceiver:
         return self._target
 
     def want(self, plan_: Plan) -> None:
-        manifest = Manifest.from_payload(plan_.manifest)
-        if manifest.version != plan_.version:
-            raise ValueError(
-                f"plan for version {plan_.version} carries manifest {manifest.version}"
-            )
+        manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
         name = check_name(plan_.manifest.get("file"))
         host, directory = decode_address(plan_.source_address)
         if host != self._host:

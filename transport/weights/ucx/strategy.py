@@ -121,11 +121,7 @@ class UcxReceiver:
         for the version being fetched moves the fetch to the new source, keeping the
         checked bytes.
         """
-        manifest = Manifest.from_payload(plan_.manifest)
-        if manifest.version != plan_.version:
-            raise ValueError(
-                f"plan for version {plan_.version} carries manifest {manifest.version}"
-            )
+        manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
         if self._held is not None and plan_.version <= self._held:
             return  # loaded, or whole and waiting to be polled
         current = self._job
