@@ -59,16 +59,18 @@ def load_state(model: CausalLM, state: Mapping[str, torch.Tensor], *, copy: bool
     ``copy=False`` makes the model run on ``state``'s tensors themselves (a weight
     receiver's checked buffer), which then must not change while the model uses them.
     """
+    # One walk over the modules: a generator switches versions between decode steps.
+    params = dict(model.named_parameters())
+    expected = set(params)
     if model.config.tie_word_embeddings:
         state = {name: t for name, t in state.items() if name != "lm_head.weight"}
-    expected = set(state_for_saving(model))
+        expected.discard("lm_head.weight")  # stored once, as state_for_saving does
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise ValueError(
             f"weights do not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    params = dict(model.named_parameters())
     if not copy:
         for name, tensor in state.items():
             param = params[name]
