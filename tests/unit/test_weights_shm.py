@@ -139,13 +139,20 @@ def test_a_plan_from_another_host_is_refused_naming_both(publisher: ShmPublisher
         ShmReceiver().want(Plan(1, plan.manifest, "trainer", elsewhere))
 
 
-@pytest.mark.parametrize("name", ["../../etc/passwd", "1-0.weights/..", None, 7])
+@pytest.mark.parametrize("name", ["../../etc/passwd", "1-0.weights/..", "", None, 7])
 def test_a_file_name_that_is_not_a_slot_files_is_refused(
     publisher: ShmPublisher, name: object
 ) -> None:
     plan = plan_of(publisher, 1)
     manifest = {**plan.manifest, "file": name}
     with pytest.raises(ValueError, match="not a slot file's"):
+        ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
+
+
+def test_a_plan_from_a_trainer_with_another_strategy_says_so(publisher: ShmPublisher) -> None:
+    plan = plan_of(publisher, 1)
+    manifest = {k: v for k, v in plan.manifest.items() if k != "file"}  # as ucx publishes
+    with pytest.raises(ValueError, match=r"another weights\.strategy"):
         ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
 
 

@@ -129,7 +129,12 @@ class ShmReceiver:
 
     def want(self, plan_: Plan) -> None:
         manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
-        name = check_name(plan_.manifest.get("file"))
+        if "file" not in plan_.manifest:
+            raise ValueError(
+                f"plan for version {plan_.version} names no shared-memory file: the trainer "
+                f"publishes with another weights.strategy than this generator's shm"
+            )
+        name = check_name(plan_.manifest["file"])
         host, directory = decode_address(plan_.source_address)
         if host != self._host:
             raise ValueError(
