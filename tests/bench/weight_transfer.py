@@ -18,7 +18,8 @@ the sender's, or the benchmark fails.
 
 Printed, for each method and receiver count: the median seconds (and the fastest and
 slowest repeat), GB/s (1e9 bytes per receiver per second), the ratio of that to the
-memcpy limit, and the time relative to the same method's 1-receiver time.
+memcpy limit, the time relative to the same method's 1-receiver time, and how many times
+faster than the ``gloo`` broadcast to as many receivers (when gloo ran).
 
 - ``memcpy``: one process copies the bytes into a pre-faulted buffer with one core
   (``numpy.copyto``): the limit for any transfer on this host.
@@ -563,11 +564,13 @@ def machine_facts() -> str:
 def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
     head = (
         f"{'method':12} {'receivers':>9} {'seconds':>8} {'(min-max)':>15} "
-        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8} {'trainer held s':>14} "
-        f"{'staged->done s':>14} {'GB/s':>6}"
+        f"{'GB/s':>6} {'x memcpy':>8} {'x 1-recv':>8} {'gloo / this':>11} "
+        f"{'trainer held s':>14} {'staged->done s':>14} {'GB/s':>6}"
     )
     lines = [head]
     one: dict[str, float] = {}
+    # How many times faster than the gloo broadcast to as many receivers, in this run.
+    gloo = {r.receivers: statistics.median(r.took) for r in rows if r.method == "gloo"}
     for row in rows:
         med = statistics.median(row.took)
         if row.receivers == 1:
@@ -579,9 +582,10 @@ def table(rows: list[Row], nbytes: int, limit_gbs: float) -> str:
         moving = statistics.median(row.moving)
         staged = f"{moving:14.3f} {nbytes / moving / 1e9:6.2f}" if moving < med else ""
         held = f"{statistics.median(row.held):14.3f}" if row.receivers else f"{'-':>14}"
+        versus = f"{gloo[row.receivers] / med:11.2f}" if row.receivers in gloo else f"{'-':>11}"
         lines.append(
             f"{row.method:12} {count} {med:8.3f} {spread:>15} "
-            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel} {held} {staged}"
+            f"{gbs:6.2f} {gbs / limit_gbs:8.2f} {rel} {versus} {held} {staged}"
         )
     return "\n".join(lines)
 
