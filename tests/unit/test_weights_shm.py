@@ -3,6 +3,7 @@ refusals a receiver gives for plans it cannot use."""
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from asyncrl.transport.weights.shm.slot_file import (
     Gone,
     MapCache,
     MappedVersion,
+    NoSpace,
     SlotFile,
     decode_address,
     encode_address,
@@ -197,3 +199,23 @@ def test_the_end_of_a_local_run_removes_what_a_killed_trainer_left(tmp_path: Pat
     os.close(left.fd)  # as a trainer killed with SIGKILL leaves it: on disk, nobody holding it
     _release_shared_weights(cfg)
     assert not shm_dir.exists()
+
+
+def test_a_directory_without_room_for_a_version_is_a_clear_error_not_a_crash(
+    directory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full tmpfs answers fallocate with ENOSPC (a container's 64 MiB /dev/shm does);
+    # writing the pages instead would have killed the trainer with SIGBUS.
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    publisher = ShmPublisher(directory)
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(NoSpace, match=r"needs \d+ MiB in .*shm_dir.*strategy=ucx"):
+        publisher.publish(1, state(1))
+    assert not list(directory.glob("*.weights"))  # nothing half-made left behind
+    monkeypatch.undo()
+    receiver = ShmReceiver()
+    assert isinstance(receive(receiver, plan_of(publisher, 2)), Received)
+    receiver.close()
+    publisher.close()

@@ -42,6 +42,7 @@ __all__ = [
     "Gone",
     "MapCache",
     "MappedVersion",
+    "NoSpace",
     "SlotFile",
     "decode_address",
     "default_directory",
@@ -57,6 +58,10 @@ _CHECKED = struct.Struct("<qQ")  # version checked, digest of the checksums it m
 _CHECKED_AT = 64
 _WRITING = -1
 _NAME = re.compile(r"^[0-9]+-[0-9]+\.weights$")
+
+
+class NoSpace(OSError):
+    """The slot directory cannot hold another version; says how much was needed."""
 
 
 class Gone(LookupError):
@@ -115,7 +120,11 @@ class SlotFile:
         self.version: int | None = None
         self.capacity = 0
         self._map: mmap.mmap | None = None
-        self._grow(nbytes)
+        try:
+            self._grow(nbytes)
+        except BaseException:
+            self.remove()
+            raise
 
     @property
     def name(self) -> str:
@@ -160,7 +169,20 @@ class SlotFile:
             os.pwrite(self.fd, _CHECKED.pack(_WRITING, 0), _CHECKED_AT)
 
     def _grow(self, nbytes: int) -> None:
-        os.ftruncate(self.fd, HEADER_BYTES + nbytes)
+        # Reserve the pages, not just the size: writing a page a full tmpfs cannot give
+        # (a container's /dev/shm is often 64 MiB) kills the process with SIGBUS.
+        try:
+            os.posix_fallocate(self.fd, 0, HEADER_BYTES + nbytes)
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            space = os.statvfs(self.path.parent)
+            raise NoSpace(
+                f"weights.strategy=shm: a version needs {(HEADER_BYTES + nbytes) >> 20} MiB "
+                f"in {self.path.parent}, which has {space.f_bavail * space.f_frsize >> 20} MiB "
+                f"free; give it more room (a container's --shm-size), point weights.shm_dir "
+                f"at a larger RAM-backed directory, or use weights.strategy=ucx"
+            ) from None
         # The pages are allocated now, once per file, not during a timed staging copy.
         # The old map (if any) goes when the last view of it does.
         self._map = mmap.mmap(
