@@ -124,27 +124,26 @@ class Worker:
         self._busy_s = 0.0  # time in the actor's work since the last completion
         self._log = log.bind(worker=self.name, role=self.role)
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
+        self._beats: threading.Thread | None = None
+        # The scheduler forgot this worker and it registered again: a trainer must check
+        # that its current version's weights are still announced (a lost worker's are not).
+        self._registered_again = False
 
     # --- the public surface ----------------------------------------------------------
 
     def run(self) -> int:
         """Register, work until the run ends or ``stop()``, leave. Returns the exit code."""
         self._main = threading.current_thread()
+        error: BaseException | None = None
         try:
             self._start()
-        except (_Fatal, _GaveUp, LinkClosed) as error:
-            return self._finish(error)
-        beats = threading.Thread(target=self._heartbeats, name=f"{self.name}-heartbeat")
-        beats.daemon = True
-        beats.start()
-        try:
             self._loop()
-            error = None
         except (_Fatal, _GaveUp, LinkClosed) as caught:
             error = caught
         finally:
             self._done.set()
-            beats.join(_BYE_S)  # a beat in flight to a scheduler that is gone is not awaited
+            if self._beats is not None:  # a beat in flight to a gone scheduler is not awaited
+                self._beats.join(_BYE_S)
         return self._finish(error)
 
     def stop(self) -> None:
@@ -170,6 +169,11 @@ class Worker:
     def _start(self) -> None:
         self.link.subscribe(wakeup_topics(self.role, self.pipeline))
         ready = self._register()
+        # Beating from registration on: a slow on_start (a trainer loading its checkpoint)
+        # must not look like a dead worker to the scheduler.
+        self._beats = threading.Thread(target=self._heartbeats, name=f"{self.name}-heartbeat")
+        self._beats.daemon = True
+        self._beats.start()
         try:
             self.actor.on_start(self._context(ready))
         except Exception as error:
@@ -246,6 +250,7 @@ class Worker:
             return
         while not self._stopping:
             self._take_events(0)
+            self._announce_again_if_forgotten()
             reply = self._call(p.Claim(self.name, self.role, self.actor.claim_size))
             if isinstance(reply, p.Shutdown):
                 self._log.info("the scheduler says the run is over", reason=reply.reason)
@@ -257,6 +262,7 @@ class Worker:
         """Claim while there is room, advance between claims, complete leases as they end."""
         claim_again_at, run_over = 0.0, False
         while True:
+            self._announce_again_if_forgotten()
             if self._take_events(0):
                 claim_again_at = 0.0  # new work was announced
             if self._stop_requests > 1:
@@ -450,6 +456,18 @@ class Worker:
         if not isinstance(reply, p.Ack):
             self._log.warning("loaded version not taken", reply=_describe(reply))
 
+    def _announce_again_if_forgotten(self) -> None:
+        """After registering again, a trainer publishes its version again if it must.
+
+        The scheduler drops a lost worker's weight announcement (its address may be dead);
+        without this, a trainer declared lost while alive would wait for work that needs
+        generators to load weights nobody announces any more.
+        """
+        if self._registered_again:
+            self._registered_again = False
+            if self.actor.publishes_versions:
+                self._publish_trained()
+
     def _publish_trained(self) -> None:
         """Announce the scheduler's step count as the policy version, if it is ahead.
 
@@ -521,6 +539,7 @@ class Worker:
                 return reply
             self._log.warning("the scheduler does not know this worker; registering again")
             self._register()
+            self._registered_again = True
 
     def _retry(self, message: p.Message) -> p.Message:
         """Send until a reply comes, backing off; a stopping worker gives up in time."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -316,3 +317,32 @@ def test_heartbeats_go_on_while_a_long_lease_is_worked_on(cfg: RunConfig) -> Non
     assert make_worker(Logp(work_s=0.3), link, cfg).run() == 0  # beats every 0.05 s
     assert len(link.of(p.Heartbeat)) >= 2
     assert link.kinds() == "Hello Claim Complete Claim Bye"
+
+
+def test_a_trainer_registered_again_announces_its_version_again(cfg: RunConfig) -> None:
+    # The scheduler declared the trainer lost (and dropped its announcement) while it was
+    # alive: after registering again it must announce its current version's weights, or
+    # generators can never load them and the trainer never gets another step.
+    forgotten = p.Error("unknown_worker", "worker 'train-0' is not registered")
+    announced = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": {"version": 3}})
+    dropped = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": None})
+    claims: list[Answer] = [forgotten, p.NoWork("idle")]
+    link = ScriptedLink({p.Claim: claims, p.Status: [announced, dropped]})
+    assert make_worker(AnnouncingTrain(), link, cfg).run() == 0
+    assert link.kinds() == "Hello Status Claim Hello Claim Status PublishVersion Claim Bye"
+    assert link.of(p.PublishVersion) == [
+        p.PublishVersion("train-0", 3, {"buckets": [[0, 8]]}, b"@t")
+    ]
+
+
+class SlowStart(Logp):
+    def on_start(self, ctx: WorkerContext) -> None:
+        super().on_start(ctx)
+        time.sleep(0.3)  # a trainer loading its checkpoint
+
+
+def test_heartbeats_start_at_registration_not_after_a_slow_start(cfg: RunConfig) -> None:
+    link = ScriptedLink()
+    assert make_worker(SlowStart(), link, cfg).run() == 0  # beats every 0.05 s
+    first_claim = next(i for i, m in enumerate(link.sent) if isinstance(m, p.Claim))
+    assert sum(isinstance(m, p.Heartbeat) for m in link.sent[:first_claim]) >= 2
