@@ -46,10 +46,11 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
+from ._publishing import publication, version_due
 from .actor import Actor, Outcome, StreamingActor, WorkerContext
 
 if TYPE_CHECKING:
-    from asyncrl.transport.weights.base import Announcement, Plan
+    from asyncrl.transport.weights.base import Plan
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -469,22 +470,13 @@ class Worker:
                 self._publish_trained()
 
     def _publish_trained(self) -> None:
-        """Announce the scheduler's step count as the policy version, if it is ahead.
-
-        Also the current version again if the scheduler holds no weights for it (it or
-        this trainer restarted): generators could otherwise never load it, and without
-        loading it they may be too stale to generate what the next step needs.
-        """
+        """Announce the version the scheduler's status says is due (see version_due)."""
         summary = self._status()
-        if summary is None:
-            return
-        steps, published = summary.get("steps_done", 0), summary.get("policy_version", 0)
-        held = (summary.get("weights") or {}).get("version")
-        if steps < published or (steps == published and (steps == 0 or held == steps)):
+        steps = None if summary is None else version_due(summary)
+        if steps is None:
             return
         try:
-            announcement = self.actor.on_publish(steps)
-            message = self._publication(steps, announcement)
+            message = publication(self.name, steps, self.actor.on_publish(steps))
         except Exception:
             self._log.exception("version not published", version=steps)
             return
@@ -495,26 +487,12 @@ class Worker:
         else:  # another trainer published first, or a step landed meanwhile: the next one will
             self._log.info("version not published", version=steps, reply=_describe(reply))
 
-    def _publication(self, version: int, announcement: Announcement | None) -> p.PublishVersion:
-        """The PublishVersion for ``version``, with the weight plane's announcement if any."""
-        if announcement is None:
-            return p.PublishVersion(self.name, version)
-        # Imported here: only an actor that announces weights has loaded the weights module.
-        from asyncrl.transport.weights.base import Announcement
-
-        if not isinstance(announcement, Announcement):
-            raise TypeError(f"on_publish returned a {type(announcement).__name__}")
-        if announcement.version != version:
-            raise ValueError(f"on_publish({version}) announced version {announcement.version}")
-        return p.PublishVersion(
-            self.name, version, dict(announcement.manifest), announcement.address
-        )
-
     def _ask_weights(self, version: int, address: bytes, failed: str) -> Plan | None:
         """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
         if threading.current_thread() is not self._main:
             raise RuntimeError("ask_weights is for the worker's main thread only")
-        from asyncrl.transport.weights.base import Plan  # see _publication
+        # Imported here: only an actor that fetches weights loads the weights module.
+        from asyncrl.transport.weights.base import Plan
 
         reply = self._call(p.WantWeights(self.name, version, address, failed))
         if isinstance(reply, p.WeightsPlan):
