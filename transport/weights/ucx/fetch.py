@@ -10,6 +10,7 @@ source is given up.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -33,6 +34,8 @@ from .wire import (
 )
 
 __all__ = ["Fetch", "SourceFailed"]
+
+_SETTLE_S = 5.0  # how long cancelled requests get to end before they are freed
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class Fetch:
         # Several ranges are asked for at once so that the source never idles between
         # them; they land in disjoint parts of the buffer, and are taken in order.
         in_flight: deque[_Range] = deque()
+        self._asked: list[_Range] = []  # every range asked for, until it has settled
         asked = self.verified
         try:
             while self.verified < m.total:
@@ -104,7 +108,25 @@ class Fetch:
             self.node.drop(self.source_address)
             self.error = f"{self.source}: {type(error).__name__}: {error}"
             return False
+        finally:
+            self._settle_asked()
         return True
+
+    def _settle_asked(self) -> None:
+        """Let every request end (cancelled, if its endpoint was dropped) before it is freed.
+
+        Freeing a request still in flight cancels it from inside the deallocator, which
+        holds the interpreter lock while it waits for UCX's worker lock; the progress
+        thread may hold that one while it waits for the interpreter lock: a deadlock,
+        seen after a corrupt bucket was given up. Waiting here sleeps between looks, so
+        the progress thread can finish them first.
+        """
+        deadline = time.monotonic() + _SETTLE_S
+        for r in self._asked:
+            for request in (r.sent, r.got_header, r.got_data):
+                with contextlib.suppress(TransferError):  # a cancelled one ends in error
+                    wait(request, deadline, self.source, "cancelled request")
+        self._asked.clear()
 
     def _ask(self, buffer: np.ndarray, start: int, end: int) -> _Range:
         tag = self.tags.take()
@@ -116,7 +138,9 @@ class Fetch:
             self.manifest.version, start, end, tag, self.node.address, self.node.generation(address)
         )
         sent = self.node.send(address, encode_request(request), REQUEST_TAG)
-        return _Range(start, end, header, sent, got_header, got_data)
+        r = _Range(start, end, header, sent, got_header, got_data)
+        self._asked.append(r)
+        return r
 
     def _finish(self, r: _Range) -> None:
         # The deadline is per range: a slow but moving source is not a dead one.
