@@ -52,7 +52,13 @@ from ._turn import Turn
 from .link import LinkClosed, LinkTimeout
 from .protocol import Event, Message, ProtocolError, decode, decode_with_id, encode
 from .security import ClientKeys
-from .sockets import connect_dealer, connect_worker_sockets, recv_waiting, send_frames
+from .sockets import (
+    busy_poll,
+    connect_dealer,
+    connect_worker_sockets,
+    recv_waiting,
+    send_frames,
+)
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "ZmqLink"]
 
@@ -71,6 +77,8 @@ class ZmqLink:
     ``on_late_reply`` gets each reply that matches no waiting request (it came after its
     request timed out), on a thread of its own. ``event_buffer`` bounds the events waiting
     for ``next_event``. Without a ``context`` the link makes one and terminates it on close.
+    ``busy_poll_s``: how long a caller doing its own call checks for its reply without
+    sleeping before it sleeps in poll (see sockets.busy_poll); 0 sleeps at once.
     """
 
     def __init__(
@@ -84,7 +92,9 @@ class ZmqLink:
         on_late_reply: Callable[[Message], None] | None = None,
         context: zmq.Context | None = None,
         event_buffer: int = 10_000,
+        busy_poll_s: float = 0.0,
     ) -> None:
+        self._busy_poll_s = busy_poll_s
         self._owns_context = context is None
         self._context = zmq.Context() if context is None else context
         options = {
@@ -200,7 +210,9 @@ class ZmqLink:
             if left_ms > 0:
                 flags = zmq.POLLIN if call.sent else zmq.POLLIN | zmq.POLLOUT
                 items = [(dealer, flags), (self._turn.closed_fd, zmq.POLLIN)]
-                for which, events in zmq.zmq_poll(items, left_ms):
+                spin = self._busy_poll_s if call.sent else 0.0
+                ready = busy_poll(items, spin) or zmq.zmq_poll(items, left_ms)
+                for which, events in ready:
                     readable = readable or (which is dealer and bool(events & zmq.POLLIN))
             if self._turn.closed:
                 raise LinkClosed("the link was closed while the request waited")

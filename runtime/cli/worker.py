@@ -84,6 +84,7 @@ def _run_worker(
         max_message_bytes=cfg.scheduler.max_message_mb << 20,
         client_keys=keys,
         on_late_reply=late_reply,
+        busy_poll_s=cfg.scheduler.worker_busy_poll_us / 1e6,
     )
     try:
         worker = running = Worker(actor, link, cfg, name=name, index=index)

@@ -221,6 +221,18 @@ class SchedulerSection:
         default="write",
         metadata=doc("acknowledge results once journaled to the OS, or only once fsynced"),
     )
+    busy_poll_us: int = field(
+        default=200,
+        metadata=doc(
+            "after serving, the scheduler checks for the next request this long without "
+            "sleeping (a woken core costs more than a round trip on a VM; spinning costs CPU)",
+            min=0,
+        ),
+    )
+    worker_busy_poll_us: int = field(
+        default=1000,
+        metadata=doc("a worker checks for its reply this long without sleeping", min=0),
+    )
     curve: Literal["auto", "on", "off"] = field(
         default="auto", metadata=doc("CurveZMQ encryption; auto = on unless the host is loopback")
     )

@@ -9,6 +9,8 @@ once ``journal_fsync_every`` records are unsynced) rather than once per turn. Re
 wait for an fsync (``ack_after: fsync``, or a batch queued behind a snapshot's disk work)
 are held in order and released when the log thread reports progress (it writes to an
 eventfd the poller watches), so a slow fsync delays only those replies, never the loop.
+After a turn that served requests the loop polls without sleeping for ``busy_poll_s``
+before it sleeps (see sockets.busy_poll): an idle scheduler sleeps, a busy one stays awake.
 
 Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on the PUB as
 ``[topic, header, *arrays]`` (see transport/protocol.py).
@@ -27,7 +29,7 @@ import structlog
 import zmq
 
 from asyncrl.transport import protocol as p
-from asyncrl.transport.sockets import recv_waiting, send_frames
+from asyncrl.transport.sockets import busy_poll, recv_waiting, send_frames
 
 from .service import ACKNOWLEDGES_DATA, SchedulerService
 
@@ -50,6 +52,7 @@ class SchedulerDaemon:
         *,
         ack_after: Literal["write", "fsync"] = "write",
         tick_interval_s: float = 0.1,
+        busy_poll_s: float = 0.0,
         exit_grace_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         auth_failures: Callable[[], list[str]] | None = None,
@@ -60,6 +63,7 @@ class SchedulerDaemon:
         self.wake_fd = wake_fd
         self.ack_after = ack_after
         self.tick_interval_s = tick_interval_s
+        self.busy_poll_s = busy_poll_s
         self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.auth_failures = auth_failures
@@ -78,9 +82,14 @@ class SchedulerDaemon:
         watched = [(self.router, _POLLIN), (self.wake_fd, _POLLIN)]
         writer = self.service.durable.writer
         next_tick = self.clock()
+        requests = False
         while True:
+            # Right after serving, the next request is often on its way (a worker's complete
+            # follows its claim): wait for it awake for a moment rather than asleep.
+            spin = self.busy_poll_s if requests else 0.0
+            ready = busy_poll(watched, spin) or zmq.zmq_poll(watched, self._poll_ms(next_tick))
             woken = requests = False
-            for which, _events in zmq.zmq_poll(watched, self._poll_ms(next_tick)):
+            for which, _events in ready:
                 if which is self.router:
                     requests = True
                 else:

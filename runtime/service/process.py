@@ -87,6 +87,7 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
             sockets.events,
             wake_fd,
             ack_after=sched.ack_after,
+            busy_poll_s=sched.busy_poll_us / 1e6,
             exit_grace_s=2 * sched.heartbeat_interval_s + 1,
             auth_failures=sockets.auth_failures,
         )

@@ -8,7 +8,9 @@ held until the journal has them) and the real worker link, over ipc:// and tcp:/
 The Ray side is the pattern verl's fully-async trainer uses for its rollout queue: one Ray
 actor holding the items, a client calling ``claim`` then ``complete`` on it and waiting for
 each. Both carry the same payload (16 int32 token ids). Prints rounds per second, p50 and
-p99 of a round, and our rate over Ray's. Needs ``ray`` (``pip install -e '.[bench]'``).
+p99 of a round, and our rate over Ray's. Ours runs with the default busy polling
+(``scheduler.busy_poll_us``, ``scheduler.worker_busy_poll_us``) and once more without it.
+Needs ``ray`` (``pip install -e '.[bench]'``).
 """
 
 from __future__ import annotations
@@ -33,21 +35,24 @@ from asyncrl.transport.zmq_link import ZmqLink
 TOKENS = np.arange(16, dtype=np.int32)
 
 
-def scheduler_config(run_dir: Path) -> dict:
+def scheduler_config(run_dir: Path, busy_poll: bool = True) -> dict:
+    spins = {} if busy_poll else {"busy_poll_us": 0, "worker_busy_poll_us": 0}
     return {
         "run": {"dir": str(run_dir), "total_steps": 1_000_000},
         # No step ever runs here, so admission must not wait for one.
         "pipeline": {"max_staleness": 10_000_000, "train_batch_groups": 1},
         # The benchmark's worker never heartbeats: on a loaded machine a run can outlast
         # the default timeout, and a worker declared dead would end the benchmark.
-        "scheduler": {"worker_timeout_s": 3600},
+        "scheduler": {"worker_timeout_s": 3600, **spins},
         "logging": {"level": "warning"},
     }
 
 
-def start_scheduler(run_dir: Path, control: str, events: str) -> subprocess.Popen[bytes]:
+def start_scheduler(
+    run_dir: Path, control: str, events: str, busy_poll: bool = True
+) -> subprocess.Popen[bytes]:
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
-    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir))))
+    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir, busy_poll))))
     serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
     proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -69,15 +74,21 @@ def time_rounds(one_round: Callable[[], None], rounds: int, warmup: int) -> list
     return took
 
 
-def bench_scheduler(kind: str, rounds: int, warmup: int, root: Path) -> list[float]:
-    run_dir = root / kind
+def bench_scheduler(
+    kind: str, rounds: int, warmup: int, root: Path, busy_poll: bool = True
+) -> list[float]:
+    run_dir = root / f"{kind}-{'busy' if busy_poll else 'sleeping'}"
     if kind == "ipc":
-        control, events = f"ipc://{root}/control.sock", f"ipc://{root}/events.sock"
+        control, events = f"ipc://{run_dir}-control.sock", f"ipc://{run_dir}-events.sock"
     else:
         control, events = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
-    proc = start_scheduler(run_dir, control, events)
+    proc = start_scheduler(run_dir, control, events, busy_poll)
     where = json.loads((run_dir / "endpoints.json").read_text())
-    link = ZmqLink(where["control"], where["events"], identity=f"bench-{kind}")
+    cfg = config_from_dict(scheduler_config(run_dir, busy_poll))
+    busy_poll_s = cfg.scheduler.worker_busy_poll_us / 1e6
+    link = ZmqLink(
+        where["control"], where["events"], identity=f"bench-{kind}", busy_poll_s=busy_poll_s
+    )
     try:
         for worker, role in (("loader", "dataloader"), ("gen", "generate")):
             assert isinstance(
@@ -160,6 +171,10 @@ def main() -> None:
             results[f"asyncrl scheduler, {kind}"] = summary(
                 bench_scheduler(kind, args.rounds, args.warmup, Path(tmp))
             )
+        # What busy polling buys (and the figure before it was the default).
+        results["asyncrl, ipc, no busy poll"] = summary(
+            bench_scheduler("ipc", args.rounds, args.warmup, Path(tmp), busy_poll=False)
+        )
     results["Ray actor queue"] = summary(bench_ray(args.rounds, args.warmup))
     print(f"{'':28} {'rounds/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
     for name, (rate, p50, p99) in results.items():

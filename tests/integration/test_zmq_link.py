@@ -236,6 +236,30 @@ def test_a_late_reply_reaches_the_callback_without_waiting_for_another_request(s
     assert link.request(Claim("then", "generate", 1), LONG_S) == NoWork("then")
 
 
+def test_a_busy_polling_link_gets_quick_replies_slow_replies_and_timeouts(serve, links):
+    server = serve()
+    late: list[Message] = []
+    link = links(server, busy_poll_s=0.002, on_late_reply=late.append)
+    for n in range(20):  # answered within the spin, mostly
+        assert link.request(Claim(f"quick{n}", "generate", 1), LONG_S) == NoWork(f"quick{n}")
+    server.hold.set()
+    with pytest.raises(LinkTimeout):  # the spin ends; the deadline still holds
+        link.request(Claim("held", "generate", 1), SHORT_S)
+    server.hold.clear()
+    assert link.request(Claim("after", "generate", 1), LONG_S) == NoWork("after")
+    wait_for(lambda: late)
+    assert late == [NoWork("held")]
+
+    def answer_later() -> None:
+        time.sleep(0.3)  # long after the spin: the caller is asleep in poll by now
+        server.hold.clear()
+        server.answer_held.set()
+
+    server.hold.set()
+    threading.Thread(target=answer_later).start()
+    assert link.request(Claim("slow", "generate", 1), LONG_S) == NoWork("slow")
+
+
 def test_requests_overlapping_a_slow_one_are_answered_in_turn(serve, links):
     """One thread's call holds the socket; the others go through the I/O thread."""
     server = serve()
