@@ -172,9 +172,19 @@ class WeightsSection:
             "receivers each node relays to; 0 = every receiver pulls from the trainer", min=0
         ),
     )
+    map_on_host: bool = field(
+        default=True,
+        metadata=doc(
+            "ucx: the trainer stages into shared-memory files, which generators on its host "
+            "map instead of fetching (generators elsewhere fetch over UCX)"
+        ),
+    )
     shm_dir: str = field(
         default="",
-        metadata=doc("where shm keeps staged versions; empty = a directory per run in /dev/shm"),
+        metadata=doc(
+            "where shm and map_on_host keep staged versions; empty = a directory per run "
+            "in /dev/shm"
+        ),
     )
 
 

@@ -67,7 +67,8 @@ def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
 
 def _release_shared_weights(cfg: RunConfig) -> None:
     """Every process has ended: staged weights a killed trainer left in RAM go too."""
-    if cfg.weights.strategy != "shm":
+    weights = cfg.weights
+    if not (weights.strategy == "shm" or (weights.strategy == "ucx" and weights.map_on_host)):
         return
     from asyncrl.transport.weights import shm_directory
     from asyncrl.transport.weights.shm import sweep

@@ -8,14 +8,18 @@ state rebuilt locally (:func:`model_state`), tensor by tensor and byte for byte,
 reports the names of the tensors that differ.
 
 Nodes run the UCX strategy unless started with ``strategy="shm"`` (and ``shm_dir``, the
-publisher's slot directory). Test hooks run inside the node's own process, never in the
-library:
+publisher's slot directory) or ``strategy="ucx-map"`` (UCX with map_on_host: the publisher
+stages into slot files in ``shm_dir``, receivers map them when on its host). Test hooks run
+inside the node's own process, never in the library:
 
 - ``pace_s`` (receivers): sleep before taking each range (UCX), or before checking a
   mapped version (shm), so a transfer lasts long enough to be interrupted mid-way;
 - ``corrupt`` (publishers): flip one byte of the staged buffer just before the first
   range that covers it is sent (after the checksums were taken), and flip it back before
-  the next one (``"once"``) or never (``"always"``).
+  the next one (``"once"``) or never (``"always"``);
+- ``no_space`` (ucx-map publishers): /dev/shm has no room for any slot file;
+- ``host`` (ucx-map receivers): the host identity the receiver believes it is on, so
+  that one machine can play a receiver on another host.
 """
 
 from __future__ import annotations
@@ -117,13 +121,19 @@ def _publisher_main(
 
         publisher = ShmPublisher(Path(options["shm_dir"]), bucket_mb=options.get("bucket_mb", 4))
     else:
+        from pathlib import Path
+
         from asyncrl.transport.weights.ucx import UcxPublisher
 
         if options.get("corrupt"):
             _corrupt_sends(*options["corrupt"])
+        if options.get("no_space"):
+            _no_room_in_shared_memory()
+        mapped = options.get("strategy") == "ucx-map"
         publisher = UcxPublisher(
             bucket_mb=options.get("bucket_mb", 4),
             send_timeout_s=options.get("send_timeout_s", 2),
+            share_dir=Path(options["shm_dir"]) if mapped else None,
         )
     reports.put(("ready", publisher.address))
     while True:
@@ -139,6 +149,17 @@ def _publisher_main(
             publisher.close()
             reports.put(("closed",))
             return
+
+
+def _no_room_in_shared_memory() -> None:  # pragma: no cover - child process
+    import errno
+
+    from asyncrl.transport.weights.shm import slot_file
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    slot_file.os.posix_fallocate = fallocate  # type: ignore[assignment]
 
 
 def _corrupt_sends(offset: int, mode: str) -> None:  # pragma: no cover - child process
@@ -181,6 +202,13 @@ def _receiver_main(
             bucket_mb=options.get("bucket_mb", 3),
             stall_timeout_s=options.get("stall_timeout_s", 2),
         )
+        if options.get("strategy") == "ucx-map":
+            from asyncrl.transport.weights.host_aware import HostAwareReceiver
+            from asyncrl.transport.weights.shm import ShmReceiver
+
+            receiver = HostAwareReceiver(receiver, ShmReceiver())
+            if options.get("host"):
+                receiver._host = options["host"]
     reports.put(("ready", receiver.address))
     sizes: dict[int, float] = {}  # version: MiB of the state it was built with
     current: Received | None = None
@@ -195,6 +223,8 @@ def _receiver_main(
                 _, plan, mib = command
                 sizes[plan.version] = mib
                 receiver.want(plan)
+            elif op == "address":
+                reports.put(("address", receiver.address))
             elif op == "progress":
                 checked = getattr(receiver, "checked_bytes", 0)
                 reports.put(("progress", checked, receiver.target))

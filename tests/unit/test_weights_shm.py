@@ -137,8 +137,9 @@ def test_a_kept_map_is_reused_for_the_same_file_and_dropped_when_it_is_replaced(
 def test_a_plan_from_another_host_is_refused_naming_both(publisher: ShmPublisher) -> None:
     plan = plan_of(publisher, 1)
     elsewhere = msgpack.packb({"host": "other-host/boot", "dir": str(publisher.directory)})
+    manifest = {**plan.manifest, "shm": elsewhere}
     with pytest.raises(ValueError, match=r"on host 'other-host/boot'.*use ucx"):
-        ShmReceiver().want(Plan(1, plan.manifest, "trainer", elsewhere))
+        ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
 
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "1-0.weights/..", "", None, 7])

@@ -126,6 +126,7 @@ def make_publisher(weights: WeightsSection, run_dir: Path) -> WeightPublisher:
             bucket_mb=weights.produce_bucket_mb,
             progress_mode=weights.progress_mode,
             send_timeout_s=weights.stall_timeout_s,
+            share_dir=shm_directory(weights, run_dir) if weights.map_on_host else None,
         )
     if weights.strategy == "shm":
         from .shm import ShmPublisher
@@ -143,12 +144,18 @@ def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True)
     if weights.strategy == "ucx":
         from .ucx import UcxReceiver
 
-        return UcxReceiver(
+        ucx = UcxReceiver(
             bucket_mb=weights.consume_bucket_mb,
             progress_mode=weights.progress_mode,
             stall_timeout_s=weights.stall_timeout_s,
             relay=relay,
         )
+        if not weights.map_on_host:
+            return ucx
+        from .host_aware import HostAwareReceiver
+        from .shm import ShmReceiver
+
+        return HostAwareReceiver(ucx, ShmReceiver())
     if weights.strategy == "shm":
         from .shm import ShmReceiver
 
@@ -161,7 +168,7 @@ def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True)
 
 
 def shm_directory(weights: WeightsSection, run_dir: Path) -> Path:
-    """Where the shm strategy keeps a run's slot files (``weights.shm_dir``, or /dev/shm)."""
+    """Where shared-memory slot files of a run go (``weights.shm_dir``, or /dev/shm)."""
     if weights.shm_dir:
         return Path(weights.shm_dir)
     from .shm import default_directory

@@ -178,10 +178,11 @@ class SlotFile:
                 raise
             space = os.statvfs(self.path.parent)
             raise NoSpace(
-                f"weights.strategy=shm: a version needs {(HEADER_BYTES + nbytes) >> 20} MiB "
+                f"shared memory: a version needs {(HEADER_BYTES + nbytes) >> 20} MiB "
                 f"in {self.path.parent}, which has {space.f_bavail * space.f_frsize >> 20} MiB "
                 f"free; give it more room (a container's --shm-size), point weights.shm_dir "
-                f"at a larger RAM-backed directory, or use weights.strategy=ucx"
+                f"at a larger RAM-backed directory, or use weights.strategy=ucx with "
+                f"weights.map_on_host=false"
             ) from None
         # The pages are allocated now, once per file, not during a timed staging copy.
         # The old map (if any) goes when the last view of it does.

@@ -47,13 +47,26 @@ from .slot_file import (
     sweep,
 )
 
-__all__ = ["ShmPublisher", "ShmReceiver"]
+__all__ = ["ShmPublisher", "ShmReceiver", "mappable", "where_mapped"]
 
 log = structlog.get_logger("asyncrl.weights")
 
 MiB = 1 << 20
 PAGE = mmap.PAGESIZE
 CHECK_THREADS = 2  # CRC-32C releases the GIL: two threads check 1 GiB in about 0.06 s here
+
+
+def mappable(plan_: Plan) -> bool:
+    """Whether ``plan_``'s manifest names a slot file (shm, or ucx staging into files)."""
+    return "file" in plan_.manifest and "shm" in plan_.manifest
+
+
+def where_mapped(plan_: Plan) -> tuple[str, Path]:
+    """The host and directory of a mappable plan's slot file; ValueError if malformed."""
+    address = plan_.manifest["shm"]
+    if not isinstance(address, bytes):
+        raise ValueError(f"plan for version {plan_.version}: its shm address is not bytes")
+    return decode_address(address)
 
 
 class ShmPublisher:
@@ -84,7 +97,7 @@ class ShmPublisher:
         slot.finish(version, total)
         self._newest = slot
         manifest = Manifest(version, specs, total, self.bucket_bytes, checksums).to_payload()
-        manifest["file"] = slot.name
+        manifest.update({"file": slot.name, "shm": self.address})
         return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
@@ -129,13 +142,13 @@ class ShmReceiver:
 
     def want(self, plan_: Plan) -> None:
         manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
-        if "file" not in plan_.manifest:
+        if not mappable(plan_):
             raise ValueError(
                 f"plan for version {plan_.version} names no shared-memory file: the trainer "
                 f"publishes with another weights.strategy than this generator's shm"
             )
         name = check_name(plan_.manifest["file"])
-        host, directory = decode_address(plan_.source_address)
+        host, directory = where_mapped(plan_)
         if host != self._host:
             raise ValueError(
                 f"weights.strategy=shm: version {plan_.version} is on host {host!r}, this "

@@ -1,21 +1,31 @@
-"""A node's two staging buffers with the pool's rules, under one lock and condition."""
+"""A node's two staging buffers with the pool's rules, under one lock and condition.
+
+A publisher may back its buffers with slot files (``files``), so that generators on its
+host map them instead of fetching; everyone else's buffers are private memory.
+"""
 
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..buffers import BufferPool, Grant
 
+if TYPE_CHECKING:
+    from ..shm.staging_files import StagingFiles
+
 __all__ = ["Store"]
 
 
 class Store:
-    def __init__(self) -> None:
+    def __init__(self, files: StagingFiles | None = None) -> None:
         self.pool = BufferPool(2)
+        self.files = files
         self.buffers: list[np.ndarray | None] = [None] * len(self.pool)
+        self.in_file = [False] * len(self.pool)  # whether a slot's buffer maps a slot file
         self.changed = threading.Condition()  # guards pool and buffers; notified on change
         # The version this node is about to fetch: requests for it wait instead of GONE,
         # so a relay planned before its own fetch began does not look failed.
@@ -43,10 +53,19 @@ class Store:
         """The slot's buffer, at least ``nbytes`` long, its pages touched once.
 
         Touching the pages at allocation keeps page faults out of every later copy
-        (a fresh buffer copies at about half the speed of a warm one here).
+        (a fresh buffer copies at about half the speed of a warm one here). With slot
+        files, the slot gets a file nobody maps (see StagingFiles), or private memory if
+        /dev/shm is full; never a file's map again, which a generator may be running on.
         """
+        was_in_file = self.in_file[slot]
+        if self.files is not None:
+            mapped = self.files.writable(slot, nbytes)
+            self.in_file[slot] = mapped is not None
+            if mapped is not None:
+                self.buffers[slot] = mapped
+                return mapped
         current = self.buffers[slot]
-        if current is None or current.size < nbytes:
+        if current is None or current.size < nbytes or was_in_file:
             current = np.empty(nbytes, np.uint8)
             # Through torch, which lets go of the GIL while it writes (NumPy's fill does
             # not): a receiver's decode loop keeps running meanwhile.

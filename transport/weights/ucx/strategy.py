@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import structlog
 import torch
@@ -22,6 +23,7 @@ import torch
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..buffers import SlotState
 from ..layout import Manifest, plan, stage, views
+from ..shm.staging_files import StagingFiles
 from .fetch import Fetch
 from .node import ProgressMode, UcxNode
 from .server import Server
@@ -36,16 +38,21 @@ MiB = 1 << 20
 
 
 class UcxPublisher:
+    """Stages versions and serves them over UCX; with ``share_dir``, the staging buffers are
+    slot files there, which generators on this host map instead of fetching them."""
+
     def __init__(
         self,
         *,
         bucket_mb: float = 64,
         progress_mode: ProgressMode = "thread",
         send_timeout_s: float = 30.0,
+        share_dir: Path | None = None,
     ) -> None:
         self.bucket_bytes = max(1, int(bucket_mb * MiB))
+        self.files = None if share_dir is None else StagingFiles(share_dir)
         self.node = UcxNode(progress_mode)
-        self.store = Store()
+        self.store = Store(self.files)
         self.server = Server(self.node, self.store, send_timeout_s)
         self.address = self.node.address
 
@@ -59,18 +66,24 @@ class UcxPublisher:
             checksums = tuple(stage(state, specs, buffer, self.bucket_bytes, total))
         except BaseException:
             with self.store.changed:
+                if self.files is not None and self.store.in_file[slot]:
+                    self.files.abandon(slot)
                 self.store.pool.abort_write(slot)
             raise
+        manifest = Manifest(version, specs, total, self.bucket_bytes, checksums).to_payload()
         with self.store.changed:
+            if self.files is not None and self.store.in_file[slot]:
+                manifest.update(self.files.finish(slot, version, total))
             self.store.pool.verified(slot, total)
             self.store.pool.finish_write(slot)
             self.store.changed.notify_all()
-        manifest = Manifest(version, specs, total, self.bucket_bytes, checksums)
-        return Announcement(version, manifest.to_payload(), self.address)
+        return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
         self.server.close()
         self.node.close()
+        if self.files is not None:
+            self.files.close()
 
 
 class UcxReceiver:
