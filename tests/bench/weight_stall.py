@@ -1,14 +1,16 @@
 """How long a decoding generator is held up while a new version of its weights arrives.
 
-    python -m tests.bench.weight_stall [--versions 4] [--layers 12] [--strategy ucx|shm]
+    python -m tests.bench.weight_stall [--versions 4] [--layers 12] [--strategy ucx-map|ucx|shm]
 
 Two processes. The trainer holds a Llama-shaped model of about 1 GiB (fp32, random
 weights) and publishes a new version of it every few seconds through the weight plane
-(UCX, or shared memory with ``--strategy shm``). The generator decodes with the same
-architecture on its main thread, exactly as the ``generate`` role does (continuous
-batching, 4 slots, prompts refilled as sequences end) and follows the versions with the
-role's own ``WeightFollower``: the fetch runs in the background, and the decode loop only
-polls and, once a version is whole and checked, makes the model run on it (no copy).
+(the default, ``ucx-map``: UCX with map_on_host, so the generator on the trainer's host
+maps the staged file; ``ucx``: fetched over UCX; ``shm``: the shared-memory strategy).
+The generator decodes with the same architecture on its main thread, exactly as the
+``generate`` role does (continuous batching, 4 slots, prompts refilled as sequences end)
+and follows the versions with the role's own ``WeightFollower``: the fetch runs in the
+background, and the decode loop only polls and, once a version is whole and checked,
+makes the model run on it (no copy).
 
 Printed per version, all measured in this run:
 - transfer: from the first plan to the last checked byte at the generator;
@@ -58,26 +60,29 @@ def model_config(layers: int) -> Any:
     )
 
 
+def _weights(strategy: str) -> Any:
+    """The weights section a run with ``--strategy`` would have (64 MiB buckets)."""
+    from asyncrl.runtime.config import WeightsSection
+
+    return WeightsSection(
+        strategy="shm" if strategy == "shm" else "ucx", map_on_host=strategy == "ucx-map"
+    )
+
+
 def _publisher(strategy: str, workdir: str) -> Any:
-    if strategy == "shm":
-        from pathlib import Path
+    from pathlib import Path
 
-        from asyncrl.transport.weights.shm import ShmPublisher, default_directory
+    from asyncrl.transport.weights import make_publisher
 
-        return ShmPublisher(default_directory(Path(workdir)), bucket_mb=64)
-    from asyncrl.transport.weights.ucx import UcxPublisher
-
-    return UcxPublisher(bucket_mb=64)
+    return make_publisher(_weights(strategy), Path(workdir))
 
 
-def _receiver(strategy: str) -> Any:
-    if strategy == "shm":
-        from asyncrl.transport.weights.shm import ShmReceiver
+def _receiver(strategy: str, workdir: str) -> Any:
+    from pathlib import Path
 
-        return ShmReceiver()
-    from asyncrl.transport.weights.ucx import UcxReceiver
+    from asyncrl.transport.weights import make_receiver
 
-    return UcxReceiver(bucket_mb=64)
+    return make_receiver(_weights(strategy), Path(workdir))
 
 
 def _trainer(
@@ -102,7 +107,9 @@ def _trainer(
     publisher.close()
 
 
-def _generator(layers: int, versions: int, strategy: str, plans: Any, results: Any) -> None:
+def _generator(
+    layers: int, versions: int, strategy: str, workdir: str, plans: Any, results: Any
+) -> None:
     from asyncrl.actors._weights import WeightFollower
     from asyncrl.actors.policy.checkpoint import load_state
     from asyncrl.actors.policy.decoder import Decoder, Request
@@ -119,7 +126,7 @@ def _generator(layers: int, versions: int, strategy: str, plans: Any, results: A
     def ask(version: int, address: bytes, failed: str) -> Plan | None:
         return newest.get("plan")
 
-    follower = WeightFollower(_receiver(strategy), ask)
+    follower = WeightFollower(_receiver(strategy, workdir), ask)
     loaded, tag = 0, 0
     steps: list[tuple[float, float]] = []  # (start, seconds) of every decode step
     marks: list[dict[str, float]] = []
@@ -158,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--versions", type=int, default=4)
     parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--strategy", choices=("ucx", "shm"), default="ucx")
+    parser.add_argument("--strategy", choices=("ucx", "ucx-map", "shm"), default="ucx-map")
     args = parser.parse_args(argv)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     ctx = mp.get_context("spawn")
@@ -166,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="asyncrl-stall-") as workdir:
         common = (args.layers, args.versions, args.strategy)
         trainer = ctx.Process(target=_trainer, args=(*common, workdir, plans, done))
-        generator = ctx.Process(target=_generator, args=(*common, plans, results))
+        generator = ctx.Process(target=_generator, args=(*common, workdir, plans, results))
         trainer.start()
         generator.start()
         steps, marks = results.get(timeout=600)

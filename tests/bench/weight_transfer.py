@@ -35,6 +35,8 @@ faster than the ``gloo`` broadcast to as many receivers (when gloo ran).
   time includes staging and checksumming at the sender and checking at every receiver.
 - ``shm``: asyncrl's shared-memory strategy: the sender stages into a file in /dev/shm,
   each receiver maps it read-only and checks every bucket (no copy per receiver).
+- ``ucx-map``: the default (``ucx`` with ``weights.map_on_host``): the UCX sender stages
+  into slot files, and receivers on its host map them as ``shm`` does.
 
 Adding a method: subclass ``Method``, fill in its sender and receiver hooks, decorate it
 with ``@register``; it runs with the others under ``--methods``. How much of the time a
@@ -356,6 +358,33 @@ class Shm(Plane):
         from asyncrl.transport.weights.shm import ShmReceiver
 
         return ShmReceiver()
+
+
+@register
+class UcxMapped(Plane):
+    """The default path (ucx with weights.map_on_host): the sender stages into slot files,
+    receivers on its host map them and check them once per host, as shm does."""
+
+    name = "ucx-map"
+
+    def _weights(self) -> Any:
+        from asyncrl.runtime.config import WeightsSection
+
+        return WeightsSection(strategy="ucx", map_on_host=True)
+
+    def make_publisher(self) -> Any:
+        from pathlib import Path
+
+        from asyncrl.transport.weights import make_publisher
+
+        return make_publisher(self._weights(), Path(self.setting.workdir))
+
+    def make_receiver(self) -> Any:
+        from pathlib import Path
+
+        from asyncrl.transport.weights import make_receiver
+
+        return make_receiver(self._weights(), Path(self.setting.workdir))
 
 
 @register

@@ -82,7 +82,7 @@ def test_every_generator_runs_on_the_one_staged_copy_byte_exact(shm_dir: Path) -
         for node in generators:
             take(node, first, trainer, 1)
             assert node.ask("loaded", "check_loaded") == (1, [])
-        assert len(slot_files(shm_dir)) == 1  # no copy per generator
+        assert len(slot_files(shm_dir)) == 2  # the trainer's two files, no copy per generator
 
 
 def test_a_pinned_version_is_never_written_and_the_trainer_never_waits(shm_dir: Path) -> None:

@@ -32,8 +32,10 @@ def no_space(fd: int, offset: int, length: int) -> None:
 def test_a_slot_reuses_its_file_while_nobody_maps_it(tmp_path: Path) -> None:
     files = StagingFiles(tmp_path / "slots")
     first = stage(files, 0, 1)
+    assert files.files == 2  # the other slot's file is made with the first version
     assert stage(files, 0, 3) == first
-    assert files.files == 1
+    other = stage(files, 1, 4)
+    assert other != first and files.files == 2
     files.close()
     assert not (tmp_path / "slots").exists()
 

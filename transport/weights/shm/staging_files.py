@@ -60,14 +60,18 @@ class StagingFiles:
         if current is None:
             current = self._free_spare()
         if current is None:
-            try:
-                current = SlotFile(self.directory / next(self._names), nbytes)
-            except NoSpace as error:
-                if not self._warned_no_space:
-                    log.warning("staging weights in private memory", reason=str(error))
-                    self._warned_no_space = True
+            first = self.files == 0
+            current = self._new_file(nbytes)
+            if current is None:
                 return None
-            if self.files >= 2:
+            if first:
+                # The other slot's file too, now: made later, its gigabytes of page
+                # allocation would land in the middle of the second version's transfer.
+                spare = self._new_file(nbytes)
+                if spare is not None:
+                    spare.abandon()  # made locked; nobody's until a slot takes it
+                    self._spare.append(spare)
+            elif self.files >= 2:
                 log.info("weight slot files grew", files=self.files + 1)
         self._by_slot[slot] = current
         try:
@@ -97,6 +101,15 @@ class StagingFiles:
         # Not empty while a generator holds a file of a trainer before this one.
         with contextlib.suppress(OSError):
             self.directory.rmdir()
+
+    def _new_file(self, nbytes: int) -> SlotFile | None:
+        try:
+            return SlotFile(self.directory / next(self._names), nbytes)
+        except NoSpace as error:
+            if not self._warned_no_space:
+                log.warning("staging weights in private memory", reason=str(error))
+                self._warned_no_space = True
+            return None
 
     def _free_spare(self) -> SlotFile | None:
         for index, file in enumerate(self._spare):

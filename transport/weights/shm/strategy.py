@@ -115,7 +115,14 @@ class ShmPublisher:
                 return slot
         slot = SlotFile(self.directory / next(self._names), nbytes)
         self._files.append(slot)
-        if len(self._files) > 2:
+        if len(self._files) == 1:
+            # The second file too, now: every version after the first needs one (the newest
+            # version's is never written), and made later its page allocation would land
+            # in the middle of the second version's transfer.
+            spare = SlotFile(self.directory / next(self._names), nbytes)
+            spare.abandon()  # made locked; free for the next version
+            self._files.append(spare)
+        elif len(self._files) > 2:
             held = sorted(s.version for s in self._files if s.version is not None)
             log.info("weight slot files grew", files=len(self._files), held_versions=held)
         return slot
