@@ -15,29 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.transport.weights.base import NeedsPlan, Received
-from tests.support.weight_nodes import Node, Nodes, nodes, plan_from
+from asyncrl.transport.weights.base import NeedsPlan
+from tests.support.weight_nodes import (
+    MIB_STATE,
+    OUTCOME_S,
+    Node,
+    Nodes,
+    nodes,
+    plan_from,
+    publish,
+    shm_test_directory,
+    slot_files,
+    take,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
-OUTCOME_S = 30.0
-MIB_STATE = 16
 ELSEWHERE = "another-host/boot"
 
 
 @pytest.fixture
 def shm_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    made = directory / f"asyncrl-test-{tmp_path.name}"
-    yield made
-    for path in made.glob("*"):
-        path.unlink()
-    if made.exists():
-        made.rmdir()
-
-
-def slot_files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.glob("*.weights"))
+    with shm_test_directory(tmp_path) as directory:
+        yield directory
 
 
 def start(n: Nodes, shm_dir: Path, local: int, remote: int) -> tuple[Node, list[Node], list[Node]]:
@@ -46,19 +46,6 @@ def start(n: Nodes, shm_dir: Path, local: int, remote: int) -> tuple[Node, list[
     away = [n.receiver(f"away-{i}", strategy="ucx-map", host=ELSEWHERE) for i in range(remote)]
     n.started(trainer, *here, *away)
     return trainer, here, away
-
-
-def publish(trainer: Node, version: int) -> object:
-    (announcement,) = trainer.ask("announced", "publish", version, MIB_STATE, timeout=OUTCOME_S)
-    return announcement
-
-
-def take(node: Node, announcement: object, source: Node, version: int) -> Received:
-    node.send("want", plan_from(announcement, source, version), MIB_STATE)  # type: ignore[arg-type]
-    got = node.outcome(OUTCOME_S)  # a Received is checked byte for byte in the node
-    assert isinstance(got, Received), f"{node.name}: {got}"
-    assert got.version == version
-    return got
 
 
 def served(trainer: Node) -> int:
@@ -70,7 +57,7 @@ def test_generators_here_map_and_generators_elsewhere_fetch_the_same_bytes(shm_d
         trainer, here, away = start(n, shm_dir, local=2, remote=1)
         for version in (1, 2, 3):
             announcement = publish(trainer, version)
-            manifest = announcement.manifest  # type: ignore[attr-defined]
+            manifest = announcement.manifest
             assert "file" in manifest and "shm" in manifest
             before = served(trainer)
             for node in here:
@@ -123,7 +110,7 @@ def test_no_room_in_shared_memory_stages_privately_and_everyone_fetches(tmp_path
         here = n.receiver("here-0", strategy="ucx-map")
         n.started(trainer, here)
         announcement = publish(trainer, 1)
-        assert "file" not in announcement.manifest  # type: ignore[attr-defined]
+        assert "file" not in announcement.manifest
         take(here, announcement, trainer, 1)
-        assert served(trainer) == announcement.manifest["total"]  # type: ignore[attr-defined]
+        assert served(trainer) == announcement.manifest["total"]
         assert here.ask("loaded", "check_loaded") == (1, [])

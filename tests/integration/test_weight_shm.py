@@ -18,23 +18,27 @@ import pytest
 
 from asyncrl.transport.weights.base import NeedsPlan, Received
 from asyncrl.transport.weights.shm.slot_file import _CHECKED, _CHECKED_AT, HEADER_BYTES
-from tests.support.weight_nodes import Node, Nodes, nodes, plan_from, wait_until
+from tests.support.weight_nodes import (
+    MIB_STATE,
+    OUTCOME_S,
+    Node,
+    Nodes,
+    nodes,
+    plan_from,
+    publish,
+    shm_test_directory,
+    slot_files,
+    take,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-OUTCOME_S = 30.0
-MIB_STATE = 16  # MiB of the state dicts published here
 
 
 @pytest.fixture
 def shm_dir(tmp_path: Path) -> Iterator[Path]:
-    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
-    made = directory / f"asyncrl-test-{tmp_path.name}"
-    yield made
-    for path in made.glob("*"):
-        path.unlink()
-    if made.exists():
-        made.rmdir()
+    with shm_test_directory(tmp_path) as directory:
+        yield directory
 
 
 def check_held(path: Path) -> bool:
@@ -51,28 +55,11 @@ def check_held(path: Path) -> bool:
         os.close(fd)
 
 
-def slot_files(directory: Path) -> list[str]:
-    return sorted(p.name for p in directory.glob("*.weights"))
-
-
 def start(n: Nodes, shm_dir: Path, *names: str, **options: object) -> tuple[Node, list[Node]]:
     trainer = n.publisher(strategy="shm", shm_dir=str(shm_dir))
     generators = [n.receiver(name, strategy="shm", **options) for name in names]
     n.started(trainer, *generators)
     return trainer, generators
-
-
-def publish(trainer: Node, version: int) -> object:
-    (announcement,) = trainer.ask("announced", "publish", version, MIB_STATE, timeout=OUTCOME_S)
-    return announcement
-
-
-def take(node: Node, announcement: object, trainer: Node, version: int) -> Received:
-    node.send("want", plan_from(announcement, trainer, version), MIB_STATE)  # type: ignore[arg-type]
-    got = node.outcome(OUTCOME_S)  # a Received is checked byte for byte in the node
-    assert isinstance(got, Received), f"{node.name}: {got}"
-    assert got.version == version
-    return got
 
 
 def test_every_generator_runs_on_the_one_staged_copy_byte_exact(shm_dir: Path) -> None:
@@ -118,11 +105,11 @@ def test_a_generator_killed_while_checking_holds_up_neither_peer_nor_trainer(
         (peer,) = [n.receiver("gen-2", strategy="shm")]
         n.started(peer)
         first = publish(trainer, 1)
-        victim.send("want", plan_from(first, trainer, 1), MIB_STATE)  # type: ignore[arg-type]
+        victim.send("want", plan_from(first, trainer, 1), MIB_STATE)
         # It holds the host's check of version 1 (sleeping inside it) until it is killed.
-        path = shm_dir / first.manifest["file"]  # type: ignore[attr-defined]
+        path = shm_dir / first.manifest["file"]
         wait_until(lambda: check_held(path), 20, "gen-slow checking")
-        peer.send("want", plan_from(first, trainer, 1), MIB_STATE)  # type: ignore[arg-type]
+        peer.send("want", plan_from(first, trainer, 1), MIB_STATE)
         with pytest.raises(TimeoutError):
             peer.outcome(2.0)  # waiting for the first check, as it should
         victim.kill9()
@@ -160,15 +147,15 @@ def test_a_corrupt_bucket_is_never_handed_over(shm_dir: Path) -> None:
         for node in generators:
             take(node, first, trainer, 1)
         second = publish(trainer, 2)
-        name = second.manifest["file"]  # type: ignore[attr-defined]
-        offset = 2 * second.manifest["bucket_bytes"] + 12345  # type: ignore[attr-defined]
+        name = second.manifest["file"]
+        offset = 2 * second.manifest["bucket_bytes"] + 12345
         with open(shm_dir / name, "r+b") as f:  # a stray write after staging
             f.seek(HEADER_BYTES + offset)
             byte = f.read(1)[0]
             f.seek(HEADER_BYTES + offset)
             f.write(bytes([byte ^ 0xFF]))
         for node in generators:  # each checks it: a failed check is never recorded as done
-            node.send("want", plan_from(second, trainer, 2), MIB_STATE)  # type: ignore[arg-type]
+            node.send("want", plan_from(second, trainer, 2), MIB_STATE)
             got = node.outcome(OUTCOME_S)
             assert isinstance(got, NeedsPlan), f"{node.name}: {got}"
             assert got.failed == "trainer" and "buckets [2]" in got.reason
@@ -183,7 +170,7 @@ def test_a_plan_for_a_version_since_rewritten_is_refused(shm_dir: Path) -> None:
         first = publish(trainer, 1)
         publish(trainer, 2)
         publish(trainer, 3)  # into version 1's file: nobody held it
-        late.send("want", plan_from(first, trainer, 1), MIB_STATE)  # type: ignore[arg-type]
+        late.send("want", plan_from(first, trainer, 1), MIB_STATE)
         got = late.outcome(OUTCOME_S)
         assert isinstance(got, NeedsPlan), got
         assert "holds version 3" in got.reason

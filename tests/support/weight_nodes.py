@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,8 @@ import torch
 from asyncrl.transport.weights.base import Announcement, NeedsPlan, Plan, Received
 
 __all__ = [
+    "MIB_STATE",
+    "OUTCOME_S",
     "MiB",
     "Node",
     "Nodes",
@@ -47,11 +50,17 @@ __all__ = [
     "model_state",
     "nodes",
     "plan_from",
+    "publish",
+    "shm_test_directory",
+    "slot_files",
+    "take",
     "wait_until",
 ]
 
 MiB = 1 << 20
 _START_S = 60.0  # spawning imports torch and UCX: slow on two busy cores
+MIB_STATE = 16  # MiB of the state dicts that publish() and take() move
+OUTCOME_S = 30.0  # how long a fetch or a map may take before a test gives up
 
 
 # --- the state dicts ------------------------------------------------------------------
@@ -400,3 +409,38 @@ def nodes() -> Iterator[Nodes]:
         yield made
     finally:
         made.stop_all()
+
+
+# --- mapped weights: shared by the shm and map_on_host tests ---------------------------
+
+
+@contextmanager
+def shm_test_directory(tmp_path: Path) -> Iterator[Path]:
+    """A slot directory for one test, in /dev/shm where there is one; emptied after it."""
+    directory = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    made = directory / f"asyncrl-test-{tmp_path.name}"
+    try:
+        yield made
+    finally:
+        for path in made.glob("*"):
+            path.unlink()
+        if made.exists():
+            made.rmdir()
+
+
+def slot_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("*.weights"))
+
+
+def publish(trainer: Node, version: int) -> Announcement:
+    (announcement,) = trainer.ask("announced", "publish", version, MIB_STATE, timeout=OUTCOME_S)
+    return announcement
+
+
+def take(node: Node, announcement: Announcement, source: Node, version: int) -> Received:
+    """``node`` fetches or maps ``version`` from ``source``; it must arrive whole and exact."""
+    node.send("want", plan_from(announcement, source, version), MIB_STATE)
+    got = node.outcome(OUTCOME_S)  # a Received is checked byte for byte in the node
+    assert isinstance(got, Received), f"{node.name}: {got}"
+    assert got.version == version
+    return got

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import itertools
 import mmap
 import os
 import re
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+import structlog
 
 __all__ = [
     "HEADER_BYTES",
@@ -48,8 +50,11 @@ __all__ = [
     "default_directory",
     "encode_address",
     "host_identity",
+    "new_slot_paths",
     "sweep",
 ]
+
+log = structlog.get_logger("asyncrl.weights")
 
 HEADER_BYTES = 4096  # the buffer starts on a page, so every tensor view is aligned
 _MAGIC = b"asyncrlW"
@@ -325,3 +330,13 @@ def sweep(directory: Path) -> int:
         finally:
             os.close(fd)
     return removed
+
+
+def new_slot_paths(directory: Path) -> Iterator[Path]:
+    """For a trainer starting on ``directory``: make it, remove the files a trainer before
+    it left (killed before it cleaned up), and name this process's slot files in turn."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stale = sweep(directory)
+    if stale:
+        log.info("removed stale weight slot files", directory=str(directory), files=stale)
+    return (directory / f"{os.getpid()}-{n}.weights" for n in itertools.count())

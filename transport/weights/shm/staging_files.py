@@ -19,14 +19,12 @@ in private memory: UCX serves it to everyone, and the announcement names no file
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 from pathlib import Path
 
 import numpy as np
 import structlog
 
-from .slot_file import NoSpace, SlotFile, encode_address, sweep
+from .slot_file import NoSpace, SlotFile, encode_address, new_slot_paths
 
 __all__ = ["StagingFiles"]
 
@@ -36,14 +34,10 @@ log = structlog.get_logger("asyncrl.weights")
 class StagingFiles:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stale = sweep(directory)  # a trainer before this one, killed before it cleaned up
-        if stale:
-            log.info("removed stale weight slot files", directory=str(directory), files=stale)
+        self._paths = new_slot_paths(directory)
         self.address = encode_address(directory)
         self._by_slot: dict[int, SlotFile] = {}
         self._spare: list[SlotFile] = []  # files generators held when their slot moved on
-        self._names = (f"{os.getpid()}-{n}.weights" for n in itertools.count())
         self._warned_no_space = False
 
     @property
@@ -104,7 +98,7 @@ class StagingFiles:
 
     def _new_file(self, nbytes: int) -> SlotFile | None:
         try:
-            return SlotFile(self.directory / next(self._names), nbytes)
+            return SlotFile(next(self._paths), nbytes)
         except NoSpace as error:
             if not self._warned_no_space:
                 log.warning("staging weights in private memory", reason=str(error))

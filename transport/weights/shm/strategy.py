@@ -18,9 +18,7 @@ hold them, so the first to check records it in the file and the others rely on t
 from __future__ import annotations
 
 import contextlib
-import itertools
 import mmap
-import os
 import struct
 import threading
 import time
@@ -44,7 +42,7 @@ from .slot_file import (
     decode_address,
     encode_address,
     host_identity,
-    sweep,
+    new_slot_paths,
 )
 
 __all__ = ["ShmPublisher", "ShmReceiver", "mappable", "where_mapped"]
@@ -74,14 +72,10 @@ class ShmPublisher:
         self.directory = directory
         self.bucket_bytes = max(1, int(bucket_mb * MiB))
         self.stage_threads = stage_threads
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        stale = sweep(directory)  # a trainer before this one, killed before it cleaned up
-        if stale:
-            log.info("removed stale weight slot files", directory=str(directory), files=stale)
+        self._paths = new_slot_paths(directory)
         self.address = encode_address(directory)
         self._files: list[SlotFile] = []
         self._newest: SlotFile | None = None
-        self._names = (f"{os.getpid()}-{n}.weights" for n in itertools.count())
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         specs, total = plan(state)
@@ -113,13 +107,13 @@ class ShmPublisher:
         for slot in self._files:
             if slot is not self._newest and slot.try_lock():
                 return slot
-        slot = SlotFile(self.directory / next(self._names), nbytes)
+        slot = SlotFile(next(self._paths), nbytes)
         self._files.append(slot)
         if len(self._files) == 1:
             # The second file too, now: every version after the first needs one (the newest
             # version's is never written), and made later its page allocation would land
             # in the middle of the second version's transfer.
-            spare = SlotFile(self.directory / next(self._names), nbytes)
+            spare = SlotFile(next(self._paths), nbytes)
             spare.abandon()  # made locked; free for the next version
             self._files.append(spare)
         elif len(self._files) > 2:
