@@ -10,7 +10,6 @@ compared byte for byte with the same state rebuilt in its own process.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from tests.support.weight_nodes import (
     nodes,
     plan_from,
     publish,
-    shm_test_directory,
     slot_files,
     take,
 )
@@ -32,12 +30,6 @@ from tests.support.weight_nodes import (
 pytestmark = pytest.mark.timeout(120)
 
 ELSEWHERE = "another-host/boot"
-
-
-@pytest.fixture
-def shm_dir(tmp_path: Path) -> Iterator[Path]:
-    with shm_test_directory(tmp_path) as directory:
-        yield directory
 
 
 def start(n: Nodes, shm_dir: Path, local: int, remote: int) -> tuple[Node, list[Node], list[Node]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,19 +25,12 @@ from tests.support.weight_nodes import (
     nodes,
     plan_from,
     publish,
-    shm_test_directory,
     slot_files,
     take,
     wait_until,
 )
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def shm_dir(tmp_path: Path) -> Iterator[Path]:
-    with shm_test_directory(tmp_path) as directory:
-        yield directory
 
 
 def check_held(path: Path) -> bool:
