@@ -1,6 +1,6 @@
-"""The wire protocol: every message kind, declared once, and its MessagePack encoding.
+"""The wire protocol: how the messages of :mod:`.messages` travel, in MessagePack.
 
-A message is a frozen dataclass with a ``KIND``. On the wire it is one multipart message::
+A message (a frozen dataclass with a ``KIND``) is one multipart message on the wire::
 
     frame 0      msgpack [PROTOCOL_VERSION, kind, req_id, body, arrays]
     frame 1..n   the raw bytes of each array, in order, never copied into frame 0
@@ -9,8 +9,9 @@ A message is a frozen dataclass with a ``KIND``. On the wire it is one multipart
 anywhere in a body is replaced by a MessagePack extension naming its frame; ``arrays``
 holds each frame's ``[dtype, shape]``. ``req_id`` pairs a reply with its request; events
 and one-way messages use 0. Nothing is pickled: :func:`decode` builds only the types
-declared here and checks every field against its annotation, so a frame that is not a
-valid message of this version is a :class:`ProtocolError` naming what was wrong.
+declared in :mod:`.messages` and checks every field against its annotation, so a frame
+that is not a valid message of this version is a :class:`ProtocolError` naming what was
+wrong.
 
 Transport code knows this module; it knows nothing of what the payloads mean.
 """
@@ -21,14 +22,49 @@ import math
 import threading
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any
 
 import msgpack
 import numpy as np
 
-from . import _compiled, _typed
+from . import _compiled, _typed, messages
+from .messages import (
+    PROTOCOL_VERSION,
+    Ack,
+    Added,
+    AddGroups,
+    Bye,
+    Claim,
+    Complete,
+    Error,
+    Event,
+    Fail,
+    Heartbeat,
+    Hello,
+    Item,
+    Kind,
+    Lease,
+    LoadedVersion,
+    Lock,
+    LockGranted,
+    LockQueued,
+    Message,
+    NewGroup,
+    NoWork,
+    Payload,
+    PublishVersion,
+    Ready,
+    Report,
+    Result,
+    Shutdown,
+    Status,
+    StatusReply,
+    Stop,
+    Unlock,
+    Want,
+    WantWeights,
+    WeightsPlan,
+)
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -74,11 +110,6 @@ __all__ = [
     "unpack_payload",
 ]
 
-PROTOCOL_VERSION = 1
-
-Payload = dict[str, Any]
-"""A role's result for one group: str keys; values are MessagePack types or numpy arrays."""
-
 _ARRAY_EXT = 1  # MessagePack extension code of an array reference: [frame, dtype, shape]
 _INLINE_ARRAY_EXT = 2  # an array stored inside a payload blob: [dtype, shape, bytes]
 _DTYPES = frozenset(
@@ -89,41 +120,6 @@ _MAX_DIMS = 8
 _MAX_ARRAYS = 65_536
 
 
-class Kind(IntEnum):
-    # worker -> scheduler (requests)
-    HELLO = 1
-    HEARTBEAT = 2
-    CLAIM = 3
-    COMPLETE = 4
-    FAIL = 5
-    LOCK = 6
-    UNLOCK = 7
-    PUBLISH_VERSION = 8
-    LOADED_VERSION = 9
-    ADD_GROUPS = 10
-    BYE = 11
-    REPORT = 12
-    WANT_WEIGHTS = 13
-    # observers -> scheduler
-    STATUS = 20
-    STOP = 21
-    # scheduler -> worker (replies)
-    READY = 40
-    ACK = 41
-    ERROR = 42
-    LEASE = 43
-    NO_WORK = 44
-    WANT = 45
-    ADDED = 46
-    LOCK_GRANTED = 47
-    LOCK_QUEUED = 48
-    STATUS_REPLY = 49
-    SHUTDOWN = 50
-    WEIGHTS_PLAN = 51
-    # scheduler -> everyone (PUB)
-    EVENT = 60
-
-
 class ProtocolError(ValueError):
     """Frames that are not a valid message of this protocol version; says what was wrong."""
 
@@ -131,343 +127,6 @@ class ProtocolError(ValueError):
         super().__init__(detail)
         self.req_id = req_id
 
-
-# --- requests ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """First message of a worker: who it is. Answered by Ready, or Error on a mismatch."""
-
-    KIND: ClassVar[Kind] = Kind.HELLO
-    worker: str
-    role: str
-    protocol: int
-    pid: int
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """Alive. ``leases``: the ones the worker holds, the only ones renewed (None: all)."""
-
-    KIND: ClassVar[Kind] = Kind.HEARTBEAT
-    worker: str
-    leases: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Ask for up to ``n`` groups of the role's work (the dataloader: how many to add)."""
-
-    KIND: ClassVar[Kind] = Kind.CLAIM
-    worker: str
-    role: str
-    n: int
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """One group's result; admitted work (generate) carries its (min, max) policy versions."""
-
-    gid: int
-    data: Payload
-    behaviour: tuple[int, int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """Results of a lease; a train step may add the step's metrics."""
-
-    KIND: ClassVar[Kind] = Kind.COMPLETE
-    worker: str
-    lease_id: int
-    fence: int
-    results: tuple[Result, ...]
-    metrics: Payload | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Fail:
-    """Give groups of a lease back (all of them when ``gids`` is None) to be tried again."""
-
-    KIND: ClassVar[Kind] = Kind.FAIL
-    worker: str
-    lease_id: int
-    fence: int
-    gids: tuple[int, ...] | None
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Lock:
-    KIND: ClassVar[Kind] = Kind.LOCK
-    worker: str
-    resource: str
-    lease_id: int
-    fence: int
-
-
-@dataclass(frozen=True, slots=True)
-class Unlock:
-    KIND: ClassVar[Kind] = Kind.UNLOCK
-    worker: str
-    resource: str
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class PublishVersion:
-    """The trainer made ``version`` available.
-
-    ``weights``: the weight plane's manifest for it (opaque here, passed on to receivers),
-    None where weights travel another way (files); ``address``: where the publisher serves
-    them on the weight plane.
-    """
-
-    KIND: ClassVar[Kind] = Kind.PUBLISH_VERSION
-    worker: str
-    version: int
-    weights: Payload | None = None
-    address: bytes = b""
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedVersion:
-    KIND: ClassVar[Kind] = Kind.LOADED_VERSION
-    worker: str
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    """A worker's measurement that belongs to no lease, e.g. a validation pass.
-
-    ``name`` says what it is ("validation"); ``version`` is the policy version measured.
-    """
-
-    KIND: ClassVar[Kind] = Kind.REPORT
-    worker: str
-    name: str
-    version: int
-    data: Payload
-
-
-@dataclass(frozen=True, slots=True)
-class WantWeights:
-    """Whom to fetch ``version``'s weights from (0: the newest announced). Answered by
-    WeightsPlan, or Error when no announcement for that version is held.
-
-    ``address``: the asker's own weight-plane address if it can relay to others (b"": it
-    cannot); ``failed``: a source that failed the asker (timed out, corrupt bytes), which
-    it is not given again.
-    """
-
-    KIND: ClassVar[Kind] = Kind.WANT_WEIGHTS
-    worker: str
-    version: int
-    address: bytes = b""
-    failed: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class NewGroup:
-    key: str
-    data: Payload
-
-
-@dataclass(frozen=True, slots=True)
-class AddGroups:
-    """New prompt groups; keys the scheduler already knows are skipped, not added twice."""
-
-    KIND: ClassVar[Kind] = Kind.ADD_GROUPS
-    worker: str
-    groups: tuple[NewGroup, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Bye:
-    """The worker is leaving on purpose (drained): its registration ends now."""
-
-    KIND: ClassVar[Kind] = Kind.BYE
-    worker: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    KIND: ClassVar[Kind] = Kind.STATUS
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """Drain: no new leases; the scheduler exits once running leases end."""
-
-    KIND: ClassVar[Kind] = Kind.STOP
-    reason: str
-
-
-# --- replies ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """Hello accepted. Durations are the scheduler's, so every worker paces alike."""
-
-    KIND: ClassVar[Kind] = Kind.READY
-    worker: str
-    run: str
-    protocol: int
-    heartbeat_interval_s: float
-    lease_timeout_s: float
-    max_message_bytes: int
-    policy_version: int  # the newest published weights, for a generator to load first
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    KIND: ClassVar[Kind] = Kind.ACK
-    count: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Error:
-    """A request was refused. ``code`` is a core Reason or a protocol-level one."""
-
-    KIND: ClassVar[Kind] = Kind.ERROR
-    code: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """A leased group: its key and what earlier stages produced, by role."""
-
-    gid: int
-    key: str
-    data: dict[str, Payload]
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """Work for the worker until ``expires_in_s`` from now unless heartbeats renew it.
-
-    Relative, not a timestamp: worker and scheduler clocks need not agree.
-    """
-
-    KIND: ClassVar[Kind] = Kind.LEASE
-    lease_id: int
-    fence: int
-    role: str
-    expires_in_s: float
-    version: int | None
-    items: tuple[Item, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class NoWork:
-    KIND: ClassVar[Kind] = Kind.NO_WORK
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Want:
-    """Reply to a dataloader's claim: how many new groups the pipeline can take now."""
-
-    KIND: ClassVar[Kind] = Kind.WANT
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Added:
-    KIND: ClassVar[Kind] = Kind.ADDED
-    added: tuple[str, ...]
-    skipped: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class LockGranted:
-    KIND: ClassVar[Kind] = Kind.LOCK_GRANTED
-    resource: str
-    lease_id: int
-    token: int
-
-
-@dataclass(frozen=True, slots=True)
-class LockQueued:
-    KIND: ClassVar[Kind] = Kind.LOCK_QUEUED
-    resource: str
-    lease_id: int
-    position: int
-
-
-@dataclass(frozen=True, slots=True)
-class StatusReply:
-    KIND: ClassVar[Kind] = Kind.STATUS_REPLY
-    summary: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Shutdown:
-    """The run is over or draining: the worker finishes what it holds and exits."""
-
-    KIND: ClassVar[Kind] = Kind.SHUTDOWN
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class WeightsPlan:
-    """Fetch ``version`` (its ``manifest``) from worker ``source`` at ``source_address``."""
-
-    KIND: ClassVar[Kind] = Kind.WEIGHTS_PLAN
-    version: int
-    manifest: Payload
-    source: str
-    source_address: bytes
-
-
-# --- events -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A PUB message. ``seq`` numbers every event, so a subscriber sees gaps."""
-
-    KIND: ClassVar[Kind] = Kind.EVENT
-    seq: int
-    topic: str
-    body: dict[str, Any]
-
-
-Message = (
-    Hello
-    | Heartbeat
-    | Claim
-    | Complete
-    | Fail
-    | Lock
-    | Unlock
-    | PublishVersion
-    | LoadedVersion
-    | Report
-    | WantWeights
-    | AddGroups
-    | Bye
-    | Status
-    | Stop
-    | Ready
-    | Ack
-    | Error
-    | Lease
-    | NoWork
-    | Want
-    | Added
-    | LockGranted
-    | LockQueued
-    | StatusReply
-    | Shutdown
-    | WeightsPlan
-    | Event
-)
 
 # --- encoding ---------------------------------------------------------------------------
 
@@ -673,7 +332,7 @@ _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
 
 def _register() -> None:
     for cls in [Result, Item, NewGroup, *_MESSAGES]:  # nested ones first
-        _compiled.register(cls, globals())
+        _compiled.register(cls, vars(messages))
 
 
 _register()

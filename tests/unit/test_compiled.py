@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.transport import _compiled, _typed
+from asyncrl.transport import _compiled, _typed, messages
 from asyncrl.transport import protocol as p
 
 CLASSES = [p.Result, p.Item, p.NewGroup, *typing.get_args(p.Message)]
@@ -71,7 +71,7 @@ def _right(hint: Any) -> st.SearchStrategy[Any]:
 
 @functools.cache
 def bodies(cls: type) -> st.SearchStrategy[list[Any]]:
-    hints = typing.get_type_hints(cls, globalns=vars(p))
+    hints = typing.get_type_hints(cls, globalns=vars(messages))
     fields = [wire_values(hints[f.name]) for f in dataclasses.fields(cls)]
     full = st.tuples(*fields).map(list)
     cut = full.flatmap(lambda body: st.integers(0, len(body)).map(lambda n: body[:n]))
