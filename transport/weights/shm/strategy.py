@@ -31,6 +31,7 @@ import crc32c
 import structlog
 import torch
 
+from .._background import JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..layout import Manifest, plan, stage, views
 from .slot_file import (
@@ -132,7 +133,7 @@ class ShmReceiver:
         self._host = host_identity()
         self._lock = threading.Lock()
         self._target: int | None = None
-        self._thread: threading.Thread | None = None
+        self._jobs = JobThread("weights-map")
         self._outcome: Received | NeedsPlan | None = None
         self._mapped: dict[int, MappedVersion] = {}  # checked versions, each under its lock
         self._maps = MapCache()
@@ -160,13 +161,7 @@ class ShmReceiver:
             if plan_.version <= newest or self._target is not None:
                 return  # held already, or a check under way (the next plan comes after it)
             self._target = plan_.version
-        self._thread = threading.Thread(
-            target=self._map_and_check,
-            args=(directory / name, manifest, plan_.source),
-            name="weights-map",
-            daemon=True,
-        )
-        self._thread.start()
+        self._jobs.submit(self._map_and_check, directory / name, manifest, plan_.source)
 
     def poll(self) -> Received | NeedsPlan | None:
         with self._lock:
@@ -180,8 +175,7 @@ class ShmReceiver:
                 self._mapped.pop(version).release()
 
     def close(self) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self._jobs.close(timeout=10)
         with self._lock:
             for mapped in self._mapped.values():
                 mapped.release()

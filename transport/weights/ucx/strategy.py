@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 import torch
 
+from .._background import JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..buffers import SlotState
 from ..layout import Manifest, plan, stage, views
@@ -104,7 +105,7 @@ class UcxReceiver:
         self._held: int | None = None  # the newest version fetched whole
         self._tags = TagSource()
         self._job: _Job | None = None
-        self._thread: threading.Thread | None = None
+        self._fetches = JobThread("weights-fetch")
         self._outcome: Received | NeedsPlan | None = None
         self._first_plan_at: dict[int, float] = {}
         self._attempts: dict[int, int] = {}
@@ -144,17 +145,11 @@ class UcxReceiver:
             current.stop.set()  # a newer version: the old fetch ends after its range
         self._first_plan_at.setdefault(plan_.version, time.monotonic())
         self._attempts[plan_.version] = self._attempts.get(plan_.version, 0) + 1
-        previous, self._outcome = self._thread, None
+        self._outcome = None
         self._job = job = _Job(plan_.version)
         with self.store.changed:
             self.store.expecting = plan_.version
-        self._thread = threading.Thread(
-            target=self._run,
-            args=(plan_, manifest, job, previous),
-            name="weights-fetch",
-            daemon=True,
-        )
-        self._thread.start()
+        self._fetches.submit(self._run, plan_, manifest, job)  # after the stopped one ends
 
     def poll(self) -> Received | NeedsPlan | None:
         """What the background fetch came to, once: a version, or a request for a new source."""
@@ -173,19 +168,14 @@ class UcxReceiver:
             self._job.stop.set()
         with self.store.changed:
             self.store.changed.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=self.stall_timeout_s + 1)
+        self._fetches.close(timeout=self.stall_timeout_s + 1)
         if self.server is not None:
             self.server.close()
         self.node.close()
 
     # --- the fetch thread ------------------------------------------------------------
 
-    def _run(
-        self, plan_: Plan, manifest: Manifest, job: _Job, previous: threading.Thread | None
-    ) -> None:
-        if previous is not None:
-            previous.join()
+    def _run(self, plan_: Plan, manifest: Manifest, job: _Job) -> None:
         slot, resume = self._slot_for(manifest, job.stop)
         if slot is None:
             job.finished = True
