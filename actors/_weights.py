@@ -4,10 +4,12 @@ over whole versions, and account for what each one cost the decode loop."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import structlog
+import torch
 
+from asyncrl.actors._release import Releaser
 from asyncrl.transport.weights import NeedsPlan, Plan, Received, WeightReceiver
 
 __all__ = ["WeightFollower"]
@@ -30,6 +32,7 @@ class WeightFollower:
         self.ask = ask
         self._retry_at = 0.0
         self._main_thread_s = 0.0  # the caller's time spent on the current version
+        self._releaser = Releaser()
 
     def step(self, newest: int, loaded: int) -> Received | None:
         """Advance towards ``newest``; a version ready to load, if one is."""
@@ -46,8 +49,12 @@ class WeightFollower:
         finally:
             self._main_thread_s += time.perf_counter() - started
 
-    def loaded(self, received: Received, load_s: float) -> dict[str, object]:
-        """The model runs on ``received``; what moving it cost (for the weights report)."""
+    def loaded(
+        self, received: Received, load_s: float, superseded: Iterable[torch.Tensor] = ()
+    ) -> dict[str, object]:
+        """The model runs on ``received`` and no longer on ``superseded`` (freed in the
+        background); what moving it cost (for the weights report)."""
+        self._releaser.release(superseded)
         self.receiver.loaded(received)
         stall_s, self._main_thread_s = self._main_thread_s + load_s, 0.0
         return {

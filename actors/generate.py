@@ -109,8 +109,8 @@ class Generate(StreamingActor):
             started = time.perf_counter()
             # The model runs on the receiver's checked buffer itself (no copy); in-flight
             # sequences carry on, their caches recomputed at the next step.
-            self.decoder.load(received.state, received.version, copy=False)
-            cost = self.weights.loaded(received, time.perf_counter() - started)
+            superseded = self.decoder.load(received.state, received.version, copy=False)
+            cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
             self.loaded = received.version
             self.reports.append(p.Report(self.ctx.worker, "weights", self.loaded, cost))
         self._maybe_validate()

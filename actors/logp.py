@@ -45,8 +45,8 @@ class Logp(ScoringActor):
         received = self.weights.step(version, self.loaded)
         if received is not None:
             started = time.perf_counter()
-            load_state(self.model, received.state, copy=False)  # runs on the checked buffer
-            cost = self.weights.loaded(received, time.perf_counter() - started)
+            superseded = load_state(self.model, received.state, copy=False)  # no copy
+            cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
             self.loaded = received.version
             self.reports.append(p.Report(self.worker, "weights", self.loaded, cost))
         return self.loaded

@@ -53,11 +53,14 @@ def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM,
     return model.to(dtype), TextCodec.from_dir(directory)
 
 
-def load_state(model: CausalLM, state: Mapping[str, torch.Tensor], *, copy: bool = True) -> None:
+def load_state(
+    model: CausalLM, state: Mapping[str, torch.Tensor], *, copy: bool = True
+) -> list[torch.Tensor]:
     """Put ``state`` into ``model``; a missing or unexpected tensor is an error naming it.
 
     ``copy=False`` makes the model run on ``state``'s tensors themselves (a weight
-    receiver's checked buffer), which then must not change while the model uses them.
+    receiver's checked buffer), which then must not change while the model uses them, and
+    returns the tensors the model ran on before (for the caller to free where it suits).
     """
     # One walk over the modules: a generator switches versions between decode steps.
     params = dict(model.named_parameters())
@@ -79,12 +82,15 @@ def load_state(model: CausalLM, state: Mapping[str, torch.Tensor], *, copy: bool
                     f"weight {name!r} is {tuple(tensor.shape)} {tensor.dtype}; the model's is "
                     f"{tuple(param.shape)} {param.dtype}"
                 )
+    superseded: list[torch.Tensor] = []
     with torch.no_grad():
         for name, tensor in state.items():
             if copy:
                 params[name].copy_(tensor)
             else:
+                superseded.append(params[name].data)
                 params[name].data = tensor
+    return superseded
 
 
 def state_for_saving(model: CausalLM) -> dict[str, torch.Tensor]:

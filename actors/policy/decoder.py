@@ -116,15 +116,19 @@ class Decoder:
         return self.slots - len(self.active) - len(self.waiting)
 
     @torch.no_grad()
-    def load(self, state: Mapping[str, torch.Tensor], version: int, *, copy: bool = True) -> None:
+    def load(
+        self, state: Mapping[str, torch.Tensor], version: int, *, copy: bool = True
+    ) -> list[torch.Tensor]:
         """Take new weights now; sequences in flight go on under them from the next token.
 
-        ``copy=False`` runs the model on ``state``'s own tensors (see ``load_state``).
+        ``copy=False`` runs the model on ``state``'s own tensors and returns the ones it
+        ran on before (see ``load_state``).
         """
-        load_state(self.model, state, copy=copy)
+        superseded = load_state(self.model, state, copy=copy)
         self.version = version
         for sequence in self.active.values():
             sequence.fed = 0  # its cache was computed by the old weights: recompute
+        return superseded
 
     @torch.no_grad()
     def step(self) -> list[Finished]:

@@ -16,6 +16,7 @@ Printed per version, all measured in this run:
 - transfer: from the first plan to the last checked byte at the generator;
 - blocked: time the decode loop spent inside weight-plane calls (polls, plan requests,
   the switch to the new weights) during that transfer, and its fraction of the transfer;
+  switch: the part of it spent making the model run on the new weights;
 - steps/s during the transfer against steps/s with no transfer (the two processes share
   two cores, so a transfer slows decoding even where it blocks nothing);
 - recompute: the first decode step after the switch less the median step. Sequences in
@@ -111,7 +112,6 @@ def _generator(
     layers: int, versions: int, strategy: str, workdir: str, plans: Any, results: Any
 ) -> None:
     from asyncrl.actors._weights import WeightFollower
-    from asyncrl.actors.policy.checkpoint import load_state
     from asyncrl.actors.policy.decoder import Decoder, Request
     from asyncrl.actors.policy.model import CausalLM
 
@@ -141,14 +141,11 @@ def _generator(
             marks.append({"version": plan.version, "publish_s": publish_s})
         except Exception:
             pass
-        blocked_at = time.perf_counter()
         received = follower.step(newest["plan"].version if newest else 0, loaded)
         if received is not None:
-            load_state(model, received.state, copy=False)
-            decoder.version = received.version
-            for sequence in decoder.active.values():
-                sequence.fed = 0
-            cost = follower.loaded(received, time.perf_counter() - blocked_at)
+            switch_at = time.perf_counter()
+            superseded = decoder.load(received.state, received.version, copy=False)
+            cost = follower.loaded(received, time.perf_counter() - switch_at, superseded)
             loaded = received.version
             marks[-1].update(cost, finished=time.monotonic())
             after_switch = len(steps)
@@ -190,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     quiet_rate = 1 / statistics.median(quiet)
     median_step = statistics.median(quiet)
     print(
-        f"{'version':>7} {'transfer s':>10} {'blocked s':>9} {'blocked %':>9} "
+        f"{'version':>7} {'transfer s':>10} {'blocked s':>9} {'switch s':>9} {'blocked %':>9} "
         f"{'steps/s in':>10} {'quiet':>6} {'recompute s':>11} {'staging s':>9}"
     )
     for m in marks:
@@ -199,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         recompute = m.get("first_step_s", median_step) - median_step
         print(
             f"{int(m['version']):7d} {m['transfer_s']:10.3f} {m['stall_s']:9.4f} "
+            f"{m['load_s']:9.4f} "
             f"{100 * m['stall_s'] / m['transfer_s']:9.2f} {rate:10.1f} {quiet_rate:6.1f} "
             f"{recompute:11.3f} {m['publish_s']:9.3f}"
         )
