@@ -129,7 +129,8 @@ def _generator(
     follower = WeightFollower(_receiver(strategy, workdir), ask)
     loaded, tag = 0, 0
     steps: list[tuple[float, float]] = []  # (start, seconds) of every decode step
-    marks: list[dict[str, float]] = []
+    marks: dict[int, dict[str, float]] = {}  # by version
+    switched: dict[str, float] | None = None  # the mark of the newest version switched to
     after_switch: int | None = None
     while loaded < versions:
         while decoder.free_slots > 0:
@@ -138,7 +139,7 @@ def _generator(
         try:
             plan, publish_s = plans.get_nowait()
             newest["plan"] = plan
-            marks.append({"version": plan.version, "publish_s": publish_s})
+            marks[plan.version] = {"version": plan.version, "publish_s": publish_s}
         except Exception:
             pass
         received = follower.step(newest["plan"].version if newest else 0, loaded)
@@ -147,14 +148,16 @@ def _generator(
             superseded = decoder.load(received.state, received.version, copy=False)
             cost = follower.loaded(received, time.perf_counter() - switch_at, superseded)
             loaded = received.version
-            marks[-1].update(cost, finished=time.monotonic())
+            switched = marks[received.version]
+            switched.update(cost, finished=time.monotonic())
             after_switch = len(steps)
         started = time.monotonic()
         decoder.step()
         steps.append((started, time.monotonic() - started))
         if after_switch is not None and len(steps) == after_switch + 1:
-            marks[-1]["first_step_s"] = steps[-1][1]
-    results.put((steps, marks))
+            assert switched is not None
+            switched["first_step_s"] = steps[-1][1]
+    results.put((steps, list(marks.values())))
     follower.receiver.close()
 
 
@@ -178,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         generator.join(60)
         trainer.join(60)
 
+    skipped = [int(m["version"]) for m in marks if "transfer_s" not in m]
+    marks = [m for m in marks if "transfer_s" in m]  # a version can be skipped for a newer
     nbytes = marks[0]["bytes"]
     print(
         f"{nbytes / 2**30:.2f} GiB model, {args.layers} layers, 4 slots; 2 processes; "
@@ -200,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * m['stall_s'] / m['transfer_s']:9.2f} {rate:10.1f} {quiet_rate:6.1f} "
             f"{recompute:11.3f} {m['publish_s']:9.3f}"
         )
+    if skipped:
+        print(f"skipped (a newer version arrived first): {skipped}")
 
 
 def _during(start: float, mark: dict[str, float]) -> bool:
