@@ -80,6 +80,8 @@ class Train(Actor):
         self.model, self.codec = load_policy(cfg, self.role)
         self.source = model_dir(cfg.model.path)
         self.weights = make_publisher(cfg.weights, self.run_dir)
+        # Its buffers are made while the first step trains, not when that step publishes.
+        self.weights.prepare(state_for_saving(self.model))
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,

@@ -95,6 +95,7 @@ def _trainer(
     torch.set_num_threads(1)
     model = CausalLM(model_config(layers))
     publisher = _publisher(strategy, workdir)
+    publisher.prepare(state_for_saving(model))  # as the train role does at its start
     for version in range(1, versions + 1):
         time.sleep(PUBLISH_EVERY_S)
         with torch.no_grad():

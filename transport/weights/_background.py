@@ -33,8 +33,9 @@ class JobThread:
         """Run ``job(*args)`` on the thread once the jobs before it have ended."""
         self._jobs.put((job, args))
 
-    def close(self, timeout: float) -> None:
-        """Let the queued jobs end (up to ``timeout`` seconds), then end the thread."""
+    def close(self, timeout: float | None) -> None:
+        """Let the queued jobs end (up to ``timeout`` seconds; None: however long they
+        take), then end the thread."""
         self._jobs.put(_STOP)
         self._thread.join(timeout=timeout)
 

@@ -86,6 +86,12 @@ class NeedsPlan:
 
 @runtime_checkable
 class WeightPublisher(Protocol):
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Start making the buffers versions of ``state``'s layout go into, in the
+        background; the first ``publish`` waits for them. Without it that publish makes
+        them, holding the trainer: seconds for a model of gigabytes."""
+        ...
+
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         """Make ``version``'s ``state`` fetchable; what to tell the scheduler."""
         ...

@@ -34,6 +34,9 @@ class FilePublisher:
         self.keep = keep
         directory.mkdir(parents=True, exist_ok=True)
 
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Nothing to make ahead: every version is a new file."""
+
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         target = _path(self.directory, version)
         staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -77,8 +77,14 @@ class ShmPublisher:
         self.address = encode_address(directory)
         self._files: list[SlotFile] = []
         self._newest: SlotFile | None = None
+        self._preparing: JobThread | None = None
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._preparing = JobThread("weights-prepare")
+        self._preparing.submit(lambda total: self._claim(total).abandon(), plan(state)[1])
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
+        self._wait_prepared()
         specs, total = plan(state)
         slot = self._claim(total)
         try:
@@ -96,12 +102,18 @@ class ShmPublisher:
         return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
+        self._wait_prepared()
         for slot in self._files:
             slot.remove()
         self._files.clear()
         # Not empty while a generator holds a file from a trainer before this one.
         with contextlib.suppress(OSError):
             self.directory.rmdir()
+
+    def _wait_prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.close(timeout=None)
+            self._preparing = None
 
     def _claim(self, nbytes: int) -> SlotFile:
         """A file to write into, locked: one nobody reads, never the newest version's."""

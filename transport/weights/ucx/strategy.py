@@ -56,8 +56,14 @@ class UcxPublisher:
         self.store = Store(self.files)
         self.server = Server(self.node, self.store, send_timeout_s)
         self.address = self.node.address
+        self._preparing: JobThread | None = None
+
+    def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
+        self._preparing = JobThread("weights-prepare")
+        self._preparing.submit(self._make_buffers, plan(state)[1])
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
+        self._wait_prepared()
         specs, total = plan(state)
         slot = self.store.claim(version, total)
         assert slot is not None
@@ -81,10 +87,24 @@ class UcxPublisher:
         return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
+        self._wait_prepared()
         self.server.close()
         self.node.close()
         if self.files is not None:
             self.files.close()
+
+    def _make_buffers(self, nbytes: int) -> None:
+        for slot in range(len(self.store.pool)):
+            with self.store.changed:
+                self.store.buffer(slot, nbytes)
+        if self.files is not None:
+            for slot in range(len(self.store.pool)):
+                self.files.abandon(slot)  # made locked for writing: nothing is in them yet
+
+    def _wait_prepared(self) -> None:
+        if self._preparing is not None:
+            self._preparing.close(timeout=None)
+            self._preparing = None
 
 
 class UcxReceiver:
