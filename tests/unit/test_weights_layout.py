@@ -12,6 +12,7 @@ from asyncrl.transport.weights.layout import (
     ALIGN,
     Manifest,
     ManifestError,
+    Stager,
     TensorSpec,
     bucket_checksums,
     plan,
@@ -70,6 +71,32 @@ def test_tensors_larger_than_a_copy_piece_stage_whole_across_buckets(threads: in
     specs, total, buffer, checksums = staged(state, bucket_bytes=5 << 20, threads=threads)
     assert checksums == list(bucket_checksums(buffer, total, 5 << 20))
     assert as_bytes(views(buffer, specs)["big"]) == as_bytes(state["big"])
+
+
+def test_one_stager_stages_version_after_version() -> None:
+    stager = Stager(threads=3)
+    for version in range(4):
+        state = {name: t + version for name, t in mixed_state().items() if t.is_floating_point()}
+        specs, total = plan(state)
+        buffer = np.full(total, 0xAB, np.uint8)
+        checksums = stager.stage(state, specs, buffer, 16, total)
+        assert checksums == list(bucket_checksums(buffer, total, 16))
+        assert all(as_bytes(t) == as_bytes(state[n]) for n, t in views(buffer, specs).items())
+    stager.close()
+
+
+def test_a_copy_that_fails_on_a_helper_fails_the_staging_and_the_stager_goes_on() -> None:
+    state = {"first": torch.randn(16), "second": torch.randn(16)}
+    specs, total = plan(state)
+    stager = Stager(threads=2)
+    # Two buckets: the caller copies the first, the helper the second, which does not fit.
+    with pytest.raises(ValueError):
+        stager.stage(state, specs, np.zeros(ALIGN, np.uint8), ALIGN, total)
+    buffer = np.zeros(total, np.uint8)
+    assert stager.stage(state, specs, buffer, ALIGN, total) == list(
+        bucket_checksums(buffer, total, ALIGN)
+    )
+    stager.close()
 
 
 # --- plan, stage, views ------------------------------------------------------------------

@@ -24,6 +24,7 @@ __all__ = [
     "ALIGN",
     "Manifest",
     "ManifestError",
+    "Stager",
     "TensorSpec",
     "bucket_checksums",
     "plan",
@@ -169,44 +170,83 @@ def stage(
     *,
     threads: int = 2,
 ) -> list[int]:
-    """Copy ``state`` into ``buffer`` where ``specs`` say; the CRC-32C of every bucket.
+    """:meth:`Stager.stage` once, with a :class:`Stager` of ``threads`` threads."""
+    stager = Stager(threads)
+    try:
+        return stager.stage(state, specs, buffer, bucket_bytes, total)
+    finally:
+        stager.close()
 
-    The trainer's one copy. Buckets are shared out between ``threads`` threads; each
+
+class Stager:
+    """The trainer's one copy: ``state`` into a buffer, with the CRC-32C of every bucket.
+
+    Buckets are shared out between the caller's thread and ``threads - 1`` helper threads,
+    kept from one version to the next (starting threads per version cost a 3 MiB model's
+    publish more than its copy: 2.7 ms median here, 6.5 ms with both cores busy). Each
     copies its buckets in pieces and checksums every piece right after copying it, while
     the piece is still in cache. Copy and checksum both release the GIL, so on two cores
     1 GiB stages in about half the time of a copy followed by a checksum pass.
     """
-    if threads < 1:
-        raise ValueError(f"threads={threads}: staging needs at least one")
-    sources = {
-        spec.name: state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-        for spec in specs
-    }
-    work = _bucket_work(specs, bucket_bytes, total)
-    crcs = [0] * len(work)
-    view = memoryview(buffer)
 
-    def run(first: int) -> None:
-        for index in range(first, len(work), threads):
-            crc = 0
-            for start, stop, name, source_start in work[index]:
-                for at in range(start, stop, _PIECE):
-                    end = min(stop, at + _PIECE)
-                    if name is None:  # alignment padding counts in its bucket's checksum
-                        buffer[at:end] = 0
-                    else:
-                        # As bytes, through NumPy: a plain memcpy, several times faster
-                        # here than torch's typed copy into a reinterpreted view.
-                        offset = source_start + at - start
-                        np.copyto(buffer[at:end], sources[name][offset : offset + end - at])
-                    crc = crc32c.crc32c(view[at:end], crc)
-            crcs[index] = crc
+    def __init__(self, threads: int = 2) -> None:
+        if threads < 1:
+            raise ValueError(f"threads={threads}: staging needs at least one")
+        self.threads = threads
+        self._helpers = (
+            ThreadPoolExecutor(threads - 1, thread_name_prefix="weights-stage")
+            if threads > 1
+            else None
+        )
 
-    threads = min(threads, len(work)) or 1
-    with ThreadPoolExecutor(threads, thread_name_prefix="weights-stage") as pool:
-        for done in [pool.submit(run, k) for k in range(threads)]:
-            done.result()  # a failed copy fails the staging
-    return crcs
+    def stage(
+        self,
+        state: Mapping[str, torch.Tensor],
+        specs: tuple[TensorSpec, ...],
+        buffer: np.ndarray,
+        bucket_bytes: int,
+        total: int,
+    ) -> list[int]:
+        """Copy ``state`` into ``buffer`` where ``specs`` say; the CRC-32C of every bucket."""
+        sources = {
+            spec.name: state[spec.name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            for spec in specs
+        }
+        work = _bucket_work(specs, bucket_bytes, total)
+        crcs = [0] * len(work)
+        view = memoryview(buffer)
+        shares = min(self.threads, len(work)) or 1
+
+        def run(first: int) -> None:
+            for index in range(first, len(work), shares):
+                crc = 0
+                for start, stop, name, source_start in work[index]:
+                    for at in range(start, stop, _PIECE):
+                        end = min(stop, at + _PIECE)
+                        if name is None:  # alignment padding counts in its bucket's checksum
+                            buffer[at:end] = 0
+                        else:
+                            # As bytes, through NumPy: a plain memcpy, several times faster
+                            # here than torch's typed copy into a reinterpreted view.
+                            offset = source_start + at - start
+                            np.copyto(buffer[at:end], sources[name][offset : offset + end - at])
+                        crc = crc32c.crc32c(view[at:end], crc)
+                crcs[index] = crc
+
+        helping = [self._helpers.submit(run, k) for k in range(1, shares)] if self._helpers else []
+        try:
+            run(0)
+        finally:
+            # Every helper has stopped writing before the caller may reuse the buffer.
+            failures = [h.exception() for h in helping]
+        for failure in failures:
+            if failure is not None:
+                raise failure  # a failed copy fails the staging
+        return crcs
+
+    def close(self) -> None:
+        if self._helpers is not None:
+            self._helpers.shutdown(wait=True)
 
 
 # Checksummed right after its copy, while still in cache. Staging 1 GiB on two threads

@@ -33,7 +33,7 @@ import torch
 
 from .._background import JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
-from ..layout import Manifest, plan, stage, views
+from ..layout import Manifest, Stager, plan, views
 from .slot_file import (
     Gone,
     MapCache,
@@ -72,7 +72,7 @@ class ShmPublisher:
     def __init__(self, directory: Path, *, bucket_mb: float = 64, stage_threads: int = 2) -> None:
         self.directory = directory
         self.bucket_bytes = max(1, int(bucket_mb * MiB))
-        self.stage_threads = stage_threads
+        self.stager = Stager(stage_threads)
         self._paths = new_slot_paths(directory)
         self.address = encode_address(directory)
         self._files: list[SlotFile] = []
@@ -89,9 +89,7 @@ class ShmPublisher:
         slot = self._claim(total)
         try:
             buffer = slot.begin(total)
-            checksums = tuple(
-                stage(state, specs, buffer, self.bucket_bytes, total, threads=self.stage_threads)
-            )
+            checksums = tuple(self.stager.stage(state, specs, buffer, self.bucket_bytes, total))
         except BaseException:
             slot.abandon()
             raise
@@ -103,6 +101,7 @@ class ShmPublisher:
 
     def close(self) -> None:
         self._wait_prepared()
+        self.stager.close()
         for slot in self._files:
             slot.remove()
         self._files.clear()

@@ -23,7 +23,7 @@ import torch
 from .._background import JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..buffers import SlotState
-from ..layout import Manifest, plan, stage, views
+from ..layout import Manifest, Stager, plan, views
 from ..shm.staging_files import StagingFiles
 from .fetch import Fetch
 from .node import ProgressMode, UcxNode
@@ -56,6 +56,7 @@ class UcxPublisher:
         self.store = Store(self.files)
         self.server = Server(self.node, self.store, send_timeout_s)
         self.address = self.node.address
+        self.stager = Stager()
         self._preparing: JobThread | None = None
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -70,7 +71,7 @@ class UcxPublisher:
         buffer = self.store.buffers[slot]
         assert buffer is not None
         try:
-            checksums = tuple(stage(state, specs, buffer, self.bucket_bytes, total))
+            checksums = tuple(self.stager.stage(state, specs, buffer, self.bucket_bytes, total))
         except BaseException:
             with self.store.changed:
                 if self.files is not None and self.store.in_file[slot]:
@@ -88,6 +89,7 @@ class UcxPublisher:
 
     def close(self) -> None:
         self._wait_prepared()
+        self.stager.close()
         self.server.close()
         self.node.close()
         if self.files is not None:
