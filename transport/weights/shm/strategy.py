@@ -140,7 +140,8 @@ class ShmReceiver:
     address = b""  # maps the trainer's file; relays nothing
 
     def __init__(self, *, check_threads: int = CHECK_THREADS) -> None:
-        self.check_threads = check_threads
+        # Kept between versions, like the map thread: a version's check starts at once.
+        self._checkers = ThreadPoolExecutor(check_threads, thread_name_prefix="weights-check")
         self._host = host_identity()
         self._lock = threading.Lock()
         self._target: int | None = None
@@ -187,6 +188,7 @@ class ShmReceiver:
 
     def close(self) -> None:
         self._jobs.close(timeout=10)
+        self._checkers.shutdown(wait=False)
         with self._lock:
             for mapped in self._mapped.values():
                 mapped.release()
@@ -241,6 +243,5 @@ class ShmReceiver:
             start, stop = manifest.bucket_range(index)
             return crc32c.crc32c(view[start:stop]) == manifest.checksums[index]
 
-        with ThreadPoolExecutor(self.check_threads, thread_name_prefix="weights-check") as pool:
-            fine = list(pool.map(check, range(manifest.buckets)))
+        fine = list(self._checkers.map(check, range(manifest.buckets)))
         return [index for index, ok in enumerate(fine) if not ok]
