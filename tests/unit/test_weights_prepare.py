@@ -3,8 +3,6 @@ and the first publish then uses them instead of making its own."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,14 +12,8 @@ from asyncrl.transport.weights.base import Plan, Received
 from asyncrl.transport.weights.files import FilePublisher
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher
+from tests.support.weight_nodes import wait_until
 from tests.unit.test_weights_shm import receive, state
-
-
-def wait_until(check: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 10
-    while not check():
-        assert time.monotonic() < deadline, "not prepared within 10 s"
-        time.sleep(0.005)
 
 
 def slot_files(directory: Path) -> list[Path]:
@@ -32,7 +24,7 @@ def test_shm_makes_both_slot_files_ahead_and_publishes_into_them(tmp_path: Path)
     directory = tmp_path / "slots"
     publisher = ShmPublisher(directory, bucket_mb=1 / 1024)
     publisher.prepare(state(0))
-    wait_until(lambda: len(slot_files(directory)) == 2)
+    wait_until(lambda: len(slot_files(directory)) == 2, 10, "both slot files made")
     made = slot_files(directory)
     receiver = ShmReceiver()
     for version in (1, 2, 3):
@@ -55,7 +47,7 @@ def test_ucx_stages_the_first_version_into_the_buffers_made_ahead(
     publisher = UcxPublisher(bucket_mb=1 / 1024, share_dir=directory if map_on_host else None)
     publisher.prepare(state(0))
     buffers = publisher.store.buffers
-    wait_until(lambda: all(b is not None for b in buffers))
+    wait_until(lambda: all(b is not None for b in buffers), 10, "both buffers made")
     made = [b.ctypes.data for b in buffers]  # where each slot's bytes are
     publisher.publish(1, state(1))
     publisher.publish(2, state(2))
