@@ -71,7 +71,12 @@ class Releaser:
         while True:
             tensors = self._queue.get()
             while tensors:
-                self._empty(tensors.pop())
+                tensor = tensors.pop()
+                try:
+                    self._empty(tensor)
+                except Exception:  # this thread must go on: later releases would pile up
+                    log.exception("superseded weights not emptied", shape=tuple(tensor.shape))
+                del tensor  # dropped here, emptied or not
 
     def _empty(self, tensor: torch.Tensor) -> None:
         storage_bytes = tensor.untyped_storage().nbytes()

@@ -52,9 +52,9 @@ def test_release_hands_the_work_to_the_background_thread() -> None:
     releaser.release(tensors)
     tensors.clear()  # the caller's references go; the releaser's are the last
     deadline = time.monotonic() + 10
-    while before - _resident_bytes() < 30 * MiB and time.monotonic() < deadline:
+    while before - _resident_bytes() < 24 * MiB and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert before - _resident_bytes() >= 30 * MiB
+    assert before - _resident_bytes() >= 24 * MiB  # of 32: other allocations may come and go
 
 
 def test_a_switch_without_copy_returns_the_tensors_the_model_ran_on() -> None:
@@ -67,3 +67,18 @@ def test_a_switch_without_copy_returns_the_tensors_the_model_ran_on() -> None:
     assert all(torch.equal(a, b) for a, b in zip(old.values(), superseded, strict=True))
     running = dict(model.named_parameters())
     assert all(running[name].data_ptr() == t.data_ptr() for name, t in new.items())
+
+
+def test_a_tensor_that_cannot_be_emptied_does_not_stop_the_releases_after_it() -> None:
+    releaser = Releaser()
+    sparse = torch.eye(4).to_sparse()  # has no plain storage: emptying it raises
+    releaser.release([sparse])
+    del sparse
+    tensors = [torch.ones(64 * MiB // 4)]
+    before = _resident_bytes()
+    releaser.release(tensors)
+    tensors.clear()
+    deadline = time.monotonic() + 10
+    while before - _resident_bytes() < 48 * MiB and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert before - _resident_bytes() >= 48 * MiB  # room for what logging the first allocates
