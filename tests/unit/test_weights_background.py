@@ -36,3 +36,14 @@ def test_close_ends_the_thread() -> None:
     jobs = JobThread("test-jobs-close")
     jobs.close(timeout=5)
     assert not any(t.name == "test-jobs-close" for t in threading.enumerate())
+
+
+def test_the_owner_hears_of_a_job_that_raised() -> None:
+    jobs, heard = JobThread("test-jobs"), []
+
+    def broken() -> None:
+        raise RuntimeError("a bug in a fetch")
+
+    jobs.submit(broken, on_error=heard.append)
+    jobs.close(timeout=5)
+    assert [str(e) for e in heard] == ["a bug in a fetch"]

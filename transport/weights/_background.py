@@ -29,9 +29,15 @@ class JobThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Callable[..., None], *args: Any) -> None:
-        """Run ``job(*args)`` on the thread once the jobs before it have ended."""
-        self._jobs.put((job, args))
+    def submit(
+        self,
+        job: Callable[..., None],
+        *args: Any,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """Run ``job(*args)`` on the thread once the jobs before it have ended; should it
+        raise, ``on_error(exception)`` lets the owner record that it ended."""
+        self._jobs.put((job, args, on_error))
 
     def close(self, timeout: float | None) -> None:
         """Let the queued jobs end (up to ``timeout`` seconds; None: however long they
@@ -41,9 +47,12 @@ class JobThread:
 
     def _run(self) -> None:
         while (item := self._jobs.get()) is not _STOP:
-            job, args = item
+            job, args, on_error = item
             try:
                 job(*args)
-            except Exception:
-                # A job that raises is a bug; the jobs after it must still run.
+            except Exception as error:
+                # A job that raises is a bug; the jobs after it must still run, and its
+                # owner must not wait for it forever (a receiver would never fetch again).
                 log.exception("weight-plane job failed", job=getattr(job, "__name__", "?"))
+                if on_error is not None:
+                    on_error(error)

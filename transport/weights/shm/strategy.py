@@ -173,7 +173,13 @@ class ShmReceiver:
             if plan_.version <= newest or self._target is not None:
                 return  # held already, or a check under way (the next plan comes after it)
             self._target = plan_.version
-        self._jobs.submit(self._map_and_check, directory / name, manifest, plan_.source)
+        self._jobs.submit(
+            self._map_and_check,
+            directory / name,
+            manifest,
+            plan_.source,
+            on_error=lambda error: self._end(NeedsPlan(plan_.version, plan_.source, repr(error))),
+        )
 
     def poll(self) -> Received | NeedsPlan | None:
         with self._lock:
@@ -233,6 +239,9 @@ class ShmReceiver:
                 )
                 with self._lock:
                     self._mapped[manifest.version] = mapped
+        self._end(outcome)
+
+    def _end(self, outcome: Received | NeedsPlan) -> None:
         with self._lock:
             self._outcome, self._target = outcome, None
 

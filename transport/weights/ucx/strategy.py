@@ -171,7 +171,9 @@ class UcxReceiver:
         self._job = job = _Job(plan_.version)
         with self.store.changed:
             self.store.expecting = plan_.version
-        self._fetches.submit(self._run, plan_, manifest, job)  # after the stopped one ends
+        self._fetches.submit(  # after the stopped one ends
+            self._run, plan_, manifest, job, on_error=lambda error: self._broke(plan_, job, error)
+        )
 
     def poll(self) -> Received | NeedsPlan | None:
         """What the background fetch came to, once: a version, or a request for a new source."""
@@ -250,6 +252,13 @@ class UcxReceiver:
             if isinstance(outcome, Received):
                 self._held = outcome.version
             self._outcome = outcome
+
+    def _broke(self, plan_: Plan, job: _Job, error: Exception) -> None:
+        """A fetch ended in an exception: ask for a plan again (it resumes from what was
+        checked) rather than wait for an outcome that will never come."""
+        job.finished = True
+        with self._lock:
+            self._outcome = NeedsPlan(plan_.version, plan_.source, f"fetch failed: {error!r}")
 
     def _slot_for(self, manifest: Manifest, stop: threading.Event) -> tuple[int | None, int]:
         """The slot to fetch into and the checked bytes already there (a resumed fetch)."""
