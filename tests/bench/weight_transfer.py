@@ -625,6 +625,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--receivers", default="1,2,4")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="run every method this many times, taking turns, and pool their repeats",
+    )
     parser.add_argument("--quick", action="store_true", help="64 MiB, receivers 1,2, 1 repeat")
     args = parser.parse_args(argv)
     if args.quick:
@@ -639,16 +645,26 @@ def main(argv: list[str] | None = None) -> None:
     print(machine_facts())
     print(
         f"{nbytes / MIB:.0f} MiB per receiver, median of {args.repeats} repeats after {WARMUPS} "
-        f"warm-ups; GB/s = 1e9 bytes per receiver per second; all figures from this run"
+        f"warm-ups, in each of {args.turns} turns; GB/s = 1e9 bytes per receiver per second; "
+        f"all figures from this run"
     )
     copies = memcpy_seconds(nbytes, args.repeats)
     rows = [Row("memcpy", 0, copies, copies, copies)]
     limit_gbs = nbytes / statistics.median(rows[0].took) / 1e9
-    for name in names:
-        for count in counts:
-            rows.append(Row(name, count, *run_method(name, count, nbytes, args.repeats)))
-            print(f"  {name}, {count} receivers: {statistics.median(rows[-1].took):.3f} s",
+    # Taking turns, a burst of noise on the machine falls on every method alike rather
+    # than on whichever ran then.
+    pooled = {(name, count): Row(name, count, [], [], []) for name in names for count in counts}
+    for _ in range(args.turns):
+        for (name, count), row in pooled.items():
+            for pool, times in zip(
+                (row.took, row.moving, row.held),
+                run_method(name, count, nbytes, args.repeats),
+                strict=True,
+            ):
+                pool.extend(times)
+            print(f"  {name}, {count} receivers: {statistics.median(row.took):.3f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
+    rows.extend(pooled.values())
     print(table(rows, nbytes, limit_gbs))
 
 
