@@ -3,7 +3,9 @@ plan loads, instead of waiting forever for an outcome that will not come."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,41 +17,30 @@ from asyncrl.transport.weights.ucx.fetch import Fetch
 from tests.unit.test_weights_shm import receive, state
 
 
-def test_an_shm_check_that_raises_is_a_request_for_a_plan_and_the_next_one_loads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    publisher = ShmPublisher(tmp_path / "slots", bucket_mb=1 / 1024)
-    announcement = publisher.publish(1, state(1))
-    plan = Plan(1, announcement.manifest, "trainer", announcement.address)
+def broken(*_: object) -> Any:
+    raise RuntimeError("a bug in the job")
+
+
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
     receiver = ShmReceiver()
-
-    def broken(*_: object) -> list[int]:
-        raise RuntimeError("a bug in the check")
-
-    monkeypatch.setattr(receiver, "_bad_buckets", broken)
-    got = receive(receiver, plan)
-    assert isinstance(got, NeedsPlan) and "a bug in the check" in got.reason
-    assert receiver.target is None
-    monkeypatch.undo()
-    assert isinstance(receive(receiver, plan), Received)
-    receiver.close()
-    publisher.close()
+    monkeypatch.setattr(receiver, "_bad_buckets", broken)  # the check raises
+    return ShmPublisher(tmp_path / "slots", bucket_mb=1 / 1024), receiver
 
 
-def test_a_ucx_fetch_that_raises_is_a_request_for_a_plan_and_the_next_one_loads(
-    monkeypatch: pytest.MonkeyPatch,
+def ucx(_tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    monkeypatch.setattr(Fetch, "run", broken)  # the fetch raises
+    return UcxPublisher(bucket_mb=1 / 1024), UcxReceiver(bucket_mb=1 / 1024, stall_timeout_s=5)
+
+
+@pytest.mark.parametrize("strategy", [shm, ucx], ids=["shm check", "ucx fetch"])
+def test_a_job_that_raises_is_a_request_for_a_plan_and_the_next_one_loads(
+    strategy: Callable[..., tuple[Any, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publisher = UcxPublisher(bucket_mb=1 / 1024)
+    publisher, receiver = strategy(tmp_path, monkeypatch)
     announcement = publisher.publish(1, state(1))
     plan = Plan(1, announcement.manifest, "trainer", announcement.address)
-    receiver = UcxReceiver(bucket_mb=1 / 1024, stall_timeout_s=5)
-
-    def broken(self: object) -> bool:
-        raise RuntimeError("a bug in the fetch")
-
-    monkeypatch.setattr(Fetch, "run", broken)
     got = receive(receiver, plan)
-    assert isinstance(got, NeedsPlan) and "a bug in the fetch" in got.reason
+    assert isinstance(got, NeedsPlan) and "a bug in the job" in got.reason
     assert receiver.target is None
     monkeypatch.undo()
     got = receive(receiver, plan)

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-__all__ = ["JobThread"]
+__all__ = ["Ahead", "JobThread"]
 
 log = structlog.get_logger("asyncrl.weights")
 
@@ -56,3 +56,22 @@ class JobThread:
                 log.exception("weight-plane job failed", job=getattr(job, "__name__", "?"))
                 if on_error is not None:
                     on_error(error)
+
+
+class Ahead:
+    """Work started in the background ahead of a call that must find it done (a
+    publisher's buffers, made before its first publish)."""
+
+    def __init__(self) -> None:
+        self._thread: JobThread | None = None
+
+    def start(self, name: str, job: Callable[..., None], *args: Any) -> None:
+        self.wait()
+        self._thread = JobThread(name)
+        self._thread.submit(job, *args)
+
+    def wait(self) -> None:
+        """Return once the work started (if any) has ended."""
+        if self._thread is not None:
+            self._thread.close(timeout=None)
+            self._thread = None

@@ -31,7 +31,7 @@ import crc32c
 import structlog
 import torch
 
-from .._background import JobThread
+from .._background import Ahead, JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..layout import Manifest, Stager, plan, views
 from .slot_file import (
@@ -77,14 +77,15 @@ class ShmPublisher:
         self.address = encode_address(directory)
         self._files: list[SlotFile] = []
         self._newest: SlotFile | None = None
-        self._preparing: JobThread | None = None
+        self._prepared = Ahead()
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._preparing = JobThread("weights-prepare")
-        self._preparing.submit(lambda total: self._claim(total).abandon(), plan(state)[1])
+        self._prepared.start(
+            "weights-prepare", lambda total: self._claim(total).abandon(), plan(state)[1]
+        )
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
-        self._wait_prepared()
+        self._prepared.wait()
         specs, total = plan(state)
         slot = self._claim(total)
         try:
@@ -100,7 +101,7 @@ class ShmPublisher:
         return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
-        self._wait_prepared()
+        self._prepared.wait()
         self.stager.close()
         for slot in self._files:
             slot.remove()
@@ -108,11 +109,6 @@ class ShmPublisher:
         # Not empty while a generator holds a file from a trainer before this one.
         with contextlib.suppress(OSError):
             self.directory.rmdir()
-
-    def _wait_prepared(self) -> None:
-        if self._preparing is not None:
-            self._preparing.close(timeout=None)
-            self._preparing = None
 
     def _claim(self, nbytes: int) -> SlotFile:
         """A file to write into, locked: one nobody reads, never the newest version's."""

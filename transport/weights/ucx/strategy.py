@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from .._background import JobThread
+from .._background import Ahead, JobThread
 from ..base import Announcement, NeedsPlan, Plan, Received
 from ..buffers import SlotState
 from ..layout import Manifest, Stager, plan, views
@@ -57,14 +57,13 @@ class UcxPublisher:
         self.server = Server(self.node, self.store, send_timeout_s)
         self.address = self.node.address
         self.stager = Stager()
-        self._preparing: JobThread | None = None
+        self._prepared = Ahead()
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
-        self._preparing = JobThread("weights-prepare")
-        self._preparing.submit(self._make_buffers, plan(state)[1])
+        self._prepared.start("weights-prepare", self._make_buffers, plan(state)[1])
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
-        self._wait_prepared()
+        self._prepared.wait()
         specs, total = plan(state)
         slot = self.store.claim(version, total)
         assert slot is not None
@@ -88,7 +87,7 @@ class UcxPublisher:
         return Announcement(version, manifest, self.address)
 
     def close(self) -> None:
-        self._wait_prepared()
+        self._prepared.wait()
         self.stager.close()
         self.server.close()
         self.node.close()
@@ -102,11 +101,6 @@ class UcxPublisher:
         if self.files is not None:
             for slot in range(len(self.store.pool)):
                 self.files.abandon(slot)  # made locked for writing: nothing is in them yet
-
-    def _wait_prepared(self) -> None:
-        if self._preparing is not None:
-            self._preparing.close(timeout=None)
-            self._preparing = None
 
 
 class UcxReceiver:
