@@ -3,8 +3,12 @@
 One thread owns both sockets. Each turn it reads every request waiting on the ROUTER
 (so one journal batch covers them all: group commit), hands them to the service, hands the
 new records to the journal, sends each reply whose records are journaled, then publishes
-the events. With ``ack_after: write`` the journal writes the batch in that call, so held
-replies go out in the same turn, and fsyncs it within ``journal_fsync_interval_ms`` (or
+the events. A reply that owes nothing to the journal (a lease) is sent before the service
+journals and announces what the request changed, so a worker's wait for it excludes that
+bookkeeping; the bookkeeping is still done before the next request is answered.
+
+With ``ack_after: write`` the journal writes the batch in that call, so held replies go
+out in the same turn, and fsyncs it within ``journal_fsync_interval_ms`` (or
 once ``journal_fsync_every`` records are unsynced) rather than once per turn. Replies that
 wait for an fsync (``ack_after: fsync``, or a batch queued behind a snapshot's disk work)
 are held in order and released when the log thread reports progress (it writes to an
@@ -130,12 +134,17 @@ class SchedulerDaemon:
             identity, body = frames[0], [f.buffer for f in frames[1:]]
             reply, req_id, kind = self._answer(body)
             out = [identity, *p.encode(reply, req_id)]
-            if kind in ACKNOWLEDGES_DATA and writer.last_seq > self._confirmed():
-                self._held.append((writer.last_seq, out))
-            elif self._held:
+            if kind in ACKNOWLEDGES_DATA:
+                self.service.settle()  # its records reach the journal's buffer first
+                if writer.last_seq > self._confirmed():
+                    self._held.append((writer.last_seq, out))
+                    continue
+            if self._held:
                 self._held.append((0, out))  # keep replies in order behind held ones
             else:
                 self._send(out)
+            # A reply that owes nothing to the journal is on its way before the bookkeeping.
+            self.service.settle()
 
     def _answer(self, frames: list[Any]) -> tuple[p.Message, int, p.Kind | None]:
         size = sum(f.nbytes for f in frames)
@@ -151,7 +160,7 @@ class SchedulerDaemon:
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), error.req_id, None
         try:
-            return self.service.handle(message, self.clock()), req_id, message.KIND
+            return self.service.answer(message, self.clock()), req_id, message.KIND
         except Exception:
             # A bug, not bad input: the request fails, the scheduler and the run go on.
             log.exception("request failed", kind=message.KIND.name)

@@ -127,16 +127,30 @@ class SchedulerService:
     # --- the loop's calls ------------------------------------------------------------
 
     def handle(self, message: p.Message, now: float) -> p.Message:
-        """The reply to one request. Never raises for a bad request: it gets an Error."""
+        """The reply to one request, its changes journaled and its events in the outbox.
+        Never raises for a bad request: it gets an Error."""
+        reply = self.answer(message, now)
+        self.settle()
+        return reply
+
+    def answer(self, message: p.Message, now: float) -> p.Message:
+        """The reply to one request; what it changed waits for :meth:`settle`.
+
+        The daemon sends a reply that need not wait for the journal (a lease) before it
+        settles, so the worker's wait does not include the journal's bookkeeping and the
+        events. The core's state has already changed when this returns; settle before the
+        next request is answered, and before asking the journal what a reply waits for.
+        """
         handler = self._handlers.get(type(message))
         if handler is None:
-            reply: p.Message = p.Error(
+            return p.Error(
                 "bad_request", f"{type(message).__name__} is not a request to the scheduler"
             )
-        else:
-            reply = handler(message, now)
+        return handler(message, now)
+
+    def settle(self) -> None:
+        """Journal what the requests answered so far changed; queue their events."""
         self._publish_notices()
-        return reply
 
     def tick(self, now: float) -> None:
         """Expire overdue leases and silent workers."""

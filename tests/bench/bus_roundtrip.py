@@ -31,12 +31,18 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
+import zmq
 
 from asyncrl.runtime.config import config_from_dict, dump_config, load_config
 from asyncrl.transport import protocol as p
+from asyncrl.transport.sockets import busy_poll
 from asyncrl.transport.zmq_link import ZmqLink
 
 TOKENS = np.arange(16, dtype=np.int32)
+IPC_ROW = "asyncrl scheduler, ipc"
+RAY_ROW = "Ray actor queue"
+ECHO_ROW = "echo through our link, ipc"
+BARE_ROW = "echo, bare pyzmq, ipc"
 
 
 def scheduler_config(run_dir: Path, busy_poll: bool = True) -> dict:
@@ -118,6 +124,73 @@ def scheduler_rounds(
         proc.wait(30)
 
 
+def serve_echo(control: str, busy_poll_us: int) -> None:
+    """The transport alone: a ROUTER bound like the scheduler's, sending each request back
+    as its own reply, polled as the scheduler's loop polls, doing no other work."""
+    from asyncrl.transport.sockets import bind_scheduler_sockets_at, recv_waiting
+
+    ctx = zmq.Context()
+    sockets = bind_scheduler_sockets_at(ctx, control, "inproc://unused", max_message_bytes=2**20)
+    router = sockets.control
+    watched = [(router, zmq.POLLIN)]
+    spin, served = busy_poll_us / 1e6, False
+    print("ready", flush=True)
+    while True:
+        ready = busy_poll(watched, spin if served else 0.0) or zmq.zmq_poll(watched, 1000)
+        served = bool(ready)
+        while (frames := recv_waiting(router)) is not None:
+            if frames[1].bytes == b"stop":
+                return
+            router.send_multipart(frames, copy=False)
+
+
+@contextmanager
+def echo_rounds(root: Path, through_link: bool) -> Iterator[Callable[[], None]]:
+    """One round of the same two requests to an echo of the transport alone (serve_echo):
+    through our worker link (encoding and decoding as ours do), or as bare pyzmq calls on
+    a DEALER with the frames encoded once. What a scheduler doing no work would cost."""
+    cfg = config_from_dict(scheduler_config(root / "echo"))
+    control = f"ipc://{root}/echo-{'link' if through_link else 'bare'}.sock"
+    serve = [sys.executable, "-m", __spec__.name, "--echo", control,
+             str(cfg.scheduler.busy_poll_us)]  # fmt: skip
+    proc = subprocess.Popen(serve, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    spin = cfg.scheduler.worker_busy_poll_us / 1e6
+    claim = p.Claim("gen", "generate", 1)
+    done = p.Complete("gen", 1, 1, (p.Result(0, {"tokens": TOKENS}, (0, 0)),))
+    with ExitStack() as closing:
+        if through_link:
+            link = ZmqLink(control, "inproc://unused", identity="bench-echo", busy_poll_s=spin)
+            closing.callback(link.close)
+
+            def one_round() -> None:
+                assert isinstance(link.request(claim, 10), p.Claim)
+                assert isinstance(link.request(done, 10), p.Complete)
+
+        else:
+            ctx = closing.enter_context(zmq.Context())
+            dealer = closing.enter_context(ctx.socket(zmq.DEALER))
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(control)
+            polled = [(dealer, zmq.POLLIN)]
+            requests = [[bytes(f) for f in p.encode(m, 1)] for m in (claim, done)]
+
+            def one_round() -> None:
+                for frames in requests:
+                    dealer.send_multipart(frames)
+                    busy_poll(polled, spin) or zmq.zmq_poll(polled, 10_000)
+                    dealer.recv_multipart(copy=False)
+
+        try:
+            yield one_round
+        finally:
+            with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as stop:
+                stop.connect(control)
+                stop.send_multipart([b"stop"])
+                proc.wait(30)
+                stop.setsockopt(zmq.LINGER, 0)
+
+
 @contextmanager
 def ray_rounds(total: int) -> Iterator[Callable[[], None]]:
     """One round through a Ray actor holding ``total`` items, while open."""
@@ -161,7 +234,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
+    parser.add_argument("--echo", nargs=2, metavar=("CONTROL", "BUSY_POLL_US"))
     args = parser.parse_args()
+    if args.echo:
+        return serve_echo(args.echo[0], int(args.echo[1]))
     if args.serve:
         from asyncrl.runtime.logs import configure_logging
         from asyncrl.runtime.service.process import serve
@@ -176,23 +252,26 @@ def main() -> None:
     )
     total = args.warmup + block * args.blocks
     took: dict[str, list[float]]
-    ratios: list[float] = []  # ours over ipc / Ray's, block by block
-    ray_row = "Ray actor queue"
+    per_block: list[dict[str, float]] = []  # each contender's rounds/s, block by block
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, ExitStack() as stack:
         # The blocks alternate, so that a burst of noise on the machine falls on each
         # contender alike rather than on whichever ran then. Our schedulers stay up (idle,
         # they sleep); Ray is started for each of its blocks, so that its daemons are not
         # running beside ours.
         contenders = {
-            "asyncrl scheduler, ipc": scheduler_rounds("ipc", total, Path(tmp)),
+            IPC_ROW: scheduler_rounds("ipc", total, Path(tmp)),
             "asyncrl scheduler, tcp": scheduler_rounds("tcp", total, Path(tmp)),
             # What busy polling buys (and the figure before it was the default).
             "asyncrl, ipc, no busy poll": scheduler_rounds("ipc", total, Path(tmp), False),
+            # The floors: the same requests answered by a bare echo, through our link,
+            # and as bare pyzmq calls.
+            ECHO_ROW: echo_rounds(Path(tmp), through_link=True),
+            BARE_ROW: echo_rounds(Path(tmp), through_link=False),
         }
         rounds = {name: stack.enter_context(made) for name, made in contenders.items()}
         for one_round in rounds.values():
             time_rounds(one_round, args.warmup)
-        took = {name: [] for name in [*rounds, ray_row]}
+        took = {name: [] for name in [*rounds, RAY_ROW]}
         for _ in range(args.blocks):
             rates = {}
             for name, one_round in rounds.items():
@@ -200,18 +279,37 @@ def main() -> None:
                 rates[name] = len(block_took) / sum(block_took)
             with ray_rounds(args.warmup + block) as one_round:
                 time_rounds(one_round, args.warmup)
-                took[ray_row] += (block_took := time_rounds(one_round, block))
-            ratios.append(rates["asyncrl scheduler, ipc"] * sum(block_took) / len(block_took))
+                took[RAY_ROW] += (block_took := time_rounds(one_round, block))
+            rates[RAY_ROW] = len(block_took) / sum(block_took)
+            per_block.append(rates)
+    report(took, per_block)
+
+
+def report(took: dict[str, list[float]], per_block: list[dict[str, float]]) -> None:
     print(f"{'':28} {'rounds/s':>10} {'p50 ms':>8} {'p99 ms':>8}")
     results = {name: summary(times) for name, times in took.items()}
     for name, (rate, p50, p99) in results.items():
         print(f"{name:28} {rate:10.0f} {p50:8.3f} {p99:8.3f}")
-    ray_rate = results[ray_row][0]
+    ray_rate = results[RAY_ROW][0]
     for kind in ("ipc", "tcp"):
         rate = results[f"asyncrl scheduler, {kind}"][0]
         print(f"ratio asyncrl {kind} / Ray: {rate / ray_rate:.1f}x")
+    ipc_rate, echo_rate, bare_rate = (results[row][0] for row in (IPC_ROW, ECHO_ROW, BARE_ROW))
+    # A scheduler that did no work at all would run at the echo's rate: the most any
+    # scheduler could reach behind our link, or behind pyzmq itself.
+    print(
+        f"ratio echo / Ray: {echo_rate / ray_rate:.1f}x through our link, "
+        f"{bare_rate / ray_rate:.1f}x bare; asyncrl ipc runs at {ipc_rate / echo_rate:.0%} "
+        f"and {ipc_rate / bare_rate:.0%} of their rates"
+    )
+    ratios = [rates[IPC_ROW] / rates[RAY_ROW] for rates in per_block]
     spread = ", ".join(f"{r:.1f}" for r in ratios)
     print(f"ipc / Ray block by block: {spread} (median {statistics.median(ratios):.1f}x)")
+    # Block by block, so that a burst of noise shows as the block it fell in.
+    names = list(per_block[0])
+    print("rounds/s block by block: " + ", ".join(f"{i + 1}: {n}" for i, n in enumerate(names)))
+    for number, rates in enumerate(per_block, 1):
+        print(f"  block {number}: " + " ".join(f"{rates[n]:6.0f}" for n in names))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,141 @@
+"""The scheduler loop over real ZeroMQ sockets (inproc), with the journal's fsync gated.
+
+What the loop promises about replies: a reply that lets a worker forget something waits
+until the journal holds the records behind it, and replies leave in the order their
+requests came; a lease, which owes nothing to the journal, leaves at once, and its record
+still reaches the journal within the same turn.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+
+from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.service.build import open_service
+from asyncrl.runtime.service.daemon import SchedulerDaemon
+from asyncrl.transport import protocol as p
+from asyncrl.transport.sockets import bind_scheduler_sockets_at
+
+WAIT_MS = 5000
+
+
+class Gate:
+    """Stands in for os.fsync: each fsync waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()  # closed by the test once the run is set up
+        self._fsync = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        if not self.open.wait(30):
+            raise TimeoutError("the test never opened the fsync gate")
+        self._fsync(fd)
+
+
+class Running:
+    def __init__(self, daemon: SchedulerDaemon, client: zmq.Socket[Any], gate: Gate) -> None:
+        self.daemon = daemon
+        self.client = client
+        self.gate = gate
+        self._ids = 0
+
+    def send(self, message: p.Message) -> int:
+        self._ids += 1
+        self.client.send_multipart(p.encode(message, self._ids))
+        return self._ids
+
+    def reply(self, timeout_ms: int = WAIT_MS) -> tuple[p.Message, int] | None:
+        if not self.client.poll(timeout_ms):
+            return None
+        return p.decode_with_id(self.client.recv_multipart())
+
+    def call(self, message: p.Message) -> p.Message:
+        sent = self.send(message)
+        answer = self.reply()
+        assert answer is not None, f"no reply to {message}"
+        assert answer[1] == sent
+        return answer[0]
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
+    gate = Gate()
+    monkeypatch.setattr(os, "fsync", gate)
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(tmp_path / "run"), "total_steps": 100},
+            "pipeline": {"max_staleness": 1000, "train_batch_groups": 1},
+            # Every held reply waits for an fsync, which the gate holds back.
+            "scheduler": {"ack_after": "fsync", "busy_poll_us": 0},
+        }
+    )
+    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    service = open_service(
+        cfg, resume=False, now=0.0, on_progress=lambda: os.eventfd_write(wake_fd, 1)
+    )
+    ctx = zmq.Context()
+    sockets = bind_scheduler_sockets_at(
+        ctx, "inproc://control", "inproc://events", max_message_bytes=2**20
+    )
+    daemon = SchedulerDaemon(service, sockets.control, sockets.events, wake_fd, ack_after="fsync")
+    loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
+    loop.start()
+    client = ctx.socket(zmq.DEALER)
+    client.connect("inproc://control")
+    run = Running(daemon, client, gate)
+    try:
+        assert isinstance(run.call(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1)), p.Ready)
+        assert isinstance(run.call(p.Hello("gen", "generate", p.PROTOCOL_VERSION, 1)), p.Ready)
+        run.call(p.LoadedVersion("gen", 0))
+        groups = tuple(p.NewGroup(f"k{i}", {"x": i}) for i in range(4))
+        assert isinstance(run.call(p.AddGroups("loader", groups)), p.Added)
+        gate.open.clear()
+        yield run
+    finally:
+        gate.open.set()
+        daemon.request_stop()
+        daemon.request_stop()
+        loop.join(10)
+        client.close(linger=0)
+        sockets.close()
+        ctx.term()
+        service.durable.close()
+        service.close_files()
+        os.close(wake_fd)
+
+
+def _result(lease: p.Lease) -> p.Result:
+    return p.Result(lease.items[0].gid, {"tokens": np.arange(4, dtype=np.int32)}, (0, 0))
+
+
+def test_a_lease_leaves_while_the_journal_is_stuck_and_its_record_follows(running: Running):
+    writer = running.daemon.service.durable.writer
+    before = writer.last_seq
+    lease = running.call(p.Claim("gen", "generate", 1))  # the fsync gate is closed
+    assert isinstance(lease, p.Lease)
+    # The lease's record is journaled in the turn that sent it: the next reply proves the
+    # turn is over.
+    running.call(p.Heartbeat("gen"))
+    assert writer.last_seq > before
+
+
+def test_a_completion_waits_for_the_journal_and_later_replies_wait_behind_it(running: Running):
+    lease = running.call(p.Claim("gen", "generate", 1))
+    assert isinstance(lease, p.Lease)
+    completed = running.send(p.Complete("gen", lease.lease_id, lease.fence, (_result(lease),)))
+    claimed = running.send(p.Claim("gen", "generate", 1))
+    assert running.reply(300) is None, "a reply left before the journal held the completion"
+    running.gate.open.set()
+    first, second = running.reply(), running.reply()
+    assert first is not None and second is not None
+    assert (first[1], second[1]) == (completed, claimed)
+    assert isinstance(first[0], p.Ack) and isinstance(second[0], p.Lease)
