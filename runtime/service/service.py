@@ -148,16 +148,12 @@ class SchedulerService:
             )
         return handler(message, now)
 
-    def settle(self) -> None:
-        """Journal what the requests answered so far changed; queue their events."""
-        self._publish_notices()
-
     def tick(self, now: float) -> None:
         """Expire overdue leases and silent workers."""
         ended = self.core.tick(now)
         if ended:
             log.warning("leases ended by the clock", leases=ended)
-        self._publish_notices()
+        self.settle()
 
     def protocol_error(self, detail: str) -> p.Error:
         self.protocol_errors += 1
@@ -181,7 +177,7 @@ class SchedulerService:
             self.draining = reason
             log.info("draining", reason=reason)
             self._emit(topic(Topic.RUN, "draining"), {"reason": reason})
-            self._publish_notices()
+            self.settle()
 
     def close_files(self) -> None:
         """Close the metrics and report files (the journal is the durable core's)."""
@@ -430,8 +426,9 @@ class SchedulerService:
 
     # --- events ----------------------------------------------------------------------
 
-    def _publish_notices(self) -> None:
-        """Journal what changed; announce the core's moves, then what followed from them."""
+    def settle(self) -> None:
+        """Journal what changed since the last call (requests answered, a tick); queue
+        events announcing the core's moves, then what followed from them."""
         notices = self.durable.commit()
         if notices:
             _log_losses(notices)
