@@ -134,7 +134,8 @@ class SchedulerDaemon:
             identity, body = frames[0], [f.buffer for f in frames[1:]]
             reply, req_id, kind = self._answer(body)
             out = [identity, *p.encode(reply, req_id)]
-            if kind in ACKNOWLEDGES_DATA:
+            acknowledges = kind in ACKNOWLEDGES_DATA
+            if acknowledges:
                 self.service.settle()  # its records reach the journal's buffer first
                 if writer.last_seq > self._confirmed():
                     self._held.append((writer.last_seq, out))
@@ -143,8 +144,9 @@ class SchedulerDaemon:
                 self._held.append((0, out))  # keep replies in order behind held ones
             else:
                 self._send(out)
-            # A reply that owes nothing to the journal is on its way before the bookkeeping.
-            self.service.settle()
+            if not acknowledges:
+                # The reply owes nothing to the journal: it is on its way before this.
+                self.service.settle()
 
     def _answer(self, frames: list[Any]) -> tuple[p.Message, int, p.Kind | None]:
         size = sum(f.nbytes for f in frames)
