@@ -15,8 +15,9 @@ heartbeat thread renews the worker's leases. A generator (an actor that
 overrides ``on_version``) loads each published version between leases and reports it
 with LoadedVersion; a trainer (``publishes_versions``) announces the scheduler's step
 count as a version after each acknowledged step, with the weight plane's manifest and
-address when ``on_publish`` returns them. An actor asks whom to fetch weights from with
-``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread.
+address when ``on_publish`` returns them (what to load and announce: _versions.py). An
+actor asks whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights →
+WeightsPlan), on the main thread.
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
@@ -46,7 +47,8 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
-from ._publishing import publication, version_due
+from ._versions import Versions
+from ._versions import describe_reply as _describe
 from .actor import Actor, Outcome, StreamingActor, WorkerContext
 
 if TYPE_CHECKING:
@@ -113,22 +115,18 @@ class Worker:
         self._stop_requests = 0  # a plain counter: set from a signal handler
         self._done = threading.Event()  # the main loop has ended: the heartbeat thread ends
         self._ready: p.Ready | None = None
-        self._tracks_versions = type(actor).on_version is not Actor.on_version
-        self._loaded: int | None = None
-        self._newest = 0  # the newest published version this worker has heard of
-        self._version_checked = clock()
+        self._log = log.bind(worker=self.name, role=self.role)
+        self._versions = Versions(
+            actor, self.name, self._call, self._status, clock, pacing.version_check_s, self._log
+        )
         self._settled = 0  # leases completed or failed, as the scheduler took them
         # The lease being worked on: heartbeats renew only it, so a lease whose reply never
         # reached this worker runs out instead of being kept alive.
         self._holding: tuple[int, ...] = ()
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._busy_s = 0.0  # time in the actor's work since the last completion
-        self._log = log.bind(worker=self.name, role=self.role)
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
         self._beats: threading.Thread | None = None
-        # The scheduler forgot this worker and it registered again: a trainer must check
-        # that its current version's weights are still announced (a lost worker's are not).
-        self._registered_again = False
 
     # --- the public surface ----------------------------------------------------------
 
@@ -180,11 +178,11 @@ class Worker:
         except Exception as error:
             self._log.exception("the actor failed to start")
             raise _Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
-        if self._tracks_versions:
+        if self._versions.tracks:
             self.link.subscribe([VERSION_PUBLISHED])
-            self._load_newest()
+            self._versions.load_newest()
         if self.actor.publishes_versions:
-            self._publish_trained()
+            self._versions.publish_trained()
 
     def _context(self, ready: p.Ready) -> WorkerContext:
         return WorkerContext(
@@ -208,10 +206,8 @@ class Worker:
             raise _Fatal(f"the scheduler answered Hello with {type(reply).__name__}")
         first = self._ready is None
         self._ready = reply
-        self._newest = max(self._newest, reply.policy_version)
         self._log.info("registered" if first else "registered again", run=reply.run)
-        if not first and self._loaded is not None:
-            self._report_loaded()  # a new registration starts with nothing loaded
+        self._versions.registered(reply, first)
         return reply
 
     def _finish(self, error: BaseException | None) -> int:
@@ -251,7 +247,7 @@ class Worker:
             return
         while not self._stopping:
             self._take_events(0)
-            self._announce_again_if_forgotten()
+            self._versions.announce_again_if_forgotten()
             reply = self._call(p.Claim(self.name, self.role, self.actor.claim_size))
             if isinstance(reply, p.Shutdown):
                 self._log.info("the scheduler says the run is over", reason=reply.reason)
@@ -263,7 +259,7 @@ class Worker:
         """Claim while there is room, advance between claims, complete leases as they end."""
         claim_again_at, run_over = 0.0, False
         while True:
-            self._announce_again_if_forgotten()
+            self._versions.announce_again_if_forgotten()
             if self._take_events(0):
                 claim_again_at = 0.0  # new work was announced
             if self._stop_requests > 1:
@@ -282,8 +278,8 @@ class Worker:
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
                     self._give_back(actor.abandon(), f"shutdown: {reply.reason}")
                     run_over = True
-                elif _is_error(reply, Reason.BAD_VERSION) and self._loaded is not None:
-                    self._report_loaded()
+                elif _is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
+                    self._versions.report_loaded()
                 else:
                     claim_again_at = self.clock() + self.pacing.poll_s
             if actor.busy:
@@ -339,8 +335,8 @@ class Worker:
                 self._feed(count)
             case p.NoWork() | p.Want():
                 self._idle()
-            case p.Error(code) if code == Reason.BAD_VERSION and self._loaded is not None:
-                self._report_loaded()  # the scheduler lost what we loaded: tell it again
+            case p.Error(code) if code == Reason.BAD_VERSION and self._versions.loaded is not None:
+                self._versions.report_loaded()  # the scheduler lost what we loaded: say again
             case _:
                 self._log.warning("claim not granted", reply=_describe(reply))
                 self._idle()
@@ -365,7 +361,7 @@ class Worker:
         self._busy_s += time.perf_counter() - started
         self._send_reports()
         if self._settle(self._completion(lease, outcome)) and self.actor.publishes_versions:
-            self._publish_trained()
+            self._versions.publish_trained()
 
     def _settle(self, message: p.Complete | p.Fail) -> bool:
         """Send a lease's end; True once the scheduler took it."""
@@ -402,9 +398,7 @@ class Worker:
     def _idle(self) -> None:
         """Nothing to do now: wait for a wake-up (or the slow poll), then look again."""
         self._take_events(self.pacing.poll_s)
-        due = self.clock() - self._version_checked >= self.pacing.version_check_s
-        if self._tracks_versions and due:
-            self._check_version()
+        self._versions.check_if_due()
 
     def _take_events(self, timeout_s: float) -> bool:
         """Drain the events that came (waiting up to ``timeout_s`` for the first).
@@ -415,77 +409,14 @@ class Worker:
         event = self.link.next_event(timeout_s)
         while event is not None:
             if event.topic == VERSION_PUBLISHED:
-                self._heard_of(event.body.get("version"))
+                self._versions.heard_of(event.body.get("version"))
             else:
                 woken = True
             event = self.link.next_event(0)
-        self._load_newest()
+        self._versions.load_newest()
         return woken
 
-    # --- versions --------------------------------------------------------------------
-
-    def _heard_of(self, version: object) -> None:
-        if isinstance(version, int):
-            self._newest = max(self._newest, version)
-            self._version_checked = self.clock()
-
-    def _check_version(self) -> None:
-        summary = self._status()
-        if summary is not None:
-            self._heard_of(summary.get("policy_version"))
-        self._version_checked = self.clock()
-        self._load_newest()
-
-    def _load_newest(self) -> None:
-        if not self._tracks_versions:
-            return
-        if self._loaded is not None and self._newest <= self._loaded:
-            return
-        try:
-            loaded = self.actor.on_version(self._newest)
-        except Exception:
-            self._log.exception("version not loaded", version=self._newest)
-            return
-        if loaded is not None and loaded != self._loaded:
-            self._loaded = loaded
-            self._log.info("loaded a policy version", version=loaded)
-            self._report_loaded()
-
-    def _report_loaded(self) -> None:
-        assert self._loaded is not None
-        reply = self._call(p.LoadedVersion(self.name, self._loaded), reregister=False)
-        if not isinstance(reply, p.Ack):
-            self._log.warning("loaded version not taken", reply=_describe(reply))
-
-    def _announce_again_if_forgotten(self) -> None:
-        """After registering again, a trainer publishes its version again if it must.
-
-        The scheduler drops a lost worker's weight announcement (its address may be dead);
-        without this, a trainer declared lost while alive would wait for work that needs
-        generators to load weights nobody announces any more.
-        """
-        if self._registered_again:
-            self._registered_again = False
-            if self.actor.publishes_versions:
-                self._publish_trained()
-
-    def _publish_trained(self) -> None:
-        """Announce the version the scheduler's status says is due (see version_due)."""
-        summary = self._status()
-        steps = None if summary is None else version_due(summary)
-        if steps is None:
-            return
-        try:
-            message = publication(self.name, steps, self.actor.on_publish(steps))
-        except Exception:
-            self._log.exception("version not published", version=steps)
-            return
-        reply = self._call(message)
-        if isinstance(reply, p.Ack):
-            weights = message.weights is not None
-            self._log.info("published a policy version", version=steps, weights=weights)
-        else:  # another trainer published first, or a step landed meanwhile: the next one will
-            self._log.info("version not published", version=steps, reply=_describe(reply))
+    # --- what the actor and the versions ask the scheduler ---------------------------
 
     def _ask_weights(self, version: int, address: bytes, failed: str) -> Plan | None:
         """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
@@ -517,7 +448,7 @@ class Worker:
                 return reply
             self._log.warning("the scheduler does not know this worker; registering again")
             self._register()
-            self._registered_again = True
+            self._versions.registered_again = True
 
     def _retry(self, message: p.Message) -> p.Message:
         """Send until a reply comes, backing off; a stopping worker gives up in time."""
@@ -567,9 +498,3 @@ class Worker:
 
 def _is_error(reply: p.Message, code: str) -> bool:
     return isinstance(reply, p.Error) and reply.code == code
-
-
-def _describe(reply: p.Message) -> str:
-    if isinstance(reply, p.Error):
-        return f"{reply.code}: {reply.detail}"
-    return type(reply).__name__

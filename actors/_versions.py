@@ -1,0 +1,133 @@
+"""The policy versions one worker follows or publishes.
+
+A generator (an actor that overrides ``on_version``) loads the newest published version
+between leases and reports it with LoadedVersion; events may drop, so an idle one also
+asks the scheduler's status now and then. A trainer (``publishes_versions``) announces the
+version its acknowledged steps make due (see _publishing.version_due). The worker does
+the talking: this keeps what was heard and loaded and decides what to send, through the
+two calls it is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.transport import protocol as p
+
+from ._publishing import publication, version_due
+from .actor import Actor
+
+__all__ = ["Versions", "describe_reply"]
+
+
+class Versions:
+    """What one worker heard, loaded and must announce of the policy versions.
+
+    ``call(message, reregister=...)`` sends a request and returns its reply (registering
+    again first if the scheduler forgot the worker, unless told not to); ``status()`` is
+    the scheduler's status summary, or None.
+    """
+
+    def __init__(
+        self,
+        actor: Actor,
+        worker: str,
+        call: Callable[..., p.Message],
+        status: Callable[[], dict[str, Any] | None],
+        clock: Callable[[], float],
+        check_every_s: float,
+        log: Any,
+    ) -> None:
+        self.actor = actor
+        self.worker = worker
+        self._call = call
+        self._status = status
+        self._clock = clock
+        self._check_every_s = check_every_s
+        self._log = log
+        self.tracks = type(actor).on_version is not Actor.on_version
+        self.loaded: int | None = None
+        self._newest = 0  # the newest published version this worker has heard of
+        self._checked = clock()
+        # The scheduler forgot this worker and it registered again: a trainer must check
+        # that its current version's weights are still announced (a lost worker's are not).
+        self.registered_again = False
+
+    def registered(self, ready: p.Ready, first: bool) -> None:
+        """After a Ready: a new registration starts with nothing loaded, so say it again."""
+        self._newest = max(self._newest, ready.policy_version)
+        if not first and self.loaded is not None:
+            self.report_loaded()
+
+    def heard_of(self, version: object) -> None:
+        if isinstance(version, int):
+            self._newest = max(self._newest, version)
+            self._checked = self._clock()
+
+    def check_if_due(self) -> None:
+        """For an idle generator: ask for the newest version if no event said it lately."""
+        if not self.tracks or self._clock() - self._checked < self._check_every_s:
+            return
+        summary = self._status()
+        if summary is not None:
+            self.heard_of(summary.get("policy_version"))
+        self._checked = self._clock()
+        self.load_newest()
+
+    def load_newest(self) -> None:
+        if not self.tracks:
+            return
+        if self.loaded is not None and self._newest <= self.loaded:
+            return
+        try:
+            loaded = self.actor.on_version(self._newest)
+        except Exception:
+            self._log.exception("version not loaded", version=self._newest)
+            return
+        if loaded is not None and loaded != self.loaded:
+            self.loaded = loaded
+            self._log.info("loaded a policy version", version=loaded)
+            self.report_loaded()
+
+    def report_loaded(self) -> None:
+        assert self.loaded is not None
+        reply = self._call(p.LoadedVersion(self.worker, self.loaded), reregister=False)
+        if not isinstance(reply, p.Ack):
+            self._log.warning("loaded version not taken", reply=describe_reply(reply))
+
+    def announce_again_if_forgotten(self) -> None:
+        """After registering again, a trainer publishes its version again if it must.
+
+        The scheduler drops a lost worker's weight announcement (its address may be dead);
+        without this, a trainer declared lost while alive would wait for work that needs
+        generators to load weights nobody announces any more.
+        """
+        if self.registered_again:
+            self.registered_again = False
+            if self.actor.publishes_versions:
+                self.publish_trained()
+
+    def publish_trained(self) -> None:
+        """Announce the version the scheduler's status says is due (see version_due)."""
+        summary = self._status()
+        steps = None if summary is None else version_due(summary)
+        if steps is None:
+            return
+        try:
+            message = publication(self.worker, steps, self.actor.on_publish(steps))
+        except Exception:
+            self._log.exception("version not published", version=steps)
+            return
+        reply = self._call(message)
+        if isinstance(reply, p.Ack):
+            weights = message.weights is not None
+            self._log.info("published a policy version", version=steps, weights=weights)
+        else:  # another trainer published first, or a step landed meanwhile: the next one will
+            self._log.info("version not published", version=steps, reply=describe_reply(reply))
+
+
+def describe_reply(reply: p.Message) -> str:
+    if isinstance(reply, p.Error):
+        return f"{reply.code}: {reply.detail}"
+    return type(reply).__name__
