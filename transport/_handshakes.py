@@ -15,7 +15,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 __all__ = ["HANDSHAKE_FAILURES", "ZAP_DOMAINS", "CurveGuard", "read_monitor"]
 
-ZAP_DOMAINS = {"control": b"asyncrl.control", "events": b"asyncrl.events"}
+ZAP_DOMAINS = {
+    "control": b"asyncrl.control",
+    "events": b"asyncrl.events",
+    "payloads": b"asyncrl.payloads",  # a worker's data-plane server (dataplane/server.py)
+}
 HANDSHAKE_FAILURES = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL

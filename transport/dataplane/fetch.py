@@ -1,0 +1,189 @@
+"""Fetching payloads from their holders, checked against their references.
+
+All the references of a lease are asked for at once (one request each, over one DEALER per
+holder), so a lease's fetch takes about as long as its slowest holder, not the sum. Bytes
+whose size or CRC-32C do not match the reference are asked for once more (a flipped bit in
+flight); if they are wrong again, or the holder no longer has them, or does not answer in
+time, that payload is reported as a :class:`FetchFailure`, and the caller tells the
+scheduler, which has the stage that made it run again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+import zmq
+
+from .. import protocol as p
+from ..security import ClientKeys
+from .wire import REPLY, REQUEST, Code
+
+__all__ = ["FetchFailure", "PayloadFetcher", "PayloadsUnavailable"]
+
+_TRIES_WHEN_CORRUPT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class FetchFailure:
+    index: int  # position in the fetched sequence
+    ref: p.PayloadRef
+    reason: str
+
+
+class PayloadsUnavailable(Exception):
+    """Some payloads could not be fetched intact; ``failures`` names each."""
+
+    def __init__(self, failures: Sequence[FetchFailure]) -> None:
+        self.failures = tuple(failures)
+        first = self.failures[0]
+        more = f" (and {len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+        super().__init__(f"payload {first.ref.key} of {first.ref.holder}: {first.reason}{more}")
+
+
+@dataclass(slots=True)
+class _Pending:
+    index: int
+    ref: p.PayloadRef
+    tries: int = 1
+
+
+class PayloadFetcher:
+    """A consumer's side of the data plane; used from one thread."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float,
+        max_message_bytes: int,
+        keys: ClientKeys | None = None,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self._max_message_bytes = max_message_bytes
+        self._keys = keys
+        self._ctx = zmq.Context()
+        self._sockets: dict[str, zmq.Socket] = {}
+        self._req_ids = itertools.count(1)
+        self.fetched_bytes = 0
+        self.refetched = 0  # payloads asked for again after a bad checksum
+
+    def fetch(self, refs: Sequence[p.PayloadRef]) -> list[p.Payload]:
+        """The payloads behind ``refs``, in order; PayloadsUnavailable names what failed."""
+        blobs: list[memoryview | None] = [None] * len(refs)
+        failures: list[FetchFailure] = []
+        pending: dict[int, _Pending] = {}
+        for index, ref in enumerate(refs):
+            self._ask(pending, _Pending(index, ref))
+        deadline = time.monotonic() + self.timeout_s
+        while pending:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            ready = self._poll(pending, left_ms) if left_ms > 0 else []
+            if not ready:
+                failures.extend(self._time_out(pending))
+                break
+            for socket in ready:
+                self._take_replies(socket, pending, blobs, failures)
+        if failures:
+            raise PayloadsUnavailable(sorted(failures, key=lambda f: f.index))
+        return [p.unpack_payload(blob) for blob in blobs]  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        for socket in self._sockets.values():
+            socket.close(linger=0)
+        self._sockets.clear()
+        self._ctx.term()
+
+    # --- one request, one reply ------------------------------------------------------
+
+    def _ask(self, pending: dict[int, _Pending], want: _Pending) -> None:
+        req_id = next(self._req_ids)
+        header = REQUEST.pack(req_id, want.ref.key) + want.ref.store.encode()
+        self._socket(want.ref.address).send(header, copy=False)
+        pending[req_id] = want
+
+    def _poll(self, pending: dict[int, _Pending], timeout_ms: int) -> list[zmq.Socket]:
+        poller = zmq.Poller()
+        for address in {w.ref.address for w in pending.values()}:
+            poller.register(self._sockets[address], zmq.POLLIN)
+        return [socket for socket, _ in poller.poll(timeout_ms)]
+
+    def _take_replies(
+        self,
+        socket: zmq.Socket,
+        pending: dict[int, _Pending],
+        blobs: list[memoryview | None],
+        failures: list[FetchFailure],
+    ) -> None:
+        while True:
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(frames) not in (1, 2) or len(frames[0]) != REPLY.size:
+                continue  # not a reply of this protocol: the request times out instead
+            req_id, code = REPLY.unpack(frames[0].bytes)
+            want = pending.pop(req_id, None)
+            if want is None:
+                continue  # the answer to a request given up on earlier
+            if code != Code.OK or len(frames) != 2:
+                failures.append(FetchFailure(want.index, want.ref, _refusal(code)))
+                continue
+            blob = frames[1].buffer  # a view on the received frame: no copy
+            problem = _check(want.ref, blob)
+            if problem is None:
+                blobs[want.index] = blob
+                self.fetched_bytes += len(blob)
+            elif want.tries < _TRIES_WHEN_CORRUPT:
+                self.refetched += 1
+                self._ask(pending, _Pending(want.index, want.ref, want.tries + 1))
+            else:
+                failures.append(FetchFailure(want.index, want.ref, problem))
+
+    def _time_out(self, pending: dict[int, _Pending]) -> list[FetchFailure]:
+        late = [
+            FetchFailure(
+                w.index, w.ref, f"holder at {w.ref.address} did not answer in {self.timeout_s:g}s"
+            )
+            for w in pending.values()
+        ]
+        # Requests still queued for a dead holder must not be delivered to its successor.
+        for address in {w.ref.address for w in pending.values()}:
+            self._sockets.pop(address).close(linger=0)
+        pending.clear()
+        return late
+
+    def _socket(self, address: str) -> zmq.Socket:
+        socket = self._sockets.get(address)
+        if socket is None:
+            socket = self._ctx.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
+            if self._keys is not None:  # holders serve with the run's worker key pair
+                socket.setsockopt(zmq.CURVE_SERVERKEY, self._keys.public)
+                socket.setsockopt(zmq.CURVE_PUBLICKEY, self._keys.public)
+                socket.setsockopt(zmq.CURVE_SECRETKEY, self._keys.secret)
+            if address.startswith("tcp://["):
+                socket.setsockopt(zmq.IPV6, 1)
+            socket.connect(address)
+            self._sockets[address] = socket
+        return socket
+
+
+def _check(ref: p.PayloadRef, blob: memoryview) -> str | None:
+    if len(blob) != ref.size:
+        return f"{len(blob)} bytes where the reference says {ref.size}"
+    checksum = crc32c.crc32c(blob)
+    if checksum != ref.checksum:
+        return f"checksum {checksum:#010x} where the reference says {ref.checksum:#010x}"
+    return None
+
+
+def _refusal(code: int) -> str:
+    if code == Code.UNKNOWN_STORE:
+        return "the holder restarted since (its store is not the one referenced)"
+    if code == Code.UNKNOWN_KEY:
+        return "the holder no longer has it"
+    return f"the holder refused the request (code {code})"
