@@ -32,6 +32,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.epoch,
         ],
         "keys": sorted(state.keys),
+        "regenerated": dict(state.regenerated),
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
         "workers": {name: [w.role, w.loaded] for name, w in sorted(state.workers.items())},
@@ -79,6 +80,7 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
      trained, state.worst_staleness, state.epoch) = snap["counters"]  # fmt: skip
     state.counts[GroupState.TRAINED] = trained
     state.keys = set(snap["keys"])
+    state.regenerated.update(snap.get("regenerated", {}))  # absent before the data plane
     for row in snap["groups"]:
         _load_group(state, row)
     for row in snap["leases"]:

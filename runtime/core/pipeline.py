@@ -124,9 +124,27 @@ class Pipeline:
             yield stage.source, stage.working
             yield stage.working, stage.target
             yield stage.working, stage.source  # lease lost: back to the stable state
+        for stage in self.stages:  # its payload lost with its holder: made again
+            for later in self._downstream(stage.target):
+                yield later, stage.source
         for state in self._states():
             if state is not GroupState.DEAD:
                 yield state, GroupState.DEAD
+
+    def _downstream(self, state: GroupState) -> list[GroupState]:
+        """``state`` and the states a group passes through after it, short of final ones."""
+        found: list[GroupState] = []
+        frontier = [state]
+        while frontier:
+            current = frontier.pop()
+            if current in found or not self.consumers(current):
+                continue
+            found.append(current)
+            for stage in self.consumers(current):
+                if stage.working is not None:
+                    found.append(stage.working)
+                frontier.append(stage.target)
+        return found
 
     def _states(self) -> Iterable[GroupState]:
         seen = {self.entry}

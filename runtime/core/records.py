@@ -6,9 +6,11 @@ on a fresh core therefore rebuilds the same state, and a record states what happ
 what was asked, so replay never re-runs a decision.
 
 A payload is what a role produced for a group (a prompt, tokens, rewards), opaque to the
-core: it is kept with the group under the role's name, handed to the next stages with
-their leases, journaled with the completion that produced it, and forgotten when the
-group is trained. So data that reached ``generated`` is never generated again.
+core: what the scheduler keeps of it (small bytes, or a reference to the worker keeping
+it) is kept with the group under the role's name, handed to the next stages with their
+leases, journaled with the completion that produced it, and forgotten when the group is
+trained. So data that reached ``generated`` is never generated again, unless the worker
+keeping it is lost before every stage took it (LOSE).
 
 Records are plain tuples so that they cost little on the hot path and pack straight into
 MessagePack; they come back from the journal as lists, which ``apply`` accepts too.
@@ -25,13 +27,18 @@ LEASE     lid, fence, role, source, worker, lease_deadline, gids, version, step_
 RENEW     lids, lease_deadline
 COMPLETE  lid, gids, behaviour, data         (behaviour: [[vmin, vmax], ...] or None;
                                                 data: one payload per gid, or None)
-FAIL      lid, gids, reason                     (back to the source, attempt + 1)
+FAIL      lid, gids, reason[, counted]           (back to the source; attempt + 1 unless
+                                                counted is false: given back for another's
+                                                fault, a payload lost upstream)
 KILL      gids, reason                          (to ``dead``, out of any lease)
 PUBLISH   version
 GRANT     resource, lid, token                  (a lock taken under a lease)
 WAIT      resource, lid                         (queued for a full resource)
 UNLOCK    resource, token
 RESUME    epoch                                 (restart: fences and lease ids jump ahead)
+LOSE      lid, gid, role, reason                (role's payload of gid is gone: out of the
+                                                lease, back before the stage that made it,
+                                                what was derived from it dropped)
 ========  ==============================================================================
 """
 
@@ -57,3 +64,4 @@ class Op(IntEnum):
     UNLOCK = 12
     LEAVE = 13
     RESUME = 14
+    LOSE = 15

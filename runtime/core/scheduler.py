@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .checks import completion_problem, membership_problem
+from .checks import Problem, completion_problem, membership_problem
 from .codec import load_state
 from .effects import (
     Accepted,
@@ -255,18 +255,54 @@ class SchedulerCore:
         return Accepted(len(gids))
 
     def fail(
-        self, lease_id: int, fence: int, gids: Sequence[int] | None, reason: str
+        self,
+        lease_id: int,
+        fence: int,
+        gids: Sequence[int] | None,
+        reason: str,
+        lost: Sequence[tuple[int, str, str]] = (),
     ) -> Accepted | Rejected:
-        """Give groups back (all of the lease when ``gids`` is None) to be tried again."""
+        """Give groups back (all of the lease when ``gids`` is None) to be tried again.
+
+        ``lost`` names payloads (gid, role, why) the worker could not fetch: each such
+        group leaves the lease and goes back before the stage that made the payload,
+        which runs again; the lease's other groups go back uncounted, since the worker
+        was not at fault.
+        """
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
             return lease
         gids = sorted(lease.gids) if gids is None else list(gids)
-        problem = membership_problem(lease, gids)
+        problem = membership_problem(lease, gids) or self._lost_problem(lease, lost)
         if problem is not None:
             return self._reject(*problem)
-        self._fail_groups(lease, gids, f"{lease.role}: {reason}")
+        if not lost:
+            self._fail_groups(lease, gids, f"{lease.role}: {reason}")
+            return Accepted(len(gids))
+        for gid, role in dict.fromkeys((gid, role) for gid, role, _ in lost):
+            if gid in lease.gids:  # a group loses its first lost payload, not each
+                why = next(w for g, r, w in lost if (g, r) == (gid, role))
+                self._lose(lease, gid, role, f"{role} payload lost: {why}")
+        rest = [g for g in gids if g in lease.gids]
+        if rest:
+            self._commit(Op.FAIL, lease.lid, rest, f"{lease.role}: {reason}", False)
         return Accepted(len(gids))
+
+    def _lost_problem(self, lease: Lease, lost: Sequence[tuple[int, str, str]]) -> Problem | None:
+        for gid, role, _ in lost:
+            if gid not in lease.gids:
+                return Reason.NOT_IN_LEASE, f"group {gid} is not in lease {lease.lid}"
+            readers = self.state.derived.get(role, frozenset()) - {role}
+            if lease.role not in readers:
+                return Reason.BAD_REQUEST, f"a {lease.role} lease reads no {role} payload"
+        return None
+
+    def _lose(self, lease: Lease, gid: int, role: str, reason: str) -> None:
+        """``role``'s payload of ``gid`` is gone: made again, or the group dies trying."""
+        if self.state.groups[gid].attempts.get(role, 0) + 1 >= self.settings.max_attempts:
+            self._commit(Op.KILL, [gid], f"{reason} (attempt {self.settings.max_attempts})")
+        else:
+            self._commit(Op.LOSE, lease.lid, gid, role, reason)
 
     def _fail_groups(self, lease: Lease, gids: Sequence[int], reason: str) -> None:
         limit, role = self.settings.max_attempts, lease.role

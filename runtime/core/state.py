@@ -112,7 +112,12 @@ class CoreState:
             Op.WAIT: self._wait,
             Op.UNLOCK: self._unlock,
             Op.RESUME: self._resume,
+            Op.LOSE: self._lose,
         }
+        # per role: the roles whose payloads derive from its own (itself included), which a
+        # lost payload of that role takes down with it
+        self.derived = {s.role: _derived_roles(pipeline, s) for s in pipeline.stages}
+        self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
 
     def apply(self, record: Sequence[Any]) -> None:
         self._handlers[record[0]](*record[1:])
@@ -246,12 +251,13 @@ class CoreState:
             lag = self.steps_done - 1 - group.behaviour[0]
             self.worst_staleness = max(self.worst_staleness, lag)
 
-    def _fail(self, lid: int, gids: Sequence[int], reason: str) -> None:
+    def _fail(self, lid: int, gids: Sequence[int], reason: str, counted: bool = True) -> None:
         lease = self.leases[lid]
         for gid in gids:
             group = self.groups[gid]
             del group.leases[lease.role]
-            group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
+            if counted:
+                group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
             if group.state != lease.source:
                 if group.state == self._admit_working:
                     self._forget_deadline(group)  # it will be admitted afresh
@@ -270,6 +276,33 @@ class CoreState:
             group.reason = reason
             self._forget_deadline(group)
             self._move(group, DEAD, reason)
+
+    def _lose(self, lid: int, gid: int, role: str, reason: str) -> None:
+        # ``lid`` is the lease of the consumer that found the payload gone; it and every
+        # other lease working from the payload, or from what was derived from it, let go.
+        group = self.groups[gid]
+        stage = self.pipeline.for_role(role)[0]
+        derived = self.derived[role]
+        for reader, held in list(group.leases.items()):
+            if reader in derived:
+                del group.leases[reader]
+                self._release_groups(self.leases[held], (gid,))
+        for kept in derived:
+            group.data.pop(kept, None)
+        group.attempts[role] = group.attempts.get(role, 0) + 1
+        self.regenerated[role] += 1
+        if stage.working is not None:  # made again from its source state, admitted afresh
+            group.done.clear()
+            group.behaviour = None
+            self._forget_deadline(group)
+            self._move(group, stage.source, reason)
+        elif group.state == stage.source:  # its sibling branches are still running
+            group.done.discard(role)
+            self.offer(group)
+        else:  # joined or further on: back to wait for this branch alone
+            siblings = {s.role for s in self.pipeline.consumers(stage.source)}
+            group.done = siblings - derived
+            self._move(group, stage.source, reason)
 
     def _forget_deadline(self, group: Group) -> None:
         if group.step_deadline is None:
@@ -322,6 +355,20 @@ class CoreState:
         if resource.waiting:
             self.fence += 1  # the next in line takes the freed slot under a new fence
             self._grant(name, resource.waiting.popleft(), self.fence)
+
+
+def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
+    """``stage``'s role and the roles of every stage downstream of its target."""
+    roles, seen, frontier = {stage.role}, set(), [stage.target]
+    while frontier:
+        state = frontier.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        for later in pipeline.consumers(state):
+            roles.add(later.role)
+            frontier.append(later.target)
+    return frozenset(roles)
 
 
 def _bump(counter: Counter[int], key: int, delta: int) -> None:

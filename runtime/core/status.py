@@ -12,7 +12,7 @@ __all__ = ["summarize"]
 
 
 def summarize(state: CoreState) -> dict[str, Any]:
-    """Counts per state, versions, leases per role, locks, staleness and deaths."""
+    """Counts per state, versions, leases per role, locks, staleness, deaths, payloads lost."""
     groups = state.groups.values()
     return {
         "groups": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
@@ -29,4 +29,5 @@ def summarize(state: CoreState) -> dict[str, Any]:
         },
         "worst_staleness_trained": None if state.worst_staleness < 0 else state.worst_staleness,
         "dead": dict(Counter(g.reason for g in groups if g.state is GroupState.DEAD)),
+        "regenerated": dict(state.regenerated),  # payloads lost with their holder, by role
     }

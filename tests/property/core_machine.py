@@ -29,6 +29,7 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
 from .pipeline_model import (
     EDGES,
     GENERATE,
+    READERS,
     TRAIN,
     ModelLease,
     PipelineModel,
@@ -219,6 +220,19 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             gids = self._pick_groups(data, lease)
             self._ok(self.core.fail(lease.lid, lease.fence, gids, reason))
             self.model.fail(lease.lid, gids)
+
+        @precondition(lambda self: any(x.role != GENERATE for x in self.model.leases.values()))
+        @rule(data=st.data())
+        def payload_lost(self, data: st.DataObject) -> None:
+            """A reader cannot fetch a payload: its holder died, or the bytes are corrupt."""
+            readers = [x for x in self.model.leases.values() if x.role != GENERATE]
+            lease = data.draw(st.sampled_from(sorted(readers, key=lambda x: x.lid)))
+            gid = data.draw(st.sampled_from(sorted(lease.gids)))
+            made_by = sorted(r for r, readers in READERS.items() if lease.role in readers)
+            role = data.draw(st.sampled_from(made_by))
+            lost = [(gid, role, "holder gone")]
+            self._ok(self.core.fail(lease.lid, lease.fence, None, "fetch failed", lost))
+            self.model.payload_lost(lease.lid, gid, role)
 
         @precondition(lambda self: self.model.ended or self.model.leases)
         @rule(data=st.data())

@@ -29,10 +29,23 @@ EDGES = frozenset(
         ("ready", "training"),
         ("training", "trained"),
         ("training", "ready"),
+        # a payload lost with its holder: back to the stage that made it
+        ("generated", "pending"),
+        ("ready", "pending"),
+        ("training", "pending"),
+        ("ready", "generated"),
+        ("training", "generated"),
     }
     | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
 )
 FINAL = frozenset({"trained", "dead"})
+# role -> the roles that read its payload, directly or through what they made from it
+READERS = {
+    GENERATE: frozenset({LOGP, REF_LOGP, REWARD, TRAIN}),
+    LOGP: frozenset({TRAIN}),
+    REF_LOGP: frozenset({TRAIN}),
+    REWARD: frozenset({TRAIN}),
+}
 
 
 @dataclass
@@ -158,6 +171,35 @@ class PipelineModel:
                 group.state = source
                 group.admitted = None if source == "pending" else group.admitted
         self._drop(lease, gids)
+
+    def payload_lost(self, lid: int, gid: int, role: str) -> None:
+        """A reader of ``lid`` found ``role``'s payload of ``gid`` gone; the lease's other
+        groups go back uncounted."""
+        lease = self.leases[lid]
+        group = self.groups[gid]
+        tries = group.attempts.get(role, 0) + 1
+        group.attempts[role] = tries
+        if tries >= self.max_attempts:
+            self._kill(gid)
+        else:
+            for other in list(self.leases.values()):
+                if gid in other.gids and other.role in READERS[role]:
+                    group.leased.discard(other.role)
+                    self._drop(other, [gid])
+            if role == GENERATE:
+                group.state, group.done, group.admitted = "pending", set(), None
+            elif group.state == "generated":
+                group.done.discard(role)
+            else:
+                group.state, group.done = "generated", set(BRANCHES - {role})
+        rest = sorted(lease.gids)
+        source = ROWS[lease.role][0]
+        for other_gid in rest:
+            other = self.groups[other_gid]
+            other.leased.discard(lease.role)
+            other.state = source
+            other.admitted = None if source == "pending" else other.admitted
+        self._drop(lease, rest)
 
     def _kill(self, gid: int) -> None:
         group = self.groups[gid]
