@@ -10,13 +10,13 @@ import structlog
 import torch
 
 from asyncrl.actors._release import Releaser
-from asyncrl.transport.weights import NeedsPlan, Plan, Received, WeightReceiver
+from asyncrl.transport.weights import NeedsPlan, Received, WeightReceiver, WeightsPlan
 
 __all__ = ["WeightFollower"]
 
 log = structlog.get_logger("asyncrl.weights")
 
-AskWeights = Callable[[int, bytes, str], "Plan | None"]
+AskWeights = Callable[[int, bytes, str], "WeightsPlan | None"]
 NEWEST = 0  # asked for as a version: whatever the scheduler holds newest
 
 # After the scheduler had no plan, ask again no sooner than this (it answers each step's

@@ -15,7 +15,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.transport import protocol as p
 
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
-    from asyncrl.transport.weights.base import Announcement, Plan
+    from asyncrl.transport.weights.base import Announcement
 
 __all__ = ["Actor", "Outcome", "StreamingActor", "WorkerContext"]
 
@@ -37,7 +37,7 @@ class WorkerContext:
     # as the scheduler plans it; ``address`` is this worker's own weight-plane address if it
     # can relay (b"": it cannot), ``failed`` a source that failed it. None when the scheduler
     # holds no announcement for that version. Main thread only: it talks over the link.
-    ask_weights: Callable[[int, bytes, str], Plan | None] | None = None
+    ask_weights: Callable[[int, bytes, str], p.WeightsPlan | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

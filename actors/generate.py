@@ -19,13 +19,13 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import structlog
 
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
@@ -78,7 +78,7 @@ class Generate(StreamingActor):
         self.task = load_task(cfg.data.task)
         self.reward = RewardFunction.load(cfg.data.reward, self.task, cfg.data.task)
         self.weights = WeightFollower(
-            make_receiver(cfg.weights, Path(cfg.run.dir)), ctx.ask_weights
+            make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights)), ctx.ask_weights
         )
         self.n = cfg.data.group_size
         if self.n > self.slots:

@@ -9,10 +9,10 @@ was from them. It loads each published version, like a generator.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import ClassVar
 
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
@@ -34,7 +34,8 @@ class Logp(ScoringActor):
     def on_start(self, ctx: WorkerContext) -> None:
         super().on_start(ctx)
         self.worker = ctx.worker
-        receiver = make_receiver(ctx.config.weights, Path(ctx.config.run.dir))
+        cfg = ctx.config
+        receiver = make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights))
         self.weights = WeightFollower(receiver, ctx.ask_weights)
 
     @property

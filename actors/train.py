@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file
 
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, make_publisher
 
@@ -38,7 +39,7 @@ from .policy.checkpoint import load_state, model_dir, save_model, state_for_savi
 from .policy.scoring import pack, response_logprobs
 from .rl import LossConfig, group_advantages, loss_metrics, policy_loss
 
-__all__ = ["Train", "latest_checkpoint"]
+__all__ = ["Train"]
 
 log = structlog.get_logger("asyncrl.train")
 
@@ -64,22 +65,16 @@ class _Group:
         )
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run (``checkpoints/step-NNNNNNN``), if any."""
-    found = sorted((run_dir / "checkpoints").glob("step-*"))
-    return found[-1] if found else None
-
-
 class Train(Actor):
     role: ClassVar[str] = Role.TRAIN.value
     publishes_versions: ClassVar[bool] = True
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config
-        self.run_dir = Path(cfg.run.dir)
+        self.run = RunDir.of(cfg)
         self.model, self.codec = load_policy(cfg, self.role)
         self.source = model_dir(cfg.model.path)
-        self.weights = make_publisher(cfg.weights, self.run_dir)
+        self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
         self.weights.prepare(state_for_saving(self.model))
         a = cfg.algorithm
@@ -97,7 +92,7 @@ class Train(Actor):
         )
         self.step = 0  # optimizer steps taken: the version the model holds
         self.saved_step = 0
-        checkpoint = latest_checkpoint(self.run_dir)
+        checkpoint = self.run.latest_checkpoint()
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -202,7 +197,7 @@ class Train(Actor):
         self.weights.close()
 
     def save_checkpoint(self) -> Path:
-        target = self.run_dir / "checkpoints" / f"step-{self.step:07d}"
+        target = self.run.checkpoint(self.step)
         buffer = io.BytesIO()
         torch.save(
             {
@@ -224,8 +219,8 @@ class Train(Actor):
         return target
 
     def _save_final(self) -> None:
-        save_model(self.model, self.source, self.run_dir / "final")
-        log.info("final model written", step=self.step, path=str(self.run_dir / "final"))
+        save_model(self.model, self.source, self.run.final_model)
+        log.info("final model written", step=self.step, path=str(self.run.final_model))
 
     def _restore(self, checkpoint: Path) -> None:
         load_state(self.model, load_file(str(checkpoint / "model.safetensors")))

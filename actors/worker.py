@@ -34,15 +34,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
+from asyncrl.runtime.bus import ACTIVITY_KEY, wakeup_topics
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
-from asyncrl.runtime.service.activity import ACTIVITY_KEY
-from asyncrl.runtime.service.events import wakeup_topics
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
@@ -50,9 +49,6 @@ from asyncrl.transport.topics import Topic, topic
 from ._versions import Versions
 from ._versions import describe_reply as _describe
 from .actor import Actor, Outcome, StreamingActor, WorkerContext
-
-if TYPE_CHECKING:
-    from asyncrl.transport.weights.base import Plan
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -418,16 +414,13 @@ class Worker:
 
     # --- what the actor and the versions ask the scheduler ---------------------------
 
-    def _ask_weights(self, version: int, address: bytes, failed: str) -> Plan | None:
+    def _ask_weights(self, version: int, address: bytes, failed: str) -> p.WeightsPlan | None:
         """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
         if threading.current_thread() is not self._main:
             raise RuntimeError("ask_weights is for the worker's main thread only")
-        # Imported here: only an actor that fetches weights loads the weights module.
-        from asyncrl.transport.weights.base import Plan
-
         reply = self._call(p.WantWeights(self.name, version, address, failed))
         if isinstance(reply, p.WeightsPlan):
-            return Plan(reply.version, reply.manifest, reply.source, reply.source_address)
+            return reply
         self._log.info("no weights plan", version=version, reply=_describe(reply))
         return None
 

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from asyncrl.runtime.config import RunConfig, WeightsSection
+    from asyncrl.transport.weights import WeightDirs
 
 __all__ = ["RunDir"]
 
@@ -11,11 +16,27 @@ __all__ = ["RunDir"]
 @dataclass(frozen=True, slots=True)
 class RunDir:
     root: Path
+    keys_dir: str = "{run.dir}/keys"  # scheduler.keys_dir as configured (this is its default)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> RunDir:
+        """The directory ``cfg`` runs in (``run.dir``), with its configured key directory."""
+        return cls(Path(cfg.run.dir), cfg.scheduler.keys_dir)
 
     @property
     def config(self) -> Path:
         """The resolved configuration the run was started with."""
         return self.root / "config.yaml"
+
+    @property
+    def endpoints(self) -> Path:
+        """Where the scheduler serving this run listens; present only while it runs."""
+        return self.root / "endpoints.json"
+
+    @property
+    def keys(self) -> Path:
+        """The CurveZMQ key pairs (``scheduler.keys_dir``, ``{run.dir}`` expanded)."""
+        return Path(self.keys_dir.replace("{run.dir}", str(self.root)))
 
     @property
     def journal(self) -> Path:
@@ -41,3 +62,31 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        """Where the trainer's checkpoint after ``step`` optimizer steps goes."""
+        return self.checkpoints / f"step-{step:07d}"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint, if any (a checkpoint appears whole, by rename)."""
+        found = sorted(self.checkpoints.glob("step-*"))
+        return found[-1] if found else None
+
+    @property
+    def final_model(self) -> Path:
+        """The trained model after the last step, as a Hugging Face directory."""
+        return self.root / "final"
+
+    def weight_dirs(self, weights: WeightsSection) -> WeightDirs:
+        """Where the weight plane keeps files: versions of the files strategy here, slot
+        files in ``weights.shm_dir``, else RAM-backed /dev/shm, else here on disk."""
+        # Imported here: the weight plane brings torch, which the scheduler never loads.
+        from asyncrl.transport.weights import WeightDirs
+        from asyncrl.transport.weights.shm import ram_directory
+
+        if weights.shm_dir:
+            shared = Path(weights.shm_dir)
+        else:
+            # On disk the slot files are still shared, through the page cache.
+            shared = ram_directory(self.root) or self.root / "weights-shm"
+        return WeightDirs(files=self.root / "weights", shared=shared)

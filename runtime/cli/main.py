@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
-from ._common import add_config_arguments, config_from_args, run_command
+from .common import add_config_arguments, config_from_args, run_command
 
 __all__ = ["main"]
 

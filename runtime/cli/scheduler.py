@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl.runtime.bus import next_port, read_endpoints
 from asyncrl.runtime.config import RunConfig, load_config
 from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.core.status import summarize
@@ -27,8 +28,7 @@ from asyncrl.runtime.durable import JournalExists, recover
 from asyncrl.runtime.journal import JournalCorrupt, JournalLocked
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
-from asyncrl.runtime.service.build import keys_dir
-from asyncrl.runtime.service.process import next_port, read_endpoints, serve
+from asyncrl.runtime.service.process import serve
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 from asyncrl.transport.security import (
@@ -38,8 +38,8 @@ from asyncrl.transport.security import (
     load_client_keys,
 )
 
-from ._common import UsageError, add_config_arguments, config_from_args, run_command
 from ._status import render_status
+from .common import UsageError, add_config_arguments, config_from_args, run_command
 
 __all__ = ["main"]
 
@@ -63,7 +63,7 @@ def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
 
     cfg = config_from_args(args)
     control, events, curve = _where(args, cfg)
-    keys = load_client_keys(keys_dir(cfg)) if curve else None
+    keys = load_client_keys(RunDir.of(cfg).keys) if curve else None
     with ZmqLink(control, events, identity=f"observer-{os.getpid()}", client_keys=keys) as link:
         try:
             return link.request(message, timeout_s=args.timeout)
@@ -78,13 +78,14 @@ def _where(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, str, bool]:
     if args.scheduler:
         host = args.scheduler.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
         return args.scheduler, next_port(args.scheduler), curve_required(host, cfg.scheduler.curve)
-    found = read_endpoints(cfg)
+    run = RunDir.of(cfg)
+    found = read_endpoints(run)
     if found is None:
         raise UsageError(
-            f"no scheduler is serving {cfg.run.dir} (no endpoints.json); "
+            f"no scheduler is serving {run.root} (no {run.endpoints.name}); "
             "start one with `asyncrl-scheduler start` or pass --scheduler tcp://HOST:PORT"
         )
-    return found["control"], found["events"], bool(found["curve"])
+    return found.control, found.events, found.curve
 
 
 def _status(args: argparse.Namespace) -> int:

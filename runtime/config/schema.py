@@ -18,8 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-# Pipeline roles, in data-flow order; `pipeline.workers` may name only these.
-WORKER_ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+
+# The pipeline's roles, in data-flow order; `pipeline.workers` may name only these.
+WORKER_ROLES = DEFAULT_PIPELINE.worker_roles
 
 
 def doc(text: str, **limits: Any) -> dict[str, Any]:

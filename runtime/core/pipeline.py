@@ -86,6 +86,8 @@ class Pipeline:
 
     stages: tuple[Stage, ...]
     entry: GroupState = GroupState.PENDING
+    # The role that adds groups (into ``entry``); what it adds them with is filed under it.
+    entry_role: str = Role.DATALOADER.value
     _by_source: dict[GroupState, tuple[Stage, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,7 +115,13 @@ class Pipeline:
 
     @property
     def roles(self) -> tuple[str, ...]:
+        """The roles of the stages, in table order (the entry role has no stage)."""
         return tuple(dict.fromkeys(s.role for s in self.stages))
+
+    @property
+    def worker_roles(self) -> tuple[str, ...]:
+        """Every role a worker may serve: the entry role, then the stages' roles."""
+        return tuple(str(role) for role in (self.entry_role, *self.roles))
 
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
         """Every (from, to) move a group may make, failures and deaths included."""
@@ -162,6 +170,8 @@ def _validate(pipeline: Pipeline) -> None:
 def _check_rows(pipeline: Pipeline) -> None:
     working_of: dict[GroupState, Stage] = {}
     for stage in pipeline.stages:
+        if stage.role == pipeline.entry_role:
+            raise PipelineError(f"{stage}: the entry role {stage.role} adds groups, it takes none")
         if GroupState.DEAD in (stage.source, stage.target, stage.working):
             raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
         if stage.source == stage.target:

@@ -29,7 +29,7 @@ from .effects import (
     Rejected,
     WorkerLost,
 )
-from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
+from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Stage
 from .records import Op
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_deadline, step_keeps_promises
@@ -46,7 +46,7 @@ class SchedulerCore:
         self.last_seen: dict[str, float] = {}
         self.rejections: Counter[Reason] = Counter()
         self._records: list[tuple[Any, ...]] = []
-        self._roles = {*pipeline.roles, Role.DATALOADER.value}
+        self._roles = set(pipeline.worker_roles)
 
     # --- outbox ----------------------------------------------------------------------
 

@@ -21,7 +21,6 @@ from .records import Op
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
 
 DEAD = GroupState.DEAD
-ENTRY_ROLE = "dataloader"  # the payload a group is added with is filed under this name
 EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
 
 
@@ -176,7 +175,7 @@ class CoreState:
         for gid, key in enumerate(keys, first_gid):
             group = Group(gid, key, entry)
             if data is not None:
-                group.data[ENTRY_ROLE] = data[gid - first_gid]
+                group.data[self.pipeline.entry_role] = data[gid - first_gid]
             self.groups[gid] = group
             self.keys.add(key)
             self.offer(group)

@@ -11,16 +11,18 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from asyncrl.runtime.bus import read_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
-from asyncrl.runtime.service.process import endpoints_file, read_endpoints
 
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
 
-__all__ = ["local_specs", "run_locally"]
+__all__ = ["WORKER_MODULE", "local_specs", "run_locally"]
+
+# Workers are started by module name: the launcher runs role code, it never imports it.
+WORKER_MODULE = "asyncrl.actors.cli"
 
 
 def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:
@@ -30,26 +32,27 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     specs = [ChildSpec("scheduler", [*start, "--resume"] if resume else start, restart=False)]
     for role, count in cfg.pipeline.workers.items():
         for index in range(count):
-            argv = [*python, "asyncrl.runtime.cli.worker", "--role", role, "--index", str(index)]
+            argv = [*python, WORKER_MODULE, "--role", role, "--index", str(index)]
             specs.append(ChildSpec(f"{role}-{index}", [*argv, *config_args], restart=True))
     return specs
 
 
 def _forget_dead_scheduler(cfg: RunConfig) -> None:
     """A scheduler killed outright leaves its endpoints behind; workers must not dial them."""
-    found = read_endpoints(cfg)
-    if found is None:
+    run = RunDir.of(cfg)
+    found = read_endpoints(run)
+    if found is None or found.pid is None:
         return
     try:
-        os.kill(int(found["pid"]), 0)
+        os.kill(found.pid, 0)
     except ProcessLookupError:
-        endpoints_file(cfg).unlink(missing_ok=True)
+        run.endpoints.unlink(missing_ok=True)
     except PermissionError:
         pass  # alive, another user's: the scheduler's journal lock will say so
 
 
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:
-    run = RunDir(Path(cfg.run.dir))
+    run = RunDir.of(cfg)
     run.logs.mkdir(parents=True, exist_ok=True)
     _forget_dead_scheduler(cfg)
     specs = local_specs(cfg, config_args, resume=resume)
@@ -70,10 +73,9 @@ def _release_shared_weights(cfg: RunConfig) -> None:
     weights = cfg.weights
     if not (weights.strategy == "shm" or (weights.strategy == "ucx" and weights.map_on_host)):
         return
-    from asyncrl.transport.weights import shm_directory
     from asyncrl.transport.weights.shm import sweep
 
-    directory = shm_directory(cfg.weights, Path(cfg.run.dir))
+    directory = RunDir.of(cfg).weight_dirs(weights).shared
     sweep(directory)
     with contextlib.suppress(OSError):  # gone already, or holding files not ours
         directory.rmdir()

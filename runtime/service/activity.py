@@ -1,7 +1,8 @@
 """How busy each role is: tokens per second and idle fraction, over the last half minute.
 
-Workers measure themselves: each completion carries ``activity`` (seconds spent working
-since the worker's previous completion, and the tokens that work covered). The service
+Workers measure themselves: each completion's metrics carry, under ``bus.ACTIVITY_KEY``,
+the seconds spent working since the worker's previous completion and the tokens that
+work covered. The service
 keeps these for a sliding window and, at each train step, turns them into per-role rates
 for the step's metrics line. A window, not the time since the previous step: two steps
 can land milliseconds apart, and a generator's completions are not paced by steps.
@@ -13,9 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ACTIVITY_KEY", "RoleActivity"]
-
-ACTIVITY_KEY = "activity"  # in Complete.metrics: {"busy_s": float, "tokens": int}
+__all__ = ["RoleActivity"]
 
 
 class RoleActivity:

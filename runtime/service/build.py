@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 from asyncrl.runtime.config import RunConfig, dump_config
 from asyncrl.runtime.core import CoreSettings
@@ -16,12 +15,7 @@ from .metrics import MetricsLog
 from .reports import ReportLog
 from .service import RunPlan, SchedulerService
 
-__all__ = ["keys_dir", "open_service"]
-
-
-def keys_dir(cfg: RunConfig) -> Path:
-    """Where the run's CurveZMQ keys are (``{run.dir}`` expanded)."""
-    return Path(cfg.scheduler.keys_dir.replace("{run.dir}", cfg.run.dir))
+__all__ = ["open_service"]
 
 
 def open_service(
@@ -35,7 +29,7 @@ def open_service(
 
     A fresh start refuses a directory that already holds a journal (JournalExists).
     """
-    run = RunDir(Path(cfg.run.dir))
+    run = RunDir.of(cfg)
     run.root.mkdir(parents=True, exist_ok=True)
     sched = cfg.scheduler
     writer_factory = partial(

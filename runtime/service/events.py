@@ -1,4 +1,4 @@
-"""From the core's notices to bus events, and which events wake which role.
+"""From the core's notices to bus events (which events wake which role: ``runtime/bus.py``).
 
 Events are wake-ups and observations; none is the only copy of anything (PUB/SUB may drop
 them, and a worker also polls). Each carries a sequence number so that gaps are visible.
@@ -19,13 +19,11 @@ from asyncrl.runtime.core.effects import (
     VersionPublished,
     WorkerLost,
 )
-from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
+from asyncrl.runtime.core.pipeline import GroupState
 from asyncrl.transport.protocol import Event
 from asyncrl.transport.topics import Topic, topic
 
-__all__ = ["EventNumbering", "describe", "wakeup_topics"]
-
-ENTRY_ROLE = "dataloader"
+__all__ = ["EventNumbering", "describe"]
 
 
 def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
@@ -68,29 +66,3 @@ class EventNumbering:
 
     def from_notices(self, notices: Iterable[Notice]) -> list[Event]:
         return [self.make(*describe(n)) for n in notices]
-
-
-def wakeup_topics(role: str, pipeline: Pipeline) -> list[str]:
-    """Topic prefixes after which ``role`` may find new work. The run's end is in all."""
-    edges = list(pipeline.edges())
-    topics = {topic(Topic.RUN)}
-    trained = [topic(Topic.TRANSITION, a, b) for a, b in edges if b is GroupState.TRAINED]
-    died = [topic(Topic.TRANSITION, a, b) for a, b in edges if b is GroupState.DEAD]
-    if role == ENTRY_ROLE:
-        # Room for new groups opens as they are taken, trained, or die.
-        entry = pipeline.entry
-        topics.update(topic(Topic.TRANSITION, a, b) for a, b in edges if a == entry)
-        topics.update(trained + died)
-        return sorted(topics)
-    for stage in pipeline.for_role(role):
-        topics.update(topic(Topic.TRANSITION, a, b) for a, b in edges if b == stage.source)
-        if stage.source == pipeline.entry:
-            topics.add(topic(Topic.GROUPS, "added"))
-        if stage.gate is Gate.ADMIT:
-            # Admission widens when a step finishes or a new version can be loaded.
-            topics.update(trained)
-            topics.add(topic(Topic.VERSION, "published"))
-        if stage.gate is Gate.STEP:
-            # A step may wait for stragglers; their arrival or death unblocks it.
-            topics.update(died)
-    return sorted(topics)

@@ -8,17 +8,16 @@ configuration alone.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import structlog
 import zmq
 
+from asyncrl.runtime.bus import Endpoints, announce_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
@@ -29,32 +28,12 @@ from asyncrl.transport.sockets import (
     bind_scheduler_sockets_at,
 )
 
-from .build import keys_dir, open_service
+from .build import open_service
 from .daemon import SchedulerDaemon
 
-__all__ = ["endpoints_file", "next_port", "read_endpoints", "serve"]
+__all__ = ["serve"]
 
 log = structlog.get_logger("asyncrl.scheduler")
-
-
-def endpoints_file(cfg: RunConfig) -> Path:
-    return RunDir(Path(cfg.run.dir)).root / "endpoints.json"
-
-
-def read_endpoints(cfg: RunConfig) -> dict[str, Any] | None:
-    """The running scheduler's endpoints, or None if it is not running (no file)."""
-    try:
-        return json.loads(endpoints_file(cfg).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-
-
-def next_port(control_endpoint: str) -> str:
-    """The events endpoint by convention: the control endpoint's port + 1."""
-    base, _, port = control_endpoint.rpartition(":")
-    if not port.isdigit():
-        raise ValueError(f"{control_endpoint!r} is not tcp://HOST:PORT")
-    return f"{base}:{int(port) + 1}"
 
 
 def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = None) -> int:
@@ -74,7 +53,7 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         curve = curve_required(sched.host, sched.curve)
         options: dict[str, Any] = {
             "max_message_bytes": sched.max_message_mb << 20,
-            "server_keys": load_server_keys(keys_dir(cfg)) if curve else None,
+            "server_keys": load_server_keys(RunDir.of(cfg).keys) if curve else None,
         }
         if endpoints is None:
             where = (sched.host, sched.control_port, sched.events_port)
@@ -97,7 +76,7 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         with _stop_signals(daemon):
             return daemon.run()
     finally:
-        endpoints_file(cfg).unlink(missing_ok=True)
+        RunDir.of(cfg).endpoints.unlink(missing_ok=True)
         service.durable.close()
         service.close_files()
         if sockets is not None:
@@ -108,17 +87,17 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
 
 
 def _announce(cfg: RunConfig, sockets: BoundSockets, curve: bool, resume: bool, steps: int) -> None:
-    where = {
-        "control": sockets.control_endpoint,
-        "events": sockets.events_endpoint,
-        "curve": curve,
-        "pid": os.getpid(),
-    }
-    path = endpoints_file(cfg)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(where), encoding="utf-8")
-    os.replace(tmp, path)
-    log.info("scheduler listening", resumed=resume, steps_done=steps, **where)
+    where = Endpoints(sockets.control_endpoint, sockets.events_endpoint, curve, os.getpid())
+    announce_endpoints(RunDir.of(cfg), where)
+    log.info(
+        "scheduler listening",
+        resumed=resume,
+        steps_done=steps,
+        control=where.control,
+        events=where.events,
+        curve=where.curve,
+        pid=where.pid,
+    )
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core import SchedulerCore
 from asyncrl.runtime.core.effects import (
     Accepted,
@@ -38,8 +39,8 @@ from asyncrl.runtime.durable import JournaledCore
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
-from .activity import ACTIVITY_KEY, RoleActivity
-from .events import ENTRY_ROLE, EventNumbering
+from .activity import RoleActivity
+from .events import EventNumbering
 from .metrics import MetricsLog
 from .reports import ReportLog, step_fields
 from .weight_routes import NoRoute, WeightRoutes
@@ -216,7 +217,7 @@ class SchedulerService:
     def _claim(self, m: p.Claim, now: float) -> p.Message:
         if self.draining is not None:
             return p.Shutdown(self.draining)
-        if m.role == ENTRY_ROLE:
+        if m.role == self.core.pipeline.entry_role:
             return self._want(m)
         grant = self.core.claim(m.role, m.worker, m.n, now)
         if grant is None:
@@ -226,7 +227,7 @@ class SchedulerService:
         return self._lease(grant, now)
 
     def _want(self, m: p.Claim) -> p.Message:
-        refused = self._not_the_dataloader(m.worker)
+        refused = self._not_the_entry_role(m.worker)
         if refused is not None:
             return refused
         counts = self.core.state.counts
@@ -235,11 +236,11 @@ class SchedulerService:
         room = self.plan.backlog - counts[self.core.pipeline.entry]
         return p.Want(max(0, min(m.n, needed, room)))
 
-    def _not_the_dataloader(self, worker: str) -> p.Error | None:
+    def _not_the_entry_role(self, worker: str) -> p.Error | None:
         known = self.core.state.workers.get(worker)
         if known is None:  # its own code, so the worker knows to register again
             return p.Error(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        if known.role != ENTRY_ROLE:
+        if known.role != self.core.pipeline.entry_role:
             return p.Error(Reason.WRONG_ROLE, f"{worker!r} is registered as {known.role}")
         return None
 
@@ -369,7 +370,7 @@ class SchedulerService:
         return _reply(self.core.loaded_version(m.worker, m.version))
 
     def _add_groups(self, m: p.AddGroups, _now: float) -> p.Message:
-        refused = self._not_the_dataloader(m.worker)
+        refused = self._not_the_entry_role(m.worker)
         if refused is not None:
             return refused
         keys = [g.key for g in m.groups]

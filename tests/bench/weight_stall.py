@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.transport.weights import Plan
+from asyncrl.transport.weights import WeightsPlan
 
 PUBLISH_EVERY_S = 4.0
 
@@ -73,17 +73,21 @@ def _weights(strategy: str) -> Any:
 def _publisher(strategy: str, workdir: str) -> Any:
     from pathlib import Path
 
+    from asyncrl.runtime.rundir import RunDir
     from asyncrl.transport.weights import make_publisher
 
-    return make_publisher(_weights(strategy), Path(workdir))
+    weights = _weights(strategy)
+    return make_publisher(weights, RunDir(Path(workdir)).weight_dirs(weights))
 
 
 def _receiver(strategy: str, workdir: str) -> Any:
     from pathlib import Path
 
+    from asyncrl.runtime.rundir import RunDir
     from asyncrl.transport.weights import make_receiver
 
-    return make_receiver(_weights(strategy), Path(workdir))
+    weights = _weights(strategy)
+    return make_receiver(weights, RunDir(Path(workdir)).weight_dirs(weights))
 
 
 def _trainer(
@@ -103,7 +107,7 @@ def _trainer(
                 param.add_(0.001)
         started = time.monotonic()
         announcement = publisher.publish(version, state_for_saving(model))
-        plans.put((Plan(version, announcement.manifest, "trainer", announcement.address),
+        plans.put((WeightsPlan(version, announcement.manifest, "trainer", announcement.address),
                    time.monotonic() - started))  # fmt: skip
     done.get()
     publisher.close()
@@ -124,7 +128,7 @@ def _generator(
     )
     newest: dict[str, Any] = {}
 
-    def ask(version: int, address: bytes, failed: str) -> Plan | None:
+    def ask(version: int, address: bytes, failed: str) -> WeightsPlan | None:
         return newest.get("plan")
 
     follower = WeightFollower(_receiver(strategy, workdir), ask)

@@ -299,14 +299,14 @@ class Plane(Method):
     def receive(self, dst: np.ndarray) -> None:
         import msgpack
 
-        from asyncrl.transport.weights import Plan, Received
+        from asyncrl.transport.weights import Received, WeightsPlan
 
         self.version += 1
         manifest = msgpack.unpackb(self._read_file(f"manifest-{self.version}"))
         source = self._read_file(f"addr-{self.parent}")
         if self.parent:  # as the scheduler orders it: a relay is planned before its children
             self._read_file(f"wants-{self.version}-{self.parent}")
-        self.receiver.want(Plan(self.version, manifest, f"rank-{self.parent}", source))
+        self.receiver.want(WeightsPlan(self.version, manifest, f"rank-{self.parent}", source))
         self._publish_file(f"wants-{self.version}-{self.setting.rank}", b"")
         while (outcome := self.receiver.poll()) is None:
             time.sleep(POLL_S)
@@ -350,9 +350,12 @@ class Shm(Plane):
     def make_publisher(self) -> Any:
         from pathlib import Path
 
-        from asyncrl.transport.weights.shm import ShmPublisher, default_directory
+        from asyncrl.runtime.config import WeightsSection
+        from asyncrl.runtime.rundir import RunDir
+        from asyncrl.transport.weights.shm import ShmPublisher
 
-        return ShmPublisher(default_directory(Path(self.setting.workdir)), bucket_mb=64)
+        shared = RunDir(Path(self.setting.workdir)).weight_dirs(WeightsSection()).shared
+        return ShmPublisher(shared, bucket_mb=64)
 
     def make_receiver(self) -> Any:
         from asyncrl.transport.weights.shm import ShmReceiver
@@ -375,16 +378,20 @@ class UcxMapped(Plane):
     def make_publisher(self) -> Any:
         from pathlib import Path
 
+        from asyncrl.runtime.rundir import RunDir
         from asyncrl.transport.weights import make_publisher
 
-        return make_publisher(self._weights(), Path(self.setting.workdir))
+        weights = self._weights()
+        return make_publisher(weights, RunDir(Path(self.setting.workdir)).weight_dirs(weights))
 
     def make_receiver(self) -> Any:
         from pathlib import Path
 
+        from asyncrl.runtime.rundir import RunDir
         from asyncrl.transport.weights import make_receiver
 
-        return make_receiver(self._weights(), Path(self.setting.workdir))
+        weights = self._weights()
+        return make_receiver(weights, RunDir(Path(self.setting.workdir)).weight_dirs(weights))
 
 
 @register

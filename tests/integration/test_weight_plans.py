@@ -10,7 +10,7 @@ from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.demo import Generate, Train
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights.base import Announcement, Plan
+from asyncrl.transport.weights.base import Announcement, WeightsPlan
 
 from .test_inprocess_pipeline import BATCH, STEPS, check_every_value, demo_actors, run_pipeline
 
@@ -26,7 +26,7 @@ class PlannedGenerate(Generate):
     def __init__(self, address: bytes) -> None:
         super().__init__()
         self.address = address
-        self.plans: dict[int, Plan] = {}
+        self.plans: dict[int, WeightsPlan] = {}
         self._reports: list[p.Report] = []
         self._ctx: WorkerContext | None = None
 

@@ -82,7 +82,7 @@ class Cluster:
         return pid
 
     def worker(self, role: str, index: int = 0, env: Mapping[str, str] | None = None) -> int:
-        argv = ["asyncrl.runtime.cli.worker", "--role", role, "--index", str(index)]
+        argv = ["asyncrl.actors.cli", "--role", role, "--index", str(index)]
         return self.spawn(f"{role}-{index}", [*argv, "-c", str(self.config_path)], env)
 
     def all_workers(self, env: Mapping[str, str] | None = None) -> None:

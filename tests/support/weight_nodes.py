@@ -1,7 +1,7 @@
 """A weight publisher and weight receivers in real processes, for the weight-plane tests.
 
 The test process plays the scheduler: it starts each node (multiprocessing, spawn), sends
-it commands, hands receivers :class:`Plan`\\ s, and reads what each reports on its own
+it commands, hands receivers :class:`WeightsPlan`\\ s, and reads what each reports on its own
 queue (one pair of queues per node, so that killing a node with SIGKILL breaks no other
 node's queues). A receiver checks every version it gets against the same deterministic
 state rebuilt locally (:func:`model_state`), tensor by tensor and byte for byte, and
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.transport.weights.base import Announcement, NeedsPlan, Plan, Received
+from asyncrl.transport.weights.base import Announcement, NeedsPlan, Received, WeightsPlan
 
 __all__ = [
     "MIB_STATE",
@@ -109,10 +109,10 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def plan_from(announcement: Announcement | None, source: Node, version: int) -> Plan:
+def plan_from(announcement: Announcement | None, source: Node, version: int) -> WeightsPlan:
     """The plan the scheduler would hand out: ``version``'s manifest, pulled from ``source``."""
     assert announcement is not None and announcement.version == version
-    return Plan(version, announcement.manifest, source.name, source.address)
+    return WeightsPlan(version, announcement.manifest, source.name, source.address)
 
 
 # --- inside the node processes --------------------------------------------------------

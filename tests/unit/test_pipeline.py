@@ -45,6 +45,20 @@ def test_a_critic_is_one_more_row() -> None:
     assert len(pipeline.consumers(S.GENERATED)) == 4
 
 
+def test_the_entry_role_is_declared_with_the_table() -> None:
+    assert DEFAULT_PIPELINE.entry_role == "dataloader"
+    assert DEFAULT_PIPELINE.worker_roles == (
+        "dataloader",
+        "generate",
+        "logp",
+        "ref_logp",
+        "reward",
+        "train",
+    )
+    renamed = Pipeline(DEFAULT_PIPELINE.stages, entry_role="loader")
+    assert renamed.worker_roles[0] == "loader" and "dataloader" not in renamed.worker_roles
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
@@ -55,6 +69,7 @@ def test_a_critic_is_one_more_row() -> None:
         ((GENERATE, LOGP, TRAIN, Stage("again", S.READY, S.PENDING)), "several readers"),
         ((GENERATE, LOGP, TRAIN, Stage("loop", S.TRAINED, S.PENDING)), "cycle"),
         ((GENERATE, LOGP, TRAIN, Stage("x", S.TRAINED, S.DEAD)), "dead"),
+        ((GENERATE, LOGP, TRAIN, Stage(Role.DATALOADER, S.TRAINED, S.READY)), "adds groups"),
         (
             (GENERATE, Stage(Role.TRAIN, S.READY, S.TRAINED, None, Gate.STEP), LOGP),
             "must be exclusive",

@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from asyncrl.runtime.config import WeightsSection
-from asyncrl.transport.weights import NeedsPlan, Plan, Received, make_publisher, make_receiver
+from asyncrl.transport.weights import (
+    NeedsPlan,
+    Received,
+    WeightDirs,
+    WeightsPlan,
+    make_publisher,
+    make_receiver,
+)
 from asyncrl.transport.weights.files import FilePublisher, FileReceiver
 
 
@@ -18,13 +25,14 @@ def state(seed: int) -> dict[str, torch.Tensor]:
 
 
 def fetch(receiver: FileReceiver, version: int) -> Received | NeedsPlan | None:
-    receiver.want(Plan(version, {}, "trainer"))
+    receiver.want(WeightsPlan(version, {}, "trainer", b""))
     return receiver.poll()
 
 
 def test_a_published_version_is_received_byte_exact(tmp_path: Path) -> None:
     files = WeightsSection(strategy="files")
-    publisher, receiver = make_publisher(files, tmp_path), make_receiver(files, tmp_path)
+    dirs = WeightDirs(files=tmp_path, shared=tmp_path / "unused")
+    publisher, receiver = make_publisher(files, dirs), make_receiver(files, dirs)
     announcement = publisher.publish(3, state(3))
     assert announcement.version == 3 and announcement.address == b""
     got = fetch(receiver, 3)
@@ -67,4 +75,4 @@ def test_an_unknown_strategy_is_named(tmp_path: Path) -> None:
     weights = WeightsSection()
     object.__setattr__(weights, "strategy", "carrier-pigeon")
     with pytest.raises(ValueError, match=r"weights\.strategy='carrier-pigeon'"):
-        make_publisher(weights, tmp_path)
+        make_publisher(weights, WeightDirs(files=tmp_path, shared=tmp_path))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.transport.weights.base import Plan, Received
+from asyncrl.transport.weights.base import Received, WeightsPlan
 from asyncrl.transport.weights.files import FilePublisher
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher
@@ -29,7 +29,8 @@ def test_shm_makes_both_slot_files_ahead_and_publishes_into_them(tmp_path: Path)
     receiver = ShmReceiver()
     for version in (1, 2, 3):
         announcement = publisher.publish(version, state(version))
-        got = receive(receiver, Plan(version, announcement.manifest, "t", announcement.address))
+        plan = WeightsPlan(version, announcement.manifest, "t", announcement.address)
+        got = receive(receiver, plan)
         assert isinstance(got, Received)
         assert all(torch.equal(got.state[n], t) for n, t in state(version).items())
         receiver.loaded(got)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.transport.weights.base import NeedsPlan, Plan, Received
+from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from asyncrl.transport.weights.ucx.fetch import Fetch
@@ -38,7 +38,7 @@ def test_a_job_that_raises_is_a_request_for_a_plan_and_the_next_one_loads(
 ) -> None:
     publisher, receiver = strategy(tmp_path, monkeypatch)
     announcement = publisher.publish(1, state(1))
-    plan = Plan(1, announcement.manifest, "trainer", announcement.address)
+    plan = WeightsPlan(1, announcement.manifest, "trainer", announcement.address)
     got = receive(receiver, plan)
     assert isinstance(got, NeedsPlan) and "a bug in the job" in got.reason
     assert receiver.target is None

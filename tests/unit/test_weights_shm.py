@@ -13,8 +13,8 @@ import msgpack
 import pytest
 import torch
 
-from asyncrl.transport.weights.base import NeedsPlan, Plan, Received
-from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver, default_directory, sweep
+from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
+from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver, ram_directory, sweep
 from asyncrl.transport.weights.shm.slot_file import (
     Gone,
     MapCache,
@@ -42,7 +42,7 @@ def state(version: int) -> dict[str, torch.Tensor]:
     return {"w": torch.full((300,), float(version)), "b": torch.arange(7) + version}
 
 
-def receive(receiver: ShmReceiver, plan: Plan) -> Received | NeedsPlan:
+def receive(receiver: ShmReceiver, plan: WeightsPlan) -> Received | NeedsPlan:
     receiver.want(plan)
     deadline = time.monotonic() + 10
     while (outcome := receiver.poll()) is None:
@@ -51,9 +51,9 @@ def receive(receiver: ShmReceiver, plan: Plan) -> Received | NeedsPlan:
     return outcome
 
 
-def plan_of(publisher: ShmPublisher, version: int) -> Plan:
+def plan_of(publisher: ShmPublisher, version: int) -> WeightsPlan:
     announcement = publisher.publish(version, state(version))
-    return Plan(version, announcement.manifest, "trainer", announcement.address)
+    return WeightsPlan(version, announcement.manifest, "trainer", announcement.address)
 
 
 def test_a_version_round_trips_through_a_slot_file(publisher: ShmPublisher) -> None:
@@ -139,7 +139,7 @@ def test_a_plan_from_another_host_is_refused_naming_both(publisher: ShmPublisher
     elsewhere = msgpack.packb({"host": "other-host/boot", "dir": str(publisher.directory)})
     manifest = {**plan.manifest, "shm": elsewhere}
     with pytest.raises(ValueError, match=r"on host 'other-host/boot'.*use ucx"):
-        ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
+        ShmReceiver().want(WeightsPlan(1, manifest, "trainer", plan.source_address))
 
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "1-0.weights/..", "", None, 7])
@@ -149,14 +149,14 @@ def test_a_file_name_that_is_not_a_slot_files_is_refused(
     plan = plan_of(publisher, 1)
     manifest = {**plan.manifest, "file": name}
     with pytest.raises(ValueError, match="not a slot file's"):
-        ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
+        ShmReceiver().want(WeightsPlan(1, manifest, "trainer", plan.source_address))
 
 
 def test_a_plan_from_a_trainer_with_another_strategy_says_so(publisher: ShmPublisher) -> None:
     plan = plan_of(publisher, 1)
     manifest = {k: v for k, v in plan.manifest.items() if k != "file"}  # as ucx publishes
     with pytest.raises(ValueError, match=r"another weights\.strategy"):
-        ShmReceiver().want(Plan(1, manifest, "trainer", plan.source_address))
+        ShmReceiver().want(WeightsPlan(1, manifest, "trainer", plan.source_address))
 
 
 @pytest.mark.parametrize(
@@ -178,9 +178,10 @@ def test_an_address_names_this_host_and_the_directory(directory: Path) -> None:
     assert where == directory and "/" in host
 
 
-def test_the_default_directory_is_one_per_run(tmp_path: Path) -> None:
-    a, b = default_directory(tmp_path / "run-a"), default_directory(tmp_path / "run-b")
-    assert a != b and a == default_directory(tmp_path / "run-a")
+def test_the_ram_directory_is_one_per_run(tmp_path: Path) -> None:
+    a, b = ram_directory(tmp_path / "run-a"), ram_directory(tmp_path / "run-b")
+    assert a is not None and b is not None  # this machine has a writable /dev/shm
+    assert a != b and a == ram_directory(tmp_path / "run-a")
 
 
 def test_the_end_of_a_local_run_removes_what_a_killed_trainer_left(tmp_path: Path) -> None:

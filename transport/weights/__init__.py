@@ -1,7 +1,7 @@
 """The weight plane: how the trainer's new weights reach the generators (never the bus).
 
-Strategies sit behind :class:`WeightPublisher` and :class:`WeightReceiver`
-(``weights.strategy`` picks one):
+Strategies sit behind :class:`WeightPublisher` and :class:`WeightReceiver`, the contract
+in ``base.py``; ``factory.py`` builds the one ``weights.strategy`` names:
 
 - ``ucx`` (the default): the trainer stages each version in one of two CPU buffers and
   serves it in checksummed buckets over UCX; generators pull it, relay it on to other
@@ -15,23 +15,21 @@ Strategies sit behind :class:`WeightPublisher` and :class:`WeightReceiver`
 from .base import (
     Announcement,
     NeedsPlan,
-    Plan,
     Received,
     WeightPublisher,
     WeightReceiver,
-    make_publisher,
-    make_receiver,
-    shm_directory,
+    WeightsPlan,
 )
+from .factory import WeightDirs, make_publisher, make_receiver
 
 __all__ = [
     "Announcement",
     "NeedsPlan",
-    "Plan",
     "Received",
+    "WeightDirs",
     "WeightPublisher",
     "WeightReceiver",
+    "WeightsPlan",
     "make_publisher",
     "make_receiver",
-    "shm_directory",
 ]

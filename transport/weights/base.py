@@ -1,35 +1,32 @@
-"""The weight-plane contract, and the choice of strategy from the config.
+"""The weight-plane contract that every strategy implements (``factory.py`` picks one).
 
 A trainer holds a :class:`WeightPublisher`: ``publish`` makes a version fetchable and
 returns the :class:`Announcement` the scheduler passes on. A generator holds a
-:class:`WeightReceiver`: it is handed a :class:`Plan` (the version's manifest and whom to
-pull it from), fetches in the background, and answers ``poll`` with a :class:`Received`
-version to run on, or :class:`NeedsPlan` when its source failed and the scheduler must
-name another.
+:class:`WeightReceiver`: it is handed the scheduler's :class:`WeightsPlan` (the version's
+manifest and whom to pull it from) as it came over the bus, fetches in the background,
+and answers ``poll`` with a :class:`Received` version to run on, or :class:`NeedsPlan`
+when its source failed and the scheduler must name another.
+
+This module imports no strategy: strategies import it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
-if TYPE_CHECKING:
-    from asyncrl.runtime.config import WeightsSection
+from ..messages import WeightsPlan
 
 __all__ = [
     "Announcement",
     "NeedsPlan",
-    "Plan",
     "Received",
     "WeightPublisher",
     "WeightReceiver",
-    "make_publisher",
-    "make_receiver",
-    "shm_directory",
+    "WeightsPlan",
 ]
 
 
@@ -45,20 +42,6 @@ class Announcement:
     version: int
     manifest: dict[str, object]
     address: bytes = b""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the scheduler tells a receiver: ``version``'s manifest and whom to pull it from.
-
-    ``source`` is the worker serving it (the publisher, or a receiver relaying it) and
-    ``source_address`` its weight-plane address.
-    """
-
-    version: int
-    manifest: dict[str, object]
-    source: str
-    source_address: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -108,7 +91,7 @@ class WeightReceiver(Protocol):
         """The version being fetched, if any."""
         ...
 
-    def want(self, plan: Plan) -> None:
+    def want(self, plan: WeightsPlan) -> None:
         """Fetch ``plan``'s version (in the background); older plans are ignored."""
         ...
 
@@ -121,65 +104,3 @@ class WeightReceiver(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def make_publisher(weights: WeightsSection, run_dir: Path) -> WeightPublisher:
-    """The trainer's side of the strategy named by ``weights.strategy``."""
-    if weights.strategy == "ucx":
-        from .ucx import UcxPublisher
-
-        return UcxPublisher(
-            bucket_mb=weights.produce_bucket_mb,
-            progress_mode=weights.progress_mode,
-            send_timeout_s=weights.stall_timeout_s,
-            share_dir=shm_directory(weights, run_dir) if weights.map_on_host else None,
-        )
-    if weights.strategy == "shm":
-        from .shm import ShmPublisher
-
-        return ShmPublisher(shm_directory(weights, run_dir), bucket_mb=weights.produce_bucket_mb)
-    if weights.strategy == "files":
-        from .files import FilePublisher
-
-        return FilePublisher(run_dir / "weights")
-    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
-
-
-def make_receiver(weights: WeightsSection, run_dir: Path, *, relay: bool = True) -> WeightReceiver:
-    """A generator's side of the strategy named by ``weights.strategy``."""
-    if weights.strategy == "ucx":
-        from .ucx import UcxReceiver
-
-        ucx = UcxReceiver(
-            bucket_mb=weights.consume_bucket_mb,
-            progress_mode=weights.progress_mode,
-            stall_timeout_s=weights.stall_timeout_s,
-            relay=relay,
-        )
-        if not weights.map_on_host:
-            return ucx
-        from .host_aware import HostAwareReceiver
-        from .shm import ShmReceiver
-
-        return HostAwareReceiver(ucx, ShmReceiver())
-    if weights.strategy == "shm":
-        from .shm import ShmReceiver
-
-        return ShmReceiver()
-    if weights.strategy == "files":
-        from .files import FileReceiver
-
-        return FileReceiver(run_dir / "weights")
-    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
-
-
-def shm_directory(weights: WeightsSection, run_dir: Path) -> Path:
-    """Where shared-memory slot files of a run go (``weights.shm_dir``, or /dev/shm)."""
-    if weights.shm_dir:
-        return Path(weights.shm_dir)
-    from .shm import default_directory
-
-    return default_directory(run_dir)
-
-
-_STRATEGIES = "expected 'ucx', 'shm' or 'files'"

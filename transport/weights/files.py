@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .base import Announcement, NeedsPlan, Plan, Received
+from .base import Announcement, NeedsPlan, Received, WeightsPlan
 
 __all__ = ["FilePublisher", "FileReceiver"]
 
@@ -75,7 +75,7 @@ class FileReceiver:
     def target(self) -> int | None:
         return None
 
-    def want(self, plan: Plan) -> None:
+    def want(self, plan: WeightsPlan) -> None:
         if self.loaded_version is not None and plan.version <= self.loaded_version:
             return
         started = time.perf_counter()

@@ -15,7 +15,7 @@ versions newer than the last one handed over are ever handed over.
 
 from __future__ import annotations
 
-from .base import NeedsPlan, Plan, Received
+from .base import NeedsPlan, Received, WeightsPlan
 from .shm import ShmReceiver
 from .shm.slot_file import host_identity
 from .shm.strategy import mappable, where_mapped
@@ -41,7 +41,7 @@ class HostAwareReceiver:
         mapping = self.shm.target
         return mapping if mapping is not None else self.ucx.target
 
-    def want(self, plan: Plan) -> None:
+    def want(self, plan: WeightsPlan) -> None:
         self._maps = mappable(plan) and where_mapped(plan)[0] == self._host
         (self.shm if self._maps else self.ucx).want(plan)
 

@@ -1,6 +1,6 @@
 """Weights through shared memory, for generators on the trainer's host."""
 
-from .slot_file import default_directory, sweep
+from .slot_file import ram_directory, sweep
 from .strategy import ShmPublisher, ShmReceiver
 
-__all__ = ["ShmPublisher", "ShmReceiver", "default_directory", "sweep"]
+__all__ = ["ShmPublisher", "ShmReceiver", "ram_directory", "sweep"]

@@ -47,10 +47,10 @@ __all__ = [
     "NoSpace",
     "SlotFile",
     "decode_address",
-    "default_directory",
     "encode_address",
     "host_identity",
     "new_slot_paths",
+    "ram_directory",
     "sweep",
 ]
 
@@ -100,13 +100,13 @@ def decode_address(address: bytes) -> tuple[str, Path]:
     return host, Path(directory)
 
 
-def default_directory(run_dir: Path) -> Path:
-    """Where a run's slot files live: RAM-backed /dev/shm, one directory per run."""
+def ram_directory(run_dir: Path) -> Path | None:
+    """The run's own directory in RAM-backed /dev/shm, or None where there is none to use."""
     digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / f"asyncrl-{os.getuid()}-{digest}"
-    return run_dir / "weights-shm"  # still shared through the page cache, backed by disk
+    return None
 
 
 def check_name(name: object) -> str:

@@ -32,7 +32,7 @@ import structlog
 import torch
 
 from .._background import Ahead, JobThread
-from ..base import Announcement, NeedsPlan, Plan, Received
+from ..base import Announcement, NeedsPlan, Received, WeightsPlan
 from ..layout import Manifest, Stager, plan, views
 from .slot_file import (
     Gone,
@@ -55,12 +55,12 @@ PAGE = mmap.PAGESIZE
 CHECK_THREADS = 2  # CRC-32C releases the GIL: two threads check 1 GiB in about 0.06 s here
 
 
-def mappable(plan_: Plan) -> bool:
+def mappable(plan_: WeightsPlan) -> bool:
     """Whether ``plan_``'s manifest names a slot file (shm, or ucx staging into files)."""
     return "file" in plan_.manifest and "shm" in plan_.manifest
 
 
-def where_mapped(plan_: Plan) -> tuple[str, Path]:
+def where_mapped(plan_: WeightsPlan) -> tuple[str, Path]:
     """The host and directory of a mappable plan's slot file; ValueError if malformed."""
     address = plan_.manifest["shm"]
     if not isinstance(address, bytes):
@@ -150,7 +150,7 @@ class ShmReceiver:
     def target(self) -> int | None:
         return self._target
 
-    def want(self, plan_: Plan) -> None:
+    def want(self, plan_: WeightsPlan) -> None:
         manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
         if not mappable(plan_):
             raise ValueError(

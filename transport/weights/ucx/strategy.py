@@ -21,7 +21,7 @@ import structlog
 import torch
 
 from .._background import Ahead, JobThread
-from ..base import Announcement, NeedsPlan, Plan, Received
+from ..base import Announcement, NeedsPlan, Received, WeightsPlan
 from ..buffers import SlotState
 from ..layout import Manifest, Stager, plan, views
 from ..shm.staging_files import StagingFiles
@@ -144,7 +144,7 @@ class UcxReceiver:
                     return verified
         return 0
 
-    def want(self, plan_: Plan) -> None:
+    def want(self, plan_: WeightsPlan) -> None:
         """Fetch ``plan_``'s version from its source (in the background).
 
         A plan for an older version than the one held or being fetched is ignored; one
@@ -193,7 +193,7 @@ class UcxReceiver:
 
     # --- the fetch thread ------------------------------------------------------------
 
-    def _run(self, plan_: Plan, manifest: Manifest, job: _Job) -> None:
+    def _run(self, plan_: WeightsPlan, manifest: Manifest, job: _Job) -> None:
         slot, resume = self._slot_for(manifest, job.stop)
         if slot is None:
             job.finished = True
@@ -247,7 +247,7 @@ class UcxReceiver:
                 self._held = outcome.version
             self._outcome = outcome
 
-    def _broke(self, plan_: Plan, job: _Job, error: Exception) -> None:
+    def _broke(self, plan_: WeightsPlan, job: _Job, error: Exception) -> None:
         """A fetch ended in an exception: ask for a plan again (it resumes from what was
         checked) rather than wait for an outcome that will never come."""
         job.finished = True

@@ -19,37 +19,34 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from asyncrl.actors.actor import Actor
-from asyncrl.actors.worker import Worker, default_worker_name
+from asyncrl.runtime.bus import Endpoints, next_port, read_endpoints
+from asyncrl.runtime.cli.common import (
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    run_command,
+)
 from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.service.build import keys_dir
-from asyncrl.runtime.service.process import endpoints_file, next_port, read_endpoints
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
-from ._common import UsageError, add_config_arguments, config_from_args, run_command
+from .actor import Actor
+from .worker import Worker, default_worker_name
 
 __all__ = ["main"]
 
 _ENDPOINTS_WAIT_S = 60.0  # how long a worker started beside its scheduler waits for it
 
 
-@dataclass(frozen=True, slots=True)
-class _Endpoints:
-    control: str
-    events: str
-    curve: bool
-
-
 def _roles(_args: argparse.Namespace) -> int:
-    print(f"{Role.DATALOADER}: feeds new groups into {DEFAULT_PIPELINE.entry}")
+    print(f"{DEFAULT_PIPELINE.entry_role}: feeds new groups into {DEFAULT_PIPELINE.entry}")
     for stage in DEFAULT_PIPELINE.stages:
         print(stage)
     return 0
@@ -65,10 +62,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run_worker(
-    actor: Actor, cfg: RunConfig, name: str, where: _Endpoints, index: int | None
+    actor: Actor, cfg: RunConfig, name: str, where: Endpoints, index: int | None
 ) -> int:
     try:
-        keys = load_client_keys(keys_dir(cfg)) if where.curve else None
+        keys = load_client_keys(RunDir.of(cfg).keys) if where.curve else None
     except KeyFileError as error:
         raise UsageError(str(error)) from None
     worker: Worker | None = None
@@ -114,7 +111,7 @@ def load_actor_class(module_name: str, role: str) -> type[Actor]:
     return actor_class
 
 
-def _endpoints(args: argparse.Namespace, cfg: RunConfig) -> _Endpoints:
+def _endpoints(args: argparse.Namespace, cfg: RunConfig) -> Endpoints:
     if args.scheduler:
         return _given_endpoints(args.scheduler, args.events, cfg)
     if args.events:
@@ -122,7 +119,7 @@ def _endpoints(args: argparse.Namespace, cfg: RunConfig) -> _Endpoints:
     return _run_endpoints(cfg)
 
 
-def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> _Endpoints:
+def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> Endpoints:
     if events is None:
         if not control.startswith("tcp://"):
             raise UsageError(f"--scheduler {control}: give --events too (not a tcp:// endpoint)")
@@ -130,7 +127,7 @@ def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> _Endpo
             events = next_port(control)
         except ValueError as error:
             raise UsageError(f"--scheduler: {error}") from None
-    return _Endpoints(control, events, curve_required(_host_of(control), cfg.scheduler.curve))
+    return Endpoints(control, events, curve_required(_host_of(control), cfg.scheduler.curve))
 
 
 def _host_of(endpoint: str) -> str:
@@ -139,24 +136,25 @@ def _host_of(endpoint: str) -> str:
     return endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
 
 
-def _run_endpoints(cfg: RunConfig) -> _Endpoints:
+def _run_endpoints(cfg: RunConfig) -> Endpoints:
     """Where the scheduler serving ``run.dir`` listens, as it announced it or as configured."""
     sched = cfg.scheduler
+    run = RunDir.of(cfg)
     deadline = time.monotonic() + _ENDPOINTS_WAIT_S
     while True:
-        found = read_endpoints(cfg)
+        found = read_endpoints(run)
         if found is not None:
-            return _Endpoints(found["control"], found["events"], bool(found["curve"]))
+            return found
         if sched.control_port and sched.events_port:
             # Fixed ports: dial them now; the link connects once the scheduler is up.
-            return _Endpoints(
+            return Endpoints(
                 tcp_endpoint(sched.host, sched.control_port),
                 tcp_endpoint(sched.host, sched.events_port),
                 curve_required(sched.host, sched.curve),
             )
         if time.monotonic() >= deadline:
             raise UsageError(
-                f"no scheduler announced itself in {endpoints_file(cfg)} within "
+                f"no scheduler announced itself in {run.endpoints} within "
                 f"{_ENDPOINTS_WAIT_S:g}s; start one or pass --scheduler tcp://HOST:PORT"
             )
         time.sleep(0.2)

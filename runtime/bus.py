@@ -1,0 +1,91 @@
+"""What the scheduler and its workers agree on about the bus, beyond the messages.
+
+- where the scheduler listens: it announces its endpoints in the run directory while it
+  runs (:func:`announce_endpoints`), and workers and tools read them there
+  (:func:`read_endpoints`); the events port is the control port + 1 by convention;
+- which events wake which role (:func:`wakeup_topics`), derived from the pipeline table;
+- the key under which a completion reports how busy its worker was (:data:`ACTIVITY_KEY`).
+
+Which role adds groups is the pipeline's ``entry_role``; both sides read it there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.topics import Topic, topic
+
+__all__ = [
+    "ACTIVITY_KEY",
+    "Endpoints",
+    "announce_endpoints",
+    "next_port",
+    "read_endpoints",
+    "wakeup_topics",
+]
+
+ACTIVITY_KEY = "activity"  # in Complete.metrics: {"busy_s": float, "tokens": int}
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where a scheduler listens, and whether its bus is encrypted (CURVE)."""
+
+    control: str
+    events: str
+    curve: bool
+    pid: int | None = None  # the scheduler's process, when it announced itself
+
+
+def announce_endpoints(run: RunDir, where: Endpoints) -> None:
+    """Write ``where`` to the run directory whole (by rename): a reader never sees half."""
+    tmp = run.endpoints.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(where)), encoding="utf-8")
+    os.replace(tmp, run.endpoints)
+
+
+def read_endpoints(run: RunDir) -> Endpoints | None:
+    """The running scheduler's endpoints, or None if it is not running (no file)."""
+    try:
+        found = json.loads(run.endpoints.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    return Endpoints(found["control"], found["events"], bool(found["curve"]), found.get("pid"))
+
+
+def next_port(control_endpoint: str) -> str:
+    """The events endpoint by convention: the control endpoint's port + 1."""
+    base, _, port = control_endpoint.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"{control_endpoint!r} is not tcp://HOST:PORT")
+    return f"{base}:{int(port) + 1}"
+
+
+def wakeup_topics(role: str, pipeline: Pipeline) -> list[str]:
+    """Topic prefixes after which ``role`` may find new work. The run's end is in all."""
+    edges = list(pipeline.edges())
+    topics = {topic(Topic.RUN)}
+    trained = [topic(Topic.TRANSITION, a, b) for a, b in edges if b is GroupState.TRAINED]
+    died = [topic(Topic.TRANSITION, a, b) for a, b in edges if b is GroupState.DEAD]
+    if role == pipeline.entry_role:
+        # Room for new groups opens as they are taken, trained, or die.
+        entry = pipeline.entry
+        topics.update(topic(Topic.TRANSITION, a, b) for a, b in edges if a == entry)
+        topics.update(trained + died)
+        return sorted(topics)
+    for stage in pipeline.for_role(role):
+        topics.update(topic(Topic.TRANSITION, a, b) for a, b in edges if b == stage.source)
+        if stage.source == pipeline.entry:
+            topics.add(topic(Topic.GROUPS, "added"))
+        if stage.gate is Gate.ADMIT:
+            # Admission widens when a step finishes or a new version can be loaded.
+            topics.update(trained)
+            topics.add(topic(Topic.VERSION, "published"))
+        if stage.gate is Gate.STEP:
+            # A step may wait for stragglers; their arrival or death unblocks it.
+            topics.update(died)
+    return sorted(topics)

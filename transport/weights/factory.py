@@ -1,0 +1,83 @@
+"""The choice of weight-plane strategy from the config: ``weights.strategy`` names one.
+
+Strategies are imported only when chosen, so a process pays for UCX only if it uses it.
+Where a strategy keeps files is the caller's to say (:class:`WeightDirs`): the run
+directory's layout is not the weight plane's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .base import WeightPublisher, WeightReceiver
+
+if TYPE_CHECKING:
+    from asyncrl.runtime.config import WeightsSection
+
+__all__ = ["WeightDirs", "make_publisher", "make_receiver"]
+
+_STRATEGIES = "expected 'ucx', 'shm' or 'files'"
+
+
+@dataclass(frozen=True, slots=True)
+class WeightDirs:
+    """Where strategies keep files: ``files`` for the files strategy's versions, ``shared``
+    for slot files that generators on the trainer's host map (shm, or ucx with
+    ``map_on_host``)."""
+
+    files: Path
+    shared: Path
+
+
+def make_publisher(weights: WeightsSection, dirs: WeightDirs) -> WeightPublisher:
+    """The trainer's side of the strategy named by ``weights.strategy``."""
+    if weights.strategy == "ucx":
+        from .ucx import UcxPublisher
+
+        return UcxPublisher(
+            bucket_mb=weights.produce_bucket_mb,
+            progress_mode=weights.progress_mode,
+            send_timeout_s=weights.stall_timeout_s,
+            share_dir=dirs.shared if weights.map_on_host else None,
+        )
+    if weights.strategy == "shm":
+        from .shm import ShmPublisher
+
+        return ShmPublisher(dirs.shared, bucket_mb=weights.produce_bucket_mb)
+    if weights.strategy == "files":
+        from .files import FilePublisher
+
+        return FilePublisher(dirs.files)
+    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
+
+
+def make_receiver(
+    weights: WeightsSection, dirs: WeightDirs, *, relay: bool = True
+) -> WeightReceiver:
+    """A generator's side of the strategy named by ``weights.strategy``."""
+    if weights.strategy == "ucx":
+        from .ucx import UcxReceiver
+
+        ucx = UcxReceiver(
+            bucket_mb=weights.consume_bucket_mb,
+            progress_mode=weights.progress_mode,
+            stall_timeout_s=weights.stall_timeout_s,
+            relay=relay,
+        )
+        if not weights.map_on_host:
+            return ucx
+        from .host_aware import HostAwareReceiver
+        from .shm import ShmReceiver
+
+        return HostAwareReceiver(ucx, ShmReceiver())
+    if weights.strategy == "shm":
+        from .shm import ShmReceiver
+
+        return ShmReceiver()
+    if weights.strategy == "files":
+        from .files import FileReceiver
+
+        return FileReceiver(dirs.files)
+    raise ValueError(f"weights.strategy={weights.strategy!r}: {_STRATEGIES}")
