@@ -7,7 +7,7 @@ to the scheduler, replies come back, events go out on the PUB. How they travel i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -19,10 +19,12 @@ __all__ = [
     "Bye",
     "Claim",
     "Complete",
+    "Drop",
     "Error",
     "Event",
     "Fail",
     "Heartbeat",
+    "Held",
     "Hello",
     "Item",
     "Kind",
@@ -31,10 +33,12 @@ __all__ = [
     "Lock",
     "LockGranted",
     "LockQueued",
+    "LostPayload",
     "Message",
     "NewGroup",
     "NoWork",
     "Payload",
+    "PayloadRef",
     "PublishVersion",
     "Ready",
     "Report",
@@ -70,6 +74,7 @@ class Kind(IntEnum):
     BYE = 11
     REPORT = 12
     WANT_WEIGHTS = 13
+    HELD = 14
     # observers -> scheduler
     STATUS = 20
     STOP = 21
@@ -86,6 +91,7 @@ class Kind(IntEnum):
     STATUS_REPLY = 49
     SHUTDOWN = 50
     WEIGHTS_PLAN = 51
+    DROP = 52
     # scheduler -> everyone (PUB)
     EVENT = 60
 
@@ -124,12 +130,34 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class PayloadRef:
+    """Where a payload lives on the data plane: the scheduler keeps this, never the bytes.
+
+    ``holder`` is the worker that made it, serving at ``address``; ``store`` names that
+    process's store (a restarted holder has a new one); ``checksum`` is the CRC-32C of the
+    ``size`` bytes a fetch returns.
+    """
+
+    holder: str
+    address: str
+    store: str
+    key: int
+    size: int
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
-    """One group's result; admitted work (generate) carries its (min, max) policy versions."""
+    """One group's result; admitted work (generate) carries its (min, max) policy versions.
+
+    The payload travels inline in ``data``, or, when ``ref`` is set, stays with the worker
+    that made it and ``data`` is empty.
+    """
 
     gid: int
     data: Payload
     behaviour: tuple[int, int] | None = None
+    ref: PayloadRef | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +173,21 @@ class Complete:
 
 
 @dataclass(frozen=True, slots=True)
+class LostPayload:
+    """A payload a consumer could not fetch intact: ``role``'s output for group ``gid``."""
+
+    gid: int
+    role: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Fail:
-    """Give groups of a lease back (all of them when ``gids`` is None) to be tried again."""
+    """Give groups of a lease back (all of them when ``gids`` is None) to be tried again.
+
+    ``lost`` names payloads of the lease's groups that could not be fetched (holder gone,
+    bytes corrupt): the stages that made them run again.
+    """
 
     KIND: ClassVar[Kind] = Kind.FAIL
     worker: str
@@ -154,6 +195,7 @@ class Fail:
     fence: int
     gids: tuple[int, ...] | None
     reason: str
+    lost: tuple[LostPayload, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +270,20 @@ class WantWeights:
 
 
 @dataclass(frozen=True, slots=True)
+class Held:
+    """The payloads a worker's ``store`` keeps (keys the scheduler acknowledged).
+
+    Answered by Drop: the keys no live group refers to any more, which the store frees.
+    """
+
+    KIND: ClassVar[Kind] = Kind.HELD
+    worker: str
+    store: str
+    keys: tuple[int, ...]
+    bytes: int = 0  # what the store holds in all, pending keys included (for status)
+
+
+@dataclass(frozen=True, slots=True)
 class NewGroup:
     key: str
     data: Payload
@@ -298,11 +354,16 @@ class Error:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A leased group: its key and what earlier stages produced, by role."""
+    """A leased group: its key and what earlier stages produced, by role.
+
+    Payloads come inline in ``data`` or as references in ``refs``; a worker fetches the
+    referenced ones into ``data`` before its actor sees the item.
+    """
 
     gid: int
     key: str
     data: dict[str, Payload]
+    refs: dict[str, PayloadRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,6 +444,14 @@ class WeightsPlan:
     source_address: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Reply to Held: the keys to free."""
+
+    KIND: ClassVar[Kind] = Kind.DROP
+    keys: tuple[int, ...]
+
+
 # --- events -----------------------------------------------------------------------------
 
 
@@ -408,6 +477,7 @@ Message = (
     | LoadedVersion
     | Report
     | WantWeights
+    | Held
     | AddGroups
     | Bye
     | Status
@@ -424,5 +494,6 @@ Message = (
     | StatusReply
     | Shutdown
     | WeightsPlan
+    | Drop
     | Event
 )

@@ -36,10 +36,12 @@ from .messages import (
     Bye,
     Claim,
     Complete,
+    Drop,
     Error,
     Event,
     Fail,
     Heartbeat,
+    Held,
     Hello,
     Item,
     Kind,
@@ -48,10 +50,12 @@ from .messages import (
     Lock,
     LockGranted,
     LockQueued,
+    LostPayload,
     Message,
     NewGroup,
     NoWork,
     Payload,
+    PayloadRef,
     PublishVersion,
     Ready,
     Report,
@@ -74,10 +78,12 @@ __all__ = [
     "Bye",
     "Claim",
     "Complete",
+    "Drop",
     "Error",
     "Event",
     "Fail",
     "Heartbeat",
+    "Held",
     "Hello",
     "Item",
     "Kind",
@@ -86,10 +92,12 @@ __all__ = [
     "Lock",
     "LockGranted",
     "LockQueued",
+    "LostPayload",
     "Message",
     "NewGroup",
     "NoWork",
     "Payload",
+    "PayloadRef",
     "ProtocolError",
     "PublishVersion",
     "Ready",
@@ -331,7 +339,8 @@ _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
 
 
 def _register() -> None:
-    for cls in [Result, Item, NewGroup, *_MESSAGES]:  # nested ones first
+    nested = [PayloadRef, LostPayload, Result, Item, NewGroup]
+    for cls in [*nested, *_MESSAGES]:  # nested ones first
         _compiled.register(cls, vars(messages))
 
 

@@ -42,6 +42,7 @@ from asyncrl.transport.topics import Topic, topic
 from .activity import RoleActivity
 from .events import EventNumbering
 from .metrics import MetricsLog
+from .payload_refs import is_ref, lease_item, live_keys, ref_of, stored
 from .reports import ReportLog, step_fields
 from .weight_routes import NoRoute, WeightRoutes
 
@@ -59,6 +60,9 @@ ACKNOWLEDGES_DATA = frozenset(
         p.Kind.LOADED_VERSION,
         p.Kind.ADD_GROUPS,
         p.Kind.BYE,
+        # A Drop lets a holder free payloads: only once their groups' moves are journaled,
+        # or a restarted scheduler could refer to bytes nobody keeps.
+        p.Kind.HELD,
     }
 )
 """Requests whose reply is held until the journal holds what the request changed."""
@@ -104,6 +108,7 @@ class SchedulerService:
         self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
         self.draining: str | None = None  # why no new leases are handed out
         self.protocol_errors = 0
+        self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
         self._handlers: dict[type, Callable[[Any, float], p.Message]] = {
             p.Hello: self._hello,
             p.Heartbeat: self._heartbeat,
@@ -118,6 +123,7 @@ class SchedulerService:
             p.Bye: self._bye,
             p.Report: self._report,
             p.WantWeights: self._want_weights,
+            p.Held: self._held,
             p.Status: self._status,
             p.Stop: self._stop,
         }
@@ -246,10 +252,7 @@ class SchedulerService:
 
     def _lease(self, grant: Grant, now: float) -> p.Lease:
         groups = self.core.state.groups
-        items = tuple(
-            p.Item(g, groups[g].key, {r: p.unpack_payload(b) for r, b in groups[g].data.items()})
-            for g in grant.groups
-        )
+        items = tuple(lease_item(g, groups[g].key, groups[g].data) for g in grant.groups)
         return p.Lease(
             grant.lease_id, grant.fence, grant.role, grant.deadline - now, grant.version, items
         )
@@ -261,7 +264,11 @@ class SchedulerService:
         behaviour = None if all(v is None for v in versions) else versions
         if behaviour is not None and any(v is None for v in behaviour):
             return p.Error(Reason.BAD_RESULT, "either every result carries versions or none")
-        data = [p.pack_payload(r.data) for r in m.results]
+        holder = lease.worker if lease is not None else m.worker
+        foreign = [r.gid for r in m.results if r.ref is not None and r.ref.holder != holder]
+        if foreign:
+            return p.Error(Reason.BAD_RESULT, f"groups {foreign[:5]}: payloads held by another")
+        data = [stored(r) for r in m.results]
         steps_before = self.core.state.steps_done
         reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data)
         if isinstance(reply, Rejected):
@@ -282,6 +289,7 @@ class SchedulerService:
             **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
             **step_fields(self.reports),
             "roles": self.activity.rates(now, self._workers_per_role()),
+            "payloads_regenerated": sum(state.regenerated.values()),
         }
         self.metrics.append(line)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
@@ -309,10 +317,26 @@ class SchedulerService:
 
     def _fail(self, m: p.Fail, _now: float) -> p.Message:
         gids = None if m.gids is None else list(m.gids)
-        reply = self.core.fail(m.lease_id, m.fence, gids, m.reason)
+        groups = self.core.state.groups
+        for lost in m.lost:
+            kept = groups[lost.gid].data.get(lost.role) if lost.gid in groups else None
+            if not is_ref(kept):  # only a referenced payload can be lost on its way
+                return p.Error(Reason.BAD_REQUEST, f"group {lost.gid} has no {lost.role} reference")
+        lost = [(x.gid, x.role, x.reason) for x in m.lost]
+        holders = {x.gid: ref_of(groups[x.gid].data[x.role]).holder for x in m.lost}
+        reply = self.core.fail(m.lease_id, m.fence, gids, m.reason, lost)
         if isinstance(reply, Accepted):
             log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
+            for x in m.lost:
+                log.warning("payload lost", group=x.gid, role=x.role, holder=holders[x.gid],
+                            reader=m.worker, reason=x.reason)  # fmt: skip
         return _reply(reply)
+
+    def _held(self, m: p.Held, _now: float) -> p.Message:
+        """Which of a store's keys no live group refers to any more: the store frees them."""
+        self.stores[m.worker] = {"payloads": len(m.keys), "bytes": m.bytes}
+        live = live_keys((g.data for g in self.core.state.groups.values()), m.store)
+        return p.Drop(tuple(k for k in m.keys if k not in live))
 
     def _lock(self, m: p.Lock, _now: float) -> p.Message:
         reply = self.core.acquire(m.resource, m.lease_id, m.fence)
@@ -423,6 +447,7 @@ class SchedulerService:
         writer = self.durable.writer
         summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
         summary["weights"] = self.routes.summary()
+        summary["payload_stores"] = dict(self.stores)  # as each holder last reported
         return summary
 
     # --- events ----------------------------------------------------------------------
@@ -436,6 +461,7 @@ class SchedulerService:
             for notice in notices:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
                     self.routes.forget(notice.worker)
+                    self.stores.pop(notice.worker, None)
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))

@@ -1,0 +1,157 @@
+"""A worker's end of the data plane: leases in with their payloads, results out as references.
+
+Role code never sees a reference. Before an actor gets a lease, :meth:`WorkerPayloads.resolve`
+fetches every payload its items reference and puts them into ``data``, as if they had come
+inline; after the actor is done, :meth:`WorkerPayloads.stash` keeps each result's payload
+in this worker's store and sends a reference instead, unless it is small enough that a
+reference would cost more than the bytes (``inline_bytes``).
+
+A key is reported to the scheduler as held (Held) only once the completion that refers to
+it was acknowledged, so the scheduler never frees what it has not journaled yet; a refused
+completion frees its keys at once.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from asyncrl.transport import protocol as p
+from asyncrl.transport.dataplane import (
+    PayloadFetcher,
+    PayloadServer,
+    PayloadStore,
+    PayloadsUnavailable,
+)
+from asyncrl.transport.security import ClientKeys
+
+__all__ = ["LostPayloads", "WorkerPayloads", "serving_host"]
+
+
+class LostPayloads(Exception):
+    """A lease's payloads could not all be fetched; ``lost`` says which, for a Fail."""
+
+    def __init__(self, lost: Sequence[p.LostPayload]) -> None:
+        self.lost = tuple(lost)
+        first = self.lost[0]
+        super().__init__(
+            f"{len(self.lost)} payload(s) unavailable, first {first.role} of group "
+            f"{first.gid}: {first.reason}"
+        )
+
+
+class WorkerPayloads:
+    """The store, its server (bound on first use) and the fetcher of one worker process."""
+
+    def __init__(
+        self,
+        worker: str,
+        *,
+        host: str,
+        inline_bytes: int,
+        fetch_timeout_s: float,
+        max_message_bytes: int,
+        keys: ClientKeys | None = None,
+    ) -> None:
+        self.store = PayloadStore(worker)
+        self.inline_bytes = inline_bytes
+        self._endpoint = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+        self._max_message_bytes = max_message_bytes
+        self._keys = keys
+        self._server: PayloadServer | None = None
+        self.fetcher = PayloadFetcher(
+            timeout_s=fetch_timeout_s, max_message_bytes=max_message_bytes, keys=keys
+        )
+
+    # --- leases in -------------------------------------------------------------------
+
+    def resolve(self, lease: p.Lease) -> p.Lease:
+        """``lease`` with every referenced payload fetched into its items' ``data``."""
+        wanted = [
+            (i, role, ref) for i, it in enumerate(lease.items) for role, ref in it.refs.items()
+        ]
+        if not wanted:
+            return lease
+        try:
+            payloads = self.fetcher.fetch([ref for _, _, ref in wanted])
+        except PayloadsUnavailable as missing:
+            raise LostPayloads(
+                [
+                    p.LostPayload(lease.items[wanted[f.index][0]].gid, wanted[f.index][1], f.reason)
+                    for f in missing.failures
+                ]
+            ) from None
+        data = [dict(item.data) for item in lease.items]
+        for (index, role, _), payload in zip(wanted, payloads, strict=True):
+            data[index][role] = payload
+        items = tuple(
+            p.Item(item.gid, item.key, merged)
+            for item, merged in zip(lease.items, data, strict=True)
+        )
+        return p.Lease(
+            lease.lease_id, lease.fence, lease.role, lease.expires_in_s, lease.version, items
+        )
+
+    # --- results out -----------------------------------------------------------------
+
+    def stash(self, results: Sequence[p.Result]) -> tuple[tuple[p.Result, ...], tuple[int, ...]]:
+        """``results`` with large payloads kept here and referenced; the keys kept."""
+        out, keys = [], []
+        for result in results:
+            blob = p.pack_payload(result.data) if result.data else b""
+            if len(blob) <= self.inline_bytes:
+                out.append(result)
+                continue
+            self._serve()
+            ref = self.store.put_blob(blob)
+            keys.append(ref.key)
+            out.append(p.Result(result.gid, {}, result.behaviour, ref))
+        return tuple(out), tuple(keys)
+
+    def settled(self, keys: Sequence[int], *, accepted: bool) -> None:
+        """The scheduler took the completion referring to ``keys`` (or refused it)."""
+        if accepted:
+            self.store.acknowledge(keys)
+        else:
+            self.store.discard(keys)
+
+    # --- freeing ---------------------------------------------------------------------
+
+    def held(self, worker: str) -> p.Held | None:
+        """What to ask the scheduler about, or None when nothing acknowledged is kept."""
+        keys = self.store.acknowledged()
+        if not keys:
+            return None
+        return p.Held(worker, self.store.store_id, keys, self.store.stats().bytes)
+
+    def drop(self, keys: Sequence[int]) -> int:
+        return self.store.discard(keys)
+
+    def close(self) -> None:
+        self.fetcher.close()
+        if self._server is not None:
+            self._server.close()
+
+    def _serve(self) -> None:
+        if self._server is None:  # roles that never keep a payload never bind a port
+            self._server = PayloadServer(
+                self.store,
+                self._endpoint,
+                max_message_bytes=self._max_message_bytes,
+                keys=self._keys,
+            )
+
+
+def serving_host(scheduler_endpoint: str, configured: str = "") -> str:
+    """The address this worker's payloads are served on: ``configured``, or the local
+    address the OS routes to the scheduler by (loopback for a local run)."""
+    if configured:
+        return configured
+    parts = urlsplit(scheduler_endpoint)
+    if parts.scheme != "tcp" or not parts.hostname:
+        return "127.0.0.1"  # ipc:// and inproc:// schedulers live on this host
+    family = socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((parts.hostname, parts.port or 1))  # UDP: no packet is sent
+        return probe.getsockname()[0]

@@ -1,0 +1,82 @@
+"""The scheduler service and payload references: kept, handed out, lost, freed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.transport import protocol as p
+
+from .test_service import make
+
+
+def ref(holder: str, key: int, size: int = 8 << 20) -> p.PayloadRef:
+    return p.PayloadRef(holder, "tcp://127.0.0.1:9", "store-" + holder, key, size, 1234)
+
+
+def generated(service: SchedulerService, keys: list[str]) -> list[int]:
+    groups = tuple(p.NewGroup(k, {"x": 1}) for k in keys)
+    service.handle(p.AddGroups("dataloader", groups), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", len(keys)), 0.0)
+    gids = [item.gid for item in lease.items]
+    results = tuple(p.Result(g, {}, (0, 0), ref("generate", g + 1)) for g in gids)
+    assert service.handle(p.Complete("generate", lease.lease_id, lease.fence, results), 0.0)
+    return gids
+
+
+def test_a_reference_is_kept_and_handed_on_never_the_bytes(tmp_path: Path) -> None:
+    service = make(tmp_path, train_batch_groups=2)
+    gids = generated(service, ["a", "b"])
+    lease = service.handle(p.Claim("logp", "logp", 2), 0.0)
+    for item, gid in zip(lease.items, gids, strict=True):
+        assert item.refs == {"generate": ref("generate", gid + 1)}
+        assert set(item.data) == {"dataloader"}  # the prompt came inline
+    service.durable.writer.flush()
+    journal = b"".join(f.read_bytes() for f in tmp_path.glob("journal/*") if f.is_file())
+    assert b"store-generate" in journal and len(journal) < 64 << 10  # 16 MiB referenced
+
+
+def test_a_completion_may_not_reference_another_workers_store(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {"x": 1}),)), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    forged = (p.Result(lease.items[0].gid, {}, (0, 0), ref("logp", 1)),)
+    reply = service.handle(p.Complete("generate", lease.lease_id, lease.fence, forged), 0.0)
+    assert isinstance(reply, p.Error) and reply.code == "bad_result"
+
+
+def test_a_lost_rollout_is_generated_again_and_counted(tmp_path: Path) -> None:
+    service = make(tmp_path, train_batch_groups=2, max_attempts=3)
+    gids = generated(service, ["a", "b"])
+    lease = service.handle(p.Claim("reward", "reward", 2), 0.0)
+    lost = (p.LostPayload(gids[0], "generate", "holder did not answer"),)
+    reply = service.handle(p.Fail("reward", lease.lease_id, lease.fence, None, "fetch", lost), 0.0)
+    assert reply == p.Ack(2)
+    again = service.handle(p.Claim("generate", "generate", 2), 0.0)
+    assert [item.gid for item in again.items] == [gids[0]]
+    status = service.status(0.0)
+    assert status["regenerated"] == {"generate": 1}
+
+
+def test_losing_an_inline_payload_is_refused(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    gid = generated(service, ["a"])[0]
+    lease = service.handle(p.Claim("logp", "logp", 1), 0.0)
+    lost = (p.LostPayload(gid, "dataloader", "x"),)
+    reply = service.handle(p.Fail("logp", lease.lease_id, lease.fence, None, "x", lost), 0.0)
+    assert isinstance(reply, p.Error) and reply.code == "bad_request"
+
+
+def test_held_keys_are_dropped_once_no_live_group_refers_to_them(tmp_path: Path) -> None:
+    service = make(tmp_path, train_batch_groups=1)
+    gid = generated(service, ["a"])[0]
+    held = p.Held("generate", "store-generate", (gid + 1, 999), 123)
+    assert service.handle(held, 0.0) == p.Drop((999,))  # 999 was never referenced
+    assert service.status(0.0)["payload_stores"] == {"generate": {"payloads": 2, "bytes": 123}}
+    for role in ("logp", "ref_logp", "reward"):
+        lease = service.handle(p.Claim(role, role, 1), 0.0)
+        service.handle(p.Complete(role, lease.lease_id, lease.fence, (p.Result(gid, {}),)), 0.0)
+    assert service.handle(held, 0.0) == p.Drop((999,))  # the trainer has not read it yet
+    lease = service.handle(p.Claim("train", "train", 1), 0.0)
+    service.handle(p.Complete("train", lease.lease_id, lease.fence, (p.Result(gid, {}),)), 0.0)
+    assert service.handle(held, 0.0) == p.Drop((gid + 1, 999))  # trained: free it
