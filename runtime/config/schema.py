@@ -191,6 +191,34 @@ class WeightsSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadsSection:
+    inline_bytes: int = field(
+        default=1024,
+        metadata=doc(
+            "a role's result for a group up to this many packed bytes travels inline "
+            "through the scheduler; a larger one stays with the worker that made it and "
+            "its readers fetch it from there",
+            min=0,
+        ),
+    )
+    fetch_timeout_s: float = field(
+        default=10.0,
+        metadata=doc(
+            "seconds a reader waits for a holder before its payload counts as lost and is "
+            "made again",
+            exclusive_min=0,
+        ),
+    )
+    host: str = field(
+        default="",
+        metadata=doc(
+            "address this host's workers serve payloads on; empty = the one that reaches "
+            "the scheduler"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackendsSection:
     generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
@@ -289,6 +317,10 @@ class RunConfig:
     )
     weights: WeightsSection = field(
         default_factory=WeightsSection, metadata=doc("weight transfer to generators")
+    )
+    payloads: PayloadsSection = field(
+        default_factory=PayloadsSection,
+        metadata=doc("where role results live between stages (the data plane)"),
     )
     backends: BackendsSection = field(
         default_factory=BackendsSection, metadata=doc("generation and training engines")
