@@ -33,7 +33,7 @@ def test_sizes_parse_in_binary_units() -> None:
 
 def test_a_short_run_of_the_working_tree_prints_its_row() -> None:
     argv = [sys.executable, "-m", "tests.bench.payload_plane", "--after-only"]
-    argv += ["--sizes", "4KiB,16KiB", "--steps", "2", "--batch-groups", "2"]
+    argv += ["--sizes", "4KiB,16KiB", "--steps", "3", "--batch-groups", "4", "--repeats", "1"]
     out = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=100)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"after: asyncrl.runtime from {REPO / 'runtime'}" in out.stdout
@@ -41,5 +41,6 @@ def test_a_short_run_of_the_working_tree_prints_its_row() -> None:
         row = re.search(rf"^\s*{size} \|\s+- +([\d.]+) +- \|\s+- +([\d.]+) ", out.stdout, re.M)
         assert row, out.stdout
         groups_per_s, cpu_ms = (float(v) for v in row.groups())
-        assert groups_per_s > 0 and cpu_ms > 0
+        # A dozen tiny groups may cost the scheduler less than one 10 ms CPU tick.
+        assert groups_per_s > 0 and cpu_ms >= 0
     assert "scheduler CPU per group, 16KiB / 4KiB" in out.stdout
