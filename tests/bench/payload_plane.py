@@ -23,8 +23,8 @@ Groups per second is the noisy figure on a busy machine (the same code ran at 10
 176 groups/s in two runs of one session); the scheduler's CPU per group stays within a
 few percent. Progress goes to stderr, the table to stdout. Every step's ``payload_bytes``
 is checked against the size, so a run that lost payloads fails rather than looks fast.
-A default run took 1 min 38 s on the 2-core development VM with 20 steps and 2 repeats
-(today's code at 8 MiB: about 12 groups/s); the defaults, 30 and 3, take about twice that.
+A run with the defaults took 2 min 20 s on the 2-core development VM (baseline built;
+both sides the same code, about 17 groups/s at 8 MiB); a faster "after" takes less.
 
 The baseline is built once into ``.bench-cache/baseline-<sha>/`` (git-ignored): the
 commit's files from ``git archive`` and a virtual environment of their own with
