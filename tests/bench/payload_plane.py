@@ -76,6 +76,12 @@ class Side:
     python: Path
     code: Path  # the folder asyncrl.runtime was imported from
 
+    @property
+    def worker_module(self) -> str:
+        """The worker command's module: it moved from runtime to actors with the stack."""
+        moved = (self.code.parent / "actors" / "cli.py").exists()
+        return "asyncrl.actors.cli" if moved else "asyncrl.runtime.cli.worker"
+
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for every process of a run: this checkout's ``tests`` and nothing else.
@@ -212,7 +218,8 @@ class Run:
                 raise RunFailed("the scheduler did not come up", self.log_tail("scheduler"))
             time.sleep(0.05)
         for role in ROLES:
-            self._spawn(f"{role}-0", "asyncrl.runtime.cli.worker", "--role", role, "--index", "0")
+            module = self.side.worker_module
+            self._spawn(f"{role}-0", module, "--role", role, "--index", "0")
         return ProcessProbe(scheduler.pid)
 
     def _spawn(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:

@@ -52,6 +52,9 @@ class Cluster:
                 "heartbeat_interval_s": 0.3,
                 "worker_timeout_s": 2.0,
             },
+            # Every result by reference, so every test exercises the data plane; a dead
+            # holder is given up on quickly.
+            "payloads": {"inline_bytes": 0, "fetch_timeout_s": 2.0},
             "logging": {"level": "info"},
         }
         for name, values in sections.items():
@@ -88,6 +91,21 @@ class Cluster:
     def all_workers(self, env: Mapping[str, str] | None = None) -> None:
         for role in ROLES:
             self.worker(role, env=env)
+
+    def signal(self, name: str, signum: int) -> None:
+        self.procs[name].send_signal(signum)
+
+    def status(self) -> dict[str, Any]:
+        """The scheduler's status, asked over the bus as an observer would."""
+        from asyncrl.transport import protocol as p
+        from asyncrl.transport.zmq_link import ZmqLink
+
+        where = self.endpoints()
+        assert where is not None
+        with ZmqLink(where["control"], where["events"], identity="observer") as link:
+            reply = link.request(p.Status(), 5)
+        assert isinstance(reply, p.StatusReply), reply
+        return reply.summary
 
     def kill9(self, name: str) -> None:
         proc = self.procs[name]
