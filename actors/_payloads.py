@@ -7,8 +7,8 @@ in this worker's store and sends a reference instead, unless it is small enough 
 reference would cost more than the bytes (``inline_bytes``).
 
 A key is reported to the scheduler as held (Held) only once the completion that refers to
-it was acknowledged, so the scheduler never frees what it has not journaled yet; a refused
-completion frees its keys at once.
+it was answered, so the scheduler never frees what it has not journaled yet; the answer to
+Held (Drop) names the keys no live group refers to, a refused completion's among them.
 """
 
 from __future__ import annotations
@@ -109,12 +109,10 @@ class WorkerPayloads:
             out.append(p.Result(result.gid, {}, result.behaviour, ref))
         return tuple(out), tuple(keys)
 
-    def settled(self, keys: Sequence[int], *, accepted: bool) -> None:
-        """The scheduler took the completion referring to ``keys`` (or refused it)."""
-        if accepted:
-            self.store.acknowledge(keys)
-        else:
-            self.store.discard(keys)
+    def settled(self, keys: Sequence[int]) -> None:
+        """The scheduler answered the completion referring to ``keys``: from now on they
+        are reported as held, and freed once it answers that no group refers to them."""
+        self.store.acknowledge(keys)
 
     # --- freeing ---------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from asyncrl.transport.security import KeyFileError, curve_required, load_client
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
+from ._payloads import WorkerPayloads, serving_host
 from .actor import Actor
 from .worker import Worker, default_worker_name
 
@@ -84,7 +85,15 @@ def _run_worker(
         busy_poll_s=cfg.scheduler.worker_busy_poll_us / 1e6,
     )
     try:
-        worker = running = Worker(actor, link, cfg, name=name, index=index)
+        payloads = WorkerPayloads(
+            name,
+            host=serving_host(where.control, cfg.payloads.host),
+            inline_bytes=cfg.payloads.inline_bytes,
+            fetch_timeout_s=cfg.payloads.fetch_timeout_s,
+            max_message_bytes=cfg.scheduler.max_message_mb << 20,
+            keys=keys,  # with CURVE on the bus, payloads move under CURVE too
+        )
+        worker = running = Worker(actor, link, cfg, name=name, index=index, payloads=payloads)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
         settle_after_startup()

@@ -46,6 +46,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
+from ._payloads import LostPayloads, WorkerPayloads
 from ._versions import Versions
 from ._versions import describe_reply as _describe
 from .actor import Actor, Outcome, StreamingActor, WorkerContext
@@ -98,6 +99,7 @@ class Worker:
         pipeline: Pipeline = DEFAULT_PIPELINE,
         clock: Callable[[], float] = time.monotonic,
         index: int | None = None,
+        payloads: WorkerPayloads | None = None,
     ) -> None:
         self.actor = actor
         self.index = index
@@ -122,6 +124,13 @@ class Worker:
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._busy_s = 0.0  # time in the actor's work since the last completion
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
+        self.payloads = payloads or WorkerPayloads(
+            self.name,
+            host=config.payloads.host or "127.0.0.1",
+            inline_bytes=config.payloads.inline_bytes,
+            fetch_timeout_s=config.payloads.fetch_timeout_s,
+            max_message_bytes=config.scheduler.max_message_mb << 20,
+        )
         self._beats: threading.Thread | None = None
 
     # --- the public surface ----------------------------------------------------------
@@ -211,6 +220,7 @@ class Worker:
         if self._ready is not None and not isinstance(error, LinkClosed):
             self._say_bye("stopped" if self._stopping else "failed" if error else "run over")
         self._stop_actor()
+        self.payloads.close()  # what nobody read yet is made again by others
         if error is None or (self._stopping and not isinstance(error, _Fatal)):
             self._log.info("worker done", leases=self._settled)
             return 0
@@ -265,8 +275,11 @@ class Worker:
             if open_for_work and self.clock() >= claim_again_at and actor.capacity() > 0:
                 reply = self._call(p.Claim(self.name, self.role, actor.capacity()))
                 if isinstance(reply, p.Lease):
-                    actor.admit(reply)
-                    self._running[reply.lease_id] = reply
+                    self._holding = (*self._running, reply.lease_id)
+                    lease = self._resolved(reply)
+                    if lease is not None:
+                        actor.admit(lease)
+                        self._running[lease.lease_id] = lease
                     self._holding = tuple(self._running)
                     continue  # there may be room for more
                 if isinstance(reply, p.Shutdown):
@@ -301,14 +314,21 @@ class Worker:
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
             self._holding = tuple(self._running)
-            self._settle(self._completion(lease, outcome))
+            self._complete(lease, outcome)
 
-    def _completion(self, lease: p.Lease, outcome: Outcome) -> p.Complete:
-        """The Complete for ``outcome``, with how busy this worker was since the last one."""
+    def _complete(self, lease: p.Lease, outcome: Outcome) -> bool:
+        """Send ``outcome``'s Complete, large payloads kept here and referenced; True once
+        the scheduler took it."""
         activity = {"busy_s": round(self._busy_s, 6), "tokens": outcome.tokens}
         self._busy_s = 0.0
         metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
-        return p.Complete(self.name, lease.lease_id, lease.fence, outcome.results, metrics)
+        results, kept = self.payloads.stash(outcome.results)
+        message = p.Complete(self.name, lease.lease_id, lease.fence, results, metrics)
+        try:
+            return self._settle(message)
+        finally:
+            # Taken or not, the scheduler's answers to Held free what it does not refer to.
+            self.payloads.settled(kept)
 
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():
@@ -340,9 +360,24 @@ class Worker:
     def _work(self, lease: p.Lease) -> None:
         self._holding = (lease.lease_id,)
         try:
-            self._process(lease)
+            resolved = self._resolved(lease)
+            if resolved is not None:
+                self._process(resolved)
         finally:
             self._holding = ()
+
+    def _resolved(self, lease: p.Lease) -> p.Lease | None:
+        """``lease`` with the payloads it references fetched; None if some could not be,
+        in which case the lease was given back naming them, for their makers to redo."""
+        try:
+            return self.payloads.resolve(lease)
+        except LostPayloads as missing:
+            reason = str(missing)[:_MAX_REASON]
+            self._log.warning("payloads unavailable", lease=lease.lease_id, reason=reason)
+            fail = p.Fail(self.name, lease.lease_id, lease.fence, None, reason, missing.lost)
+            with contextlib.suppress(_GaveUp, LinkClosed):
+                self._settle(fail)
+            return None
 
     def _process(self, lease: p.Lease) -> None:
         started = time.perf_counter()
@@ -356,7 +391,7 @@ class Worker:
             return
         self._busy_s += time.perf_counter() - started
         self._send_reports()
-        if self._settle(self._completion(lease, outcome)) and self.actor.publishes_versions:
+        if self._complete(lease, outcome) and self.actor.publishes_versions:
             self._versions.publish_trained()
 
     def _settle(self, message: p.Complete | p.Fail) -> bool:
@@ -487,6 +522,20 @@ class Worker:
             return
         if isinstance(reply, p.Error):
             self._log.warning("heartbeat refused", reply=_describe(reply))
+            return
+        self._free_payloads()
+
+    def _free_payloads(self) -> None:
+        """Ask which kept payloads the scheduler no longer refers to, and free them."""
+        held = self.payloads.held(self.name)
+        if held is None:
+            return
+        try:
+            reply = self.link.request(held, self.pacing.request_timeout_s)
+        except (LinkTimeout, LinkClosed):
+            return
+        if isinstance(reply, p.Drop):
+            self.payloads.drop(reply.keys)
 
 
 def _is_error(reply: p.Message, code: str) -> bool:
