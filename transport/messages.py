@@ -1,15 +1,19 @@
 """Every message of the bus, declared once: its kind, its fields and their types.
 
-A message is a frozen dataclass with a ``KIND``; requests go from workers (and observers)
-to the scheduler, replies come back, events go out on the PUB. How they travel is
-:mod:`.protocol`'s business; nothing here knows about bytes.
+A message is a frozen msgspec Struct with a ``KIND``; requests go from workers (and
+observers) to the scheduler, replies come back, events go out on the PUB. Structs are
+``array_like``: on the wire a message is the list of its fields in declaration order, and
+trailing fields with defaults may be left out by an older sender. How they travel is
+:mod:`.protocol`'s business; nothing here knows about frames.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
 from enum import IntEnum
 from typing import Any, ClassVar
+
+from msgspec import Struct, field
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -53,7 +57,7 @@ __all__ = [
     "WeightsPlan",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: payloads may travel as references (the data plane)
 
 Payload = dict[str, Any]
 """A role's result for one group: str keys; values are MessagePack types or numpy arrays."""
@@ -96,11 +100,20 @@ class Kind(IntEnum):
     EVENT = 60
 
 
+class _Struct(Struct, frozen=True, array_like=True, gc=False):
+    """Fields as a list, immutable, and outside the cycle collector (messages hold no
+    cycles; tracking thousands of small ones a second would cost collections)."""
+
+
+def _finite(owner: str, name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{name}: {value!r} is not a finite number")
+
+
 # --- requests ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Hello:
+class Hello(_Struct):
     """First message of a worker: who it is. Answered by Ready, or Error on a mismatch."""
 
     KIND: ClassVar[Kind] = Kind.HELLO
@@ -110,8 +123,7 @@ class Hello:
     pid: int
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(_Struct):
     """Alive. ``leases``: the ones the worker holds, the only ones renewed (None: all)."""
 
     KIND: ClassVar[Kind] = Kind.HEARTBEAT
@@ -119,8 +131,7 @@ class Heartbeat:
     leases: tuple[int, ...] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(_Struct):
     """Ask for up to ``n`` groups of the role's work (the dataloader: how many to add)."""
 
     KIND: ClassVar[Kind] = Kind.CLAIM
@@ -129,8 +140,7 @@ class Claim:
     n: int
 
 
-@dataclass(frozen=True, slots=True)
-class PayloadRef:
+class PayloadRef(_Struct):
     """Where a payload lives on the data plane: the scheduler keeps this, never the bytes.
 
     ``holder`` is the worker that made it, serving at ``address``; ``store`` names that
@@ -146,8 +156,7 @@ class PayloadRef:
     checksum: int
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(_Struct):
     """One group's result; admitted work (generate) carries its (min, max) policy versions.
 
     The payload travels inline in ``data``, or, when ``ref`` is set, stays with the worker
@@ -160,8 +169,7 @@ class Result:
     ref: PayloadRef | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(_Struct):
     """Results of a lease; a train step may add the step's metrics."""
 
     KIND: ClassVar[Kind] = Kind.COMPLETE
@@ -172,8 +180,7 @@ class Complete:
     metrics: Payload | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LostPayload:
+class LostPayload(_Struct):
     """A payload a consumer could not fetch intact: ``role``'s output for group ``gid``."""
 
     gid: int
@@ -181,8 +188,7 @@ class LostPayload:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Fail:
+class Fail(_Struct):
     """Give groups of a lease back (all of them when ``gids`` is None) to be tried again.
 
     ``lost`` names payloads of the lease's groups that could not be fetched (holder gone,
@@ -198,8 +204,7 @@ class Fail:
     lost: tuple[LostPayload, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class Lock:
+class Lock(_Struct):
     KIND: ClassVar[Kind] = Kind.LOCK
     worker: str
     resource: str
@@ -207,16 +212,14 @@ class Lock:
     fence: int
 
 
-@dataclass(frozen=True, slots=True)
-class Unlock:
+class Unlock(_Struct):
     KIND: ClassVar[Kind] = Kind.UNLOCK
     worker: str
     resource: str
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class PublishVersion:
+class PublishVersion(_Struct):
     """The trainer made ``version`` available.
 
     ``weights``: the weight plane's manifest for it (opaque here, passed on to receivers),
@@ -231,15 +234,13 @@ class PublishVersion:
     address: bytes = b""
 
 
-@dataclass(frozen=True, slots=True)
-class LoadedVersion:
+class LoadedVersion(_Struct):
     KIND: ClassVar[Kind] = Kind.LOADED_VERSION
     worker: str
     version: int
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
+class Report(_Struct):
     """A worker's measurement that belongs to no lease, e.g. a validation pass.
 
     ``name`` says what it is ("validation"); ``version`` is the policy version measured.
@@ -252,8 +253,7 @@ class Report:
     data: Payload
 
 
-@dataclass(frozen=True, slots=True)
-class WantWeights:
+class WantWeights(_Struct):
     """Whom to fetch ``version``'s weights from (0: the newest announced). Answered by
     WeightsPlan, or Error when no announcement for that version is held.
 
@@ -269,8 +269,7 @@ class WantWeights:
     failed: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
+class Held(_Struct):
     """The payloads a worker's ``store`` keeps (keys the scheduler acknowledged).
 
     Answered by Drop: the keys no live group refers to any more, which the store frees.
@@ -283,14 +282,12 @@ class Held:
     bytes: int = 0  # what the store holds in all, pending keys included (for status)
 
 
-@dataclass(frozen=True, slots=True)
-class NewGroup:
+class NewGroup(_Struct):
     key: str
     data: Payload
 
 
-@dataclass(frozen=True, slots=True)
-class AddGroups:
+class AddGroups(_Struct):
     """New prompt groups; keys the scheduler already knows are skipped, not added twice."""
 
     KIND: ClassVar[Kind] = Kind.ADD_GROUPS
@@ -298,8 +295,7 @@ class AddGroups:
     groups: tuple[NewGroup, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class Bye:
+class Bye(_Struct):
     """The worker is leaving on purpose (drained): its registration ends now."""
 
     KIND: ClassVar[Kind] = Kind.BYE
@@ -307,13 +303,11 @@ class Bye:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Status:
+class Status(_Struct):
     KIND: ClassVar[Kind] = Kind.STATUS
 
 
-@dataclass(frozen=True, slots=True)
-class Stop:
+class Stop(_Struct):
     """Drain: no new leases; the scheduler exits once running leases end."""
 
     KIND: ClassVar[Kind] = Kind.STOP
@@ -323,8 +317,7 @@ class Stop:
 # --- replies ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
+class Ready(_Struct):
     """Hello accepted. Durations are the scheduler's, so every worker paces alike."""
 
     KIND: ClassVar[Kind] = Kind.READY
@@ -336,15 +329,17 @@ class Ready:
     max_message_bytes: int
     policy_version: int  # the newest published weights, for a generator to load first
 
+    def __post_init__(self) -> None:
+        _finite("Ready", "heartbeat_interval_s", self.heartbeat_interval_s)
+        _finite("Ready", "lease_timeout_s", self.lease_timeout_s)
 
-@dataclass(frozen=True, slots=True)
-class Ack:
+
+class Ack(_Struct):
     KIND: ClassVar[Kind] = Kind.ACK
     count: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Error:
+class Error(_Struct):
     """A request was refused. ``code`` is a core Reason or a protocol-level one."""
 
     KIND: ClassVar[Kind] = Kind.ERROR
@@ -352,8 +347,7 @@ class Error:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
+class Item(_Struct):
     """A leased group: its key and what earlier stages produced, by role.
 
     Payloads come inline in ``data`` or as references in ``refs``; a worker fetches the
@@ -366,8 +360,7 @@ class Item:
     refs: dict[str, PayloadRef] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class Lease:
+class Lease(_Struct):
     """Work for the worker until ``expires_in_s`` from now unless heartbeats renew it.
 
     Relative, not a timestamp: worker and scheduler clocks need not agree.
@@ -381,60 +374,55 @@ class Lease:
     version: int | None
     items: tuple[Item, ...]
 
+    def __post_init__(self) -> None:
+        _finite("Lease", "expires_in_s", self.expires_in_s)
 
-@dataclass(frozen=True, slots=True)
-class NoWork:
+
+class NoWork(_Struct):
     KIND: ClassVar[Kind] = Kind.NO_WORK
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Want:
+class Want(_Struct):
     """Reply to a dataloader's claim: how many new groups the pipeline can take now."""
 
     KIND: ClassVar[Kind] = Kind.WANT
     count: int
 
 
-@dataclass(frozen=True, slots=True)
-class Added:
+class Added(_Struct):
     KIND: ClassVar[Kind] = Kind.ADDED
     added: tuple[str, ...]
     skipped: tuple[str, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class LockGranted:
+class LockGranted(_Struct):
     KIND: ClassVar[Kind] = Kind.LOCK_GRANTED
     resource: str
     lease_id: int
     token: int
 
 
-@dataclass(frozen=True, slots=True)
-class LockQueued:
+class LockQueued(_Struct):
     KIND: ClassVar[Kind] = Kind.LOCK_QUEUED
     resource: str
     lease_id: int
     position: int
 
 
-@dataclass(frozen=True, slots=True)
-class StatusReply:
+class StatusReply(_Struct):
     KIND: ClassVar[Kind] = Kind.STATUS_REPLY
     summary: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Shutdown:
+class Shutdown(_Struct):
     """The run is over or draining: the worker finishes what it holds and exits."""
 
     KIND: ClassVar[Kind] = Kind.SHUTDOWN
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class WeightsPlan:
+class WeightsPlan(_Struct):
     """Fetch ``version`` (its ``manifest``) from worker ``source`` at ``source_address``."""
 
     KIND: ClassVar[Kind] = Kind.WEIGHTS_PLAN
@@ -444,8 +432,7 @@ class WeightsPlan:
     source_address: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Drop:
+class Drop(_Struct):
     """Reply to Held: the keys to free."""
 
     KIND: ClassVar[Kind] = Kind.DROP
@@ -455,8 +442,7 @@ class Drop:
 # --- events -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(_Struct):
     """A PUB message. ``seq`` numbers every event, so a subscriber sees gaps."""
 
     KIND: ClassVar[Kind] = Kind.EVENT

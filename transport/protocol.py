@@ -1,17 +1,16 @@
 """The wire protocol: how the messages of :mod:`.messages` travel, in MessagePack.
 
-A message (a frozen dataclass with a ``KIND``) is one multipart message on the wire::
+A message (a msgspec Struct with a ``KIND``) is one multipart message on the wire::
 
-    frame 0      msgpack [PROTOCOL_VERSION, kind, req_id, body, arrays]
+    frame 0      msgpack [PROTOCOL_VERSION, kind, req_id, body]
     frame 1..n   the raw bytes of each array, in order, never copied into frame 0
 
-``body`` lists the fields in declaration order (nested messages as lists too). An array
-anywhere in a body is replaced by a MessagePack extension naming its frame; ``arrays``
-holds each frame's ``[dtype, shape]``. ``req_id`` pairs a reply with its request; events
-and one-way messages use 0. Nothing is pickled: :func:`decode` builds only the types
-declared in :mod:`.messages` and checks every field against its annotation, so a frame
-that is not a valid message of this version is a :class:`ProtocolError` naming what was
-wrong.
+``body`` is the message's fields in declaration order (nested structs as lists too). An
+array anywhere in a body is a MessagePack extension naming its frame, dtype and shape.
+``req_id`` pairs a reply with its request; events and one-way messages use 0. Nothing is
+pickled: msgspec decodes ``body`` straight into the declared type of its kind, checking
+every field in C, so a frame that is not a valid message of this version is a
+:class:`ProtocolError` naming the message and field that were wrong.
 
 Transport code knows this module; it knows nothing of what the payloads mean.
 """
@@ -19,15 +18,16 @@ Transport code knows this module; it knows nothing of what the payloads mean.
 from __future__ import annotations
 
 import math
+import re
 import threading
+import types
 import typing
 from collections.abc import Sequence
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 
-from . import _compiled, _typed, messages
 from .messages import (
     PROTOCOL_VERSION,
     Ack,
@@ -115,6 +115,7 @@ __all__ = [
     "decode_with_id",
     "encode",
     "pack_payload",
+    "request_id",
     "unpack_payload",
 ]
 
@@ -125,7 +126,9 @@ _DTYPES = frozenset(
     | {f"{sign}int{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}
 )
 _MAX_DIMS = 8
-_MAX_ARRAYS = 65_536
+# numpy computes ``dtype.name`` in Python on every access (several µs); the allowed dtypes
+# are looked up here instead. Other dtypes (byte-swapped ones too) take the slow path.
+_DTYPE_NAMES: dict[np.dtype[Any], str] = {np.dtype(name): name for name in _DTYPES}
 
 
 class ProtocolError(ValueError):
@@ -138,93 +141,72 @@ class ProtocolError(ValueError):
 
 # --- encoding ---------------------------------------------------------------------------
 
-# A thread keeps its packers' buffers; one that grew past this for a big message is dropped.
-_KEEP_BUFFER_BYTES = 1 << 20
 
+class _Codec(threading.local):
+    """This thread's encoders and the array frames of the message being encoded or decoded.
 
-class _Packers(threading.local):
-    """This thread's MessagePack packers, and the array frames of the message it encodes.
-
-    ``msgpack.packb`` makes and frees a packer with a 256 KiB buffer on every call, which
-    costs more than packing a small header does; a kept packer reuses its buffer. One set
-    per thread: a packer is not thread-safe, and links encode on their callers' threads.
+    msgspec's encoders reuse their buffers between calls; one set per thread, because links
+    encode on their callers' threads and the array hooks keep per-message state here.
     """
 
     def __init__(self) -> None:
         self.buffers: list[bytes | memoryview] = []
-        self._new_header()
-        self._new_blob()
-        self.plain = msgpack.Packer()  # array descriptions, packed from the others' hooks
-
-    def _new_header(self) -> None:
-        self.header = msgpack.Packer(default=self._to_frame, use_bin_type=True)
-
-    def _new_blob(self) -> None:
-        self.blob = msgpack.Packer(default=self._inline, use_bin_type=True)
-
-    def pack_header(self, header: list[Any]) -> tuple[bytes, list[bytes | memoryview]]:
-        self.buffers = []
-        try:
-            packed = self.header.pack(header)
-            buffers = self.buffers
-        finally:
-            self.buffers = []  # holds no caller's array past this call
-        if len(packed) > _KEEP_BUFFER_BYTES:
-            self._new_header()
-        return packed, buffers
-
-    def pack_blob(self, payload: Payload) -> bytes:
-        packed = self.blob.pack(payload)
-        if len(packed) > _KEEP_BUFFER_BYTES:
-            self._new_blob()
-        return packed
+        self.frames: Sequence[Any] = ()
+        self.unused: set[int] = set()
+        self.message = msgspec.msgpack.Encoder(enc_hook=self._to_frame)
+        self.blob = msgspec.msgpack.Encoder(enc_hook=_inline)
+        self.plain = msgspec.msgpack.Encoder()
 
     def _to_frame(self, obj: Any) -> Any:
         if isinstance(obj, np.ndarray):
-            name = _dtype_name(obj.dtype)
-            if name not in _DTYPES:
-                raise TypeError(f"arrays of dtype {obj.dtype} are not sent; use one of {_DTYPES}")
+            name = _allowed_dtype(obj, "sent")
             array = np.ascontiguousarray(obj)
             self.buffers.append(memoryview(array).cast("B") if array.size else b"")
-            ref = [len(self.buffers), name, list(array.shape)]
-            return msgpack.ExtType(_ARRAY_EXT, self.plain.pack(ref))
-        if isinstance(obj, tuple):
-            return list(obj)
-        if isinstance(obj, np.generic):
-            return obj.item()
-        raise TypeError(f"cannot send a {type(obj).__name__}")
-
-    def _inline(self, obj: Any) -> Any:
-        if isinstance(obj, np.ndarray):
-            name = _dtype_name(obj.dtype)
-            if name not in _DTYPES:
-                raise TypeError(f"arrays of dtype {obj.dtype} are not kept; use one of {_DTYPES}")
-            array = np.ascontiguousarray(obj)
-            desc = self.plain.pack([name, list(array.shape), array.tobytes()])
-            return msgpack.ExtType(_INLINE_ARRAY_EXT, desc)
-        if isinstance(obj, tuple):
-            return list(obj)
-        if isinstance(obj, np.generic):
-            return obj.item()
-        raise TypeError(f"cannot keep a {type(obj).__name__}")
+            ref = self.plain.encode((len(self.buffers), name, array.shape))
+            return msgspec.msgpack.Ext(_ARRAY_EXT, ref)
+        return _plain_value(obj, "send")
 
 
-_PACKERS = _Packers()
-# numpy computes ``dtype.name`` in Python on every access (several µs); the allowed dtypes
-# are looked up here instead. Other dtypes (byte-swapped ones too) take the slow path.
-_DTYPE_NAMES: dict[np.dtype[Any], str] = {np.dtype(name): name for name in _DTYPES}
+def _allowed_dtype(array: np.ndarray, verb: str) -> str:
+    name = _DTYPE_NAMES.get(array.dtype) or array.dtype.name
+    if name not in _DTYPES:
+        raise TypeError(f"arrays of dtype {array.dtype} are not {verb}; use one of {_DTYPES}")
+    return name
 
 
-def _dtype_name(dtype: np.dtype[Any]) -> str:
-    return _DTYPE_NAMES.get(dtype) or dtype.name
+def _plain_value(obj: Any, verb: str) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot {verb} a {type(obj).__name__}")
+
+
+def _inline(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        name = _allowed_dtype(obj, "kept")
+        array = np.ascontiguousarray(obj)
+        return msgspec.msgpack.Ext(
+            _INLINE_ARRAY_EXT, _CODEC.plain.encode((name, array.shape, array.tobytes()))
+        )
+    return _plain_value(obj, "keep")
+
+
+_CODEC = _Codec()
 
 
 def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
     """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
-    header, buffers = _PACKERS.pack_header(
-        [PROTOCOL_VERSION, int(message.KIND), req_id, _compiled.to_wire(message)]
-    )
-    return [header, *buffers]
+    codec = _CODEC
+    codec.buffers = []
+    try:
+        header = codec.message.encode((PROTOCOL_VERSION, message.KIND, req_id, message))
+        return [header, *codec.buffers]
+    finally:
+        codec.buffers = []  # holds no caller's array past this call
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+_HEADER = msgspec.msgpack.Decoder(tuple[int, int, int, msgspec.Raw])
 
 
 def decode(frames: Sequence[Any]) -> Message:
@@ -236,113 +218,149 @@ def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
     """:func:`decode`, with the message's req_id, read from the same unpacking of the header."""
     if not frames:
         raise ProtocolError("empty message")
-    arrays = _ArrayFrames(frames[1:])
-    try:
-        header = msgpack.unpackb(
-            frames[0],
-            raw=False,
-            strict_map_key=True,
-            ext_hook=arrays.hook,
-            max_array_len=_MAX_ARRAYS,
-            max_map_len=_MAX_ARRAYS,
-        )
-    except ProtocolError as error:
-        raise ProtocolError(str(error), request_id(frames)) from None
-    except Exception as error:
-        raise ProtocolError(f"header is not MessagePack: {error}") from None
-    if not isinstance(header, list) or len(header) != 4:
-        raise ProtocolError("header must be [version, kind, req_id, body]")
-    version, kind, req_id, body = header
-    req_id = req_id if type(req_id) is int and 0 <= req_id < 2**63 else 0
+    version, kind, req_id, body = _header(frames[0])
+    req_id = req_id if 0 <= req_id < 2**63 else 0
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
             f"protocol version {version!r}; this side speaks {PROTOCOL_VERSION}", req_id
         )
-    cls = _BY_KIND.get(kind) if type(kind) is int else None
-    if cls is None:
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
         raise ProtocolError(f"unknown message kind {kind!r}", req_id)
-    if arrays.unused:
-        raise ProtocolError(f"array frames {sorted(arrays.unused)[:5]} are never used", req_id)
+    codec = _CODEC
+    codec.frames, codec.unused = frames[1:], set(range(1, len(frames)))
     try:
-        return _compiled.build(cls, body), req_id
-    except _typed.Invalid as bad:
-        raise ProtocolError(bad.describe(cls.__name__), req_id) from None
+        message = decoder.decode(body)
+    except ProtocolError as error:
+        raise ProtocolError(str(error), req_id) from None
+    except msgspec.ValidationError as error:
+        raise ProtocolError(_describe(_BY_KIND[kind], str(error)), req_id) from None
+    except (msgspec.DecodeError, RecursionError) as error:
+        raise ProtocolError(f"body is not MessagePack: {error}", req_id) from None
+    finally:
+        unused, codec.frames, codec.unused = codec.unused, (), set()
+    if unused:
+        raise ProtocolError(f"array frames {sorted(unused)[:5]} are never used", req_id)
+    return message, req_id
 
 
 def request_id(frames: Sequence[Any]) -> int:
     """The req_id of a header that decodes at all (for replies to invalid messages)."""
     try:
-        header = msgpack.unpackb(frames[0], raw=False, ext_hook=lambda _code, _data: None)
-        req_id = header[2]
-        return req_id if type(req_id) is int and 0 <= req_id < 2**63 else 0
-    except Exception:
+        req_id = _header(frames[0])[2]
+    except (ProtocolError, IndexError):
         return 0
+    return req_id if 0 <= req_id < 2**63 else 0
 
 
-class _ArrayFrames:
-    """Resolves array references while the header is unpacked: views on the frames."""
+def _header(frame: Any) -> tuple[int, int, int, msgspec.Raw]:
+    try:
+        return _HEADER.decode(frame)
+    except msgspec.ValidationError:
+        raise ProtocolError("header must be [version, kind, req_id, body]") from None
+    except Exception as error:
+        raise ProtocolError(f"header is not MessagePack: {error}") from None
 
-    def __init__(self, frames: Sequence[Any]) -> None:
-        self._frames = frames
-        self.unused = set(range(1, len(frames) + 1))
 
-    def hook(self, code: int, data: bytes) -> np.ndarray:
-        if code != _ARRAY_EXT:
-            raise ProtocolError(f"unknown MessagePack extension {code}")
-        try:
-            index, dtype_name, shape = msgpack.unpackb(data)
-        except Exception:
-            raise ProtocolError("array reference is not [frame, dtype, shape]") from None
-        if type(index) is not int or not 1 <= index <= len(self._frames):
-            raise ProtocolError(f"array frame {index!r:.20} is missing ({len(self._frames)} sent)")
-        if dtype_name not in _DTYPES:
-            raise ProtocolError(f"array {index}: dtype {dtype_name!r:.20} is not allowed")
-        if not (
-            isinstance(shape, list)
-            and len(shape) <= _MAX_DIMS
-            and all(type(d) is int and d >= 0 for d in shape)
-        ):
-            raise ProtocolError(f"array {index}: shape {shape!r:.80} is not a list of sizes")
-        dtype = np.dtype(dtype_name)
-        buffer = memoryview(self._frames[index - 1]).cast("B")
-        expected = math.prod(shape) * dtype.itemsize
-        if buffer.nbytes != expected:
-            raise ProtocolError(
-                f"array {index}: {buffer.nbytes} bytes for {dtype_name}{shape} (needs {expected})"
-            )
-        self.unused.discard(index)
-        return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+def _array(code: int, data: memoryview) -> np.ndarray:
+    """Resolves an array reference while a body is decoded: a view on its frame."""
+    if code != _ARRAY_EXT:
+        raise ProtocolError(f"unknown MessagePack extension {code}")
+    try:
+        index, dtype_name, shape = msgspec.msgpack.decode(data)
+    except Exception:
+        raise ProtocolError("array reference is not [frame, dtype, shape]") from None
+    frames = _CODEC.frames
+    if type(index) is not int or not 1 <= index <= len(frames):
+        raise ProtocolError(f"array frame {index!r:.20} is missing ({len(frames)} sent)")
+    if dtype_name not in _DTYPES:
+        raise ProtocolError(f"array {index}: dtype {dtype_name!r:.20} is not allowed")
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= _MAX_DIMS
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"array {index}: shape {shape!r:.80} is not a list of sizes")
+    dtype = np.dtype(dtype_name)
+    buffer = memoryview(frames[index - 1]).cast("B")
+    expected = math.prod(shape) * dtype.itemsize
+    if buffer.nbytes != expected:
+        raise ProtocolError(
+            f"array {index}: {buffer.nbytes} bytes for {dtype_name}{shape} (needs {expected})"
+        )
+    _CODEC.unused.discard(index)
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+# --- errors that name the field ---------------------------------------------------------
+
+_PATH = re.compile(r"\[(\d+|\.\.\.)\]")
+_AT = re.compile(r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$")
+
+
+def _describe(cls: type, error: str) -> str:
+    """msgspec's ``Expected int, got str - at $[2]`` as ``Claim.n: expected int, got str``."""
+    match = _AT.match(error)
+    if match is None:  # about the whole body: its length, or a check of __post_init__
+        if error.startswith(cls.__name__):
+            return error
+        return f"{cls.__name__}: {_plain(error)}"
+    what = _plain(match["what"])
+    where = _field_path(cls, match["path"])
+    return f"{where}: map key: {what}" if match["key"] else f"{where}: {what}"
+
+
+def _plain(text: str) -> str:
+    text = text.replace("`", "")
+    return text[:1].lower() + text[1:]
+
+
+def _field_path(cls: type, path: str) -> str:
+    named, hint = cls.__name__, cls
+    for step in _PATH.findall(path):
+        hint = _unwrap(hint)
+        if isinstance(hint, type) and issubclass(hint, msgspec.Struct) and step != "...":
+            field = msgspec.structs.fields(hint)[int(step)]
+            named, hint = f"{named}.{field.name}", field.type
+        elif typing.get_origin(hint) in (tuple, list) and step != "...":
+            named, hint = f"{named}[{step}]", typing.get_args(hint)[0]
+        elif typing.get_origin(hint) is dict:
+            named, hint = f"{named}[...]", typing.get_args(hint)[1]
+        else:
+            named, hint = f"{named}[{step}]", Any
+    return named
+
+
+def _unwrap(hint: Any) -> Any:
+    """``X | None`` as X."""
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return options[0] if len(options) == 1 else hint
+    return hint
 
 
 # --- payloads at rest -------------------------------------------------------------------
 
 
 def pack_payload(payload: Payload) -> bytes:
-    """One blob for a payload, arrays inline: how the scheduler journals and keeps it."""
-    return _PACKERS.pack_blob(payload)
+    """One blob for a payload, arrays inline: how a worker keeps it and the journal holds it."""
+    return _CODEC.blob.encode(payload)
 
 
-def unpack_payload(blob: bytes) -> Payload:
-    """The payload :func:`pack_payload` made (blobs come only from the scheduler's journal)."""
-    return msgpack.unpackb(blob, raw=False, ext_hook=_stored_array)
+def unpack_payload(blob: bytes | memoryview) -> Payload:
+    """The payload :func:`pack_payload` made (blobs come only from this run's own processes)."""
+    return _PAYLOAD.decode(blob)
 
 
-def _stored_array(code: int, data: bytes) -> Any:
+def _stored_array(code: int, data: memoryview) -> Any:
     if code != _INLINE_ARRAY_EXT:
         raise ProtocolError(f"unknown MessagePack extension {code} in a stored payload")
-    dtype, shape, raw = msgpack.unpackb(data)
+    dtype, shape, raw = msgspec.msgpack.decode(data)
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 
+_PAYLOAD = msgspec.msgpack.Decoder(dict[str, Any], ext_hook=_stored_array)
 _MESSAGES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
-
-
-def _register() -> None:
-    nested = [PayloadRef, LostPayload, Result, Item, NewGroup]
-    for cls in [*nested, *_MESSAGES]:  # nested ones first
-        _compiled.register(cls, vars(messages))
-
-
-_register()
+_DECODERS = {kind: msgspec.msgpack.Decoder(cls, ext_hook=_array) for kind, cls in _BY_KIND.items()}
 assert len(_BY_KIND) == len(_MESSAGES), "two messages share a kind"

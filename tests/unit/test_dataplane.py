@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
+import msgspec
 import numpy as np
 import pytest
 
@@ -63,7 +62,7 @@ def test_freed_and_foreign_keys_are_reported_not_served(
 ) -> None:
     kept, freed = holder.put(payload(1)), holder.put(payload(2))
     holder.discard([freed.key])
-    restarted = dataclasses.replace(kept, store="0" * 16)  # a predecessor's reference
+    restarted = msgspec.structs.replace(kept, store="0" * 16)  # a predecessor's reference
     with pytest.raises(PayloadsUnavailable) as caught:
         fetcher.fetch([kept, freed, restarted])
     failures = caught.value.failures

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -11,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.transport import protocol as p
+
+REF = p.PayloadRef("generate-0", "tcp://10.0.0.2:4000", "9f3a", 7, 1 << 20, 0xDEADBEEF)
 
 
 def round_trip(message: p.Message, req_id: int = 7) -> p.Message:
@@ -44,6 +47,11 @@ def test_every_kind_is_declared_once() -> None:
         p.WantWeights("g", 0),
         p.WantWeights("g", 3, b"\x01addr", "relay-1"),
         p.WeightsPlan(3, {"buckets": [[0, 64]]}, "t", b"\x00ucx\xff"),
+        p.Complete("g", 1, 2, (p.Result(3, {}, (0, 1), REF),)),
+        p.Lease(1, 2, "logp", 9.0, None, (p.Item(3, "q3", {"dataloader": {}}, {"generate": REF}),)),
+        p.Fail("w", 3, 9, None, "fetch", (p.LostPayload(3, "generate", "gone"),)),
+        p.Held("g", "s1", (1, 2, 3), 4096),
+        p.Drop((2,)),
     ],
 )
 def test_messages_round_trip(message: p.Message) -> None:
@@ -84,8 +92,11 @@ def test_payload_blobs_keep_arrays() -> None:
 def test_objects_that_are_not_data_are_refused_at_the_sender() -> None:
     with pytest.raises(TypeError, match="object"):
         p.encode(p.Complete("w", 1, 2, (p.Result(0, {"x": np.array([object()])}),)))
-    with pytest.raises(TypeError, match="set"):
-        p.encode(p.StatusReply({"x": {1, 2}}))
+    with pytest.raises(TypeError, match="Path"):
+        p.encode(p.StatusReply({"x": Path("/etc")}))
+
+
+REF_BAD = ["g", "tcp://h:1", "s", 1, 2, "not a checksum"]
 
 
 def header(kind: int, body: list, version: int = p.PROTOCOL_VERSION, req_id: int = 3) -> bytes:
@@ -100,12 +111,23 @@ def header(kind: int, body: list, version: int = p.PROTOCOL_VERSION, req_id: int
         ([msgpack.packb({"a": 1})], "header must be"),
         ([header(p.Kind.STATUS, [], version=99)], "protocol version 99"),
         ([header(999, [])], "unknown message kind 999"),
-        ([header(p.Kind.CLAIM, ["w", "logp"])], "2 fields"),
+        (
+            [header(p.Kind.CLAIM, ["w", "logp"])],
+            "Claim: expected array of at least length 3, got 2",
+        ),
         ([header(p.Kind.CLAIM, ["w", "logp", "4"])], "Claim.n: expected int"),
         ([header(p.Kind.CLAIM, ["w", "logp", True])], "Claim.n: expected int, got bool"),
         ([header(p.Kind.LEASE, [1, 2, "t", float("nan"), None, []])], "not a finite number"),
         ([header(p.Kind.FAIL, ["w", 1, 2, [1, "x"], "r"])], "Fail.gids[1]"),
-        ([header(p.Kind.STATUS_REPLY, [{1: 2}])], "map key"),
+        (
+            [header(p.Kind.LEASE, [1, 2, "t", 1.0, None, [[1, "k", {}, {"g": [1]}]]])],
+            "Lease.items[0].refs[...]: expected array of at least length 6",
+        ),
+        (
+            [header(p.Kind.LEASE, [1, 2, "t", 1.0, None, [[1, "k", {}, {"g": REF_BAD}]]])],
+            "Lease.items[0].refs[...].checksum: expected int, got str",
+        ),
+        ([header(p.Kind.STATUS_REPLY, [{1: 2}])], "StatusReply.summary: map key"),
         ([header(p.Kind.STATUS, []), b"extra"], "never used"),
         ([header(p.Kind.WANT_WEIGHTS, ["g", 1, "addr"])], "WantWeights.address: expected bytes"),
         ([header(p.Kind.PUBLISH_VERSION, ["t", 1, [1], b""])], "PublishVersion.weights"),
@@ -133,7 +155,7 @@ def array_ref(index: int, dtype: str, shape: list) -> msgpack.ExtType:
 def test_bad_array_references_are_errors(ref: msgpack.ExtType, frame: bytes, words: str) -> None:
     body = [{"x": ref}]
     with pytest.raises(p.ProtocolError, match=words) as caught:
-        p.decode([msgpack.packb([1, p.Kind.STATUS_REPLY, 5, body]), frame])
+        p.decode([msgpack.packb([p.PROTOCOL_VERSION, p.Kind.STATUS_REPLY, 5, body]), frame])
     assert caught.value.req_id == 5
 
 
