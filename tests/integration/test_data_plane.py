@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import ROLES, Cluster, wait_for
+from tests.support.cluster import ROLES, Cluster, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -72,7 +72,11 @@ def test_a_reader_whose_holder_dies_mid_fetch_reports_it_and_the_run_ends_exact(
 
 
 def test_a_restarted_scheduler_finds_the_payloads_still_with_their_holders(cluster) -> None:
-    c: Cluster = cluster(run={"total_steps": 10}, pipeline={"max_staleness": 3})
+    c: Cluster = cluster(
+        run={"total_steps": 10},
+        pipeline={"max_staleness": 3},
+        scheduler={"control_port": free_port(), "events_port": free_port()},  # dialled again
+    )
     start(c, "train=0.2,logp=0.1")
     wait_for(lambda: c.steps_done() >= 2 and unconsumed_rollouts(c), 60, "work in flight")
     c.kill9("scheduler")

@@ -87,7 +87,9 @@ def test_a_completion_after_its_lease_was_reissued_is_refused_by_its_fence(clust
         loader.request(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1), 5)
         loader.request(p.AddGroups("loader", (p.NewGroup("q000000", {"x": 0}),)), 5)
         for link, name in ((slow, "slow"), (fast, "fast")):
-            assert isinstance(link.request(p.Hello(name, "generate", 1, 1), 5), p.Ready)
+            assert isinstance(
+                link.request(p.Hello(name, "generate", p.PROTOCOL_VERSION, 1), 5), p.Ready
+            )
             link.request(p.LoadedVersion(name, 0), 5)
         first = slow.request(p.Claim("slow", "generate", 1), 5)
         assert isinstance(first, p.Lease)
@@ -122,7 +124,9 @@ def test_with_curve_a_client_without_the_key_never_gets_a_lease(cluster, tmp_pat
     with link_to(c, "plain") as plain, pytest.raises(LinkTimeout):
         plain.request(p.Status(), 2)
     with link_to(c, "member", keys) as member:
-        assert isinstance(member.request(p.Hello("member", "logp", 1, 1), 5), p.Ready)
+        assert isinstance(
+            member.request(p.Hello("member", "logp", p.PROTOCOL_VERSION, 1), 5), p.Ready
+        )
         summary = member.request(p.Status(), 5).summary
     assert set(summary["workers"]) == {"member"}
     wait_for(lambda: "client rejected" in c.log_text("scheduler"), 10, "the refusal in the log")

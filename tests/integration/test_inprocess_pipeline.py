@@ -178,7 +178,9 @@ def test_a_synchronous_run_completes_on_policy(tmp_path: Path) -> None:
 def add_early_groups(hub: InProcessHub, count: int) -> None:
     """What a dataloader that has since died added: the first ``count`` demo groups."""
     link = hub.link()
-    assert isinstance(link.request(p.Hello("loader-old", "dataloader", 1, 0), 1), p.Ready)
+    assert isinstance(
+        link.request(p.Hello("loader-old", "dataloader", p.PROTOCOL_VERSION, 0), 1), p.Ready
+    )
     early = tuple(p.NewGroup(prompt_key(i), {"x": i}) for i in range(count))
     added = link.request(p.AddGroups("loader-old", early), 1)
     assert added == p.Added(tuple(g.key for g in early), ())
