@@ -14,6 +14,7 @@ Held (Drop) names the keys no live group refers to, a refused completion's among
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -60,6 +61,8 @@ class WorkerPayloads:
         self._max_message_bytes = max_message_bytes
         self._keys = keys
         self._server: PayloadServer | None = None
+        self._keys_of: dict[int, list[int]] = {}  # gid -> the keys kept for it
+        self._lock = threading.Lock()  # _keys_of: stashed by the main thread, pruned by beats
         self.fetcher = PayloadFetcher(
             timeout_s=fetch_timeout_s, max_message_bytes=max_message_bytes, keys=keys
         )
@@ -106,6 +109,8 @@ class WorkerPayloads:
             self._serve()
             ref = self.store.put_blob(blob)
             keys.append(ref.key)
+            with self._lock:
+                self._keys_of.setdefault(result.gid, []).append(ref.key)
             out.append(p.Result(result.gid, {}, result.behaviour, ref))
         return tuple(out), tuple(keys)
 
@@ -124,7 +129,19 @@ class WorkerPayloads:
         return p.Held(worker, self.store.store_id, keys, self.store.stats().bytes)
 
     def drop(self, keys: Sequence[int]) -> int:
-        return self.store.discard(keys)
+        """Free what the scheduler no longer refers to (its answer to Held)."""
+        freed = self.store.discard(keys)
+        kept = self.store.keys()
+        with self._lock:  # forget groups whose finish event never came
+            for gid in [g for g, ks in self._keys_of.items() if kept.isdisjoint(ks)]:
+                del self._keys_of[gid]
+        return freed
+
+    def finished(self, gids: Sequence[int]) -> int:
+        """Groups left the pipeline (trained or dead): nobody reads their payloads again."""
+        with self._lock:
+            keys = [key for gid in gids for key in self._keys_of.pop(gid, ())]
+        return self.store.discard(keys) if keys else 0
 
     def close(self) -> None:
         self.fetcher.close()

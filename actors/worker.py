@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from asyncrl.runtime.bus import ACTIVITY_KEY, wakeup_topics
+from asyncrl.runtime.bus import ACTIVITY_KEY, finished_topics, wakeup_topics
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
@@ -124,6 +124,13 @@ class Worker:
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._busy_s = 0.0  # time in the actor's work since the last completion
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
+        self._wakeups: tuple[str, ...] = ()  # topic prefixes that may mean work (set at start)
+        # A later stage reads this role's results (the trainer's are the end of the line:
+        # they go inline, and the scheduler drops them with the trained group).
+        self._results_are_read = any(
+            pipeline.consumers(stage.target) for stage in pipeline.for_role(self.role)
+        )
+        self._finished: frozenset[str] = frozenset()  # topics of groups leaving the pipeline
         self.payloads = payloads or WorkerPayloads(
             self.name,
             host=config.payloads.host or "127.0.0.1",
@@ -171,7 +178,9 @@ class Worker:
     # --- start and end ---------------------------------------------------------------
 
     def _start(self) -> None:
-        self.link.subscribe(wakeup_topics(self.role, self.pipeline))
+        self._wakeups = tuple(wakeup_topics(self.role, self.pipeline))
+        self._finished = frozenset(finished_topics(self.pipeline))
+        self.link.subscribe([*self._wakeups, *self._finished])
         ready = self._register()
         # Beating from registration on: a slow on_start (a trainer loading its checkpoint)
         # must not look like a dead worker to the scheduler.
@@ -322,7 +331,9 @@ class Worker:
         activity = {"busy_s": round(self._busy_s, 6), "tokens": outcome.tokens}
         self._busy_s = 0.0
         metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
-        results, kept = self.payloads.stash(outcome.results)
+        results, kept = outcome.results, ()
+        if self._results_are_read:
+            results, kept = self.payloads.stash(outcome.results)
         message = p.Complete(self.name, lease.lease_id, lease.fence, results, metrics)
         try:
             return self._settle(message)
@@ -441,8 +452,10 @@ class Worker:
         while event is not None:
             if event.topic == VERSION_PUBLISHED:
                 self._versions.heard_of(event.body.get("version"))
-            else:
+            elif event.topic.startswith(self._wakeups):
                 woken = True
+            if event.topic in self._finished:
+                self.payloads.finished(event.body.get("groups", ()))
             event = self.link.next_event(0)
         self._versions.load_newest()
         return woken

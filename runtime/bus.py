@@ -23,6 +23,7 @@ __all__ = [
     "ACTIVITY_KEY",
     "Endpoints",
     "announce_endpoints",
+    "finished_topics",
     "next_port",
     "read_endpoints",
     "wakeup_topics",
@@ -89,3 +90,10 @@ def wakeup_topics(role: str, pipeline: Pipeline) -> list[str]:
             # A step may wait for stragglers; their arrival or death unblocks it.
             topics.update(died)
     return sorted(topics)
+
+
+def finished_topics(pipeline: Pipeline) -> list[str]:
+    """The topics on which groups leave the pipeline (trained, or dead): a holder frees
+    their payloads at once instead of waiting to ask (events may drop; asking stays)."""
+    done = (GroupState.TRAINED, GroupState.DEAD)
+    return sorted({topic(Topic.TRANSITION, a, b) for a, b in pipeline.edges() if b in done})

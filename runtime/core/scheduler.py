@@ -291,7 +291,7 @@ class SchedulerCore:
     def _lost_problem(self, lease: Lease, lost: Sequence[tuple[int, str, str]]) -> Problem | None:
         for gid, role, _ in lost:
             if gid not in lease.gids:
-                return Reason.NOT_IN_LEASE, f"group {gid} is not in lease {lease.lid}"
+                continue  # another reader reported it first: the group already went back
             readers = self.state.derived.get(role, frozenset()) - {role}
             if lease.role not in readers:
                 return Reason.BAD_REQUEST, f"a {lease.role} lease reads no {role} payload"

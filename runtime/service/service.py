@@ -317,17 +317,18 @@ class SchedulerService:
 
     def _fail(self, m: p.Fail, _now: float) -> p.Message:
         gids = None if m.gids is None else list(m.gids)
-        groups = self.core.state.groups
-        for lost in m.lost:
-            kept = groups[lost.gid].data.get(lost.role) if lost.gid in groups else None
-            if not is_ref(kept):  # only a referenced payload can be lost on its way
-                return p.Error(Reason.BAD_REQUEST, f"group {lost.gid} has no {lost.role} reference")
-        lost = [(x.gid, x.role, x.reason) for x in m.lost]
-        holders = {x.gid: ref_of(groups[x.gid].data[x.role]).holder for x in m.lost}
-        reply = self.core.fail(m.lease_id, m.fence, gids, m.reason, lost)
+        groups, lease = self.core.state.groups, self.core.state.leases.get(m.lease_id)
+        # A group another reader already reported is out of this lease: nothing to say.
+        lost = [x for x in m.lost if lease is not None and x.gid in lease.gids]
+        for x in lost:
+            if not is_ref(groups[x.gid].data.get(x.role)):  # only a reference can be lost
+                return p.Error(Reason.BAD_REQUEST, f"group {x.gid} has no {x.role} reference")
+        holders = {x.gid: ref_of(groups[x.gid].data[x.role]).holder for x in lost}
+        triples = [(x.gid, x.role, x.reason) for x in lost]
+        reply = self.core.fail(m.lease_id, m.fence, gids, m.reason, triples)
         if isinstance(reply, Accepted):
             log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
-            for x in m.lost:
+            for x in lost:
                 log.warning("payload lost", group=x.gid, role=x.role, holder=holders[x.gid],
                             reader=m.worker, reason=x.reason)  # fmt: skip
         return _reply(reply)

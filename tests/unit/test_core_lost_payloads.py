@@ -96,7 +96,7 @@ def test_claims_of_loss_that_do_not_fit_the_lease_are_refused() -> None:
     core = make_core()
     generated_with_refs(core, ["a", "b"])
     lease = grant(core.claim("logp", "lp", 1, 0.0))
-    for lost in ([(1, "generate", "x")], [(0, "reward", "x")], [(0, "logp", "x")]):
+    for lost in ([(0, "reward", "x")], [(0, "logp", "x")]):
         reply = core.fail(lease.lease_id, lease.fence, None, "x", lost)
         assert isinstance(reply, Rejected), lost
     assert core.state.groups[0].state == "generated" and core.state.regenerated == {}
@@ -114,3 +114,16 @@ def test_a_replayed_journal_and_a_snapshot_agree_on_losses() -> None:
     assert replayed.state.groups[0].state == "pending"
     reloaded = load_state(core.pipeline, dict(settings.resources), dump_state(core.state))
     assert reloaded.regenerated == {"generate": 1} and reloaded.groups[0].data == {}
+
+
+def test_a_second_reader_reporting_the_same_loss_gives_its_lease_back_uncounted() -> None:
+    core = make_core(max_attempts=3)
+    generated_with_refs(core, ["a", "b"])
+    logp = grant(core.claim("logp", "lp", 1, 0.0))  # group 0
+    reward = grant(core.claim("reward", "rw", 2, 0.0))  # groups 0 and 1
+    core.fail(logp.lease_id, logp.fence, None, "x", [(0, "generate", "corrupt")])
+    assert core.state.leases[reward.lease_id].gids == {1}
+    reply = core.fail(reward.lease_id, reward.fence, None, "x", [(0, "generate", "corrupt")])
+    assert reply == Accepted(1)
+    assert core.state.regenerated == {"generate": 1}
+    assert core.state.groups[1].attempts == {} and core.state.groups[1].state == "generated"

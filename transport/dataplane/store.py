@@ -73,6 +73,10 @@ class PayloadStore:
         with self._lock:
             return tuple(sorted(self._acknowledged))
 
+    def keys(self) -> set[int]:
+        with self._lock:
+            return set(self._blobs)
+
     def discard(self, keys: Iterable[int]) -> int:
         """Free ``keys`` (unknown ones are ignored). Returns how many bytes were freed."""
         freed = 0
