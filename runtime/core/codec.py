@@ -51,7 +51,7 @@ def _dump_group(g: Group) -> list[Any]:
         sorted(g.done),
         sorted(g.leases.items()),
         sorted(g.attempts.items()),
-        g.step_deadline,
+        g.train_by,
         None if g.behaviour is None else list(g.behaviour),
         g.reason,
         g.data,
@@ -65,7 +65,7 @@ def _dump_lease(lease: Lease) -> list[Any]:
         lease.role,
         lease.source.value,
         lease.worker,
-        lease.deadline,
+        lease.expires_at,
         sorted(lease.gids),
         lease.version,
         sorted(lease.locks.items()),
@@ -92,7 +92,7 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
 
 
 def _load_group(state: CoreState, row: list[Any]) -> None:
-    gid, key, st, done, leases, attempts, deadline, behaviour, reason, data = row
+    gid, key, st, done, leases, attempts, train_by, behaviour, reason, data = row
     group = Group(
         gid,
         key,
@@ -100,31 +100,31 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         set(done),
         dict(map(tuple, leases)),
         dict(map(tuple, attempts)),
-        deadline,
+        train_by,
         None if behaviour is None else tuple(behaviour),
         reason,
         data,
     )
     state.groups[gid] = group
     state.counts[group.state] += 1
-    if deadline is not None:
-        state.due[deadline] += 1
+    if train_by is not None:
+        state.due[train_by] += 1
         if group.state == state.step_source:
-            state.due_ready[deadline] += 1
+            state.due_ready[train_by] += 1
     state.offer(group)
 
 
 def _load_lease(state: CoreState, row: list[Any]) -> None:
-    lid, fence, role, source, worker, deadline, gids, version, locks = row
+    lid, fence, role, source, worker, expires_at, gids, version, locks = row
     state.leases[lid] = Lease(
         lid,
         fence,
         role,
         GroupState(source),
         worker,
-        deadline,
+        expires_at,
         set(gids),
         version,
         dict(map(tuple, locks)),
     )
-    heapq.heappush(state.expiry_heap(), (deadline, lid))
+    heapq.heappush(state.expiry_heap(), (expires_at, lid))

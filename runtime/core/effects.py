@@ -60,12 +60,12 @@ class Accepted:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A lease: the groups are this worker's until ``deadline`` unless renewed."""
+    """A lease: the groups are this worker's until ``expires_at`` unless renewed."""
 
     lease_id: int
     fence: int
     role: str
-    deadline: float
+    expires_at: float
     groups: tuple[int, ...]
     # Admitted work: the version the generator had loaded; a train step: the version it
     # trains from (the steps done before it).

@@ -1,4 +1,4 @@
-"""Journal records: the facts the core has decided, one opcode each.
+"""Journal records: the facts the core has decided, one named tuple each.
 
 The core decides (which groups to lease, whether a completion is valid, who dies) and then
 *applies* a record; applying is the only way its state changes. Replaying the same records
@@ -10,43 +10,44 @@ core: what the scheduler keeps of it (small bytes, or a reference to the worker 
 it) is kept with the group under the role's name, handed to the next stages with their
 leases, journaled with the completion that produced it, and forgotten when the group is
 trained. So data that reached ``generated`` is never generated again, unless the worker
-keeping it is lost before every stage took it (LOSE).
+keeping it is lost before every stage took it (:class:`Lost`).
 
-Records are plain tuples so that they cost little on the hot path and pack straight into
-MessagePack; they come back from the journal as lists, which ``apply`` accepts too.
-
-========  ==============================================================================
-opcode    fields after the opcode
-========  ==============================================================================
-REGISTER  worker, role
-LEAVE     worker                                (its leases have already been failed)
-LOADED    worker, version
-ADD       first_gid, keys, data               (new groups in ``entry``, gids in order;
-                                                data: one payload per key, or None)
-LEASE     lid, fence, role, source, worker, lease_deadline, gids, version, step_deadline
-RENEW     lids, lease_deadline
-COMPLETE  lid, gids, behaviour, data         (behaviour: [[vmin, vmax], ...] or None;
-                                                data: one payload per gid, or None)
-FAIL      lid, gids, reason[, counted]           (back to the source; attempt + 1 unless
-                                                counted is false: given back for another's
-                                                fault, a payload lost upstream)
-KILL      gids, reason                          (to ``dead``, out of any lease)
-PUBLISH   version
-GRANT     resource, lid, token                  (a lock taken under a lease)
-WAIT      resource, lid                         (queued for a full resource)
-UNLOCK    resource, token
-RESUME    epoch                                 (restart: fences and lease ids jump ahead)
-LOSE      lid, gid, role, reason                (role's payload of gid is gone: out of the
-                                                lease, back before the stage that made it,
-                                                what was derived from it dropped)
-========  ==============================================================================
+Each record is a named tuple declared below: the core builds them where it decides
+(``scheduler.py``) and ``CoreState`` applies them by type (``state.py``), each handler
+taking the record's fields under the same names. In the journal a record is the plain
+list ``[opcode, field, ...]`` (:func:`to_journal`); :func:`from_journal` reads one back.
+Opcodes and field orders never change, so journals written by earlier versions replay; a
+record may gain a trailing field with a default (``Failed.counted``), which older entries
+simply lack.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
+from typing import Any, NamedTuple
 
-__all__ = ["Op"]
+__all__ = [
+    "Added",
+    "Completed",
+    "Failed",
+    "Granted",
+    "Killed",
+    "LeaseGranted",
+    "Left",
+    "Loaded",
+    "Lost",
+    "Op",
+    "Published",
+    "Record",
+    "Registered",
+    "Renewed",
+    "Resumed",
+    "Unlocked",
+    "Waiting",
+    "from_journal",
+    "to_journal",
+]
 
 
 class Op(IntEnum):
@@ -65,3 +66,157 @@ class Op(IntEnum):
     LEAVE = 13
     RESUME = 14
     LOSE = 15
+
+
+class Registered(NamedTuple):
+    worker: str
+    role: str
+
+
+class Left(NamedTuple):
+    """A worker's registration ended; its leases were failed first."""
+
+    worker: str
+
+
+class Loaded(NamedTuple):
+    worker: str
+    version: int
+
+
+class Added(NamedTuple):
+    """New groups in the entry state, gids from ``first_gid`` on, in order."""
+
+    first_gid: int
+    keys: Sequence[str]
+    data: Sequence[Any] | None  # one entry payload per key
+
+
+class LeaseGranted(NamedTuple):
+    lid: int
+    fence: int
+    role: str
+    source: str
+    worker: str
+    expires_at: float  # when the lease runs out unless renewed, on the scheduler's clock
+    gids: Sequence[int]
+    version: int | None  # admitted work: the version the generator had loaded
+    train_by: int | None  # admitted work: the last step the staleness bound allows
+
+
+class Renewed(NamedTuple):
+    lids: Sequence[int]
+    expires_at: float
+
+
+class Completed(NamedTuple):
+    lid: int
+    gids: Sequence[int]
+    behaviour: Sequence[Sequence[int]] | None  # [[vmin, vmax], ...] for admitted work
+    data: Sequence[Any] | None  # what the scheduler keeps of each group's result
+
+
+class Failed(NamedTuple):
+    """Back to the lease's source state; attempt + 1 unless the groups were given back
+    for another's fault (a payload lost upstream)."""
+
+    lid: int
+    gids: Sequence[int]
+    reason: str
+    counted: bool = True
+
+
+class Killed(NamedTuple):
+    """To ``dead``, out of any lease."""
+
+    gids: Sequence[int]
+    reason: str
+
+
+class Published(NamedTuple):
+    version: int
+
+
+class Granted(NamedTuple):
+    """A lock taken under a lease."""
+
+    resource: str
+    lid: int
+    token: int
+
+
+class Waiting(NamedTuple):
+    """Queued for a full resource."""
+
+    resource: str
+    lid: int
+
+
+class Unlocked(NamedTuple):
+    resource: str
+    token: int
+
+
+class Resumed(NamedTuple):
+    """A restart: fences and lease ids jump to a new epoch."""
+
+    epoch: int
+
+
+class Lost(NamedTuple):
+    """``role``'s payload of ``gid`` is gone: the group leaves every lease reading it and
+    goes back before the stage that made it, what was derived from it dropped."""
+
+    lid: int
+    gid: int
+    role: str
+    reason: str
+
+
+Record = (
+    Registered
+    | Left
+    | Loaded
+    | Added
+    | LeaseGranted
+    | Renewed
+    | Completed
+    | Failed
+    | Killed
+    | Published
+    | Granted
+    | Waiting
+    | Unlocked
+    | Resumed
+    | Lost
+)
+
+OPS: dict[type, Op] = {
+    Registered: Op.REGISTER,
+    Left: Op.LEAVE,
+    Loaded: Op.LOADED,
+    Added: Op.ADD,
+    LeaseGranted: Op.LEASE,
+    Renewed: Op.RENEW,
+    Completed: Op.COMPLETE,
+    Failed: Op.FAIL,
+    Killed: Op.KILL,
+    Published: Op.PUBLISH,
+    Granted: Op.GRANT,
+    Waiting: Op.WAIT,
+    Unlocked: Op.UNLOCK,
+    Resumed: Op.RESUME,
+    Lost: Op.LOSE,
+}
+_BY_OP: dict[int, type] = {op: kind for kind, op in OPS.items()}
+assert len(_BY_OP) == len(Op), "every opcode has one record type"
+
+
+def to_journal(record: Record) -> tuple[Any, ...]:
+    """The journal's form of ``record``: ``(opcode, *fields)``."""
+    return (OPS[type(record)], *record)
+
+
+def from_journal(entry: Sequence[Any]) -> Record:
+    """The record a journal entry (a list, as MessagePack gives it back) stands for."""
+    return _BY_OP[entry[0]](*entry[1:])

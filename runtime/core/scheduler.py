@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from . import records as r
 from .checks import Problem, completion_problem, membership_problem
 from .codec import load_state
 from .effects import (
@@ -30,9 +31,8 @@ from .effects import (
     WorkerLost,
 )
 from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Stage
-from .records import Op
 from .settings import CoreSettings
-from .staleness import admission_capacity, step_deadline, step_keeps_promises
+from .staleness import admission_capacity, step_keeps_promises, train_by_step
 from .state import CoreState, Lease
 
 __all__ = ["SchedulerCore"]
@@ -56,9 +56,9 @@ class SchedulerCore:
         notices, self.state.notices = self.state.notices, []
         return records, notices
 
-    def _commit(self, *record: Any) -> None:
+    def _commit(self, record: r.Record) -> None:
         self.state.apply(record)
-        self._records.append(record)
+        self._records.append(r.to_journal(record))
 
     def _reject(self, reason: Reason, detail: str) -> Rejected:
         self.rejections[reason] += 1
@@ -72,7 +72,7 @@ class SchedulerCore:
                 Reason.WRONG_ROLE, f"role {role!r} is not one of {sorted(self._roles)}"
             )
         self._revoke(worker, "worker registered again")  # a restarted process holds nothing
-        self._commit(Op.REGISTER, worker, role)
+        self._commit(r.Registered(worker, role))
         self.last_seen[worker] = now
         return Accepted()
 
@@ -93,7 +93,7 @@ class SchedulerCore:
             wanted = set(held)
             lids = [lid for lid in lids if lid in wanted]
         if lids:
-            self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
+            self._commit(r.Renewed(lids, now + self.settings.lease_timeout))
         return Accepted(len(lids))
 
     def worker_lost(self, worker: str, reason: str) -> Accepted | Rejected:
@@ -101,7 +101,7 @@ class SchedulerCore:
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
         self._revoke(worker, reason)
-        self._commit(Op.LEAVE, worker)
+        self._commit(r.Left(worker))
         self.last_seen.pop(worker, None)
         self.state.notices.append(WorkerLost(worker, reason))
         return Accepted()
@@ -111,9 +111,9 @@ class SchedulerCore:
         ended = 0
         expiry = self.state.expiry_heap()
         while expiry and expiry[0][0] <= now:
-            deadline, lid = heapq.heappop(expiry)
+            expires_at, lid = heapq.heappop(expiry)
             lease = self.state.leases.get(lid)
-            if lease is not None and lease.deadline == deadline:
+            if lease is not None and lease.expires_at == expires_at:
                 self._fail_groups(lease, sorted(lease.gids), f"{lease.role}: lease expired")
                 ended += 1
         timeout = self.settings.worker_timeout
@@ -143,7 +143,7 @@ class SchedulerCore:
         if data is not None and len(data) != len(keys):
             return self._reject(Reason.BAD_REQUEST, f"{len(data)} payloads for {len(keys)} keys")
         if keys:
-            self._commit(Op.ADD, self.state.next_gid, list(keys), _listed(data))
+            self._commit(r.Added(self.state.next_gid, list(keys), _listed(data)))
         return Accepted(len(keys))
 
     # --- leases ----------------------------------------------------------------------
@@ -166,15 +166,15 @@ class SchedulerCore:
     def _claim_stage(
         self, stage: Stage, worker: str, n: int, now: float
     ) -> Grant | Rejected | None:
-        version = deadline = None
+        version = train_by = None
         if stage.gate is Gate.ADMIT:
             version = self.state.workers[worker].loaded
             if version is None:
                 return self._reject(
                     Reason.BAD_VERSION, f"{worker!r} has not reported a loaded version"
                 )
-            deadline = step_deadline(version, self.settings.max_staleness)
-            n = min(n, self._admissible(deadline))
+            train_by = train_by_step(version, self.settings.max_staleness)
+            n = min(n, self._admissible(train_by))
         elif stage.gate is Gate.STEP:
             n = self.settings.train_batch_groups if self._step_ready(stage) else 0
             version = self.state.steps_done  # the version this step trains from
@@ -184,22 +184,23 @@ class SchedulerCore:
         s = self.state
         lid, fence, expires = s.next_lid, s.fence + 1, now + self.settings.lease_timeout
         self._commit(
-            Op.LEASE,
-            lid,
-            fence,
-            stage.role,
-            stage.source.value,
-            worker,
-            expires,
-            gids,
-            version,
-            deadline,
+            r.LeaseGranted(
+                lid=lid,
+                fence=fence,
+                role=stage.role,
+                source=stage.source.value,
+                worker=worker,
+                expires_at=expires,
+                gids=gids,
+                version=version,
+                train_by=train_by,
+            )
         )
         return Grant(lid, fence, stage.role, expires, tuple(gids), version)
 
-    def _admissible(self, deadline: int) -> int:
+    def _admissible(self, train_by: int) -> int:
         s = self.state
-        return admission_capacity(s.due, s.steps_done, self.settings.train_batch_groups, deadline)
+        return admission_capacity(s.due, s.steps_done, self.settings.train_batch_groups, train_by)
 
     def _step_ready(self, stage: Stage) -> bool:
         """One batch at a time, and only one that leaves every admitted group trainable."""
@@ -251,7 +252,7 @@ class SchedulerCore:
         if data is not None and len(data) != len(gids):
             return self._reject(Reason.BAD_RESULT, f"{len(data)} payloads for {len(gids)} groups")
         rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
-        self._commit(Op.COMPLETE, lease.lid, list(gids), rows, _listed(data))
+        self._commit(r.Completed(lease.lid, list(gids), rows, _listed(data)))
         return Accepted(len(gids))
 
     def fail(
@@ -285,7 +286,7 @@ class SchedulerCore:
                 self._lose(lease, gid, role, f"{role} payload lost: {why}")
         rest = [g for g in gids if g in lease.gids]
         if rest:
-            self._commit(Op.FAIL, lease.lid, rest, f"{lease.role}: {reason}", False)
+            self._commit(r.Failed(lease.lid, rest, f"{lease.role}: {reason}", counted=False))
         return Accepted(len(gids))
 
     def _lost_problem(self, lease: Lease, lost: Sequence[tuple[int, str, str]]) -> Problem | None:
@@ -300,9 +301,9 @@ class SchedulerCore:
     def _lose(self, lease: Lease, gid: int, role: str, reason: str) -> None:
         """``role``'s payload of ``gid`` is gone: made again, or the group dies trying."""
         if self.state.groups[gid].attempts.get(role, 0) + 1 >= self.settings.max_attempts:
-            self._commit(Op.KILL, [gid], f"{reason} (attempt {self.settings.max_attempts})")
+            self._commit(r.Killed([gid], f"{reason} (attempt {self.settings.max_attempts})"))
         else:
-            self._commit(Op.LOSE, lease.lid, gid, role, reason)
+            self._commit(r.Lost(lease.lid, gid, role, reason))
 
     def _fail_groups(self, lease: Lease, gids: Sequence[int], reason: str) -> None:
         limit, role = self.settings.max_attempts, lease.role
@@ -310,9 +311,9 @@ class SchedulerCore:
         last = [g for g in gids if groups[g].attempts.get(role, 0) + 1 >= limit]
         retry = [g for g in gids if g not in set(last)]
         if retry:
-            self._commit(Op.FAIL, lease.lid, retry, reason)
+            self._commit(r.Failed(lease.lid, retry, reason))
         if last:
-            self._commit(Op.KILL, last, f"{reason} (attempt {limit} of {limit})")
+            self._commit(r.Killed(last, f"{reason} (attempt {limit} of {limit})"))
 
     def _held(self, lease_id: int, fence: int) -> Lease | Rejected:
         lease = self.state.leases.get(lease_id)
@@ -338,7 +339,7 @@ class SchedulerCore:
         if not s.policy_version < version <= s.steps_done:
             allowed = f"({s.policy_version}, {s.steps_done}]"
             return self._reject(Reason.BAD_VERSION, f"version {version} outside {allowed}")
-        self._commit(Op.PUBLISH, version)
+        self._commit(r.Published(version))
         return Accepted()
 
     def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:
@@ -350,7 +351,7 @@ class SchedulerCore:
             allowed = f"[{max(floor, 0)}, {self.state.policy_version}]"
             return self._reject(Reason.BAD_VERSION, f"loaded version {version} outside {allowed}")
         if version != known.loaded:
-            self._commit(Op.LOADED, worker, version)
+            self._commit(r.Loaded(worker, version))
         return Accepted()
 
     # --- locks -----------------------------------------------------------------------
@@ -371,9 +372,9 @@ class SchedulerCore:
             )
         if len(held.holders) < held.capacity:
             token = self.state.fence + 1
-            self._commit(Op.GRANT, resource, lease_id, token)
+            self._commit(r.Granted(resource, lease_id, token))
             return LockGranted(resource, lease_id, token)
-        self._commit(Op.WAIT, resource, lease_id)
+        self._commit(r.Waiting(resource, lease_id))
         return LockQueued(resource, lease_id, len(held.waiting))
 
     def release(self, resource: str, token: int) -> Accepted | Rejected:
@@ -382,7 +383,7 @@ class SchedulerCore:
             return self._reject(Reason.UNKNOWN_RESOURCE, f"no resource {resource!r}")
         if token not in held.holders:
             return self._reject(Reason.STALE_FENCE, f"{resource!r}: token {token} is not held")
-        self._commit(Op.UNLOCK, resource, token)
+        self._commit(r.Unlocked(resource, token))
         return Accepted()
 
     # --- restart ---------------------------------------------------------------------
@@ -406,12 +407,12 @@ class SchedulerCore:
 
     def resume(self, now: float) -> None:
         """After a restart: a new fence epoch, and grace for workers that could not renew."""
-        self._commit(Op.RESUME, self.state.epoch + 1)
+        self._commit(r.Resumed(self.state.epoch + 1))
         for worker in self.state.workers:
             self.last_seen[worker] = now
         lids = sorted(self.state.leases)
         if lids:
-            self._commit(Op.RENEW, lids, now + self.settings.lease_timeout)
+            self._commit(r.Renewed(lids, now + self.settings.lease_timeout))
 
 
 def _listed(data: Sequence[Any] | None) -> list[Any] | None:

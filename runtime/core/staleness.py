@@ -3,14 +3,14 @@
 A generator that has loaded version ``L`` produces tokens of version ``L`` or newer. Train
 step ``s`` updates version ``s - 1`` into ``s``, so a group trained at step ``s`` is
 ``s - 1 - L`` versions stale at worst. To keep that within ``max_staleness`` the group
-must be trained by step ``L + max_staleness + 1``: its *step deadline*.
+must be trained by step ``L + max_staleness + 1``: its *train-by step* (``train_by``).
 
-Admitting a group is a promise to train it by its deadline, and every step takes exactly
-``batch`` groups. The promises are keepable (the trainer can meet every deadline taking
-the earliest deadlines first) exactly when, for every deadline ``d``, the alive untrained
-groups due by ``d`` fit in the steps left until ``d``. Admission keeps that true. The
+Admitting a group is a promise to train it by its train-by step, and every step takes
+exactly ``batch`` groups. The promises are keepable (the trainer can keep every one taking
+the earliest train-by steps first) exactly when, for every train-by step ``d``, the alive
+untrained groups due by ``d`` fit in the steps left until ``d``. Admission keeps that true. The
 trainer keeps it true too: it takes a step only if the groups it can take now (the ready
-ones, earliest deadline first) leave the rest keepable, and otherwise waits for the
+ones, earliest train-by step first) leave the rest keepable, and otherwise waits for the
 stragglers rather than leave them behind.
 
 With ``max_staleness = 0`` this is synchronous RL: a generator gets work only once it has
@@ -21,21 +21,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["admission_capacity", "step_deadline", "step_keeps_promises"]
+__all__ = ["admission_capacity", "step_keeps_promises", "train_by_step"]
 
 
-def step_deadline(loaded_version: int, max_staleness: int) -> int:
+def train_by_step(loaded_version: int, max_staleness: int) -> int:
     """The last train step at which work started under ``loaded_version`` may be used."""
     return loaded_version + max_staleness + 1
 
 
-def admission_capacity(due: Mapping[int, int], steps_done: int, batch: int, deadline: int) -> int:
-    """How many more groups with ``deadline`` fit beside the ``due`` ones (deadline -> count)."""
-    if deadline <= steps_done:
+def admission_capacity(due: Mapping[int, int], steps_done: int, batch: int, train_by: int) -> int:
+    """How many more groups with ``train_by`` fit beside the ``due`` ones (step -> count)."""
+    if train_by <= steps_done:
         return 0
-    due_by = sum(count for d, count in due.items() if d <= deadline)
-    room = (deadline - steps_done) * batch - due_by
-    for later in sorted(d for d in due if d > deadline):
+    due_by = sum(count for d, count in due.items() if d <= train_by)
+    room = (train_by - steps_done) * batch - due_by
+    for later in sorted(d for d in due if d > train_by):
         due_by += due[later]
         room = min(room, (later - steps_done) * batch - due_by)
     return max(room, 0)
@@ -46,7 +46,7 @@ def step_keeps_promises(
 ) -> bool:
     """Whether a step now, taking the ``batch`` ready groups due soonest, strands no one.
 
-    After the step, the groups due by each deadline ``d`` must fit in the ``d - step``
+    After the step, the groups due by each train-by step ``d`` must fit in the ``d - step``
     steps left, so the step must take at least ``due_by(d) - (d - step) * batch`` of them,
     and it can take ``min(batch, ready_by(d))``.
     """

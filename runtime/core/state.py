@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import records as r
 from .effects import GroupsAdded, LockGranted, Notice, Transition, VersionLoaded, VersionPublished
 from .pipeline import Gate, GroupState, Pipeline, Stage
-from .records import Op
 
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
 
@@ -32,7 +32,7 @@ class Group:
     done: set[str] = field(default_factory=set)  # branches finished at the current state
     leases: dict[str, int] = field(default_factory=dict)  # role -> lease now working on it
     attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
-    step_deadline: int | None = None  # the last train step the staleness bound allows
+    train_by: int | None = None  # the last train step the staleness bound allows
     behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
     reason: str | None = None  # why it died
     data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
@@ -45,7 +45,7 @@ class Lease:
     role: str
     source: GroupState
     worker: str
-    deadline: float
+    expires_at: float  # runs out then unless renewed, on the scheduler's clock
     gids: set[int]
     version: int | None = None  # admitted work: the version the generator had loaded
     locks: dict[int, str] = field(default_factory=dict)  # token -> resource
@@ -79,7 +79,7 @@ class CoreState:
         self.fence = 0
         self.steps_done = 0
         self.policy_version = 0
-        self.due: Counter[int] = Counter()  # step_deadline -> alive, untrained groups
+        self.due: Counter[int] = Counter()  # train_by -> alive, untrained groups
         self.due_ready: Counter[int] = Counter()  # the same, among groups the trainer may take
         self.counts: Counter[GroupState] = Counter()
         self.epoch = 0  # restarts so far: the high bits of every fence and lease id
@@ -96,30 +96,33 @@ class CoreState:
         self._expiry: list[tuple[float, int]] = []
         self.step_source = pipeline.gated(Gate.STEP).source
         self._admit_working = pipeline.gated(Gate.ADMIT).working
-        self._handlers: dict[int, Callable[..., None]] = {
-            Op.REGISTER: self._register,
-            Op.LEAVE: self._leave,
-            Op.LOADED: self._loaded,
-            Op.ADD: self._add,
-            Op.LEASE: self._lease,
-            Op.RENEW: self._renew,
-            Op.COMPLETE: self._complete,
-            Op.FAIL: self._fail,
-            Op.KILL: self._kill,
-            Op.PUBLISH: self._publish,
-            Op.GRANT: self._grant,
-            Op.WAIT: self._wait,
-            Op.UNLOCK: self._unlock,
-            Op.RESUME: self._resume,
-            Op.LOSE: self._lose,
+        self._handlers: dict[type, Callable[..., None]] = {
+            r.Registered: self._register,
+            r.Left: self._leave,
+            r.Loaded: self._loaded,
+            r.Added: self._add,
+            r.LeaseGranted: self._lease,
+            r.Renewed: self._renew,
+            r.Completed: self._complete,
+            r.Failed: self._fail,
+            r.Killed: self._kill,
+            r.Published: self._publish,
+            r.Granted: self._grant,
+            r.Waiting: self._wait,
+            r.Unlocked: self._unlock,
+            r.Resumed: self._resume,
+            r.Lost: self._lose,
         }
         # per role: the roles whose payloads derive from its own (itself included), which a
         # lost payload of that role takes down with it
         self.derived = {s.role: _derived_roles(pipeline, s) for s in pipeline.stages}
         self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
 
-    def apply(self, record: Sequence[Any]) -> None:
-        self._handlers[record[0]](*record[1:])
+    def apply(self, record: r.Record | Sequence[Any]) -> None:
+        """Apply one record: a named one, or a journal entry ``[opcode, *fields]``."""
+        if type(record) not in self._handlers:
+            record = r.from_journal(record)
+        self._handlers[type(record)](*record)
         for (source, target, reason), gids in self._moves.items():
             self.notices.append(Transition(source, target, tuple(gids), reason))
         self._moves.clear()
@@ -135,16 +138,16 @@ class CoreState:
 
     def offer(self, group: Group) -> None:
         gid = group.gid
-        for heap, by_deadline in self._fanout[group.state]:
-            heapq.heappush(heap, ((group.step_deadline, gid) if by_deadline else gid, gid))
+        for heap, by_train_by in self._fanout[group.state]:
+            heapq.heappush(heap, ((group.train_by, gid) if by_train_by else gid, gid))
 
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
-        source, deadline = group.state, group.step_deadline
-        if deadline is not None:
+        source, train_by = group.state, group.train_by
+        if train_by is not None:
             if source == self.step_source:
-                _bump(self.due_ready, deadline, -1)
+                _bump(self.due_ready, train_by, -1)
             elif target == self.step_source:
-                _bump(self.due_ready, deadline, 1)
+                _bump(self.due_ready, train_by, 1)
         counts = self.counts
         counts[source] -= 1
         counts[target] += 1
@@ -190,30 +193,30 @@ class CoreState:
         role: str,
         source: str,
         worker: str,
-        deadline: float,
+        expires_at: float,
         gids: Sequence[int],
         version: int | None,
-        step_deadline: int | None,
+        train_by: int | None,
     ) -> None:
         stage = self.pipeline.stage_at(GroupState(source), role)
-        lease = Lease(lid, fence, role, stage.source, worker, deadline, set(gids), version)
+        lease = Lease(lid, fence, role, stage.source, worker, expires_at, set(gids), version)
         self.leases[lid] = lease
         self.next_lid = lid + 1
         self.fence = max(self.fence, fence)
-        heapq.heappush(self._expiry, (deadline, lid))
+        heapq.heappush(self._expiry, (expires_at, lid))
         for gid in gids:
             group = self.groups[gid]
             group.leases[role] = lid
-            if step_deadline is not None:
-                group.step_deadline = step_deadline
-                _bump(self.due, step_deadline, 1)
+            if train_by is not None:
+                group.train_by = train_by
+                _bump(self.due, train_by, 1)
             if stage.working is not None:
                 self._move(group, stage.working)
 
-    def _renew(self, lids: Sequence[int], deadline: float) -> None:
+    def _renew(self, lids: Sequence[int], expires_at: float) -> None:
         for lid in lids:
-            self.leases[lid].deadline = deadline
-            heapq.heappush(self._expiry, (deadline, lid))
+            self.leases[lid].expires_at = expires_at
+            heapq.heappush(self._expiry, (expires_at, lid))
 
     def _complete(
         self, lid: int, gids: Sequence[int], behaviour: Sequence | None, data: Sequence | None
@@ -241,7 +244,7 @@ class CoreState:
         if stage.gate is not Gate.STEP:
             self._move(group, stage.target)
             return
-        self._forget_deadline(group)
+        self._forget_train_by(group)
         self._move(group, stage.target)
         # Trained groups leave the table (their transition was journaled and published):
         # snapshots then hold the work in flight, however long the run.
@@ -259,7 +262,7 @@ class CoreState:
                 group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
             if group.state != lease.source:
                 if group.state == self._admit_working:
-                    self._forget_deadline(group)  # it will be admitted afresh
+                    self._forget_train_by(group)  # it will be admitted afresh
                 self._move(group, lease.source, reason)
             else:
                 self.offer(group)
@@ -273,7 +276,7 @@ class CoreState:
             group.leases.clear()
             group.done.clear()
             group.reason = reason
-            self._forget_deadline(group)
+            self._forget_train_by(group)
             self._move(group, DEAD, reason)
 
     def _lose(self, lid: int, gid: int, role: str, reason: str) -> None:
@@ -293,7 +296,7 @@ class CoreState:
         if stage.working is not None:  # made again from its source state, admitted afresh
             group.done.clear()
             group.behaviour = None
-            self._forget_deadline(group)
+            self._forget_train_by(group)
             self._move(group, stage.source, reason)
         elif group.state == stage.source:  # its sibling branches are still running
             group.done.discard(role)
@@ -303,13 +306,13 @@ class CoreState:
             group.done = siblings - derived
             self._move(group, stage.source, reason)
 
-    def _forget_deadline(self, group: Group) -> None:
-        if group.step_deadline is None:
+    def _forget_train_by(self, group: Group) -> None:
+        if group.train_by is None:
             return
-        _bump(self.due, group.step_deadline, -1)
+        _bump(self.due, group.train_by, -1)
         if group.state == self.step_source:
-            _bump(self.due_ready, group.step_deadline, -1)
-        group.step_deadline = None
+            _bump(self.due_ready, group.train_by, -1)
+        group.train_by = None
 
     def _resume(self, epoch: int) -> None:
         # A crash may lose the journal's unsynced tail, and with it grants that workers
@@ -337,23 +340,23 @@ class CoreState:
         for token, name in list(lease.locks.items()):
             self._unlock(name, token)
 
-    def _grant(self, name: str, lid: int, token: int) -> None:
-        self.resources[name].holders[token] = lid
-        self.leases[lid].locks[token] = name
+    def _grant(self, resource: str, lid: int, token: int) -> None:
+        self.resources[resource].holders[token] = lid
+        self.leases[lid].locks[token] = resource
         self.fence = max(self.fence, token)
-        self.notices.append(LockGranted(name, lid, token))
+        self.notices.append(LockGranted(resource, lid, token))
 
-    def _wait(self, name: str, lid: int) -> None:
-        self.resources[name].waiting.append(lid)
+    def _wait(self, resource: str, lid: int) -> None:
+        self.resources[resource].waiting.append(lid)
 
-    def _unlock(self, name: str, token: int) -> None:
-        resource = self.resources[name]
-        lid = resource.holders.pop(token)
+    def _unlock(self, resource: str, token: int) -> None:
+        held = self.resources[resource]
+        lid = held.holders.pop(token)
         if lid in self.leases:
             del self.leases[lid].locks[token]
-        if resource.waiting:
+        if held.waiting:
             self.fence += 1  # the next in line takes the freed slot under a new fence
-            self._grant(name, resource.waiting.popleft(), self.fence)
+            self._grant(resource, held.waiting.popleft(), self.fence)
 
 
 def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
@@ -371,7 +374,7 @@ def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
 
 
 def _bump(counter: Counter[int], key: int, delta: int) -> None:
-    """Counts by deadline, without the zeros: the staleness checks walk every key."""
+    """Counts by train_by step, without the zeros: the staleness checks walk every key."""
     value = counter[key] + delta
     if value:
         counter[key] = value

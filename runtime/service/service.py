@@ -254,7 +254,7 @@ class SchedulerService:
         groups = self.core.state.groups
         items = tuple(lease_item(g, groups[g].key, groups[g].data) for g in grant.groups)
         return p.Lease(
-            grant.lease_id, grant.fence, grant.role, grant.deadline - now, grant.version, items
+            grant.lease_id, grant.fence, grant.role, grant.expires_at - now, grant.version, items
         )
 
     def _complete(self, m: p.Complete, now: float) -> p.Message:

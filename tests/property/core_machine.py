@@ -162,9 +162,9 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                 assert 1 <= len(gids) <= n
             if role == GENERATE:
                 assert grant.version == self.model.loaded[worker]
-            lease = ModelLease(grant.lease_id, grant.fence, role, worker, grant.deadline,
+            lease = ModelLease(grant.lease_id, grant.fence, role, worker, grant.expires_at,
                                set(gids), grant.version)  # fmt: skip
-            assert grant.deadline == self.now + LEASE_TIMEOUT
+            assert grant.expires_at == self.now + LEASE_TIMEOUT
             self.model.lease(lease)
 
         def _pick_lease(self, data: st.DataObject) -> ModelLease:
@@ -417,9 +417,7 @@ def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
         if not progressed and not model.leases:
             break
     left = [g for g in model.alive_untrained() if model.groups[g].state != "ready"]
-    stuck = {
-        g: (core.state.groups[g].state.value, core.state.groups[g].step_deadline) for g in left
-    }
+    stuck = {g: (core.state.groups[g].state.value, core.state.groups[g].train_by) for g in left}
     assert not left, f"groups stuck short of ready: {stuck}; {_pipeline_view(core)}"
     assert len(model.alive_untrained()) < model.batch, "a full batch was never trained"
     assert core.state.leases == {}

@@ -54,7 +54,7 @@ class ModelLease:
     fence: int
     role: str
     worker: str
-    deadline: float
+    expires_at: float
     gids: set[int]
     version: int | None
 
@@ -226,8 +226,8 @@ class PipelineModel:
         self.last_seen.pop(worker, None)
 
     def tick(self, now: float) -> None:
-        for lease in sorted(self.leases.values(), key=lambda x: (x.deadline, x.lid)):
-            if lease.deadline <= now and lease.lid in self.leases:
+        for lease in sorted(self.leases.values(), key=lambda x: (x.expires_at, x.lid)):
+            if lease.expires_at <= now and lease.lid in self.leases:
                 self.fail(lease.lid, sorted(lease.gids))
         for worker, seen in list(self.last_seen.items()):
             if seen + self.worker_timeout <= now:
@@ -237,4 +237,4 @@ class PipelineModel:
         self.last_seen[worker] = now
         for lease in self.leases.values():
             if lease.worker == worker:
-                lease.deadline = now + self.lease_timeout
+                lease.expires_at = now + self.lease_timeout
