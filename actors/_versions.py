@@ -2,8 +2,10 @@
 
 A generator (an actor that overrides ``on_version``) loads the newest published version
 between leases and reports it with LoadedVersion; events may drop, so an idle one also
-asks the scheduler's status now and then. A trainer (``publishes_versions``) announces the
-version its acknowledged steps make due (see _publishing.version_due). The worker does
+asks the scheduler's status now and then. A trainer (``publishes_versions``) announces each
+version its steps make due, as the step's reply (StepDone) names it; at start or after
+registering again it asks the scheduler's status what is due (see
+_publishing.version_due), since only that says whether weights are still held. The worker does
 the talking: this keeps what was heard and loaded and decides what to send, through the
 two calls it is given.
 """
@@ -109,11 +111,19 @@ class Versions:
                 self.publish_trained()
 
     def publish_trained(self) -> None:
-        """Announce the version the scheduler's status says is due (see version_due)."""
+        """Announce the version the scheduler's status says is due (see version_due).
+
+        For a trainer that starts or registers again, and so does not know whether the
+        scheduler still holds weights for the current version; after a step, the step's
+        reply says what is due (:meth:`publish`).
+        """
         summary = self._status()
         steps = None if summary is None else version_due(summary)
-        if steps is None:
-            return
+        if steps is not None:
+            self.publish(steps)
+
+    def publish(self, steps: int) -> None:
+        """Make version ``steps`` available (``on_publish``) and announce it."""
         try:
             message = publication(self.worker, steps, self.actor.on_publish(steps))
         except Exception:

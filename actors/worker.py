@@ -325,9 +325,9 @@ class Worker:
             self._holding = tuple(self._running)
             self._complete(lease, outcome)
 
-    def _complete(self, lease: p.Lease, outcome: Outcome) -> bool:
-        """Send ``outcome``'s Complete, large payloads kept here and referenced; True once
-        the scheduler took it."""
+    def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
+        """Send ``outcome``'s Complete, large payloads kept here and referenced; the
+        scheduler's reply once it took it, else None."""
         activity = {"busy_s": round(self._busy_s, 6), "tokens": outcome.tokens}
         self._busy_s = 0.0
         metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
@@ -402,24 +402,25 @@ class Worker:
             return
         self._busy_s += time.perf_counter() - started
         self._send_reports()
-        if self._complete(lease, outcome) and self.actor.publishes_versions:
-            self._versions.publish_trained()
+        taken = self._complete(lease, outcome)
+        if isinstance(taken, p.StepDone) and self.actor.publishes_versions:
+            self._versions.publish(taken.version)  # the reply says which: no Status needed
 
-    def _settle(self, message: p.Complete | p.Fail) -> bool:
-        """Send a lease's end; True once the scheduler took it."""
+    def _settle(self, message: p.Complete | p.Fail) -> p.Ack | p.StepDone | None:
+        """Send a lease's end; the scheduler's reply once it took it, else None."""
         reply = self._call(message)
-        if isinstance(reply, p.Ack):
+        if isinstance(reply, p.Ack | p.StepDone):
             self._settled += 1
-            return True
+            return reply
         if isinstance(reply, p.Error) and reply.code in _LEASE_ENDED:
             self._log.warning("result dropped: lease ended", lease=message.lease_id)
-            return False
+            return None
         self._log.error("result refused", lease=message.lease_id, reply=_describe(reply))
         if isinstance(message, p.Complete):
             # Give the groups back now: heartbeats would otherwise keep the lease alive.
             reason = f"result refused: {_describe(reply)}"[:_MAX_REASON]
             self._settle(p.Fail(self.name, message.lease_id, message.fence, None, reason))
-        return False
+        return None
 
     def _feed(self, wanted: int) -> None:
         try:

@@ -50,6 +50,7 @@ __all__ = [
     "Shutdown",
     "Status",
     "StatusReply",
+    "StepDone",
     "Stop",
     "Unlock",
     "Want",
@@ -96,6 +97,7 @@ class Kind(IntEnum):
     SHUTDOWN = 50
     WEIGHTS_PLAN = 51
     DROP = 52
+    STEP_DONE = 53
     # scheduler -> everyone (PUB)
     EVENT = 60
 
@@ -432,6 +434,15 @@ class WeightsPlan(_Struct):
     source_address: bytes
 
 
+class StepDone(_Struct):
+    """Reply to a train step's Complete: taken, and ``version`` is the step count, the
+    version the trainer publishes next (no Status round trip to learn it)."""
+
+    KIND: ClassVar[Kind] = Kind.STEP_DONE
+    count: int
+    version: int
+
+
 class Drop(_Struct):
     """Reply to Held: the keys to free."""
 
@@ -481,5 +492,6 @@ Message = (
     | Shutdown
     | WeightsPlan
     | Drop
+    | StepDone
     | Event
 )

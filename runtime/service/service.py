@@ -277,6 +277,7 @@ class SchedulerService:
             self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
         if self.core.state.steps_done > steps_before:
             self._record_step(m, lease.worker if lease else m.worker, now)
+            return p.StepDone(reply.count, self.core.state.steps_done)
         return p.Ack(reply.count)
 
     def _record_step(self, m: p.Complete, worker: str, now: float) -> None:

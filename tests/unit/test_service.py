@@ -47,7 +47,7 @@ def one_step(service: SchedulerService, key: str, metrics: dict | None = None) -
     assert set(lease.items[0].data) == set(ROLES) - {"train"}
     result = (p.Result(gid, {}),)
     reply = service.handle(p.Complete("train", lease.lease_id, lease.fence, result, metrics), 0.0)
-    assert reply == p.Ack(1)
+    assert reply == p.StepDone(1, service.core.state.steps_done)  # the version to publish
 
 
 def test_a_run_writes_one_metrics_line_per_step_and_then_shuts_workers_down(

@@ -181,14 +181,22 @@ def test_the_trainer_publishes_the_step_count_after_each_acknowledged_step(
     stages = {"logp": {"logp": 1.0}, "ref_logp": {"ref": -2.0}, "reward": {"reward": 1.0}}
     batch_items = tuple(p.Item(i.gid, i.key, {**i.data, **stages}) for i in batch.items)
     step = p.Lease(1, 101, "train", 5.0, None, batch_items)
-    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
-    link = ScriptedLink({p.Claim: [step], p.Status: [_default(p.Status()), after]})
+    link = ScriptedLink({p.Claim: [step], p.Complete: [p.StepDone(2, 1)]})
     assert make_worker(Train(), link, cfg).run() == 0
-    assert link.kinds() == "Hello Status Claim Complete Status PublishVersion Claim Bye"
+    # Two round trips a step: the Complete's reply names the version due, so no Status
+    # between it and the PublishVersion (the one Status is the start's, to re-announce).
+    assert link.kinds() == "Hello Status Claim Complete PublishVersion Claim Bye"
     (done,) = link.of(p.Complete)
     assert done.metrics is not None
     assert done.metrics["groups"] == {"q000001": 3.0, "q000002": 3.0}
     assert link.of(p.PublishVersion) == [p.PublishVersion("train-0", 1)]
+
+
+def test_a_step_acknowledged_without_a_version_publishes_nothing(cfg: RunConfig) -> None:
+    """A plain Ack (no step counted: the lease had ended, say) is no reason to publish."""
+    link = ScriptedLink({p.Claim: [train_step()], p.Complete: [p.Ack(2)]})
+    assert make_worker(Train(), link, cfg).run() == 0
+    assert link.of(p.PublishVersion) == []
 
 
 def train_step() -> p.Lease:
@@ -208,8 +216,7 @@ class AnnouncingTrain(Train):
 
 
 def test_the_trainer_sends_its_announcement_with_the_version(cfg: RunConfig) -> None:
-    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
-    link = ScriptedLink({p.Claim: [train_step()], p.Status: [_default(p.Status()), after]})
+    link = ScriptedLink({p.Claim: [train_step()], p.Complete: [p.StepDone(2, 1)]})
     assert make_worker(AnnouncingTrain(), link, cfg).run() == 0
     assert link.of(p.PublishVersion) == [
         p.PublishVersion("train-0", 1, {"buckets": [[0, 8]]}, b"@t")
@@ -217,8 +224,7 @@ def test_the_trainer_sends_its_announcement_with_the_version(cfg: RunConfig) -> 
 
 
 def test_an_announcement_for_another_version_is_not_published(cfg: RunConfig) -> None:
-    after = p.StatusReply({"steps_done": 1, "policy_version": 0})
-    link = ScriptedLink({p.Claim: [train_step()], p.Status: [_default(p.Status()), after]})
+    link = ScriptedLink({p.Claim: [train_step()], p.Complete: [p.StepDone(2, 1)]})
     assert make_worker(AnnouncingTrain(announced_version=7), link, cfg).run() == 0
     assert link.of(p.PublishVersion) == []
 
