@@ -17,7 +17,7 @@ from asyncrl.transport import protocol as p
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
     from asyncrl.transport.weights.base import Announcement
 
-__all__ = ["Actor", "Outcome", "StreamingActor", "WorkerContext"]
+__all__ = ["Actor", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,3 +124,37 @@ class StreamingActor(Actor):
     def abandon(self) -> list[p.Lease]:
         """Drop every running lease and return them, so the worker can give them back."""
         raise NotImplementedError
+
+
+class OneLeaseAtATime(StreamingActor):
+    """A plain :class:`Actor` seen through the streaming contract, so the worker has one
+    loop: room for one lease of ``claim_size`` groups, and ``advance`` is its ``process``.
+
+    A ``process`` that raises leaves the lease held, so ``abandon`` hands it back.
+    """
+
+    def __init__(self, actor: Actor) -> None:
+        self.actor = actor
+        self.role = actor.role
+        self._lease: p.Lease | None = None
+
+    def capacity(self) -> int:
+        return 0 if self._lease is not None else self.actor.claim_size
+
+    def admit(self, lease: p.Lease) -> None:
+        assert self._lease is None, "one lease at a time"
+        self._lease = lease
+
+    def advance(self) -> list[tuple[p.Lease, Outcome]]:
+        assert self._lease is not None
+        outcome = self.actor.process(self._lease)
+        lease, self._lease = self._lease, None
+        return [(lease, outcome)]
+
+    @property
+    def busy(self) -> bool:
+        return self._lease is not None
+
+    def abandon(self) -> list[p.Lease]:
+        lease, self._lease = self._lease, None
+        return [] if lease is None else [lease]

@@ -9,15 +9,18 @@ talking. Role code never sees a socket, a retry or a heartbeat. The loop::
              → Want(k) → feed(k)       → AddGroups (the dataloader)
              → Shutdown                → Bye, exit 0
 
-A :class:`~.actor.StreamingActor` (the generator) gets another loop: claim while it has
-room, ``advance`` in between, complete each lease as soon as it is done. Beside either, a
-heartbeat thread renews the worker's leases. A generator (an actor that
-overrides ``on_version``) loads each published version between leases and reports it
-with LoadedVersion; a trainer (``publishes_versions``) announces the scheduler's step
-count as a version after each acknowledged step, with the weight plane's manifest and
-address when ``on_publish`` returns them (what to load and announce: _versions.py). An
-actor asks whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights →
-WeightsPlan), on the main thread.
+One loop serves every actor: it claims while the actor has room, ``advance``s in between,
+and completes each lease as soon as it is done. A :class:`~.actor.StreamingActor` (the
+generator) holds many leases at once; a plain actor is one of capacity one whose
+``advance`` is its ``process``. Before the actor sees a lease its referenced payloads are
+fetched; its results' large payloads stay here, referenced (_payloads.py). Beside the
+loop, a heartbeat thread renews the worker's leases and frees payloads nobody refers to
+any more. A generator (an actor that overrides ``on_version``) loads each published
+version between leases and reports it with LoadedVersion; a trainer
+(``publishes_versions``) announces the version each step's reply (StepDone) names, with
+the weight plane's manifest and address when ``on_publish`` returns them (what to load
+and announce: _versions.py). An actor asks whom to fetch weights from with
+``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread.
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
@@ -49,7 +52,7 @@ from asyncrl.transport.topics import Topic, topic
 from ._payloads import LostPayloads, WorkerPayloads
 from ._versions import Versions
 from ._versions import describe_reply as _describe
-from .actor import Actor, Outcome, StreamingActor, WorkerContext
+from .actor import Actor, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -257,21 +260,14 @@ class Worker:
     # --- the loop --------------------------------------------------------------------
 
     def _loop(self) -> None:
-        if isinstance(self.actor, StreamingActor):
-            self._stream(self.actor)
-            return
-        while not self._stopping:
-            self._take_events(0)
-            self._versions.announce_again_if_forgotten()
-            reply = self._call(p.Claim(self.name, self.role, self.actor.claim_size))
-            if isinstance(reply, p.Shutdown):
-                self._log.info("the scheduler says the run is over", reason=reply.reason)
-                return
-            self._handle(reply)
-        self._log.info("stopping, as asked")
+        """Claim while there is room, advance between claims, complete leases as they end.
 
-    def _stream(self, actor: StreamingActor) -> None:
-        """Claim while there is room, advance between claims, complete leases as they end."""
+        A plain actor runs here too, as a streaming actor of capacity one whose ``advance``
+        is its whole ``process`` (:class:`~.actor.OneLeaseAtATime`).
+        """
+        actor = (
+            self.actor if isinstance(self.actor, StreamingActor) else OneLeaseAtATime(self.actor)
+        )
         claim_again_at, run_over = 0.0, False
         while True:
             self._versions.announce_again_if_forgotten()
@@ -284,29 +280,38 @@ class Worker:
             if open_for_work and self.clock() >= claim_again_at and actor.capacity() > 0:
                 reply = self._call(p.Claim(self.name, self.role, actor.capacity()))
                 if isinstance(reply, p.Lease):
-                    self._holding = (*self._running, reply.lease_id)
-                    lease = self._resolved(reply)
-                    if lease is not None:
-                        actor.admit(lease)
-                        self._running[lease.lease_id] = lease
-                    self._holding = tuple(self._running)
+                    self._admit(actor, reply)
                     continue  # there may be room for more
+                if isinstance(reply, p.Want) and reply.count > 0:
+                    self._feed(reply.count)
+                    continue
                 if isinstance(reply, p.Shutdown):
                     # Work in flight now would only be refused: hand it back and leave.
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
                     self._give_back(actor.abandon(), f"shutdown: {reply.reason}")
                     run_over = True
                 elif _is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
-                    self._versions.report_loaded()
+                    self._versions.report_loaded()  # the scheduler lost what we loaded
                 else:
+                    if not isinstance(reply, p.NoWork | p.Want):
+                        self._log.warning("claim not granted", reply=_describe(reply))
                     claim_again_at = self.clock() + self.pacing.poll_s
             if actor.busy:
                 self._advance(actor)
             elif not open_for_work:
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
-            else:
-                self._idle()
+            elif self._idle():
+                claim_again_at = 0.0
+
+    def _admit(self, actor: StreamingActor, lease: p.Lease) -> None:
+        """Hand ``lease`` to the actor once what it references is fetched."""
+        self._holding = (*self._running, lease.lease_id)
+        resolved = self._resolved(lease)
+        if resolved is not None:
+            actor.admit(resolved)
+            self._running[resolved.lease_id] = resolved
+        self._holding = tuple(self._running)
 
     def _advance(self, actor: StreamingActor) -> None:
         started = time.perf_counter()
@@ -314,7 +319,7 @@ class Worker:
             finished = actor.advance()
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
-            self._log.warning("streaming work failed", reason=reason, exc_info=True)
+            self._log.warning("work failed", reason=reason, exc_info=True)
             self._give_back(actor.abandon(), reason)
             return
         finally:
@@ -323,7 +328,9 @@ class Worker:
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
             self._holding = tuple(self._running)
-            self._complete(lease, outcome)
+            taken = self._complete(lease, outcome)
+            if isinstance(taken, p.StepDone) and self.actor.publishes_versions:
+                self._versions.publish(taken.version)  # the reply says which: no Status
 
     def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
         """Send ``outcome``'s Complete, large payloads kept here and referenced; the
@@ -354,29 +361,6 @@ class Worker:
                 self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
         self._holding = tuple(self._running)
 
-    def _handle(self, reply: p.Message) -> None:
-        match reply:
-            case p.Lease():
-                self._work(reply)
-            case p.Want(count) if count > 0:
-                self._feed(count)
-            case p.NoWork() | p.Want():
-                self._idle()
-            case p.Error(code) if code == Reason.BAD_VERSION and self._versions.loaded is not None:
-                self._versions.report_loaded()  # the scheduler lost what we loaded: say again
-            case _:
-                self._log.warning("claim not granted", reply=_describe(reply))
-                self._idle()
-
-    def _work(self, lease: p.Lease) -> None:
-        self._holding = (lease.lease_id,)
-        try:
-            resolved = self._resolved(lease)
-            if resolved is not None:
-                self._process(resolved)
-        finally:
-            self._holding = ()
-
     def _resolved(self, lease: p.Lease) -> p.Lease | None:
         """``lease`` with the payloads it references fetched; None if some could not be,
         in which case the lease was given back naming them, for their makers to redo."""
@@ -389,22 +373,6 @@ class Worker:
             with contextlib.suppress(_GaveUp, LinkClosed):
                 self._settle(fail)
             return None
-
-    def _process(self, lease: p.Lease) -> None:
-        started = time.perf_counter()
-        try:
-            outcome = self.actor.process(lease)
-        except Exception as error:
-            self._busy_s += time.perf_counter() - started
-            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
-            self._log.warning("lease failed", lease=lease.lease_id, reason=reason, exc_info=True)
-            self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
-            return
-        self._busy_s += time.perf_counter() - started
-        self._send_reports()
-        taken = self._complete(lease, outcome)
-        if isinstance(taken, p.StepDone) and self.actor.publishes_versions:
-            self._versions.publish(taken.version)  # the reply says which: no Status needed
 
     def _settle(self, message: p.Complete | p.Fail) -> p.Ack | p.StepDone | None:
         """Send a lease's end; the scheduler's reply once it took it, else None."""
@@ -438,10 +406,11 @@ class Worker:
             self._log.warning("groups not added", reply=_describe(reply))
             self._idle()
 
-    def _idle(self) -> None:
-        """Nothing to do now: wait for a wake-up (or the slow poll), then look again."""
-        self._take_events(self.pacing.poll_s)
+    def _idle(self) -> bool:
+        """Nothing to do now: wait for a wake-up (or the slow poll). True if woken."""
+        woken = self._take_events(self.pacing.poll_s)
         self._versions.check_if_due()
+        return woken
 
     def _take_events(self, timeout_s: float) -> bool:
         """Drain the events that came (waiting up to ``timeout_s`` for the first).

@@ -10,27 +10,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import ROLES, Cluster, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(150)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    made: list[Cluster] = []
-
-    def make(**sections: dict) -> Cluster:
-        made.append(Cluster(tmp_path, **sections))
-        return made[-1]
-
-    yield make  # type: ignore[misc]
-    for c in made:
-        c.stop_all()
 
 
 def unconsumed_rollouts(c: Cluster) -> bool:

@@ -8,7 +8,6 @@ run still ends with every group's result exactly once.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,19 +19,6 @@ from asyncrl.transport.zmq_link import ZmqLink
 from tests.support.cluster import ROLES, Cluster, free_port, wait_for
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    made: list[Cluster] = []
-
-    def make(**sections: dict) -> Cluster:
-        made.append(Cluster(tmp_path, **sections))
-        return made[-1]
-
-    yield make  # type: ignore[misc]
-    for c in made:
-        c.stop_all()
 
 
 def link_to(c: Cluster, name: str, keys_dir: Path | None = None) -> ZmqLink:

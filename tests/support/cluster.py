@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -183,11 +183,3 @@ def processes_mentioning(text: str) -> list[int]:
         if text in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
-
-
-def cluster_fixture(root: Path, **sections: Mapping[str, Any]) -> Iterator[Cluster]:
-    cluster = Cluster(root, **sections)
-    try:
-        yield cluster
-    finally:
-        cluster.stop_all()
