@@ -102,9 +102,11 @@ class Kind(IntEnum):
     EVENT = 60
 
 
-class _Struct(Struct, frozen=True, array_like=True, gc=False):
-    """Fields as a list, immutable, and outside the cycle collector (messages hold no
-    cycles; tracking thousands of small ones a second would cost collections)."""
+class _Struct(Struct, frozen=True, array_like=True, forbid_unknown_fields=True, gc=False):
+    """Fields as a list (a longer list than declared is refused), immutable, and outside
+    the cycle collector (messages hold no cycles; tracking thousands of small ones a second
+    would cost collections). A new field goes last, with a default, so that an older
+    sender's messages still decode."""
 
 
 def _finite(owner: str, name: str, value: float) -> None:
