@@ -24,7 +24,9 @@ from asyncrl.transport.dataplane import (
     PayloadServer,
     PayloadStore,
     PayloadsUnavailable,
+    image,
 )
+from asyncrl.transport.dataplane.store import default_shared_dir
 from asyncrl.transport.security import ClientKeys
 
 __all__ = ["LostPayloads", "WorkerPayloads", "serving_host"]
@@ -54,8 +56,10 @@ class WorkerPayloads:
         fetch_timeout_s: float,
         max_message_bytes: int,
         keys: ClientKeys | None = None,
+        shared_memory: bool = True,
     ) -> None:
-        self.store = PayloadStore(worker)
+        shared_dir = default_shared_dir() if shared_memory else None
+        self.store = PayloadStore(worker, shared_dir=shared_dir)
         self.inline_bytes = inline_bytes
         self._endpoint = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
         self._max_message_bytes = max_message_bytes
@@ -64,7 +68,10 @@ class WorkerPayloads:
         self._keys_of: dict[int, list[int]] = {}  # gid -> the keys kept for it
         self._lock = threading.Lock()  # _keys_of: stashed by the main thread, pruned by beats
         self.fetcher = PayloadFetcher(
-            timeout_s=fetch_timeout_s, max_message_bytes=max_message_bytes, keys=keys
+            timeout_s=fetch_timeout_s,
+            max_message_bytes=max_message_bytes,
+            keys=keys,
+            shared_dir=shared_dir,
         )
 
     # --- leases in -------------------------------------------------------------------
@@ -102,12 +109,12 @@ class WorkerPayloads:
         """``results`` with large payloads kept here and referenced; the keys kept."""
         out, keys = [], []
         for result in results:
-            blob = p.pack_payload(result.data) if result.data else b""
-            if len(blob) <= self.inline_bytes:
+            frames = p.payload_frames(result.data) if result.data else []
+            if not frames or image.size_of(frames) <= self.inline_bytes:
                 out.append(result)
                 continue
             self._serve()
-            ref = self.store.put_blob(blob)
+            ref = self.store.put_frames(frames)
             keys.append(ref.key)
             with self._lock:
                 self._keys_of.setdefault(result.gid, []).append(ref.key)
@@ -147,6 +154,7 @@ class WorkerPayloads:
         self.fetcher.close()
         if self._server is not None:
             self._server.close()
+        self.store.close()
 
     def _serve(self) -> None:
         if self._server is None:  # roles that never keep a payload never bind a port

@@ -92,6 +92,7 @@ def _run_worker(
             fetch_timeout_s=cfg.payloads.fetch_timeout_s,
             max_message_bytes=cfg.scheduler.max_message_mb << 20,
             keys=keys,  # with CURVE on the bus, payloads move under CURVE too
+            shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(actor, link, cfg, name=name, index=index, payloads=payloads)
         for signum in (signal.SIGTERM, signal.SIGINT):

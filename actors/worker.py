@@ -140,6 +140,7 @@ class Worker:
             inline_bytes=config.payloads.inline_bytes,
             fetch_timeout_s=config.payloads.fetch_timeout_s,
             max_message_bytes=config.scheduler.max_message_mb << 20,
+            shared_memory=config.payloads.shared_memory,
         )
         self._beats: threading.Thread | None = None
 
@@ -327,10 +328,16 @@ class Worker:
         self._send_reports()
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
+            taken = self._complete(lease, outcome)  # held, so renewed, until answered
             self._holding = tuple(self._running)
-            taken = self._complete(lease, outcome)
-            if isinstance(taken, p.StepDone) and self.actor.publishes_versions:
+            if not self.actor.publishes_versions:
+                continue
+            if isinstance(taken, p.StepDone):
                 self._versions.publish(taken.version)  # the reply says which: no Status
+            elif taken is None:
+                # The lease had ended: maybe an earlier try of this Complete was taken and
+                # its reply lost. Only the scheduler's status says whether a step is due.
+                self._versions.publish_trained()
 
     def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
         """Send ``outcome``'s Complete, large payloads kept here and referenced; the

@@ -117,6 +117,8 @@ __all__ = [
     "decode_with_id",
     "encode",
     "pack_payload",
+    "payload_frames",
+    "payload_from_frames",
     "request_id",
     "unpack_payload",
 ]
@@ -341,6 +343,38 @@ def _unwrap(hint: Any) -> Any:
     return hint
 
 
+# --- payloads as frames: the data plane's form -------------------------------------------
+
+
+def payload_frames(payload: Payload) -> list[bytes | memoryview]:
+    """``payload`` as frames: a MessagePack header, then each array's bytes (zero-copy),
+    exactly as arrays travel in a message."""
+    codec = _CODEC
+    codec.buffers = []
+    try:
+        return [codec.message.encode(payload), *codec.buffers]
+    finally:
+        codec.buffers = []
+
+
+def payload_from_frames(frames: Sequence[Any]) -> Payload:
+    """The payload of :func:`payload_frames`' frames, arrays as views on them; a
+    ProtocolError if they are not one."""
+    codec = _CODEC
+    codec.frames, codec.unused = frames[1:], set(range(1, len(frames)))
+    try:
+        payload = _FRAMED_PAYLOAD.decode(frames[0])
+    except ProtocolError:
+        raise
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as error:
+        raise ProtocolError(f"payload is not a map of str: {error}") from None
+    finally:
+        unused, codec.frames, codec.unused = codec.unused, (), set()
+    if unused:
+        raise ProtocolError(f"payload frames {sorted(unused)[:5]} are never used")
+    return payload
+
+
 # --- payloads at rest -------------------------------------------------------------------
 
 
@@ -362,6 +396,7 @@ def _stored_array(code: int, data: memoryview) -> Any:
 
 
 _PAYLOAD = msgspec.msgpack.Decoder(dict[str, Any], ext_hook=_stored_array)
+_FRAMED_PAYLOAD = msgspec.msgpack.Decoder(dict[str, Any], ext_hook=_array)
 _MESSAGES: tuple[type, ...] = typing.get_args(Message)
 _BY_KIND: dict[int, type] = {int(cls.KIND): cls for cls in _MESSAGES}
 _DECODERS = {kind: msgspec.msgpack.Decoder(cls, ext_hook=_array) for kind, cls in _BY_KIND.items()}

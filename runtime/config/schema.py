@@ -216,6 +216,13 @@ class PayloadsSection:
             "the scheduler"
         ),
     )
+    shared_memory: bool = field(
+        default=True,
+        metadata=doc(
+            "keep payloads in /dev/shm, so that readers on the holder's host map them "
+            "instead of fetching them (readers elsewhere fetch over ZeroMQ)"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

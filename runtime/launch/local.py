@@ -66,6 +66,16 @@ def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
             return Supervisor(specs, run.logs).run()
     finally:
         _release_shared_weights(cfg)
+        _release_shared_payloads()
+
+
+def _release_shared_payloads() -> None:
+    """Every process has ended: payloads a killed worker left in RAM go too."""
+    from asyncrl.transport.dataplane.store import default_shared_dir, sweep_stale
+
+    shared = default_shared_dir()
+    if shared is not None:
+        sweep_stale(shared)
 
 
 def _release_shared_weights(cfg: RunConfig) -> None:

@@ -109,6 +109,7 @@ class SchedulerService:
         self.draining: str | None = None  # why no new leases are handed out
         self.protocol_errors = 0
         self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
+        self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         self._handlers: dict[type, Callable[[Any, float], p.Message]] = {
             p.Hello: self._hello,
             p.Heartbeat: self._heartbeat,
@@ -149,6 +150,7 @@ class SchedulerService:
         next request is answered, and before asking the journal what a reply waits for.
         """
         handler = self._handlers.get(type(message))
+        self.requests[type(message).__name__] += 1
         if handler is None:
             return p.Error(
                 "bad_request", f"{type(message).__name__} is not a request to the scheduler"
@@ -450,6 +452,7 @@ class SchedulerService:
         summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
         summary["weights"] = self.routes.summary()
         summary["payload_stores"] = dict(self.stores)  # as each holder last reported
+        summary["requests"] = dict(self.requests)
         return summary
 
     # --- events ----------------------------------------------------------------------

@@ -56,6 +56,8 @@ from typing import Any
 
 import yaml
 
+from asyncrl.transport import protocol as p
+from asyncrl.transport.zmq_link import ZmqLink
 from tests.bench.payload_actors import PAYLOAD_ENV, ROLES, group_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,6 +175,7 @@ class Measurement:
     groups_per_s: float
     cpu_ms_per_group: float
     peak_rss_mib: float
+    requests_per_group: float | None = None  # the scheduler's own count, where it keeps one
 
 
 class ProcessProbe:
@@ -199,7 +202,15 @@ class ProcessProbe:
 class Run:
     """One pipeline: a scheduler and a worker per role, in their own run directory."""
 
-    def __init__(self, side: Side, root: Path, size: int, batch: int, total_steps: int) -> None:
+    def __init__(
+        self,
+        side: Side,
+        root: Path,
+        size: int,
+        batch: int,
+        total_steps: int,
+        busy_poll_us: int | None = None,
+    ) -> None:
         self.side = side
         self.root = root
         self.run_dir = root / "run"
@@ -208,7 +219,8 @@ class Run:
         self.env = child_env({PAYLOAD_ENV: str(size)})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.config = root / "run.yaml"
-        self.config.write_text(yaml.safe_dump(run_config(self.run_dir, size, batch, total_steps)))
+        config = run_config(self.run_dir, size, batch, total_steps, busy_poll_us)
+        self.config.write_text(yaml.safe_dump(config))
 
     def start(self) -> ProcessProbe:
         scheduler = self._spawn("scheduler", "asyncrl.runtime.cli.scheduler", "start")
@@ -287,24 +299,31 @@ class RunFailed(Exception):
         super().__init__(f"{what}\n--- log tail ---\n{log}")
 
 
-def run_config(run_dir: Path, size: int, batch: int, total_steps: int) -> dict[str, Any]:
-    # Today a train lease carries every payload of its batch in one message.
+def run_config(
+    run_dir: Path, size: int, batch: int, total_steps: int, busy_poll_us: int | None = None
+) -> dict[str, Any]:
+    # Before the data plane a train lease carried every payload of its batch in one message.
     largest = batch * group_bytes(size)
+    scheduler: dict[str, Any] = {
+        "control_port": 0,
+        "events_port": 0,
+        "max_message_mb": max(64, 2 * largest // 2**20 + 16),
+    }
+    if busy_poll_us is not None:  # a key both sides know
+        scheduler["busy_poll_us"] = busy_poll_us
     return {
         "run": {"dir": str(run_dir), "name": "payload-bench", "total_steps": total_steps},
         "pipeline": {"actors": ACTORS, "train_batch_groups": batch},
-        "scheduler": {
-            "control_port": 0,
-            "events_port": 0,
-            "max_message_mb": max(64, 2 * largest // 2**20 + 16),
-        },
+        "scheduler": scheduler,
     }
 
 
-def measure(side: Side, size: int, steps: int, batch: int, warmup: int) -> Measurement:
+def measure(
+    side: Side, size: int, steps: int, batch: int, warmup: int, busy_poll_us: int | None = None
+) -> Measurement:
     """Run the pipeline for ``warmup + steps`` steps and measure the last ``steps``."""
     with tempfile.TemporaryDirectory(prefix="asyncrl-payload-bench-") as tmp:
-        run = Run(side, Path(tmp), size, batch, warmup + steps)
+        run = Run(side, Path(tmp), size, batch, warmup + steps, busy_poll_us)
         try:
             probe = run.start()
             return _window(run, probe, size, batch, warmup, steps)
@@ -316,23 +335,44 @@ def _window(
     run: Run, probe: ProcessProbe, size: int, batch: int, warmup: int, steps: int
 ) -> Measurement:
     start_s = start_cpu = 0.0
+    start_requests = None
     if warmup == 0:
         start_cpu = probe.cpu_s()  # from the scheduler's start: its set-up counts
+        start_requests = requests_answered(run)
     for line in run.steps():
         step = line["step"]
         if step > warmup and line.get("payload_bytes") != batch * group_bytes(size):
             raise RunFailed(f"step {step} trained {line.get('payload_bytes')} payload bytes", "")
         if step == warmup:
             start_s, start_cpu = line["elapsed_s"], probe.cpu_s()
+            start_requests = requests_answered(run)
         if step == warmup + steps:
             cpu = probe.cpu_s() - start_cpu
             groups = steps * batch
+            end_requests = requests_answered(run)
+            per_group = None
+            if start_requests is not None and end_requests is not None:
+                per_group = (end_requests - start_requests - 1) / groups  # less our own ask
             return Measurement(
                 groups_per_s=groups / max(line["elapsed_s"] - start_s, 1e-9),
                 cpu_ms_per_group=1000 * cpu / groups,
                 peak_rss_mib=probe.peak_rss_mib(),
+                requests_per_group=per_group,
             )
     raise AssertionError("unreachable: steps() ends only by raising")
+
+
+def requests_answered(run: Run) -> int | None:
+    """How many requests the scheduler has answered, if it counts them (and speaks this
+    checkout's protocol): the work its CPU goes to, whatever the payloads weigh."""
+    if run.side.name != "after":
+        return None
+    where = json.loads((run.run_dir / "endpoints.json").read_text())
+    with ZmqLink(where["control"], where["events"], identity="bench-observer") as link:
+        reply = link.request(p.Status(), 10)
+    if not isinstance(reply, p.StatusReply) or "requests" not in reply.summary:
+        return None
+    return sum(reply.summary["requests"].values())
 
 
 # --- the report -------------------------------------------------------------------------
@@ -368,6 +408,11 @@ def _cell(value: float | None, spec: str) -> str:
 
 
 Results = dict[tuple[str, int], Measurement]
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def report(results: Results, sizes: list[int], steps: int, batch: int) -> None:
@@ -407,6 +452,20 @@ def report(results: Results, sizes: list[int], steps: int, batch: int) -> None:
         print(f"groups/s at {size_name(large)}, after / before: {speedup}")
     print("(the data plane's targets: after's 8MiB / 64KiB CPU ratio within 1.2x;")
     print(" groups/s at 8MiB at least 3x before's)")
+    counted = [(size, results[("after", size)]) for size in sizes if ("after", size) in results]
+    if any(m.requests_per_group for _, m in counted):
+        # The scheduler's work per group is its requests per group: what its CPU per group
+        # adds beyond them is each request costing more (caches and cores shared with
+        # workers moving the payloads), not work that grows with the payload.
+        print("\nafter: requests the scheduler answered per group, and its CPU per request")
+        for size, m in counted:
+            per_request = _cell(
+                m.requests_per_group and 1000 * m.cpu_ms_per_group / m.requests_per_group, ".0f"
+            )
+            print(
+                f"{size_name(size):>7}: {_cell(m.requests_per_group, '.2f')} requests/group, "
+                f"{per_request} µs CPU/request"
+            )
 
 
 # --- the command ------------------------------------------------------------------------
@@ -430,6 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per size and side (median)")
     parser.add_argument("--baseline-commit", default="4b420b3")
     parser.add_argument("--after-only", action="store_true", help="skip the baseline")
+    parser.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=None,
+        help="the scheduler's scheduler.busy_poll_us on both sides (default: the config's). "
+        "After a request it spins this long for the next one: CPU spent waiting, which "
+        "grows with the time between requests, not with the work per group",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_groups < 1 or args.warmup < 0 or args.repeats < 1:
         parser.error("--steps, --batch-groups and --repeats must be at least 1, --warmup 0")
@@ -449,7 +516,9 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for side in sides if repeat % 2 == 0 else sides[::-1]:
                 progress(f"{side.name} {size_name(size)} (run {repeat + 1}/{args.repeats}) ...")
-                m = measure(side, size, args.steps, args.batch_groups, args.warmup)
+                m = measure(
+                    side, size, args.steps, args.batch_groups, args.warmup, args.busy_poll_us
+                )
                 progress(
                     f"  {m.groups_per_s:.1f} groups/s, scheduler {m.cpu_ms_per_group:.2f} ms "
                     f"CPU/group, peak RSS {m.peak_rss_mib:.0f} MiB"
@@ -460,6 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                 statistics.median(m.groups_per_s for m in ms),
                 statistics.median(m.cpu_ms_per_group for m in ms),
                 statistics.median(m.peak_rss_mib for m in ms),
+                _median_or_none([m.requests_per_group for m in ms]),
             )
     report(results, args.sizes, args.steps, args.batch_groups)
     return 0

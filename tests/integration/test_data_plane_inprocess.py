@@ -41,16 +41,16 @@ def worker_of(workers: list[Worker], role: str) -> Worker:
 
 def rot_first(worker: Worker, count: int) -> list[p.PayloadRef]:
     """The next ``count`` payloads ``worker`` keeps have a flipped byte at rest."""
-    store, keep, rotted = worker.payloads.store, worker.payloads.store.put_blob, []
+    store, keep, rotted = worker.payloads.store, worker.payloads.store.put_frames, []
 
-    def put_blob(blob: bytes) -> p.PayloadRef:
-        ref = keep(blob)  # checksummed while intact
+    def put_frames(frames: list) -> p.PayloadRef:
+        ref = keep(frames)  # checksummed while intact
         if len(rotted) < count:
-            store._blobs[ref.key] = blob[:-1] + bytes([blob[-1] ^ 0xFF])
+            store._images[ref.key][-1] ^= 0xFF  # in shared memory: every reader sees it
             rotted.append(ref)
         return ref
 
-    store.put_blob = put_blob  # type: ignore[method-assign]
+    store.put_frames = put_frames  # type: ignore[method-assign]
     return rotted
 
 

@@ -58,6 +58,7 @@ def run_pipeline(
     actors: list[Actor],
     prepare: Callable[[InProcessHub], None] | None = None,
     timeout_s: float = RUN_TIMEOUT_S,
+    prepare_workers: Callable[[list[Worker]], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``actors`` as worker threads on one hub to the end; the scheduler's last status."""
     hub = InProcessHub(cfg)
@@ -65,6 +66,8 @@ def run_pipeline(
         if prepare is not None:
             prepare(hub)
         workers = _name_workers(hub, cfg, actors)
+        if prepare_workers is not None:
+            prepare_workers(workers)
         codes = _run_threads(workers, timeout_s)
         assert codes == {w.name: 0 for w in workers}
         return hub.service.status(hub.clock())
@@ -134,6 +137,42 @@ def test_the_demo_pipeline_trains_every_group_exactly(tmp_path: Path) -> None:
     check_every_value(cfg)
     check_staleness(status, cfg.pipeline.max_staleness)
     assert status["policy_version"] == STEPS  # the trainer published after every step
+
+
+class RecordingLink:
+    """A worker's link that keeps every request it carries."""
+
+    def __init__(self, link: Any) -> None:
+        self.link = link
+        self.sent: list[p.Message] = []
+
+    def request(self, message: p.Message, timeout_s: float) -> p.Message:
+        self.sent.append(message)
+        return self.link.request(message, timeout_s)
+
+    def __getattr__(self, name: str) -> Any:  # events and subscriptions: the link's own
+        return getattr(self.link, name)
+
+
+def test_a_train_step_costs_the_trainer_two_requests(tmp_path: Path) -> None:
+    """Complete, whose reply names the version due, then PublishVersion: no Status between
+    (there was one: three requests a step). Status once, at start, to announce again what
+    a restart may have lost."""
+    cfg = make_config(tmp_path)
+    recorders: list[RecordingLink] = []
+
+    def record_trainer(workers: list[Worker]) -> None:
+        (trainer,) = [w for w in workers if w.role == "train"]
+        trainer.link = RecordingLink(trainer.link)  # type: ignore[assignment]
+        recorders.append(trainer.link)  # type: ignore[arg-type]
+
+    run_pipeline(cfg, demo_actors(), prepare_workers=record_trainer)
+    (recorder,) = recorders
+    skip = p.Heartbeat | p.Claim | p.Held
+    kinds = [type(m).__name__ for m in recorder.sent if not isinstance(m, skip)]
+    assert kinds == ["Hello", "Status", *["Complete", "PublishVersion"] * STEPS, "Bye"]
+    published = [m.version for m in recorder.sent if isinstance(m, p.PublishVersion)]
+    assert published == list(range(1, STEPS + 1))
 
 
 class FailsOnce(Logp):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import msgspec
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ from asyncrl.transport.dataplane import (
     PayloadStore,
     PayloadsUnavailable,
 )
+from asyncrl.transport.dataplane.store import shared_path
 from asyncrl.transport.security import ClientKeys, keygen, load_client_keys
 
 MAX_BYTES = 64 << 20
@@ -75,7 +79,7 @@ def test_corrupt_bytes_are_refetched_then_refused(
     holder: PayloadStore, fetcher: PayloadFetcher
 ) -> None:
     ref = holder.put(payload(7))
-    holder._blobs[ref.key] = bytes(reversed(holder._blobs[ref.key]))  # rotted at rest
+    holder._images[ref.key][-200] ^= 0xFF  # rotted at rest
     with pytest.raises(PayloadsUnavailable) as caught:
         fetcher.fetch([ref])
     assert "checksum" in caught.value.failures[0].reason
@@ -96,15 +100,65 @@ def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetch
 
 def test_store_reports_only_acknowledged_keys_and_tracks_bytes() -> None:
     store = PayloadStore("w")
-    a, b = store.put_blob(b"x" * 100), store.put_blob(b"y" * 50)
+    a, b = store.put(payload(1, 100)), store.put(payload(2, 50))
     assert store.acknowledged() == ()
     store.acknowledge([a.key])
     assert store.acknowledged() == (a.key,)
-    assert store.stats().bytes == 150
-    assert store.discard([a.key, b.key, 999]) == 150
+    assert store.stats().bytes == a.size + b.size
+    assert store.discard([a.key, b.key, 999]) == a.size + b.size
     stats = store.stats()
-    assert (stats.payloads, stats.bytes, stats.peak_bytes) == (0, 0, 150)
+    assert (stats.payloads, stats.bytes, stats.peak_bytes) == (0, 0, a.size + b.size)
     assert store.acknowledged() == ()
+
+
+def test_a_reader_on_the_holders_host_maps_the_payload_without_asking(tmp_path: Path) -> None:
+    store = PayloadStore("generate-0", "tcp://127.0.0.1:9", shared_dir=tmp_path)  # no server
+    ref = store.put(payload(5, 100_000))
+    assert shared_path(tmp_path, ref.store, ref.key).stat().st_size == ref.size
+    reader = PayloadFetcher(timeout_s=0.5, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    try:
+        (got,) = reader.fetch([ref])
+        np.testing.assert_array_equal(got["ids"], np.arange(100_000, dtype=np.int32) + 5)
+        got["ids"][0] = -1  # copy-on-write: the reader's own page, not the holder's
+        assert reader.fetch([ref])[0]["ids"][0] == 5
+        assert (reader.mapped_bytes, reader.fetched_bytes) == (2 * ref.size, 0)
+    finally:
+        reader.close()
+    store.discard([ref.key])
+    assert not shared_path(tmp_path, ref.store, ref.key).exists()
+    store.close()
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_rotted_shared_file_is_asked_for_again_then_refused(tmp_path: Path) -> None:
+    store = PayloadStore("generate-0", shared_dir=tmp_path)
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    reader = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    try:
+        ref = store.put(payload(9))
+        store._images[ref.key][-200] ^= 0xFF  # the file's own page: a reader sees it too
+        with pytest.raises(PayloadsUnavailable) as caught:
+            reader.fetch([ref])
+        assert "checksum" in caught.value.failures[0].reason and reader.refetched == 1
+    finally:
+        reader.close()
+        server.close()
+        store.close()
+
+
+def test_a_new_store_removes_what_killed_stores_left_in_shared_memory(tmp_path: Path) -> None:
+    left = PayloadStore("generate-0", shared_dir=tmp_path)
+    left.put(payload(1))
+    (left.directory / "owner").write_text(str(_gone_pid()))
+    alive = PayloadStore("logp-0", shared_dir=tmp_path)  # this process: kept
+    PayloadStore("generate-1", shared_dir=tmp_path)
+    assert not left.directory.exists() and alive.directory.exists()
+
+
+def _gone_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_curve_admits_the_runs_workers_only(tmp_path) -> None:

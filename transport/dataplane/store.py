@@ -1,23 +1,74 @@
 """A worker's payloads, kept until the scheduler no longer refers to them.
 
-A payload enters with :meth:`PayloadStore.put` (packed once, checksummed) and is
-*pending* until the scheduler acknowledges the completion that refers to it: only
-acknowledged keys are reported in Held, so the scheduler never frees a key it has not yet
-journaled a reference to. A completion the scheduler refused frees its keys at once.
+A payload enters with :meth:`PayloadStore.put`: laid out once as an image (see image.py)
+and checksummed. Where the host has a RAM-backed ``/dev/shm``, the image is a file in the
+store's own directory there, so that readers on this host map it instead of fetching it
+(:func:`shared_path` says where); the server sends the same mapping to readers elsewhere.
+
+A key is *pending* until the scheduler answers the completion that refers to it: only
+answered keys are reported in Held, so the scheduler never frees a key before it has
+journaled its reference.
+
+A store's directory holds an ``owner`` file with its process id; a new store removes the
+directories of stores whose process is gone (a worker killed with -9 cannot clean up).
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
+import os
 import secrets
+import shutil
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import crc32c
 
 from .. import protocol as p
+from . import image
 
-__all__ = ["PayloadStore", "StoreStats"]
+__all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
+
+_PREFIX = "asyncrl-payloads-"
+_OWNER = "owner"
+
+
+def default_shared_dir() -> Path | None:
+    """RAM-backed shared memory, where this host has it (Linux: /dev/shm)."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+def shared_path(shared_dir: Path, store: str, key: int) -> Path:
+    """Where store ``store`` keeps payload ``key`` in ``shared_dir``."""
+    return shared_dir / f"{_PREFIX}{store}" / str(key)
+
+
+def sweep_stale(shared_dir: Path) -> int:
+    """Remove the store directories of processes that are gone; how many were removed."""
+    removed = 0
+    for directory in shared_dir.glob(f"{_PREFIX}*"):
+        try:
+            pid = int((directory / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # being made right now, or not ours
+        if pid != os.getpid() and not _alive(pid):
+            shutil.rmtree(directory, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,43 +82,67 @@ class StoreStats:
 class PayloadStore:
     """Payloads by key, shared by the worker's main thread and its server's thread."""
 
-    def __init__(self, holder: str, address: str = "") -> None:
+    def __init__(self, holder: str, address: str = "", shared_dir: Path | None = None) -> None:
         self.holder = holder
         self.address = address  # where the server answers; set once it is bound
         self.store_id = secrets.token_hex(8)  # a restarted process never reuses it
         self._lock = threading.Lock()
-        self._blobs: dict[int, bytes] = {}
+        self._images: dict[int, mmap.mmap | bytearray] = {}
         self._acknowledged: set[int] = set()
         self._next_key = 1
         self._bytes = 0
         self._peak = 0
         self._served = 0
+        self.directory: Path | None = None
+        if shared_dir is not None:
+            sweep_stale(shared_dir)
+            self.directory = shared_dir / f"{_PREFIX}{self.store_id}"
+            self.directory.mkdir(mode=0o700)
+            (self.directory / _OWNER).write_text(str(os.getpid()))
 
     def put(self, payload: p.Payload) -> p.PayloadRef:
-        """Keep ``payload``; the reference a consumer fetches it by."""
-        return self.put_blob(p.pack_payload(payload))
+        """Keep ``payload``; the reference a reader fetches it by."""
+        return self.put_frames(p.payload_frames(payload))
 
-    def put_blob(self, blob: bytes) -> p.PayloadRef:
-        checksum = crc32c.crc32c(blob)
+    def put_frames(self, frames: list[bytes | memoryview]) -> p.PayloadRef:
+        """Keep the payload ``frames`` encode (:func:`protocol.payload_frames`)."""
+        size = image.size_of(frames)
         with self._lock:
             key = self._next_key
             self._next_key += 1
-            self._blobs[key] = blob
-            self._bytes += len(blob)
-            self._peak = max(self._peak, self._bytes)
-        return p.PayloadRef(self.holder, self.address, self.store_id, key, len(blob), checksum)
-
-    def get(self, key: int) -> bytes | None:
+        kept = self._allocate(key, size)
+        image.write(frames, memoryview(kept))
+        checksum = crc32c.crc32c(kept)
         with self._lock:
-            blob = self._blobs.get(key)
-            if blob is not None:
-                self._served += 1
-            return blob
+            self._images[key] = kept
+            self._bytes += size
+            self._peak = max(self._peak, self._bytes)
+        return p.PayloadRef(self.holder, self.address, self.store_id, key, size, checksum)
+
+    def _allocate(self, key: int, size: int) -> mmap.mmap | bytearray:
+        if self.directory is None:
+            return bytearray(size)
+        path = self.directory / str(key)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)  # a fresh tmpfs file reads as zeros: padding is done
+            return mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def get(self, key: int) -> memoryview | None:
+        """The image of ``key`` for the server (a view: sending it copies nothing)."""
+        with self._lock:
+            kept = self._images.get(key)
+            if kept is None:
+                return None
+            self._served += 1
+            return memoryview(kept)
 
     def acknowledge(self, keys: Iterable[int]) -> None:
         """The scheduler journaled references to ``keys``: they may be reported as held."""
         with self._lock:
-            self._acknowledged.update(k for k in keys if k in self._blobs)
+            self._acknowledged.update(k for k in keys if k in self._images)
 
     def acknowledged(self) -> tuple[int, ...]:
         with self._lock:
@@ -75,20 +150,34 @@ class PayloadStore:
 
     def keys(self) -> set[int]:
         with self._lock:
-            return set(self._blobs)
+            return set(self._images)
 
     def discard(self, keys: Iterable[int]) -> int:
-        """Free ``keys`` (unknown ones are ignored). Returns how many bytes were freed."""
+        """Free ``keys`` (unknown ones are ignored). Returns how many bytes were freed.
+
+        A mapping still being sent, or mapped by a reader, stays valid until it is let go:
+        the file's name goes now, its pages when the last view does.
+        """
         freed = 0
         with self._lock:
             for key in keys:
-                blob = self._blobs.pop(key, None)
+                kept = self._images.pop(key, None)
                 self._acknowledged.discard(key)
-                if blob is not None:
-                    freed += len(blob)
+                if kept is None:
+                    continue
+                freed += len(kept)
+                if self.directory is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.directory / str(key))
             self._bytes -= freed
         return freed
 
+    def close(self) -> None:
+        """Free everything, the shared directory too."""
+        self.discard(self.keys())
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
     def stats(self) -> StoreStats:
         with self._lock:
-            return StoreStats(len(self._blobs), self._bytes, self._peak, self._served)
+            return StoreStats(len(self._images), self._bytes, self._peak, self._served)
