@@ -33,6 +33,7 @@ from .security import ClientKeys, ServerKeys
 
 __all__ = [
     "EVENTS_HWM",
+    "AdaptiveSpin",
     "BoundSockets",
     "WorkerSockets",
     "bind_scheduler_sockets",
@@ -366,3 +367,29 @@ def busy_poll(items: list[tuple[Any, int]], spin_s: float) -> list[tuple[Any, in
         ready = poll(items, 0)
         if ready or time.perf_counter() >= deadline:
             return ready
+
+
+class AdaptiveSpin:
+    """How long to busy-poll after serving: ``spin_s`` while the next request has lately
+    come within that time, nothing while it mostly has not.
+
+    A spin that times out is a core burnt for nothing, and on a host whose cores are shared
+    with the workers it is taken from them: with requests far apart (large payloads, slow
+    steps) the scheduler should sleep. Every gap between one turn's serving and the next
+    request is recorded, spun or not, so spinning resumes as soon as requests come close
+    together again.
+    """
+
+    def __init__(self, spin_s: float, *, memory: float = 0.9, threshold: float = 0.25) -> None:
+        self.spin_s = spin_s
+        self.memory = memory  # weight of the past in the running rate of caught requests
+        self.threshold = threshold  # spin while at least this share would have been caught
+        self.caught_rate = 1.0
+
+    def next_spin_s(self) -> float:
+        return self.spin_s if self.caught_rate >= self.threshold else 0.0
+
+    def record(self, gap_s: float) -> None:
+        """The next request came ``gap_s`` after the last turn's serving."""
+        caught = 1.0 if gap_s <= self.spin_s else 0.0
+        self.caught_rate = self.memory * self.caught_rate + (1 - self.memory) * caught

@@ -14,7 +14,9 @@ wait for an fsync (``ack_after: fsync``, or a batch queued behind a snapshot's d
 are held in order and released when the log thread reports progress (it writes to an
 eventfd the poller watches), so a slow fsync delays only those replies, never the loop.
 After a turn that served requests the loop polls without sleeping for ``busy_poll_s``
-before it sleeps (see sockets.busy_poll): an idle scheduler sleeps, a busy one stays awake.
+before it sleeps (see sockets.busy_poll), while the next request has lately come within
+that time (sockets.AdaptiveSpin): an idle scheduler sleeps, a busy one stays awake, and
+one whose requests come far apart does not burn a core waiting for them.
 
 Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on the PUB as
 ``[topic, header, *arrays]`` (see transport/protocol.py).
@@ -33,7 +35,7 @@ import structlog
 import zmq
 
 from asyncrl.transport import protocol as p
-from asyncrl.transport.sockets import busy_poll, recv_waiting, send_frames
+from asyncrl.transport.sockets import AdaptiveSpin, busy_poll, recv_waiting, send_frames
 
 from .service import ACKNOWLEDGES_DATA, SchedulerService
 
@@ -68,6 +70,7 @@ class SchedulerDaemon:
         self.ack_after = ack_after
         self.tick_interval_s = tick_interval_s
         self.busy_poll_s = busy_poll_s
+        self._spin = AdaptiveSpin(busy_poll_s)
         self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.auth_failures = auth_failures
@@ -87,10 +90,12 @@ class SchedulerDaemon:
         writer = self.service.durable.writer
         next_tick = self.clock()
         requests = False
+        served_at: float | None = None
         while True:
             # Right after serving, the next request is often on its way (a worker's complete
-            # follows its claim): wait for it awake for a moment rather than asleep.
-            spin = self.busy_poll_s if requests else 0.0
+            # follows its claim): wait for it awake for a moment rather than asleep, while
+            # that has lately paid (AdaptiveSpin).
+            spin = self._spin.next_spin_s() if requests else 0.0
             ready = busy_poll(watched, spin) or zmq.zmq_poll(watched, self._poll_ms(next_tick))
             woken = requests = False
             for which, _events in ready:
@@ -102,7 +107,10 @@ class SchedulerDaemon:
                 with contextlib.suppress(BlockingIOError):  # another read took it
                     os.eventfd_read(self.wake_fd)
             if requests:
+                if served_at is not None:
+                    self._spin.record(time.perf_counter() - served_at)
                 self._serve_batch()
+                served_at = time.perf_counter()
             now = self.clock()
             if now >= next_tick:
                 self.service.tick(now)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from asyncrl.transport.sockets import busy_poll
+from asyncrl.transport.sockets import AdaptiveSpin, busy_poll
 
 
 @pytest.fixture
@@ -55,3 +55,15 @@ def test_a_socket_with_a_message_waiting_is_seen():
         push.close(0)
     finally:
         ctx.term()
+
+
+def test_spinning_stops_while_requests_come_far_apart_and_resumes_when_they_come_close() -> None:
+    spin = AdaptiveSpin(200e-6)
+    assert spin.next_spin_s() == 200e-6  # until told otherwise, spinning pays
+    for _ in range(20):
+        spin.record(0.010)  # 10 ms apart: every spin would have timed out
+    assert spin.next_spin_s() == 0.0
+    for _ in range(5):
+        spin.record(50e-6)  # back to back again: caught while sleeping, spin again
+    assert spin.next_spin_s() == 200e-6
+    assert AdaptiveSpin(0.0).next_spin_s() == 0.0
