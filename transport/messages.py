@@ -149,7 +149,8 @@ class PayloadRef(_Struct):
 
     ``holder`` is the worker that made it, serving at ``address``; ``store`` names that
     process's store (a restarted holder has a new one); ``checksum`` is the CRC-32C of the
-    ``size`` bytes a fetch returns.
+    ``size`` bytes a fetch returns; ``host`` says which host's shared memory holds it, so
+    that a reader there knows at once when the holder's store is gone.
     """
 
     holder: str
@@ -158,6 +159,7 @@ class PayloadRef(_Struct):
     key: int
     size: int
     checksum: int
+    host: str = ""  # the holder's host identity when it keeps the payload in shared memory
 
 
 class Result(_Struct):

@@ -2,8 +2,8 @@
 
 The core keeps, per group and role, either a small payload's packed bytes (inline: a
 reference would cost more than the bytes) or a reference to where a worker keeps it,
-as a plain list ``[holder, address, store, key, size, checksum]`` so that it journals as
-it is. The scheduler never unpacks, copies or journals a referenced payload's bytes:
+as a plain list ``[holder, address, store, key, size, checksum, host]`` so that it
+journals as it is. The scheduler never unpacks, copies or journals a referenced payload's bytes:
 its cost per group is the same for 1 KiB and 100 MiB.
 """
 
@@ -24,7 +24,7 @@ def stored(result: p.Result) -> bytes | list[Any]:
     ref = result.ref
     if ref is None:
         return p.pack_payload(result.data)
-    return [ref.holder, ref.address, ref.store, ref.key, ref.size, ref.checksum]
+    return [ref.holder, ref.address, ref.store, ref.key, ref.size, ref.checksum, ref.host]
 
 
 def is_ref(kept: Any) -> bool:

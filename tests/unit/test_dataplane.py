@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import msgspec
@@ -91,10 +92,12 @@ def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetch
     server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
     ref = store.put(payload(1))
     server.close()
-    fetcher.timeout_s = 0.3
+    fetcher.connect_timeout_s = 0.3
+    started = time.monotonic()
     with pytest.raises(PayloadsUnavailable) as caught:
         fetcher.fetch([ref])
-    assert "did not answer in 0.3s" in caught.value.failures[0].reason
+    assert "no connection to its holder" in caught.value.failures[0].reason
+    assert time.monotonic() - started < fetcher.timeout_s  # not the whole fetch timeout
     assert ref.address not in fetcher._sockets
 
 
@@ -183,3 +186,23 @@ def test_curve_admits_the_runs_workers_only(tmp_path) -> None:
         for f in (member, stranger, plain):
             f.close()
         server.close()
+
+
+def test_a_reader_on_the_same_host_knows_at_once_when_the_holder_is_gone(tmp_path: Path) -> None:
+    """No waiting for a dead holder to answer: its store's directory went with it."""
+    store = PayloadStore("generate-0", "tcp://127.0.0.1:9", shared_dir=tmp_path)
+    kept, freed = store.put(payload(1)), store.put(payload(2))
+    store.discard([freed.key])
+    reader = PayloadFetcher(timeout_s=30.0, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    try:
+        with pytest.raises(PayloadsUnavailable) as caught:
+            reader.fetch([freed])
+        assert "no longer has it" in caught.value.failures[0].reason
+        store.close()  # what a killed holder's successor's sweep does
+        started = time.monotonic()
+        with pytest.raises(PayloadsUnavailable) as caught:
+            reader.fetch([kept])
+        assert time.monotonic() - started < 1.0
+        assert "store is gone" in caught.value.failures[0].reason
+    finally:
+        reader.close()

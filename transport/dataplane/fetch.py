@@ -24,6 +24,7 @@ import crc32c
 import zmq
 
 from .. import protocol as p
+from ..host import host_identity
 from ..security import ClientKeys
 from . import image
 from .store import shared_path
@@ -32,6 +33,7 @@ from .wire import REPLY, REQUEST, Code
 __all__ = ["FetchFailure", "PayloadFetcher", "PayloadsUnavailable"]
 
 _TRIES_WHEN_CORRUPT = 2
+_CONNECT_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ class PayloadFetcher:
         shared_dir: Path | None = None,
     ) -> None:
         self.timeout_s = timeout_s
+        # A live holder accepts a connection in milliseconds, also across hosts.
+        self.connect_timeout_s = min(timeout_s, _CONNECT_TIMEOUT_S)
         self.shared_dir = shared_dir  # where holders on this host keep their payloads
         self._max_message_bytes = max_message_bytes
         self._keys = keys
@@ -82,12 +86,17 @@ class PayloadFetcher:
 
     def fetch(self, refs: Sequence[p.PayloadRef]) -> list[p.Payload]:
         """The payloads behind ``refs``, in order; PayloadsUnavailable names what failed."""
-        blobs: list[memoryview | None] = [self._mapped(ref) for ref in refs]
+        blobs: list[memoryview | None] = [None] * len(refs)
         failures: list[FetchFailure] = []
         pending: dict[int, _Pending] = {}
         for index, ref in enumerate(refs):
-            if blobs[index] is None:
-                self._ask(pending, _Pending(index, ref))
+            local = self._mapped(ref)
+            if isinstance(local, memoryview):
+                blobs[index] = local
+            elif local is not None:  # on this host, and gone: no need to ask anyone
+                failures.append(FetchFailure(index, ref, local))
+            elif not self._ask(pending, _Pending(index, ref)):
+                failures.append(FetchFailure(index, ref, self._unreachable(ref.address)))
         deadline = time.monotonic() + self.timeout_s
         while pending:
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -107,15 +116,21 @@ class PayloadFetcher:
             raise PayloadsUnavailable(sorted(failures, key=lambda f: f.index))
         return payloads  # type: ignore[return-value]
 
-    def _mapped(self, ref: p.PayloadRef) -> memoryview | None:
+    def _mapped(self, ref: p.PayloadRef) -> memoryview | str | None:
         """``ref``'s image mapped from shared memory, if its holder keeps it on this host
-        and the bytes check out; else None (it is then fetched over ZeroMQ)."""
+        and the bytes check out; why it cannot be had, if its holder kept it on this host
+        and it is gone; else None (it is then fetched over ZeroMQ)."""
         if self.shared_dir is None:
             return None
+        path = shared_path(self.shared_dir, ref.store, ref.key)
         try:
-            fd = os.open(shared_path(self.shared_dir, ref.store, ref.key), os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
-            return None  # another host's, freed, or its holder restarted: ZeroMQ says which
+            if ref.host != host_identity():
+                return None  # kept elsewhere: ask its holder
+            if not path.parent.exists():  # a store's directory lives as long as its process
+                return "the holder's store is gone (its process ended)"
+            return "the holder no longer has it"
         try:
             if os.fstat(fd).st_size != ref.size or ref.size == 0:
                 return None
@@ -137,11 +152,23 @@ class PayloadFetcher:
 
     # --- one request, one reply ------------------------------------------------------
 
-    def _ask(self, pending: dict[int, _Pending], want: _Pending) -> None:
+    def _ask(self, pending: dict[int, _Pending], want: _Pending) -> bool:
+        """Send the request; False if no connection to the holder came up in time."""
+        socket = self._socket(want.ref.address)
+        # Only a connected holder is sent to (IMMEDIATE): a dead address is known within
+        # the connect timeout, not the whole fetch timeout. Connections come up in
+        # parallel, so only the first wait on a run of new holders is a real one.
+        if not socket.poll(int(self.connect_timeout_s * 1000), zmq.POLLOUT):
+            self._sockets.pop(want.ref.address).close(linger=0)
+            return False
         req_id = next(self._req_ids)
         header = REQUEST.pack(req_id, want.ref.key) + want.ref.store.encode()
-        self._socket(want.ref.address).send(header, copy=False)
+        socket.send(header, copy=False)
         pending[req_id] = want
+        return True
+
+    def _unreachable(self, address: str) -> str:
+        return f"no connection to its holder at {address} in {self.connect_timeout_s:g}s"
 
     def _poll(self, pending: dict[int, _Pending], timeout_ms: int) -> list[zmq.Socket]:
         poller = zmq.Poller()
@@ -199,6 +226,7 @@ class PayloadFetcher:
         if socket is None:
             socket = self._ctx.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
+            socket.setsockopt(zmq.IMMEDIATE, 1)
             socket.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
             if self._keys is not None:  # holders serve with the run's worker key pair
                 socket.setsockopt(zmq.CURVE_SERVERKEY, self._keys.public)

@@ -28,6 +28,7 @@ from pathlib import Path
 import crc32c
 
 from .. import protocol as p
+from ..host import host_identity
 from . import image
 
 __all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
@@ -117,7 +118,8 @@ class PayloadStore:
             self._images[key] = kept
             self._bytes += size
             self._peak = max(self._peak, self._bytes)
-        return p.PayloadRef(self.holder, self.address, self.store_id, key, size, checksum)
+        host = host_identity() if self.directory is not None else ""
+        return p.PayloadRef(self.holder, self.address, self.store_id, key, size, checksum, host)
 
     def _allocate(self, key: int, size: int) -> mmap.mmap | bytearray:
         if self.directory is None:

@@ -30,7 +30,6 @@ import itertools
 import mmap
 import os
 import re
-import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +37,8 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import structlog
+
+from ...host import host_identity
 
 __all__ = [
     "HEADER_BYTES",
@@ -71,15 +72,6 @@ class NoSpace(OSError):
 
 class Gone(LookupError):
     """The file no longer holds the version asked for (rewritten, removed, or torn)."""
-
-
-def host_identity() -> str:
-    """Who shares this host's /dev/shm: the host name and this boot of its kernel."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = "unknown-boot"
-    return f"{socket.gethostname()}/{boot}"
 
 
 def encode_address(directory: Path) -> bytes:
