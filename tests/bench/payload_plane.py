@@ -210,7 +210,9 @@ class Run:
         batch: int,
         total_steps: int,
         busy_poll_us: int | None = None,
+        scheduler_core: bool = False,
     ) -> None:
+        self.scheduler_core = scheduler_core
         self.side = side
         self.root = root
         self.run_dir = root / "run"
@@ -224,6 +226,7 @@ class Run:
 
     def start(self) -> ProcessProbe:
         scheduler = self._spawn("scheduler", "asyncrl.runtime.cli.scheduler", "start")
+        self._pin(scheduler, scheduler=True)
         deadline = time.monotonic() + 60
         while not (self.run_dir / "endpoints.json").exists():
             if scheduler.poll() is not None or time.monotonic() > deadline:
@@ -231,8 +234,16 @@ class Run:
             time.sleep(0.05)
         for role in ROLES:
             module = self.side.worker_module
-            self._spawn(f"{role}-0", module, "--role", role, "--index", "0")
+            self._pin(self._spawn(f"{role}-0", module, "--role", role, "--index", "0"))
         return ProcessProbe(scheduler.pid)
+
+    def _pin(self, proc: subprocess.Popen[bytes], scheduler: bool = False) -> None:
+        """With --scheduler-core: the scheduler alone on core 0, the workers on the rest.
+        Set at once after the start, before the process makes its threads, which inherit it."""
+        if not self.scheduler_core:
+            return
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(proc.pid, cores[:1] if scheduler else cores[1:])
 
     def _spawn(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
         with open(self.logs / f"{name}.log", "wb") as log:
@@ -319,11 +330,17 @@ def run_config(
 
 
 def measure(
-    side: Side, size: int, steps: int, batch: int, warmup: int, busy_poll_us: int | None = None
+    side: Side,
+    size: int,
+    steps: int,
+    batch: int,
+    warmup: int,
+    busy_poll_us: int | None = None,
+    scheduler_core: bool = False,
 ) -> Measurement:
     """Run the pipeline for ``warmup + steps`` steps and measure the last ``steps``."""
     with tempfile.TemporaryDirectory(prefix="asyncrl-payload-bench-") as tmp:
-        run = Run(side, Path(tmp), size, batch, warmup + steps, busy_poll_us)
+        run = Run(side, Path(tmp), size, batch, warmup + steps, busy_poll_us, scheduler_core)
         try:
             probe = run.start()
             return _window(run, probe, size, batch, warmup, steps)
@@ -490,6 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-commit", default="4b420b3")
     parser.add_argument("--after-only", action="store_true", help="skip the baseline")
     parser.add_argument(
+        "--scheduler-core",
+        action="store_true",
+        help="the scheduler alone on the first core, the workers on the others: its CPU "
+        "per group without the workers' memory traffic in its core's caches",
+    )
+    parser.add_argument(
         "--busy-poll-us",
         type=int,
         default=None,
@@ -517,7 +540,13 @@ def main(argv: list[str] | None = None) -> int:
             for side in sides if repeat % 2 == 0 else sides[::-1]:
                 progress(f"{side.name} {size_name(size)} (run {repeat + 1}/{args.repeats}) ...")
                 m = measure(
-                    side, size, args.steps, args.batch_groups, args.warmup, args.busy_poll_us
+                    side,
+                    size,
+                    args.steps,
+                    args.batch_groups,
+                    args.warmup,
+                    args.busy_poll_us,
+                    args.scheduler_core,
                 )
                 progress(
                     f"  {m.groups_per_s:.1f} groups/s, scheduler {m.cpu_ms_per_group:.2f} ms "
