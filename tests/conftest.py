@@ -1,13 +1,16 @@
-"""Hypothesis profiles: `ci` (the default, hundreds of examples) and `long` for a local soak.
-
-Choose with HYPOTHESIS_PROFILE=long.
+"""Hypothesis profiles: `ci` (the default, hundreds of examples) and `long` for a local soak
+(choose with HYPOTHESIS_PROFILE=long); and no payload left in shared memory after a run.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from asyncrl.transport.dataplane.store import default_shared_dir, sweep_stale
 
 settings.register_profile(
     "ci",
@@ -24,3 +27,13 @@ settings.register_profile(
     stateful_step_count=120,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_payloads_left_in_shared_memory() -> Iterator[None]:
+    """Tests kill workers outright; what their stores kept in /dev/shm goes at the end
+    (as ``asyncrl run`` does after its run), not when some later store happens to start."""
+    yield
+    shared = default_shared_dir()
+    if shared is not None:
+        sweep_stale(shared)
