@@ -19,6 +19,10 @@ list ``[opcode, field, ...]`` (:func:`to_journal`); :func:`from_journal` reads o
 Opcodes and field orders never change, so journals written by earlier versions replay; a
 record may gain a trailing field with a default (``Failed.counted``), which older entries
 simply lack.
+
+A new kind of record takes the next opcode in :class:`Op` (a number is never reused), a
+named tuple here listed in ``OPS`` and ``Record``, and a handler in ``CoreState`` taking
+its fields by name; a ``CoreState`` will not be built with a record left unhandled.
 """
 
 from __future__ import annotations

@@ -113,6 +113,9 @@ class CoreState:
             r.Resumed: self._resume,
             r.Lost: self._lose,
         }
+        unhandled = set(r.OPS) - self._handlers.keys()
+        if unhandled:  # the core could journal them, and nothing here would apply them
+            raise TypeError(f"no handler for {sorted(kind.__name__ for kind in unhandled)}")
         # per role: the roles whose payloads derive from its own (itself included), which a
         # lost payload of that role takes down with it
         self.derived = {s.role: _derived_roles(pipeline, s) for s in pipeline.stages}
@@ -120,7 +123,9 @@ class CoreState:
 
     def apply(self, record: r.Record | Sequence[Any]) -> None:
         """Apply one record: a named one, or a journal entry ``[opcode, *fields]``."""
-        if type(record) not in self._handlers:
+        # Only a plain list or tuple is a journal entry: a named record of a type with no
+        # handler must fail here, not be read as an entry whose first field is an opcode.
+        if type(record) in (list, tuple):
             record = r.from_journal(record)
         self._handlers[type(record)](*record)
         for (source, target, reason), gids in self._moves.items():

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import msgpack
+import pytest
 
 from asyncrl.runtime.core import records as r
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+from asyncrl.runtime.core.state import CoreState
 
 
 def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:
@@ -48,3 +53,39 @@ def test_opcodes_never_move() -> None:
         ("COMPLETE", 6), ("FAIL", 7), ("KILL", 8), ("PUBLISH", 9), ("GRANT", 10),
         ("WAIT", 11), ("UNLOCK", 12), ("LEAVE", 13), ("RESUME", 14), ("LOSE", 15),
     ]  # fmt: skip
+
+
+def test_fields_keep_their_journal_order() -> None:
+    """Entries are positional on disk: a field moved or renamed here misreads old journals."""
+    assert {r.OPS[kind].name: kind._fields for kind in r.OPS} == {
+        "REGISTER": ("worker", "role"),
+        "LEAVE": ("worker",),
+        "LOADED": ("worker", "version"),
+        "ADD": ("first_gid", "keys", "data"),
+        "LEASE": ("lid", "fence", "role", "source", "worker", "expires_at", "gids", "version",
+                  "train_by"),
+        "RENEW": ("lids", "expires_at"),
+        "COMPLETE": ("lid", "gids", "behaviour", "data"),
+        "FAIL": ("lid", "gids", "reason", "counted"),
+        "KILL": ("gids", "reason"),
+        "PUBLISH": ("version",),
+        "GRANT": ("resource", "lid", "token"),
+        "WAIT": ("resource", "lid"),
+        "UNLOCK": ("resource", "token"),
+        "RESUME": ("epoch",),
+        "LOSE": ("lid", "gid", "role", "reason"),
+    }  # fmt: skip
+
+
+def test_a_named_record_is_never_read_as_a_journal_entry() -> None:
+    """A record type the core cannot apply fails by name; its first field is no opcode."""
+
+    class Unknown(NamedTuple):
+        lid: int  # 1, which as an opcode would read as REGISTER
+
+    state = CoreState(DEFAULT_PIPELINE, {})
+    with pytest.raises(KeyError, match="Unknown"):
+        state.apply(Unknown(1))
+    state.apply([r.Op.REGISTER, "w", "logp"])  # a journal entry, as replay reads it
+    state.apply((r.Op.LOADED, "w", 2))  # and as the core drains it
+    assert (state.workers["w"].role, state.workers["w"].loaded) == ("logp", 2)
