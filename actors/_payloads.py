@@ -28,6 +28,7 @@ from asyncrl.transport.dataplane import (
 )
 from asyncrl.transport.dataplane.store import default_shared_dir
 from asyncrl.transport.security import ClientKeys
+from asyncrl.transport.sockets import tcp_endpoint
 
 __all__ = ["LostPayloads", "WorkerPayloads", "serving_host"]
 
@@ -61,7 +62,7 @@ class WorkerPayloads:
         shared_dir = default_shared_dir() if shared_memory else None
         self.store = PayloadStore(worker, shared_dir=shared_dir)
         self.inline_bytes = inline_bytes
-        self._endpoint = f"tcp://[{host}]:0" if ":" in host else f"tcp://{host}:0"
+        self._endpoint = tcp_endpoint(host, 0)  # a free port
         self._max_message_bytes = max_message_bytes
         self._keys = keys
         self._server: PayloadServer | None = None

@@ -199,13 +199,31 @@ _CODEC = _Codec()
 
 def encode(message: Message, req_id: int = 0) -> list[bytes | memoryview]:
     """Frames for ``message``: the header, then every array's bytes (zero-copy)."""
+    return _with_array_frames((PROTOCOL_VERSION, message.KIND, req_id, message))
+
+
+def _with_array_frames(value: Any) -> list[bytes | memoryview]:
+    """``value`` packed, then the bytes of each array in it as a frame of its own."""
     codec = _CODEC
     codec.buffers = []
     try:
-        header = codec.message.encode((PROTOCOL_VERSION, message.KIND, req_id, message))
-        return [header, *codec.buffers]
+        return [codec.message.encode(value), *codec.buffers]
     finally:
         codec.buffers = []  # holds no caller's array past this call
+
+
+def _from_array_frames(decoder: msgspec.msgpack.Decoder, packed: Any, arrays: Sequence[Any]) -> Any:
+    """``packed`` decoded, its array references resolved to views on ``arrays``; an array
+    frame it never names is a ProtocolError. msgspec's own errors pass through."""
+    codec = _CODEC
+    codec.frames, codec.unused = arrays, set(range(1, len(arrays) + 1))
+    try:
+        value = decoder.decode(packed)
+    finally:
+        unused, codec.frames, codec.unused = codec.unused, (), set()
+    if unused:
+        raise ProtocolError(f"array frames {sorted(unused)[:5]} are never used")
+    return value
 
 
 # --- decoding ---------------------------------------------------------------------------
@@ -231,21 +249,14 @@ def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
     decoder = _DECODERS.get(kind)
     if decoder is None:
         raise ProtocolError(f"unknown message kind {kind!r}", req_id)
-    codec = _CODEC
-    codec.frames, codec.unused = frames[1:], set(range(1, len(frames)))
     try:
-        message = decoder.decode(body)
+        return _from_array_frames(decoder, body, frames[1:]), req_id
     except ProtocolError as error:
         raise ProtocolError(str(error), req_id) from None
     except msgspec.ValidationError as error:
         raise ProtocolError(_describe(_BY_KIND[kind], str(error)), req_id) from None
     except (msgspec.DecodeError, RecursionError) as error:
         raise ProtocolError(f"body is not MessagePack: {error}", req_id) from None
-    finally:
-        unused, codec.frames, codec.unused = codec.unused, (), set()
-    if unused:
-        raise ProtocolError(f"array frames {sorted(unused)[:5]} are never used", req_id)
-    return message, req_id
 
 
 def request_id(frames: Sequence[Any]) -> int:
@@ -349,30 +360,16 @@ def _unwrap(hint: Any) -> Any:
 def payload_frames(payload: Payload) -> list[bytes | memoryview]:
     """``payload`` as frames: a MessagePack header, then each array's bytes (zero-copy),
     exactly as arrays travel in a message."""
-    codec = _CODEC
-    codec.buffers = []
-    try:
-        return [codec.message.encode(payload), *codec.buffers]
-    finally:
-        codec.buffers = []
+    return _with_array_frames(payload)
 
 
 def payload_from_frames(frames: Sequence[Any]) -> Payload:
     """The payload of :func:`payload_frames`' frames, arrays as views on them; a
     ProtocolError if they are not one."""
-    codec = _CODEC
-    codec.frames, codec.unused = frames[1:], set(range(1, len(frames)))
     try:
-        payload = _FRAMED_PAYLOAD.decode(frames[0])
-    except ProtocolError:
-        raise
+        return _from_array_frames(_FRAMED_PAYLOAD, frames[0], frames[1:])
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as error:
         raise ProtocolError(f"payload is not a map of str: {error}") from None
-    finally:
-        unused, codec.frames, codec.unused = codec.unused, (), set()
-    if unused:
-        raise ProtocolError(f"payload frames {sorted(unused)[:5]} are never used")
-    return payload
 
 
 # --- payloads at rest -------------------------------------------------------------------

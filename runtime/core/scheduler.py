@@ -280,9 +280,8 @@ class SchedulerCore:
         if not lost:
             self._fail_groups(lease, gids, f"{lease.role}: {reason}")
             return Accepted(len(gids))
-        for gid, role in dict.fromkeys((gid, role) for gid, role, _ in lost):
-            if gid in lease.gids:  # a group loses its first lost payload, not each
-                why = next(w for g, r, w in lost if (g, r) == (gid, role))
+        for gid, role, why in lost:
+            if gid in lease.gids:  # its first lost payload takes the group out of the lease
                 self._lose(lease, gid, role, f"{role} payload lost: {why}")
         rest = [g for g in gids if g in lease.gids]
         if rest:

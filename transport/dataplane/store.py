@@ -77,7 +77,6 @@ class StoreStats:
     payloads: int
     bytes: int
     peak_bytes: int
-    served: int  # fetches answered with bytes
 
 
 class PayloadStore:
@@ -93,7 +92,6 @@ class PayloadStore:
         self._next_key = 1
         self._bytes = 0
         self._peak = 0
-        self._served = 0
         self.directory: Path | None = None
         if shared_dir is not None:
             sweep_stale(shared_dir)
@@ -136,10 +134,7 @@ class PayloadStore:
         """The image of ``key`` for the server (a view: sending it copies nothing)."""
         with self._lock:
             kept = self._images.get(key)
-            if kept is None:
-                return None
-            self._served += 1
-            return memoryview(kept)
+            return None if kept is None else memoryview(kept)
 
     def acknowledge(self, keys: Iterable[int]) -> None:
         """The scheduler journaled references to ``keys``: they may be reported as held."""
@@ -182,4 +177,4 @@ class PayloadStore:
 
     def stats(self) -> StoreStats:
         with self._lock:
-            return StoreStats(len(self._images), self._bytes, self._peak, self._served)
+            return StoreStats(len(self._images), self._bytes, self._peak)
