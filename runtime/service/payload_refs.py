@@ -14,9 +14,9 @@ from typing import Any
 
 from asyncrl.transport import protocol as p
 
-__all__ = ["is_ref", "lease_item", "live_keys", "ref_of", "stored"]
+__all__ = ["holder_of", "is_ref", "lease_item", "live_keys", "stored"]
 
-_STORE, _KEY = 2, 3  # positions in a kept reference
+_HOLDER, _STORE, _KEY = 0, 2, 3  # positions in a kept reference
 
 
 def stored(result: p.Result) -> bytes | list[Any]:
@@ -31,8 +31,9 @@ def is_ref(kept: Any) -> bool:
     return isinstance(kept, list | tuple)
 
 
-def ref_of(kept: Any) -> p.PayloadRef:
-    return p.PayloadRef(*kept)
+def holder_of(kept: Any) -> str | None:
+    """The worker keeping a referenced payload; None for an inline one, or none at all."""
+    return kept[_HOLDER] if is_ref(kept) else None
 
 
 def lease_item(gid: int, key: str, data: dict[str, Any]) -> p.Item:
@@ -40,7 +41,7 @@ def lease_item(gid: int, key: str, data: dict[str, Any]) -> p.Item:
     inline, refs = {}, {}
     for role, kept in data.items():
         if is_ref(kept):
-            refs[role] = ref_of(kept)
+            refs[role] = p.PayloadRef(*kept)
         else:
             inline[role] = p.unpack_payload(kept)
     return p.Item(gid, key, inline, refs)

@@ -42,7 +42,7 @@ from asyncrl.transport.topics import Topic, topic
 from .activity import RoleActivity
 from .events import EventNumbering
 from .metrics import MetricsLog
-from .payload_refs import is_ref, lease_item, live_keys, ref_of, stored
+from .payload_refs import holder_of, lease_item, live_keys, stored
 from .reports import ReportLog, step_fields
 from .weight_routes import NoRoute, WeightRoutes
 
@@ -321,18 +321,20 @@ class SchedulerService:
     def _fail(self, m: p.Fail, _now: float) -> p.Message:
         gids = None if m.gids is None else list(m.gids)
         groups, lease = self.core.state.groups, self.core.state.leases.get(m.lease_id)
-        # A group another reader already reported is out of this lease: nothing to say.
-        lost = [x for x in m.lost if lease is not None and x.gid in lease.gids]
-        for x in lost:
-            if not is_ref(groups[x.gid].data.get(x.role)):  # only a reference can be lost
+        lost: list[tuple[p.LostPayload, str]] = []  # each report, with who held the payload
+        for x in m.lost:
+            if lease is None or x.gid not in lease.gids:
+                continue  # another reader reported it first: the group is out of this lease
+            holder = holder_of(groups[x.gid].data.get(x.role))
+            if holder is None:  # only a reference can be lost on its way
                 return p.Error(Reason.BAD_REQUEST, f"group {x.gid} has no {x.role} reference")
-        holders = {x.gid: ref_of(groups[x.gid].data[x.role]).holder for x in lost}
-        triples = [(x.gid, x.role, x.reason) for x in lost]
+            lost.append((x, holder))
+        triples = [(x.gid, x.role, x.reason) for x, _ in lost]
         reply = self.core.fail(m.lease_id, m.fence, gids, m.reason, triples)
         if isinstance(reply, Accepted):
             log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
-            for x in lost:
-                log.warning("payload lost", group=x.gid, role=x.role, holder=holders[x.gid],
+            for x, holder in lost:
+                log.warning("payload lost", group=x.gid, role=x.role, holder=holder,
                             reader=m.worker, reason=x.reason)  # fmt: skip
         return _reply(reply)
 
