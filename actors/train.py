@@ -51,7 +51,7 @@ class _Group:
     gid: int
     rollouts: RolloutsOut
     proximal: LogprobsOut
-    reference: LogprobsOut
+    reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
     rewards: np.ndarray
 
     @classmethod
@@ -60,7 +60,7 @@ class _Group:
             gid=item.gid,
             rollouts=RolloutsOut.of(item),
             proximal=LogprobsOut.of(item, Role.LOGP),
-            reference=LogprobsOut.of(item, Role.REF_LOGP),
+            reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
             rewards=RewardsOut.of(item).rewards,
         )
 
@@ -153,7 +153,7 @@ class Train(Actor):
             advantages.reshape(-1),
             packed.mask,
             self.loss_config,
-            ref_logp=_rows(groups, lambda g: g.reference.logprobs, width),
+            ref_logp=_reference_rows(groups, width),
             total_tokens=total_tokens,
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,
@@ -254,6 +254,12 @@ def _rows(groups: list[_Group], pick, width: int) -> torch.Tensor:
         out[row : row + a.shape[0], : a.shape[1]] = torch.tensor(a)  # a copy: frames are read-only
         row += a.shape[0]
     return out
+
+
+def _reference_rows(groups: list[_Group], width: int) -> torch.Tensor | None:
+    if any(g.reference is None for g in groups):
+        return None  # only the KL penalty reads them, and it is off
+    return _rows(groups, lambda g: g.reference.logprobs, width)
 
 
 def _mismatch(groups: list[_Group]) -> dict:

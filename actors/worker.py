@@ -42,9 +42,9 @@ from typing import Any
 import structlog
 
 from asyncrl.runtime.bus import ACTIVITY_KEY, finished_topics, wakeup_topics
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.core.pipeline import Pipeline
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
@@ -99,7 +99,7 @@ class Worker:
         *,
         name: str | None = None,
         pacing: Pacing = Pacing(),
-        pipeline: Pipeline = DEFAULT_PIPELINE,
+        pipeline: Pipeline | None = None,
         clock: Callable[[], float] = time.monotonic,
         index: int | None = None,
         payloads: WorkerPayloads | None = None,
@@ -111,7 +111,7 @@ class Worker:
         self.role = actor.role
         self.name = name or default_worker_name(self.role)
         self.pacing = pacing
-        self.pipeline = pipeline
+        self.pipeline = pipeline = pipeline or pipeline_for(config)
         self.clock = clock
         self._stop_requests = 0  # a plain counter: set from a signal handler
         self._done = threading.Event()  # the main loop has ended: the heartbeat thread ends

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.runtime.bus import next_port, read_endpoints
-from asyncrl.runtime.config import RunConfig, load_config
+from asyncrl.runtime.config import RunConfig, load_config, pipeline_for
 from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.core.status import summarize
 from asyncrl.runtime.durable import JournalExists, recover
 from asyncrl.runtime.journal import JournalCorrupt, JournalLocked
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.service.build import StagesChanged
 from asyncrl.runtime.service.process import serve
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
@@ -49,7 +50,7 @@ def _start(args: argparse.Namespace) -> int:
     configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         return serve(cfg, resume=args.resume)
-    except JournalExists as error:
+    except (JournalExists, StagesChanged) as error:
         raise UsageError(str(error)) from None
     except JournalLocked:
         raise UsageError(f"another scheduler is serving {cfg.run.dir}; stop it first") from None
@@ -129,7 +130,7 @@ def _inspect(args: argparse.Namespace) -> int:
         raise UsageError(f"{run.journal} does not exist: is {run.root} a run directory?")
     cfg = load_config(run.config) if run.config.exists() else RunConfig()
     try:
-        core, found = recover(run.journal, CoreSettings.from_config(cfg))
+        core, found = recover(run.journal, CoreSettings.from_config(cfg), pipeline_for(cfg))
     except JournalCorrupt as error:
         raise UsageError(f"{error}; the journal cannot be replayed past this point") from None
     summary: dict[str, Any] = summarize(core.state)

@@ -8,6 +8,7 @@ from .load import (
     dump_config,
     load_config,
 )
+from .pipeline import pipeline_for, workers_to_start
 from .schema import (
     WORKER_ROLES,
     AlgorithmSection,
@@ -42,4 +43,6 @@ __all__ = [
     "describe_fields",
     "dump_config",
     "load_config",
+    "pipeline_for",
+    "workers_to_start",
 ]

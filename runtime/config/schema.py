@@ -99,7 +99,12 @@ class AlgorithmSection:
         default=0.28, metadata=doc("PPO ratio clip above 1 (1 + clip_high)", min=0)
     )
     kl_coef: float = field(
-        default=0.0, metadata=doc("weight of the KL penalty to the reference model", min=0)
+        default=0.0,
+        metadata=doc(
+            "weight of the KL penalty to the reference model; 0: no penalty, and no "
+            "ref_logp stage runs",
+            min=0,
+        ),
     )
     kl_estimator: Literal["k1", "k3"] = field(default="k3", metadata=doc("KL estimator"))
     loss_agg: Literal["token", "sequence"] = field(

@@ -123,6 +123,21 @@ class Pipeline:
         """Every role a worker may serve: the entry role, then the stages' roles."""
         return tuple(str(role) for role in (self.entry_role, *self.roles))
 
+    def without(self, role: str) -> Pipeline:
+        """This table less ``role``'s stages: a branch whose result nobody reads is not run.
+
+        Only branch stages can go (an exclusive stage carries groups on to later states);
+        PipelineError otherwise.
+        """
+        dropped = self.for_role(role)
+        if not dropped:
+            raise PipelineError(f"no stage of role {role!r} to leave out")
+        for stage in dropped:
+            if stage.working is not None or len(self.consumers(stage.source)) < 2:
+                raise PipelineError(f"{stage}: only a branch stage can be left out")
+        kept = tuple(s for s in self.stages if s.role != role)
+        return Pipeline(kept, entry=self.entry, entry_role=self.entry_role)
+
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
         """Every (from, to) move a group may make, failures and deaths included."""
         for stage in self.stages:

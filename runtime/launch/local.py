@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from asyncrl.runtime.bus import read_endpoints
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
 
 from .progress import ProgressReporter
@@ -30,7 +30,7 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
     specs = [ChildSpec("scheduler", [*start, "--resume"] if resume else start, restart=False)]
-    for role, count in cfg.pipeline.workers.items():
+    for role, count in workers_to_start(cfg).items():
         for index in range(count):
             argv = [*python, WORKER_MODULE, "--role", role, "--index", str(index)]
             specs.append(ChildSpec(f"{role}-{index}", [*argv, *config_args], restart=True))

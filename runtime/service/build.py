@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from asyncrl.runtime.config import RunConfig, dump_config
+from asyncrl.runtime.config import RunConfig, dump_config, load_config, pipeline_for
 from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.durable import JournaledCore
 from asyncrl.runtime.journal import JournalWriter
@@ -15,7 +15,11 @@ from .metrics import MetricsLog
 from .reports import ReportLog
 from .service import RunPlan, SchedulerService
 
-__all__ = ["open_service"]
+__all__ = ["StagesChanged", "open_service"]
+
+
+class StagesChanged(ValueError):
+    """A resumed run would replay its journal through a different table of stages."""
 
 
 def open_service(
@@ -31,6 +35,8 @@ def open_service(
     """
     run = RunDir.of(cfg)
     run.root.mkdir(parents=True, exist_ok=True)
+    if resume and run.config.exists():
+        _check_same_stages(load_config(run.config), cfg)
     sched = cfg.scheduler
     writer_factory = partial(
         JournalWriter.open,
@@ -44,6 +50,7 @@ def open_service(
         CoreSettings.from_config(cfg),
         resume=resume,
         now=now,
+        pipeline=pipeline_for(cfg),
         writer_factory=writer_factory,
     )
     if not resume:
@@ -64,3 +71,14 @@ def open_service(
         max_message_bytes=sched.max_message_mb << 20,
         started_at=now,
     )
+
+
+def _check_same_stages(before: RunConfig, now: RunConfig) -> None:
+    was, will = pipeline_for(before).roles, pipeline_for(now).roles
+    if was != will:
+        raise StagesChanged(
+            f"the run started with the stages {', '.join(was)} and this configuration has "
+            f"{', '.join(will)} (algorithm.kl_coef decides whether ref_logp runs: it was "
+            f"{before.algorithm.kl_coef:g}, now {now.algorithm.kl_coef:g}); resume with the "
+            "same kl_coef, or start a new run"
+        )

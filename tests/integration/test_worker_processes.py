@@ -45,6 +45,7 @@ def test_worker_processes_run_the_demo_and_a_terminated_one_leaves_cleanly(tmp_p
         f"run: {{dir: {tmp_path / 'run'}, total_steps: {STEPS}}}\n"
         f"pipeline: {{train_batch_groups: {BATCH}, lease_timeout_s: 10,"
         " actors: asyncrl.actors.demo}\n"
+        "algorithm: {kl_coef: 0.01}\n"  # the demo runs every stage, ref_logp included
         "scheduler: {control_port: 0, events_port: 0, heartbeat_interval_s: 0.5}\n"
     )
     metrics = tmp_path / "run" / "metrics.jsonl"

@@ -46,6 +46,8 @@ class Cluster:
                 "lease_timeout_s": 5.0,
                 "actors": "asyncrl.actors.demo",  # exact results per group
             },
+            # The demo's table has every stage; ref_logp runs only under a KL penalty.
+            "algorithm": {"kl_coef": 0.01},
             "scheduler": {
                 "control_port": 0,
                 "events_port": 0,

@@ -79,3 +79,16 @@ def test_the_entry_role_is_declared_with_the_table() -> None:
 def test_bad_tables_name_the_problem(rows: tuple[Stage, ...], message: str) -> None:
     with pytest.raises(PipelineError, match=message):
         Pipeline(rows)
+
+
+def test_a_branch_nobody_reads_can_be_left_out_and_the_others_join_without_it() -> None:
+    table = DEFAULT_PIPELINE.without(Role.REF_LOGP)
+    assert [s.role for s in table.consumers(S.GENERATED)] == [Role.LOGP, Role.REWARD]
+    assert Role.REF_LOGP not in table.worker_roles
+    assert (S.GENERATED, S.READY) in set(table.edges())
+
+
+@pytest.mark.parametrize("role", [Role.GENERATE, Role.TRAIN, "critic"])
+def test_only_a_branch_stage_can_be_left_out(role: str) -> None:
+    with pytest.raises(PipelineError, match=role):
+        DEFAULT_PIPELINE.without(role)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.service.build import open_service
+from asyncrl.runtime.service.build import StagesChanged, open_service
 from asyncrl.runtime.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
@@ -21,6 +21,7 @@ def make(tmp_path: Path, resume: bool = False, **pipeline: object) -> SchedulerS
         {
             "run": {"dir": str(tmp_path), "total_steps": 2},
             "pipeline": {"train_batch_groups": 1, **pipeline},
+            "algorithm": {"kl_coef": 0.01},  # every stage runs, ref_logp included
         }
     )
     service = open_service(cfg, resume=resume, now=0.0)
@@ -48,6 +49,30 @@ def one_step(service: SchedulerService, key: str, metrics: dict | None = None) -
     result = (p.Result(gid, {}),)
     reply = service.handle(p.Complete("train", lease.lease_id, lease.fence, result, metrics), 0.0)
     assert reply == p.StepDone(1, service.core.state.steps_done)  # the version to publish
+
+
+def test_without_a_kl_penalty_no_ref_logp_stage_runs_and_groups_join_without_it(
+    tmp_path: Path,
+) -> None:
+    cfg = config_from_dict({"run": {"dir": str(tmp_path)}, "pipeline": {"train_batch_groups": 1}})
+    service = open_service(cfg, resume=False, now=0.0)
+    refused = service.handle(p.Hello("ref_logp", "ref_logp", p.PROTOCOL_VERSION, 1), 0.0)
+    assert isinstance(refused, p.Error)
+    for role in set(ROLES) - {"ref_logp"}:
+        assert isinstance(service.handle(p.Hello(role, role, p.PROTOCOL_VERSION, 1), 0.0), p.Ready)
+    service.handle(p.LoadedVersion("generate", 0), 0.0)
+    service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {"x": 1}),)), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    gid = lease.items[0].gid
+    done = (p.Result(gid, {"t": np.arange(3)}, (0, 0)),)
+    service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
+    for role in ("logp", "reward"):
+        lease = service.handle(p.Claim(role, role, 1), 0.0)
+        results = (p.Result(gid, {role: 1}),)
+        service.handle(p.Complete(role, lease.lease_id, lease.fence, results), 0.0)
+    lease = service.handle(p.Claim("train", "train", 1), 0.0)
+    assert isinstance(lease, p.Lease)
+    assert set(lease.items[0].data) == {"dataloader", "generate", "logp", "reward"}
 
 
 def test_a_run_writes_one_metrics_line_per_step_and_then_shuts_workers_down(
@@ -133,3 +158,12 @@ def test_stop_drains_no_new_leases_but_results_still_land(tmp_path: Path) -> Non
     assert service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
     assert service.idle
     service.durable.close()
+
+
+def test_a_resume_that_would_change_the_stages_is_refused_naming_kl_coef(tmp_path: Path) -> None:
+    service = make(tmp_path)  # started with kl_coef 0.01: ref_logp runs
+    service.durable.close()
+    service.close_files()
+    cfg = config_from_dict({"run": {"dir": str(tmp_path)}})
+    with pytest.raises(StagesChanged, match="kl_coef"):
+        open_service(cfg, resume=True, now=0.0)

@@ -1,0 +1,26 @@
+"""The stages a configuration runs: the default table, less what nobody would read.
+
+Reference log-probs only feed the KL penalty; with ``algorithm.kl_coef`` 0 no ``ref_logp``
+stage runs, so a group joins ``ready`` once logp and reward are done and no worker
+computes a forward pass whose result is thrown away.
+"""
+
+from __future__ import annotations
+
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline, Role
+
+from .schema import RunConfig
+
+__all__ = ["pipeline_for", "workers_to_start"]
+
+
+def pipeline_for(cfg: RunConfig) -> Pipeline:
+    if cfg.algorithm.kl_coef == 0:
+        return DEFAULT_PIPELINE.without(Role.REF_LOGP)
+    return DEFAULT_PIPELINE
+
+
+def workers_to_start(cfg: RunConfig) -> dict[str, int]:
+    """``pipeline.workers``, for the roles the run's pipeline has (the rest have no work)."""
+    roles = set(pipeline_for(cfg).worker_roles)
+    return {role: count for role, count in cfg.pipeline.workers.items() if role in roles}
