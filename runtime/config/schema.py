@@ -113,6 +113,15 @@ class AlgorithmSection:
     is_cap: float = field(
         default=5.0, metadata=doc("cap on the behaviour/proximal importance weight", min=1)
     )
+    proximal_logp: Literal["auto", "recompute"] = field(
+        default="auto",
+        metadata=doc(
+            "auto: logp reuses the generator's log-probs for a group generated wholly by the "
+            "version it holds (same model code and weights: they agree to about 1e-7), and "
+            "scores the rest; with backends.generate other than torch it always scores; "
+            "recompute: always score"
+        ),
+    )
     max_grad_norm: float = field(default=1.0, metadata=doc("gradient norm clip", exclusive_min=0))
     micro_batch_groups: int = field(
         default=4, metadata=doc("groups per micro-batch (gradient accumulation)", min=1)
