@@ -123,8 +123,11 @@ class AlgorithmSection:
         ),
     )
     max_grad_norm: float = field(default=1.0, metadata=doc("gradient norm clip", exclusive_min=0))
+    # Measured for the embedded model on one CPU thread: a step's forward and backward
+    # took 0.32 s in micro-batches of 4 groups (32 sequences), 0.26 s in 2 and 1 (their
+    # activations stay in cache); the gradient is the same sum either way.
     micro_batch_groups: int = field(
-        default=4, metadata=doc("groups per micro-batch (gradient accumulation)", min=1)
+        default=2, metadata=doc("groups per micro-batch (gradient accumulation)", min=1)
     )
     temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
 
