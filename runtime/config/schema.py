@@ -247,7 +247,13 @@ class BackendsSection:
     generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
     cpu_threads: int = field(
-        default=1, metadata=doc("torch threads per worker process on CPU", min=1)
+        default=1,
+        metadata=doc(
+            "torch threads per worker process on CPU; 0 = automatic: in a synchronous run "
+            "(pipeline.max_staleness 0) generate and train take turns, so each gets this "
+            "machine's cores shared among its workers; 1 for every other role and run",
+            min=0,
+        ),
     )
 
 
