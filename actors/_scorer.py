@@ -54,7 +54,7 @@ def tokens_of(lease: p.Lease) -> int:
     return sum(int(RolloutsOut.of(item).lengths.sum()) for item in lease.items)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_items(
     model: CausalLM, items: tuple[p.Item, ...], pad_id: int, temperature: float
 ) -> list[np.ndarray]:
