@@ -7,7 +7,8 @@ version its steps make due, as the step's reply (StepDone) names it; at start or
 registering again it asks the scheduler's status what is due (see
 _publishing.version_due), since only that says whether weights are still held. The worker does
 the talking: this keeps what was heard and loaded and decides what to send, through the
-two calls it is given.
+two calls it is given. Loading a version and staging one to publish are the worker's
+weights time (bus.TimeBucket.WEIGHTS).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.runtime.bus import TimeBucket
 from asyncrl.transport import protocol as p
 
 from ._publishing import publication, version_due
+from ._time_split import TimeSplit
 from .actor import Actor
 
 __all__ = ["Versions", "describe_reply"]
@@ -40,6 +43,7 @@ class Versions:
         clock: Callable[[], float],
         check_every_s: float,
         log: Any,
+        time_split: TimeSplit | None = None,
     ) -> None:
         self.actor = actor
         self.worker = worker
@@ -48,6 +52,7 @@ class Versions:
         self._clock = clock
         self._check_every_s = check_every_s
         self._log = log
+        self._time = time_split or TimeSplit()  # never started: measures nothing
         self.tracks = type(actor).on_version is not Actor.on_version
         self.loaded: int | None = None
         self._newest = 0  # the newest published version this worker has heard of
@@ -83,7 +88,8 @@ class Versions:
         if self.loaded is not None and self._newest <= self.loaded:
             return
         try:
-            loaded = self.actor.on_version(self._newest)
+            with self._time.spent_on(TimeBucket.WEIGHTS):
+                loaded = self.actor.on_version(self._newest)
         except Exception:
             self._log.exception("version not loaded", version=self._newest)
             return
@@ -125,7 +131,9 @@ class Versions:
     def publish(self, steps: int) -> None:
         """Make version ``steps`` available (``on_publish``) and announce it."""
         try:
-            message = publication(self.worker, steps, self.actor.on_publish(steps))
+            with self._time.spent_on(TimeBucket.WEIGHTS):
+                announcement = self.actor.on_publish(steps)
+            message = publication(self.worker, steps, announcement)
         except Exception:
             self._log.exception("version not published", version=steps)
             return

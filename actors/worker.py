@@ -26,6 +26,10 @@ Resilience: every request is retried on LinkTimeout with capped backoff (the sch
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
 fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
 the worker (``unknown_worker``) gets a new Hello, then the request again.
+
+Each Complete says where the loop's wall time went since the previous one (the role's
+work, waiting for work, the scheduler, payloads, weights: bus.TimeBucket, _time_split.py)
+and how many tokens the work covered; the scheduler turns these into per-role shares.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from typing import Any
 
 import structlog
 
-from asyncrl.runtime.bus import ACTIVITY_KEY, finished_topics, wakeup_topics
+from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket, finished_topics, wakeup_topics
 from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import Pipeline
@@ -50,6 +54,7 @@ from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
 from ._payloads import LostPayloads, WorkerPayloads
+from ._time_split import TimeSplit
 from ._versions import Versions
 from ._versions import describe_reply as _describe
 from .actor import Actor, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
@@ -117,15 +122,22 @@ class Worker:
         self._done = threading.Event()  # the main loop has ended: the heartbeat thread ends
         self._ready: p.Ready | None = None
         self._log = log.bind(worker=self.name, role=self.role)
+        self._time = TimeSplit()  # where the loop's time goes; each Complete carries it
         self._versions = Versions(
-            actor, self.name, self._call, self._status, clock, pacing.version_check_s, self._log
+            actor,
+            self.name,
+            self._call,
+            self._status,
+            clock,
+            pacing.version_check_s,
+            self._log,
+            self._time,
         )
         self._settled = 0  # leases completed or failed, as the scheduler took them
         # The lease being worked on: heartbeats renew only it, so a lease whose reply never
         # reached this worker runs out instead of being kept alive.
         self._holding: tuple[int, ...] = ()
         self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
-        self._busy_s = 0.0  # time in the actor's work since the last completion
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
         self._wakeups: tuple[str, ...] = ()  # topic prefixes that may mean work (set at start)
         # A later stage reads this role's results (the trainer's are the end of the line:
@@ -270,6 +282,7 @@ class Worker:
             self.actor if isinstance(self.actor, StreamingActor) else OneLeaseAtATime(self.actor)
         )
         claim_again_at, run_over = 0.0, False
+        self._time.start()
         while True:
             self._versions.announce_again_if_forgotten()
             if self._take_events(0):
@@ -310,21 +323,20 @@ class Worker:
         self._holding = (*self._running, lease.lease_id)
         resolved = self._resolved(lease)
         if resolved is not None:
-            actor.admit(resolved)
+            with self._time.spent_on(TimeBucket.COMPUTE):
+                actor.admit(resolved)
             self._running[resolved.lease_id] = resolved
         self._holding = tuple(self._running)
 
     def _advance(self, actor: StreamingActor) -> None:
-        started = time.perf_counter()
         try:
-            finished = actor.advance()
+            with self._time.spent_on(TimeBucket.COMPUTE):
+                finished = actor.advance()
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
             self._log.warning("work failed", reason=reason, exc_info=True)
             self._give_back(actor.abandon(), reason)
             return
-        finally:
-            self._busy_s += time.perf_counter() - started
         self._send_reports()
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
@@ -342,12 +354,14 @@ class Worker:
     def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
         """Send ``outcome``'s Complete, large payloads kept here and referenced; the
         scheduler's reply once it took it, else None."""
-        activity = {"busy_s": round(self._busy_s, 6), "tokens": outcome.tokens}
-        self._busy_s = 0.0
-        metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
         results, kept = outcome.results, ()
         if self._results_are_read:
-            results, kept = self.payloads.stash(outcome.results)
+            with self._time.spent_on(TimeBucket.PAYLOADS):
+                results, kept = self.payloads.stash(outcome.results)
+        # The time up to here; sending this Complete counts towards the next one.
+        spent = [round(s * 1e6) for s in self._time.take()]
+        activity = {"tokens": outcome.tokens, "us": spent}
+        metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
         message = p.Complete(self.name, lease.lease_id, lease.fence, results, metrics)
         try:
             return self._settle(message)
@@ -372,7 +386,8 @@ class Worker:
         """``lease`` with the payloads it references fetched; None if some could not be,
         in which case the lease was given back naming them, for their makers to redo."""
         try:
-            return self.payloads.resolve(lease)
+            with self._time.spent_on(TimeBucket.PAYLOADS):
+                return self.payloads.resolve(lease)
         except LostPayloads as missing:
             reason = str(missing)[:_MAX_REASON]
             self._log.warning("payloads unavailable", lease=lease.lease_id, reason=reason)
@@ -399,7 +414,8 @@ class Worker:
 
     def _feed(self, wanted: int) -> None:
         try:
-            groups = tuple(self.actor.feed(wanted))
+            with self._time.spent_on(TimeBucket.COMPUTE):
+                groups = tuple(self.actor.feed(wanted))
         except Exception:
             self._log.exception("feed failed")
             groups = ()
@@ -415,8 +431,9 @@ class Worker:
 
     def _idle(self) -> bool:
         """Nothing to do now: wait for a wake-up (or the slow poll). True if woken."""
-        woken = self._take_events(self.pacing.poll_s)
-        self._versions.check_if_due()
+        with self._time.spent_on(TimeBucket.WAITING_FOR_WORK):
+            woken = self._take_events(self.pacing.poll_s)
+            self._versions.check_if_due()
         return woken
 
     def _take_events(self, timeout_s: float) -> bool:
@@ -432,7 +449,8 @@ class Worker:
             elif event.topic.startswith(self._wakeups):
                 woken = True
             if event.topic in self._finished:
-                self.payloads.finished(event.body.get("groups", ()))
+                with self._time.spent_on(TimeBucket.PAYLOADS):
+                    self.payloads.finished(event.body.get("groups", ()))
             event = self.link.next_event(0)
         self._versions.load_newest()
         return woken
@@ -469,7 +487,18 @@ class Worker:
             self._versions.registered_again = True
 
     def _retry(self, message: p.Message) -> p.Message:
-        """Send until a reply comes, backing off; a stopping worker gives up in time."""
+        """Send until a reply comes, backing off; a stopping worker gives up in time.
+
+        The time until the reply is the scheduler's (waits after timeouts included), but
+        for a claim that found nothing: that is waiting for work.
+        """
+        with self._time.spent_on(TimeBucket.SCHEDULER) as span:
+            reply = self._send_until_answered(message)
+            if _found_nothing(message, reply):
+                span.charge_to(TimeBucket.WAITING_FOR_WORK)
+            return reply
+
+    def _send_until_answered(self, message: p.Message) -> p.Message:
         started, delay = self.clock(), _FIRST_BACKOFF_S
         while True:
             try:
@@ -530,3 +559,10 @@ class Worker:
 
 def _is_error(reply: p.Message, code: str) -> bool:
     return isinstance(reply, p.Error) and reply.code == code
+
+
+def _found_nothing(message: p.Message, reply: p.Message) -> bool:
+    """A claim answered with no work (a dataloader's: wanted nothing)."""
+    if not isinstance(message, p.Claim):
+        return False
+    return isinstance(reply, p.NoWork) or (isinstance(reply, p.Want) and reply.count <= 0)

@@ -4,7 +4,8 @@
   runs (:func:`announce_endpoints`), and workers and tools read them there
   (:func:`read_endpoints`); the events port is the control port + 1 by convention;
 - which events wake which role (:func:`wakeup_topics`), derived from the pipeline table;
-- the key under which a completion reports how busy its worker was (:data:`ACTIVITY_KEY`).
+- the key under which a completion reports where its worker's time went
+  (:data:`ACTIVITY_KEY`), and the buckets it is split into (:class:`TimeBucket`).
 
 Which role adds groups is the pipeline's ``entry_role``; both sides read it there.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
+from enum import IntEnum
 
 from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
 from asyncrl.runtime.rundir import RunDir
@@ -22,6 +24,7 @@ from asyncrl.transport.topics import Topic, topic
 __all__ = [
     "ACTIVITY_KEY",
     "Endpoints",
+    "TimeBucket",
     "announce_endpoints",
     "finished_topics",
     "next_port",
@@ -29,7 +32,27 @@ __all__ = [
     "wakeup_topics",
 ]
 
-ACTIVITY_KEY = "activity"  # in Complete.metrics: {"busy_s": float, "tokens": int}
+ACTIVITY_KEY = "activity"  # in Complete.metrics: {"tokens": int, "us": [int per TimeBucket]}
+
+
+class TimeBucket(IntEnum):
+    """Where a worker's wall time goes, in disjoint buckets that add up to all of it.
+
+    A completion's activity carries the microseconds spent in each since the worker's
+    previous completion, as a list in this order (the value is the index); metrics lines
+    name them in lower case. The worker's side is actors/_time_split.py.
+    """
+
+    COMPUTE = 0  # the role's own work: advance/process, feed, admitting a lease
+    WAITING_FOR_WORK = 1  # claims that found nothing, waiting for a wake-up event
+    SCHEDULER = 2  # every other request/reply round trip to the scheduler
+    PAYLOADS = 3  # fetching what a lease references, keeping what a result makes
+    WEIGHTS = 4  # loading a new version (followers), staging one to publish (the trainer)
+    OTHER = 5  # the loop's own bookkeeping between the above
+
+    @property
+    def key(self) -> str:
+        return self.name.lower()
 
 
 @dataclass(frozen=True, slots=True)
