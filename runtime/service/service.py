@@ -3,7 +3,9 @@
 Like the core it wraps, the service opens no socket and reads no clock (``now`` comes with
 every call), so the ZeroMQ daemon and the in-process hub run the same code. It turns each
 request into core commands, each core answer into a reply, and each notice into a
-numbered event; it writes one metrics line per train step; it knows when the run is over.
+numbered event; it writes one metrics line per train step (with where each role's time
+went, activity.py, and the step's critical path, step_path.py); it knows when the run is
+over.
 
 Which replies must wait for the journal is said here, once (:data:`ACKNOWLEDGES_DATA`):
 a reply that lets a worker forget something (results, new groups, a version) is sent only
@@ -33,7 +35,7 @@ from asyncrl.runtime.core.effects import (
     Transition,
     WorkerLost,
 )
-from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.runtime.core.pipeline import Gate, GroupState
 from asyncrl.runtime.core.status import summarize
 from asyncrl.runtime.durable import JournaledCore
 from asyncrl.transport import protocol as p
@@ -44,6 +46,7 @@ from .events import EventNumbering
 from .metrics import MetricsLog
 from .payload_refs import holder_of, lease_item, live_keys, stored
 from .reports import ReportLog, step_fields
+from .step_path import StepPath
 from .weight_routes import NoRoute, WeightRoutes
 
 __all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
@@ -99,6 +102,10 @@ class SchedulerService:
         self.reports: Mapping[str, ReportLog] = reports or {}
         self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
         self.activity = RoleActivity(started_at)
+        step, admit = self.core.pipeline.gated(Gate.STEP), self.core.pipeline.gated(Gate.ADMIT)
+        self.path = StepPath(step.source, step.working)
+        self._step_role, self._generator_role = step.role, admit.role
+        self._now = started_at  # the time of the request or tick being settled
         self.run_name = run_name
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_message_bytes = max_message_bytes
@@ -151,6 +158,7 @@ class SchedulerService:
         """
         handler = self._handlers.get(type(message))
         self.requests[type(message).__name__] += 1
+        self._now = now
         if handler is None:
             return p.Error(
                 "bad_request", f"{type(message).__name__} is not a request to the scheduler"
@@ -159,6 +167,7 @@ class SchedulerService:
 
     def tick(self, now: float) -> None:
         """Expire overdue leases and silent workers."""
+        self._now = now
         ended = self.core.tick(now)
         if ended:
             log.warning("leases ended by the clock", leases=ended)
@@ -232,6 +241,8 @@ class SchedulerService:
             return p.NoWork("nothing to do now")
         if isinstance(grant, Rejected):
             return _error(grant)
+        if grant.role == self._step_role:
+            self.path.leased(grant.lease_id, now)
         return self._lease(grant, now)
 
     def _want(self, m: p.Claim) -> p.Message:
@@ -278,12 +289,13 @@ class SchedulerService:
         if lease is not None:
             self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
         if self.core.state.steps_done > steps_before:
-            self._record_step(m, lease.worker if lease else m.worker, now)
+            self._record_step(m, lease.worker if lease else m.worker, gids, now)
             return p.StepDone(reply.count, self.core.state.steps_done)
         return p.Ack(reply.count)
 
-    def _record_step(self, m: p.Complete, worker: str, now: float) -> None:
+    def _record_step(self, m: p.Complete, worker: str, gids: list[int], now: float) -> None:
         state = self.core.state
+        path = self.path.trained(state.steps_done, m.lease_id, gids, now)
         line = {
             "step": state.steps_done,
             "elapsed_s": round(now - self.started_at, 3),
@@ -292,8 +304,12 @@ class SchedulerService:
             **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
             **step_fields(self.reports),
             "roles": self.activity.rates(now, self._workers_per_role()),
+            "critical_path": path,
             "payloads_regenerated": sum(state.regenerated.values()),
         }
+        reached = self.path.take_reached()  # earlier steps' versions, now run by every generator
+        if reached:
+            line["versions_loaded"] = reached
         self.metrics.append(line)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
         if self.finished:
@@ -355,7 +371,7 @@ class SchedulerService:
     def _unlock(self, m: p.Unlock, _now: float) -> p.Message:
         return _reply(self.core.release(m.resource, m.token))
 
-    def _publish(self, m: p.PublishVersion, _now: float) -> p.Message:
+    def _publish(self, m: p.PublishVersion, now: float) -> p.Message:
         bad = _bad_announcement(m)
         if bad is not None:
             log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
@@ -366,6 +382,7 @@ class SchedulerService:
             # core (versions only go forward), the routes take the new announcement.
             reply = Accepted()
         if isinstance(reply, Accepted):
+            self.path.published(m.version, now)
             self.routes.announce(m.version, m.worker, m.weights, m.address)
             if m.weights is not None:
                 log.info(
@@ -396,8 +413,21 @@ class SchedulerService:
         log.info("weights route", worker=m.worker, version=route.version, source=route.source)
         return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
 
-    def _loaded(self, m: p.LoadedVersion, _now: float) -> p.Message:
-        return _reply(self.core.loaded_version(m.worker, m.version))
+    def _loaded(self, m: p.LoadedVersion, now: float) -> p.Message:
+        reply = self.core.loaded_version(m.worker, m.version)
+        if isinstance(reply, Accepted):
+            everywhere = self._loaded_by_every_generator()
+            if everywhere is not None:
+                self.path.loaded_everywhere(everywhere, now)
+        return _reply(reply)
+
+    def _loaded_by_every_generator(self) -> int | None:
+        """The newest version every registered generator runs (or a newer one), if any."""
+        role = self._generator_role
+        loaded = [w.loaded for w in self.core.state.workers.values() if w.role == role]
+        if not loaded or None in loaded:
+            return None
+        return min(v for v in loaded if v is not None)
 
     def _add_groups(self, m: p.AddGroups, _now: float) -> p.Message:
         refused = self._not_the_entry_role(m.worker)
@@ -465,6 +495,7 @@ class SchedulerService:
         notices = self.durable.commit()
         if notices:
             _log_losses(notices)
+            self.path.moved((n for n in notices if isinstance(n, Transition)), self._now)
             for notice in notices:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
                     self.routes.forget(notice.worker)
