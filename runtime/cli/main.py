@@ -4,12 +4,15 @@ asyncrl run -c run.yaml [--resume]        # scheduler + every worker on this mac
 asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
+asyncrl inspect runs/arithmetic [--json] # where a run's step time goes (live, done, crashed)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
@@ -46,6 +49,28 @@ def _keys(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from ._breakdown import breakdown, render_breakdown, step_lines
+    from ._runs import existing_run, replay_journal, run_config
+
+    run = existing_run(args.run_dir)
+    report = breakdown(step_lines(run.metrics))
+    total = run_config(run).run.total_steps
+    if run.journal.is_dir():
+        summary = replay_journal(run)
+        report["journal"] = {"steps_done": summary["steps_done"], "groups": summary["groups"]}
+        done = f"{summary['steps_done']}/{total} steps done (journal)"
+    else:
+        done = f"{report['last_step'] or 0}/{total} steps in metrics.jsonl (no journal)"
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    elapsed = report["elapsed_s"]
+    when = f", last step line at {elapsed:.1f} s" if isinstance(elapsed, int | float) else ""
+    print(render_breakdown(report, f"{run.root}: {done}{when}"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(title="commands")
@@ -63,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_config_arguments(sub)
         sub.set_defaults(handler=handler)
     actions.add_parser("keys", help="list every key with its default").set_defaults(handler=_keys)
+    inspect = commands.add_parser(
+        "inspect", help="where a run's time goes: per role, and a train step's critical path"
+    )
+    inspect.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
+    inspect.add_argument("--json", action="store_true", help="one line of JSON")
+    inspect.set_defaults(handler=_inspect)
     return parser
 
 

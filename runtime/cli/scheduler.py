@@ -18,14 +18,11 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from asyncrl.runtime.bus import next_port, read_endpoints
-from asyncrl.runtime.config import RunConfig, load_config, pipeline_for
-from asyncrl.runtime.core import CoreSettings
-from asyncrl.runtime.core.status import summarize
-from asyncrl.runtime.durable import JournalExists, recover
-from asyncrl.runtime.journal import JournalCorrupt, JournalLocked
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.durable import JournalExists
+from asyncrl.runtime.journal import JournalLocked
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.runtime.service.build import StagesChanged
@@ -39,6 +36,7 @@ from asyncrl.transport.security import (
     load_client_keys,
 )
 
+from ._runs import replay_journal
 from ._status import render_status
 from .common import UsageError, add_config_arguments, config_from_args, run_command
 
@@ -128,17 +126,7 @@ def _inspect(args: argparse.Namespace) -> int:
     run = RunDir(args.run_dir)
     if not run.journal.is_dir():
         raise UsageError(f"{run.journal} does not exist: is {run.root} a run directory?")
-    cfg = load_config(run.config) if run.config.exists() else RunConfig()
-    try:
-        core, found = recover(run.journal, CoreSettings.from_config(cfg), pipeline_for(cfg))
-    except JournalCorrupt as error:
-        raise UsageError(f"{error}; the journal cannot be replayed past this point") from None
-    summary: dict[str, Any] = summarize(core.state)
-    summary["journal"] = {
-        "records": found.last_seq,
-        "snapshot_at": found.snapshot_seq,
-        "torn_bytes_ignored": found.torn_bytes,
-    }
+    summary = replay_journal(run)
     print(json.dumps(summary, indent=None if args.json else 2, sort_keys=True))
     return 0
 

@@ -1,0 +1,52 @@
+"""Reading a run directory from the outside, read-only: live, finished or crashed alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncrl.runtime.config import RunConfig, load_config, pipeline_for
+from asyncrl.runtime.core import CoreSettings
+from asyncrl.runtime.core.status import summarize
+from asyncrl.runtime.durable import recover
+from asyncrl.runtime.journal import JournalCorrupt
+from asyncrl.runtime.rundir import RunDir
+
+from .common import UsageError
+
+__all__ = ["existing_run", "replay_journal", "run_config"]
+
+
+def existing_run(path: Path) -> RunDir:
+    """``path`` as a run directory; a UsageError naming what is missing if it is not one."""
+    run = RunDir(path)
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a run directory: it does not exist")
+    if not (run.config.exists() or run.journal.is_dir() or run.metrics.exists()):
+        raise UsageError(
+            f"{path} is not a run directory: it holds no {run.config.name}, "
+            f"{run.journal.name}/ or {run.metrics.name}"
+        )
+    return run
+
+
+def run_config(run: RunDir) -> RunConfig:
+    """The configuration the run was started with (the defaults if it was never written)."""
+    return load_config(run.config) if run.config.exists() else RunConfig()
+
+
+def replay_journal(run: RunDir) -> dict[str, Any]:
+    """Where the run stands, by replaying its journal: the core's summary and the
+    journal's extent. A UsageError if it cannot be replayed."""
+    try:
+        cfg = run_config(run)
+        core, found = recover(run.journal, CoreSettings.from_config(cfg), pipeline_for(cfg))
+    except JournalCorrupt as error:
+        raise UsageError(f"{error}; the journal cannot be replayed past this point") from None
+    summary: dict[str, Any] = summarize(core.state)
+    summary["journal"] = {
+        "records": found.last_seq,
+        "snapshot_at": found.snapshot_seq,
+        "torn_bytes_ignored": found.torn_bytes,
+    }
+    return summary
