@@ -65,7 +65,8 @@ def test_inspect_replays_a_run_directory(tmp_path: Path) -> None:
     sim = Sim(durable.core, durable.commit, groups=200)
     sim.run()
     durable.close()
-    run_dir.config.write_text("pipeline:\n  train_batch_groups: 4\n")
+    # The simulated pipeline has a ref_logp worker: its stage runs only under a KL penalty.
+    run_dir.config.write_text("pipeline:\n  train_batch_groups: 4\nalgorithm:\n  kl_coef: 0.01\n")
     result = run("asyncrl-scheduler", "inspect", tmp_path, "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
