@@ -43,6 +43,11 @@ def replay_journal(run: RunDir) -> dict[str, Any]:
         core, found = recover(run.journal, CoreSettings.from_config(cfg), pipeline_for(cfg))
     except JournalCorrupt as error:
         raise UsageError(f"{error}; the journal cannot be replayed past this point") from None
+    except KeyError as error:  # a record for a stage this config's table does not have
+        raise UsageError(
+            f"{run.journal} does not replay under the stages {run.config.name} gives "
+            f"({error.args[0]}): was it changed since the run started?"
+        ) from None
     summary: dict[str, Any] = summarize(core.state)
     summary["journal"] = {
         "records": found.last_seq,

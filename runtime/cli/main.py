@@ -16,7 +16,7 @@ from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
-from .common import add_config_arguments, config_from_args, run_command
+from .common import UsageError, add_config_arguments, config_from_args, run_command
 
 __all__ = ["main"]
 
@@ -56,12 +56,18 @@ def _inspect(args: argparse.Namespace) -> int:
     run = existing_run(args.run_dir)
     report = breakdown(step_lines(run.metrics))
     total = run_config(run).run.total_steps
-    if run.journal.is_dir():
-        summary = replay_journal(run)
-        report["journal"] = {"steps_done": summary["steps_done"], "groups": summary["groups"]}
-        done = f"{summary['steps_done']}/{total} steps done (journal)"
+    done = f"{report['last_step'] or 0}/{total} steps in metrics.jsonl"
+    if not run.journal.is_dir():
+        done += " (no journal)"
     else:
-        done = f"{report['last_step'] or 0}/{total} steps in metrics.jsonl (no journal)"
+        try:
+            summary = replay_journal(run)
+        except UsageError as error:  # the step lines are still worth showing
+            report["journal"] = {"error": str(error)}
+            done += f" (journal not replayed: {error})"
+        else:
+            report["journal"] = {"steps_done": summary["steps_done"], "groups": summary["groups"]}
+            done = f"{summary['steps_done']}/{total} steps done (journal)"
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0

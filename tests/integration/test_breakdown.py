@@ -59,6 +59,12 @@ def test_a_runs_step_lines_account_for_each_roles_time_and_inspect_shows_it(
     assert sum(shares[b.key] for b in TimeBucket) == pytest.approx(1.0, abs=0.002)
     assert report["critical_path"]["median"]["leased_to_trained_s"] >= TRAIN_S
 
+    config = c.run_dir / "config.yaml"  # changed after the run: its journal no longer replays
+    config.write_text(config.read_text().replace("kl_coef: 0.01", "kl_coef: 0.0"))
+    changed = inspect(c.run_dir)
+    assert changed.returncode == 0 and "journal not replayed" in changed.stdout
+    assert "batch ready -> train lease" in changed.stdout  # the step lines still show
+
     wrong = inspect(c.logs)  # a directory, but not a run's
     assert wrong.returncode == 2 and wrong.stdout == ""
     assert wrong.stderr.count("\n") == 1 and "is not a run directory" in wrong.stderr
