@@ -325,6 +325,8 @@ def run_config(
     return {
         "run": {"dir": str(run_dir), "name": "payload-bench", "total_steps": total_steps},
         "pipeline": {"actors": ACTORS, "train_batch_groups": batch},
+        # Every stage runs on both sides, as before the ref_logp stage became conditional.
+        "algorithm": {"kl_coef": 0.01},
         "scheduler": scheduler,
     }
 

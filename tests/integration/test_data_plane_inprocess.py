@@ -29,6 +29,7 @@ def by_reference(tmp_path: Path, steps: int) -> object:
         {
             "run": {"dir": str(tmp_path / "run"), "total_steps": steps},
             "pipeline": {"train_batch_groups": BATCH, "lease_timeout_s": 10.0},
+            "algorithm": {"kl_coef": 0.01},  # the demo runs every stage, ref_logp included
             "scheduler": {"heartbeat_interval_s": 0.1},
             "payloads": {"inline_bytes": 0, "fetch_timeout_s": 2.0},
         }

@@ -42,6 +42,7 @@ def make_config(tmp_path: Path, **pipeline: Any) -> RunConfig:
         {
             "run": {"dir": str(tmp_path / "run"), "total_steps": STEPS},
             "pipeline": {"train_batch_groups": BATCH, "lease_timeout_s": 10.0, **pipeline},
+            "algorithm": {"kl_coef": 0.01},  # the demo runs every stage, ref_logp included
             "scheduler": {"heartbeat_interval_s": 0.2},
         }
     )

@@ -59,6 +59,7 @@ def test_generators_get_plans_through_a_relay_tree_and_report_their_loads(
         {
             "run": {"dir": str(tmp_path / "run"), "total_steps": STEPS},
             "pipeline": {"train_batch_groups": BATCH, "lease_timeout_s": 10.0},
+            "algorithm": {"kl_coef": 0.01},  # the demo runs every stage, ref_logp included
             "scheduler": {"heartbeat_interval_s": 0.2},
             "weights": {"relay_fanout": 1},
         }
