@@ -82,21 +82,27 @@ class Versions:
         self._checked = self._clock()
         self.load_newest()
 
-    def load_newest(self) -> None:
-        if not self.tracks:
-            return
-        if self.loaded is not None and self._newest <= self.loaded:
-            return
+    @property
+    def behind(self) -> bool:
+        """A newer version than the one loaded was heard of: a fetch may be under way."""
+        return self.tracks and (self.loaded is None or self._newest > self.loaded)
+
+    def load_newest(self) -> bool:
+        """Load the newest version heard of if it is ready; True if one was loaded now."""
+        if not self.behind:
+            return False
         try:
             with self._time.spent_on(TimeBucket.WEIGHTS):
                 loaded = self.actor.on_version(self._newest)
         except Exception:
             self._log.exception("version not loaded", version=self._newest)
-            return
-        if loaded is not None and loaded != self.loaded:
-            self.loaded = loaded
-            self._log.info("loaded a policy version", version=loaded)
-            self.report_loaded()
+            return False
+        if loaded is None or loaded == self.loaded:
+            return False
+        self.loaded = loaded
+        self._log.info("loaded a policy version", version=loaded)
+        self.report_loaded()
+        return True
 
     def report_loaded(self) -> None:
         assert self.loaded is not None

@@ -75,6 +75,7 @@ class Pacing:
     """How often a worker asks, and how long it waits; the defaults suit a real run."""
 
     poll_s: float = 0.5  # idle: claim again after this long without a wake-up event
+    fetch_poll_s: float = 0.005  # idle while a newer version is fetched: look this often
     request_timeout_s: float = 5.0  # a request unanswered this long is sent again
     max_backoff_s: float = 5.0  # the longest pause between two tries
     stop_retry_s: float = 30.0  # how long a stopping worker retries handing back its lease
@@ -431,15 +432,19 @@ class Worker:
 
     def _idle(self) -> bool:
         """Nothing to do now: wait for a wake-up (or the slow poll). True if woken."""
+        # A version being fetched in the background says nothing when it is ready: look
+        # again soon, or an idle generator would start on it only at the next event.
+        wait_s = self.pacing.fetch_poll_s if self._versions.behind else self.pacing.poll_s
         with self._time.spent_on(TimeBucket.WAITING_FOR_WORK):
-            woken = self._take_events(self.pacing.poll_s)
+            woken = self._take_events(wait_s)
             self._versions.check_if_due()
         return woken
 
     def _take_events(self, timeout_s: float) -> bool:
         """Drain the events that came (waiting up to ``timeout_s`` for the first).
 
-        True if one announced work (anything but a version).
+        True if one announced work (anything but a version), or a new version was loaded
+        (work the staleness bound held back may be admitted under it).
         """
         woken = False
         event = self.link.next_event(timeout_s)
@@ -452,8 +457,7 @@ class Worker:
                 with self._time.spent_on(TimeBucket.PAYLOADS):
                     self.payloads.finished(event.body.get("groups", ()))
             event = self.link.next_event(0)
-        self._versions.load_newest()
-        return woken
+        return self._versions.load_newest() or woken
 
     # --- what the actor and the versions ask the scheduler ---------------------------
 

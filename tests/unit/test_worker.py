@@ -167,6 +167,48 @@ def test_a_generator_loads_each_published_version_and_reports_it(cfg: RunConfig)
     assert link.of(p.Complete)[0].results[0].behaviour == (3, 3)
 
 
+class FetchingGenerate(Generate):
+    """A generator whose weights arrive in the background: a version is ready at the
+    third look (the first load, of version 0 at start, is instant)."""
+
+    looks = 0
+
+    def on_version(self, version: int) -> int | None:
+        self.looks += 1
+        if version > 0 and self.looks < 4:
+            return self.loaded  # still fetching
+        return super().on_version(version)
+
+
+class TimedLink(ScriptedLink):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.waits: list[float] = []
+
+    def next_event(self, timeout_s: float) -> p.Event | None:
+        if timeout_s > 0:
+            self.waits.append(timeout_s)
+        return super().next_event(timeout_s)
+
+
+def test_an_idle_generator_looks_for_a_fetched_version_soon_and_then_claims_at_once(
+    cfg: RunConfig,
+) -> None:
+    link = TimedLink({p.Claim: [p.NoWork("stale"), lease(1, 5, role="generate", version=3)]})
+    link.events.put(p.Event(1, "version.published", {"version": 3}))
+    pacing = Pacing(poll_s=0.5, fetch_poll_s=0.001, max_backoff_s=0.01, version_check_s=60)
+    worker = Worker(FetchingGenerate(), link, cfg, name="generate-0", pacing=pacing)
+    assert worker.run() == 0
+    loaded_at = link.kinds(p.Hello).split().index("LoadedVersion", 1)
+    assert link.kinds(p.Hello).split()[loaded_at : loaded_at + 3] == [
+        "LoadedVersion",
+        "Claim",  # at once, not after the slow poll its NoWork set
+        "Complete",
+    ]
+    assert link.waits[0] == 0.001  # behind: it looked again within a millisecond
+    assert link.of(p.Complete)[0].results[0].behaviour == (3, 3)
+
+
 def test_a_generator_asks_for_the_version_when_events_are_lost(cfg: RunConfig) -> None:
     status = p.StatusReply({"steps_done": 2, "policy_version": 2})
     link = ScriptedLink({p.Claim: [p.NoWork("stale")] * 10, p.Status: [status] * 10})
