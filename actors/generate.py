@@ -11,7 +11,9 @@ sequences in flight continue under the new weights and their tokens say so.
 
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
 versions, the generator with index 0 (or no index) decodes the validation prompts
-greedily with a frozen copy of that version and reports their mean reward.
+greedily with a frozen copy of that version and reports their mean reward. With
+``data.val_every_versions: 0`` it never validates (a benchmark that scores checkpoints
+afterwards keeps the generator's time for training).
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class Generate(StreamingActor):
 
     def _maybe_validate(self) -> None:
         every = self.ctx.config.data.val_every_versions
+        if every == 0:
+            return
         due = self.last_validated is None or self.loaded // every > self.last_validated // every
         if not (self.validates and due and self.validation is None):
             return

@@ -66,7 +66,8 @@ class DataSection:
         default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
     )
     val_every_versions: int = field(
-        default=10, metadata=doc("validate every this many weight versions", min=1)
+        default=10,
+        metadata=doc("validate every this many weight versions; 0 = never validate", min=0),
     )
     val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
 

@@ -67,6 +67,16 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
     transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
 
 
+def test_no_validation_with_val_every_versions_zero(tmp_path: Path) -> None:
+    cfg = rl_config(tmp_path, val_every_versions=0)
+    status = run(cfg)
+    assert status["run"]["finished"] and status["dead"] == {}
+    run_dir = Path(cfg.run.dir)
+    assert len(lines(run_dir / "metrics.jsonl")) == STEPS
+    assert not (run_dir / "validation.jsonl").exists() or not lines(run_dir / "validation.jsonl")
+    assert all("val_reward" not in s for s in lines(run_dir / "metrics.jsonl"))
+
+
 def test_generate_and_logp_run_on_weights_mapped_from_shared_memory(tmp_path: Path) -> None:
     shm_dir = tmp_path / "shm"
     cfg = rl_config(tmp_path, weights={"strategy": "shm", "shm_dir": str(shm_dir)})

@@ -146,6 +146,10 @@ def test_both_ports_zero_is_allowed() -> None:
     assert cfg.scheduler.control_port == cfg.scheduler.events_port == 0
 
 
+def test_validation_can_be_turned_off() -> None:
+    assert load_config(None, ["data.val_every_versions=0"]).data.val_every_versions == 0
+
+
 def test_input_mapping_is_not_modified() -> None:
     data = {"pipeline": {"workers": {"generate": 2}}}
     config_from_dict(data, ["pipeline.workers.train=0"])
@@ -187,6 +191,10 @@ def test_input_mapping_is_not_modified() -> None:
             ["pipeline.max_staleness: got -1; allowed: an integer >= 0"],
         ),
         ({"algorithm": {"lr": 0}}, ["algorithm.lr: got 0; allowed: a number > 0"]),
+        (
+            {"data": {"val_every_versions": -1}},
+            ["data.val_every_versions: got -1; allowed: an integer >= 0"],
+        ),
         ({"algorithm": {"is_cap": 0.5}}, ["algorithm.is_cap: got 0.5; allowed: a number >= 1"]),
         ({"algorithm": {"lr": float("nan")}}, ["algorithm.lr: got nan"]),
         ({"scheduler": {"events_port": 65536}}, ["scheduler.events_port: got 65536", "0..65535"]),
