@@ -17,7 +17,14 @@ from asyncrl.transport import protocol as p
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
     from asyncrl.transport.weights.base import Announcement
 
-__all__ = ["Actor", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
+    from .gang import GangPlace
+
+__all__ = ["Actor", "ActorBroken", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
+
+
+class ActorBroken(RuntimeError):
+    """Raised by a hook when the actor cannot go on in this process (a training rank lost
+    its group): the worker gives its leases back and exits non-zero, to be started afresh."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +98,13 @@ class Actor:
 
     def on_stop(self) -> None:
         """The worker is leaving; release what ``on_start`` took."""
+
+    def follow(self, cfg: RunConfig, place: GangPlace) -> int:
+        """Serve as rank ``place.rank`` > 0 of a group led by this role's worker (rank 0).
+
+        Only a role that forms groups of ranks overrides this; returns the exit status.
+        """
+        raise NotImplementedError(f"role {self.role!r} does not form groups of ranks")
 
 
 class StreamingActor(Actor):

@@ -18,51 +18,33 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import msgpack
 import numpy as np
 import structlog
 import torch
 from safetensors.torch import load_file
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, make_publisher
 
+from ._learner import Group, Learner, StepStats
 from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
-from .payloads import LogprobsOut, RewardsOut, RolloutsOut
-from .policy.checkpoint import load_state, model_dir, save_model, state_for_saving
-from .policy.scoring import pack, response_logprobs
-from .rl import LossConfig, group_advantages, loss_metrics, policy_loss
+from .gang import Gang, GangBroken, GangPlace, Order
+from .policy.checkpoint import load_state, model_dir, save_state, state_for_saving
+from .policy.model import CausalLM
 
 __all__ = ["Train"]
 
 log = structlog.get_logger("asyncrl.train")
 
 TRAINER_STATE = "trainer_state.pt"
-
-
-@dataclass(frozen=True)
-class _Group:
-    gid: int
-    rollouts: RolloutsOut
-    proximal: LogprobsOut
-    reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
-    rewards: np.ndarray
-
-    @classmethod
-    def of(cls, item: p.Item) -> _Group:
-        return cls(
-            gid=item.gid,
-            rollouts=RolloutsOut.of(item),
-            proximal=LogprobsOut.of(item, Role.LOGP),
-            reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
-            rewards=RewardsOut.of(item).rewards,
-        )
 
 
 class Train(Actor):
@@ -72,92 +54,49 @@ class Train(Actor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config
         self.run = RunDir.of(cfg)
-        self.model, self.codec = load_policy(cfg, self.role)
         self.source = model_dir(cfg.model.path)
+        self.gang = _join(cfg)
+        model, self.codec = load_policy(cfg, self.role)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
-        self.weights.prepare(state_for_saving(self.model))
-        a = cfg.algorithm
-        self.loss_config = LossConfig(
-            clip_low=a.clip_low,
-            clip_high=a.clip_high,
-            is_cap=a.is_cap,
-            kl_coef=a.kl_coef,
-            kl_estimator=a.kl_estimator,
-            loss_agg=a.loss_agg,
-            estimator=a.estimator,
-        )
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0
-        )
-        self.step = 0  # optimizer steps taken: the version the model holds
-        self.saved_step = 0
-        checkpoint = self.run.latest_checkpoint()
-        if checkpoint is not None:
-            self._restore(checkpoint)
+        self.weights.prepare(state_for_saving(model))
+        self.learner, self.step, self.newest = _learner(
+            cfg, model, self.codec.pad_id, self.gang, self.run
+        )  # newest: the weights the next publish hands over, whole
+        self.saved_step = self.step
+        self.broken = False
 
     # --- a step --------------------------------------------------------------------------
 
     def process(self, lease: p.Lease) -> Outcome:
         self._catch_up(lease.version)
         started = time.perf_counter()
-        groups = [_Group.of(item) for item in lease.items]
-        rewards = torch.from_numpy(np.stack([g.rewards for g in groups]))
-        advantages = group_advantages(rewards, self.cfg.algorithm.estimator)
-        stats, tokens = self._accumulate(groups, advantages)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.algorithm.max_grad_norm
-        )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        groups = [Group.of(item) for item in lease.items]
+        body = _pack(lease) if self.gang is not None else b""
+        stats, self.newest = self._together(Order.STEP, groups, body)
         self.step += 1
         seconds = time.perf_counter() - started
-        metrics = self._metrics(groups, rewards, stats, grad_norm, tokens, seconds)
+        metrics = self._metrics(groups, stats, seconds)
         metrics["keys"] = [item.key for item in lease.items]  # the data this step consumed
         if self.step % self.cfg.pipeline.checkpoint_every == 0 or self._last_step:
             self.save_checkpoint()
         if self._last_step:
             self._save_final()
         results = tuple(p.Result(g.gid, {"trained_at": self.step}) for g in groups)
-        return Outcome(results, metrics, tokens=tokens)
+        return Outcome(results, metrics, tokens=stats.tokens)
 
-    def _accumulate(self, groups: list[_Group], advantages: torch.Tensor):
-        self.model.train()
-        per_micro = self.cfg.algorithm.micro_batch_groups
-        total_tokens = int(sum(g.rollouts.lengths.sum() for g in groups))
-        total_sequences = sum(len(g.rollouts.lengths) for g in groups)
-        parts, total_loss = [], 0.0
-        for first in range(0, len(groups), per_micro):
-            chunk = groups[first : first + per_micro]
-            loss, part = self._micro_batch(
-                chunk, advantages[first : first + per_micro], total_tokens, total_sequences
-            )
-            loss.backward()
-            parts.append(part)
-            total_loss += loss.item()
-        return {"loss": total_loss, **loss_metrics(parts)}, total_tokens
-
-    def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
-        prompts, responses = [], []
-        for g in groups:
-            for response in g.rollouts.responses():
-                prompts.append(g.rollouts.prompt_ids.tolist())
-                responses.append(response)
-        packed = pack(prompts, responses, self.codec.pad_id)
-        width = packed.mask.shape[1]
-        logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
-        return policy_loss(
-            logp,
-            _rows(groups, lambda g: g.proximal.logprobs, width),
-            _rows(groups, lambda g: g.rollouts.logprobs, width),
-            advantages.reshape(-1),
-            packed.mask,
-            self.loss_config,
-            ref_logp=_reference_rows(groups, width),
-            total_tokens=total_tokens,
-            total_sequences=total_sequences,
-            max_len=self.cfg.model.max_new_tokens,
-        )
+    def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
+        """Carry out ``order`` with every rank of the group (alone: just carry it out)."""
+        if self.gang is None:
+            return _carry_out(self.learner, order, groups)
+        try:
+            self.gang.order(order, body)
+            return _carry_out(self.learner, order, groups)
+        except Exception as error:
+            # A rank is gone or stuck, or one rank failed where the others did not: the
+            # group's state is no longer one state. Start afresh from the last checkpoint.
+            self.broken = True
+            raise GangBroken(f"the training group broke during {order}: {error}") from error
 
     @property
     def _last_step(self) -> bool:
@@ -165,23 +104,25 @@ class Train(Actor):
 
     # --- metrics -------------------------------------------------------------------------
 
-    def _metrics(self, groups, rewards, stats, grad_norm, tokens: int, seconds: float) -> dict:
+    def _metrics(self, groups: list[Group], stats: StepStats, seconds: float) -> dict:
+        rewards = np.stack([g.rewards for g in groups])
         lengths = np.concatenate([g.rollouts.lengths for g in groups])
         trained_from = self.step - 1
         staleness = [trained_from - g.rollouts.behaviour()[0] for g in groups]
         return {
             "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std(unbiased=False)),
+            "reward_std": float(rewards.std()),
             "response_len_mean": float(lengths.mean()),
             "response_len_max": int(lengths.max()),
             "truncated_frac": float(np.mean([g.rollouts.truncated.mean() for g in groups])),
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
-            **stats,
+            **stats.metrics,
             **_mismatch(groups),
-            "grad_norm": float(grad_norm),
-            "train_tokens_per_s": round(tokens / seconds, 1),
+            "grad_norm": stats.grad_norm,
+            "train_tokens_per_s": round(stats.tokens / seconds, 1),
             "train_step_s": round(seconds, 4),
+            **({"train_ranks": self.gang.size} if self.gang else {}),
         }
 
     # --- versions and checkpoints --------------------------------------------------------
@@ -189,27 +130,30 @@ class Train(Actor):
     def on_publish(self, version: int) -> Announcement:
         if version != self.step:
             raise RuntimeError(f"asked to publish version {version}, the model is at {self.step}")
-        return self.weights.publish(version, state_for_saving(self.model))
+        return self.weights.publish(version, self.newest)
 
     def on_stop(self) -> None:
-        if self.step > self.saved_step:
-            self.save_checkpoint()
-        self.weights.close()
+        try:
+            if self.step > self.saved_step and not self.broken:
+                self.save_checkpoint()
+        finally:
+            self.weights.close()
+            if self.gang is not None and not self.broken:  # a broken group just exits
+                self.gang.order(Order.STOP)
+                self.gang.close()
 
     def save_checkpoint(self) -> Path:
+        weights, optimizer = self._together(Order.GATHER)
         target = self.run.checkpoint(self.step)
         buffer = io.BytesIO()
         torch.save(
-            {
-                "step": self.step,
-                "optimizer": self.optimizer.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-            },
+            {"step": self.step, "optimizer": optimizer, "torch_rng": torch.get_rng_state()},
             buffer,
         )
         counters = json.dumps({"step": self.step, "policy_version": self.step}).encode()
-        save_model(
-            self.model,
+        save_state(
+            self.learner.model.config,
+            weights,
             self.source,
             target,
             extra={TRAINER_STATE: buffer.getvalue(), "counters.json": counters},
@@ -219,16 +163,9 @@ class Train(Actor):
         return target
 
     def _save_final(self) -> None:
-        save_model(self.model, self.source, self.run.final_model)
+        config = self.learner.model.config
+        save_state(config, self.newest, self.source, self.run.final_model)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
-
-    def _restore(self, checkpoint: Path) -> None:
-        load_state(self.model, load_file(str(checkpoint / "model.safetensors")))
-        state = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.step = self.saved_step = int(state["step"])
-        log.info("resumed from a checkpoint", step=self.step, path=str(checkpoint))
 
     def _catch_up(self, scheduler_steps: int | None) -> None:
         """Meet the scheduler's step count if it ran ahead of the last checkpoint."""
@@ -244,25 +181,76 @@ class Train(Actor):
         )
         self.step = scheduler_steps
 
+    # --- the other ranks of a group -----------------------------------------------------
 
-def _rows(groups: list[_Group], pick, width: int) -> torch.Tensor:
-    """One ``[n, longest]`` array per group, stacked into ``[rows, width]`` (zero padded)."""
-    arrays = [pick(g) for g in groups]
-    out = torch.zeros(sum(a.shape[0] for a in arrays), width)
-    row = 0
-    for a in arrays:
-        out[row : row + a.shape[0], : a.shape[1]] = torch.tensor(a)  # a copy: frames are read-only
-        row += a.shape[0]
-    return out
+    def follow(self, cfg: RunConfig, place: GangPlace) -> int:
+        """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
+        gang = Gang(place, timeout_s=cfg.backends.collective_timeout_s)
+        try:
+            model, codec = load_policy(cfg, self.role)
+            learner, _step, _weights = _learner(cfg, model, codec.pad_id, gang, RunDir.of(cfg))
+            while True:
+                order, body = gang.next_order()
+                if order is Order.STOP:
+                    return 0
+                groups = None
+                if order is Order.STEP:
+                    groups = [Group.of(item) for item in _unpack(body).items]
+                _carry_out(learner, order, groups)
+        finally:
+            gang.close()
 
 
-def _reference_rows(groups: list[_Group], width: int) -> torch.Tensor | None:
-    if any(g.reference is None for g in groups):
-        return None  # only the KL penalty reads them, and it is off
-    return _rows(groups, lambda g: g.reference.logprobs, width)
+def _join(cfg: RunConfig) -> Gang | None:
+    place = GangPlace.from_env()
+    if place is None or place.size == 1:
+        return None
+    return Gang(place, timeout_s=cfg.backends.collective_timeout_s)
 
 
-def _mismatch(groups: list[_Group]) -> dict:
+def _learner(
+    cfg: RunConfig, model: CausalLM, pad_id: int, gang: Gang | None, run: RunDir
+) -> tuple[Learner, int, dict[str, torch.Tensor]]:
+    """This rank's learner, from the last checkpoint if there is one; its step; and the
+    whole weights (on the leader; a collective in a group, so every rank calls it)."""
+    checkpoint = run.latest_checkpoint()
+    state = None
+    if checkpoint is not None:
+        # Whole weights into the whole model first: sharding then keeps each rank's part.
+        load_state(model, load_file(str(checkpoint / "model.safetensors")))
+        state = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
+    learner = Learner(model, cfg, pad_id, gang.size if gang else 1)
+    step = 0
+    if state is not None:
+        learner.load_optimizer_state(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        step = int(state["step"])
+        log.info("resumed from a checkpoint", step=step, path=str(checkpoint))
+    return learner, step, learner.full_weights()
+
+
+def _carry_out(learner: Learner, order: Order, groups: list[Group] | None) -> Any:
+    """An order's work, the same sequence of collectives on every rank."""
+    if order is Order.STEP:
+        assert groups is not None
+        return learner.step(groups), learner.full_weights()
+    if order is Order.GATHER:
+        return learner.full_weights(), learner.full_optimizer_state()
+    raise ValueError(f"no work for order {order}")
+
+
+def _pack(lease: p.Lease) -> bytes:
+    return msgpack.packb([bytes(frame) for frame in p.encode(lease)])
+
+
+def _unpack(body: bytes) -> p.Lease:
+    lease = p.decode(msgpack.unpackb(body))
+    if not isinstance(lease, p.Lease):
+        raise ValueError(f"a step order carries a {type(lease).__name__}, not a Lease")
+    return lease
+
+
+def _mismatch(groups: list[Group]) -> dict:
     """Behaviour vs proximal log-probs on tokens both computed with the same version."""
     diffs = []
     for g in groups:

@@ -57,7 +57,7 @@ from ._payloads import LostPayloads, WorkerPayloads
 from ._time_split import TimeSplit
 from ._versions import Versions
 from ._versions import describe_reply as _describe
-from .actor import Actor, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
+from .actor import Actor, ActorBroken, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -333,6 +333,11 @@ class Worker:
         try:
             with self._time.spent_on(TimeBucket.COMPUTE):
                 finished = actor.advance()
+        except ActorBroken as error:
+            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
+            self._log.error("the actor cannot go on in this process", reason=reason)
+            self._give_back(actor.abandon(), reason)
+            raise _Fatal(reason) from error
         except Exception as error:
             reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
             self._log.warning("work failed", reason=reason, exc_info=True)

@@ -28,6 +28,7 @@ __all__ = [
     "load_state",
     "model_dir",
     "save_model",
+    "save_state",
     "state_for_saving",
 ]
 
@@ -106,13 +107,25 @@ def save_model(model: CausalLM, source: Path, target: Path, extra: dict | None =
 
     ``extra`` files (name → bytes) land beside the weights (optimizer state, counters).
     """
+    save_state(model.config, state_for_saving(model), source, target, extra)
+
+
+def save_state(
+    config: ModelConfig,
+    state: Mapping[str, torch.Tensor],
+    source: Path,
+    target: Path,
+    extra: dict | None = None,
+) -> None:
+    """:func:`save_model` for weights held apart from a model (gathered from a group)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        tensors = {name: t.contiguous() for name, t in state_for_saving(model).items()}
+        tensors = {name: t.contiguous() for name, t in state.items()}
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        config = model.config.to_hf() | _token_ids(source) | {"torch_dtype": _dtype_name(model)}
-        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+        hf_config = config.to_hf() | _token_ids(source) | {"torch_dtype": dtype}
+        (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
         for name in _TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, staging / name)
@@ -145,10 +158,6 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 def _token_ids(source: Path) -> dict:
     config = json.loads((source / "config.json").read_text())
     return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
-
-
-def _dtype_name(model: CausalLM) -> str:
-    return str(model.lm_head.weight.dtype).removeprefix("torch.")
 
 
 def _readable(directory: Path) -> None:

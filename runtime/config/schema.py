@@ -256,6 +256,14 @@ class BackendsSection:
             min=0,
         ),
     )
+    collective_timeout_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "a training group's ranks (pipeline.workers.train > 1) give up on a collective "
+            "after this long, and the group starts afresh",
+            exclusive_min=0,
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,250 @@
+"""The trainer's arithmetic on one rank: a step's loss and update, sharded over a group.
+
+With one rank the model is a plain module. With N ranks (a :class:`~.gang.Gang`) every
+decoder layer and the whole model are ``fully_shard``-ed (FSDP2): parameters, gradients
+and AdamW state are split N ways, each rank computes its share of a step's micro-batches
+(micro-batch m goes to rank m mod N) and the reduce-scatter sums the gradients. The loss
+of a micro-batch is already normalised by the whole batch's token and sequence counts,
+so the sum over ranks is the one-rank gradient (each rank scales its loss by N to undo
+the reduce-scatter's average).
+
+Every rank runs the same number of forward/backward passes (FSDP's all-gathers must pair
+up); a rank with fewer micro-batches than the others repeats one with its loss times 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+from .payloads import LogprobsOut, RewardsOut, RolloutsOut
+from .policy.checkpoint import state_for_saving
+from .policy.model import CausalLM
+from .policy.scoring import pack, response_logprobs
+from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
+
+__all__ = ["Group", "Learner", "StepStats"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """What the trainer reads of one leased group."""
+
+    gid: int
+    rollouts: RolloutsOut
+    proximal: LogprobsOut
+    reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
+    rewards: np.ndarray
+
+    @classmethod
+    def of(cls, item: p.Item) -> Group:
+        return cls(
+            gid=item.gid,
+            rollouts=RolloutsOut.of(item),
+            proximal=LogprobsOut.of(item, Role.LOGP),
+            reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
+            rewards=RewardsOut.of(item).rewards,
+        )
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step's numbers, the same on every rank."""
+
+    metrics: dict[str, float]  # loss and the loss statistics (loss_metrics)
+    grad_norm: float
+    tokens: int
+
+
+class Learner:
+    """A model and its optimizer on this rank of a group of ``group_size`` (1: alone)."""
+
+    def __init__(self, model: CausalLM, cfg: RunConfig, pad_id: int, group_size: int = 1) -> None:
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.size = group_size
+        self.rank = dist.get_rank() if group_size > 1 else 0
+        self.model = model
+        if group_size > 1:
+            _shard(model)
+        a = cfg.algorithm
+        self.loss_config = LossConfig(
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            is_cap=a.is_cap,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            loss_agg=a.loss_agg,
+            estimator=a.estimator,
+        )
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0
+        )
+
+    # --- a step ----------------------------------------------------------------------
+
+    def step(self, groups: list[Group]) -> StepStats:
+        """One optimizer step on ``groups`` (every rank passes the same list)."""
+        rewards = torch.from_numpy(np.stack([g.rewards for g in groups]))
+        advantages = group_advantages(rewards, self.cfg.algorithm.estimator)
+        loss, stats, tokens = self._accumulate(groups, advantages)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.algorithm.max_grad_norm
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics = {"loss": loss, **loss_metrics(stats)}
+        return StepStats(metrics, float(_local(grad_norm)), tokens)
+
+    def _accumulate(self, groups: list[Group], advantages: torch.Tensor):
+        self.model.train()
+        per_micro = self.cfg.algorithm.micro_batch_groups
+        total_tokens = int(sum(g.rollouts.lengths.sum() for g in groups))
+        total_sequences = sum(len(g.rollouts.lengths) for g in groups)
+        starts = list(range(0, len(groups), per_micro))
+        mine = starts[self.rank :: self.size]
+        passes = -(-len(starts) // self.size)  # every rank: as many as the busiest
+        parts: list[LossStats] = []
+        total_loss = torch.zeros(())
+        for index in range(passes):
+            real = index < len(mine)
+            first = mine[index] if real else starts[0]
+            chunk = groups[first : first + per_micro]
+            loss, part = self._micro_batch(
+                chunk, advantages[first : first + per_micro], total_tokens, total_sequences
+            )
+            if not real:
+                loss = loss * 0.0  # a pass only to pair up the group's collectives
+            # The reduce-scatter averages over ranks (gloo has no pre-scaled sum); the loss
+            # is normalised over the whole batch already, so undo the average.
+            (loss * self.size if self.size > 1 else loss).backward()
+            if real:
+                parts.append(part)
+                total_loss += loss.detach()
+        return (*self._summed(total_loss, parts), total_tokens)
+
+    def _summed(self, loss: torch.Tensor, parts: list[LossStats]):
+        """The step's loss and stats over every rank's micro-batches."""
+        if self.size == 1:
+            return float(loss), merge_stats(parts)
+        names = [f.name for f in fields(LossStats)]
+        merged = merge_stats(parts) if parts else None
+        with_kl = self.loss_config.kl_coef > 0
+        sums = torch.stack(
+            [loss.float()]
+            + [
+                _value(merged, name)
+                for name in names
+                if name != "is_weight_max" and (name != "kl_sum" or with_kl)
+            ]
+        )
+        peak = _value(merged, "is_weight_max").reshape(1)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        values = iter(sums.tolist())
+        total_loss = next(values)
+        out: dict[str, Any] = {}
+        for name in names:
+            if name == "is_weight_max":
+                out[name] = peak[0]
+            elif name == "kl_sum" and not with_kl:
+                out[name] = None
+            else:
+                out[name] = torch.tensor(next(values))
+        return total_loss, LossStats(**out)
+
+    def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
+        prompts, responses = [], []
+        for g in groups:
+            for response in g.rollouts.responses():
+                prompts.append(g.rollouts.prompt_ids.tolist())
+                responses.append(response)
+        packed = pack(prompts, responses, self.pad_id)
+        width = packed.mask.shape[1]
+        logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
+        return policy_loss(
+            logp,
+            _rows(groups, lambda g: g.proximal.logprobs, width),
+            _rows(groups, lambda g: g.rollouts.logprobs, width),
+            advantages.reshape(-1),
+            packed.mask,
+            self.loss_config,
+            ref_logp=_reference_rows(groups, width),
+            total_tokens=total_tokens,
+            total_sequences=total_sequences,
+            max_len=self.cfg.model.max_new_tokens,
+        )
+
+    # --- state -----------------------------------------------------------------------
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, by Hugging Face name, a tied output layer once (as a
+        checkpoint stores it); on the leader (the others get nothing).
+
+        With a group this is a collective: every rank must call it at the same point.
+        """
+        if self.size == 1:
+            return state_for_saving(self.model)
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=options)
+        if self.model.config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        return weights
+
+    def full_optimizer_state(self) -> dict[str, Any]:
+        """AdamW's state keyed by parameter name, whole; a collective with a group."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+
+
+def _shard(model: CausalLM) -> None:
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def _value(stats: LossStats | None, name: str) -> torch.Tensor:
+    value = None if stats is None else getattr(stats, name)
+    return torch.zeros(()) if value is None else value.detach().float().reshape(())
+
+
+def _rows(groups: list[Group], pick, width: int) -> torch.Tensor:
+    """One ``[n, longest]`` array per group, stacked into ``[rows, width]`` (zero padded)."""
+    arrays = [pick(g) for g in groups]
+    out = torch.zeros(sum(a.shape[0] for a in arrays), width)
+    row = 0
+    for a in arrays:
+        out[row : row + a.shape[0], : a.shape[1]] = torch.tensor(a)  # a copy: frames are read-only
+        row += a.shape[0]
+    return out
+
+
+def _reference_rows(groups: list[Group], width: int) -> torch.Tensor | None:
+    if any(g.reference is None for g in groups):
+        return None  # only the KL penalty reads them, and it is off
+    return _rows(groups, lambda g: g.reference.logprobs, width)

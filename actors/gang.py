@@ -1,0 +1,174 @@
+"""A training group: N processes in one ``torch.distributed`` group, led by rank 0.
+
+The scheduler leases a train batch to the group as one gang: it only ever sees rank 0
+(the *leader*), which registers, claims, heartbeats and publishes like any worker. The
+other ranks (*followers*) never talk to the scheduler; they take their orders from the
+leader through the group's key-value store (a ``TCPStore`` the leader hosts) and then
+meet it in the collectives of the order: a train step, a checkpoint, the end.
+
+Every rank or none: an order's collectives need every rank, so a rank that dies or hangs
+makes the others' collectives fail (a closed connection at once, a hang after
+``timeout_s``). Each rank then exits with :class:`GangBroken`; the leader's lease goes
+back to the scheduler unfinished, and the supervisor starts the whole group again, which
+rendezvous afresh and go on from the last checkpoint.
+
+Where the group meets is given by three environment variables (set by ``asyncrl run``,
+or by ``asyncrl-worker --rank R --ranks N --rendezvous HOST:PORT`` on other hosts):
+``ASYNCRL_GANG_RANK``, ``ASYNCRL_GANG_SIZE`` and ``ASYNCRL_GANG_ADDR`` (the leader's
+``HOST:PORT``; the port is fresh for every start of the group).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+import msgpack
+import structlog
+
+from .actor import ActorBroken
+
+__all__ = [
+    "ENV_ADDR",
+    "ENV_RANK",
+    "ENV_SIZE",
+    "Gang",
+    "GangBroken",
+    "GangPlace",
+    "Order",
+]
+
+log = structlog.get_logger("asyncrl.gang")
+
+ENV_RANK, ENV_SIZE, ENV_ADDR = "ASYNCRL_GANG_RANK", "ASYNCRL_GANG_SIZE", "ASYNCRL_GANG_ADDR"
+_POLL_S = 1.0  # a follower waiting for an order checks this often that the leader lives
+_LEADER = 0
+
+
+class GangBroken(ActorBroken):
+    """A rank of the group is gone or stuck: this process must exit and start afresh."""
+
+
+class Order(enum.StrEnum):
+    """What the leader asks the followers to join in."""
+
+    STEP = "step"  # train on a lease (the body: the lease's frames)
+    GATHER = "gather"  # gather the full weights and optimizer state on the leader
+    STOP = "stop"  # the leader is leaving; so do the followers, with exit status 0
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlace:
+    """This process's place in its group and where the group meets."""
+
+    rank: int
+    size: int
+    host: str
+    port: int
+
+    @property
+    def leads(self) -> bool:
+        return self.rank == _LEADER
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> GangPlace | None:
+        """The place the environment gives, or None outside a group; bad values raise."""
+        env = os.environ if env is None else env
+        if ENV_SIZE not in env:
+            return None
+        try:
+            size, rank = int(env[ENV_SIZE]), int(env.get(ENV_RANK, ""))
+            host, _, port = env.get(ENV_ADDR, "").rpartition(":")
+            place = cls(rank, size, host.strip("[]"), int(port))
+        except ValueError:
+            raise ValueError(
+                f"{ENV_RANK}, {ENV_SIZE} and {ENV_ADDR} must be integers and HOST:PORT; got "
+                f"{env.get(ENV_RANK)!r}, {env.get(ENV_SIZE)!r}, {env.get(ENV_ADDR)!r}"
+            ) from None
+        if not (0 <= place.rank < place.size and place.host and 0 < place.port < 65536):
+            raise ValueError(f"{ENV_RANK}={rank} {ENV_SIZE}={size} {ENV_ADDR}={host}:{port}")
+        return place
+
+
+class Gang:
+    """This process's membership: rendezvous, orders (leader → followers), leaving."""
+
+    def __init__(self, place: GangPlace, *, backend: str = "gloo", timeout_s: float = 300.0):
+        import torch.distributed as dist  # only group members pay for importing torch
+
+        self.place = place
+        self.rank, self.size = place.rank, place.size
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            self._store = dist.TCPStore(
+                place.host,
+                place.port,
+                world_size=place.size,
+                is_master=place.leads,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+            dist.init_process_group(
+                backend, store=self._store, rank=place.rank, world_size=place.size, timeout=timeout
+            )
+        except (RuntimeError, dist.DistError) as error:
+            raise GangBroken(f"rank {place.rank} could not join its group: {error}") from error
+        self._sent = 0  # orders given (leader) or taken (follower)
+        log.info("joined the training group", rank=place.rank, size=place.size)
+
+    # --- leader ----------------------------------------------------------------------
+
+    def order(self, order: Order, body: bytes = b"") -> None:
+        """Tell every follower to join in ``order`` (the leader only)."""
+        if not self.place.leads:
+            raise RuntimeError("only rank 0 gives orders")
+        if self.size == 1:
+            return
+        import torch.distributed as dist
+
+        try:
+            self._store.set(_order_key(self._sent), msgpack.packb([order.value, body]))
+            if self._sent >= 2:
+                # Every follower has read it: they have since met in the order after it.
+                self._store.delete_key(_order_key(self._sent - 2))
+        except (RuntimeError, dist.DistError) as error:
+            raise GangBroken(f"the group's store failed: {error}") from error
+        self._sent += 1
+
+    # --- followers -------------------------------------------------------------------
+
+    def next_order(self) -> tuple[Order, bytes]:
+        """Wait for the leader's next order; GangBroken when the leader is gone."""
+        import torch.distributed as dist
+
+        key = _order_key(self._sent)
+        while True:
+            try:
+                self._store.wait([key], timedelta(seconds=_POLL_S))
+                break
+            except dist.DistStoreError as error:
+                if "timeout" not in str(error).lower():
+                    raise GangBroken(f"the leader's store is gone: {error}") from error
+            except (RuntimeError, dist.DistError) as error:
+                raise GangBroken(f"the leader's store is gone: {error}") from error
+        try:
+            kind, body = msgpack.unpackb(self._store.get(key))
+        except (RuntimeError, dist.DistError) as error:
+            raise GangBroken(f"the leader's store is gone: {error}") from error
+        self._sent += 1
+        return Order(kind), body
+
+    # --- everyone --------------------------------------------------------------------
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _order_key(seq: int) -> str:
+    return f"asyncrl/order/{seq}"

@@ -1,0 +1,140 @@
+"""A training group of 2 ranks (FSDP2 over gloo, real processes) against one rank.
+
+The same batch, the same starting weights: the step's loss, its gradient norm and the
+updated weights must agree to fp32 rounding. The batch has 5 groups in micro-batches of
+2, so rank 0 trains two micro-batches and rank 1 one plus a zero-weighted pass: uneven
+shares are covered too. The lease reaches rank 1 the way it does in a run: as frames
+through the group's store, decoded there.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.actors._learner import Group, Learner
+from asyncrl.actors.gang import Gang, GangPlace, Order
+from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.train import _pack, _unpack
+from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+pytestmark = pytest.mark.timeout(180)
+
+_GROUPS, _RESPONSES = 5, 4
+
+
+def _config():
+    return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}})
+
+
+def _lease(seed: int = 0) -> p.Lease:
+    rng = np.random.default_rng(seed)
+    items = []
+    for gid in range(_GROUPS):
+        longest = int(rng.integers(3, 9))
+        lengths = rng.integers(1, longest + 1, size=_RESPONSES).astype(np.int32)
+        lengths[0] = longest
+        logprobs = -rng.random((_RESPONSES, longest), dtype=np.float32)
+        data = {
+            Role.GENERATE.value: {
+                "prompt_ids": rng.integers(3, 20, size=int(rng.integers(2, 6))).astype(np.int32),
+                "response_ids": rng.integers(3, 20, size=(_RESPONSES, longest)).astype(np.int32),
+                "lengths": lengths,
+                "logprobs": logprobs,
+                "versions": np.zeros((_RESPONSES, longest), np.int32),
+                "truncated": np.zeros(_RESPONSES, np.uint8),
+            },
+            Role.LOGP.value: {"logprobs": logprobs - 0.01, "version": 0},
+            Role.REWARD.value: {"rewards": rng.integers(0, 2, _RESPONSES).astype(np.float32)},
+        }
+        items.append(p.Item(gid, f"g{gid}", data))
+    return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
+
+
+def _one_rank(lease: p.Lease):
+    torch.manual_seed(0)
+    model, codec = load_model("embedded")
+    learner = Learner(model, _config(), codec.pad_id)
+    stats = learner.step([Group.of(item) for item in lease.items])
+    return stats, {name: t.clone() for name, t in learner.full_weights().items()}
+
+
+def _rank_main(rank: int, port: int, results) -> None:
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    try:
+        model, codec = load_model("embedded")
+        learner = Learner(model, _config(), codec.pad_id, group_size=2)
+        if rank == 0:
+            lease = _lease()
+            gang.order(Order.STEP, _pack(lease))
+        else:
+            order, body = gang.next_order()
+            assert order is Order.STEP
+            lease = _unpack(body)
+        stats = learner.step([Group.of(item) for item in lease.items])
+        weights = learner.full_weights()
+        if rank == 0:
+            gang.order(Order.STOP)
+            # numpy, not tensors: a queued tensor is shared by a handle that dies with us
+            arrays = {name: t.numpy() for name, t in weights.items()}
+            results.put((stats.metrics, stats.grad_norm, stats.tokens, arrays))
+        else:
+            assert weights == {}  # only the leader holds the gathered weights
+            assert gang.next_order()[0] is Order.STOP
+    finally:
+        gang.close()
+
+
+def _first_result(results, ranks):
+    """The leader's result; a rank that fails ends the wait at once."""
+    for _ in range(300):
+        try:
+            return results.get(timeout=0.5)
+        except queue.Empty:
+            failed = [r.exitcode for r in ranks if r.exitcode not in (None, 0)]
+            assert not failed, f"a rank failed with exit code {failed}"
+    raise AssertionError("no result from the group within 150 s")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_train_like_one_on_the_same_batch() -> None:
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [context.Process(target=_rank_main, args=(r, port, results)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    metrics, grad_norm, tokens, weights = _first_result(results, ranks)
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+
+    expected, expected_weights = _one_rank(_lease())
+    assert tokens == expected.tokens
+    assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
+    for name in ("clip_frac", "ratio_mean", "is_weight_max"):
+        assert metrics[name] == pytest.approx(expected.metrics[name], abs=1e-5)
+    assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
+    weights = {name: torch.from_numpy(a) for name, a in weights.items()}
+    assert set(weights) == set(expected_weights)
+    worst = max(float((weights[n] - expected_weights[n]).abs().max()) for n in weights)
+    assert worst <= 1e-5, f"updated weights differ by {worst}"
+    moved = max(
+        float((expected_weights[n] - load_model("embedded")[0].state_dict()[n]).abs().max())
+        for n in ("model.layers.0.mlp.up_proj.weight",)
+    )
+    assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
