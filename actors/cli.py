@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import time
@@ -30,6 +31,7 @@ from asyncrl.runtime.cli.common import (
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
+from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
@@ -38,7 +40,8 @@ from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
 from ._payloads import WorkerPayloads, serving_host
-from .actor import Actor
+from .actor import Actor, ActorBroken
+from .gang import GangPlace
 from .worker import Worker, default_worker_name
 
 __all__ = ["main"]
@@ -56,10 +59,43 @@ def _roles(_args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     actor_class = load_actor_class(cfg.pipeline.actors, args.role)
-    name = default_worker_name(args.role) if args.index is None else f"{args.role}-{args.index}"
+    place = _gang_place(args)
+    index = place.rank if place is not None else args.index
+    name = default_worker_name(args.role) if index is None else f"{args.role}-{index}"
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
+    if place is not None and not place.leads:
+        return _follow(actor_class(), cfg, place)
     where = _endpoints(args, cfg)
-    return _run_worker(actor_class(), cfg, name, where, args.index)
+    return _run_worker(actor_class(), cfg, name, where, index)
+
+
+def _gang_place(args: argparse.Namespace) -> GangPlace | None:
+    """This process's place in a group of ranks: from --rank/--ranks/--rendezvous, or the
+    environment ``asyncrl run`` gives its workers; None for a worker on its own."""
+    given = (args.rank, args.ranks, args.rendezvous)
+    if any(value is not None for value in given):
+        if any(value is None for value in given):
+            raise UsageError("--rank, --ranks and --rendezvous go together")
+        os.environ.update(
+            {ENV_RANK: str(args.rank), ENV_SIZE: str(args.ranks), ENV_ADDR: args.rendezvous}
+        )  # the actor's own start reads its place from there too
+    try:
+        return GangPlace.from_env()
+    except ValueError as error:
+        raise UsageError(f"the group of ranks: {error}") from None
+
+
+def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
+    """Rank > 0 of a group: no scheduler, only the leader's orders until it says stop."""
+    # The leader decides when the group stops (its checkpoint needs every rank): a stop
+    # signal to a follower is ignored; it leaves when the leader stops or is gone.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        return actor.follow(cfg, place)
+    except ActorBroken as error:
+        print(f"asyncrl-worker: rank {place.rank}: {error}", file=sys.stderr)
+        return 1
 
 
 def _run_worker(
@@ -181,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="the control endpoint")
     parser.add_argument("--events", metavar="tcp://HOST:PORT", help="the events endpoint")
     parser.add_argument("--index", type=int, help="this worker's number within its role")
+    group = parser.add_argument_group(
+        "a group of ranks (train with pipeline.workers.train > 1, across hosts)"
+    )
+    group.add_argument("--rank", type=int, help="this process's rank; 0 leads the group")
+    group.add_argument("--ranks", type=int, help="how many ranks the group has")
+    group.add_argument("--rendezvous", metavar="HOST:PORT", help="where rank 0 listens")
     add_config_arguments(parser)
     parser.set_defaults(handler=_serve)
     return parser

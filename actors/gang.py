@@ -29,12 +29,11 @@ from datetime import timedelta
 import msgpack
 import structlog
 
+from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
+
 from .actor import ActorBroken
 
 __all__ = [
-    "ENV_ADDR",
-    "ENV_RANK",
-    "ENV_SIZE",
     "Gang",
     "GangBroken",
     "GangPlace",
@@ -43,7 +42,6 @@ __all__ = [
 
 log = structlog.get_logger("asyncrl.gang")
 
-ENV_RANK, ENV_SIZE, ENV_ADDR = "ASYNCRL_GANG_RANK", "ASYNCRL_GANG_SIZE", "ASYNCRL_GANG_ADDR"
 _POLL_S = 1.0  # a follower waiting for an order checks this often that the leader lives
 _LEADER = 0
 

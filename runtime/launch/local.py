@@ -16,13 +16,17 @@ from asyncrl.runtime.bus import read_endpoints
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
 
+from .gangs import ENV_RANK, ENV_SIZE
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
 
-__all__ = ["WORKER_MODULE", "local_specs", "run_locally"]
+__all__ = ["GROUPED_ROLES", "WORKER_MODULE", "local_specs", "run_locally"]
 
 # Workers are started by module name: the launcher runs role code, it never imports it.
 WORKER_MODULE = "asyncrl.actors.cli"
+# Roles whose workers form one group of ranks (pipeline.workers.train=N: N ranks of one
+# sharded trainer), rather than N independent workers.
+GROUPED_ROLES = frozenset({"train"})
 
 
 def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:
@@ -33,7 +37,13 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     for role, count in workers_to_start(cfg).items():
         for index in range(count):
             argv = [*python, WORKER_MODULE, "--role", role, "--index", str(index)]
-            specs.append(ChildSpec(f"{role}-{index}", [*argv, *config_args], restart=True))
+            env, gang = None, None
+            if role in GROUPED_ROLES and count > 1:
+                # One group of ranks, rank 0 its leader (the only one the scheduler sees).
+                env, gang = {ENV_RANK: str(index), ENV_SIZE: str(count)}, role
+            specs.append(
+                ChildSpec(f"{role}-{index}", [*argv, *config_args], True, env=env, gang=gang)
+            )
     return specs
 
 

@@ -13,6 +13,10 @@ past `max_restarts`) drains the workers before the scheduler they report to:
 2. SIGTERM to the primary; wait up to `stop_grace_s`;
 3. SIGKILL to whatever is left, each with its process group.
 
+Children that share a `gang` (the ranks of a training group) live and die together: when
+one fails, the others are killed at once and all start again together, after the failed
+one's delay, with a fresh leader address in their environment (gangs.ENV_ADDR).
+
 A second SIGINT or SIGTERM during a stop jumps to step 3. Each child's stdout and stderr are
 appended to `log_dir/<name>.log`; see `_spawn` for how children die with the supervisor.
 
@@ -36,6 +40,7 @@ from types import FrameType
 from ._backoff import Backoff
 from ._spawn import kill, spawn
 from .events import EventKind, print_event
+from .gangs import ENV_ADDR, free_local_address
 
 __all__ = ["ChildSpec", "OnEvent", "Supervisor"]
 
@@ -54,12 +59,15 @@ class ChildSpec:
     argv: Sequence[str]  # the full command line
     restart: bool  # workers: True; the scheduler: False
     env: Mapping[str, str] | None = None  # added to the supervisor's environment
+    gang: str | None = None  # members of one gang restart together (see the module doc)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ValueError(f"child name {self.name!r} cannot name a log file")
         if not self.argv:
             raise ValueError(f"child {self.name!r} has an empty command line")
+        if self.gang is not None and not self.restart:
+            raise ValueError(f"child {self.name!r}: only restarted children form gangs")
 
 
 @dataclass(slots=True)
@@ -107,6 +115,8 @@ class Supervisor:
         self._kill_now = False
         self._gave_up = False
         self._primary_status: int | None = None
+        gangs = {spec.gang for spec in specs if spec.gang is not None}
+        self._gang_addr = {gang: free_local_address() for gang in gangs}
 
     def run(self) -> int:
         """Start every child, supervise them until the run ends, and stop them all.
@@ -191,7 +201,10 @@ class Supervisor:
     def _start(self, child: _Child) -> None:
         child.restart_at = None
         log_path = self._log_dir / f"{child.spec.name}.log"
-        child.proc = spawn(child.spec.argv, log_path, child.spec.env)
+        env = child.spec.env
+        if child.spec.gang is not None:
+            env = {**(env or {}), ENV_ADDR: self._gang_addr[child.spec.gang]}
+        child.proc = spawn(child.spec.argv, log_path, env)
         child.started_at = time.monotonic()
         self._emit(
             EventKind.STARTED, name=child.spec.name, pid=child.proc.pid, restart=child.restarts
@@ -211,7 +224,29 @@ class Supervisor:
             self._begin_stop(f"{child.spec.name} exited")
         elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
             # Exit 0 is a worker leaving on purpose (the run is over): not a failure.
-            self._schedule_restart(child, lived_s)
+            if child.spec.gang is None:
+                self._schedule_restart(child, lived_s)
+            else:
+                self._restart_gang(child, lived_s)
+
+    def _restart_gang(self, failed: _Child, lived_s: float) -> None:
+        """A member failed: the rest of its gang cannot go on without it; all start again."""
+        gang = failed.spec.gang
+        members = [c for c in self._children if c.spec.gang == gang and c is not failed]
+        for member in members:
+            proc, member.proc = member.proc, None  # out of _reap's sight: no restart of its own
+            if proc is not None:
+                kill(proc)
+                proc.wait()
+                why = f"{failed.spec.name} of its gang failed"
+                self._emit(EventKind.KILLED, name=member.spec.name, pid=proc.pid, why=why)
+        self._schedule_restart(failed, lived_s)
+        if failed.restart_at is None:
+            return  # gave up
+        self._gang_addr[gang] = free_local_address()  # the old leader's port may linger
+        for member in members:
+            member.restarts += 1
+            member.restart_at = failed.restart_at
 
     def _schedule_restart(self, child: _Child, lived_s: float) -> None:
         if self._max_restarts is not None and child.restarts >= self._max_restarts:
