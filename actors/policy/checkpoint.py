@@ -152,7 +152,10 @@ def weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{directory}: no model.safetensors (or its index)")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    weight_map = json.loads(index.read_text()).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: no weight_map naming the shards")
+    shards = sorted(set(weight_map.values()))
     missing = [name for name in shards if not (directory / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{index}: names shards that are not there: {missing[:3]}")

@@ -105,6 +105,13 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """The architecture of a ``config.json``; ValueError naming a field we can't honour."""
+        try:
+            return cls._read(config)
+        except KeyError as missing:
+            raise ValueError(f"config.json lacks {missing.args[0]}") from None
+
+    @classmethod
+    def _read(cls, config: dict[str, Any]) -> ModelConfig:
         arch = _architecture(config)
         _refuse_unimplemented(config)
         heads = config["num_attention_heads"]

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from tokenizers import Tokenizer
+from safetensors import SafetensorError, safe_open
 
 from .checkpoint import EMBEDDED, EMBEDDED_DIR, is_weight, weight_files
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
@@ -99,11 +98,22 @@ def _stored_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
         raise ModelDirError(f"{error} (safetensors weights are required)") from None
     shapes: dict[str, tuple[int, ...]] = {}
     for path in files:
-        with safe_open(str(path), framework="pt") as handle:  # reads the header only
-            for name in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                if is_weight(name):
-                    shapes[name] = tuple(handle.get_slice(name).get_shape())
+        try:
+            shapes |= _header_shapes(path)
+        except (SafetensorError, OSError) as error:
+            raise ModelDirError(
+                f"{path.name} is not a readable safetensors file: {error}"
+            ) from None
     return shapes
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    with safe_open(str(path), framework="pt") as handle:  # reads the header only
+        return {
+            name: tuple(handle.get_slice(name).get_shape())
+            for name in handle.keys()  # noqa: SIM118 - a safetensors handle, not a dict
+            if is_weight(name)
+        }
 
 
 def _check_tokenizer(directory: Path, config: ModelConfig) -> None:
@@ -113,14 +123,18 @@ def _check_tokenizer(directory: Path, config: ModelConfig) -> None:
             "no tokenizer.json in the directory (the tokenizers library's file is the "
             "supported format)"
         )
-    tokenizer = Tokenizer.from_file(str(path))
-    largest = max(tokenizer.get_vocab(with_added_tokens=True).values())
+    try:
+        codec = TextCodec.from_dir(directory)
+    except (OSError, ValueError):
+        raise  # already names the file and the problem
+    except Exception as error:  # the tokenizers library raises a bare Exception
+        raise ModelDirError(f"tokenizer.json does not load: {error}") from None
+    largest = max(codec.tokenizer.get_vocab(with_added_tokens=True).values())
     if largest >= config.vocab_size:
         raise ModelDirError(
             f"tokenizer.json has token id {largest} but config.json vocab_size="
             f"{config.vocab_size}: the embedding holds ids below {config.vocab_size} only"
         )
-    codec = TextCodec.from_dir(directory)
     for token_id in (*codec.eos_ids, codec.pad_id):
         if not 0 <= token_id < config.vocab_size:
             raise ModelDirError(

@@ -115,6 +115,13 @@ def test_a_config_field_we_do_not_implement_is_named(
     assert named in refusal(good)
 
 
+def test_a_required_config_field_missing_is_named(good: Path) -> None:
+    config = json.loads((good / "config.json").read_text())
+    del config["num_attention_heads"]
+    (good / "config.json").write_text(json.dumps(config))
+    assert "config.json lacks num_attention_heads" in refusal(good)
+
+
 def test_no_weights(good: Path) -> None:
     (good / "model.safetensors").unlink()
     assert "no model.safetensors" in refusal(good)
@@ -150,9 +157,19 @@ def test_a_shard_the_index_names_but_is_missing(good: Path) -> None:
     assert "model-00002-of-00002.safetensors" in refusal(good)
 
 
+def test_a_corrupt_weights_file_is_named(good: Path) -> None:
+    (good / "model.safetensors").write_bytes(b"not safetensors at all")
+    assert "model.safetensors is not a readable safetensors file" in refusal(good)
+
+
 def test_no_tokenizer(good: Path) -> None:
     (good / "tokenizer.json").unlink()
     assert "no tokenizer.json" in refusal(good)
+
+
+def test_a_tokenizer_that_does_not_load(good: Path) -> None:
+    (good / "tokenizer.json").write_text("{}")
+    assert "tokenizer.json does not load" in refusal(good)
 
 
 def test_a_tokenizer_larger_than_the_embedding(good: Path) -> None:
