@@ -58,6 +58,15 @@ class _Rotary(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
 
+    def _apply(self, fn, recurse: bool = True):
+        # The frequencies stay float32 whatever dtype the model is cast to, as transformers
+        # keeps them: in bfloat16, position x frequency drifts by radians at long positions.
+        # Only the device follows the model.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
+
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin shaped [batch, 1, tokens, head_dim] for ``positions`` [batch, tokens]."""
         angles = positions.float()[..., None] * self.inv_freq

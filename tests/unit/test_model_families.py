@@ -110,3 +110,17 @@ def test_the_sliding_window_changes_the_logits(tmp_path: Path) -> None:
     ids = sequences()
     with torch.no_grad():
         assert (ours(ids) - unwindowed(ids)).abs().max() > 1e-3
+
+
+def test_in_bfloat16_rotary_stays_float32_as_in_transformers(tmp_path: Path) -> None:
+    """Cast to bfloat16, the frequencies would drift by radians at long positions."""
+    directory = hf_model_dir(tmp_path / "llama3", "llama3-rope-untied-biases")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    ours, _ = load_model(str(directory), torch.bfloat16)
+    assert ours.rotary.inv_freq.dtype == torch.float32
+    ids = torch.randint(
+        0, SMALL["vocab_size"], (2, 100), generator=torch.Generator().manual_seed(2)
+    )
+    with torch.no_grad():
+        difference = (ours(ids).float() - theirs.eval()(ids).logits.float()).abs().max()
+    assert difference <= 1e-2  # 0 here; 5e-2 with bfloat16 frequencies
