@@ -259,7 +259,8 @@ class CausalLM(nn.Module):
         cache: KVCache,
     ) -> torch.Tensor:
         """Logits [rows, tokens, vocab] for ``input_ids`` [rows, tokens] placed at ``positions``
-        of cache ``slots`` [rows]; each token sees its slot's cache up to its own position."""
+        of cache ``slots`` [rows]; each token sees its slot's cache up to its own position
+        (within its layer's sliding window, if any)."""
         rope = self.rotary(positions)
         # Attend over the longest prefix any row needs, not the whole cache.
         span = torch.arange(int(positions.max()) + 1)
