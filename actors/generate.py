@@ -96,7 +96,7 @@ class Generate(StreamingActor):
             slots=self.slots,
             max_new_tokens=max_new,
             max_prompt_tokens=model.config.max_position_embeddings - max_new,
-            eos_id=self.codec.eos_id,
+            eos_id=self.codec.eos_ids,
             pad_id=self.codec.pad_id,
             temperature=1.0 if greedy_only else cfg.algorithm.temperature,
             seed=cfg.run.seed + (self.ctx.index or 0),

@@ -1,5 +1,7 @@
 """Model directories in Hugging Face format: config.json, model.safetensors, tokenizer.json.
 
+Weights are one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
+
 ``embedded`` names the base model shipped inside this package (made by
 ``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
 Writes go to a temporary directory renamed into place, so a crash never leaves half a
@@ -24,17 +26,30 @@ from .tokenizer import TextCodec
 __all__ = [
     "EMBEDDED",
     "EMBEDDED_DIR",
+    "is_weight",
     "load_model",
     "load_state",
     "model_dir",
     "save_model",
     "save_state",
     "state_for_saving",
+    "weight_files",
 ]
 
 EMBEDDED = "embedded"
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+# Copied from the base model into every checkpoint: what encodes text and says when a
+# response ends (generation_config.json may list several end-of-sequence ids).
+_COPIED_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+)
+# Buffers that some older checkpoints saved beside the parameters; recomputed, not loaded
+# (transformers skips them too).
+_NOT_WEIGHTS = ("rotary_emb.inv_freq",)
 
 
 def model_dir(path: str) -> Path:
@@ -126,7 +141,7 @@ def save_state(
         dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
         hf_config = config.to_hf() | _token_ids(source) | {"torch_dtype": dtype}
         (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        for name in _TOKENIZER_FILES:
+        for name in _COPIED_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, staging / name)
         for name, data in (extra or {}).items():
@@ -141,17 +156,34 @@ def save_state(
         raise
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a model directory: ``model.safetensors``, or the shards
+    that ``model.safetensors.index.json`` names (each once)."""
     single = directory / "model.safetensors"
     if single.is_file():
-        return load_file(str(single))
+        return [single]
     index = directory / "model.safetensors.index.json"
     if not index.is_file():
         raise FileNotFoundError(f"{directory}: no model.safetensors (or its index)")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    weight_map = json.loads(index.read_text()).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index}: no weight_map naming the shards")
+    shards = sorted(set(weight_map.values()))
+    missing = [name for name in shards if not (directory / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{index}: names shards that are not there: {missing[:3]}")
+    return [directory / name for name in shards]
+
+
+def is_weight(name: str) -> bool:
+    """Whether a stored tensor is a parameter (not a buffer older checkpoints kept)."""
+    return not name.endswith(_NOT_WEIGHTS)
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        state.update(load_file(str(directory / shard)))
+    for path in weight_files(directory):
+        state.update((k, t) for k, t in load_file(str(path)).items() if is_weight(k))
     return state
 
 

@@ -19,7 +19,7 @@ after a reload) and samples a next token from the last position's logits.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,7 @@ class Decoder:
         slots: int,
         max_new_tokens: int,
         max_prompt_tokens: int,
-        eos_id: int,
+        eos_id: int | Collection[int],
         pad_id: int,
         temperature: float = 1.0,
         seed: int = 0,
@@ -87,7 +87,11 @@ class Decoder:
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
-        self.eos_id, self.pad_id = eos_id, pad_id
+        # One id, or several: a chat model may end a response with any of them.
+        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
+        if not self.eos_ids:
+            raise ValueError("eos_id: expected at least one end-of-sequence id")
+        self.pad_id = pad_id
         self.temperature = temperature
         self.version = version
         self.cache = model.new_cache(slots, max_prompt_tokens + max_new_tokens)
@@ -201,7 +205,7 @@ class Decoder:
 
     def _maybe_finish(self, slot: int, seq: _Sequence) -> Finished | None:
         response = seq.response
-        ended = response[-1] == self.eos_id
+        ended = response[-1] in self.eos_ids
         if not ended and len(response) < self.max_new_tokens:
             return None
         del self.active[slot]

@@ -1,9 +1,11 @@
-"""A decoder-only transformer of the Llama / Qwen2 family, with Hugging Face parameter names.
+"""A decoder-only transformer of the Llama / Mistral / Qwen2 / Qwen3 families, with
+Hugging Face parameter names.
 
 One implementation serves every role, so the generator's behaviour log-probs and the
 trainer's recomputed ones come from the same arithmetic. Parameter names match
-``transformers``' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` exactly, so a checkpoint
-loads in either direction without renaming.
+``transformers``' ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` and
+``Qwen3ForCausalLM`` exactly, so a checkpoint loads in either direction without
+renaming. The families' differences are switches of :class:`ModelConfig` (config.py).
 
 Two ways in:
 
@@ -14,88 +16,16 @@ Two ways in:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig"]
-
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The architecture fields of a Hugging Face ``config.json`` that this model reads."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    attention_bias: bool  # biases on q, k, v (Qwen2 always; Llama when configured)
-
-    @classmethod
-    def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
-        archs = config.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-        if arch is None:
-            supported = ", ".join(SUPPORTED_ARCHITECTURES)
-            raise ValueError(f"config.json architectures={archs}: supported are {supported}")
-        heads = config["num_attention_heads"]
-        return cls(
-            architecture=arch,
-            vocab_size=config["vocab_size"],
-            hidden_size=config["hidden_size"],
-            intermediate_size=config["intermediate_size"],
-            num_hidden_layers=config["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
-            rope_theta=_rope_theta(config),
-            max_position_embeddings=config["max_position_embeddings"],
-            tie_word_embeddings=config.get("tie_word_embeddings", False),
-            attention_bias=arch == "Qwen2ForCausalLM" or config.get("attention_bias", False),
-        )
-
-    def to_hf(self) -> dict[str, Any]:
-        model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}[self.architecture]
-        return {
-            "architectures": [self.architecture],
-            "model_type": model_type,
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias,
-            "mlp_bias": False,
-        }
-
-
-def _rope_theta(config: dict[str, Any]) -> float:
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in ("default", None):
-        raise ValueError(f"config.json rope scaling {kind!r} is not supported (only default)")
-    return float(config.get("rope_theta") or scaling.get("rope_theta") or 10000.0)
 
 
 class KVCache:
@@ -126,14 +56,49 @@ class _RMSNorm(nn.Module):
 class _Rotary(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        half = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-        self.register_buffer("inv_freq", 1.0 / (config.rope_theta**half), persistent=False)
+        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
+
+    def _apply(self, fn, recurse: bool = True):
+        # The frequencies stay float32 whatever dtype the model is cast to, as transformers
+        # keeps them: in bfloat16, position x frequency drifts by radians at long positions.
+        # Only the device follows the model.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin shaped [batch, 1, tokens, head_dim] for ``positions`` [batch, tokens]."""
         angles = positions.float()[..., None] * self.inv_freq
         angles = torch.cat((angles, angles), dim=-1)[:, None]
         return angles.cos(), angles.sin()
+
+
+def _inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Rotary inverse frequencies, with the same float32 operations as transformers."""
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+    inv_freq = 1.0 / (config.rope_theta**half)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    return _llama3(inv_freq, scaling)
+
+
+def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's scaling: long wavelengths slowed by ``factor``, short ones kept, and
+    those between blended smoothly (transformers' ``_compute_llama3_parameters``)."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -151,22 +116,38 @@ class _Attention(nn.Module):
         self.q_proj = nn.Linear(config.hidden_size, inner, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, kv, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, kv, bias=bias)
-        self.o_proj = nn.Linear(inner, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(inner, config.hidden_size, bias=config.output_bias)
+        if config.qk_norm:  # Qwen3: each head's query and key RMS-normed before rotary
+            self.q_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = _RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
 
     def _project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
         batch, tokens, _ = x.shape
-        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim)
+        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
-        return _rotate(q, *rope), _rotate(k, *rope), v
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return _rotate(q.transpose(1, 2), *rope), _rotate(k.transpose(1, 2), *rope), v
 
     def _out(self, attended: torch.Tensor) -> torch.Tensor:
         batch, _, tokens, _ = attended.shape
         return self.o_proj(attended.transpose(1, 2).reshape(batch, tokens, -1))
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Causal attention over ``x``; ``mask`` [tokens, tokens] replaces plain causality
+        (a sliding window)."""
         q, k, v = self._project(x, rope)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True
+        )
         return self._out(attended)
 
     def step(
@@ -178,7 +159,8 @@ class _Attention(nn.Module):
         positions: torch.Tensor,
         visible: torch.Tensor,
     ) -> torch.Tensor:
-        """Attend new tokens (at ``positions`` of ``slots``) to everything cached before them."""
+        """Attend new tokens (at ``positions`` of ``slots``) to the cached keys ``visible``
+        [rows, tokens, span] to them."""
         q, k, v = self._project(x, rope)
         keys, values = cache
         rows = slots[:, None].expand_as(positions)
@@ -208,9 +190,10 @@ def _run(slots: torch.Tensor) -> slice | torch.Tensor:
 class _MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -224,7 +207,9 @@ class _Layer(nn.Module):
         self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, attend) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, attend: Callable[[_Attention, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         x = x + attend(self.self_attn, self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -248,15 +233,19 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.windows = [config.window(i) for i in range(config.num_hidden_layers)]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back)."""
         batch, tokens = input_ids.shape
         positions = torch.arange(tokens).expand(batch, tokens)
         rope = self.rotary(positions)
+        # None: plain causal attention, which SDPA does without a mask tensor.
+        masks = {w: None if w is None else _sliding_mask(tokens, w) for w in set(self.windows)}
         x = self.model.embed_tokens(input_ids)
-        for layer in self.model.layers:
-            x = layer(x, lambda attn, h: attn(h, rope))
+        for layer, window in zip(self.model.layers, self.windows, strict=True):
+            mask = masks[window]
+            x = layer(x, lambda attn, h, mask=mask: attn(h, rope, mask))
         return self.lm_head(self.model.norm(x))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -270,13 +259,27 @@ class CausalLM(nn.Module):
         cache: KVCache,
     ) -> torch.Tensor:
         """Logits [rows, tokens, vocab] for ``input_ids`` [rows, tokens] placed at ``positions``
-        of cache ``slots`` [rows]; each token sees its slot's cache up to its own position."""
+        of cache ``slots`` [rows]; each token sees its slot's cache up to its own position
+        (within its layer's sliding window, if any)."""
         rope = self.rotary(positions)
         # Attend over the longest prefix any row needs, not the whole cache.
         span = torch.arange(int(positions.max()) + 1)
-        visible = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, span]
+        causal = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, span]
+        visible = {
+            w: causal if w is None else causal & (span > positions[..., None] - w)
+            for w in set(self.windows)
+        }
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            kv = (cache.keys[i], cache.values[i])
-            x = layer(x, lambda attn, h, kv=kv: attn.step(h, rope, kv, slots, positions, visible))
+            kv, seen = (cache.keys[i], cache.values[i]), visible[self.windows[i]]
+            x = layer(
+                x,
+                lambda attn, h, kv=kv, seen=seen: attn.step(h, rope, kv, slots, positions, seen),
+            )
         return self.lm_head(self.model.norm(x))
+
+
+def _sliding_mask(tokens: int, window: int) -> torch.Tensor:
+    """[tokens, tokens]: query i sees keys i - window + 1 .. i (transformers' convention)."""
+    query, key = torch.arange(tokens)[:, None], torch.arange(tokens)[None, :]
+    return (key <= query) & (key > query - window)

@@ -76,7 +76,7 @@ def validation_reward(
         slots=slots,
         max_new_tokens=max_new_tokens,
         max_prompt_tokens=max(len(e) for e in encoded),
-        eos_id=codec.eos_id,
+        eos_id=codec.eos_ids,
         pad_id=codec.pad_id,
     )
     decoder.submit(Request(i, e, greedy=True) for i, e in enumerate(encoded))

@@ -35,3 +35,10 @@ def raising_reward(sample: Sample, response: str) -> float:
     if int(sample.answer) % 2:
         raise KeyError("the plug-in's own bug")
     return 1.0 if response.endswith(sample.answer) else 0.0
+
+
+def digits_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in that even a random model earns some of: the share of digits in its
+    response. Responses of one group differ, so advantages are not all zero and the
+    weights move."""
+    return sum(c.isdigit() for c in response) / max(1, len(response))
