@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -81,8 +82,9 @@ class Learner:
         self.size = group_size
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
+        self.device = model.lm_head.weight.device  # where the model is: its inputs go there
         if group_size > 1:
-            _shard(model)
+            _shard(model, self.device, group_size)
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
@@ -101,7 +103,7 @@ class Learner:
 
     def step(self, groups: list[Group]) -> StepStats:
         """One optimizer step on ``groups`` (every rank passes the same list)."""
-        rewards = torch.from_numpy(np.stack([g.rewards for g in groups]))
+        rewards = torch.from_numpy(np.stack([g.rewards for g in groups])).to(self.device)
         advantages = group_advantages(rewards, self.cfg.algorithm.estimator)
         loss, stats, tokens = self._accumulate(groups, advantages)
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -121,7 +123,7 @@ class Learner:
         mine = starts[self.rank :: self.size]
         passes = -(-len(starts) // self.size)  # every rank: as many as the busiest
         parts: list[LossStats] = []
-        total_loss = torch.zeros(())
+        total_loss = torch.zeros((), device=self.device)
         for index in range(passes):
             real = index < len(mine)
             first = mine[index] if real else starts[0]
@@ -149,12 +151,12 @@ class Learner:
         sums = torch.stack(
             [loss.float()]
             + [
-                _value(merged, name)
+                _value(merged, name, self.device)
                 for name in names
                 if name != "is_weight_max" and (name != "kl_sum" or with_kl)
             ]
         )
-        peak = _value(merged, "is_weight_max").reshape(1)
+        peak = _value(merged, "is_weight_max", self.device).reshape(1)
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         values = iter(sums.tolist())
@@ -166,7 +168,7 @@ class Learner:
             elif name == "kl_sum" and not with_kl:
                 out[name] = None
             else:
-                out[name] = torch.tensor(next(values))
+                out[name] = torch.tensor(next(values), device=self.device)
         return total_loss, LossStats(**out)
 
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
@@ -178,14 +180,16 @@ class Learner:
         packed = pack(prompts, responses, self.pad_id)
         width = packed.mask.shape[1]
         logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
+        d = self.device
+        reference = _reference_rows(groups, width)
         return policy_loss(
             logp,
-            _rows(groups, lambda g: g.proximal.logprobs, width),
-            _rows(groups, lambda g: g.rollouts.logprobs, width),
+            _rows(groups, lambda g: g.proximal.logprobs, width).to(d),
+            _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
             advantages.reshape(-1),
-            packed.mask,
+            packed.mask.to(d),
             self.loss_config,
-            ref_logp=_reference_rows(groups, width),
+            ref_logp=None if reference is None else reference.to(d),
             total_tokens=total_tokens,
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,
@@ -200,7 +204,10 @@ class Learner:
         With a group this is a collective: every rank must call it at the same point.
         """
         if self.size == 1:
-            return state_for_saving(self.model)
+            weights = state_for_saving(self.model)
+            if self.device.type != "cpu":  # the weight plane stages from CPU memory
+                weights = {name: t.to("cpu") for name, t in weights.items()}
+            return weights
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(self.model, options=options)
         if self.model.config.tie_word_embeddings:
@@ -218,19 +225,25 @@ class Learner:
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
 
-def _shard(model: CausalLM) -> None:
+def _shard(model: CausalLM, device: torch.device, size: int) -> None:
+    mesh = init_device_mesh(device.type, (size,))
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    if not model.config.tie_word_embeddings:
+        # Each its own unit, gathered only while used: left to the root, both would stay
+        # whole from the start of forward to the end of backward, gradients too.
+        fully_shard(model.model.embed_tokens, mesh=mesh)
+        fully_shard(model.lm_head, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 
-def _value(stats: LossStats | None, name: str) -> torch.Tensor:
+def _value(stats: LossStats | None, name: str, device: torch.device) -> torch.Tensor:
     value = None if stats is None else getattr(stats, name)
-    return torch.zeros(()) if value is None else value.detach().float().reshape(())
+    return torch.zeros((), device=device) if value is None else value.detach().float().reshape(())
 
 
 def _rows(groups: list[Group], pick, width: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ class ScoringActor(Actor):
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.temperature = ctx.config.algorithm.temperature
-        self.model, self.codec = load_policy(ctx.config, self.role)
+        self.model, self.codec = load_policy(ctx.config, self.role, ctx.index)
 
     @property
     def version(self) -> int | None:
@@ -66,7 +66,7 @@ def score_items(
             prompts.append(group.prompt_ids.tolist())
             responses.append(response)
     packed = pack(prompts, responses, pad_id)
-    scores = response_logprobs(model.eval(), packed, temperature).numpy()
+    scores = response_logprobs(model.eval(), packed, temperature).cpu().numpy()
     out, row = [], 0
     for group in rollouts:
         n, width = group.response_ids.shape

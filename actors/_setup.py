@@ -12,7 +12,7 @@ from .policy.checkpoint import load_model
 from .policy.model import CausalLM
 from .policy.tokenizer import TextCodec
 
-__all__ = ["load_policy", "threads_for"]
+__all__ = ["device_for", "load_policy", "threads_for"]
 
 # The roles whose compute takes turns in a synchronous run: a step generates, then trains.
 _TAKING_TURNS = ("generate", "train")
@@ -28,12 +28,28 @@ def threads_for(cfg: RunConfig, role: str, cores: int | None = None) -> int:
     return max(1, cores // max(1, cfg.pipeline.workers.get(role, 1)))
 
 
-def load_policy(cfg: RunConfig, role: str) -> tuple[CausalLM, TextCodec]:
-    """The base model named by ``model.path``, on this process's share of the CPU."""
+def device_for(cfg: RunConfig, index: int | None) -> torch.device:
+    """``backends.device`` for this worker: on CUDA, the GPU its index (or rank) picks."""
+    if cfg.backends.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("backends.device is cuda, but torch sees no CUDA device here")
+    return torch.device("cuda", (index or 0) % torch.cuda.device_count())
+
+
+def load_policy(cfg: RunConfig, role: str, index: int | None = None) -> tuple[CausalLM, TextCodec]:
+    """The base model named by ``model.path``, on this process's share of the CPU, or on
+    its GPU (``backends.device``)."""
     backend = cfg.backends.train if role != "generate" else cfg.backends.generate
     if backend != "torch":
         raise RuntimeError(f"backend {backend!r} for {role} is not available; use torch")
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
-    return load_model(cfg.model.path, dtype)
+    model, codec = load_model(cfg.model.path, dtype)
+    model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
+    device = device_for(cfg, index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        model = model.to(device)
+    return model, codec

@@ -76,7 +76,7 @@ class Generate(StreamingActor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.ctx = ctx
-        self.model, self.codec = load_policy(cfg, self.role)
+        self.model, self.codec = load_policy(cfg, self.role, ctx.index)
         self.task = load_task(cfg.data.task)
         self.reward = RewardFunction.load(cfg.data.reward, self.task, cfg.data.task)
         self.weights = WeightFollower(

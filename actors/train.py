@@ -56,10 +56,10 @@ class Train(Actor):
         self.run = RunDir.of(cfg)
         self.source = model_dir(cfg.model.path)
         self.gang = _join(cfg)
-        model, self.codec = load_policy(cfg, self.role)
+        model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
-        self.weights.prepare(state_for_saving(model))
+        self.weights.prepare({name: t.cpu() for name, t in state_for_saving(model).items()})
         self.learner, self.step, self.newest = _learner(
             cfg, model, self.codec.pad_id, self.gang, self.run
         )  # newest: the weights the next publish hands over, whole
@@ -185,9 +185,9 @@ class Train(Actor):
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
-        gang = Gang(place, timeout_s=cfg.backends.collective_timeout_s)
+        gang = _gang(cfg, place)
         try:
-            model, codec = load_policy(cfg, self.role)
+            model, codec = load_policy(cfg, self.role, place.rank)
             learner, _step, _weights = _learner(cfg, model, codec.pad_id, gang, RunDir.of(cfg))
             while True:
                 order, body = gang.next_order()
@@ -205,7 +205,12 @@ def _join(cfg: RunConfig) -> Gang | None:
     place = GangPlace.from_env()
     if place is None or place.size == 1:
         return None
-    return Gang(place, timeout_s=cfg.backends.collective_timeout_s)
+    return _gang(cfg, place)
+
+
+def _gang(cfg: RunConfig, place: GangPlace) -> Gang:
+    backend = "nccl" if cfg.backends.device == "cuda" else "gloo"  # within the group only
+    return Gang(place, backend=backend, timeout_s=cfg.backends.collective_timeout_s)
 
 
 def _learner(

@@ -90,6 +90,8 @@ def load_state(
             f"weights do not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
+    if not copy and model.lm_head.weight.device.type != "cpu":
+        copy = True  # CPU buffers cannot be a GPU model's weights: copy them over
     if not copy:
         for name, tensor in state.items():
             param = params[name]

@@ -95,7 +95,8 @@ class Decoder:
         self.temperature = temperature
         self.version = version
         self.cache = model.new_cache(slots, max_prompt_tokens + max_new_tokens)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.device = model.lm_head.weight.device  # inputs go there; tokens come back
+        self.generator = torch.Generator(self.device).manual_seed(seed)
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Sequence] = {}  # slot → sequence
 
@@ -165,9 +166,12 @@ class Decoder:
     def _advance(self, slots: list[int]) -> list[Finished]:
         sequences = [self.active[slot] for slot in slots]
         ids, positions = self._inputs(sequences)
-        logits = self.model.step(ids, positions, torch.tensor(slots), self.cache)
-        ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences])
-        chosen, logprobs = self._pick(logits[torch.arange(len(slots)), ends], sequences)
+        d = self.device
+        rows = torch.tensor(slots, device=d)
+        logits = self.model.step(ids.to(d), positions.to(d), rows, self.cache)
+        ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
+        last = logits[torch.arange(len(slots), device=d), ends]
+        chosen, logprobs = self._pick(last, sequences)
         done = []
         for slot, seq, token, logprob in zip(slots, sequences, chosen, logprobs, strict=True):
             seq.fed = len(seq.tokens)
@@ -198,7 +202,7 @@ class Decoder:
     def _pick(self, logits: torch.Tensor, sequences: list[_Sequence]):
         logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
         sampled = torch.multinomial(logprobs.exp(), 1, generator=self.generator).squeeze(1)
-        greedy = torch.tensor([seq.request.greedy for seq in sequences])
+        greedy = torch.tensor([seq.request.greedy for seq in sequences], device=logits.device)
         chosen = torch.where(greedy, logprobs.argmax(-1), sampled)
         picked = logprobs.gather(1, chosen[:, None]).squeeze(1)
         return chosen.tolist(), picked.tolist()

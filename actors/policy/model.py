@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 
@@ -35,10 +36,17 @@ class KVCache:
     writing one token per sequence a single indexed copy.
     """
 
-    def __init__(self, config: ModelConfig, slots: int, max_len: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        config: ModelConfig,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         shape = (config.num_hidden_layers, slots, max_len, config.num_key_value_heads)
-        self.keys = torch.zeros(*shape, config.head_dim, dtype=dtype)
-        self.values = torch.zeros(*shape, config.head_dim, dtype=dtype)
+        self.keys = torch.zeros(*shape, config.head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(*shape, config.head_dim, dtype=dtype, device=device)
         self.max_len = max_len
 
 
@@ -234,22 +242,42 @@ class CausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.windows = [config.window(i) for i in range(config.num_hidden_layers)]
+        # Training only: recompute each layer in backward instead of keeping its activations
+        # (model.gradient_checkpointing), about a third more compute for far less memory.
+        self.gradient_checkpointing = False
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back)."""
+    def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
+
+        ``columns`` [batch, k]: only the logits at those positions of each row, [batch, k,
+        vocab]. Scoring a response needs none of its prompt's, and at a vocabulary of
+        tens of thousands the logits are most of a step's activations.
+        """
         batch, tokens = input_ids.shape
-        positions = torch.arange(tokens).expand(batch, tokens)
+        device = input_ids.device
+        positions = torch.arange(tokens, device=device).expand(batch, tokens)
         rope = self.rotary(positions)
         # None: plain causal attention, which SDPA does without a mask tensor.
-        masks = {w: None if w is None else _sliding_mask(tokens, w) for w in set(self.windows)}
+        masks = {
+            w: None if w is None else _sliding_mask(tokens, w, device) for w in set(self.windows)
+        }
         x = self.model.embed_tokens(input_ids)
+        recompute = self.gradient_checkpointing and torch.is_grad_enabled()
         for layer, window in zip(self.model.layers, self.windows, strict=True):
             mask = masks[window]
-            x = layer(x, lambda attn, h, mask=mask: attn(h, rope, mask))
+
+            def attend(attn, h, mask=mask):
+                return attn(h, rope, mask)
+
+            # Recomputing keeps only each layer's input; the rest comes back in backward.
+            x = checkpoint(layer, x, attend, use_reentrant=False) if recompute else layer(x, attend)
+        if columns is not None:
+            x = x[torch.arange(batch, device=device)[:, None], columns]
         return self.lm_head(self.model.norm(x))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
-        return KVCache(self.config, slots, max_len, self.lm_head.weight.dtype)
+        weight = self.lm_head.weight
+        return KVCache(self.config, slots, max_len, weight.dtype, weight.device)
 
     def step(
         self,
@@ -263,7 +291,7 @@ class CausalLM(nn.Module):
         (within its layer's sliding window, if any)."""
         rope = self.rotary(positions)
         # Attend over the longest prefix any row needs, not the whole cache.
-        span = torch.arange(int(positions.max()) + 1)
+        span = torch.arange(int(positions.max()) + 1, device=positions.device)
         causal = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, span]
         visible = {
             w: causal if w is None else causal & (span > positions[..., None] - w)
@@ -279,7 +307,8 @@ class CausalLM(nn.Module):
         return self.lm_head(self.model.norm(x))
 
 
-def _sliding_mask(tokens: int, window: int) -> torch.Tensor:
+def _sliding_mask(tokens: int, window: int, device: torch.device) -> torch.Tensor:
     """[tokens, tokens]: query i sees keys i - window + 1 .. i (transformers' convention)."""
-    query, key = torch.arange(tokens)[:, None], torch.arange(tokens)[None, :]
+    span = torch.arange(tokens, device=device)
+    query, key = span[:, None], span[None, :]
     return (key <= query) & (key > query - window)

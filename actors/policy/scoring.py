@@ -51,18 +51,20 @@ def response_logprobs(model: CausalLM, packed: Packed, temperature: float = 1.0)
     Logits are divided by ``temperature`` first: the distribution the generator sampled
     from, so behaviour and recomputed log-probs compare like for like.
     """
-    logits = model(packed.ids[:, :-1]).float() / temperature
-    logprobs = torch.log_softmax(logits, dim=-1)
-    targets = packed.ids[:, 1:]
+    device = model.lm_head.weight.device
+    ids = packed.ids.to(device)
+    targets = ids[:, 1:]
     # Response token j of a row sits at column start + j; its logits at start + j - 1.
     longest = packed.mask.shape[1]
-    columns = (packed.starts[:, None] - 1 + torch.arange(longest)[None]).clamp(
+    columns = (packed.starts.to(device)[:, None] - 1 + torch.arange(longest, device=device)).clamp(
         max=targets.shape[1] - 1
     )
-    return _at(logprobs, targets, columns) * packed.mask
-
-
-def _at(logprobs: torch.Tensor, targets: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
-    rows = torch.arange(logprobs.shape[0])[:, None]
+    # Only the response positions' logits, in fp32 whatever the weights' dtype.
+    logits = model(ids[:, :-1], columns=columns).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    rows = torch.arange(ids.shape[0], device=device)[:, None]
     tokens = targets[rows, columns]
-    return logprobs[rows, columns, tokens]
+    picked = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
+    return picked * packed.mask.to(device)

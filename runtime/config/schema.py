@@ -84,6 +84,13 @@ class ModelSection:
     max_new_tokens: int = field(
         default=80, metadata=doc("most tokens generated per response", min=1)
     )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=doc(
+            "train: recompute each layer's activations in the backward pass instead of "
+            "keeping them (far less memory, about a third more compute)"
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,6 +261,13 @@ class BackendsSection:
             "(pipeline.max_staleness 0) generate and train take turns, so each gets this "
             "machine's cores shared among its workers; 1 for every other role and run",
             min=0,
+        ),
+    )
+    device: Literal["cpu", "cuda"] = field(
+        default="cpu",
+        metadata=doc(
+            "where models compute: cpu, or cuda (each worker on the device its rank or index "
+            "picks; bfloat16 weights with log-probs, advantages and loss in float32)"
         ),
     )
     collective_timeout_s: float = field(

@@ -2,6 +2,7 @@
 
     python -m tests.bench.train_memory [--layers 12] [--hidden 768] [--vocab 16000]
         [--steps 2] [--micro-batch-groups 1] [--prompt-tokens 32] [--response-tokens 64]
+        [--gradient-checkpointing]
 
 The trainer's own code (the Learner: FSDP2 over gloo with 2 ranks) trains a random
 Llama-shaped model on a fixed synthetic batch, in real processes (spawn). Each rank builds
@@ -14,7 +15,8 @@ sharding it, as a rank of the trainer does.
 
 The batch is 4 groups of 4 responses (``--prompt-tokens`` + ``--response-tokens`` each),
 in micro-batches of ``--micro-batch-groups`` groups: activations are not sharded (each rank
-runs whole micro-batches), so they are the part of the peak that 2 ranks do not halve.
+runs whole micro-batches), so they are the part of the peak that 2 ranks do not halve;
+``--gradient-checkpointing`` (model.gradient_checkpointing) keeps only each layer's input.
 
 Printed: per rank, the peak during training and during loading (MiB above the baseline),
 what its parameters, gradients and AdamW state take (summed from the tensors it holds, for
@@ -87,6 +89,7 @@ def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> Non
     _reset_peak()
     torch.manual_seed(0)
     model = CausalLM(ModelConfig(**shape))
+    model.gradient_checkpointing = batch["gradient_checkpointing"]
     params = sum(t.numel() for t in model.parameters())
     cfg = config_from_dict({"algorithm": {"micro_batch_groups": batch["micro_batch_groups"]}})
     learner = Learner(model, cfg, pad_id=0, group_size=size)
@@ -105,16 +108,15 @@ def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> Non
 
 
 def _state_bytes(learner) -> int:
-    """Bytes of this rank's parameters, gradients and optimizer state (its shards)."""
+    """Bytes of this rank's parameters, gradients and optimizer state (its shards) while
+    a step runs (between steps the gradients are freed)."""
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if hasattr(t, "to_local") else t
 
     total = 0
     for param in learner.model.parameters():
-        total += local(param).nbytes
-        if param.grad is not None:
-            total += local(param.grad).nbytes
+        total += 2 * local(param).nbytes  # its gradient, while a step runs, is as large
     for state in learner.optimizer.state.values():
         total += sum(local(v).nbytes for v in state.values() if isinstance(v, torch.Tensor))
     return total
@@ -152,12 +154,14 @@ def main() -> None:
     parser.add_argument("--micro-batch-groups", type=int, default=1)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--response-tokens", type=int, default=64)
+    parser.add_argument("--gradient-checkpointing", action="store_true")
     args = parser.parse_args()
     batch = {
         "steps": args.steps,
         "micro_batch_groups": args.micro_batch_groups,
         "prompt_tokens": args.prompt_tokens,
         "response_tokens": args.response_tokens,
+        "gradient_checkpointing": args.gradient_checkpointing,
     }
     heads = args.hidden // 64
     shape = dict(
@@ -181,7 +185,8 @@ def main() -> None:
     print(
         f"train_memory: {os.cpu_count()} CPUs; {args.steps} steps of {_BATCH_GROUPS} groups x "
         f"{_RESPONSES} responses of {args.prompt_tokens}+{args.response_tokens} tokens, "
-        f"micro-batches of {args.micro_batch_groups} groups"
+        f"micro-batches of {args.micro_batch_groups} groups, activations "
+        f"{'recomputed' if args.gradient_checkpointing else 'kept'}"
     )
     rows = _measure(1, shape, batch) + _measure(2, shape, batch)
     params = rows[0][2]

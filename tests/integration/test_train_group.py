@@ -4,7 +4,8 @@ The same batch, the same starting weights: the step's loss, its gradient norm an
 updated weights must agree to fp32 rounding. The batch has 5 groups in micro-batches of
 2, so rank 0 trains two micro-batches and rank 1 one plus a zero-weighted pass: uneven
 shares are covered too. The lease reaches rank 1 the way it does in a run: as frames
-through the group's store, decoded there.
+through the group's store, decoded there. With activations recomputed in backward
+(model.gradient_checkpointing) the group must still match one rank that keeps them.
 """
 
 from __future__ import annotations
@@ -58,19 +59,21 @@ def _lease(seed: int = 0) -> p.Lease:
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
 
 
-def _one_rank(lease: p.Lease):
+def _one_rank(lease: p.Lease, recompute: bool):
     torch.manual_seed(0)
     model, codec = load_model("embedded")
+    model.gradient_checkpointing = recompute
     learner = Learner(model, _config(), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
 
-def _rank_main(rank: int, port: int, results) -> None:
+def _rank_main(rank: int, port: int, recompute: bool, results) -> None:
     torch.set_num_threads(1)
     gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
     try:
         model, codec = load_model("embedded")
+        model.gradient_checkpointing = recompute
         learner = Learner(model, _config(), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
@@ -110,12 +113,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_train_like_one_on_the_same_batch() -> None:
+@pytest.mark.parametrize("recompute", [False, True], ids=["keep", "recompute-activations"])
+def test_two_ranks_train_like_one_on_the_same_batch(recompute: bool) -> None:
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    ranks = [context.Process(target=_rank_main, args=(r, port, results)) for r in range(2)]
+    ranks = [
+        context.Process(target=_rank_main, args=(r, port, recompute, results)) for r in range(2)
+    ]
     for process in ranks:
         process.start()
     metrics, grad_norm, tokens, weights = _first_result(results, ranks)
@@ -123,7 +129,7 @@ def test_two_ranks_train_like_one_on_the_same_batch() -> None:
         process.join(30)
         assert process.exitcode == 0
 
-    expected, expected_weights = _one_rank(_lease())
+    expected, expected_weights = _one_rank(_lease(), recompute=False)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     for name in ("clip_frac", "ratio_mean", "is_weight_max"):
