@@ -95,7 +95,10 @@ class Generate(StreamingActor):
             model,
             slots=self.slots,
             max_new_tokens=max_new,
-            max_prompt_tokens=model.config.max_position_embeddings - max_new,
+            # Not the model's whole context: a real model's would make a cache of many GiB.
+            max_prompt_tokens=min(
+                cfg.model.max_prompt_tokens, model.config.max_position_embeddings - max_new
+            ),
             eos_id=self.codec.eos_ids,
             pad_id=self.codec.pad_id,
             temperature=1.0 if greedy_only else cfg.algorithm.temperature,

@@ -107,7 +107,7 @@ class Decoder:
             if not 0 < len(request.prompt) <= self.max_prompt_tokens:
                 raise ValueError(
                     f"prompt of {len(request.prompt)} tokens: expected 1.."
-                    f"{self.max_prompt_tokens} (raise the decoder's max_prompt_tokens)"
+                    f"{self.max_prompt_tokens} (raise model.max_prompt_tokens)"
                 )
             self.waiting.append(request)
 

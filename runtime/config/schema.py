@@ -84,6 +84,14 @@ class ModelSection:
     max_new_tokens: int = field(
         default=80, metadata=doc("most tokens generated per response", min=1)
     )
+    max_prompt_tokens: int = field(
+        default=512,
+        metadata=doc(
+            "longest prompt the generator takes (its KV cache holds this plus "
+            "max_new_tokens per sequence; at most the model's positions)",
+            min=1,
+        ),
+    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata=doc(
