@@ -26,8 +26,6 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.config import RunConfig
@@ -38,6 +36,7 @@ from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import state_for_saving
 from .policy.model import CausalLM
 from .policy.scoring import pack, response_logprobs
+from .policy.sharding import shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
 __all__ = ["Group", "Learner", "StepStats"]
@@ -84,7 +83,7 @@ class Learner:
         self.model = model
         self.device = model.lm_head.weight.device  # where the model is: its inputs go there
         if group_size > 1:
-            _shard(model, self.device, group_size)
+            shard(model, self.device, group_size)
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
@@ -223,18 +222,6 @@ class Learner:
         """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
-
-
-def _shard(model: CausalLM, device: torch.device, size: int) -> None:
-    mesh = init_device_mesh(device.type, (size,))
-    for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    if not model.config.tie_word_embeddings:
-        # Each its own unit, gathered only while used: left to the root, both would stay
-        # whole from the start of forward to the end of backward, gradients too.
-        fully_shard(model.model.embed_tokens, mesh=mesh)
-        fully_shard(model.lm_head, mesh=mesh)
-    fully_shard(model, mesh=mesh)
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:

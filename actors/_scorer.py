@@ -1,19 +1,39 @@
-"""What logp and ref_logp share: score a lease's responses under a model, batch by batch."""
+"""What logp and ref_logp share: score a lease's responses under a model, batch by batch.
+
+A scorer can be a group of ranks (ref_logp with ``pipeline.workers.ref_logp`` > 1, for a
+reference model too large for one device): the model is sharded over the ranks (FSDP2),
+rank 0 claims leases and orders the others to score with it; each rank runs the forward
+pass for its block of the lease's rows and the blocks are gathered on every rank.
+"""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
+import msgspec
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.transport import protocol as p
 
 from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
+from .gang import (
+    Gang,
+    GangBroken,
+    GangPlace,
+    Order,
+    join_group,
+    join_group_at,
+    pack_lease,
+    unpack_lease,
+)
 from .payloads import LogprobsOut, RolloutsOut
 from .policy.model import CausalLM
-from .policy.scoring import pack, response_logprobs
+from .policy.scoring import Packed, pack, response_logprobs
+from .policy.sharding import shard
 
 __all__ = ["ScoringActor", "score_items", "tokens_of"]
 
@@ -22,10 +42,20 @@ class ScoringActor(Actor):
     """Log-probs of every response of a lease's groups, under this actor's model."""
 
     claim_size: ClassVar[int] = 4
+    # Whether its workers may form a group of ranks: a scorer that loads new versions
+    # (logp) would need every rank to load them, which is not built.
+    forms_groups: ClassVar[bool] = False
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.temperature = ctx.config.algorithm.temperature
-        self.model, self.codec = load_policy(ctx.config, self.role, ctx.index)
+        self.gang = join_group(ctx.config)
+        self.broken = False
+        if self.gang is not None and not self.forms_groups:
+            raise RuntimeError(f"role {self.role} does not form groups of ranks")
+        rank = self.gang.rank if self.gang else ctx.index
+        self.model, self.codec = load_policy(ctx.config, self.role, rank)
+        if self.gang is not None:
+            shard(self.model, self.model.lm_head.weight.device, self.gang.size)
 
     @property
     def version(self) -> int | None:
@@ -36,7 +66,7 @@ class ScoringActor(Actor):
         known = {item.gid: self.known_scores(RolloutsOut.of(item)) for item in lease.items}
         unknown = tuple(item for item in lease.items if known[item.gid] is None)
         if unknown:
-            scored = score_items(self.model, unknown, self.codec.pad_id, self.temperature)
+            scored = self._score(msgspec.structs.replace(lease, items=unknown))
             known.update(zip((item.gid for item in unknown), scored, strict=True))
         results = tuple(
             p.Result(item.gid, LogprobsOut(known[item.gid], self.version).to_payload())
@@ -48,17 +78,57 @@ class ScoringActor(Actor):
         """What scoring ``rollouts`` would give, if known without running the model."""
         return None
 
+    def _score(self, lease: p.Lease) -> list[np.ndarray]:
+        if self.gang is None:
+            return score_items(self.model, lease.items, self.codec.pad_id, self.temperature)
+        try:
+            self.gang.order(Order.SCORE, pack_lease(lease))
+            return score_items(
+                self.model, lease.items, self.codec.pad_id, self.temperature, self.gang
+            )
+        except Exception as error:
+            self.broken = True  # the group's ranks no longer agree on where they are
+            raise GangBroken(f"the scoring group broke: {error}") from error
+
+    def on_stop(self) -> None:
+        if self.gang is not None and not self.broken:
+            self.gang.order(Order.STOP)
+            self.gang.close()
+
+    def follow(self, cfg: RunConfig, place: GangPlace) -> int:
+        """Rank ``place.rank`` > 0 of a scoring group: score what the leader orders."""
+        gang = join_group_at(cfg, place)
+        try:
+            model, codec = load_policy(cfg, self.role, place.rank)
+            shard(model, model.lm_head.weight.device, gang.size)
+            temperature = cfg.algorithm.temperature
+            while True:
+                order, body = gang.next_order()
+                if order is Order.STOP:
+                    return 0
+                if order is not Order.SCORE:
+                    raise GangBroken(f"a scoring rank got the order {order}")
+                score_items(model, unpack_lease(body).items, codec.pad_id, temperature, gang)
+        finally:
+            gang.close()
+
 
 def tokens_of(lease: p.Lease) -> int:
     """Response tokens in a lease's groups."""
     return sum(int(RolloutsOut.of(item).lengths.sum()) for item in lease.items)
 
 
-@torch.inference_mode()
 def score_items(
-    model: CausalLM, items: tuple[p.Item, ...], pad_id: int, temperature: float
+    model: CausalLM,
+    items: tuple[p.Item, ...],
+    pad_id: int,
+    temperature: float,
+    gang: Gang | None = None,
 ) -> list[np.ndarray]:
-    """Per item, log-probs of its responses ``[n, longest]`` (float32; 0 past each end)."""
+    """Per item, log-probs of its responses ``[n, longest]`` (float32; 0 past each end).
+
+    With a ``gang`` every rank calls this with the same items (a collective).
+    """
     rollouts = [RolloutsOut.of(item) for item in items]
     prompts, responses = [], []
     for group in rollouts:
@@ -66,10 +136,43 @@ def score_items(
             prompts.append(group.prompt_ids.tolist())
             responses.append(response)
     packed = pack(prompts, responses, pad_id)
-    scores = response_logprobs(model.eval(), packed, temperature).cpu().numpy()
+    if gang is None:
+        with torch.inference_mode():
+            scores = response_logprobs(model.eval(), packed, temperature).cpu().numpy()
+    else:
+        scores = _score_shared(model, packed, temperature, gang)
     out, row = [], 0
     for group in rollouts:
         n, width = group.response_ids.shape
         out.append(np.ascontiguousarray(scores[row : row + n, :width], dtype=np.float32))
         row += n
     return out
+
+
+def _score_shared(model: CausalLM, packed: Packed, temperature: float, gang: Gang) -> np.ndarray:
+    """Each rank scores one block of the rows; every rank gets every block back."""
+    rows = packed.ids.shape[0]
+    block = -(-rows // gang.size)
+    first = min(gang.rank * block, rows)
+    mine = _rows_of(packed, first, min(first + block, rows))
+    # A rank with no rows still runs a forward pass: the others' need its all-gathers.
+    real = mine.ids.shape[0]
+    if real == 0:
+        mine = _rows_of(packed, 0, 1)
+    with torch.no_grad():  # not inference mode: the sharded parameters are gathered in it
+        scores = response_logprobs(model.eval(), mine, temperature)
+    device = scores.device
+    out = torch.zeros(block, packed.mask.shape[1], device=device)
+    out[:real] = scores[:real]
+    gathered = torch.empty(gang.size * block, out.shape[1], device=device)
+    dist.all_gather_into_tensor(gathered, out)
+    return gathered[:rows].cpu().numpy()
+
+
+def _rows_of(packed: Packed, start: int, stop: int) -> Packed:
+    return Packed(
+        packed.ids[start:stop],
+        packed.starts[start:stop],
+        packed.lengths[start:stop],
+        packed.mask[start:stop],
+    )

@@ -29,7 +29,9 @@ from datetime import timedelta
 import msgpack
 import structlog
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
+from asyncrl.transport import protocol as p
 
 from .actor import ActorBroken
 
@@ -38,6 +40,10 @@ __all__ = [
     "GangBroken",
     "GangPlace",
     "Order",
+    "join_group",
+    "join_group_at",
+    "pack_lease",
+    "unpack_lease",
 ]
 
 log = structlog.get_logger("asyncrl.gang")
@@ -54,6 +60,7 @@ class Order(enum.StrEnum):
     """What the leader asks the followers to join in."""
 
     STEP = "step"  # train on a lease (the body: the lease's frames)
+    SCORE = "score"  # score a lease's responses, each rank its share of the rows
     GATHER = "gather"  # gather the full weights and optimizer state on the leader
     STOP = "stop"  # the leader is leaving; so do the followers, with exit status 0
 
@@ -170,3 +177,28 @@ class Gang:
 
 def _order_key(seq: int) -> str:
     return f"asyncrl/order/{seq}"
+
+
+def join_group(cfg: RunConfig) -> Gang | None:
+    """The group the environment places this process in; None for a worker on its own."""
+    place = GangPlace.from_env()
+    if place is None or place.size == 1:
+        return None
+    return join_group_at(cfg, place)
+
+
+def join_group_at(cfg: RunConfig, place: GangPlace) -> Gang:
+    backend = "nccl" if cfg.backends.device == "cuda" else "gloo"  # within the group only
+    return Gang(place, backend=backend, timeout_s=cfg.backends.collective_timeout_s)
+
+
+def pack_lease(lease: p.Lease) -> bytes:
+    """A lease as one order body: its protocol frames (arrays as raw bytes), never pickled."""
+    return msgpack.packb([bytes(frame) for frame in p.encode(lease)])
+
+
+def unpack_lease(body: bytes) -> p.Lease:
+    lease = p.decode(msgpack.unpackb(body))
+    if not isinstance(lease, p.Lease):
+        raise ValueError(f"an order carries a {type(lease).__name__}, not a Lease")
+    return lease

@@ -74,4 +74,5 @@ class Logp(ScoringActor):
         return reports
 
     def on_stop(self) -> None:
+        super().on_stop()
         self.weights.receiver.close()

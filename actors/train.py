@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-import msgpack
 import numpy as np
 import structlog
 import torch
@@ -36,7 +35,16 @@ from asyncrl.transport.weights import Announcement, make_publisher
 from ._learner import Group, Learner, StepStats
 from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
-from .gang import Gang, GangBroken, GangPlace, Order
+from .gang import (
+    Gang,
+    GangBroken,
+    GangPlace,
+    Order,
+    join_group,
+    join_group_at,
+    pack_lease,
+    unpack_lease,
+)
 from .policy.checkpoint import load_state, model_dir, save_state, state_for_saving
 from .policy.model import CausalLM
 
@@ -55,7 +63,7 @@ class Train(Actor):
         cfg = self.cfg = ctx.config
         self.run = RunDir.of(cfg)
         self.source = model_dir(cfg.model.path)
-        self.gang = _join(cfg)
+        self.gang = join_group(cfg)
         model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
@@ -72,7 +80,7 @@ class Train(Actor):
         self._catch_up(lease.version)
         started = time.perf_counter()
         groups = [Group.of(item) for item in lease.items]
-        body = _pack(lease) if self.gang is not None else b""
+        body = pack_lease(lease) if self.gang is not None else b""
         stats, self.newest = self._together(Order.STEP, groups, body)
         self.step += 1
         seconds = time.perf_counter() - started
@@ -185,7 +193,7 @@ class Train(Actor):
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
-        gang = _gang(cfg, place)
+        gang = join_group_at(cfg, place)
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
             learner, _step, _weights = _learner(cfg, model, codec.pad_id, gang, RunDir.of(cfg))
@@ -195,22 +203,10 @@ class Train(Actor):
                     return 0
                 groups = None
                 if order is Order.STEP:
-                    groups = [Group.of(item) for item in _unpack(body).items]
+                    groups = [Group.of(item) for item in unpack_lease(body).items]
                 _carry_out(learner, order, groups)
         finally:
             gang.close()
-
-
-def _join(cfg: RunConfig) -> Gang | None:
-    place = GangPlace.from_env()
-    if place is None or place.size == 1:
-        return None
-    return _gang(cfg, place)
-
-
-def _gang(cfg: RunConfig, place: GangPlace) -> Gang:
-    backend = "nccl" if cfg.backends.device == "cuda" else "gloo"  # within the group only
-    return Gang(place, backend=backend, timeout_s=cfg.backends.collective_timeout_s)
 
 
 def _learner(
@@ -242,17 +238,6 @@ def _carry_out(learner: Learner, order: Order, groups: list[Group] | None) -> An
     if order is Order.GATHER:
         return learner.full_weights(), learner.full_optimizer_state()
     raise ValueError(f"no work for order {order}")
-
-
-def _pack(lease: p.Lease) -> bytes:
-    return msgpack.packb([bytes(frame) for frame in p.encode(lease)])
-
-
-def _unpack(body: bytes) -> p.Lease:
-    lease = p.decode(msgpack.unpackb(body))
-    if not isinstance(lease, p.Lease):
-        raise ValueError(f"a step order carries a {type(lease).__name__}, not a Lease")
-    return lease
 
 
 def _mismatch(groups: list[Group]) -> dict:

@@ -25,8 +25,8 @@ __all__ = ["GROUPED_ROLES", "WORKER_MODULE", "local_specs", "run_locally"]
 # Workers are started by module name: the launcher runs role code, it never imports it.
 WORKER_MODULE = "asyncrl.actors.cli"
 # Roles whose workers form one group of ranks (pipeline.workers.train=N: N ranks of one
-# sharded trainer), rather than N independent workers.
-GROUPED_ROLES = frozenset({"train"})
+# sharded trainer; ref_logp: of one sharded reference), rather than N independent workers.
+GROUPED_ROLES = frozenset({"train", "ref_logp"})
 
 
 def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:

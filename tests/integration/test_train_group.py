@@ -1,4 +1,5 @@
-"""A training group of 2 ranks (FSDP2 over gloo, real processes) against one rank.
+"""Groups of 2 ranks (FSDP2 over gloo, real processes) against one rank: training, and
+scoring with a sharded reference model (ref_logp).
 
 The same batch, the same starting weights: the step's loss, its gradient norm and the
 updated weights must agree to fp32 rounding. The batch has 5 groups in micro-batches of
@@ -19,9 +20,10 @@ import pytest
 import torch
 
 from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors.gang import Gang, GangPlace, Order
+from asyncrl.actors._scorer import score_items
+from asyncrl.actors.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.train import _pack, _unpack
+from asyncrl.actors.policy.sharding import shard
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
@@ -35,25 +37,25 @@ def _config():
     return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}})
 
 
-def _lease(seed: int = 0) -> p.Lease:
+def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) -> p.Lease:
     rng = np.random.default_rng(seed)
     items = []
-    for gid in range(_GROUPS):
+    for gid in range(groups):
         longest = int(rng.integers(3, 9))
-        lengths = rng.integers(1, longest + 1, size=_RESPONSES).astype(np.int32)
+        lengths = rng.integers(1, longest + 1, size=responses).astype(np.int32)
         lengths[0] = longest
-        logprobs = -rng.random((_RESPONSES, longest), dtype=np.float32)
+        logprobs = -rng.random((responses, longest), dtype=np.float32)
         data = {
             Role.GENERATE.value: {
                 "prompt_ids": rng.integers(3, 20, size=int(rng.integers(2, 6))).astype(np.int32),
-                "response_ids": rng.integers(3, 20, size=(_RESPONSES, longest)).astype(np.int32),
+                "response_ids": rng.integers(3, 20, size=(responses, longest)).astype(np.int32),
                 "lengths": lengths,
                 "logprobs": logprobs,
-                "versions": np.zeros((_RESPONSES, longest), np.int32),
-                "truncated": np.zeros(_RESPONSES, np.uint8),
+                "versions": np.zeros((responses, longest), np.int32),
+                "truncated": np.zeros(responses, np.uint8),
             },
             Role.LOGP.value: {"logprobs": logprobs - 0.01, "version": 0},
-            Role.REWARD.value: {"rewards": rng.integers(0, 2, _RESPONSES).astype(np.float32)},
+            Role.REWARD.value: {"rewards": rng.integers(0, 2, responses).astype(np.float32)},
         }
         items.append(p.Item(gid, f"g{gid}", data))
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
@@ -77,11 +79,11 @@ def _rank_main(rank: int, port: int, recompute: bool, results) -> None:
         learner = Learner(model, _config(), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
-            gang.order(Order.STEP, _pack(lease))
+            gang.order(Order.STEP, pack_lease(lease))
         else:
             order, body = gang.next_order()
             assert order is Order.STEP
-            lease = _unpack(body)
+            lease = unpack_lease(body)
         stats = learner.step([Group.of(item) for item in lease.items])
         weights = learner.full_weights()
         if rank == 0:
@@ -144,3 +146,38 @@ def test_two_ranks_train_like_one_on_the_same_batch(recompute: bool) -> None:
         for n in ("model.layers.0.mlp.up_proj.weight",)
     )
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
+
+
+def _scoring_rank(rank: int, port: int, results) -> None:
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    try:
+        model, codec = load_model("embedded")
+        shard(model, torch.device("cpu"), 2)
+        # 20 rows: a block of 10 each; then 1 row: rank 1 has none and pairs up anyway.
+        for lease in (_lease(3), _lease(4, groups=1, responses=1)):
+            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
+            if rank == 0:
+                results.put([s.copy() for s in scores])
+    finally:
+        gang.close()
+
+
+def test_a_reference_sharded_over_two_ranks_scores_like_one_model() -> None:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [context.Process(target=_scoring_rank, args=(r, port, results)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    shared = [_first_result(results, ranks) for _ in range(2)]
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    model, codec = load_model("embedded")
+    for lease, got in zip((_lease(3), _lease(4, groups=1, responses=1)), shared, strict=True):
+        expected = score_items(model, lease.items, codec.pad_id, 1.0)
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            assert np.abs(a - b).max() <= 1e-5
