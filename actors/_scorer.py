@@ -34,6 +34,7 @@ from .payloads import LogprobsOut, RolloutsOut
 from .policy.model import CausalLM
 from .policy.scoring import Packed, pack, response_logprobs
 from .policy.sharding import shard
+from .preflight import check_device, check_engine, check_model
 
 __all__ = ["ScoringActor", "score_items", "tokens_of"]
 
@@ -45,6 +46,10 @@ class ScoringActor(Actor):
     # Whether its workers may form a group of ranks: a scorer that loads new versions
     # (logp) would need every rank to load them, which is not built.
     forms_groups: ClassVar[bool] = False
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.temperature = ctx.config.algorithm.temperature

@@ -66,6 +66,12 @@ class Actor:
     claim_size: ClassVar[int] = 1  # groups asked for per claim (the dataloader: per AddGroups)
     publishes_versions: ClassVar[bool] = False  # the trainer: announce each trained step
 
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        """Problems with ``cfg`` this role can see before any process starts (one line
+        each, naming the key): ``asyncrl run`` stops on them before starting anything."""
+        return []
+
     def on_start(self, ctx: WorkerContext) -> None:
         """The worker is registered; load what the role needs."""
 

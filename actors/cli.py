@@ -3,6 +3,7 @@
     asyncrl-worker --role generate --scheduler tcp://HOST:PORT [--events tcp://HOST:PORT]
                    [-c run.yaml] [--index N] [section.key=value ...]
     asyncrl-worker roles       # each role's stages: what it consumes and what it produces
+    asyncrl-worker check [-c run.yaml] [section.key=value ...]   # what would stop a run
 
 The role's code is ``ROLES[role]`` of the module ``pipeline.actors`` names. The events
 endpoint defaults to the control port + 1. Without ``--scheduler`` the worker dials the
@@ -14,7 +15,6 @@ current lease is finished first; a second one hurries.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import signal
 import sys
@@ -39,6 +39,7 @@ from asyncrl.transport.security import KeyFileError, curve_required, load_client
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
+from . import preflight
 from ._payloads import WorkerPayloads, serving_host
 from .actor import Actor, ActorBroken
 from .gang import GangPlace
@@ -59,6 +60,9 @@ def _roles(_args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     actor_class = load_actor_class(cfg.pipeline.actors, args.role)
+    found = actor_class.check(cfg)
+    if found:  # the same on every start: say so once and stop, do not go round again
+        raise UsageError("; ".join(found))
     place = _gang_place(args)
     index = place.rank if place is not None else args.index
     name = default_worker_name(args.role) if index is None else f"{args.role}-{index}"
@@ -142,19 +146,17 @@ def _run_worker(
 def load_actor_class(module_name: str, role: str) -> type[Actor]:
     """``ROLES[role]`` of ``module_name``; UsageError naming what is missing."""
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"pipeline.actors: cannot import {module_name!r}: {error}") from None
-    roles = getattr(module, "ROLES", None)
-    if not isinstance(roles, dict):
-        raise UsageError(f"pipeline.actors: {module_name} has no ROLES mapping of role to class")
-    if role not in roles:
-        known = ", ".join(sorted(roles))
-        raise UsageError(f"{module_name}.ROLES has no role {role!r}; it has: {known}")
-    actor_class = roles[role]
-    if getattr(actor_class, "role", None) != role:
-        raise UsageError(f"{module_name}.ROLES[{role!r}] is a class whose role is not {role!r}")
-    return actor_class
+        return preflight.load_actor_class(module_name, role)
+    except preflight.PreflightError as error:
+        raise UsageError(str(error)) from None
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Every problem the run's roles can see before starting, one line each."""
+    found = preflight.problems(config_from_args(args))
+    for problem in found:
+        print(f"asyncrl: {problem}", file=sys.stderr)
+    return 2 if found else 0
 
 
 def _endpoints(args: argparse.Namespace, cfg: RunConfig) -> Endpoints:
@@ -236,10 +238,22 @@ def build_roles_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asyncrl-worker check",
+        description="check what the run's roles need before starting any process",
+    )
+    add_config_arguments(parser)
+    parser.set_defaults(handler=_check)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["roles"]:
         return run_command("asyncrl-worker", build_roles_parser(), args[1:])
+    if args[:1] == ["check"]:
+        return run_command("asyncrl-worker check", build_check_parser(), args[1:])
     return run_command("asyncrl-worker", build_parser(), args)
 
 

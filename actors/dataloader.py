@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from .actor import Actor, WorkerContext
 from .payloads import PromptIn
+from .preflight import check_task
 from .tasks import Task, load_task
 
 __all__ = ["Dataloader", "group_key"]
@@ -28,6 +30,11 @@ def group_key(index: int) -> str:
 
 class Dataloader(Actor):
     role: ClassVar[str] = Role.DATALOADER.value
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return check_task(cfg)
+
     claim_size: ClassVar[int] = 256  # groups offered per request, at most
 
     def __init__(self) -> None:

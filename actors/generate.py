@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 import structlog
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
@@ -36,6 +37,7 @@ from ._weights import WeightFollower
 from .actor import Outcome, StreamingActor, WorkerContext
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
+from .preflight import check_device, check_engine, check_model, check_task
 from .tasks import RewardFunction, Sample, TaskError, load_task
 
 __all__ = ["Generate"]
@@ -64,6 +66,15 @@ class _Validation:
 
 class Generate(StreamingActor):
     role: ClassVar[str] = Role.GENERATE.value
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return [
+            *check_engine(cfg, cls.role),
+            *check_device(cfg),
+            *check_model(cfg),
+            *check_task(cfg),
+        ]
 
     def __init__(self, slots: int = DEFAULT_SLOTS) -> None:
         self.slots = slots

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
@@ -21,6 +22,7 @@ from .actor import Actor, Outcome, WorkerContext
 from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
+from .preflight import check_task
 from .tasks import RewardFunction, Sample, load_task
 
 __all__ = ["Reward"]
@@ -28,6 +30,11 @@ __all__ = ["Reward"]
 
 class Reward(Actor):
     role: ClassVar[str] = Role.REWARD.value
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return check_task(cfg)
+
     claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
 
     def on_start(self, ctx: WorkerContext) -> None:

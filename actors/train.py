@@ -47,6 +47,7 @@ from .gang import (
 )
 from .policy.checkpoint import load_state, model_dir, save_state, state_for_saving
 from .policy.model import CausalLM
+from .preflight import check_device, check_engine, check_model
 
 __all__ = ["Train"]
 
@@ -58,6 +59,10 @@ TRAINER_STATE = "trainer_state.pt"
 class Train(Actor):
     role: ClassVar[str] = Role.TRAIN.value
     publishes_versions: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config

@@ -25,6 +25,7 @@ class EventKind(StrEnum):
     EXITED = "exited"
     RESTARTING = "restarting"
     GAVE_UP = "gave_up"
+    FAILING = "failing"
     STOPPING = "stopping"
     KILLED = "killed"
     DONE = "done"
@@ -36,6 +37,8 @@ _TEMPLATES = {
     EventKind.RESTARTING: "restarting {name} in {delay_s:g}s (restart {restart})",
     EventKind.GAVE_UP: "{name} exited again after {restarts} restarts "
     "(max_restarts={max_restarts}); giving up",
+    EventKind.FAILING: "{name} failed the same way on {starts} starts in a row, so it is not "
+    "started again: {reason}",
     EventKind.STOPPING: "stopping: {reason}",
     EventKind.KILLED: "killed {name} (pid {pid}): {why}",
     EventKind.DONE: "done, exit code {code}",

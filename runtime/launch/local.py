@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +21,7 @@ from .gangs import ENV_RANK, ENV_SIZE
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
 
-__all__ = ["GROUPED_ROLES", "WORKER_MODULE", "local_specs", "run_locally"]
+__all__ = ["GROUPED_ROLES", "WORKER_MODULE", "local_specs", "preflight", "run_locally"]
 
 # Workers are started by module name: the launcher runs role code, it never imports it.
 WORKER_MODULE = "asyncrl.actors.cli"
@@ -61,7 +62,17 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
         pass  # alive, another user's: the scheduler's journal lock will say so
 
 
+def preflight(config_args: Sequence[str]) -> int:
+    """``asyncrl-worker check`` on the same config: what the roles can see is wrong now
+    (a model directory, a plug-in path, a device), each a line on stderr; 0 if nothing."""
+    argv = [sys.executable, "-m", WORKER_MODULE, "check", *config_args]
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, check=False).returncode
+
+
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:
+    status = preflight(config_args)
+    if status != 0:
+        return status  # nothing started: the reasons are on the terminal already
     run = RunDir.of(cfg)
     run.logs.mkdir(parents=True, exist_ok=True)
     _forget_dead_scheduler(cfg)

@@ -17,6 +17,10 @@ Children that share a `gang` (the ranks of a training group) live and die togeth
 one fails, the others are killed at once and all start again together, after the failed
 one's delay, with a fresh leader address in their environment (gangs.ENV_ADDR).
 
+A child that fails `crash_loop_starts` times in a row the same way (the last line of its
+log), each time within `healthy_after_s` of starting, would fail again: the run stops with
+that line on the terminal instead of restarting it forever.
+
 A second SIGINT or SIGTERM during a stop jumps to step 3. Each child's stdout and stderr are
 appended to `log_dir/<name>.log`; see `_spawn` for how children die with the supervisor.
 
@@ -33,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -41,6 +45,7 @@ from ._backoff import Backoff
 from ._spawn import kill, spawn
 from .events import EventKind, print_event
 from .gangs import ENV_ADDR, free_local_address
+from .last_words import last_words
 
 __all__ = ["ChildSpec", "OnEvent", "Supervisor"]
 
@@ -81,6 +86,8 @@ class _Child:
     started_at: float = 0.0
     restarts: int = 0
     restart_at: float | None = None  # when a pending restart is due (monotonic)
+    # Why it failed, for each failure in a row that came before it was ever healthy.
+    early_failures: list[str] = field(default_factory=list)
 
 
 class Supervisor:
@@ -96,6 +103,7 @@ class Supervisor:
         healthy_after_s: float = 30.0,
         stop_grace_s: float = 15.0,
         max_restarts: int | None = None,
+        crash_loop_starts: int = 3,
         on_event: OnEvent | None = None,
     ) -> None:
         _check_specs(specs)
@@ -107,6 +115,8 @@ class Supervisor:
         self._log_dir = log_dir
         self._grace_s = stop_grace_s
         self._max_restarts = max_restarts
+        self._healthy_after_s = healthy_after_s
+        self._crash_loop_starts = crash_loop_starts
         self._on_event = on_event or print_event
         self._ran = False
         # Written by signal handlers and other threads; plain assignments, read by the loop.
@@ -224,10 +234,28 @@ class Supervisor:
             self._begin_stop(f"{child.spec.name} exited")
         elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
             # Exit 0 is a worker leaving on purpose (the run is over): not a failure.
+            if self._failing_every_start(child, lived_s):
+                return
             if child.spec.gang is None:
                 self._schedule_restart(child, lived_s)
             else:
                 self._restart_gang(child, lived_s)
+
+    def _failing_every_start(self, child: _Child, lived_s: float) -> bool:
+        """Whether ``child`` failed the same way on its last starts, none of them healthy:
+        then restarting it again is pointless; the run stops with its reason."""
+        if lived_s >= self._healthy_after_s:
+            child.early_failures.clear()  # it ran fine for a while: a crash, not a loop
+            return False
+        reason = last_words(self._log_dir / f"{child.spec.name}.log")
+        child.early_failures.append(reason)
+        recent = child.early_failures[-self._crash_loop_starts :]
+        if len(recent) < self._crash_loop_starts or len(set(recent)) > 1:
+            return False
+        self._gave_up = True
+        self._emit(EventKind.FAILING, name=child.spec.name, starts=len(recent), reason=reason)
+        self._begin_stop(f"{child.spec.name} fails on every start")
+        return True
 
     def _restart_gang(self, failed: _Child, lived_s: float) -> None:
         """A member failed: the rest of its gang cannot go on without it; all start again."""

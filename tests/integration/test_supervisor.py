@@ -52,6 +52,15 @@ print("out: starting")
 print("err: crashing", file=sys.stderr)
 sys.exit(1)
 """
+# Fails at once with one reason: argv[2] "same" each time, "count": the start's number.
+QUIET_CRASHER = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write("start\\n")
+n = open(sys.argv[1]).read().count("start")
+why = sys.argv[2] if sys.argv[2] == "same" else str(n)
+raise SystemExit("RuntimeError: cannot start: " + why)
+"""
 # Runs a Supervisor in its own process, as `asyncrl run` would; config is JSON in argv[1].
 DRIVER = """
 import json, sys
@@ -173,7 +182,12 @@ def test_a_crashing_worker_is_restarted_with_a_doubling_backoff(tmp_path: Path) 
             (tmp_path / "enough").touch()
 
     status = Supervisor(
-        specs, tmp_path / "logs", backoff_initial_s=0.05, backoff_max_s=0.2, on_event=on_event
+        specs,
+        tmp_path / "logs",
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        crash_loop_starts=100,  # it fails the same way each time: not what is tested here
+        on_event=on_event,
     ).run()
 
     assert status == 0
@@ -198,12 +212,53 @@ def test_a_worker_past_max_restarts_ends_the_run_with_status_1(tmp_path: Path) -
         ChildSpec("scheduler", py("import time; time.sleep(60)"), restart=False),
         ChildSpec("generate-0", py(CRASHER, starts), restart=True),
     ]
-    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01, max_restarts=2)
+    status, events = supervise(
+        tmp_path, specs, backoff_initial_s=0.01, max_restarts=2, crash_loop_starts=100
+    )
 
     assert status == 1
     assert starts.read_text().count("start") == 3  # the first run and two restarts
     assert events.of("gave_up") == [{"name": "generate-0", "restarts": 2, "max_restarts": 2}]
     assert events.of("exited", "scheduler")[0]["signal"] == "SIGTERM"
+
+
+def test_a_worker_failing_the_same_way_on_every_start_ends_the_run_with_why(
+    tmp_path: Path,
+) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec("scheduler", py("import time; time.sleep(60)"), restart=False),
+        ChildSpec("generate-0", py(QUIET_CRASHER, starts, "same"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01)
+
+    assert status == 1
+    assert starts.read_text().count("start") == 3
+    assert events.of("failing") == [
+        {"name": "generate-0", "starts": 3, "reason": "RuntimeError: cannot start: same"}
+    ]
+
+
+def test_a_worker_failing_differently_each_start_is_still_restarted(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec("scheduler", py(WAITER, 0, tmp_path / "enough"), restart=False),
+        ChildSpec("generate-0", py(QUIET_CRASHER, starts, "count"), restart=True),
+    ]
+    recorder = Recorder()
+
+    def on_event(kind: str, fields: dict[str, object]) -> None:
+        recorder(kind, fields)
+        if kind == "restarting" and fields["restart"] == 5:
+            (tmp_path / "enough").touch()
+
+    status = Supervisor(
+        specs, tmp_path / "logs", backoff_initial_s=0.01, backoff_max_s=0.02, on_event=on_event
+    ).run()
+
+    assert status == 0
+    assert recorder.of("failing") == []
+    assert starts.read_text().count("start") >= 5
 
 
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:

@@ -1,0 +1,92 @@
+"""What cannot work stops the run at once with its reason, instead of restarting forever.
+
+Real ``asyncrl run`` and ``asyncrl-worker`` processes: an unusable model directory or
+plug-in path is refused before any process starts (one line per problem); a worker that
+fails the same way on every start ends the run with its reason on the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _asyncrl(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.runtime.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return done, time.monotonic() - started
+
+
+def _run_args(tmp_path: Path, *overrides: str) -> list[str]:
+    return [
+        "run",
+        "-c",
+        "deploy/configs/default.yaml",
+        f"run.dir={tmp_path / 'run'}",
+        "scheduler.control_port=0",
+        "scheduler.events_port=0",
+        *overrides,
+    ]
+
+
+def test_a_missing_model_directory_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
+    done, seconds = _asyncrl(*_run_args(tmp_path, f"model.path={tmp_path / 'nowhere'}"))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"asyncrl: model.path='{tmp_path / 'nowhere'}': no such directory"]
+    assert seconds < 20
+    assert not (tmp_path / "run" / "journal").exists()  # no scheduler ever started
+
+
+def test_an_unknown_architecture_and_a_bad_plug_in_are_each_one_line(tmp_path: Path) -> None:
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    done, seconds = _asyncrl(*_run_args(tmp_path, f"model.path={model}", "data.task=nope:task"))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith("asyncrl: data.task='nope:task': cannot import 'nope'")
+    assert "GPT2LMHeadModel" in lines[1] and "Qwen3ForCausalLM" in lines[1]
+    assert seconds < 20
+
+
+def test_a_worker_started_by_hand_refuses_a_bad_model_at_once(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "asyncrl.actors.cli", "--role", "train"),
+            *("-c", "deploy/configs/default.yaml", f"model.path={tmp_path}", f"run.dir={tmp_path}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"asyncrl-worker: error: model.path='{tmp_path}': no config.json")
+    assert time.monotonic() - started < 20
+
+
+def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_path: Path) -> None:
+    done, seconds = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    failing = [line for line in done.stderr.splitlines() if "starts in a row" in line]
+    assert len(failing) == 1, done.stderr[-3000:]
+    assert "reward-0 failed the same way on 3 starts in a row" in failing[0]
+    assert "the reward model's server at 127.0.0.1:9 refused" in failing[0]
+    assert done.stderr.count("started reward-0") == 3  # never a fourth time
+    assert seconds < 120
