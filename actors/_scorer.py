@@ -36,7 +36,7 @@ from .policy.scoring import Packed, pack, response_logprobs
 from .policy.sharding import shard
 from .preflight import check_device, check_engine, check_model
 
-__all__ = ["ScoringActor", "score_items", "tokens_of"]
+__all__ = ["ScoringActor", "score_items", "score_rollouts", "tokens_of"]
 
 
 class ScoringActor(Actor):
@@ -68,29 +68,34 @@ class ScoringActor(Actor):
         return None
 
     def process(self, lease: p.Lease) -> Outcome:
-        known = {item.gid: self.known_scores(RolloutsOut.of(item)) for item in lease.items}
+        rollouts = {item.gid: RolloutsOut.of(item) for item in lease.items}  # read once
+        known = {gid: self.known_scores(r) for gid, r in rollouts.items()}
         unknown = tuple(item for item in lease.items if known[item.gid] is None)
         if unknown:
-            scored = self._score(msgspec.structs.replace(lease, items=unknown))
+            scored = self._score(
+                msgspec.structs.replace(lease, items=unknown),
+                [rollouts[item.gid] for item in unknown],
+            )
             known.update(zip((item.gid for item in unknown), scored, strict=True))
         results = tuple(
             p.Result(item.gid, LogprobsOut(known[item.gid], self.version).to_payload())
             for item in lease.items
         )
-        return Outcome(results, tokens=tokens_of(lease))
+        tokens = sum(int(r.lengths.sum()) for r in rollouts.values())
+        return Outcome(results, tokens=tokens)
 
     def known_scores(self, rollouts: RolloutsOut) -> np.ndarray | None:
         """What scoring ``rollouts`` would give, if known without running the model."""
         return None
 
-    def _score(self, lease: p.Lease) -> list[np.ndarray]:
+    def _score(self, lease: p.Lease, rollouts: list[RolloutsOut]) -> list[np.ndarray]:
+        """Scores of ``lease``'s groups (their ``rollouts``), with the group if there is one."""
+        pad_id, temperature = self.codec.pad_id, self.temperature
         if self.gang is None:
-            return score_items(self.model, lease.items, self.codec.pad_id, self.temperature)
+            return score_rollouts(self.model, rollouts, pad_id, temperature)
         try:
-            self.gang.order(Order.SCORE, pack_lease(lease))
-            return score_items(
-                self.model, lease.items, self.codec.pad_id, self.temperature, self.gang
-            )
+            self.gang.order(Order.SCORE, pack_lease(lease))  # the others read it themselves
+            return score_rollouts(self.model, rollouts, pad_id, temperature, self.gang)
         except Exception as error:
             self.broken = True  # the group's ranks no longer agree on where they are
             raise GangBroken(f"the scoring group broke: {error}") from error
@@ -135,6 +140,17 @@ def score_items(
     With a ``gang`` every rank calls this with the same items (a collective).
     """
     rollouts = [RolloutsOut.of(item) for item in items]
+    return score_rollouts(model, rollouts, pad_id, temperature, gang)
+
+
+def score_rollouts(
+    model: CausalLM,
+    rollouts: list[RolloutsOut],
+    pad_id: int,
+    temperature: float,
+    gang: Gang | None = None,
+) -> list[np.ndarray]:
+    """:func:`score_items` for groups already read from their items."""
     prompts, responses = [], []
     for group in rollouts:
         for response in group.responses():

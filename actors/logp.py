@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
@@ -29,7 +30,16 @@ from .actor import WorkerContext
 from .payloads import RolloutsOut
 from .policy.checkpoint import load_state
 
-__all__ = ["Logp"]
+__all__ = ["Logp", "reuses_generator_logprobs"]
+
+
+def reuses_generator_logprobs(cfg: RunConfig) -> bool:
+    """Whether logp may take a generator's log-probs as its own for a group of its version.
+
+    The torch generator runs this same model code: under the same weights its log-probs
+    are what scoring would give. Another engine's kernels are not, so they are recomputed.
+    """
+    return cfg.algorithm.proximal_logp == "auto" and cfg.backends.generate == "torch"
 
 
 class Logp(ScoringActor):
@@ -43,9 +53,7 @@ class Logp(ScoringActor):
         super().on_start(ctx)
         self.worker = ctx.worker
         cfg = ctx.config
-        # The generator's log-probs come from this same model code: under the same weights
-        # they are what scoring would give, so they are reused rather than recomputed.
-        self.reuses = cfg.algorithm.proximal_logp == "auto" and cfg.backends.generate == "torch"
+        self.reuses = reuses_generator_logprobs(cfg)
         receiver = make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights))
         self.weights = WeightFollower(receiver, ctx.ask_weights)
 

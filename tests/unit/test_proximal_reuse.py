@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from asyncrl.actors._scorer import score_items
-from asyncrl.actors.logp import Logp
+from asyncrl.actors.logp import Logp, reuses_generator_logprobs
 from asyncrl.actors.payloads import RolloutsOut
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.tasks.arithmetic import task
+from asyncrl.runtime.config import config_from_dict
 from asyncrl.transport import protocol as p
 
 
@@ -64,8 +65,23 @@ def rollouts_of_versions(versions: list[int]) -> RolloutsOut:
 def logp_holding(version: int, *, proximal: str = "auto") -> Logp:
     actor = Logp()
     actor.loaded = version
-    actor.reuses = proximal == "auto"  # as on_start sets it for the torch engine
+    actor.reuses = reuses_generator_logprobs(
+        config_from_dict({"algorithm": {"proximal_logp": proximal}})
+    )
     return actor
+
+
+@pytest.mark.parametrize(
+    ("proximal", "engine", "reuses"),
+    [("auto", "torch", True), ("recompute", "torch", False), ("auto", "sglang", False)],
+)
+def test_logprobs_are_reused_only_from_the_same_model_code(
+    proximal: str, engine: str, reuses: bool
+) -> None:
+    cfg = config_from_dict(
+        {"algorithm": {"proximal_logp": proximal}, "backends": {"generate": engine}}
+    )
+    assert reuses_generator_logprobs(cfg) is reuses
 
 
 def test_a_group_wholly_of_the_held_version_is_not_scored_again() -> None:
