@@ -1,9 +1,11 @@
 """What logp and ref_logp share: score a lease's responses under a model, batch by batch.
 
-A scorer can be a group of ranks (ref_logp with ``pipeline.workers.ref_logp`` > 1, for a
-reference model too large for one device): the model is sharded over the ranks (FSDP2),
-rank 0 claims leases and orders the others to score with it; each rank runs the forward
-pass for its block of the lease's rows and the blocks are gathered on every rank.
+A scorer can be a group of ranks (``pipeline.workers.logp`` or ``.ref_logp`` > 1, for a
+model too large for one device): the model is sharded over the ranks (FSDP2), rank 0
+claims leases and orders the others to score with it; each rank runs the forward pass for
+its block of the lease's rows and the blocks are gathered on every rank. A new version
+(logp) reaches rank 0 whole through the weight plane and goes from there to every
+rank's shard.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from .gang import (
     unpack_lease,
 )
 from .payloads import LogprobsOut, RolloutsOut
+from .policy.checkpoint import load_state
 from .policy.model import CausalLM
 from .policy.scoring import Packed, pack, response_logprobs
-from .policy.sharding import shard
+from .policy.sharding import load_into_shards, shard
 from .preflight import check_device, check_engine, check_model
 
 __all__ = ["ScoringActor", "score_items", "score_rollouts", "tokens_of"]
@@ -43,9 +46,6 @@ class ScoringActor(Actor):
     """Log-probs of every response of a lease's groups, under this actor's model."""
 
     claim_size: ClassVar[int] = 4
-    # Whether its workers may form a group of ranks: a scorer that loads new versions
-    # (logp) would need every rank to load them, which is not built.
-    forms_groups: ClassVar[bool] = False
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
@@ -55,8 +55,6 @@ class ScoringActor(Actor):
         self.temperature = ctx.config.algorithm.temperature
         self.gang = join_group(ctx.config)
         self.broken = False
-        if self.gang is not None and not self.forms_groups:
-            raise RuntimeError(f"role {self.role} does not form groups of ranks")
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
         if self.gang is not None:
@@ -100,6 +98,19 @@ class ScoringActor(Actor):
             self.broken = True  # the group's ranks no longer agree on where they are
             raise GangBroken(f"the scoring group broke: {error}") from error
 
+    def load_weights(self, whole: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """A new version into the model (alone: running on the received buffers, no copy;
+        in a group: each rank its shard); returns the tensors the model ran on before."""
+        if self.gang is None:
+            return load_state(self.model, whole, copy=False)
+        try:
+            self.gang.order(Order.LOAD)
+            load_into_shards(self.model, whole)
+        except Exception as error:
+            self.broken = True
+            raise GangBroken(f"the scoring group broke while loading weights: {error}") from error
+        return []
+
     def on_stop(self) -> None:
         if self.gang is not None and not self.broken:
             self.gang.order(Order.STOP)
@@ -116,9 +127,13 @@ class ScoringActor(Actor):
                 order, body = gang.next_order()
                 if order is Order.STOP:
                     return 0
-                if order is not Order.SCORE:
+                if order is Order.LOAD:
+                    load_into_shards(model, None)
+                elif order is Order.SCORE:
+                    lease = unpack_lease(body)
+                    score_items(model, lease.items, codec.pad_id, temperature, gang)
+                else:
                     raise GangBroken(f"a scoring rank got the order {order}")
-                score_items(model, unpack_lease(body).items, codec.pad_id, temperature, gang)
         finally:
             gang.close()
 

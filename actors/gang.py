@@ -61,6 +61,7 @@ class Order(enum.StrEnum):
 
     STEP = "step"  # train on a lease (the body: the lease's frames)
     SCORE = "score"  # score a lease's responses, each rank its share of the rows
+    LOAD = "load"  # take new weights, whole from the leader, each rank its shard
     GATHER = "gather"  # gather the full weights and optimizer state on the leader
     STOP = "stop"  # the leader is leaving; so do the followers, with exit status 0
 

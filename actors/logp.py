@@ -28,7 +28,6 @@ from ._scorer import ScoringActor
 from ._weights import WeightFollower
 from .actor import WorkerContext
 from .payloads import RolloutsOut
-from .policy.checkpoint import load_state
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 
@@ -71,7 +70,7 @@ class Logp(ScoringActor):
         received = self.weights.step(version, self.loaded)
         if received is not None:
             started = time.perf_counter()
-            superseded = load_state(self.model, received.state, copy=False)  # no copy
+            superseded = self.load_weights(received.state)
             cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
             self.loaded = received.version
             self.reports.append(p.Report(self.worker, "weights", self.loaded, cost))

@@ -21,4 +21,3 @@ class RefLogp(ScoringActor):
     """Scores under the base model as loaded at start; it never loads a version."""
 
     role: ClassVar[str] = Role.REF_LOGP.value
-    forms_groups: ClassVar[bool] = True  # frozen: nothing to load after the start

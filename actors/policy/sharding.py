@@ -8,13 +8,16 @@ too). Tied, they share one tensor and so stay in the root unit.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from .model import CausalLM
 
-__all__ = ["shard"]
+__all__ = ["load_into_shards", "shard"]
 
 
 def shard(model: CausalLM, device: torch.device, ranks: int) -> None:
@@ -25,4 +28,18 @@ def shard(model: CausalLM, device: torch.device, ranks: int) -> None:
     if not model.config.tie_word_embeddings:
         fully_shard(model.model.embed_tokens, mesh=mesh)
         fully_shard(model.lm_head, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    # The root too gives back its gathered weights after forward: a scorer runs no
+    # backward that would, and new weights load into shards, not gathered copies.
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+
+
+def load_into_shards(model: CausalLM, whole: Mapping[str, torch.Tensor] | None) -> None:
+    """New weights into a sharded ``model``: rank 0 passes them whole (as the weight plane
+    delivers them), the others None; each rank keeps its shard. A collective."""
+    state: dict[str, torch.Tensor] = {}
+    if whole is not None:
+        state = dict(whole)
+        if model.config.tie_word_embeddings:  # stored once; the model names it twice
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, state, options=options)

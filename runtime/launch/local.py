@@ -26,8 +26,8 @@ __all__ = ["GROUPED_ROLES", "WORKER_MODULE", "local_specs", "preflight", "run_lo
 # Workers are started by module name: the launcher runs role code, it never imports it.
 WORKER_MODULE = "asyncrl.actors.cli"
 # Roles whose workers form one group of ranks (pipeline.workers.train=N: N ranks of one
-# sharded trainer; ref_logp: of one sharded reference), rather than N independent workers.
-GROUPED_ROLES = frozenset({"train", "ref_logp"})
+# sharded trainer; logp, ref_logp: of one sharded scorer), rather than N independent workers.
+GROUPED_ROLES = frozenset({"train", "logp", "ref_logp"})
 
 
 def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:

@@ -1,5 +1,5 @@
 """Groups of 2 ranks (FSDP2 over gloo, real processes) against one rank: training, and
-scoring with a sharded reference model (ref_logp).
+scoring with a sharded model (logp, ref_logp), before and after a new version.
 
 The same batch, the same starting weights: the step's loss, its gradient norm and the
 updated weights must agree to fp32 rounding. The batch has 5 groups in micro-batches of
@@ -22,8 +22,8 @@ import torch
 from asyncrl.actors._learner import Group, Learner
 from asyncrl.actors._scorer import score_items
 from asyncrl.actors.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
-from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.policy.sharding import shard
+from asyncrl.actors.policy.checkpoint import load_model, load_state, state_for_saving
+from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
@@ -148,14 +148,28 @@ def test_two_ranks_train_like_one_on_the_same_batch(recompute: bool) -> None:
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
 
 
+def _next_version() -> dict[str, torch.Tensor]:
+    """Weights as a logp rank 0 receives them: whole, the tied output layer stored once."""
+    model, _ = load_model("embedded")
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return state_for_saving(model)
+
+
 def _scoring_rank(rank: int, port: int, results) -> None:
     torch.set_num_threads(1)
     gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
     try:
         model, codec = load_model("embedded")
         shard(model, torch.device("cpu"), 2)
-        # 20 rows: a block of 10 each; then 1 row: rank 1 has none and pairs up anyway.
-        for lease in (_lease(3), _lease(4, groups=1, responses=1)):
+        # 20 rows: a block of 10 each; then 1 row: rank 1 has none and pairs up anyway;
+        # then 20 rows again under a new version loaded into the shards.
+        for lease in _SCORED:
+            if lease is None:
+                load_into_shards(model, _next_version() if rank == 0 else None)
+                continue
             scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
             if rank == 0:
                 results.put([s.copy() for s in scores])
@@ -163,20 +177,29 @@ def _scoring_rank(rank: int, port: int, results) -> None:
         gang.close()
 
 
-def test_a_reference_sharded_over_two_ranks_scores_like_one_model() -> None:
+_SCORED = (_lease(3), _lease(4, groups=1, responses=1), None, _lease(3))
+
+
+def test_a_scorer_sharded_over_two_ranks_scores_and_loads_versions_like_one_model() -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
     ranks = [context.Process(target=_scoring_rank, args=(r, port, results)) for r in range(2)]
     for process in ranks:
         process.start()
-    shared = [_first_result(results, ranks) for _ in range(2)]
+    shared = [_first_result(results, ranks) for _ in range(3)]
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
     model, codec = load_model("embedded")
-    for lease, got in zip((_lease(3), _lease(4, groups=1, responses=1)), shared, strict=True):
-        expected = score_items(model, lease.items, codec.pad_id, 1.0)
+    expected_all = []
+    for lease in _SCORED:
+        if lease is None:
+            load_state(model, _next_version())
+        else:
+            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+    assert np.abs(expected_all[2][0] - expected_all[0][0]).max() > 1e-3  # the version mattered
+    for got, expected in zip(shared, expected_all, strict=True):
         assert len(got) == len(expected)
         for a, b in zip(got, expected, strict=True):
             assert a.shape == b.shape
