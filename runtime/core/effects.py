@@ -42,6 +42,9 @@ class Reason(StrEnum):
     BAD_VERSION = "bad_version"
     UNKNOWN_RESOURCE = "unknown_resource"
     DUPLICATE_KEY = "duplicate_key"
+    # Not the core's: the daemon refuses a request that names a worker other than the
+    # connection it came on (a worker speaks only for itself).
+    WRONG_SENDER = "wrong_sender"
 
 
 @dataclass(frozen=True, slots=True)

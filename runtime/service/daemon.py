@@ -34,6 +34,7 @@ from typing import Any, Literal
 import structlog
 import zmq
 
+from asyncrl.runtime.core.effects import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import AdaptiveSpin, busy_poll, recv_waiting, send_frames
 
@@ -128,6 +129,13 @@ class SchedulerDaemon:
             if self._should_exit(now):
                 return 0
 
+    def _wrong_sender(self, message: p.Message, claimed: str, sender: bytes) -> p.Error:
+        self.service.core.rejections[Reason.WRONG_SENDER] += 1
+        who = sender.decode("utf-8", "replace")[:_DETAIL]
+        kind = type(message).__name__
+        log.warning("request refused: not its sender's", kind=kind, claimed=claimed, sender=who)
+        return p.Error(Reason.WRONG_SENDER, f"{kind} for {claimed!r} from connection {who!r}")
+
     def _poll_ms(self, next_tick: float) -> int:
         return max(0, int((next_tick - self.clock()) * 1000) + 1)
 
@@ -140,7 +148,7 @@ class SchedulerDaemon:
             if frames is None:
                 return
             identity, body = frames[0], [f.buffer for f in frames[1:]]
-            reply, req_id, kind = self._answer(body)
+            reply, req_id, kind = self._answer(body, identity.bytes)
             out = [identity, *p.encode(reply, req_id)]
             acknowledges = kind in ACKNOWLEDGES_DATA
             if acknowledges:
@@ -156,7 +164,7 @@ class SchedulerDaemon:
                 # The reply owes nothing to the journal: it is on its way before this.
                 self.service.settle()
 
-    def _answer(self, frames: list[Any]) -> tuple[p.Message, int, p.Kind | None]:
+    def _answer(self, frames: list[Any], sender: bytes) -> tuple[p.Message, int, p.Kind | None]:
         size = sum(f.nbytes for f in frames)
         limit = self.service.max_message_bytes
         if size > limit:  # libzmq bounds each frame; the sum is bounded here
@@ -169,6 +177,11 @@ class SchedulerDaemon:
             detail = str(error)[:_DETAIL]
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), error.req_id, None
+        claimed = getattr(message, "worker", None)
+        if claimed is not None and claimed.encode() != sender:
+            # The connection is the identity: a request about a worker (its leases, its
+            # reports, its goodbye) counts only from that worker's own connection.
+            return self._wrong_sender(message, claimed, sender), req_id, None
         try:
             return self.service.answer(message, self.clock()), req_id, message.KIND
         except Exception:

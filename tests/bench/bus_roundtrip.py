@@ -96,19 +96,19 @@ def scheduler_rounds(
     where = json.loads((run_dir / "endpoints.json").read_text())
     cfg = config_from_dict(scheduler_config(run_dir, busy_poll))
     busy_poll_s = cfg.scheduler.worker_busy_poll_us / 1e6
-    link = ZmqLink(
-        where["control"], where["events"], identity=f"bench-{kind}", busy_poll_s=busy_poll_s
-    )
+    # A worker speaks only for itself: one connection each, as in a run.
+    loader = ZmqLink(where["control"], where["events"], identity="loader")
+    link = ZmqLink(where["control"], where["events"], identity="gen", busy_poll_s=busy_poll_s)
     try:
-        for worker, role in (("loader", "dataloader"), ("gen", "generate")):
+        for each, worker, role in ((loader, "loader", "dataloader"), (link, "gen", "generate")):
             assert isinstance(
-                link.request(p.Hello(worker, role, p.PROTOCOL_VERSION, 0), 10), p.Ready
+                each.request(p.Hello(worker, role, p.PROTOCOL_VERSION, 0), 10), p.Ready
             )
         link.request(p.LoadedVersion("gen", 0), 10)
         for start in range(0, total, 500):
             keys = range(start, min(total, start + 500))
             groups = tuple(p.NewGroup(f"k{i}", {"x": i}) for i in keys)
-            link.request(p.AddGroups("loader", groups), 30)
+            loader.request(p.AddGroups("loader", groups), 30)
 
         def one_round() -> None:
             lease = link.request(p.Claim("gen", "generate", 1), 10)
@@ -121,6 +121,7 @@ def scheduler_rounds(
     finally:
         link.request(p.Stop("benchmark done"), 10)
         link.close()
+        loader.close()
         proc.wait(30)
 
 

@@ -50,6 +50,28 @@ def test_a_killed_workers_lease_is_redelivered_and_every_result_arrives_once(clu
     assert '"worker lost"' in log and "generate-0" in log and "groups went back" in log
 
 
+def test_requests_a_second_client_makes_for_live_workers_are_refused(cluster) -> None:
+    c: Cluster = cluster(run={"total_steps": 8})
+    c.scheduler()
+    c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "generate=0.2"})
+    wait_for(lambda: c.steps_done() >= 1, 60, "a train step")
+    forged: list[p.Message] = [
+        p.Report("generate-0", "validation", 1, {"val_reward": 0.0}),
+        p.Bye("logp-0", "forged"),
+        p.Hello("ref_logp-0", "reward", p.PROTOCOL_VERSION, 1),
+        # Fences are lease ids today: every lease so far, as a guesser would try them.
+        *(p.Fail("generate-0", n, n, None, "forged") for n in range(1, 40)),
+    ]
+    with link_to(c, "intruder") as link:
+        for message in forged:
+            reply = link.request(message, 5)
+            assert isinstance(reply, p.Error) and reply.code == "wrong_sender", reply
+    assert c.wait("scheduler", 90) == 0
+    c.check_exactly_once()
+    refused = c.log_text("scheduler").count("request refused: not its sender's")
+    assert refused == len(forged)
+
+
 def test_a_scheduler_killed_mid_run_resumes_and_the_run_ends_exact(cluster) -> None:
     c: Cluster = cluster(
         run={"total_steps": 12},

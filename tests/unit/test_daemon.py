@@ -42,25 +42,36 @@ class Gate:
 
 
 class Running:
-    def __init__(self, daemon: SchedulerDaemon, client: zmq.Socket[Any], gate: Gate) -> None:
+    """The daemon, and one connection per worker (a worker speaks only for itself)."""
+
+    def __init__(self, daemon: SchedulerDaemon, ctx: zmq.Context[Any], gate: Gate) -> None:
         self.daemon = daemon
-        self.client = client
+        self.ctx = ctx
+        self.clients: dict[str, zmq.Socket[Any]] = {}
         self.gate = gate
         self._ids = 0
 
+    def client(self, worker: str) -> zmq.Socket[Any]:
+        if worker not in self.clients:
+            socket = self.ctx.socket(zmq.DEALER)
+            socket.setsockopt(zmq.IDENTITY, worker.encode())
+            socket.connect("inproc://control")
+            self.clients[worker] = socket
+        return self.clients[worker]
+
     def send(self, message: p.Message) -> int:
         self._ids += 1
-        self.client.send_multipart(p.encode(message, self._ids))
+        self.client(message.worker).send_multipart(p.encode(message, self._ids))
         return self._ids
 
-    def reply(self, timeout_ms: int = WAIT_MS) -> tuple[p.Message, int] | None:
-        if not self.client.poll(timeout_ms):
+    def reply(self, timeout_ms: int = WAIT_MS, worker: str = "gen") -> tuple[p.Message, int] | None:
+        if not self.client(worker).poll(timeout_ms):
             return None
-        return p.decode_with_id(self.client.recv_multipart())
+        return p.decode_with_id(self.client(worker).recv_multipart())
 
     def call(self, message: p.Message) -> p.Message:
         sent = self.send(message)
-        answer = self.reply()
+        answer = self.reply(worker=message.worker)
         assert answer is not None, f"no reply to {message}"
         assert answer[1] == sent
         return answer[0]
@@ -89,9 +100,7 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running
     daemon = SchedulerDaemon(service, sockets.control, sockets.events, wake_fd, ack_after="fsync")
     loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
     loop.start()
-    client = ctx.socket(zmq.DEALER)
-    client.connect("inproc://control")
-    run = Running(daemon, client, gate)
+    run = Running(daemon, ctx, gate)
     try:
         assert isinstance(run.call(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1)), p.Ready)
         assert isinstance(run.call(p.Hello("gen", "generate", p.PROTOCOL_VERSION, 1)), p.Ready)
@@ -105,7 +114,8 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running
         daemon.request_stop()
         daemon.request_stop()
         loop.join(10)
-        client.close(linger=0)
+        for client in run.clients.values():
+            client.close(linger=0)
         sockets.close()
         ctx.term()
         service.durable.close()
@@ -139,3 +149,25 @@ def test_a_completion_waits_for_the_journal_and_later_replies_wait_behind_it(run
     assert first is not None and second is not None
     assert (first[1], second[1]) == (completed, claimed)
     assert isinstance(first[0], p.Ack) and isinstance(second[0], p.Lease)
+
+
+def test_a_request_naming_another_worker_is_refused_and_changes_nothing(running: Running):
+    lease = running.call(p.Claim("gen", "generate", 1))
+    assert isinstance(lease, p.Lease)
+    intruder = running.client("intruder")
+    forged = [
+        p.Fail("gen", lease.lease_id, lease.fence, None, "forged"),
+        p.Bye("gen", "forged"),
+        p.Hello("gen", "reward", p.PROTOCOL_VERSION, 1),
+        p.Heartbeat("gen"),
+    ]
+    for n, message in enumerate(forged):
+        intruder.send_multipart(p.encode(message, 1000 + n))
+        assert intruder.poll(WAIT_MS)
+        reply, _ = p.decode_with_id(intruder.recv_multipart())
+        assert isinstance(reply, p.Error) and reply.code == "wrong_sender", reply
+    # The real worker still holds its lease and completes it.
+    running.gate.open.set()
+    done = running.call(p.Complete("gen", lease.lease_id, lease.fence, (_result(lease),)))
+    assert isinstance(done, p.Ack)
+    assert running.daemon.service.core.rejections["wrong_sender"] == len(forged)
