@@ -34,7 +34,11 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     """The scheduler first (the primary), then ``pipeline.workers[role]`` workers per role."""
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
-    specs = [ChildSpec("scheduler", [*start, "--resume"] if resume else start, restart=False)]
+    # A scheduler that dies resumes from its journal; its workers find it again.
+    resumed = [*start, "--resume"]
+    specs = [
+        ChildSpec("scheduler", resumed if resume else start, restart=False, resume_argv=resumed)
+    ]
     for role, count in workers_to_start(cfg).items():
         for index in range(count):
             argv = [*python, WORKER_MODULE, "--role", role, "--index", str(index)]

@@ -1,10 +1,12 @@
 """The process supervisor behind `asyncrl run`: a scheduler and its workers on one machine.
 
 The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
-over, and `run()` returns its exit status. A child with `restart=True` (a worker) is started
-again whenever it fails (exits non-zero or by a signal), after a delay that doubles from
-`backoff_initial_s` up to `backoff_max_s` and starts over once the child has lived
-`healthy_after_s`. A worker that exits 0 left on purpose and is not started again.
+over, and `run()` returns its exit status; unless it failed and has a `resume_argv`, which
+starts it again (the scheduler resuming from its journal) with the workers left running.
+A child with `restart=True` (a worker) is started again whenever it fails (exits non-zero
+or by a signal), after a delay that doubles from `backoff_initial_s` up to `backoff_max_s`
+and starts over once the child has lived `healthy_after_s`. A worker that exits 0 left on
+purpose and is not started again.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
 past `max_restarts`) drains the workers before the scheduler they report to:
@@ -65,6 +67,9 @@ class ChildSpec:
     restart: bool  # workers: True; the scheduler: False
     env: Mapping[str, str] | None = None  # added to the supervisor's environment
     gang: str | None = None  # members of one gang restart together (see the module doc)
+    # The primary only: the command line that starts it again after a failure (the
+    # scheduler resuming from its journal); None: its exit, however it ends, ends the run.
+    resume_argv: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or self.name in (".", ".."):
@@ -214,7 +219,9 @@ class Supervisor:
         env = child.spec.env
         if child.spec.gang is not None:
             env = {**(env or {}), ENV_ADDR: self._gang_addr[child.spec.gang]}
-        child.proc = spawn(child.spec.argv, log_path, env)
+        resuming = child.restarts > 0 and child.spec.resume_argv is not None
+        argv = child.spec.resume_argv if resuming else child.spec.argv
+        child.proc = spawn(argv, log_path, env)
         child.started_at = time.monotonic()
         self._emit(
             EventKind.STARTED, name=child.spec.name, pid=child.proc.pid, restart=child.restarts
@@ -230,6 +237,8 @@ class Supervisor:
         how = _how_it_ended(proc.returncode)
         self._emit(EventKind.EXITED, name=child.spec.name, pid=proc.pid, lived_s=lived_s, **how)
         if child.primary:
+            if self._resumes(child, proc.returncode, lived_s):
+                return
             self._primary_status = _shell_status(proc.returncode)
             self._begin_stop(f"{child.spec.name} exited")
         elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
@@ -240,6 +249,17 @@ class Supervisor:
                 self._schedule_restart(child, lived_s)
             else:
                 self._restart_gang(child, lived_s)
+
+    def _resumes(self, primary: _Child, returncode: int, lived_s: float) -> bool:
+        """A primary that failed (not one that finished) starts again, resuming, unless the
+        run is stopping or it fails the same way every start."""
+        if returncode == 0 or primary.spec.resume_argv is None or self._stop_reason is not None:
+            return False
+        if self._failing_every_start(primary, lived_s):
+            self._primary_status = _shell_status(returncode)
+            return False
+        self._schedule_restart(primary, lived_s)
+        return self._stop_reason is None
 
     def _failing_every_start(self, child: _Child, lived_s: float) -> bool:
         """Whether ``child`` failed the same way on its last starts, none of them healthy:

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 import zmq
 
-from asyncrl.runtime.bus import Endpoints, announce_endpoints
+from asyncrl.runtime.bus import Endpoints, announce_endpoints, read_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
@@ -56,8 +56,7 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
             "server_keys": load_server_keys(RunDir.of(cfg).keys) if curve else None,
         }
         if endpoints is None:
-            where = (sched.host, sched.control_port, sched.events_port)
-            sockets = bind_scheduler_sockets(ctx, *where, **options)
+            sockets = _bind(ctx, cfg, resume, options)
         else:
             sockets = bind_scheduler_sockets_at(ctx, *endpoints, **options)
         daemon = SchedulerDaemon(
@@ -74,9 +73,10 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         settle_after_startup()
         _announce(cfg, sockets, curve, resume, service.core.state.steps_done)
         with _stop_signals(daemon):
-            return daemon.run()
+            code = daemon.run()
+        RunDir.of(cfg).endpoints.unlink(missing_ok=True)  # finished or stopped: nobody dials
+        return code
     finally:
-        RunDir.of(cfg).endpoints.unlink(missing_ok=True)
         service.durable.close()
         service.close_files()
         if sockets is not None:
@@ -84,6 +84,19 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         ctx.term()
         os.close(wake_fd)
         log.info("scheduler stopped", steps=service.core.state.steps_done)
+
+
+def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any]):
+    """The configured host and ports; resuming with ports left to the OS, the ports of the
+    scheduler this one replaces, when they are free: its workers are still dialling them."""
+    sched = cfg.scheduler
+    left = read_endpoints(RunDir.of(cfg)) if resume else None
+    if left is not None and sched.control_port == 0 and sched.events_port == 0:
+        with contextlib.suppress(zmq.ZMQError, ValueError):  # taken, or not ours to read
+            ports = [int(e.rpartition(":")[2]) for e in (left.control, left.events)]
+            return bind_scheduler_sockets(ctx, sched.host, *ports, **options)
+    where = (sched.host, sched.control_port, sched.events_port)
+    return bind_scheduler_sockets(ctx, *where, **options)
 
 
 def _announce(cfg: RunConfig, sockets: BoundSockets, curve: bool, resume: bool, steps: int) -> None:

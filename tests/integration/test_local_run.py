@@ -55,3 +55,20 @@ def test_ctrl_c_stops_everything_and_resume_finishes_the_run_exactly(tmp_path: P
     c.check_exactly_once()
     time.sleep(0.2)
     assert processes_mentioning(str(c.config_path)) == []
+
+
+def test_a_scheduler_killed_under_asyncrl_run_is_resumed_and_the_run_ends_exact(
+    tmp_path: Path,
+) -> None:
+    c = Cluster(tmp_path, run={"total_steps": 12})
+    proc = asyncrl_run(c, work="train=0.2,generate=0.05")
+    wait_for(lambda: c.steps_done() >= 3, 90, "three train steps")
+    found = c.endpoints()
+    assert found is not None
+    os.kill(found["pid"], signal.SIGKILL)
+    assert proc.wait(150) == 0, c.log_text("asyncrl-run")  # nobody typed --resume
+    c.check_exactly_once()
+    text = c.log_text("asyncrl-run")
+    assert "restarting scheduler" in text and "started scheduler" in text
+    # The workers went on with the resumed scheduler: none of them was restarted.
+    assert "restarting generate-0" not in text and "restarting train-0" not in text

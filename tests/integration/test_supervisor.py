@@ -383,3 +383,44 @@ def test_bad_specs_are_refused() -> None:
         Supervisor([ChildSpec("a", ["true"], False), ChildSpec("a", ["true"], True)], Path("."))
     with pytest.raises(ValueError, match="log file"):
         ChildSpec("../a", ["true"], restart=True)
+
+
+# Records its command line; fails unless resumed (argv ends with --resume).
+RESUMER = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write(" ".join(sys.argv[2:]) + "\\n")
+sys.exit(0 if sys.argv[-1] == "--resume" else 7)
+"""
+
+
+def test_a_failed_primary_with_a_resume_command_is_started_again_with_it(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec(
+            "scheduler",
+            py(RESUMER, starts, "start"),
+            restart=False,
+            resume_argv=py(RESUMER, starts, "start", "--resume"),
+        ),
+        ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01)
+
+    assert status == 0  # the resumed primary finished the run
+    assert starts.read_text().splitlines() == ["start", "start --resume"]
+    assert len(events.of("started", "generate-0")) == 1  # the workers were left running
+
+
+def test_a_primary_failing_on_every_resume_ends_the_run_with_why(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    fails = py(RESUMER, starts, "start")
+    specs = [
+        ChildSpec("scheduler", fails, restart=False, resume_argv=[*fails, "again"]),
+        ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01)
+
+    assert status == 1  # gave up, as for a worker failing on every start
+    assert len(starts.read_text().splitlines()) == 3
+    assert [f["name"] for f in events.of("failing")] == ["scheduler"]
