@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +34,18 @@ class RunDir:
     def endpoints(self) -> Path:
         """Where the scheduler serving this run listens; present only while it runs."""
         return self.root / "endpoints.json"
+
+    @property
+    def bus_sockets(self) -> Path:
+        """Where a local run's ipc:// bus sockets live: a directory only this user may open.
+
+        Not inside the run directory: a socket path must fit in 107 bytes, and run
+        directories can be deep. Its name comes from the run directory's real path, so
+        every process of the run finds the same one.
+        """
+        runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/asyncrl-{os.getuid()}"
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:16]
+        return Path(runtime) / f"asyncrl-bus-{digest}"
 
     @property
     def keys(self) -> Path:

@@ -46,14 +46,27 @@ __all__ = ["main"]
 def _start(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
+    endpoints = _private_ipc(RunDir.of(cfg)) if args.ipc else None
     try:
-        return serve(cfg, resume=args.resume)
+        return serve(cfg, resume=args.resume, endpoints=endpoints)
     except (JournalExists, StagesChanged) as error:
         raise UsageError(str(error)) from None
     except JournalLocked:
         raise UsageError(f"another scheduler is serving {cfg.run.dir}; stop it first") from None
     except KeyFileError as error:
         raise UsageError(str(error)) from None
+
+
+def _private_ipc(run: RunDir) -> tuple[str, str]:
+    """ipc:// control and events endpoints in a directory only this user can open."""
+    directory = run.bus_sockets
+    directory.parent.mkdir(mode=0o700, exist_ok=True)
+    directory.mkdir(mode=0o700, exist_ok=True)
+    for path in (directory.parent, directory):
+        info = path.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise UsageError(f"{path} must belong to this user and be closed to others")
+    return f"ipc://{directory}/control", f"ipc://{directory}/events"
 
 
 def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
@@ -144,6 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     start = commands.add_parser("start", help="serve a run: bind the bus, journal every change")
     add_config_arguments(start)
     start.add_argument("--resume", action="store_true", help="continue the run in run.dir")
+    start.add_argument(
+        "--ipc",
+        action="store_true",
+        help="serve on ipc:// sockets only this user can open (asyncrl run does, locally)",
+    )
     start.set_defaults(handler=_start)
 
     status = commands.add_parser("status", help="the live scheduler's counts, workers, versions")

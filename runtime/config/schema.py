@@ -293,6 +293,13 @@ class SchedulerSection:
     host: str = field(
         default="127.0.0.1", metadata=doc("address the scheduler binds and workers dial")
     )
+    local_ipc: bool = field(
+        default=True,
+        metadata=doc(
+            "asyncrl run on a loopback host: the bus on ipc:// sockets in a directory only "
+            "this user can open, instead of loopback TCP that every local user can reach"
+        ),
+    )
     control_port: int = field(
         default=5555, metadata=doc("port for requests; 0 = any free port", min=0, max=65535)
     )

@@ -8,6 +8,7 @@ scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     """The scheduler first (the primary), then ``pipeline.workers[role]`` workers per role."""
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
+    if cfg.scheduler.local_ipc and _loopback(cfg.scheduler.host):
+        start.append("--ipc")  # every process is on this host: no TCP port for others
     # A scheduler that dies resumes from its journal; its workers find it again.
     resumed = [*start, "--resume"]
     specs = [
@@ -50,6 +53,13 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
                 ChildSpec(f"{role}-{index}", [*argv, *config_args], True, env=env, gang=gang)
             )
     return specs
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _forget_dead_scheduler(cfg: RunConfig) -> None:

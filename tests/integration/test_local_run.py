@@ -37,6 +37,16 @@ def test_one_command_runs_the_pipeline_to_the_end(tmp_path: Path) -> None:
         assert records and all(r["process"] == name for r in records), name
     assert "step 8/8" in c.log_text("asyncrl-run")
     assert processes_mentioning(str(c.config_path)) == []
+    # A local run's bus: ipc:// sockets in a directory closed to other users, no TCP port.
+    listening = [
+        json.loads(line)
+        for line in (run_logs / "scheduler.log").read_text().splitlines()
+        if '"scheduler listening"' in line
+    ]
+    control = listening[0]["control"]
+    assert control.startswith("ipc://"), control
+    bus = Path(control.removeprefix("ipc://")).parent
+    assert bus.stat().st_mode & 0o777 == 0o700 and bus.parent.stat().st_mode & 0o077 == 0
 
 
 def test_ctrl_c_stops_everything_and_resume_finishes_the_run_exactly(tmp_path: Path) -> None:
