@@ -16,12 +16,14 @@ _TAIL_BYTES = 16 * 1024
 _MAX_CHARS = 400
 
 
-def last_words(log: Path) -> str:
-    """The last non-empty line of ``log``, a JSON record as ``event: error``; "" if none."""
+def last_words(log: Path, since: int = 0) -> str:
+    """The last non-empty line of ``log`` written past byte ``since`` (where this start's
+    output began: an earlier start's words are not this one's), a JSON record as
+    ``event: error``; "" if none."""
     try:
         with log.open("rb") as handle:
             handle.seek(0, 2)
-            handle.seek(max(0, handle.tell() - _TAIL_BYTES))
+            handle.seek(max(since, handle.tell() - _TAIL_BYTES))
             tail = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""

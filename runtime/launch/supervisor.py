@@ -19,9 +19,12 @@ Children that share a `gang` (the ranks of a training group) live and die togeth
 one fails, the others are killed at once and all start again together, after the failed
 one's delay, with a fresh leader address in their environment (gangs.ENV_ADDR).
 
-A child that fails `crash_loop_starts` times in a row the same way (the last line of its
-log), each time within `healthy_after_s` of starting, would fail again: the run stops with
-that line on the terminal instead of restarting it forever.
+A child that fails to start `crash_loop_starts` times in a row the same way would fail
+again: the run stops with its reason on the terminal instead of restarting it forever. Each
+child is told where to say how far its start got and why it failed (child_status.py); a
+child that came up before it failed (a crash, a `kill -9` of a running worker) is restarted
+as ever (_start_failures.py). The reason is the child's own, else how it ended: its signal,
+or the last line it wrote since this start.
 
 A second SIGINT or SIGTERM during a stop jumps to step 3. Each child's stdout and stderr are
 appended to `log_dir/<name>.log`; see `_spawn` for how children die with the supervisor.
@@ -39,12 +42,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from ._backoff import Backoff
 from ._spawn import kill, spawn
+from ._start_failures import StartFailures
+from .child_status import STATUS_ENV, ChildStatus, read_status
 from .events import EventKind, print_event
 from .gangs import ENV_ADDR, free_local_address
 from .last_words import last_words
@@ -87,12 +92,12 @@ class _Child:
     spec: ChildSpec
     primary: bool
     backoff: Backoff
+    failures: StartFailures
     proc: subprocess.Popen[bytes] | None = None  # None once its exit was seen
     started_at: float = 0.0
+    log_offset: int = 0  # the size of its log when it last started: where its words begin
     restarts: int = 0
     restart_at: float | None = None  # when a pending restart is due (monotonic)
-    # Why it failed, for each failure in a row that came before it was ever healthy.
-    early_failures: list[str] = field(default_factory=list)
 
 
 class Supervisor:
@@ -114,14 +119,22 @@ class Supervisor:
         _check_specs(specs)
         if not 0 < backoff_initial_s <= backoff_max_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        if crash_loop_starts < 0:
+            raise ValueError("need crash_loop_starts >= 0 (0: never give up on a child)")
         primary = next((spec for spec in specs if not spec.restart), None)
         backoff = (backoff_initial_s, backoff_max_s, healthy_after_s)
-        self._children = [_Child(spec, spec is primary, Backoff(*backoff)) for spec in specs]
+        self._children = [
+            _Child(
+                spec,
+                spec is primary,
+                Backoff(*backoff),
+                StartFailures(crash_loop_starts, healthy_after_s),
+            )
+            for spec in specs
+        ]
         self._log_dir = log_dir
         self._grace_s = stop_grace_s
         self._max_restarts = max_restarts
-        self._healthy_after_s = healthy_after_s
-        self._crash_loop_starts = crash_loop_starts
         self._on_event = on_event or print_event
         self._ran = False
         # Written by signal handlers and other threads; plain assignments, read by the loop.
@@ -137,8 +150,9 @@ class Supervisor:
         """Start every child, supervise them until the run ends, and stop them all.
 
         Returns the primary's exit status (128 + N for signal N), 130 for a stop begun by
-        SIGINT, 1 when a child went past `max_restarts`. Signal handlers for SIGINT and SIGTERM
-        are installed only when called in the main thread, and restored on return.
+        SIGINT, 1 when a child went past `max_restarts` or failed to start the same way
+        `crash_loop_starts` times in a row. Signal handlers for SIGINT and SIGTERM are
+        installed only when called in the main thread, and restored on return.
         """
         if self._ran:
             raise RuntimeError("a Supervisor runs once; make a new one")
@@ -216,11 +230,14 @@ class Supervisor:
     def _start(self, child: _Child) -> None:
         child.restart_at = None
         log_path = self._log_dir / f"{child.spec.name}.log"
-        env = child.spec.env
+        status_path = self._status_path(child)
+        status_path.unlink(missing_ok=True)  # what it says is about this start only
+        env = {**(child.spec.env or {}), STATUS_ENV: str(status_path)}
         if child.spec.gang is not None:
-            env = {**(env or {}), ENV_ADDR: self._gang_addr[child.spec.gang]}
+            env[ENV_ADDR] = self._gang_addr[child.spec.gang]
         resuming = child.restarts > 0 and child.spec.resume_argv is not None
         argv = child.spec.resume_argv if resuming else child.spec.argv
+        child.log_offset = log_path.stat().st_size if log_path.exists() else 0
         child.proc = spawn(argv, log_path, env)
         child.started_at = time.monotonic()
         self._emit(
@@ -243,7 +260,7 @@ class Supervisor:
             self._begin_stop(f"{child.spec.name} exited")
         elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
             # Exit 0 is a worker leaving on purpose (the run is over): not a failure.
-            if self._failing_every_start(child, lived_s):
+            if self._failing_every_start(child, proc.returncode, lived_s):
                 return
             if child.spec.gang is None:
                 self._schedule_restart(child, lived_s)
@@ -255,27 +272,36 @@ class Supervisor:
         run is stopping or it fails the same way every start."""
         if returncode == 0 or primary.spec.resume_argv is None or self._stop_reason is not None:
             return False
-        if self._failing_every_start(primary, lived_s):
+        if self._failing_every_start(primary, returncode, lived_s):
             self._primary_status = _shell_status(returncode)
             return False
         self._schedule_restart(primary, lived_s)
         return self._stop_reason is None
 
-    def _failing_every_start(self, child: _Child, lived_s: float) -> bool:
-        """Whether ``child`` failed the same way on its last starts, none of them healthy:
-        then restarting it again is pointless; the run stops with its reason."""
-        if lived_s >= self._healthy_after_s:
-            child.early_failures.clear()  # it ran fine for a while: a crash, not a loop
-            return False
-        reason = last_words(self._log_dir / f"{child.spec.name}.log")
-        child.early_failures.append(reason)
-        recent = child.early_failures[-self._crash_loop_starts :]
-        if len(recent) < self._crash_loop_starts or len(set(recent)) > 1:
+    def _failing_every_start(self, child: _Child, returncode: int, lived_s: float) -> bool:
+        """Whether ``child`` failed to start the same way on its last starts: then
+        restarting it again is pointless; the run stops with its reason."""
+        status = read_status(self._status_path(child))
+        reason = self._reason(child, returncode, status)
+        if not child.failures.record(status, lived_s, reason):
             return False
         self._gave_up = True
-        self._emit(EventKind.FAILING, name=child.spec.name, starts=len(recent), reason=reason)
+        starts = child.failures.count
+        self._emit(EventKind.FAILING, name=child.spec.name, starts=starts, reason=reason)
         self._begin_stop(f"{child.spec.name} fails on every start")
         return True
+
+    def _reason(self, child: _Child, returncode: int, status: ChildStatus) -> str:
+        """Why ``child`` failed: in its own words, else how it ended."""
+        if status.reason is not None:
+            return status.reason
+        if returncode < 0:
+            return f"ended by {_signal_name(-returncode)}"
+        log = self._log_dir / f"{child.spec.name}.log"
+        return last_words(log, since=child.log_offset) or f"exit code {returncode}"
+
+    def _status_path(self, child: _Child) -> Path:
+        return self._log_dir / f"{child.spec.name}.status"
 
     def _restart_gang(self, failed: _Child, lived_s: float) -> None:
         """A member failed: the rest of its gang cannot go on without it; all start again."""

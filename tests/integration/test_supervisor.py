@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.runtime.launch import ChildSpec, Supervisor
+from asyncrl.runtime.launch import ChildSpec, OnEvent, Supervisor
 from asyncrl.runtime.launch._backoff import Backoff
 
 pytestmark = pytest.mark.timeout(60)
@@ -259,6 +259,141 @@ def test_a_worker_failing_differently_each_start_is_still_restarted(tmp_path: Pa
     assert status == 0
     assert recorder.of("failing") == []
     assert starts.read_text().count("start") >= 5
+
+
+# A worker that says how far its start got (runtime/launch/child_status.py), following a
+# plan of one step a start (argv[2:]; the last step repeats): "fail R" fails to start for
+# R; "slow R" too, after 0.3 s; "up R" comes up, then fails for R; "kill" comes up, then
+# dies by SIGKILL; "early-kill" dies by SIGKILL before it is up.
+PLANNED = """
+import os, signal, sys, time
+with open(sys.argv[1], "a+") as starts:
+    starts.write("start\\n")
+    starts.seek(0)
+    n = len(starts.read().splitlines())
+plan = sys.argv[2:]
+what, _, reason = plan[min(n, len(plan)) - 1].partition(" ")
+def note(line):
+    with open(os.environ["ASYNCRL_STATUS_FILE"], "a") as status:
+        status.write(line + "\\n")
+note("starting")
+if what == "slow":
+    time.sleep(0.3)
+if what in ("up", "kill"):
+    note("up")
+if what in ("kill", "early-kill"):
+    os.kill(os.getpid(), signal.SIGKILL)
+note("failed " + reason)
+sys.exit(1)
+"""
+# Says why it fails on its first start only, then exits 1 without a word.
+WORDS_ONCE = """
+import sys
+with open(sys.argv[1], "a") as f:
+    f.write("start\\n")
+if open(sys.argv[1]).read().count("start") == 1:
+    print("boom")
+sys.exit(1)
+"""
+
+
+def planned(tmp_path: Path, *plan: str) -> list[ChildSpec]:
+    return [
+        ChildSpec("scheduler", py(WAITER, 0, tmp_path / "enough"), restart=False),
+        ChildSpec("generate-0", py(PLANNED, tmp_path / "starts", *plan), restart=True),
+    ]
+
+
+def starts_of(tmp_path: Path) -> int:
+    return (tmp_path / "starts").read_text().count("start")
+
+
+def enough_after(tmp_path: Path, restarts: int, recorder: Recorder) -> OnEvent:
+    """An on_event that ends the run (the primary exits 0) after ``restarts`` restarts."""
+
+    def on_event(kind: str, fields: dict[str, object]) -> None:
+        recorder(kind, fields)
+        if kind == "restarting" and fields["restart"] == restarts:
+            (tmp_path / "enough").touch()
+
+    return on_event
+
+
+FAST = {"backoff_initial_s": 0.01, "backoff_max_s": 0.02}
+
+
+def test_a_worker_killed_after_it_came_up_is_restarted_every_time(tmp_path: Path) -> None:
+    # Each lives far less than healthy_after_s, and its log says nothing: only its "up"
+    # tells a kill -9 of a running worker from a failure to start.
+    recorder = Recorder()
+    on_event = enough_after(tmp_path, 5, recorder)
+    status = Supervisor(
+        planned(tmp_path, "kill"), tmp_path / "logs", **FAST, on_event=on_event
+    ).run()
+
+    assert status == 0
+    assert recorder.of("failing") == []
+    assert starts_of(tmp_path) >= 5
+    assert {f.get("signal") for f in recorder.of("exited", "generate-0")} == {"SIGKILL"}
+
+
+def test_a_start_that_fails_the_same_way_after_healthy_after_s_is_a_crash_loop(
+    tmp_path: Path,
+) -> None:
+    # A large model loads for longer than healthy_after_s before the failure that recurs.
+    specs = planned(tmp_path, "slow model.path: no weights")
+    status, events = supervise(tmp_path, specs, **FAST, healthy_after_s=0.1, max_restarts=5)
+
+    assert status == 1
+    assert events.of("gave_up") == []
+    assert events.of("failing") == [
+        {"name": "generate-0", "starts": 3, "reason": "model.path: no weights"}
+    ]
+    assert starts_of(tmp_path) == 3
+
+
+def test_the_count_starts_over_when_a_worker_came_up_or_failed_otherwise(
+    tmp_path: Path,
+) -> None:
+    plan = ["fail a", "fail a", "up a", "fail a", "fail a", "fail b", "fail a", "fail a"]
+    plan += ["fail a"]
+    status, events = supervise(tmp_path, planned(tmp_path, *plan), **FAST)
+
+    assert status == 1
+    assert starts_of(tmp_path) == len(plan)
+    assert events.of("failing") == [{"name": "generate-0", "starts": 3, "reason": "a"}]
+
+
+def test_a_worker_killed_before_it_came_up_each_time_is_a_crash_loop(tmp_path: Path) -> None:
+    # The OOM killer at every model load: no words, the same signal.
+    status, events = supervise(tmp_path, planned(tmp_path, "early-kill"), **FAST)
+
+    assert status == 1
+    assert events.of("failing") == [
+        {"name": "generate-0", "starts": 3, "reason": "ended by SIGKILL"}
+    ]
+
+
+def test_a_silent_start_is_not_given_an_earlier_starts_words(tmp_path: Path) -> None:
+    specs = [
+        ChildSpec("scheduler", py("import time; time.sleep(60)"), restart=False),
+        ChildSpec("generate-0", py(WORDS_ONCE, tmp_path / "starts"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, **FAST)
+
+    assert status == 1
+    assert starts_of(tmp_path) == 4  # "boom", then three in a row without a word
+    assert events.of("failing") == [{"name": "generate-0", "starts": 3, "reason": "exit code 1"}]
+
+
+def test_crash_loop_starts_0_never_gives_up(tmp_path: Path) -> None:
+    status, events = supervise(
+        tmp_path, planned(tmp_path, "fail a"), **FAST, crash_loop_starts=0, max_restarts=4
+    )
+
+    assert status == 1
+    assert events.of("failing") == []
+    assert [f["name"] for f in events.of("gave_up")] == ["generate-0"]
 
 
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:

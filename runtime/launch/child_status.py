@@ -1,0 +1,76 @@
+"""What a supervised child tells its supervisor about a start: how far it got, and why it
+failed.
+
+The supervisor names one file per child in the child's ``ASYNCRL_STATUS_FILE`` and removes
+it before each start. A child that takes part appends a line per fact::
+
+    starting            it will say ``up`` once started: until then it is not
+    up                  it has started (a worker: registered, its actor's on_start done)
+    failed <reason>     it is exiting on an error it can put in one line
+
+Only with these can the supervisor tell a worker that was killed after it came up (a crash,
+``kill -9``: restart it) from one that never came up (the same failure on the next start),
+however long either took: loading a large model before failing takes longer than any
+fixed "healthy after". A child that writes nothing is judged by how long it lived
+(_start_failures.py). Without the variable (a process started by hand) these calls do
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["STATUS_ENV", "ChildStatus", "note_failure", "note_starting", "note_up", "read_status"]
+
+STATUS_ENV = "ASYNCRL_STATUS_FILE"
+_STARTING = "starting"
+_UP = "up"
+_FAILED = "failed "
+_MAX_REASON = 400  # characters: a line for a terminal, not a traceback
+
+
+@dataclass(frozen=True, slots=True)
+class ChildStatus:
+    starting: bool = False  # the child promised to say when it is up
+    up: bool = False  # ... and did
+    reason: str | None = None  # why it failed, as it said last
+
+
+def note_starting() -> None:
+    """Tell the supervisor, if any, that this process will call :func:`note_up` once up."""
+    _append(_STARTING)
+
+
+def note_up() -> None:
+    """Tell the supervisor, if any, that this process has started."""
+    _append(_UP)
+
+
+def note_failure(reason: str) -> None:
+    """Tell the supervisor, if any, why this process is about to exit."""
+    line = " ".join(reason.split())  # one line, whatever the exception's text held
+    _append(_FAILED + (line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 3] + "..."))
+
+
+def read_status(path: Path) -> ChildStatus:
+    """What the child wrote to ``path`` since its start; nothing if it wrote nothing."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return ChildStatus()
+    reasons = [line.removeprefix(_FAILED) for line in lines if line.startswith(_FAILED)]
+    return ChildStatus(_STARTING in lines, _UP in lines, reasons[-1] if reasons else None)
+
+
+def _append(line: str) -> None:
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        # One short write in append mode: a reader never sees half a line.
+        with open(path, "a", encoding="utf-8") as file:
+            file.write(line + "\n")
+    except OSError:
+        pass  # a courtesy to the supervisor: failing to leave it must not change the exit
