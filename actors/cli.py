@@ -31,6 +31,7 @@ from asyncrl.runtime.cli.common import (
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
+from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
@@ -105,6 +106,8 @@ def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
 def _run_worker(
     actor: Actor, cfg: RunConfig, name: str, where: Endpoints, index: int | None
 ) -> int:
+    # A supervisor counts a failure before note_up as one to start, however long it took.
+    note_starting()
     try:
         keys = load_client_keys(RunDir.of(cfg).keys) if where.curve else None
     except KeyFileError as error:
@@ -134,11 +137,16 @@ def _run_worker(
             keys=keys,  # with CURVE on the bus, payloads move under CURVE too
             shared_memory=cfg.payloads.shared_memory,
         )
-        worker = running = Worker(actor, link, cfg, name=name, index=index, payloads=payloads)
+        worker = running = Worker(
+            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=note_up
+        )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
         settle_after_startup()
-        return running.run()
+        code = running.run()
+        if running.failure is not None:
+            note_failure(running.failure)
+        return code
     finally:
         link.close()
 

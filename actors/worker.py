@@ -109,6 +109,7 @@ class Worker:
         clock: Callable[[], float] = time.monotonic,
         index: int | None = None,
         payloads: WorkerPayloads | None = None,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         self.actor = actor
         self.index = index
@@ -156,6 +157,10 @@ class Worker:
             shared_memory=config.payloads.shared_memory,
         )
         self._beats: threading.Thread | None = None
+        # Called once registered and the actor started: a supervisor tells a failure before
+        # this point (it will recur) from a crash after it (runtime/launch/child_status.py).
+        self._on_started = on_started
+        self.failure: str | None = None  # why run() returned non-zero, in one line
 
     # --- the public surface ----------------------------------------------------------
 
@@ -165,6 +170,8 @@ class Worker:
         error: BaseException | None = None
         try:
             self._start()
+            if self._on_started is not None:
+                self._on_started()
             self._loop()
         except (_Fatal, _GaveUp, LinkClosed) as caught:
             error = caught
@@ -250,7 +257,10 @@ class Worker:
         if error is None or (self._stopping and not isinstance(error, _Fatal)):
             self._log.info("worker done", leases=self._settled)
             return 0
-        self._log.error("worker failed", error=f"{type(error).__name__}: {error}")
+        # _Fatal's own words say what failed; other errors need their type to make sense.
+        fatal = isinstance(error, _Fatal)
+        self.failure = str(error) if fatal else f"{type(error).__name__}: {error}"
+        self._log.error("worker failed", error=self.failure)
         return 1
 
     def _say_bye(self, reason: str) -> None:

@@ -8,12 +8,16 @@ fails the same way on every start ends the run with its reason on the terminal.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.cluster import Cluster, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -90,3 +94,35 @@ def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_pat
     assert "the reward model's server at 127.0.0.1:9 refused" in failing[0]
     assert done.stderr.count("started reward-0") == 3  # never a fourth time
     assert seconds < 120
+
+
+def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_path: Path) -> None:
+    # Killed soon after each start, long before healthy_after_s, and its log's last line
+    # the same each time: only its own "up" shows it was running, not failing to start.
+    c = Cluster(tmp_path, run={"total_steps": 20})
+    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    env = {**os.environ, "ASYNCRL_DEMO_WORK_S": "generate=0.2"}
+    with open(c.logs / "asyncrl-run.log", "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    status = c.run_dir / "logs" / "generate-0.status"
+    killed: list[int] = []
+
+    def a_generator_up() -> int | None:
+        pids = set(processes_mentioning("--role generate"))
+        fresh = pids & set(processes_mentioning(str(c.config_path))) - set(killed)
+        up = status.exists() and "up" in status.read_text().split()
+        return min(fresh) if fresh and up else None
+
+    try:
+        for _ in range(3):
+            pid = wait_for(a_generator_up, 60, "a generator that is up")
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        assert proc.wait(100) == 0, c.log_text("asyncrl-run")[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    c.check_exactly_once()
+    text = c.log_text("asyncrl-run")
+    assert text.count("was ended by SIGKILL") == 3
+    assert "starts in a row" not in text
