@@ -23,6 +23,7 @@ from asyncrl.runtime.bus import next_port, read_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.durable import JournalExists
 from asyncrl.runtime.journal import JournalLocked
+from asyncrl.runtime.launch.child_status import note_starting, note_up
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.runtime.service.build import StagesChanged
@@ -47,8 +48,11 @@ def _start(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
     endpoints = _private_ipc(RunDir.of(cfg)) if args.ipc else None
+    # Under asyncrl run: a failure before note_up is one to start, which a restart repeats;
+    # one after it (a kill -9 mid-run) is resumed from the journal however soon it comes.
+    note_starting()
     try:
-        return serve(cfg, resume=args.resume, endpoints=endpoints)
+        return serve(cfg, resume=args.resume, endpoints=endpoints, on_listening=note_up)
     except (JournalExists, StagesChanged) as error:
         raise UsageError(str(error)) from None
     except JournalLocked:

@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -36,11 +36,18 @@ __all__ = ["serve"]
 log = structlog.get_logger("asyncrl.scheduler")
 
 
-def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = None) -> int:
+def serve(
+    cfg: RunConfig,
+    *,
+    resume: bool,
+    endpoints: tuple[str, str] | None = None,
+    on_listening: Callable[[], None] | None = None,
+) -> int:
     """Run the scheduler until the run is finished or it is stopped; returns the exit code.
 
     ``endpoints`` (control, events) replaces the config's host and ports, e.g. with
-    ``ipc://`` paths for a benchmark on one machine.
+    ``ipc://`` paths for a benchmark on one machine. ``on_listening`` is called once the
+    journal is replayed and the endpoints are announced: the scheduler is up.
     """
     sched = cfg.scheduler
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -72,6 +79,8 @@ def serve(cfg: RunConfig, *, resume: bool, endpoints: tuple[str, str] | None = N
         # Before announcing: a worker's first request meets no start-up collection.
         settle_after_startup()
         _announce(cfg, sockets, curve, resume, service.core.state.steps_done)
+        if on_listening is not None:
+            on_listening()
         with _stop_signals(daemon):
             code = daemon.run()
         RunDir.of(cfg).endpoints.unlink(missing_ok=True)  # finished or stopped: nobody dials

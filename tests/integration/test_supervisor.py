@@ -264,7 +264,7 @@ def test_a_worker_failing_differently_each_start_is_still_restarted(tmp_path: Pa
 # A worker that says how far its start got (runtime/launch/child_status.py), following a
 # plan of one step a start (argv[2:]; the last step repeats): "fail R" fails to start for
 # R; "slow R" too, after 0.3 s; "up R" comes up, then fails for R; "kill" comes up, then
-# dies by SIGKILL; "early-kill" dies by SIGKILL before it is up.
+# dies by SIGKILL; "early-kill" dies by SIGKILL before it is up; "done" comes up, exits 0.
 PLANNED = """
 import os, signal, sys, time
 with open(sys.argv[1], "a+") as starts:
@@ -279,8 +279,10 @@ def note(line):
 note("starting")
 if what == "slow":
     time.sleep(0.3)
-if what in ("up", "kill"):
+if what in ("up", "kill", "done"):
     note("up")
+if what == "done":
+    sys.exit(0)
 if what in ("kill", "early-kill"):
     os.kill(os.getpid(), signal.SIGKILL)
 note("failed " + reason)
@@ -384,6 +386,20 @@ def test_a_silent_start_is_not_given_an_earlier_starts_words(tmp_path: Path) -> 
     assert status == 1
     assert starts_of(tmp_path) == 4  # "boom", then three in a row without a word
     assert events.of("failing") == [{"name": "generate-0", "starts": 3, "reason": "exit code 1"}]
+
+
+def test_a_primary_killed_after_it_came_up_is_resumed_every_time(tmp_path: Path) -> None:
+    # The scheduler under asyncrl run: kill -9 soon after each resume is no crash loop.
+    plan = py(PLANNED, tmp_path / "starts", "kill", "kill", "kill", "kill", "done")
+    specs = [
+        ChildSpec("scheduler", plan, restart=False, resume_argv=plan),
+        ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, **FAST)
+
+    assert status == 0
+    assert starts_of(tmp_path) == 5
+    assert events.of("failing") == []
 
 
 def test_crash_loop_starts_0_never_gives_up(tmp_path: Path) -> None:
