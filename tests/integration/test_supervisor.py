@@ -395,7 +395,7 @@ def test_a_primary_killed_after_it_came_up_is_resumed_every_time(tmp_path: Path)
         ChildSpec("scheduler", plan, restart=False, resume_argv=plan),
         ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
     ]
-    status, events = supervise(tmp_path, specs, **FAST)
+    status, events = supervise(tmp_path, specs, **FAST, stop_grace_s=1)  # the worker sleeps on
 
     assert status == 0
     assert starts_of(tmp_path) == 5
