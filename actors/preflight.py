@@ -83,10 +83,19 @@ def check_task(cfg: RunConfig) -> list[str]:
     """``data.task`` (and ``data.reward``, if set) import and are what they must be."""
     from .tasks import RewardFunction, TaskError, load_task
 
+    data = cfg.data
     try:
-        RewardFunction.load(cfg.data.reward, load_task(cfg.data.task), cfg.data.task)
+        task = load_task(data.task)
     except TaskError as error:
         return [str(error)]
+    except Exception as error:  # the plug-in's module raised as it was imported
+        return [f"data.task={data.task!r}: {type(error).__name__}: {error}"]
+    try:
+        RewardFunction.load(data.reward, task, data.task)
+    except TaskError as error:
+        return [str(error)]
+    except Exception as error:
+        return [f"data.reward={data.reward!r}: {type(error).__name__}: {error}"]
     return []
 
 

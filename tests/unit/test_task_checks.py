@@ -1,0 +1,34 @@
+"""The data.task and data.reward checks made before a run starts (actors/preflight.py):
+whatever a plug-in does wrong on import is one line naming its key, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.actors.preflight import check_task
+from asyncrl.runtime.config import config_from_dict
+
+BROKEN = "tests.support.plugin_that_raises:task"
+
+
+def problems(**data: str) -> list[str]:
+    return check_task(config_from_dict({"data": data}))
+
+
+def test_the_default_task_passes() -> None:
+    assert problems() == []
+
+
+@pytest.mark.parametrize(
+    ("data", "start"),
+    [
+        ({"task": "no_such_module:task"}, "data.task='no_such_module:task': cannot import"),
+        ({"task": BROKEN}, f"data.task={BROKEN!r}: NameError: name 'tokenizer'"),
+        ({"reward": BROKEN}, f"data.reward={BROKEN!r}: NameError: name 'tokenizer'"),
+    ],
+)
+def test_a_plug_in_that_does_not_load_is_one_line_naming_its_key(
+    data: dict[str, str], start: str
+) -> None:
+    (line,) = problems(**data)
+    assert line.startswith(start) and "\n" not in line
