@@ -575,3 +575,54 @@ def test_a_primary_failing_on_every_resume_ends_the_run_with_why(tmp_path: Path)
     assert status == 1  # gave up, as for a worker failing on every start
     assert len(starts.read_text().splitlines()) == 3
     assert [f["name"] for f in events.of("failing")] == ["scheduler"]
+
+
+# A gang member: records its rank and leader address; rank 1 fails once, 0.3 s in.
+GANG_MEMBER = """
+import os, pathlib, sys, time
+log = pathlib.Path(sys.argv[1])
+rank = os.environ["RANK_FOR_TEST"]
+with log.open("a") as f:
+    f.write(f"{rank} {os.environ['ASYNCRL_GANG_ADDR']}\\n")
+if rank == "1" and log.read_text().count("1 ") == 1:
+    time.sleep(0.3)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_a_gang_member_failing_restarts_the_whole_gang_at_a_new_address(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    specs = [
+        ChildSpec("scheduler", py(WAITER, 0, tmp_path / "enough"), restart=False),
+        *(
+            ChildSpec(
+                f"train-{r}",
+                py(GANG_MEMBER, starts),
+                restart=True,
+                env={"RANK_FOR_TEST": str(r)},
+                gang="train",
+            )
+            for r in range(2)
+        ),
+        ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
+    ]
+    recorder = Recorder()
+
+    def on_event(kind: str, fields: dict[str, object]) -> None:
+        recorder(kind, fields)
+        if kind == "started" and fields["name"] == "train-0" and fields.get("restart") == 1:
+            (tmp_path / "enough").touch()
+
+    status = Supervisor(
+        specs, tmp_path / "logs", backoff_initial_s=0.05, stop_grace_s=1, on_event=on_event
+    ).run()
+
+    assert status == 0
+    assert [f["name"] for f in recorder.of("killed")][:1] == ["train-0"]  # killed with rank 1
+    lines = starts.read_text().splitlines()
+    started = [line.split() for line in lines]
+    first, again = dict(started[:2]), dict(started[2:4])
+    assert len(set(first.values())) == 1 and len(set(again.values())) == 1  # one leader each
+    assert first["0"] != again["0"]  # a fresh rendezvous address for the new start
+    assert len(recorder.of("started", "generate-0")) == 1  # outside the gang: left running
