@@ -51,7 +51,10 @@ def describe(kind: str, fields: Mapping[str, object]) -> str:
         return "{name} (pid {pid}) was ended by {signal}".format_map(fields)
     if kind == EventKind.STARTED and fields.get("restart"):
         return "started {name} (pid {pid}, restart {restart})".format_map(fields)
-    return _TEMPLATES[EventKind(kind)].format_map(fields)
+    line = _TEMPLATES[EventKind(kind)].format_map(fields)
+    if kind == EventKind.EXITED and "why" in fields:
+        line += f": {fields['why']}"  # what the child said of its failure
+    return line
 
 
 def print_event(kind: str, fields: Mapping[str, object]) -> None:

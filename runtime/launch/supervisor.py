@@ -252,6 +252,9 @@ class Supervisor:
         child.proc = None
         lived_s = round(time.monotonic() - child.started_at, 3)
         how = _how_it_ended(proc.returncode)
+        said = read_status(self._status_path(child)).reason if proc.returncode else None
+        if said is not None:
+            how["why"] = said  # its own one line, on the terminal with its exit
         self._emit(EventKind.EXITED, name=child.spec.name, pid=proc.pid, lived_s=lived_s, **how)
         if child.primary:
             if self._resumes(child, proc.returncode, lived_s):

@@ -93,6 +93,9 @@ def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_pat
     assert "reward-0 failed the same way on 3 starts in a row" in failing[0]
     assert "the reward model's server at 127.0.0.1:9 refused" in failing[0]
     assert done.stderr.count("started reward-0") == 3  # never a fourth time
+    exits = [line for line in done.stderr.splitlines() if "reward-0 (pid" in line]
+    exits = [line for line in exits if "exited with code" in line]
+    assert len(exits) == 3 and all("127.0.0.1:9 refused" in line for line in exits), exits
     assert seconds < 120
 
 
