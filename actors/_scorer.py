@@ -54,7 +54,6 @@ class ScoringActor(Actor):
     def on_start(self, ctx: WorkerContext) -> None:
         self.temperature = ctx.config.algorithm.temperature
         self.gang = join_group(ctx.config)
-        self.broken = False
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
         if self.gang is not None:
@@ -91,30 +90,24 @@ class ScoringActor(Actor):
         pad_id, temperature = self.codec.pad_id, self.temperature
         if self.gang is None:
             return score_rollouts(self.model, rollouts, pad_id, temperature)
-        try:
-            self.gang.order(Order.SCORE, pack_lease(lease))  # the others read it themselves
-            return score_rollouts(self.model, rollouts, pad_id, temperature, self.gang)
-        except Exception as error:
-            self.broken = True  # the group's ranks no longer agree on where they are
-            raise GangBroken(f"the scoring group broke: {error}") from error
+        gang = self.gang
+        return gang.lead(  # the others read the lease from the order themselves
+            Order.SCORE,
+            lambda: score_rollouts(self.model, rollouts, pad_id, temperature, gang),
+            pack_lease(lease),
+        )
 
     def load_weights(self, whole: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """A new version into the model (alone: running on the received buffers, no copy;
         in a group: each rank its shard); returns the tensors the model ran on before."""
         if self.gang is None:
             return load_state(self.model, whole, copy=False)
-        try:
-            self.gang.order(Order.LOAD)
-            load_into_shards(self.model, whole)
-        except Exception as error:
-            self.broken = True
-            raise GangBroken(f"the scoring group broke while loading weights: {error}") from error
+        self.gang.lead(Order.LOAD, lambda: load_into_shards(self.model, whole))
         return []
 
     def on_stop(self) -> None:
-        if self.gang is not None and not self.broken:
-            self.gang.order(Order.STOP)
-            self.gang.close()
+        if self.gang is not None:
+            self.gang.leave()
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Rank ``place.rank`` > 0 of a scoring group: score what the leader orders."""

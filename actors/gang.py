@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import msgpack
 import structlog
@@ -48,6 +49,7 @@ __all__ = [
 
 log = structlog.get_logger("asyncrl.gang")
 
+T = TypeVar("T")
 _POLL_S = 1.0  # a follower waiting for an order checks this often that the leader lives
 _LEADER = 0
 
@@ -123,16 +125,35 @@ class Gang:
         except (RuntimeError, dist.DistError) as error:
             raise GangBroken(f"rank {place.rank} could not join its group: {error}") from error
         self._sent = 0  # orders given (leader) or taken (follower)
+        self.broken = False  # a collective failed: the group's ranks no longer agree
         log.info("joined the training group", rank=place.rank, size=place.size)
 
     # --- leader ----------------------------------------------------------------------
+
+    def lead(self, order: Order, work: Callable[[], T], body: bytes = b"") -> T:
+        """Order the followers into ``order`` and do this rank's part of it (``work``).
+
+        Any failure breaks the group: a rank is gone or stuck, or one rank failed where
+        the others did not, so the ranks no longer hold one state. GangBroken, and from
+        then on the group only exits (:meth:`leave` orders nothing).
+        """
+        try:
+            self.order(order, body)
+            return work()
+        except Exception as error:
+            self.broken = True
+            raise GangBroken(f"the group broke during {order}: {error}") from error
+
+    def leave(self) -> None:
+        """The leader is leaving: the followers stop too (unless the group is broken)."""
+        if not self.broken:
+            self.order(Order.STOP)
+            self.close()
 
     def order(self, order: Order, body: bytes = b"") -> None:
         """Tell every follower to join in ``order`` (the leader only)."""
         if not self.place.leads:
             raise RuntimeError("only rank 0 gives orders")
-        if self.size == 1:
-            return
         import torch.distributed as dist
 
         try:

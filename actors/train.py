@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,7 +38,6 @@ from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
 from .gang import (
     Gang,
-    GangBroken,
     GangPlace,
     Order,
     join_group,
@@ -77,7 +77,6 @@ class Train(Actor):
             cfg, model, self.codec.pad_id, self.gang, self.run
         )  # newest: the weights the next publish hands over, whole
         self.saved_step = self.step
-        self.broken = False
 
     # --- a step --------------------------------------------------------------------------
 
@@ -99,17 +98,11 @@ class Train(Actor):
         return Outcome(results, metrics, tokens=stats.tokens)
 
     def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
-        """Carry out ``order`` with every rank of the group (alone: just carry it out)."""
-        if self.gang is None:
-            return _carry_out(self.learner, order, groups)
-        try:
-            self.gang.order(order, body)
-            return _carry_out(self.learner, order, groups)
-        except Exception as error:
-            # A rank is gone or stuck, or one rank failed where the others did not: the
-            # group's state is no longer one state. Start afresh from the last checkpoint.
-            self.broken = True
-            raise GangBroken(f"the training group broke during {order}: {error}") from error
+        """Carry out ``order`` with every rank of the group (alone: just carry it out).
+
+        A broken group exits (GangBroken) and starts afresh from the last checkpoint."""
+        work = partial(_carry_out, self.learner, order, groups)
+        return work() if self.gang is None else self.gang.lead(order, work, body)
 
     @property
     def _last_step(self) -> bool:
@@ -146,14 +139,14 @@ class Train(Actor):
         return self.weights.publish(version, self.newest)
 
     def on_stop(self) -> None:
+        broken = self.gang is not None and self.gang.broken
         try:
-            if self.step > self.saved_step and not self.broken:
+            if self.step > self.saved_step and not broken:
                 self.save_checkpoint()
         finally:
             self.weights.close()
-            if self.gang is not None and not self.broken:  # a broken group just exits
-                self.gang.order(Order.STOP)
-                self.gang.close()
+            if self.gang is not None:
+                self.gang.leave()
 
     def save_checkpoint(self) -> Path:
         weights, optimizer = self._together(Order.GATHER)
