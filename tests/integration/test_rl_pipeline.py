@@ -57,7 +57,10 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
         assert 0.0 <= s["reward_mean"] <= 1.0
         assert 0 <= s["staleness_max"] <= cfg.pipeline.max_staleness
         assert s["kl_ref"] >= 0 and 0 <= s["clip_frac"] <= 1
-        assert s["logprob_mismatch"] < 1e-4  # behaviour and proximal of one version agree
+    # Behaviour and proximal log-probs of one version agree. A step whose groups logp scored
+    # under another version than generated them has no token to compare (timing decides).
+    measured = [s["logprob_mismatch"] for s in steps if s["same_version_tokens"]]
+    assert measured and max(measured) < 1e-4
     validated = [v["version"] for v in lines(run_dir / "validation.jsonl")]
     assert validated[0] == 0 and validated == sorted(set(validated))
     assert steps[-1]["val_version"] in validated  # step lines carry a reported validation
