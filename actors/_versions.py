@@ -23,7 +23,12 @@ from ._publishing import publication, version_due
 from ._time_split import TimeSplit
 from .actor import Actor
 
-__all__ = ["Versions", "describe_reply"]
+__all__ = ["PolicyRolledBack", "Versions", "describe_reply"]
+
+
+class PolicyRolledBack(RuntimeError):
+    """The version this worker runs on was lost when training rolled back: the worker
+    starts afresh (a new process loads a version that exists)."""
 
 
 class Versions:
@@ -62,7 +67,16 @@ class Versions:
         self.registered_again = False
 
     def registered(self, ready: p.Ready, first: bool) -> None:
-        """After a Ready: a new registration starts with nothing loaded, so say it again."""
+        """After a Ready: a new registration starts with nothing loaded, so say it again.
+
+        A published version behind the one loaded means training rolled back past it: the
+        loaded weights belong to no version any more (PolicyRolledBack).
+        """
+        if self.loaded is not None and ready.policy_version < self.loaded:
+            raise PolicyRolledBack(
+                f"training rolled back to version {ready.policy_version}; this worker ran on "
+                f"version {self.loaded}, which no longer exists: starting afresh"
+            )
         self._newest = max(self._newest, ready.policy_version)
         if not first and self.loaded is not None:
             self.report_loaded()

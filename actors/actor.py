@@ -45,6 +45,11 @@ class WorkerContext:
     # can relay (b"": it cannot), ``failed`` a source that failed it. None when the scheduler
     # holds no announcement for that version. Main thread only: it talks over the link.
     ask_weights: Callable[[int, bytes, str], p.WeightsPlan | None] | None = None
+    steps_done: int = 0  # train steps the scheduler counts: where a trainer must resume
+    # rewind(step): for a trainer whose state is behind ``steps_done`` (its host was lost
+    # and only an older checkpoint survived): the run rolls back to ``step``. Raises
+    # RuntimeError with the scheduler's reason if refused. Main thread only.
+    rewind: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +59,9 @@ class Outcome:
     results: tuple[p.Result, ...]
     metrics: p.Payload | None = None
     tokens: int = 0  # tokens the work covered, for the role's tokens-per-second
+    # a train step: the newest step whose state survives the loss of this host (a
+    # checkpoint); the scheduler keeps what it needs to train later steps again until then
+    durable_step: int | None = None
 
 
 class Actor:

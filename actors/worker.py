@@ -55,7 +55,7 @@ from asyncrl.transport.topics import Topic, topic
 
 from ._payloads import LostPayloads, WorkerPayloads
 from ._time_split import TimeSplit
-from ._versions import Versions
+from ._versions import PolicyRolledBack, Versions
 from ._versions import describe_reply as _describe
 from .actor import Actor, ActorBroken, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
 
@@ -234,6 +234,8 @@ class Worker:
             policy_version=ready.policy_version,
             index=self.index,
             ask_weights=self._ask_weights,
+            steps_done=ready.steps_done,
+            rewind=self._rewind,
         )
 
     def _register(self) -> p.Ready:
@@ -245,7 +247,10 @@ class Worker:
         first = self._ready is None
         self._ready = reply
         self._log.info("registered" if first else "registered again", run=reply.run)
-        self._versions.registered(reply, first)
+        try:
+            self._versions.registered(reply, first)
+        except PolicyRolledBack as error:
+            raise _Fatal(str(error)) from error
         return reply
 
     def _finish(self, error: BaseException | None) -> int:
@@ -378,7 +383,9 @@ class Worker:
         spent = [round(s * 1e6) for s in self._time.take()]
         activity = {"tokens": outcome.tokens, "us": spent}
         metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
-        message = p.Complete(self.name, lease.lease_id, lease.fence, results, metrics)
+        message = p.Complete(
+            self.name, lease.lease_id, lease.fence, results, metrics, outcome.durable_step
+        )
         try:
             return self._settle(message)
         finally:
@@ -485,6 +492,17 @@ class Worker:
             return reply
         self._log.info("no weights plan", version=version, reply=_describe(reply))
         return None
+
+    def _rewind(self, step: int) -> None:
+        """WorkerContext.rewind: roll the run back to the trainer's ``step``."""
+        if threading.current_thread() is not self._main:
+            raise RuntimeError("rewind is for the worker's main thread only")
+        reply = self._call(p.Rewind(self.name, step))
+        if not isinstance(reply, p.Ack):
+            raise RuntimeError(
+                f"the scheduler refused to roll back to step {step}: {_describe(reply)}"
+            )
+        self._log.warning("training rolled back", step=step)
 
     def _status(self) -> dict[str, Any] | None:
         reply = self._retry(p.Status())

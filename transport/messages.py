@@ -47,6 +47,7 @@ __all__ = [
     "Ready",
     "Report",
     "Result",
+    "Rewind",
     "Shutdown",
     "Status",
     "StatusReply",
@@ -80,6 +81,7 @@ class Kind(IntEnum):
     REPORT = 12
     WANT_WEIGHTS = 13
     HELD = 14
+    REWIND = 15
     # observers -> scheduler
     STATUS = 20
     STOP = 21
@@ -184,6 +186,8 @@ class Complete(_Struct):
     fence: int
     results: tuple[Result, ...]
     metrics: Payload | None = None
+    # a train step: the newest step whose state survives the loss of the trainer's host
+    durable_step: int | None = None
 
 
 class LostPayload(_Struct):
@@ -244,6 +248,15 @@ class LoadedVersion(_Struct):
     KIND: ClassVar[Kind] = Kind.LOADED_VERSION
     worker: str
     version: int
+
+
+class Rewind(_Struct):
+    """The trainer's state is at ``step``, behind the scheduler's step count (only an
+    older checkpoint survived): training rolls back to it, exactly."""
+
+    KIND: ClassVar[Kind] = Kind.REWIND
+    worker: str
+    step: int
 
 
 class Report(_Struct):
@@ -334,6 +347,7 @@ class Ready(_Struct):
     lease_timeout_s: float
     max_message_bytes: int
     policy_version: int  # the newest published weights, for a generator to load first
+    steps_done: int = 0  # train steps done: where a restarted trainer must resume
 
     def __post_init__(self) -> None:
         _finite("Ready", "heartbeat_interval_s", self.heartbeat_interval_s)
@@ -476,6 +490,7 @@ Message = (
     | Unlock
     | PublishVersion
     | LoadedVersion
+    | Rewind
     | Report
     | WantWeights
     | Held

@@ -1,10 +1,10 @@
 """Event topics: one enum and one builder, so no topic string is spelled twice.
 
 Topics are dotted: ``transition.<from>.<to>`` for every move of a group between states,
-``groups.added``, ``version.published``, ``version.loaded``, ``lock.granted``,
-``worker.lost``, ``metrics.step``, ``run.finished``, ``run.draining``. ZeroMQ matches
-subscriptions by prefix, so ``transition.`` gets every move and ``version.`` both
-version events.
+``groups.added``, ``version.published``, ``version.loaded``, ``version.rolled_back``,
+``lock.granted``, ``worker.lost``, ``metrics.step``, ``run.finished``, ``run.draining``.
+ZeroMQ matches subscriptions by prefix, so ``transition.`` gets every move and
+``version.`` every version event.
 """
 
 from __future__ import annotations

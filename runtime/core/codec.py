@@ -33,6 +33,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
         ],
         "keys": sorted(state.keys),
         "regenerated": dict(state.regenerated),
+        "training": [state.durable_step, state.rollbacks, sorted(state.retained.items())],
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
         "workers": {name: [w.role, w.loaded] for name, w in sorted(state.workers.items())},
@@ -81,6 +82,9 @@ def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, An
     state.counts[GroupState.TRAINED] = trained
     state.keys = set(snap["keys"])
     state.regenerated.update(snap.get("regenerated", {}))  # absent before the data plane
+    # absent before training could roll back
+    state.durable_step, state.rollbacks, retained = snap.get("training", [0, 0, []])
+    state.retained = {step: kept for step, kept in retained}
     for row in snap["groups"]:
         _load_group(state, row)
     for row in snap["leases"]:

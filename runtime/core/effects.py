@@ -21,6 +21,7 @@ __all__ = [
     "Notice",
     "Reason",
     "Rejected",
+    "RolledBackTo",
     "Transition",
     "VersionLoaded",
     "VersionPublished",
@@ -119,4 +120,21 @@ class WorkerLost:
     reason: str
 
 
-Notice = Transition | GroupsAdded | VersionPublished | VersionLoaded | LockGranted | WorkerLost
+@dataclass(frozen=True, slots=True)
+class RolledBackTo:
+    """Training went back to ``step``; ``trained_again`` groups will be trained again."""
+
+    step: int
+    trained_again: int
+    reason: str
+
+
+Notice = (
+    Transition
+    | GroupsAdded
+    | VersionPublished
+    | VersionLoaded
+    | LockGranted
+    | WorkerLost
+    | RolledBackTo
+)

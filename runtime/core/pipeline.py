@@ -14,7 +14,9 @@ Two shapes of row exist:
 
 Two stages carry the pipeline's policy (``Gate``): the ``ADMIT`` stage is where groups are
 released under the staleness bound and stamped with behaviour versions; the ``STEP`` stage
-takes exactly one train batch at a time and advances the step counter.
+takes exactly one train batch at a time and advances the step counter. A branch stage
+that ``reads_policy`` computes with the trainer's weights (``logp``): when training rolls
+back, its results made with weights that no longer exist are computed again.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Stage:
     target: GroupState
     working: GroupState | None = None
     gate: Gate = Gate.FREE
+    reads_policy: bool = False  # its result depends on the policy version it ran with
 
     def __str__(self) -> str:
         via = f" → {self.working}" if self.working else ""
@@ -191,6 +194,8 @@ def _check_rows(pipeline: Pipeline) -> None:
             raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
         if stage.source == stage.target:
             raise PipelineError(f"{stage}: source and target are the same state")
+        if stage.reads_policy and stage.working is not None:
+            raise PipelineError(f"{stage}: only a branch stage is marked reads_policy")
         if stage.working is None:
             continue
         if stage.working in working_of:
@@ -247,7 +252,7 @@ S = GroupState
 DEFAULT_PIPELINE = Pipeline(
     (
         Stage(Role.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT),
-        Stage(Role.LOGP, S.GENERATED, S.READY),
+        Stage(Role.LOGP, S.GENERATED, S.READY, reads_policy=True),
         Stage(Role.REF_LOGP, S.GENERATED, S.READY),
         Stage(Role.REWARD, S.GENERATED, S.READY),
         Stage(Role.TRAIN, S.READY, S.TRAINED, S.TRAINING, Gate.STEP),

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 __all__ = [
     "Added",
     "Completed",
+    "Durable",
     "Failed",
     "Granted",
     "Killed",
@@ -47,6 +48,7 @@ __all__ = [
     "Registered",
     "Renewed",
     "Resumed",
+    "RolledBack",
     "Unlocked",
     "Waiting",
     "from_journal",
@@ -70,6 +72,8 @@ class Op(IntEnum):
     LEAVE = 13
     RESUME = 14
     LOSE = 15
+    DURABLE = 16
+    ROLL_BACK = 17
 
 
 class Registered(NamedTuple):
@@ -177,6 +181,21 @@ class Lost(NamedTuple):
     reason: str
 
 
+class Durable(NamedTuple):
+    """The trainer's state after ``step`` survives the loss of its host (a checkpoint):
+    what was kept to train the groups of steps up to it again is let go."""
+
+    step: int
+
+
+class RolledBack(NamedTuple):
+    """The trainer's state is back at ``step``: the steps after it, and everything made
+    with their weights, are done again (see ``CoreState._roll_back`` for the rule)."""
+
+    step: int
+    reason: str
+
+
 Record = (
     Registered
     | Left
@@ -193,6 +212,8 @@ Record = (
     | Unlocked
     | Resumed
     | Lost
+    | Durable
+    | RolledBack
 )
 
 OPS: dict[type, Op] = {
@@ -211,6 +232,8 @@ OPS: dict[type, Op] = {
     Unlocked: Op.UNLOCK,
     Resumed: Op.RESUME,
     Lost: Op.LOSE,
+    Durable: Op.DURABLE,
+    RolledBack: Op.ROLL_BACK,
 }
 _BY_OP: dict[int, type] = {op: kind for kind, op in OPS.items()}
 assert len(_BY_OP) == len(Op), "every opcode has one record type"

@@ -237,10 +237,13 @@ class SchedulerCore:
         gids: Sequence[int],
         behaviour: Sequence[Sequence[int]] | None = None,
         data: Sequence[Any] | None = None,
+        durable: int | None = None,
     ) -> Accepted | Rejected:
         """Results for ``gids`` of a lease; admitted work carries (min, max) versions each.
 
-        ``data`` holds one payload per group, kept with the group for the next stages.
+        ``data`` holds one payload per group, kept with the group for the next stages. A
+        train step may say which step's state now survives the loss of the trainer's host
+        (``durable``): the groups of steps up to it need not be kept to be trained again.
         """
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
@@ -251,8 +254,16 @@ class SchedulerCore:
             return self._reject(*problem)
         if data is not None and len(data) != len(gids):
             return self._reject(Reason.BAD_RESULT, f"{len(data)} payloads for {len(gids)} groups")
+        if durable is not None and (stage.gate is not Gate.STEP or durable < 0):
+            return self._reject(Reason.BAD_REQUEST, f"durable step {durable} from {lease.role}")
+        if durable is not None and durable > self.state.steps_done + 1:
+            return self._reject(
+                Reason.BAD_VERSION, f"durable step {durable} is ahead of the step it completes"
+            )
         rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
         self._commit(r.Completed(lease.lid, list(gids), rows, _listed(data)))
+        if durable is not None and durable > self.state.durable_step:
+            self._commit(r.Durable(durable))
         return Accepted(len(gids))
 
     def fail(
@@ -339,6 +350,31 @@ class SchedulerCore:
             allowed = f"({s.policy_version}, {s.steps_done}]"
             return self._reject(Reason.BAD_VERSION, f"version {version} outside {allowed}")
         self._commit(r.Published(version))
+        return Accepted()
+
+    def rewind(self, worker: str, step: int) -> Accepted | Rejected:
+        """The trainer's state is at ``step``, behind the step count (its host was lost
+        and only an older checkpoint survived): roll back exactly to it (``_roll_back``)."""
+        trainer = self.pipeline.gated(Gate.STEP).role
+        known = self.state.workers.get(worker)
+        if known is None:
+            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+        if known.role != trainer:
+            return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker rolls training back")
+        s = self.state
+        if not 0 <= step < s.steps_done:
+            return self._reject(
+                Reason.BAD_VERSION, f"step {step} is not behind the step count {s.steps_done}"
+            )
+        if step < s.durable_step:
+            return self._reject(
+                Reason.BAD_VERSION,
+                f"step {s.durable_step} was reported durable and the groups trained up to it "
+                f"are no longer kept; resume from a checkpoint at step {s.durable_step} or later",
+            )
+        if any(lease.role == trainer and lease.worker != worker for lease in s.leases.values()):
+            return self._reject(Reason.BAD_REQUEST, "another trainer holds a step in flight")
+        self._commit(r.RolledBack(step, f"training rolled back from step {s.steps_done} to {step}"))
         return Accepted()
 
     def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import records as r
-from .effects import GroupsAdded, LockGranted, Notice, Transition, VersionLoaded, VersionPublished
+from .effects import (
+    GroupsAdded,
+    LockGranted,
+    Notice,
+    RolledBackTo,
+    Transition,
+    VersionLoaded,
+    VersionPublished,
+    WorkerLost,
+)
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
@@ -84,6 +93,12 @@ class CoreState:
         self.counts: Counter[GroupState] = Counter()
         self.epoch = 0  # restarts so far: the high bits of every fence and lease id
         self.worst_staleness = -1  # the most versions a trained group lagged its step
+        # Training that a lost trainer could not keep is done again from what is kept here:
+        # the newest step whose state survives the trainer's host, and per step after it
+        # the [key, entry payload] of each group it trained.
+        self.durable_step = 0
+        self.retained: dict[int, list[list[Any]]] = {}
+        self.rollbacks = 0
         self.notices: list[Notice] = []
         self._moves: dict[tuple[GroupState, GroupState, str | None], list[int]] = {}
         self._available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
@@ -112,6 +127,8 @@ class CoreState:
             r.Unlocked: self._unlock,
             r.Resumed: self._resume,
             r.Lost: self._lose,
+            r.Durable: self._durable,
+            r.RolledBack: self._roll_back,
         }
         unhandled = set(r.OPS) - self._handlers.keys()
         if unhandled:  # the core could journal them, and nothing here would apply them
@@ -119,6 +136,10 @@ class CoreState:
         # per role: the roles whose payloads derive from its own (itself included), which a
         # lost payload of that role takes down with it
         self.derived = {s.role: _derived_roles(pipeline, s) for s in pipeline.stages}
+        # per stage that reads the policy: the states a group is in once that stage is done
+        self._policy_readers = {
+            s.role: _states_after(pipeline, s) for s in pipeline.stages if s.reads_policy
+        }
         self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
 
     def apply(self, record: r.Record | Sequence[Any]) -> None:
@@ -251,6 +272,9 @@ class CoreState:
             return
         self._forget_train_by(group)
         self._move(group, stage.target)
+        if self.steps_done > self.durable_step:  # trained again if this step is lost
+            entry = group.data.get(self.pipeline.entry_role)
+            self.retained.setdefault(self.steps_done, []).append([group.key, entry])
         # Trained groups leave the table (their transition was journaled and published):
         # snapshots then hold the work in flight, however long the run.
         del self.groups[group.gid]
@@ -288,16 +312,20 @@ class CoreState:
         # ``lid`` is the lease of the consumer that found the payload gone; it and every
         # other lease working from the payload, or from what was derived from it, let go.
         group = self.groups[gid]
+        group.attempts[role] = group.attempts.get(role, 0) + 1
+        self.regenerated[role] += 1
+        self._redo(group, role, reason)
+
+    def _redo(self, group: Group, role: str, reason: str) -> None:
+        """``role``'s payload of ``group`` is made again, and everything derived from it."""
         stage = self.pipeline.for_role(role)[0]
         derived = self.derived[role]
         for reader, held in list(group.leases.items()):
             if reader in derived:
                 del group.leases[reader]
-                self._release_groups(self.leases[held], (gid,))
+                self._release_groups(self.leases[held], (group.gid,))
         for kept in derived:
             group.data.pop(kept, None)
-        group.attempts[role] = group.attempts.get(role, 0) + 1
-        self.regenerated[role] += 1
         if stage.working is not None:  # made again from its source state, admitted afresh
             group.done.clear()
             group.behaviour = None
@@ -310,6 +338,65 @@ class CoreState:
             siblings = {s.role for s in self.pipeline.consumers(stage.source)}
             group.done = siblings - derived
             self._move(group, stage.source, reason)
+
+    def _durable(self, step: int) -> None:
+        self.durable_step = max(self.durable_step, step)
+        for kept in [k for k in self.retained if k <= self.durable_step]:
+            del self.retained[kept]
+
+    def _roll_back(self, step: int, reason: str) -> None:
+        """Training is back at ``step``: the versions after it are lost, and so is all
+        work that used their weights. The rule (DESIGN: durability of training):
+
+        - workers running on a lost version leave (their leases go back uncounted); they
+          register again and load a version that exists;
+        - a step in flight is given back;
+        - a group with tokens of a lost version is generated again; one generated under
+          kept versions keeps its tokens, but what stages that read the policy made for
+          it (proximal log-probs) is computed again;
+        - the groups the lost steps trained are trained again: their prompts (kept until
+          their step was durable) come back as new groups, keyed ``<key>#rollback<n>``;
+        - the step count and the published version return to ``step``.
+        """
+        self.rollbacks += 1
+        lost = sorted(w for w, known in self.workers.items() if (known.loaded or 0) > step)
+        step_role = self.pipeline.gated(Gate.STEP).role
+        for lease in sorted(self.leases.values(), key=lambda lease: lease.lid):
+            if lease.worker in lost or lease.role == step_role:
+                self._fail(lease.lid, sorted(lease.gids), reason, counted=False)
+        for worker in lost:
+            del self.workers[worker]
+            self.notices.append(WorkerLost(worker, reason))
+        admit_role = self.pipeline.gated(Gate.ADMIT).role
+        for gid in sorted(self.groups):
+            group = self.groups[gid]
+            if group.state is DEAD or group.behaviour is None:
+                continue
+            if group.behaviour[1] > step:
+                self.regenerated[admit_role] += 1
+                self._redo(group, admit_role, reason)
+                continue
+            for role, after in self._policy_readers.items():
+                if role in group.done or group.state in after:
+                    self._redo(group, role, reason)
+        again = [kept for k in sorted(self.retained) if k > step for kept in self.retained[k]]
+        self.retained = {k: kept for k, kept in self.retained.items() if k <= step}
+        self._train_again(again)
+        self.steps_done = step
+        self.policy_version = min(self.policy_version, step)
+        self.notices.append(RolledBackTo(step, len(again), reason))
+
+    def _train_again(self, trained: Sequence[Sequence[Any]]) -> None:
+        """Groups a lost step trained, back as new groups with their prompts."""
+        if not trained:
+            return
+        first = self.next_gid
+        keys = [f"{key}#rollback{self.rollbacks}" for key, _ in trained]
+        self._add(first, keys, [entry for _, entry in trained])
+        for gid, (_, entry) in enumerate(trained, first):
+            if entry is None:  # added without a payload the first time
+                del self.groups[gid].data[self.pipeline.entry_role]
+        self.counts[GroupState.TRAINED] -= len(trained)
 
     def _forget_train_by(self, group: Group) -> None:
         if group.train_by is None:
@@ -376,6 +463,19 @@ def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
             roles.add(later.role)
             frontier.append(later.target)
     return frozenset(roles)
+
+
+def _states_after(pipeline: Pipeline, stage: Stage) -> frozenset[GroupState]:
+    """The states a group can be in once ``stage`` has finished with it."""
+    states, frontier = set(), [stage.target]
+    while frontier:
+        state = frontier.pop()
+        if state in states:
+            continue
+        states.add(state)
+        for later in pipeline.consumers(state):
+            frontier.extend(x for x in (later.working, later.target) if x is not None)
+    return frozenset(states)
 
 
 def _bump(counter: Counter[int], key: int, delta: int) -> None:

@@ -14,6 +14,7 @@ from asyncrl.runtime.core.effects import (
     GroupsAdded,
     LockGranted,
     Notice,
+    RolledBackTo,
     Transition,
     VersionLoaded,
     VersionPublished,
@@ -45,6 +46,9 @@ def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
             return topic(Topic.LOCK, "granted"), body
         case WorkerLost(worker, reason):
             return topic(Topic.WORKER, "lost"), {"worker": worker, "reason": reason}
+        case RolledBackTo(step, trained_again, reason):
+            body = {"version": step, "trained_again": trained_again, "reason": reason}
+            return topic(Topic.VERSION, "rolled_back"), body
     raise TypeError(f"no event for {notice!r}")
 
 

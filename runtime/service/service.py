@@ -32,6 +32,7 @@ from asyncrl.runtime.core.effects import (
     Notice,
     Reason,
     Rejected,
+    RolledBackTo,
     Transition,
     WorkerLost,
 )
@@ -66,6 +67,7 @@ ACKNOWLEDGES_DATA = frozenset(
         # A Drop lets a holder free payloads: only once their groups' moves are journaled,
         # or a restarted scheduler could refer to bytes nobody keeps.
         p.Kind.HELD,
+        p.Kind.REWIND,
     }
 )
 """Requests whose reply is held until the journal holds what the request changed."""
@@ -132,6 +134,7 @@ class SchedulerService:
             p.Report: self._report,
             p.WantWeights: self._want_weights,
             p.Held: self._held,
+            p.Rewind: self._rewind,
             p.Status: self._status,
             p.Stop: self._stop,
         }
@@ -225,6 +228,7 @@ class SchedulerService:
             settings.lease_timeout,
             self.max_message_bytes,
             self.core.state.policy_version,
+            self.core.state.steps_done,
         )
 
     def _heartbeat(self, m: p.Heartbeat, now: float) -> p.Message:
@@ -283,7 +287,7 @@ class SchedulerService:
             return p.Error(Reason.BAD_RESULT, f"groups {foreign[:5]}: payloads held by another")
         data = [stored(r) for r in m.results]
         steps_before = self.core.state.steps_done
-        reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data)
+        reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
         if isinstance(reply, Rejected):
             return _error(reply)
         if lease is not None:
@@ -395,6 +399,12 @@ class SchedulerService:
                 )
         return _reply(reply)
 
+    def _rewind(self, m: p.Rewind, _now: float) -> p.Message:
+        reply = self.core.rewind(m.worker, m.step)
+        if isinstance(reply, Rejected):
+            log.error("rollback refused", worker=m.worker, step=m.step, detail=reply.detail)
+        return _reply(reply)
+
     def _want_weights(self, m: p.WantWeights, _now: float) -> p.Message:
         if m.worker not in self.core.state.workers:  # its own code: the worker registers again
             return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
@@ -500,10 +510,24 @@ class SchedulerService:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
                     self.routes.forget(notice.worker)
                     self.stores.pop(notice.worker, None)
+                elif isinstance(notice, RolledBackTo):
+                    self._rolled_back(notice)
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))
         self._followers.clear()
+
+    def _rolled_back(self, notice: RolledBackTo) -> None:
+        """Nothing of the lost steps may be offered again: their weights and their lines."""
+        self.routes.forget_after(notice.step)
+        cut = self.metrics.reconcile(notice.step)
+        log.warning(
+            "training rolled back",
+            step=notice.step,
+            trained_again=notice.trained_again,
+            metrics_lines_cut=cut,
+            reason=notice.reason,
+        )
 
     def _emit(self, name: str, body: dict[str, Any]) -> None:
         self._followers.append((name, body))

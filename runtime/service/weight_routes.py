@@ -150,6 +150,13 @@ class WeightRoutes:
         else:
             self._remove(held, worker)
 
+    def forget_after(self, version: int) -> None:
+        """Training rolled back to ``version``: later versions are lost, and ``version``
+        itself is published again by the trainer that rolled back."""
+        if self._held is not None and self._held.number >= version:
+            self._held = None
+        self._newest_published = min(self._newest_published, version)
+
     def tree(self) -> dict[str, str | None]:
         """Each receiver's source (None: waiting to be reattached), in order of arrival."""
         held = self._held

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -192,13 +193,17 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         def complete(self, data: st.DataObject) -> None:
             lease = self._pick_lease(data)
             gids = self._pick_groups(data, lease)
-            behaviour = None
+            behaviour = durable = None
             if lease.role == GENERATE:
                 behaviour = [self._draw_versions(data, lease.version) for _ in gids]
-            self._ok(self.core.complete(lease.lid, lease.fence, gids, behaviour))
+            if lease.role == TRAIN:  # a checkpoint now and then
+                upto = self.model.steps_done + 1
+                durable = data.draw(st.one_of(st.none(), st.integers(0, upto)))
+            self._ok(self.core.complete(lease.lid, lease.fence, gids, behaviour, None, durable))
             self.model.complete(lease.lid, gids, behaviour)
             if lease.role == TRAIN:
                 self._check_step(gids)
+                self.model.durable_step = max(self.model.durable_step, durable or 0)
 
         def _draw_versions(self, data: st.DataObject, floor: int) -> tuple[int, int]:
             top = self.model.policy_version
@@ -283,6 +288,19 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             self._ok(self.core.publish_version("train0", version))
             self.model.policy_version = version
 
+        @precondition(lambda self: self.model.steps_done > 0)
+        @rule(data=st.data())
+        def trainer_rolls_back(self, data: st.DataObject) -> None:
+            """The trainer's host was lost: its state survived only as of an older step."""
+            step = data.draw(st.integers(0, self.model.steps_done - 1))
+            if "train0" not in self.model.workers or step < self.model.durable_step:
+                return self._unchanged(lambda: self.core.rewind("train0", step))
+            self._ok(self.core.rewind("train0", step))
+            event("rolled back", self.model.roll_back(step) > 0)
+            state = self.core.state
+            loaded = {w: i.loaded for w, i in state.workers.items()}
+            self.seen = (state.steps_done, state.policy_version, loaded)  # went back on purpose
+
         @rule(worker=st.sampled_from(GENERATORS), data=st.data())
         def load(self, worker: str, data: st.DataObject) -> None:
             if worker not in self.model.workers:
@@ -341,7 +359,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         @invariant()
         def groups_match_the_model(self) -> None:
             for gid, expected in self.model.groups.items():
-                if expected.state == "trained":
+                if expected.state in ("trained", "rolled_back"):
                     assert gid not in self.core.state.groups, f"trained {gid} kept in the table"
                     continue
                 group = self.core.state.groups[gid]
@@ -353,7 +371,9 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         @invariant()
         def groups_are_conserved(self) -> None:
             counts = self.core.state.counts
-            assert sum(counts.values()) == len(self.model.groups) == self.core.state.next_gid
+            live = [g for g in self.model.groups.values() if g.state != "rolled_back"]
+            assert sum(counts.values()) == len(live)
+            assert len(self.model.groups) == self.core.state.next_gid
             batches = [gid for batch in self.model.batches for gid in batch]
             assert counts["trained"] == len(batches) == len(set(batches))
 

@@ -38,7 +38,8 @@ EDGES = frozenset(
     }
     | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
 )
-FINAL = frozenset({"trained", "dead"})
+# "rolled_back": trained by a step that training rolled back; trained again as a new group
+FINAL = frozenset({"trained", "dead", "rolled_back"})
 # role -> the roles that read its payload, directly or through what they made from it
 READERS = {
     GENERATE: frozenset({LOGP, REF_LOGP, REWARD, TRAIN}),
@@ -85,7 +86,8 @@ class PipelineModel:
     last_seen: dict[str, float] = field(default_factory=dict)
     steps_done: int = 0
     policy_version: int = 0
-    batches: list[list[int]] = field(default_factory=list)
+    batches: list[list[int]] = field(default_factory=list)  # the groups of steps 1, 2, ...
+    durable_step: int = 0
 
     # --- questions -------------------------------------------------------------------
 
@@ -213,6 +215,60 @@ class PipelineModel:
         if not lease.gids and lease.lid in self.leases:
             del self.leases[lease.lid]
             self.ended.append((lease.lid, lease.fence))
+
+    def roll_back(self, step: int) -> int:
+        """Training returns to ``step`` (see CoreState._roll_back); the first new gid is
+        next, one per group the lost steps trained. Returns how many were added."""
+        lost = sorted(w for w, v in self.loaded.items() if (v or 0) > step)
+        for lease in sorted(self.leases.values(), key=lambda x: x.lid):
+            if lease.lid in self.leases and (lease.worker in lost or lease.role == TRAIN):
+                self._give_back(lease)
+        for worker in lost:
+            del self.workers[worker]
+            self.loaded.pop(worker, None)
+            self.last_seen.pop(worker, None)
+        for group in self.groups.values():
+            if group.state in FINAL or group.behaviour is None:
+                continue
+            if group.behaviour[1] > step:
+                self._drop_readers(group, READERS[GENERATE] | {GENERATE})
+                group.state, group.done, group.admitted, group.behaviour = (
+                    "pending",
+                    set(),
+                    None,
+                    None,
+                )
+            elif LOGP in group.done or group.state in ("ready", "training"):
+                self._drop_readers(group, READERS[LOGP] | {LOGP})
+                if group.state == "generated":
+                    group.done.discard(LOGP)
+                else:
+                    group.state, group.done = "generated", set(BRANCHES - {LOGP})
+        lost_batches, self.batches = self.batches[step:], self.batches[:step]
+        again = [gid for batch in lost_batches for gid in batch]
+        for gid in again:
+            self.groups[gid].state = "rolled_back"
+        self.add(len(self.groups), len(again))
+        self.steps_done = step
+        self.policy_version = min(self.policy_version, step)
+        return len(again)
+
+    def _give_back(self, lease: ModelLease) -> None:
+        """Uncounted: the lease's groups go back to its source, nobody's fault."""
+        source = ROWS[lease.role][0]
+        for gid in sorted(lease.gids):
+            group = self.groups[gid]
+            group.leased.discard(lease.role)
+            group.state = source
+            group.admitted = None if source == "pending" else group.admitted
+        self._drop(lease, sorted(lease.gids))
+
+    def _drop_readers(self, group: ModelGroup, roles: frozenset[str]) -> None:
+        gid = next(g for g, x in self.groups.items() if x is group)
+        for lease in list(self.leases.values()):
+            if gid in lease.gids and lease.role in roles:
+                group.leased.discard(lease.role)
+                self._drop(lease, [gid])
 
     def revoke(self, worker: str) -> None:
         for lease in [x for x in self.leases.values() if x.worker == worker]:

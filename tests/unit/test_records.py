@@ -29,6 +29,8 @@ def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:
         r.Unlocked("gpu", 9),
         r.Resumed(1),
         r.Lost(1, 0, "generate", "holder gone"),
+        r.Durable(5),
+        r.RolledBack(3, "trainer state lost"),
     ]
     assert {type(x) for x in samples} == set(r.OPS)
     for record in samples:
@@ -52,6 +54,7 @@ def test_opcodes_never_move() -> None:
         ("REGISTER", 1), ("LOADED", 2), ("ADD", 3), ("LEASE", 4), ("RENEW", 5),
         ("COMPLETE", 6), ("FAIL", 7), ("KILL", 8), ("PUBLISH", 9), ("GRANT", 10),
         ("WAIT", 11), ("UNLOCK", 12), ("LEAVE", 13), ("RESUME", 14), ("LOSE", 15),
+        ("DURABLE", 16), ("ROLL_BACK", 17),
     ]  # fmt: skip
 
 
@@ -74,6 +77,8 @@ def test_fields_keep_their_journal_order() -> None:
         "UNLOCK": ("resource", "token"),
         "RESUME": ("epoch",),
         "LOSE": ("lid", "gid", "role", "reason"),
+        "DURABLE": ("step",),
+        "ROLL_BACK": ("step", "reason"),
     }  # fmt: skip
 
 

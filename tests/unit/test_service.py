@@ -16,10 +16,12 @@ from asyncrl.transport import protocol as p
 ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
 
 
-def make(tmp_path: Path, resume: bool = False, **pipeline: object) -> SchedulerService:
+def make(
+    tmp_path: Path, resume: bool = False, total_steps: int = 2, **pipeline: object
+) -> SchedulerService:
     cfg = config_from_dict(
         {
-            "run": {"dir": str(tmp_path), "total_steps": 2},
+            "run": {"dir": str(tmp_path), "total_steps": total_steps},
             "pipeline": {"train_batch_groups": 1, **pipeline},
             "algorithm": {"kl_coef": 0.01},  # every stage runs, ref_logp included
         }
@@ -167,3 +169,27 @@ def test_a_resume_that_would_change_the_stages_is_refused_naming_kl_coef(tmp_pat
     cfg = config_from_dict({"run": {"dir": str(tmp_path)}})
     with pytest.raises(StagesChanged, match="kl_coef"):
         open_service(cfg, resume=True, now=0.0)
+
+
+def test_a_rollback_cuts_the_lost_steps_lines_and_weights_and_says_so(tmp_path: Path) -> None:
+    service = make(tmp_path, total_steps=3)
+    one_step(service, "a", {"loss": 0.5})
+    manifest = {"format": 1}
+    assert service.handle(p.PublishVersion("train", 1, manifest, b"addr"), 0.0) == p.Ack()
+    one_step(service, "b", {"loss": 0.4})
+    service.take_events()
+    # A trainer that starts again learns where the run is, and finds its state older.
+    ready = service.handle(p.Hello("train", "train", p.PROTOCOL_VERSION, 2), 0.0)
+    assert isinstance(ready, p.Ready) and ready.steps_done == 2
+    assert service.handle(p.Rewind("train", 0), 0.0) == p.Ack()
+    assert service.core.state.steps_done == 0
+    assert service.routes.newest is None  # version 1's weights are gone with it
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert lines == []
+    topics = [e.topic for e in service.take_events()]
+    assert "version.rolled_back" in topics
+    # the generator ran on version 0 only: it stays; the prompts come back to be trained again
+    keys = sorted(g.key for g in service.core.state.groups.values())
+    assert keys == ["a#rollback1", "b#rollback1"]
+    refused = service.handle(p.Rewind("generate", 0), 0.0)
+    assert isinstance(refused, p.Error) and refused.code == "wrong_role"

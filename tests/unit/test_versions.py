@@ -1,0 +1,49 @@
+"""What a worker does with the versions it hears of when training rolls back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import structlog
+
+from asyncrl.actors._versions import PolicyRolledBack, Versions
+from asyncrl.actors.actor import Actor
+from asyncrl.transport import protocol as p
+
+
+class _Generator(Actor):
+    role = "generate"
+
+    def on_version(self, version: int) -> int | None:
+        return version
+
+
+def _versions(sent: list[Any]) -> Versions:
+    def call(message: p.Message, **_: object) -> p.Message:
+        sent.append(message)
+        return p.Ack()
+
+    log = structlog.get_logger("test")
+    return Versions(_Generator(), "gen-0", call, lambda: None, lambda: 0.0, 1.0, log)
+
+
+def _ready(policy_version: int) -> p.Ready:
+    return p.Ready("gen-0", "run", p.PROTOCOL_VERSION, 1.0, 10.0, 1 << 20, policy_version)
+
+
+def test_registering_again_reports_the_loaded_version() -> None:
+    sent: list[Any] = []
+    versions = _versions(sent)
+    versions.registered(_ready(3), first=True)
+    assert versions.load_newest() and versions.loaded == 3
+    versions.registered(_ready(4), first=False)
+    assert sent[-1] == p.LoadedVersion("gen-0", 3)
+
+
+def test_a_published_version_behind_the_loaded_one_means_it_was_rolled_back() -> None:
+    versions = _versions([])
+    versions.registered(_ready(3), first=True)
+    versions.load_newest()
+    with pytest.raises(PolicyRolledBack, match=r"rolled back to version 1; .* version 3"):
+        versions.registered(_ready(1), first=False)
