@@ -1,0 +1,222 @@
+"""Kill anything, lose nothing: the default run with ``kill -9`` of a random process every
+few seconds, beside the same run undisturbed.
+
+    python -m tests.bench.kill_anything [--steps 200] [--every 2 6] [--seed 0]
+        [--no-baseline] [--work DIR] [section.key=value ...]
+
+Both are real ``asyncrl run`` invocations of ``deploy/configs/default.yaml`` (the embedded
+model learning long addition), one after the other so neither slows the other. While the
+disturbed one runs, a killer picks one of the supervisor's children at random (the
+scheduler and every worker, each role alike; never the supervisor itself) every
+``--every`` seconds (uniform between the two bounds) and sends it SIGKILL, until the run
+ends. Nobody types ``--resume``: the supervisor restarts whatever died.
+
+Printed, and checked (exit status 1 if any fails):
+
+- the run finished on its own (exit 0);
+- every step 1..N appears once in ``metrics.jsonl`` and every group was trained exactly
+  once (the steps' ``keys``), none retrained by a rollback;
+- every trainer restart resumed at the scheduler's step count (its "trainer state
+  restored" lines; no "training rolled back");
+- the final validation reward is within 0.05 of the undisturbed run's;
+- no process of the run is left, and nothing of it in shared memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG = Path("deploy/configs/default.yaml")
+VAL_TOLERANCE = 0.05
+
+
+@dataclass
+class Kill:
+    at_s: float
+    name: str
+    pid: int
+    steps_done: int
+
+
+@dataclass
+class Outcome:
+    name: str
+    returncode: int
+    wall_s: float
+    run_dir: Path
+    kills: list[Kill] = field(default_factory=list)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def children(parent: int) -> dict[int, str]:
+    """The live child processes of ``parent`` (pid -> a name from their command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) != parent or fields[0] == "Z":
+            continue
+        found[int(entry.name)] = _name(cmdline)
+    return found
+
+
+def _name(cmdline: list[bytes]) -> str:
+    words = [w.decode(errors="replace") for w in cmdline]
+    if any(w.endswith("cli.scheduler") for w in words):
+        return "scheduler"
+    for flag in ("--role", "--rank"):
+        if flag in words:
+            role = words[words.index(flag) + 1]
+            return role if flag == "--role" else f"rank-{role}"
+    return "worker"
+
+
+def run(name: str, work: Path, steps: int, overrides: list[str], kill: tuple[float, float] | None,
+        rng: random.Random) -> Outcome:  # fmt: skip
+    run_dir = work / name
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(CONFIG),
+            f"run.dir={run_dir}", f"run.name={name}", f"run.total_steps={steps}",
+            "scheduler.control_port=0", "scheduler.events_port=0", *overrides]  # fmt: skip
+    log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    outcome = Outcome(name, -1, 0.0, run_dir)
+    killer = None
+    if kill is not None:
+        killer = threading.Thread(target=_kill_loop, args=(proc, outcome, kill, rng, started))
+        killer.start()
+    outcome.returncode = proc.wait()
+    outcome.wall_s = time.monotonic() - started
+    if killer is not None:
+        killer.join()
+    return outcome
+
+
+def _kill_loop(proc: subprocess.Popen[bytes], outcome: Outcome, every: tuple[float, float],
+               rng: random.Random, started: float) -> None:  # fmt: skip
+    while proc.poll() is None:
+        time.sleep(rng.uniform(*every))
+        live = children(proc.pid)
+        if not live or proc.poll() is not None:
+            continue
+        pid = rng.choice(sorted(live))
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            continue
+        steps = lines(outcome.run_dir / "metrics.jsonl")
+        done = steps[-1]["step"] if steps else 0
+        outcome.kills.append(Kill(round(time.monotonic() - started, 1), live[pid], pid, done))
+        print(f"  kill -9 {live[pid]:>10} (pid {pid}) at step {done}", flush=True)
+
+
+def final_val(run_dir: Path) -> float | None:
+    vals = lines(run_dir / "validation.jsonl")
+    return vals[-1]["val_reward"] if vals else None
+
+
+def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
+    problems = []
+    if outcome.returncode != 0:
+        problems.append(f"asyncrl run exited {outcome.returncode}")
+    metrics = lines(outcome.run_dir / "metrics.jsonl")
+    numbers = [m["step"] for m in metrics]
+    if numbers != list(range(1, steps + 1)):
+        problems.append(f"steps in metrics.jsonl are not 1..{steps} once each")
+    trained = Counter(key for m in metrics for key in m.get("keys", []))
+    twice = sorted(k for k, n in trained.items() if n > 1)
+    if twice:
+        problems.append(f"groups trained twice: {twice[:5]}")
+    redone = sorted(k for k in trained if "#rollback" in k)
+    if redone:
+        problems.append(f"groups trained again after a rollback: {len(redone)}")
+    train_log = "".join(
+        p.read_text(errors="replace") for p in (outcome.run_dir / "logs").glob("train-*.log")
+    )
+    restores = [json.loads(x) for x in train_log.splitlines() if '"trainer state restored"' in x]
+    behind = [r for r in restores if r.get("step") != r.get("steps_done")]
+    if behind:
+        problems.append(f"trainer restarts that lost steps: {behind[:3]}")
+    if '"training rolled back"' in train_log:
+        problems.append("the trainer rolled training back")
+    val = final_val(outcome.run_dir)
+    if baseline is not None and (val is None or abs(val - baseline) > VAL_TOLERANCE):
+        problems.append(f"final validation reward {val} is not within {VAL_TOLERANCE} of {baseline}")
+    left = [pid for pid in _pids_mentioning(str(outcome.run_dir))]
+    if left:
+        problems.append(f"processes left: {left}")
+    return problems
+
+
+def _pids_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--every", type=float, nargs=2, default=(2.0, 6.0))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("overrides", nargs="*", help="section.key=value for both runs")
+    args = parser.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="kill-anything-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    baseline = None
+    if not args.no_baseline:
+        print(f"undisturbed run, {args.steps} steps ...", flush=True)
+        calm = run("undisturbed", work, args.steps, args.overrides, None, rng)
+        baseline = final_val(calm.run_dir)
+        print(f"  exit {calm.returncode}, {calm.wall_s:.0f} s, final validation {baseline}")
+    print(f"disturbed run: kill -9 every {args.every[0]:g}-{args.every[1]:g} s ...", flush=True)
+    wild = run("disturbed", work, args.steps, args.overrides, tuple(args.every), rng)
+    by_role = Counter(k.name for k in wild.kills)
+    print(f"  exit {wild.returncode}, {wild.wall_s:.0f} s, {len(wild.kills)} kills: "
+          + ", ".join(f"{name} {n}" for name, n in sorted(by_role.items())))  # fmt: skip
+    print(f"  final validation {final_val(wild.run_dir)} (undisturbed {baseline})")
+    (work / "kills.json").write_text(json.dumps([k.__dict__ for k in wild.kills], indent=1))
+    problems = check(wild, args.steps, baseline)
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    if not problems:
+        print("every step once, every group trained once, no trainer step lost")
+    print(f"(runs kept in {work})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
