@@ -74,6 +74,16 @@ class RunDir:
         return self.root / "weights.jsonl"
 
     @property
+    def trace(self) -> Path:
+        """Leases, weight versions and train steps as Chrome trace events (trace.py)."""
+        return self.root / "trace.json"
+
+    @property
+    def report(self) -> Path:
+        """Where ``asyncrl report`` writes its page and pictures."""
+        return self.root / "report"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

@@ -348,6 +348,19 @@ class SchedulerSection:
         default="{run.dir}/keys",
         metadata=doc("CurveZMQ keys from `asyncrl-scheduler keygen DIR`"),
     )
+    metrics_port: int = field(
+        default=0,
+        metadata=doc(
+            "serve Prometheus metrics over HTTP on this port (needs the metrics extra); "
+            "0 = off",
+            min=0,
+            max=65535,
+        ),
+    )
+    metrics_host: str = field(
+        default="127.0.0.1",
+        metadata=doc("address the metrics endpoint binds (loopback: this host only)"),
+    )
 
     def __post_init__(self) -> None:
         # Two sockets cannot bind one port; both 0 lets the OS pick two free ones.
@@ -365,6 +378,17 @@ class LoggingSection:
     )
     format: Literal["json", "console"] = field(
         default="json", metadata=doc("json lines, or coloured console text")
+    )
+    backends: tuple[Literal["jsonl", "tensorboard", "wandb"], ...] = field(
+        default=("jsonl",),
+        metadata=doc(
+            "where step metrics go besides metrics.jsonl (always written): tensorboard "
+            "(run.dir/tensorboard), wandb (offline, run.dir/wandb); each needs its extra"
+        ),
+    )
+    trace: bool = field(
+        default=True,
+        metadata=doc("write run.dir/trace.json: every lease, weight version and train step"),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 
@@ -14,6 +15,7 @@ from asyncrl.runtime.rundir import RunDir
 from .metrics import MetricsLog
 from .reports import ReportLog
 from .service import RunPlan, SchedulerService
+from .trace import NO_TRACE, Trace, TraceLog
 
 __all__ = ["StagesChanged", "open_service"]
 
@@ -31,7 +33,9 @@ def open_service(
 ) -> SchedulerService:
     """Open the run directory's journal (fresh, or resumed) and wrap it in a service.
 
-    A fresh start refuses a directory that already holds a journal (JournalExists).
+    ``now`` is the monotonic clock's reading: the trace maps it to the wall clock, so the
+    events of a resumed scheduler follow the earlier ones. A fresh start refuses a
+    directory that already holds a journal (JournalExists).
     """
     run = RunDir.of(cfg)
     run.root.mkdir(parents=True, exist_ok=True)
@@ -66,11 +70,18 @@ def open_service(
             "weights": ReportLog(run.weight_loads, per_worker=True),
         },
         relay_fanout=cfg.weights.relay_fanout,
+        trace=_trace(cfg, run, now),
         run_name=cfg.run.name,
         heartbeat_interval_s=sched.heartbeat_interval_s,
         max_message_bytes=sched.max_message_mb << 20,
         started_at=now,
     )
+
+
+def _trace(cfg: RunConfig, run: RunDir, now: float) -> Trace:
+    if not cfg.logging.trace:
+        return NO_TRACE
+    return TraceLog(run.trace, now=now, wall_offset_s=time.time() - now)
 
 
 def _check_same_stages(before: RunConfig, now: RunConfig) -> None:

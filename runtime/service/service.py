@@ -48,6 +48,7 @@ from .metrics import MetricsLog
 from .payload_refs import holder_of, lease_item, live_keys, stored
 from .reports import ReportLog, step_fields
 from .step_path import StepPath
+from .trace import NO_TRACE, Trace
 from .weight_routes import NoRoute, WeightRoutes
 
 __all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
@@ -96,12 +97,14 @@ class SchedulerService:
         started_at: float,
         reports: Mapping[str, ReportLog] | None = None,
         relay_fanout: int = 2,
+        trace: Trace = NO_TRACE,
     ) -> None:
         self.durable = durable
         self.core: SchedulerCore = durable.core
         self.plan = plan
         self.metrics = metrics
         self.reports: Mapping[str, ReportLog] = reports or {}
+        self.trace = trace  # trace.json: leases, versions, steps (see trace.py)
         self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
         self.activity = RoleActivity(started_at)
         step, admit = self.core.pipeline.gated(Gate.STEP), self.core.pipeline.gated(Gate.ADMIT)
@@ -174,6 +177,8 @@ class SchedulerService:
         ended = self.core.tick(now)
         if ended:
             log.warning("leases ended by the clock", leases=ended)
+        self.trace.sweep(self.core.state.leases, now)
+        self.trace.tick(now)
         self.settle()
 
     def protocol_error(self, detail: str) -> p.Error:
@@ -205,6 +210,7 @@ class SchedulerService:
         self.metrics.close()
         for reports in self.reports.values():
             reports.close()
+        self.trace.close()
 
     # --- handlers --------------------------------------------------------------------
 
@@ -247,6 +253,7 @@ class SchedulerService:
             return _error(grant)
         if grant.role == self._step_role:
             self.path.leased(grant.lease_id, now)
+        self.trace.granted(grant, m.worker, now)
         return self._lease(grant, now)
 
     def _want(self, m: p.Claim) -> p.Message:
@@ -292,6 +299,7 @@ class SchedulerService:
             return _error(reply)
         if lease is not None:
             self.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
+        self.trace.settled(m.lease_id, "complete", self.core.state.leases, now)
         if self.core.state.steps_done > steps_before:
             self._record_step(m, lease.worker if lease else m.worker, gids, now)
             return p.StepDone(reply.count, self.core.state.steps_done)
@@ -315,6 +323,7 @@ class SchedulerService:
         if reached:
             line["versions_loaded"] = reached
         self.metrics.append(line)
+        self.trace.step(state.steps_done, worker, now)
         self._emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
         if self.finished:
             log.info("run finished", steps=state.steps_done)
@@ -335,10 +344,12 @@ class SchedulerService:
         line = {"elapsed_s": round(now - self.started_at, 3), "worker": m.worker, **data}
         if reports.record(m.version, line):
             log.info(m.name, worker=m.worker, version=m.version, **_scalars(data))
+            if m.name == "weights":
+                self.trace.weights_report(m.worker, m.version, data, now)
             self._emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})
         return p.Ack()
 
-    def _fail(self, m: p.Fail, _now: float) -> p.Message:
+    def _fail(self, m: p.Fail, now: float) -> p.Message:
         gids = None if m.gids is None else list(m.gids)
         groups, lease = self.core.state.groups, self.core.state.leases.get(m.lease_id)
         lost: list[tuple[p.LostPayload, str]] = []  # each report, with who held the payload
@@ -352,6 +363,7 @@ class SchedulerService:
         triples = [(x.gid, x.role, x.reason) for x, _ in lost]
         reply = self.core.fail(m.lease_id, m.fence, gids, m.reason, triples)
         if isinstance(reply, Accepted):
+            self.trace.settled(m.lease_id, "fail", self.core.state.leases, now)
             log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
             for x, holder in lost:
                 log.warning("payload lost", group=x.gid, role=x.role, holder=holder,
@@ -387,6 +399,7 @@ class SchedulerService:
             reply = Accepted()
         if isinstance(reply, Accepted):
             self.path.published(m.version, now)
+            self.trace.published(m.worker, m.version, now)
             self.routes.announce(m.version, m.worker, m.weights, m.address)
             if m.weights is not None:
                 log.info(
@@ -426,6 +439,7 @@ class SchedulerService:
     def _loaded(self, m: p.LoadedVersion, now: float) -> p.Message:
         reply = self.core.loaded_version(m.worker, m.version)
         if isinstance(reply, Accepted):
+            self.trace.loaded(m.worker, m.version, now)
             everywhere = self._loaded_by_every_generator()
             if everywhere is not None:
                 self.path.loaded_everywhere(everywhere, now)
