@@ -5,6 +5,7 @@ asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
 asyncrl inspect runs/arithmetic [--json] # where a run's step time goes (live, done, crashed)
+asyncrl report runs/arithmetic           # pictures and an HTML page in runs/arithmetic/report
 """
 
 from __future__ import annotations
@@ -77,6 +78,22 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from asyncrl.runtime.report import MissingExtra, write_report
+
+    from ._runs import existing_run
+
+    run = existing_run(args.run_dir)
+    try:
+        report = write_report(run.root, args.out)
+    except MissingExtra as error:
+        raise UsageError(str(error)) from None
+    for line in report.missing:
+        print(f"asyncrl report: not shown: {line}")
+    print(f"wrote {report.page} ({len(report.pictures)} pictures beside it)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(title="commands")
@@ -100,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
     inspect.add_argument("--json", action="store_true", help="one line of JSON")
     inspect.set_defaults(handler=_inspect)
+    report = commands.add_parser(
+        "report", help="plots, the lease timeline and one HTML page of a run (live or done)"
+    )
+    report.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
+    report.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
+    report.set_defaults(handler=_report)
     return parser
 
 

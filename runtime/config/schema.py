@@ -351,8 +351,7 @@ class SchedulerSection:
     metrics_port: int = field(
         default=0,
         metadata=doc(
-            "serve Prometheus metrics over HTTP on this port (needs the metrics extra); "
-            "0 = off",
+            "serve Prometheus metrics over HTTP on this port (needs the metrics extra); 0 = off",
             min=0,
             max=65535,
         ),

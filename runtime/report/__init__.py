@@ -1,0 +1,100 @@
+"""``asyncrl report``: a run directory's pictures and one self-contained HTML page.
+
+Reads the run's files (data.py), draws each plot (plots.py) and the lease timeline
+(timeline.py, gantt.py), and writes ``<run.dir>/report/``: one PNG per picture and
+``index.html`` with all of them embedded, the headline figures and the configuration.
+Works on a run still going (it draws what is there) and on one from an earlier version
+(each missing file is named, with what it would have shown).
+
+Needs matplotlib (``pip install 'asyncrl[report]'``); nothing else of the run is imported.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .page import Section
+
+__all__ = ["MissingExtra", "Report", "write_report"]
+
+
+class MissingExtra(RuntimeError):
+    """The report's plotting library is not installed."""
+
+
+@dataclass(slots=True)
+class Report:
+    page: Path
+    pictures: list[Path] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # files absent, pictures not drawn
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Report:
+    """Write the report of ``run_dir`` into ``out`` (default ``run_dir/report``)."""
+    try:
+        import matplotlib  # noqa: F401 - only to say what to install
+    except ImportError:
+        raise MissingExtra(
+            "asyncrl report draws with matplotlib: pip install 'asyncrl[report]'"
+        ) from None
+    from .data import load_run
+    from .gantt import draw_gantt
+    from .headline import headline
+    from .page import Section, render_page
+    from .plots import PLOTS, NoData
+    from .timeline import timeline_from_trace
+
+    data = load_run(run_dir)
+    out = out or data.run.report
+    out.mkdir(parents=True, exist_ok=True)
+    timeline = timeline_from_trace(data.trace) if data.trace else None
+    report = Report(out / "index.html", missing=list(data.missing))
+    sections: list[Section] = []
+    name = str(data.config.get("run", {}).get("name") or run_dir.name)
+    if timeline is not None and timeline.rows:
+        title = f"{name}: leases per worker"
+        sections.append(
+            _save(out, "gantt", "Lease timeline", _GANTT, draw_gantt(timeline, title), report)
+        )
+    elif timeline is not None:
+        sections.append(Section("Lease timeline", "trace.json holds no lease yet", None))
+    for plot in PLOTS:
+        try:
+            figure = plot.draw(data)
+        except NoData as why:
+            report.missing.append(f"{plot.title}: {why}")
+            sections.append(Section(plot.title, f"Not drawn: {why}.", None))
+            continue
+        sections.append(_save(out, plot.name, plot.title, plot.caption, figure, report))
+    figures = headline(data, timeline)
+    page = render_page(f"asyncrl run {name}", figures, sections, report.missing, data.config_text)
+    report.page.write_text(page, encoding="utf-8")
+    return report
+
+
+_GANTT = (
+    "One row per worker, one bar per lease from its grant to its completion (hatched: "
+    "failed or expired), coloured by role; black: a weight version's transfer and load on "
+    "that worker; grey lines: train steps. Where generate bars run beside train bars, "
+    "generation and training overlapped."
+)
+
+
+def _save(
+    out: Path, name: str, title: str, caption: str, figure: Figure, report: Report
+) -> Section:
+    from .page import Section
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=90)
+    png = buffer.getvalue()
+    path = out / f"{name}.png"
+    path.write_bytes(png)
+    report.pictures.append(path)
+    return Section(title, caption, png)

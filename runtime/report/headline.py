@@ -1,0 +1,53 @@
+"""The few figures a reader wants before any picture: how far, how fast, how good, how
+stale, and whether generation and training really overlapped."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from .data import RunData
+from .timeline import GENERATE_ROLE, TRAIN_ROLE, Timeline, busy_overlap
+
+__all__ = ["headline"]
+
+_LAST = 10  # step lines averaged for "final" figures: one batch's reward is noisy
+
+
+def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
+    """Label -> value, as shown; a figure whose data is missing is left out."""
+    out: dict[str, str] = {}
+    steps, total = data.steps, data.total_steps
+    if steps:
+        last = steps[-1]
+        out["steps"] = f"{last.get('step', len(steps))}" + (f" of {total}" if total else "")
+        elapsed = last.get("elapsed_s")
+        if isinstance(elapsed, int | float) and elapsed > 0:
+            out["wall time"] = f"{elapsed:.1f} s"
+            out["steps/s"] = f"{len(steps) / elapsed:.2f}"
+        _mean_of(out, "reward, last 10 steps", steps[-_LAST:], "reward_mean")
+        _mean_of(out, "reward, first 10 steps", steps[:_LAST], "reward_mean")
+        _mean_of(out, "staleness, mean", steps, "staleness_mean")
+        for role, r in sorted((last.get("roles") or {}).items()):
+            if isinstance(r, dict) and isinstance(r.get("waiting_for_work"), int | float):
+                out[f"{role}: waiting for work"] = f"{r['waiting_for_work']:.0%}"
+    vals = [v for v in data.validation if isinstance(v.get("val_reward"), int | float)]
+    if vals:
+        out["validation reward, first"] = f"{vals[0]['val_reward']:.3f} (v{vals[0]['version']})"
+        out["validation reward, last"] = f"{vals[-1]['val_reward']:.3f} (v{vals[-1]['version']})"
+    loads = [w for w in data.weight_loads if isinstance(w.get("stall_s"), int | float)]
+    if loads:
+        stall = statistics.median(w["stall_s"] for w in loads)
+        out["weight load stall, median"] = f"{stall * 1e3:.1f} ms"
+    if timeline is not None:
+        train = timeline.role_intervals(TRAIN_ROLE)
+        share = busy_overlap(train, timeline.role_intervals(GENERATE_ROLE))
+        if share is not None:
+            out["training time with generation running"] = f"{share:.0%}"
+    return out
+
+
+def _mean_of(out: dict[str, str], label: str, lines: list[dict[str, Any]], key: str) -> None:
+    values = [line[key] for line in lines if isinstance(line.get(key), int | float)]
+    if values:
+        out[label] = f"{statistics.fmean(values):.3f}"

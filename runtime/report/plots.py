@@ -1,0 +1,206 @@
+"""The report's plots of a run's step lines and reports, one function per picture.
+
+Each takes the run's data and returns a figure, or raises :class:`NoData` saying what it
+would need; the page shows that sentence in the picture's place. Figures are built on
+matplotlib's object API (no pyplot): no global state, no display, safe in any process.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from .data import RunData
+from .style import role_colour
+
+__all__ = ["PLOTS", "NoData", "Plot"]
+
+
+class NoData(Exception):
+    """A plot has nothing to draw; the message says what is missing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plot:
+    name: str  # file name without .png
+    title: str
+    caption: str
+    draw: Callable[[RunData], Figure]
+
+
+def _series(lines: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
+    pairs = [
+        (line[x], line[y])
+        for line in lines
+        if isinstance(line.get(x), int | float) and isinstance(line.get(y), int | float)
+    ]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def _figure(panels: int) -> tuple[Figure, list[Any]]:
+    fig = Figure(figsize=(5.5 * panels, 3.6), layout="constrained")
+    axes = fig.subplots(1, panels, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _need(data: RunData) -> None:
+    if not data.steps:
+        raise NoData("metrics.jsonl holds no step yet")
+
+
+def reward(data: RunData) -> Figure:
+    _need(data)
+    fig, (by_time, by_version) = _figure(2)
+    for ax, x_steps, x_val, label in (
+        (by_time, "elapsed_s", "elapsed_s", "seconds since the scheduler started"),
+        (by_version, "policy_version", "version", "policy version"),
+    ):
+        x, y = _series(data.steps, x_steps, "reward_mean")
+        ax.plot(x, y, color="0.6", linewidth=0.8, label="train batch reward")
+        if len(y) >= 5:
+            ax.plot(x, _smooth(y), color="#1f77b4", label="train reward (smoothed)")
+        vx, vy = _series(data.validation, x_val, "val_reward")
+        if vx:
+            ax.plot(vx, vy, "o-", color="#d62728", label="validation reward")
+        ax.set_xlabel(label)
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+    by_time.legend(fontsize="small")
+    return fig
+
+
+def staleness(data: RunData) -> Figure:
+    _need(data)
+    steps, means = _series(data.steps, "step", "staleness_mean")
+    if not means:
+        raise NoData("the step lines carry no staleness_mean")
+    _, worst = _series(data.steps, "step", "staleness_max")
+    fig, (hist, trend) = _figure(2)
+    hist.hist(means, bins=min(30, max(5, len(set(means)) * 2)), color="#9467bd")
+    hist.set_xlabel("mean staleness of a step's tokens (versions behind)")
+    hist.set_ylabel("train steps")
+    trend.plot(steps, means, label="mean", color="#9467bd")
+    if worst:
+        trend.plot(steps[: len(worst)], worst, label="max", color="0.5", linewidth=0.8)
+    limit = data.config.get("pipeline", {}).get("max_staleness")
+    if isinstance(limit, int):
+        trend.axhline(limit, color="#d62728", linestyle="--", linewidth=0.8, label="bound")
+    trend.set_xlabel("train step")
+    trend.set_ylabel("versions behind")
+    trend.legend(fontsize="small")
+    trend.grid(alpha=0.3)
+    return fig
+
+
+def roles(data: RunData) -> Figure:
+    _need(data)
+    rates: dict[str, list[tuple[float, float, float | None]]] = defaultdict(list)
+    for line in data.steps:
+        when = line.get("elapsed_s")
+        for role, r in (line.get("roles") or {}).items():
+            if isinstance(when, int | float) and isinstance(r, dict):
+                idle = r.get("waiting_for_work")
+                rates[role].append((when, r.get("tokens_per_s", 0.0), idle))
+    if not rates:
+        raise NoData("the step lines carry no per-role activity (roles)")
+    fig, (tokens, idle) = _figure(2)
+    for role, points in sorted(rates.items()):
+        colour = role_colour(role)
+        tokens.plot([p[0] for p in points], [p[1] for p in points], label=role, color=colour)
+        shown = [(p[0], p[2]) for p in points if isinstance(p[2], int | float)]
+        idle.plot([p[0] for p in shown], [p[1] for p in shown], label=role, color=colour)
+    tokens.set_ylabel("tokens/s (30 s window)")
+    idle.set_ylabel("share of time waiting for work")
+    idle.set_ylim(-0.02, 1.02)
+    for ax in (tokens, idle):
+        ax.set_xlabel("seconds since the scheduler started")
+        ax.grid(alpha=0.3)
+    idle.legend(fontsize="small")
+    return fig
+
+
+def weights(data: RunData) -> Figure:
+    if not data.weight_loads:
+        raise NoData("weights.jsonl holds no weight load")
+    fig, (per_version, rate) = _figure(2)
+    for key, colour in (("transfer_s", "#1f77b4"), ("load_s", "#2ca02c"), ("stall_s", "#d62728")):
+        x, y = _series(data.weight_loads, "version", key)
+        per_version.scatter(x, [v * 1e3 for v in y], s=8, color=colour, label=key[:-2])
+    legs = [
+        (v["step"], v["published_to_loaded_s"])
+        for line in data.steps
+        for v in line.get("versions_loaded") or []
+        if isinstance(v.get("published_to_loaded_s"), int | float)
+    ]
+    if legs:
+        per_version.plot(
+            [s for s, _ in legs],
+            [t * 1e3 for _, t in legs],
+            color="0.4",
+            linewidth=0.8,
+            label="published to loaded everywhere",
+        )
+    per_version.set_yscale("log")
+    per_version.set_xlabel("weight version")
+    per_version.set_ylabel("milliseconds")
+    per_version.legend(fontsize="small")
+    x, y = _series(data.weight_loads, "version", "mb_per_s")
+    rate.scatter(x, y, s=8, color="#1f77b4")
+    rate.set_xlabel("weight version")
+    rate.set_ylabel("transfer MB/s (per generator)")
+    for ax in (per_version, rate):
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def response_length(data: RunData) -> Figure:
+    _need(data)
+    steps, means = _series(data.steps, "step", "response_len_mean")
+    if not means:
+        raise NoData("the step lines carry no response_len_mean")
+    _, longest = _series(data.steps, "step", "response_len_max")
+    fig, (hist, trend) = _figure(2)
+    hist.hist(means, bins=30, color="#ff7f0e")
+    hist.set_xlabel("mean response length of a train batch (tokens)")
+    hist.set_ylabel("train steps")
+    trend.plot(steps, means, color="#ff7f0e", label="batch mean")
+    if longest:
+        trend.plot(steps[: len(longest)], longest, color="0.5", linewidth=0.8, label="batch max")
+    budget = data.config.get("model", {}).get("max_new_tokens")
+    if isinstance(budget, int):
+        trend.axhline(
+            budget, color="#d62728", linestyle="--", linewidth=0.8, label="max_new_tokens"
+        )
+    trend.set_xlabel("train step")
+    trend.set_ylabel("tokens")
+    trend.legend(fontsize="small")
+    trend.grid(alpha=0.3)
+    return fig
+
+
+def _smooth(values: list[float], window: int = 10) -> list[float]:
+    out, run = [], 0.0
+    for i, v in enumerate(values):
+        run += v - (values[i - window] if i >= window else 0.0)
+        out.append(run / min(i + 1, window))
+    return out
+
+
+PLOTS = (
+    Plot("reward", "Reward", "Train batch reward (grey, smoothed in blue) and validation "
+         "reward (red), against wall time and against the policy version.", reward),
+    Plot("staleness", "Staleness", "How many versions behind the trainer the trained tokens "
+         "were: per-step mean as a histogram, and its trend with the configured bound.",
+         staleness),
+    Plot("roles", "Throughput and idle time per role", "Tokens per second and the share of "
+         "time each role's workers waited for work, over a sliding 30 s window.", roles),
+    Plot("weights", "Weight versions", "Each generator's transfer, load and stall time per "
+         "version (log scale), the time until every generator ran a version, and the "
+         "transfer rate.", weights),
+    Plot("response_length", "Response length", "Distribution of each train batch's mean "
+         "response length, and its mean and longest response over the run.", response_length),
+)  # fmt: skip
