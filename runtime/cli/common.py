@@ -9,7 +9,13 @@ from pathlib import Path
 
 from asyncrl.runtime.config import ConfigError, RunConfig, load_config
 
-__all__ = ["UsageError", "add_config_arguments", "config_from_args", "run_command"]
+__all__ = [
+    "UsageError",
+    "add_config_arguments",
+    "config_from_args",
+    "require_extras",
+    "run_command",
+]
 
 
 class UsageError(Exception):
@@ -27,6 +33,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     return load_config(args.config, args.overrides)
+
+
+def require_extras(cfg: RunConfig) -> None:
+    """A UsageError naming what to install if ``cfg`` needs a package that is missing."""
+    from asyncrl.runtime.extras import missing_extras
+
+    missing = missing_extras(cfg)
+    if missing:
+        raise UsageError("; ".join(missing))
 
 
 def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:

@@ -17,7 +17,13 @@ from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
-from .common import UsageError, add_config_arguments, config_from_args, run_command
+from .common import (
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    require_extras,
+    run_command,
+)
 
 __all__ = ["main"]
 
@@ -38,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     from asyncrl.runtime.launch.local import run_locally
 
     cfg = config_from_args(args)
+    require_extras(cfg)  # before any process starts
     config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
     return run_locally(cfg, config_args, resume=args.resume)
 

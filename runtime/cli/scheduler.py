@@ -39,13 +39,20 @@ from asyncrl.transport.security import (
 
 from ._runs import replay_journal
 from ._status import render_status
-from .common import UsageError, add_config_arguments, config_from_args, run_command
+from .common import (
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    require_extras,
+    run_command,
+)
 
 __all__ = ["main"]
 
 
 def _start(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    require_extras(cfg)
     configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
     endpoints = _private_ipc(RunDir.of(cfg)) if args.ipc else None
     # Under asyncrl run: a failure before note_up is one to start, which a restart repeats;

@@ -18,8 +18,11 @@ from typing import Any, TextIO
 __all__ = ["ProgressReporter", "progress_line"]
 
 
-def progress_line(last: dict[str, Any], total_steps: int, elapsed_s: float) -> str:
-    """``[####------] step 12/200 · 3.1 steps/s · reward 0.41 · val 0.62 (v10) · 40s``."""
+def progress_line(
+    last: dict[str, Any], total_steps: int, elapsed_s: float, eta_s: float | None = None
+) -> str:
+    """``[####------] step 12/200 · 3.1 steps/s · reward 0.41 · val 0.62 (v10) · 40s ·
+    ETA 1m01s`` (the ETA once a step has come since the first one seen)."""
     step = int(last.get("step", 0))
     done = min(_BAR, _BAR * step // max(total_steps, 1))
     parts = [f"[{'#' * done}{'-' * (_BAR - done)}] step {step}/{total_steps}"]
@@ -32,7 +35,24 @@ def progress_line(last: dict[str, Any], total_steps: int, elapsed_s: float) -> s
     if isinstance(last.get("val_reward"), int | float):
         parts.append(f"val {last['val_reward']:.3g} (v{last.get('val_version', '?')})")
     parts.append(f"{elapsed_s:.0f}s")
+    if eta_s is not None and step < total_steps:
+        parts.append(f"ETA {_duration(eta_s)}")
     return " · ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def estimate_eta(first: tuple[int, float], now: tuple[int, float], total: int) -> float | None:
+    """Seconds left at the pace since ``first`` (step, time) was seen: not since the
+    start, which includes loading models, nor one step's time, which is noisy."""
+    steps, seconds = now[0] - first[0], now[1] - first[1]
+    if steps <= 0 or seconds <= 0:
+        return None
+    return (total - now[0]) * seconds / steps
 
 
 _BAR = 20
@@ -52,6 +72,7 @@ class ProgressReporter:
         self._thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self._started = time.monotonic()
         self._shown = ""
+        self._first: tuple[int, float] | None = None  # the first step seen, and when
 
     def __enter__(self) -> ProgressReporter:
         self._thread.start()
@@ -75,7 +96,12 @@ class ProgressReporter:
         last = _last_line(self.metrics)
         if last is None:
             return
-        line = progress_line(last, self.total_steps, time.monotonic() - self._started)
+        now = time.monotonic()
+        step = int(last.get("step", 0))
+        if self._first is None:
+            self._first = (step, now)
+        eta = estimate_eta(self._first, (step, now), self.total_steps)
+        line = progress_line(last, self.total_steps, now - self._started, eta)
         tty = self.out.isatty()
         if line.split(" · ")[0] == self._shown.split(" · ")[0] and not (tty or final):
             return  # no new step: don't repeat the line in a log

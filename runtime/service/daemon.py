@@ -63,6 +63,7 @@ class SchedulerDaemon:
         exit_grace_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         auth_failures: Callable[[], list[str]] | None = None,
+        on_tick: Callable[[float], None] | None = None,
     ) -> None:
         self.service = service
         self.router = router
@@ -75,6 +76,7 @@ class SchedulerDaemon:
         self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.auth_failures = auth_failures
+        self.on_tick = on_tick  # e.g. the /metrics snapshot, on this thread
         self._stops = 0  # stop signals so far: the first drains, the second ends the loop
         self._held: deque[tuple[int, list[Any]]] = deque()  # (journal seq, reply frames)
         self._draining_since: float | None = None
@@ -115,6 +117,8 @@ class SchedulerDaemon:
             now = self.clock()
             if now >= next_tick:
                 self.service.tick(now)
+                if self.on_tick is not None:
+                    self.on_tick(now)
                 self._log_auth_failures()
                 # Records no reply waits on (leases, renewals) still reach the disk in time.
                 self.service.durable.writer.flush_if_due()

@@ -30,6 +30,7 @@ from asyncrl.transport.sockets import (
 
 from .build import open_service
 from .daemon import SchedulerDaemon
+from .service import SchedulerService
 
 __all__ = ["serve"]
 
@@ -56,7 +57,12 @@ def serve(
     )
     ctx = zmq.Context()
     sockets: BoundSockets | None = None
+    metrics, metrics_server = None, None
     try:
+        if sched.metrics_port:
+            metrics, metrics_server = _serve_metrics(
+                service, sched.metrics_host, sched.metrics_port
+            )
         curve = curve_required(sched.host, sched.curve)
         options: dict[str, Any] = {
             "max_message_bytes": sched.max_message_mb << 20,
@@ -75,6 +81,7 @@ def serve(
             busy_poll_s=sched.busy_poll_us / 1e6,
             exit_grace_s=2 * sched.heartbeat_interval_s + 1,
             auth_failures=sockets.auth_failures,
+            on_tick=None if metrics is None else metrics.refresh,
         )
         # Before announcing: a worker's first request meets no start-up collection.
         settle_after_startup()
@@ -86,6 +93,8 @@ def serve(
         RunDir.of(cfg).endpoints.unlink(missing_ok=True)  # finished or stopped: nobody dials
         return code
     finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
         service.durable.close()
         service.close_files()
         if sockets is not None:
@@ -93,6 +102,16 @@ def serve(
         ctx.term()
         os.close(wake_fd)
         log.info("scheduler stopped", steps=service.core.state.steps_done)
+
+
+def _serve_metrics(service: SchedulerService, host: str, port: int) -> tuple[Any, Any]:
+    """Prometheus metrics at http://host:port/metrics (live_metrics.py)."""
+    from .live_metrics import LiveMetrics, serve_metrics
+
+    live = LiveMetrics(service)
+    server = serve_metrics(live, host, port)
+    log.info("metrics served", url=f"http://{host}:{port}/metrics")
+    return live, server
 
 
 def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any]):

@@ -120,6 +120,7 @@ class SchedulerService:
         self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
         self.draining: str | None = None  # why no new leases are handed out
         self.protocol_errors = 0
+        self.expired_leases = 0  # ended by the clock, since this process started
         self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         self._handlers: dict[type, Callable[[Any, float], p.Message]] = {
@@ -177,6 +178,7 @@ class SchedulerService:
         ended = self.core.tick(now)
         if ended:
             log.warning("leases ended by the clock", leases=ended)
+            self.expired_leases += ended
         self.trace.sweep(self.core.state.leases, now)
         self.trace.tick(now)
         self.settle()

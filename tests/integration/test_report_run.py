@@ -1,0 +1,147 @@
+"""A real short default run seen from outside: /metrics while it runs, then its trace and
+``asyncrl report`` (every picture decoded and non-blank, the page parsed)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+import sys
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from asyncrl.runtime.service.trace import read_trace
+from tests.support.cluster import free_port
+
+pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
+pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
+
+from matplotlib.image import imread
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(240)
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 12
+
+
+def _scrape(url: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """Every sample of /metrics, by name and labels, through Prometheus's own parser."""
+    with urllib.request.urlopen(url, timeout=2) as reply:
+        text = reply.read().decode()
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.headings: list[str] = []
+        self._in_h2 = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "img":
+            self.images.append(dict(attrs)["src"] or "")
+        self._in_h2 = tag == "h2"
+
+    def handle_data(self, data: str) -> None:
+        if self._in_h2:
+            self.headings.append(data)
+            self._in_h2 = False
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+    """The default config for STEPS steps, /metrics scraped until it shows a step."""
+    run_dir = tmp_path_factory.mktemp("report") / "run"
+    port = free_port()
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c",
+            str(REPO / "deploy/configs/default.yaml"), f"run.dir={run_dir}",
+            f"run.total_steps={STEPS}", "scheduler.control_port=0", "scheduler.events_port=0",
+            f"scheduler.metrics_port={port}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    scrapes = []
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                scrape = _scrape(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                scrape = None  # not up yet, or gone
+            if scrape and scrape.get("asyncrl_steps_done", {}).get((), 0) >= 1:
+                scrapes.append(scrape)
+                break
+            time.sleep(0.3)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out.decode()[-3000:]
+    return run_dir, scrapes
+
+
+def test_metrics_are_scraped_from_a_live_run(finished_run: tuple[Path, list[dict]]) -> None:
+    _, scrapes = finished_run
+    assert scrapes, "no scrape of /metrics showed a train step"
+    m = scrapes[-1]
+    assert m["asyncrl_total_steps"][()] == STEPS
+    assert m["asyncrl_policy_version"][()] >= 0
+    assert (("state", "pending"),) in m["asyncrl_groups"]
+    assert m["asyncrl_workers"][(("role", "generate"),)] == 1
+    assert ("asyncrl_lease_expiries_total" in m) and ("asyncrl_stale_fences_total" in m)
+    assert "asyncrl_journal_lag_records" in m and "asyncrl_max_staleness" in m
+    assert m["asyncrl_role_tokens_per_second"][(("role", "generate"),)] > 0
+    idle = m["asyncrl_role_time_share"][(("bucket", "waiting_for_work"), ("role", "train"))]
+    assert 0.0 <= idle <= 1.0
+
+
+def test_trace_holds_the_required_fields_of_the_event_format(
+    finished_run: tuple[Path, list[dict]],
+) -> None:
+    run_dir, _ = finished_run
+    events = read_trace(run_dir / "trace.json")
+    for e in events:
+        assert {"ph", "ts", "pid", "tid", "name"} <= e.keys(), e
+        assert isinstance(e["ts"], int | float) and isinstance(e["pid"], int), e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], int | float) and e["dur"] >= 0, e
+    leases = [e for e in events if e["ph"] == "X" and e.get("cat") == "lease"]
+    assert {e["name"] for e in leases} >= {"generate", "logp", "reward", "train"}
+    trained = [e for e in leases if e["name"] == "train" and e["args"]["outcome"] == "complete"]
+    assert len(trained) == STEPS
+    steps = [e["args"]["step"] for e in events if e["ph"] == "i" and e.get("cat") == "train"]
+    assert steps == list(range(1, STEPS + 1))
+    assert any(e["name"].startswith("loaded v") for e in events)
+    assert any(e["name"].startswith("weights v") and e["ph"] == "X" for e in events)
+    names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"generate-0", "train-0"} <= names
+
+
+def test_report_renders_every_picture_of_a_real_run(
+    finished_run: tuple[Path, list[dict]],
+) -> None:
+    run_dir, _ = finished_run
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.runtime.cli.main", "report", str(run_dir)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = _Page()
+    page.feed((run_dir / "report" / "index.html").read_text())
+    names = {"gantt", "reward", "staleness", "roles", "weights", "response_length"}
+    assert {p.stem for p in (run_dir / "report").glob("*.png")} == names
+    assert len(page.images) == len(names)
+    for src in page.images:
+        assert src.startswith("data:image/png;base64,")
+        pixels = imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
+        assert pixels.ndim == 3 and pixels.std() > 0.02  # not a blank canvas
+    assert "Lease timeline" in page.headings and "Configuration" in page.headings
+    assert "Not in this run directory" not in page.headings
