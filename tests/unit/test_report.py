@@ -1,0 +1,88 @@
+"""The report's pieces: the timeline from a trace, the overlap figure, a run dir that
+lacks files, and what `asyncrl run` checks before it starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.runtime.config import load_config
+from asyncrl.runtime.extras import missing_extras
+from asyncrl.runtime.launch.progress import estimate_eta, progress_line
+from asyncrl.runtime.report.timeline import busy_overlap, timeline_from_trace
+
+
+def _x(name: str, ts: float, dur: float, tid: int, pid: int, cat: str = "lease") -> dict:
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts * 1e6, "dur": dur * 1e6,
+            "pid": pid, "tid": tid, "args": {"outcome": "complete"}}  # fmt: skip
+
+
+def _meta(kind: str, pid: int, tid: int, name: str) -> dict:
+    return {"name": kind, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": {"name": name}}
+
+
+def test_timeline_rows_follow_the_data_flow_and_bars_their_worker() -> None:
+    events = [
+        _meta("process_name", 1, 0, "train"), _meta("thread_name", 1, 1, "train-0"),
+        _meta("process_name", 2, 0, "generate"), _meta("thread_name", 2, 2, "generate-10"),
+        _meta("thread_name", 2, 3, "generate-9"),
+        _x("train", 100.0, 1.0, 1, 1), _x("generate", 100.5, 2.0, 2, 2),
+        _x("generate", 101.0, 0.5, 3, 2), _x("weights v1", 101.0, 0.1, 3, 2, cat="weights"),
+        {"name": "step 1", "cat": "train", "ph": "i", "s": "g", "ts": 101e6, "pid": 0,
+         "tid": 0, "args": {"step": 1}},
+    ]  # fmt: skip
+    t = timeline_from_trace(events)
+    assert t.rows == [("generate", "generate-9"), ("generate", "generate-10"), ("train", "train-0")]
+    assert t.leases["train-0"][0].start == 0.0 and t.leases["train-0"][0].end == 1.0
+    assert len(t.weights["generate-9"]) == 1 and t.steps == [(1.0, 1)]
+    assert t.span == 2.5
+    # Generation ran during half of the training time.
+    assert busy_overlap(t.role_intervals("train"), t.role_intervals("generate")) == 0.5
+
+
+def test_overlap_of_disjoint_and_nested_intervals() -> None:
+    assert busy_overlap([(0, 1)], [(2, 3)]) == 0.0
+    assert busy_overlap([(0, 4)], [(1, 2), (1.5, 3)]) == 0.5
+    assert busy_overlap([], [(0, 1)]) is None
+
+
+def test_an_older_run_dir_is_reported_with_what_it_lacks(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
+    from asyncrl.runtime.report import write_report
+
+    lines = [{"step": s, "elapsed_s": s * 0.5, "policy_version": s - 1, "reward_mean": s / 10,
+              "staleness_mean": 1.0, "staleness_max": 2, "response_len_mean": 10 + s,
+              "response_len_max": 20} for s in range(1, 13)]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"st')
+    report = write_report(tmp_path)
+    page = report.page.read_text()
+    assert {p.stem for p in report.pictures} == {"reward", "staleness", "response_length"}
+    for lacking in ("trace.json", "validation.jsonl", "weights.jsonl", "config.yaml"):
+        assert any(m.startswith(lacking) for m in report.missing), lacking
+        assert lacking in page
+    assert "no lease timeline" in page
+
+
+def test_a_backend_or_endpoint_whose_package_is_missing_is_named_before_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = load_config(None, ["logging.backends=[jsonl, tensorboard]", "scheduler.metrics_port=9"])
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    lines = missing_extras(cfg)
+    assert lines == [
+        "logging.backends has tensorboard, but tensorboard is not installed: "
+        "pip install 'asyncrl[tensorboard]'",
+        "scheduler.metrics_port is set, but prometheus_client is not installed: "
+        "pip install 'asyncrl[metrics]'",
+    ]
+    assert missing_extras(load_config(None, [])) == []
+
+
+def test_the_progress_line_shows_an_eta_at_the_pace_since_the_first_step_seen() -> None:
+    assert estimate_eta((2, 10.0), (12, 20.0), 112) == 100.0
+    assert estimate_eta((2, 10.0), (2, 20.0), 112) is None
+    line = progress_line({"step": 12}, 112, 30.0, 100.0)
+    assert line.endswith("ETA 1m40s")
+    assert "ETA" not in progress_line({"step": 112}, 112, 30.0, 0.0)
