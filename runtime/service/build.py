@@ -6,7 +6,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from asyncrl.runtime.config import RunConfig, dump_config, load_config, pipeline_for
+from asyncrl.runtime.config import (
+    RunConfig,
+    config_to_dict,
+    dump_config,
+    load_config,
+    pipeline_for,
+)
 from asyncrl.runtime.core import CoreSettings
 from asyncrl.runtime.durable import JournaledCore
 from asyncrl.runtime.journal import JournalWriter
@@ -15,6 +21,7 @@ from asyncrl.runtime.rundir import RunDir
 from .metrics import MetricsLog
 from .reports import ReportLog
 from .service import RunPlan, SchedulerService
+from .sinks import open_sinks
 from .trace import NO_TRACE, Trace, TraceLog
 
 __all__ = ["StagesChanged", "open_service"]
@@ -64,7 +71,10 @@ def open_service(
     return SchedulerService(
         durable,
         plan,
-        MetricsLog(run.metrics),
+        MetricsLog(
+            run.metrics,
+            open_sinks(cfg.logging.backends, run.root, cfg.run.name, config_to_dict(cfg)),
+        ),
         reports={
             "validation": ReportLog(run.validation),
             "weights": ReportLog(run.weight_loads, per_worker=True),

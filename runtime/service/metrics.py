@@ -4,21 +4,32 @@ A line is written (handed to the OS) when the step's completion is applied, befo
 journal has it; so after a crash the file may be *ahead* of the journal, never behind.
 ``reconcile`` on start cuts the lines of steps the journal does not hold (they will be
 trained again) and a torn last line, so every step appears once.
+
+Each line also goes to the sinks of ``logging.backends`` (sinks.py). A sink that fails is
+logged and dropped: a logger's fault must not stop training.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
+
+from .sinks import MetricsSink, flatten
+
 __all__ = ["MetricsLog"]
+
+log = structlog.get_logger("asyncrl.scheduler")
 
 
 class MetricsLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sinks: Sequence[MetricsSink] = ()) -> None:
         self.path = path
+        self.sinks = list(sinks)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the service
 
@@ -45,9 +56,20 @@ class MetricsLog:
     def append(self, line: dict[str, Any]) -> None:
         self._file.write(json.dumps(line, separators=(",", ":"), default=plain) + "\n")
         self._file.flush()
+        if self.sinks:
+            scalars = dict(flatten(line))
+            for sink in list(self.sinks):
+                try:
+                    sink.step(line["step"], scalars)
+                except Exception:
+                    log.exception("metrics backend failed; no more lines go to it",
+                                  backend=type(sink).__name__)  # fmt: skip
+                    self.sinks.remove(sink)
 
     def close(self) -> None:
         self._file.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def _step_of(line: str) -> int | None:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
+import json
 import subprocess
 import sys
 import time
@@ -26,6 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parents[2]
+TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+BACKENDS = "[jsonl, tensorboard]" if TENSORBOARD else "[jsonl]"
 STEPS = 12
 
 
@@ -66,7 +70,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c",
             str(REPO / "deploy/configs/default.yaml"), f"run.dir={run_dir}",
             f"run.total_steps={STEPS}", "scheduler.control_port=0", "scheduler.events_port=0",
-            f"scheduler.metrics_port={port}"]  # fmt: skip
+            f"scheduler.metrics_port={port}", f"logging.backends={BACKENDS}"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     scrapes = []
     try:
@@ -145,3 +149,17 @@ def test_report_renders_every_picture_of_a_real_run(
         assert pixels.ndim == 3 and pixels.std() > 0.02  # not a blank canvas
     assert "Lease timeline" in page.headings and "Configuration" in page.headings
     assert "Not in this run directory" not in page.headings
+
+
+@pytest.mark.skipif(not TENSORBOARD, reason="the tensorboard extra is not installed")
+def test_tensorboard_event_file_reads_back(finished_run: tuple[Path, list[dict]]) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = finished_run
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    rewards = events.Scalars("reward_mean")
+    assert [e.step for e in rewards] == list(range(1, STEPS + 1))
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [e.value for e in rewards] == pytest.approx([x["reward_mean"] for x in lines])
+    assert "roles.generate.tokens_per_s" in events.Tags()["scalars"]
