@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -119,7 +120,9 @@ def _status(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(reply.summary, sort_keys=True))
         else:
-            print(render_status(reply.summary))
+            if args.watch and sys.stdout.isatty():
+                print("\033[H\033[J", end="")  # redraw in place, like watch(1)
+            print(render_status(reply.summary), flush=True)
         if not args.watch:
             return 0
         time.sleep(args.watch)

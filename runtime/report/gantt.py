@@ -41,12 +41,16 @@ def draw_gantt(timeline: Timeline, title: str) -> Figure:
 
 def _panel(ax: Axes, timeline: Timeline, window: tuple[float, float], label: str) -> None:
     lo, hi = window
+    least = (hi - lo) / 500  # a bar narrower than a pixel or so is drawn this wide
     for (role, worker), y in zip(timeline.rows, range(len(timeline.rows)), strict=True):
         bars = [b for b in timeline.leases.get(worker, []) if b.end >= lo and b.start <= hi]
-        ok = [(b.start, max(b.end - b.start, 1e-4)) for b in bars if b.outcome == "complete"]
-        bad = [(b.start, max(b.end - b.start, 1e-4)) for b in bars if b.outcome != "complete"]
+        ok = [(b.start, max(b.end - b.start, least)) for b in bars if b.outcome == "complete"]
+        bad = [(b.start, max(b.end - b.start, least)) for b in bars if b.outcome != "complete"]
         colour = role_colour(role)
-        ax.broken_barh(ok, (y - _BAR / 2, _BAR), facecolors=colour, linewidth=0)
+        # A white edge parts back-to-back leases (a trainer claims its next step at once).
+        ax.broken_barh(
+            ok, (y - _BAR / 2, _BAR), facecolors=colour, edgecolors="white", linewidth=0.4
+        )
         if bad:
             ax.broken_barh(
                 bad,
@@ -56,7 +60,7 @@ def _panel(ax: Axes, timeline: Timeline, window: tuple[float, float], label: str
                 hatch="////",
                 linewidth=0.5,
             )
-        loads = [(b.start, max(b.end - b.start, 1e-3)) for b in timeline.weights.get(worker, [])]
+        loads = [(b.start, max(b.end - b.start, least)) for b in timeline.weights.get(worker, [])]
         if loads:
             ax.broken_barh(loads, (y + _BAR / 2, _WEIGHT), facecolors="black", linewidth=0)
     for at, _step in timeline.steps:
