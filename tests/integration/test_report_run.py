@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.runtime.report import write_report
 from asyncrl.runtime.service.trace import read_trace
 from tests.support.cluster import free_port
 
@@ -64,7 +65,8 @@ class _Page(HTMLParser):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
-    """The default config for STEPS steps, /metrics scraped until it shows a step."""
+    """The default config for STEPS steps, /metrics scraped until it shows a step, and
+    then a report drawn from the run directory while the run goes on."""
     run_dir = tmp_path_factory.mktemp("report") / "run"
     port = free_port()
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c",
@@ -72,7 +74,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
             f"run.total_steps={STEPS}", "scheduler.control_port=0", "scheduler.events_port=0",
             f"scheduler.metrics_port={port}", f"logging.backends={BACKENDS}"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    scrapes = []
+    scrapes, live_pictures = [], []
     try:
         deadline = time.monotonic() + 150
         while proc.poll() is None and time.monotonic() < deadline:
@@ -82,6 +84,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
                 scrape = None  # not up yet, or gone
             if scrape and scrape.get("asyncrl_steps_done", {}).get((), 0) >= 1:
                 scrapes.append(scrape)
+                live_pictures.extend(write_report(run_dir, run_dir / "live-report").pictures)
                 break
             time.sleep(0.3)
         out, _ = proc.communicate(timeout=150)
@@ -89,6 +92,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out.decode()[-3000:]
+    assert live_pictures, "no report was drawn while the run was going"
     return run_dir, scrapes
 
 
