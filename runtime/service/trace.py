@@ -18,7 +18,8 @@ that a trace survives a crash: ``[`` then one event per line, every line after t
 starting with a comma. A reader appends ``]`` (and drops a torn last line). A resumed
 scheduler cuts a torn line and goes on appending; timestamps are microseconds of the wall
 clock (``now`` is the service's monotonic time, shifted by an offset taken once at start),
-so the lines of several scheduler lifetimes fall in order.
+so the lines of several scheduler lifetimes fall in order, and its rows keep the ids the
+file gave them (read back from the file's metadata events, once, at start).
 
 Cost is bounded per event, not per run: one ``json.dumps`` and a buffered write per lease
 end or instant, open leases kept until they end (at most the leases the core holds), rows
@@ -102,7 +103,10 @@ class TraceLog(Trace):
         self._tids: dict[str, tuple[int, int]] = {}  # worker -> (pid, tid)
         self._flushed_at: float | None = None
         self._file, self._first = _open_for_append(path)
-        self._name_process(_SCHEDULER_PID, "scheduler", now)
+        if self._first:
+            self._name_process(_SCHEDULER_PID, "scheduler", now)
+        else:  # resumed: rows keep the ids they had, or old events would change rows
+            self._restore_rows(read_trace(path))
 
     # --- the service's calls ---------------------------------------------------------
 
@@ -233,6 +237,13 @@ class TraceLog(Trace):
             }
         )
         return row
+
+    def _restore_rows(self, events: list[dict[str, Any]]) -> None:
+        names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+        self._pids = {role: pid for pid, role in names.items() if pid != _SCHEDULER_PID}
+        for e in events:
+            if e.get("name") == "thread_name":
+                self._tids[e["args"]["name"]] = (e["pid"], e["tid"])
 
     def _name_process(self, pid: int, name: str, now: float) -> None:
         ts = self._ts(now)

@@ -76,6 +76,23 @@ def test_a_resumed_scheduler_cuts_a_torn_line_and_appends(tmp_path: Path) -> Non
     json.loads(path.read_text() + "]")
 
 
+def test_a_resumed_scheduler_keeps_every_worker_on_its_row(tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    first = _trace(path)
+    first.loaded("logp-0", 1, 10.0)
+    first.loaded("generate-0", 1, 10.0)
+    first.close()
+    again = _trace(path)
+    again.loaded("generate-0", 2, 20.0)  # seen first this time: must keep pid 2, tid 2
+    again.loaded("train-0", 2, 20.0)
+    again.close()
+    events = read_trace(path)
+    rows = {e["args"]["name"]: (e["pid"], e["tid"]) for e in events if e["name"] == "thread_name"}
+    assert rows == {"logp-0": (1, 1), "generate-0": (2, 2), "train-0": (3, 3)}
+    assert sum(e["name"] == "thread_name" for e in events) == 3
+    assert sum(e["name"] == "process_name" for e in events) == 4  # scheduler and 3 roles
+
+
 def test_a_closed_array_is_reopened(tmp_path: Path) -> None:
     path = tmp_path / "trace.json"
     path.write_text('[\n{"name":"x","ph":"i","ts":1,"pid":0,"tid":0}\n]\n')
@@ -83,4 +100,4 @@ def test_a_closed_array_is_reopened(tmp_path: Path) -> None:
     trace.step(1, "train-0", 10.0)
     trace.close()
     names = [e["name"] for e in json.loads(path.read_text() + "]")]
-    assert names == ["x", "process_name", "process_sort_index", "step 1"]
+    assert names == ["x", "step 1"]
