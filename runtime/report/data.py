@@ -4,6 +4,11 @@ Every file is optional: a run still going has written only part of them, a run f
 earlier version of asyncrl lacks the newer ones (trace.json), a crash may have torn a
 last line. Each file that is absent or unreadable becomes a line in ``missing`` saying what
 the report cannot show without it, and the rest is drawn.
+
+``elapsed_s`` counts from the start of the scheduler that wrote a line, so it starts again
+at 0 when a run is resumed. Each line gets ``run_s`` too: the same time with the
+scheduler's lifetimes laid end to end (each restart continues from the last step line of
+the lifetime before; the time the run was down is left out), which plots use as one axis.
 """
 
 from __future__ import annotations
@@ -61,7 +66,36 @@ def load_run(root: Path) -> RunData:
             data.trace = read_trace(run.trace)
         except ValueError as error:
             data.missing.append(f"{run.trace.name} unreadable ({error}): no lease timeline")
+    offsets = _lifetime_offsets(data.steps)
+    for lines in (data.steps, data.validation, data.weight_loads):
+        _join_lifetimes(lines, offsets)
     return data
+
+
+def _lifetime_offsets(steps: list[dict[str, Any]]) -> list[float]:
+    """Where each scheduler lifetime starts on the joined time axis."""
+    offsets, last = [0.0], None
+    for line in steps:
+        elapsed = line.get("elapsed_s")
+        if not isinstance(elapsed, int | float):
+            continue
+        if last is not None and elapsed < last:
+            offsets.append(offsets[-1] + last)
+        last = elapsed
+    return offsets
+
+
+def _join_lifetimes(lines: list[dict[str, Any]], offsets: list[float]) -> None:
+    """Set ``run_s`` on each line: a drop of ``elapsed_s`` starts the next lifetime."""
+    lifetime, last = 0, None
+    for line in lines:
+        elapsed = line.get("elapsed_s")
+        if not isinstance(elapsed, int | float):
+            continue
+        if last is not None and elapsed < last:
+            lifetime = min(lifetime + 1, len(offsets) - 1)
+        last = elapsed
+        line["run_s"] = offsets[lifetime] + elapsed
 
 
 def _jsonl(path: Path, missing: list[str], shows: str) -> list[dict[str, Any]]:

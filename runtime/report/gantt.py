@@ -9,6 +9,8 @@ can be told apart and the overlap of generation and training is plain to see.
 
 from __future__ import annotations
 
+import statistics
+
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -74,9 +76,15 @@ def _panel(ax: Axes, timeline: Timeline, window: tuple[float, float], label: str
 
 
 def _middle_window(timeline: Timeline) -> tuple[float, float]:
-    """A few train steps' worth of time around the middle of the run."""
+    """A few train steps' worth of time near the middle of the run, not straddling a
+    pause (a resumed run's downtime): of the windows of as many steps, the one nearest
+    the middle that is at most twice as long as the median window."""
     times = [t for t, _ in timeline.steps]
-    if len(times) > _ZOOM_STEPS + 1:
-        first = (len(times) - _ZOOM_STEPS) // 2
-        return times[first] - 0.05, times[first + _ZOOM_STEPS] + 0.05
-    return 0.0, max(timeline.span, 1e-3)
+    if len(times) <= _ZOOM_STEPS + 1:
+        return 0.0, max(timeline.span, 1e-3)
+    starts = range(len(times) - _ZOOM_STEPS)
+    spans = [times[i + _ZOOM_STEPS] - times[i] for i in starts]
+    usual = 2 * statistics.median(spans)
+    middle = (len(times) - _ZOOM_STEPS) // 2
+    first = min((i for i in starts if spans[i] <= usual), key=lambda i: abs(i - middle))
+    return times[first] - 0.05, times[first + _ZOOM_STEPS] + 0.05

@@ -21,7 +21,7 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
     if steps:
         last = steps[-1]
         out["steps"] = f"{last.get('step', len(steps))}" + (f" of {total}" if total else "")
-        elapsed = last.get("elapsed_s")
+        elapsed = last.get("run_s")
         if isinstance(elapsed, int | float) and elapsed > 0:
             out["wall time"] = f"{elapsed:.1f} s"
             out["steps/s"] = f"{len(steps) / elapsed:.2f}"

@@ -56,7 +56,7 @@ def reward(data: RunData) -> Figure:
     _need(data)
     fig, (by_time, by_version) = _figure(2)
     for ax, x_steps, x_val, label in (
-        (by_time, "elapsed_s", "elapsed_s", "seconds since the scheduler started"),
+        (by_time, "run_s", "run_s", "seconds of the run (scheduler time; restarts joined)"),
         (by_version, "policy_version", "version", "policy version"),
     ):
         x, y = _series(data.steps, x_steps, "reward_mean")
@@ -100,7 +100,7 @@ def roles(data: RunData) -> Figure:
     _need(data)
     rates: dict[str, list[tuple[float, float, float | None]]] = defaultdict(list)
     for line in data.steps:
-        when = line.get("elapsed_s")
+        when = line.get("run_s")
         for role, r in (line.get("roles") or {}).items():
             if isinstance(when, int | float) and isinstance(r, dict):
                 idle = r.get("waiting_for_work")
@@ -117,7 +117,7 @@ def roles(data: RunData) -> Figure:
     idle.set_ylabel("share of time waiting for work")
     idle.set_ylim(-0.02, 1.02)
     for ax in (tokens, idle):
-        ax.set_xlabel("seconds since the scheduler started")
+        ax.set_xlabel("seconds of the run (scheduler time; restarts joined)")
         ax.grid(alpha=0.3)
     idle.legend(fontsize="small")
     return fig

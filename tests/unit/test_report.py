@@ -86,3 +86,19 @@ def test_the_progress_line_shows_an_eta_at_the_pace_since_the_first_step_seen() 
     line = progress_line({"step": 12}, 112, 30.0, 100.0)
     assert line.endswith("ETA 1m40s")
     assert "ETA" not in progress_line({"step": 112}, 112, 30.0, 0.0)
+
+
+def test_a_resumed_run_s_time_axis_joins_the_schedulers_lifetimes(tmp_path: Path) -> None:
+    from asyncrl.runtime.report.data import load_run
+
+    times = [(1, 5.0), (2, 6.0), (3, 2.0), (4, 3.0)]  # resumed after step 2
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "elapsed_s": t}) + "\n" for s, t in times)
+    )
+    vals = [(0, 4.0), (2, 1.5)]
+    (tmp_path / "validation.jsonl").write_text(
+        "".join(json.dumps({"version": v, "elapsed_s": t}) + "\n" for v, t in vals)
+    )
+    data = load_run(tmp_path)
+    assert [x["run_s"] for x in data.steps] == [5.0, 6.0, 8.0, 9.0]
+    assert [x["run_s"] for x in data.validation] == [4.0, 7.5]
