@@ -102,3 +102,19 @@ def test_a_resumed_run_s_time_axis_joins_the_schedulers_lifetimes(tmp_path: Path
     data = load_run(tmp_path)
     assert [x["run_s"] for x in data.steps] == [5.0, 6.0, 8.0, 9.0]
     assert [x["run_s"] for x in data.validation] == [4.0, 7.5]
+
+
+def test_asyncrl_run_refuses_at_once_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asyncrl.runtime.cli.main import main
+
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    run_dir = tmp_path / "run"
+    assert main(["run", "logging.backends=[wandb]", f"run.dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "asyncrl: error: logging.backends has wandb, but wandb is not installed: "
+        "pip install 'asyncrl[wandb]'\n"
+    )
+    assert not run_dir.exists()  # nothing was started
