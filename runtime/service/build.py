@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from asyncrl.runtime.config import RunConfig, dump_config, load_config, pipeline_for
@@ -15,7 +17,7 @@ from .metrics import MetricsLog
 from .reports import ReportLog
 from .service import RunPlan, SchedulerService
 
-__all__ = ["StagesChanged", "open_service"]
+__all__ = ["StagesChanged", "fence_key", "open_service"]
 
 
 class StagesChanged(ValueError):
@@ -28,6 +30,7 @@ def open_service(
     resume: bool,
     now: float,
     on_progress: Callable[[], None] | None = None,
+    run_secret: bytes = b"",
 ) -> SchedulerService:
     """Open the run directory's journal (fresh, or resumed) and wrap it in a service.
 
@@ -47,7 +50,7 @@ def open_service(
     )
     durable = JournaledCore.open(
         run.journal,
-        CoreSettings.from_config(cfg),
+        replace(CoreSettings.from_config(cfg), fence_key=fence_key(run_secret)),
         resume=resume,
         now=now,
         pipeline=pipeline_for(cfg),
@@ -71,6 +74,13 @@ def open_service(
         max_message_bytes=sched.max_message_mb << 20,
         started_at=now,
     )
+
+
+def fence_key(run_secret: bytes) -> bytes:
+    """The core's fence key, from the run secret (none without one: fences are counts)."""
+    if not run_secret:
+        return b""
+    return hashlib.blake2b(b"asyncrl fences", key=run_secret[:64]).digest()
 
 
 def _check_same_stages(before: RunConfig, now: RunConfig) -> None:
