@@ -41,6 +41,7 @@ from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
 from . import preflight
+from ._identity import worker_identity
 from ._payloads import WorkerPayloads, serving_host
 from .actor import Actor, ActorBroken
 from .gang import GangPlace
@@ -121,7 +122,7 @@ def _run_worker(
     link = ZmqLink(
         where.control,
         where.events,
-        identity=name,
+        identity=worker_identity(name, RunDir.of(cfg)),
         max_message_bytes=cfg.scheduler.max_message_mb << 20,
         client_keys=keys,
         on_late_reply=late_reply,

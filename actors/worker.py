@@ -514,10 +514,22 @@ class Worker:
     # --- requests --------------------------------------------------------------------
 
     def _call(self, message: p.Message, *, reregister: bool = True) -> p.Message:
-        """The reply to ``message``; registers again first if the scheduler forgot us."""
+        """The reply to ``message``; registers again first if the scheduler forgot us.
+
+        Refused as not this connection's (the name went to another connection while this
+        one was silent): registering again takes it back, or fails with the reason (a
+        Hello refused is fatal); refused once more after that, retrying cannot help.
+        """
+        refused_sender = False
         while True:
             reply = self._retry(message)
-            if not (reregister and _is_error(reply, Reason.UNKNOWN_WORKER)):
+            if not reregister:
+                return reply
+            if isinstance(reply, p.Error) and reply.code == Reason.WRONG_SENDER:
+                if refused_sender:
+                    raise _Fatal(f"the scheduler refused this worker: {reply.detail}")
+                refused_sender = True
+            elif not _is_error(reply, Reason.UNKNOWN_WORKER):
                 return reply
             self._log.warning("the scheduler does not know this worker; registering again")
             self._register()

@@ -48,6 +48,11 @@ class RunDir:
         return Path(runtime) / f"asyncrl-bus-{digest}"
 
     @property
+    def secret(self) -> Path:
+        """The run's secret (0600): its workers' keys and its fences derive from it."""
+        return self.root / "run.secret"
+
+    @property
     def keys(self) -> Path:
         """The CurveZMQ key pairs (``scheduler.keys_dir``, ``{run.dir}`` expanded)."""
         return Path(self.keys_dir.replace("{run.dir}", str(self.root)))

@@ -54,6 +54,7 @@ from ._link_io import (
     Wire,
 )
 from ._turn import Turn
+from .identity import name_of
 from .link import LinkClosed, LinkTimeout
 from .protocol import Event, Message, ProtocolError, decode_with_id, encode
 from .security import ClientKeys
@@ -122,7 +123,9 @@ class ZmqLink:
         self._released = False
         self._release_lock = threading.Lock()
         io = IoLoop(self._wire, sockets.events, self._turn, self._mailbox, self._events, self._late)
-        self._thread = threading.Thread(target=io.run, name=f"zmq-link-{identity}", daemon=True)
+        # Named for the worker only: the routing id's tag is a credential (identity.py).
+        thread_name = f"zmq-link-{name_of(identity.encode())}"
+        self._thread = threading.Thread(target=io.run, name=thread_name, daemon=True)
         self._thread.start()
 
     def request(self, message: Message, timeout_s: float) -> Message:

@@ -10,6 +10,7 @@ import heapq
 from collections import deque
 from typing import Any
 
+from .fences import FenceCipher
 from .pipeline import GroupState, Pipeline
 from .state import CoreState, Group, Lease, Resource, Worker
 
@@ -73,10 +74,15 @@ def _dump_lease(lease: Lease) -> list[Any]:
     ]
 
 
-def load_state(pipeline: Pipeline, resources: dict[str, int], snap: dict[str, Any]) -> CoreState:
+def load_state(
+    pipeline: Pipeline,
+    resources: dict[str, int],
+    snap: dict[str, Any],
+    fences: FenceCipher | None = None,
+) -> CoreState:
     if snap.get("format") != FORMAT:
         raise ValueError(f"snapshot format {snap.get('format')!r}; this build reads {FORMAT}")
-    state = CoreState(pipeline, resources)
+    state = CoreState(pipeline, resources, fences)
     (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version,
      trained, state.worst_staleness, state.epoch) = snap["counters"]  # fmt: skip
     state.counts[GroupState.TRAINED] = trained

@@ -46,6 +46,8 @@ class Reason(StrEnum):
     # Not the core's: the daemon refuses a request that names a worker other than the
     # connection it came on (a worker speaks only for itself).
     WRONG_SENDER = "wrong_sender"
+    # Nor this: a Hello for a name live on another connection, without the worker's key.
+    NAME_TAKEN = "name_taken"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ class SchedulerCore:
     def __init__(self, settings: CoreSettings, pipeline: Pipeline = DEFAULT_PIPELINE) -> None:
         self.settings = settings
         self.pipeline = pipeline
-        self.state = CoreState(pipeline, dict(settings.resources))
+        self.state = CoreState(pipeline, dict(settings.resources), settings.fences())
         self.last_seen: dict[str, float] = {}
         self.rejections: Counter[Reason] = Counter()
         self._records: list[tuple[Any, ...]] = []
@@ -182,7 +182,7 @@ class SchedulerCore:
         if not gids:
             return None
         s = self.state
-        lid, fence, expires = s.next_lid, s.fence + 1, now + self.settings.lease_timeout
+        lid, fence, expires = s.next_lid, s.next_fence(), now + self.settings.lease_timeout
         self._commit(
             r.LeaseGranted(
                 lid=lid,
@@ -406,7 +406,7 @@ class SchedulerCore:
                 Reason.BAD_REQUEST, f"lease {lease_id} already asked for {resource!r}"
             )
         if len(held.holders) < held.capacity:
-            token = self.state.fence + 1
+            token = self.state.next_fence()
             self._commit(r.Granted(resource, lease_id, token))
             return LockGranted(resource, lease_id, token)
         self._commit(r.Waiting(resource, lease_id))
@@ -434,7 +434,7 @@ class SchedulerCore:
         """Rebuild a core from a snapshot (if any) and the records journaled after it."""
         core = cls(settings, pipeline)
         if snapshot is not None:
-            core.state = load_state(pipeline, dict(settings.resources), snapshot)
+            core.state = load_state(pipeline, dict(settings.resources), snapshot, settings.fences())
         for record in records:
             core.state.apply(record)
         core.state.notices.clear()

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .fences import FenceCipher
+
 if TYPE_CHECKING:
     from asyncrl.runtime.config import RunConfig
 
@@ -20,6 +22,12 @@ class CoreSettings:
     lease_timeout: float = 60.0
     worker_timeout: float = 15.0
     resources: Mapping[str, int] = field(default_factory=dict)
+    # Keys the fences (fences.py): from the run's secret, so that a resumed scheduler
+    # issues the same tokens. Empty: fences are plain counts (unit tests).
+    fence_key: bytes = field(default=b"", repr=False)
+
+    def fences(self) -> FenceCipher:
+        return FenceCipher(self.fence_key)
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> CoreSettings:

@@ -25,6 +25,7 @@ from .effects import (
     VersionPublished,
     WorkerLost,
 )
+from .fences import FenceCipher
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["CoreState", "Group", "Lease", "Worker"]
@@ -76,8 +77,11 @@ class Resource:
 class CoreState:
     """Everything the scheduler must not forget, plus indexes derived from it."""
 
-    def __init__(self, pipeline: Pipeline, resources: dict[str, int]) -> None:
+    def __init__(
+        self, pipeline: Pipeline, resources: dict[str, int], fences: FenceCipher | None = None
+    ) -> None:
         self.pipeline = pipeline
+        self.fences = fences or FenceCipher()
         self.groups: dict[int, Group] = {}
         self.keys: set[str] = set()
         self.leases: dict[int, Lease] = {}
@@ -85,7 +89,7 @@ class CoreState:
         self.resources = {name: Resource(cap) for name, cap in sorted(resources.items())}
         self.next_gid = 0
         self.next_lid = 1
-        self.fence = 0
+        self.fence = 0  # fences granted so far (epoch in the high bits); tokens: next_fence
         self.steps_done = 0
         self.policy_version = 0
         self.due: Counter[int] = Counter()  # train_by -> alive, untrained groups
@@ -152,6 +156,10 @@ class CoreState:
         for (source, target, reason), gids in self._moves.items():
             self.notices.append(Transition(source, target, tuple(gids), reason))
         self._moves.clear()
+
+    def next_fence(self) -> int:
+        """The token of the next lease or lock: unguessable, never one issued before."""
+        return self.fences.token(self.fence + 1)
 
     # --- indexes ---------------------------------------------------------------------
 
@@ -228,7 +236,7 @@ class CoreState:
         lease = Lease(lid, fence, role, stage.source, worker, expires_at, set(gids), version)
         self.leases[lid] = lease
         self.next_lid = lid + 1
-        self.fence = max(self.fence, fence)
+        self.fence += 1  # the record carries the token; the count moves on by one
         heapq.heappush(self._expiry, (expires_at, lid))
         for gid in gids:
             group = self.groups[gid]
@@ -435,7 +443,7 @@ class CoreState:
     def _grant(self, resource: str, lid: int, token: int) -> None:
         self.resources[resource].holders[token] = lid
         self.leases[lid].locks[token] = resource
-        self.fence = max(self.fence, token)
+        self.fence += 1
         self.notices.append(LockGranted(resource, lid, token))
 
     def _wait(self, resource: str, lid: int) -> None:
@@ -446,9 +454,8 @@ class CoreState:
         lid = held.holders.pop(token)
         if lid in self.leases:
             del self.leases[lid].locks[token]
-        if held.waiting:
-            self.fence += 1  # the next in line takes the freed slot under a new fence
-            self._grant(resource, held.waiting.popleft(), self.fence)
+        if held.waiting:  # the next in line takes the freed slot under a new fence
+            self._grant(resource, held.waiting.popleft(), self.next_fence())
 
 
 def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from asyncrl.runtime.bus import read_endpoints
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.identity import WORKER_KEY_ENV, ensure_run_secret, worker_key
 
 from .gangs import ENV_RANK, ENV_SIZE
 from .progress import ProgressReporter
@@ -31,8 +32,15 @@ WORKER_MODULE = "asyncrl.actors.cli"
 GROUPED_ROLES = frozenset({"train", "logp", "ref_logp"})
 
 
-def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> list[ChildSpec]:
-    """The scheduler first (the primary), then ``pipeline.workers[role]`` workers per role."""
+def local_specs(
+    cfg: RunConfig, config_args: Sequence[str], *, resume: bool, run_secret: bytes = b""
+) -> list[ChildSpec]:
+    """The scheduler first (the primary), then ``pipeline.workers[role]`` workers per role.
+
+    With ``run_secret`` each worker gets its worker key in its environment (never on its
+    command line, which any user may read): restarted under the same name, it is known
+    to the scheduler as the same worker at once (transport/identity.py).
+    """
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
     if cfg.scheduler.local_ipc and _loopback(cfg.scheduler.host):
@@ -45,13 +53,15 @@ def local_specs(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     for role, count in workers_to_start(cfg).items():
         for index in range(count):
             argv = [*python, WORKER_MODULE, "--role", role, "--index", str(index)]
-            env, gang = None, None
+            env: dict[str, str] = {}
+            gang = None
+            if run_secret:
+                env[WORKER_KEY_ENV] = worker_key(run_secret, f"{role}-{index}").hex()
             if role in GROUPED_ROLES and count > 1:
                 # One group of ranks, rank 0 its leader (the only one the scheduler sees).
-                env, gang = {ENV_RANK: str(index), ENV_SIZE: str(count)}, role
-            specs.append(
-                ChildSpec(f"{role}-{index}", [*argv, *config_args], True, env=env, gang=gang)
-            )
+                env, gang = {**env, ENV_RANK: str(index), ENV_SIZE: str(count)}, role
+            name, full = f"{role}-{index}", [*argv, *config_args]
+            specs.append(ChildSpec(name, full, True, env=env or None, gang=gang))
     return specs
 
 
@@ -90,7 +100,8 @@ def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> 
     run = RunDir.of(cfg)
     run.logs.mkdir(parents=True, exist_ok=True)
     _forget_dead_scheduler(cfg)
-    specs = local_specs(cfg, config_args, resume=resume)
+    secret = ensure_run_secret(run.secret)  # the scheduler reads the same one
+    specs = local_specs(cfg, config_args, resume=resume, run_secret=secret)
     print(
         f"asyncrl run: {cfg.run.name} in {run.root}: scheduler and {len(specs) - 1} workers; "
         f"logs in {run.logs}",

@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -70,7 +70,8 @@ class ChildSpec:
     name: str  # "scheduler", "generate-0", ...: names the log file too
     argv: Sequence[str]  # the full command line
     restart: bool  # workers: True; the scheduler: False
-    env: Mapping[str, str] | None = None  # added to the supervisor's environment
+    # Added to the supervisor's environment. It may hold a worker key: never in a repr.
+    env: Mapping[str, str] | None = field(default=None, repr=False)
     gang: str | None = None  # members of one gang restart together (see the module doc)
     # The primary only: the command line that starts it again after a failure (the
     # scheduler resuming from its journal); None: its exit, however it ends, ends the run.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 
 from asyncrl.runtime.config import (
@@ -24,7 +26,7 @@ from .service import RunPlan, SchedulerService
 from .sinks import open_sinks
 from .trace import NO_TRACE, Trace, TraceLog
 
-__all__ = ["StagesChanged", "open_service"]
+__all__ = ["StagesChanged", "fence_key", "open_service"]
 
 
 class StagesChanged(ValueError):
@@ -37,6 +39,7 @@ def open_service(
     resume: bool,
     now: float,
     on_progress: Callable[[], None] | None = None,
+    run_secret: bytes = b"",
 ) -> SchedulerService:
     """Open the run directory's journal (fresh, or resumed) and wrap it in a service.
 
@@ -58,7 +61,7 @@ def open_service(
     )
     durable = JournaledCore.open(
         run.journal,
-        CoreSettings.from_config(cfg),
+        replace(CoreSettings.from_config(cfg), fence_key=fence_key(run_secret)),
         resume=resume,
         now=now,
         pipeline=pipeline_for(cfg),
@@ -92,6 +95,13 @@ def _trace(cfg: RunConfig, run: RunDir, now: float) -> Trace:
     if not cfg.logging.trace:
         return NO_TRACE
     return TraceLog(run.trace, now=now, wall_offset_s=time.time() - now)
+
+
+def fence_key(run_secret: bytes) -> bytes:
+    """The core's fence key, from the run secret (none without one: fences are counts)."""
+    if not run_secret:
+        return b""
+    return hashlib.blake2b(b"asyncrl fences", key=run_secret[:64]).digest()
 
 
 def _check_same_stages(before: RunConfig, now: RunConfig) -> None:

@@ -34,10 +34,10 @@ from typing import Any, Literal
 import structlog
 import zmq
 
-from asyncrl.runtime.core.effects import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import AdaptiveSpin, busy_poll, recv_waiting, send_frames
 
+from .connections import Connections
 from .service import ACKNOWLEDGES_DATA, SchedulerService
 
 __all__ = ["SchedulerDaemon"]
@@ -64,8 +64,12 @@ class SchedulerDaemon:
         clock: Callable[[], float] = time.monotonic,
         auth_failures: Callable[[], list[str]] | None = None,
         on_tick: Callable[[float], None] | None = None,
+        connections: Connections | None = None,
     ) -> None:
         self.service = service
+        # Who may speak for which worker (connections.py); without the run secret, a
+        # worker restarted under a live name waits for the old registration to go.
+        self.connections = connections or Connections(service.core)
         self.router = router
         self.pub = pub
         self.wake_fd = wake_fd
@@ -119,6 +123,7 @@ class SchedulerDaemon:
                 self.service.tick(now)
                 if self.on_tick is not None:
                     self.on_tick(now)
+                self.connections.forget_gone()
                 self._log_auth_failures()
                 # Records no reply waits on (leases, renewals) still reach the disk in time.
                 self.service.durable.writer.flush_if_due()
@@ -132,13 +137,6 @@ class SchedulerDaemon:
             self._publish()
             if self._should_exit(now):
                 return 0
-
-    def _wrong_sender(self, message: p.Message, claimed: str, sender: bytes) -> p.Error:
-        self.service.core.rejections[Reason.WRONG_SENDER] += 1
-        who = sender.decode("utf-8", "replace")[:_DETAIL]
-        kind = type(message).__name__
-        log.warning("request refused: not its sender's", kind=kind, claimed=claimed, sender=who)
-        return p.Error(Reason.WRONG_SENDER, f"{kind} for {claimed!r} from connection {who!r}")
 
     def _poll_ms(self, next_tick: float) -> int:
         return max(0, int((next_tick - self.clock()) * 1000) + 1)
@@ -181,13 +179,15 @@ class SchedulerDaemon:
             detail = str(error)[:_DETAIL]
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), error.req_id, None
-        claimed = getattr(message, "worker", None)
-        if claimed is not None and claimed.encode() != sender:
-            # The connection is the identity: a request about a worker (its leases, its
-            # reports, its goodbye) counts only from that worker's own connection.
-            return self._wrong_sender(message, claimed, sender), req_id, None
+        # The connection is the identity: a request about a worker (its registration, its
+        # leases, its reports, its goodbye) counts only from that worker's own connection.
+        refused = self.connections.refusal(message, sender)
+        if refused is not None:
+            return refused, req_id, None
         try:
-            return self.service.answer(message, self.clock()), req_id, message.KIND
+            reply = self.service.answer(message, self.clock())
+            self.connections.answered(message, reply, sender)
+            return reply, req_id, message.KIND
         except Exception:
             # A bug, not bad input: the request fails, the scheduler and the run go on.
             log.exception("request failed", kind=message.KIND.name)

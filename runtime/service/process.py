@@ -21,6 +21,7 @@ from asyncrl.runtime.bus import Endpoints, announce_endpoints, read_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.security import curve_required, load_server_keys
 from asyncrl.transport.sockets import (
     BoundSockets,
@@ -29,6 +30,7 @@ from asyncrl.transport.sockets import (
 )
 
 from .build import open_service
+from .connections import Connections
 from .daemon import SchedulerDaemon
 from .service import SchedulerService
 
@@ -51,9 +53,16 @@ def serve(
     journal is replayed and the endpoints are announced: the scheduler is up.
     """
     sched = cfg.scheduler
+    # Made by the launcher already under asyncrl run; resuming, the one the journal's
+    # fences were keyed with.
+    secret = ensure_run_secret(RunDir.of(cfg).secret)
     wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     service = open_service(
-        cfg, resume=resume, now=time.monotonic(), on_progress=lambda: os.eventfd_write(wake_fd, 1)
+        cfg,
+        resume=resume,
+        now=time.monotonic(),
+        on_progress=lambda: os.eventfd_write(wake_fd, 1),
+        run_secret=secret,
     )
     ctx = zmq.Context()
     sockets: BoundSockets | None = None
@@ -82,6 +91,7 @@ def serve(
             exit_grace_s=2 * sched.heartbeat_interval_s + 1,
             auth_failures=sockets.auth_failures,
             on_tick=None if metrics is None else metrics.refresh,
+            connections=Connections(service.core, secret),
         )
         # Before announcing: a worker's first request meets no start-up collection.
         settle_after_startup()

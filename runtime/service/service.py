@@ -37,6 +37,7 @@ from asyncrl.runtime.core.effects import (
     WorkerLost,
 )
 from asyncrl.runtime.core.pipeline import Gate, GroupState
+from asyncrl.runtime.core.starvation import why_no_step
 from asyncrl.runtime.core.status import summarize
 from asyncrl.runtime.durable import JournaledCore
 from asyncrl.transport import protocol as p
@@ -98,6 +99,7 @@ class SchedulerService:
         reports: Mapping[str, ReportLog] | None = None,
         relay_fanout: int = 2,
         trace: Trace = NO_TRACE,
+        stall_warning_s: float = 60.0,
     ) -> None:
         self.durable = durable
         self.core: SchedulerCore = durable.core
@@ -115,6 +117,11 @@ class SchedulerService:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.max_message_bytes = max_message_bytes
         self.started_at = started_at
+        # No step for this long: a warning says which role starves and why (starvation.py),
+        # again each time as long passes.
+        self.stall_warning_s = stall_warning_s
+        self._progress_at = started_at  # the last step, or the start
+        self._stall_warned_at: float | None = None
         self.events = EventNumbering()
         self.outbox: list[p.Event] = []
         self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
@@ -182,6 +189,18 @@ class SchedulerService:
         self.trace.sweep(self.core.state.leases, now)
         self.trace.tick(now)
         self.settle()
+        self._warn_if_stalled(now)
+
+    def _warn_if_stalled(self, now: float) -> None:
+        if self.finished or self.draining is not None:
+            return
+        since = max(self._progress_at, self._stall_warned_at or self._progress_at)
+        if now - since < self.stall_warning_s:
+            return
+        self._stall_warned_at = now
+        quiet = now - self._progress_at
+        why = why_no_step(self.core.state, self.core.settings, self.core.pipeline)
+        log.warning(f"no train step for {quiet:.0f} s: {why}", stalled_s=round(quiet, 1))
 
     def protocol_error(self, detail: str) -> p.Error:
         self.protocol_errors += 1
@@ -309,6 +328,7 @@ class SchedulerService:
 
     def _record_step(self, m: p.Complete, worker: str, gids: list[int], now: float) -> None:
         state = self.core.state
+        self._progress_at, self._stall_warned_at = now, None
         path = self.path.trained(state.steps_done, m.lease_id, gids, now)
         line = {
             "step": state.steps_done,

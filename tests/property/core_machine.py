@@ -59,10 +59,13 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             batch=st.integers(1, 3),
             attempts=st.integers(1, 3),
             capacity=st.integers(1, 2),
+            fence_key=st.sampled_from([b"", b"run secret"]),
         )
-        def setup(self, staleness: int, batch: int, attempts: int, capacity: int) -> None:
+        def setup(
+            self, staleness: int, batch: int, attempts: int, capacity: int, fence_key: bytes
+        ) -> None:
             self.settings = CoreSettings(staleness, batch, attempts, LEASE_TIMEOUT,
-                                         WORKER_TIMEOUT, {GPU: capacity})  # fmt: skip
+                                         WORKER_TIMEOUT, {GPU: capacity}, fence_key)  # fmt: skip
             self.core = SchedulerCore(self.settings, pipeline)
             self.model = PipelineModel(staleness, batch, attempts, LEASE_TIMEOUT, WORKER_TIMEOUT)
             for worker in WORKERS:
@@ -244,6 +247,10 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         def stale_completion(self, data: st.DataObject) -> None:
             past = [(lid, fence) for lid, fence in self.model.ended]
             live = [(x.lid, x.fence - 1) for x in self.model.leases.values()]
+            if self.settings.fence_key:  # unkeyed, a fence is a count: guessable on purpose
+                # Guesses from what a client sees: the lease id, the fences it was given.
+                live += [(x.lid, x.lid) for x in self.model.leases.values()]
+                live += [(x.lid, f) for x in self.model.leases.values() for _, f in past]
             lid, fence = data.draw(st.sampled_from(past + live))
             gid = next(iter(self.model.groups), 0)
             self._unchanged(lambda: self.core.complete(lid, fence, [gid], None))
@@ -398,9 +405,14 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         def locks_respect_capacity(self) -> None:
             resource = self.core.state.resources[GPU]
             assert len(resource.holders) <= resource.capacity
+            state = self.core.state
             for token, lid in resource.holders.items():
-                assert lid in self.core.state.leases, f"lock {token} held by ended lease {lid}"
-                assert token <= self.core.state.fence
+                assert lid in state.leases, f"lock {token} held by ended lease {lid}"
+                if not self.settings.fence_key:
+                    assert token <= state.fence
+            # Lease fences and lock tokens come from one keyed count: never two alike.
+            tokens = [x.fence for x in state.leases.values()] + list(resource.holders)
+            assert len(set(tokens)) == len(tokens), "a fence issued twice"
             for lid in resource.waiting:
                 assert lid in self.core.state.leases
             if resource.waiting:

@@ -1,0 +1,97 @@
+"""Which connection speaks for which worker: the scheduler's half of identity.
+
+A worker is the connection it registered on (its routing id, transport/identity.py), not
+the name its messages claim. This guard sits between the ROUTER and the service:
+
+- A ``Hello`` for a name nobody holds binds the name to its connection once accepted. For
+  a live name on another connection it is refused (``name_taken``), unless the
+  connection carries the name's worker key: then it is the same worker restarted, and
+  its registration replaces the old one at once (the core revokes the old leases).
+- Any other request naming a worker counts only from that worker's connection
+  (``wrong_sender``); one about a lease (complete, fail, lock) only for a lease that
+  worker holds, so a client cannot end another's lease even with its fence.
+- Bindings are soft state, like heartbeats: a name the core no longer knows (left, timed
+  out) is free again. After a scheduler restart the core knows names but no connections:
+  a live name is bound by the first request for it from a connection carrying that name
+  (its worker key, or for a worker without the run secret, its name alone: the one gap,
+  closed as soon as the real worker speaks, within a heartbeat).
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from asyncrl.runtime.core import SchedulerCore
+from asyncrl.runtime.core.effects import Reason
+from asyncrl.transport import protocol as p
+from asyncrl.transport.identity import WORKER_KEY_ENV, describe, is_worker_key, name_of
+
+__all__ = ["Connections"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+
+class Connections:
+    def __init__(self, core: SchedulerCore, run_secret: bytes | None = None) -> None:
+        self._core = core
+        self._secret = run_secret
+        self._bound: dict[str, bytes] = {}  # worker name -> its connection's routing id
+
+    def refusal(self, message: p.Message, sender: bytes) -> p.Error | None:
+        """Why ``message`` from ``sender`` must not reach the service; None if it may."""
+        claimed = getattr(message, "worker", None)
+        if claimed is None:  # status, stop: about no worker
+            return None
+        if name_of(sender) != claimed:  # a connection speaks under its own name only
+            return self._refuse(message, Reason.WRONG_SENDER, "not its connection", sender)
+        if isinstance(message, p.Hello):
+            return self._hello_refusal(message, sender)
+        bound = self._bound.get(claimed)
+        if bound is None and claimed in self._core.state.workers:
+            # Live but bound to nothing: the scheduler restarted since it registered.
+            log.info("worker known again by its connection", worker=claimed)
+            self._bound[claimed] = bound = sender
+        if bound != sender and bound is not None:
+            return self._refuse(message, Reason.WRONG_SENDER, "not its connection", sender)
+        lid = getattr(message, "lease_id", None)
+        lease = None if lid is None else self._core.state.leases.get(lid)
+        if lease is not None and lease.worker != claimed:
+            return self._refuse(message, Reason.WRONG_SENDER, f"lease {lid} is not its", sender)
+        return None
+
+    def answered(self, message: p.Message, reply: p.Message, sender: bytes) -> None:
+        """After the service answered: an accepted Hello binds, an accepted Bye frees."""
+        if isinstance(message, p.Hello) and isinstance(reply, p.Ready):
+            self._bound[message.worker] = sender
+        elif isinstance(message, p.Bye) and not isinstance(reply, p.Error):
+            self._bound.pop(message.worker, None)
+
+    def forget_gone(self) -> None:
+        """Free the names of workers the core dropped (timed out): anyone may take them."""
+        live = self._core.state.workers
+        for name in [name for name in self._bound if name not in live]:
+            del self._bound[name]
+
+    def _hello_refusal(self, m: p.Hello, sender: bytes) -> p.Error | None:
+        if m.worker not in self._core.state.workers or self._bound.get(m.worker) == sender:
+            return None
+        if is_worker_key(sender, m.worker, self._secret):
+            log.info("worker restarted: its new connection replaces the old", worker=m.worker)
+            return None
+        timeout = self._core.settings.worker_timeout
+        detail = (
+            f"worker name {m.worker!r} is registered on another connection. A restarted "
+            f"worker proves it is the same one with the run's worker key ({WORKER_KEY_ENV}, "
+            f"or the run directory's run.secret); without it, start it again once the old "
+            f"registration is gone (no heartbeat for {timeout:g} s), or give it another name"
+        )
+        return self._refuse(m, Reason.NAME_TAKEN, detail, sender)
+
+    def _refuse(self, m: p.Message, reason: Reason, why: str, sender: bytes) -> p.Error:
+        self._core.rejections[reason] += 1
+        kind, claimed, who = type(m).__name__, getattr(m, "worker", ""), describe(sender)
+        log.warning("request refused", reason=str(reason), kind=kind, claimed=claimed,
+                    sender=who, why=why[:200])  # fmt: skip
+        if reason is Reason.NAME_TAKEN:
+            return p.Error(reason, why)
+        return p.Error(reason, f"{kind} for {claimed!r} from connection {who!r}: {why}")
