@@ -62,6 +62,8 @@ def _read_file(path: Path, key: str) -> list[Row]:
         raise DataFileError(f"{key}: {path}: unknown file type (expected {known})")
     if not path.is_file():
         raise DataFileError(f"{key}: {path}: no such file")
+    if path.stat().st_size == 0:
+        return []  # no rows, rather than the JSON reader's bare StopIteration
     return [_row(record, path, number) for number, record in enumerate(_records(path, fmt))]
 
 
