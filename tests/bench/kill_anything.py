@@ -165,7 +165,9 @@ def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
         problems.append("the trainer rolled training back")
     val = final_val(outcome.run_dir)
     if baseline is not None and (val is None or abs(val - baseline) > VAL_TOLERANCE):
-        problems.append(f"final validation reward {val} is not within {VAL_TOLERANCE} of {baseline}")
+        problems.append(
+            f"final validation reward {val} is not within {VAL_TOLERANCE} of {baseline}"
+        )
     left = [pid for pid in _pids_mentioning(str(outcome.run_dir))]
     if left:
         problems.append(f"processes left: {left}")
