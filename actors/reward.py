@@ -29,7 +29,7 @@ from .policy.tokenizer import TextCodec
 from .preflight import check_task
 from .tasks import Sample, TaskError
 from .tasks.rewards import MODEL_PREFIX
-from .workload import load_workload, reward_choice, reward_for
+from .workload import reward_choice, reward_for
 
 __all__ = ["Reward"]
 
@@ -51,7 +51,7 @@ class Reward(Actor):
             import torch  # a reward model computes: on this worker's share of the cores
 
             torch.set_num_threads(threads_for(cfg, self.role))
-        self.reward = reward_for(cfg, load_workload(cfg))
+        self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
 
     def process(self, lease: p.Lease) -> Outcome:

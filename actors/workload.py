@@ -51,12 +51,14 @@ def workload_name(cfg: RunConfig) -> str:
     return "data.train_files" if cfg.data.train_files else cfg.data.task
 
 
-def reward_for(cfg: RunConfig, task: Task) -> RewardFunction:
+def reward_for(cfg: RunConfig, task: Task | None = None) -> RewardFunction:
     """The run's reward (``data.reward``; with data files the math verifier by default),
-    guarded by ``data.reward_timeout_s``."""
-    return load_reward(
-        reward_choice(cfg), task, workload_name(cfg), timeout_s=cfg.data.reward_timeout_s
-    )
+    guarded by ``data.reward_timeout_s``. ``task`` is loaded here only if the reward is
+    the task's own (the reward role then reads no data files)."""
+    choice = reward_choice(cfg)
+    if task is None and not choice:
+        task = load_workload(cfg)
+    return load_reward(choice, task, workload_name(cfg), timeout_s=cfg.data.reward_timeout_s)
 
 
 def prompt_token_limit(cfg: RunConfig) -> int:

@@ -84,10 +84,18 @@ class RewardFunction:
 
     @classmethod
     def load(
-        cls, reward_path: str, task: Task, task_path: str, *, timeout_s: float | None = None
+        cls,
+        reward_path: str,
+        task: Task | None,
+        task_path: str,
+        *,
+        timeout_s: float | None = None,
     ) -> RewardFunction:
-        """``data.reward``'s function, or the task's own when that key is empty."""
+        """``data.reward``'s function, or the task's own when that key is empty (the only
+        case that needs ``task``)."""
         if not reward_path:
+            if task is None:
+                raise TaskError(f"{task_path}: the task's own reward needs the task loaded")
             return cls(task.reward, task_path, timeout_s)
         function = _import(reward_path, "data.reward")
         if not callable(function):

@@ -21,9 +21,10 @@ MODEL_PREFIX = "model:"
 
 
 def load_reward(
-    choice: str, task: Task, task_name: str, *, timeout_s: float | None = None
+    choice: str, task: Task | None, task_name: str, *, timeout_s: float | None = None
 ) -> RewardFunction:
-    """The reward ``choice`` (``data.reward``) names, guarded."""
+    """The reward ``choice`` (``data.reward``) names, guarded; ``task`` is needed only
+    when the choice is empty (the task's own reward)."""
     if choice == MATH:
         from .math_reward import math_reward
 
@@ -34,7 +35,7 @@ def load_reward(
     return RewardFunction.load(choice, task, task_name, timeout_s=timeout_s)
 
 
-def check_reward_choice(choice: str, task: Task, task_name: str) -> None:
+def check_reward_choice(choice: str, task: Task | None, task_name: str) -> None:
     """TaskError if ``choice`` cannot be loaded; cheap (a reward model's weights stay
     where they are)."""
     if choice == MATH:

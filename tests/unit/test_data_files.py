@@ -217,3 +217,14 @@ def test_a_model_without_a_chat_template_cannot_take_data_files(tmp_path: Path) 
         "no chat template (chat_template.jinja, or chat_template in "
         "tokenizer_config.json); chat prompts need one"
     )
+
+
+def test_data_files_take_one_path_or_a_list_and_need_validation_files() -> None:
+    from asyncrl.runtime.config import ConfigError, load_config
+
+    one = load_config(None, ["data.train_files=t.parquet", "data.val_files=v.parquet"])
+    assert (one.data.train_files, one.data.val_files) == (["t.parquet"], ["v.parquet"])
+    many = load_config(None, ["data.train_files=[a.jsonl, b.parquet]", "data.val_every_versions=0"])
+    assert many.data.train_files == ["a.jsonl", "b.parquet"] and many.data.val_files == []
+    with pytest.raises(ConfigError, match=r"data\.val_files: got none with data\.train_files set"):
+        load_config(None, ["data.train_files=t.parquet"])
