@@ -1,5 +1,9 @@
 """The ``dataloader`` role: feeds the task's training prompts into ``pending``.
 
+The task is ``data.task``'s plug-in, or the data files of ``data.train_files``, whose
+rows it takes in a seeded shuffled order that depends on the index alone
+(:mod:`.tasks.order`), so what follows holds for them too.
+
 Consumes the scheduler's Want (how many groups it can take); produces one
 :class:`PromptIn` per group, keyed ``train-{index:09d}``. It keeps no cursor worth saving:
 after a restart it offers keys from index 0 again and the scheduler skips the ones it
@@ -19,7 +23,8 @@ from asyncrl.transport import protocol as p
 from .actor import Actor, WorkerContext
 from .payloads import PromptIn
 from .preflight import check_task
-from .tasks import Task, load_task
+from .tasks import Task
+from .workload import load_workload
 
 __all__ = ["Dataloader", "group_key"]
 
@@ -42,7 +47,7 @@ class Dataloader(Actor):
         self.task: Task | None = None
 
     def on_start(self, ctx: WorkerContext) -> None:
-        self.task = load_task(ctx.config.data.task)
+        self.task = load_workload(ctx.config)
 
     def feed(self, wanted: int) -> Sequence[p.NewGroup]:
         assert self.task is not None, "on_start loads the task"

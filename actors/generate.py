@@ -38,7 +38,8 @@ from .actor import Outcome, StreamingActor, WorkerContext
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
 from .preflight import check_device, check_engine, check_model, check_task
-from .tasks import RewardFunction, Sample, TaskError, load_task
+from .tasks import Sample, TaskError, validation_samples
+from .workload import load_workload, reward_for
 
 __all__ = ["Generate"]
 
@@ -88,8 +89,8 @@ class Generate(StreamingActor):
         cfg = ctx.config
         self.ctx = ctx
         self.model, self.codec = load_policy(cfg, self.role, ctx.index)
-        self.task = load_task(cfg.data.task)
-        self.reward = RewardFunction.load(cfg.data.reward, self.task, cfg.data.task)
+        self.task = load_workload(cfg)
+        self.reward = reward_for(cfg, self.task)
         self.weights = WeightFollower(
             make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights)), ctx.ask_weights
         )
@@ -142,9 +143,7 @@ class Generate(StreamingActor):
         self.last_validated = self.loaded
         frozen = copy.deepcopy(self.model)  # the decoder's model changes under training
         decoder = self._decoder(frozen, greedy_only=True)
-        samples = [
-            self.task.sample("validation", i) for i in range(self.ctx.config.data.val_prompts)
-        ]
+        samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
         decoder.submit(
             Request(i, tuple(self.codec.encode(s.prompt)), greedy=True)
             for i, s in enumerate(samples)

@@ -80,23 +80,33 @@ def check_model(cfg: RunConfig) -> list[str]:
 
 
 def check_task(cfg: RunConfig) -> list[str]:
-    """``data.task`` (and ``data.reward``, if set) import and are what they must be."""
-    from .tasks import RewardFunction, TaskError, load_task
+    """The task (``data.task``, or ``data.train_files`` read and checked row by row) and
+    the reward (``data.reward``) load, and are what they must be."""
+    from .policy.chat_template import ChatTemplateError
+    from .tasks import TaskError
+    from .tasks.rewards import check_reward_choice
+    from .tasks.rows import DataFileError
+    from .workload import load_workload, reward_choice, workload_name
 
     data = cfg.data
+    key = "data.train_files" if data.train_files else f"data.task={data.task!r}"
     try:
-        task = load_task(data.task)
-    except TaskError as error:
-        return [str(error)]
+        task = load_workload(cfg)
+    except (TaskError, DataFileError, ChatTemplateError) as error:
+        return [_one_line(str(error))]
     except Exception as error:  # the plug-in's module raised as it was imported
-        return [f"data.task={data.task!r}: {type(error).__name__}: {error}"]
+        return [_one_line(f"{key}: {type(error).__name__}: {error}")]
     try:
-        RewardFunction.load(data.reward, task, data.task)
+        check_reward_choice(reward_choice(cfg), task, workload_name(cfg))
     except TaskError as error:
-        return [str(error)]
+        return [_one_line(str(error))]
     except Exception as error:
-        return [f"data.reward={data.reward!r}: {type(error).__name__}: {error}"]
+        return [_one_line(f"data.reward={data.reward!r}: {type(error).__name__}: {error}")]
     return []
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def check_engine(cfg: RunConfig, role: str) -> list[str]:

@@ -1,10 +1,13 @@
 """The ``reward`` role: scores each response with the task's reward function.
 
-Consumes ``transition.*.generated``; produces :class:`RewardsOut`. The reward function
-is a plug-in: ``data.reward`` (an import path), or the task's own when that is empty. If
-it raises, or returns something that is not a finite number, the lease fails with a
-reason naming the plug-in and the problem: that group is tried again and, after
-``pipeline.max_attempts``, reported dead; the run goes on.
+Consumes ``transition.*.generated``; produces :class:`RewardsOut`. The reward is
+``data.reward`` (a plug-in's import path, ``math``, or ``model:DIR`` for a sequence
+classifier), or the task's own when that is empty (:mod:`.tasks.rewards`). If it raises,
+returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
+the lease fails with a reason naming the reward and the problem: that group is tried
+again and, after ``pipeline.max_attempts``, reported dead; the run goes on. A call past
+its time keeps running on a thread left behind; after a few such, the worker leaves to be
+started afresh (nothing else stops a thread).
 """
 
 from __future__ import annotations
@@ -18,14 +21,19 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._scorer import tokens_of
-from .actor import Actor, Outcome, WorkerContext
+from ._setup import threads_for
+from .actor import Actor, ActorBroken, Outcome, WorkerContext
 from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
 from .preflight import check_task
-from .tasks import RewardFunction, Sample, load_task
+from .tasks import Sample, TaskError
+from .tasks.rewards import MODEL_PREFIX
+from .workload import reward_choice, reward_for
 
 __all__ = ["Reward"]
+
+_MAX_STUCK = 3  # reward calls left running past their time before the worker starts afresh
 
 
 class Reward(Actor):
@@ -38,9 +46,13 @@ class Reward(Actor):
     claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
 
     def on_start(self, ctx: WorkerContext) -> None:
-        data = ctx.config.data
-        self.reward = RewardFunction.load(data.reward, load_task(data.task), data.task)
-        self.codec = TextCodec.from_dir(model_dir(ctx.config.model.path))
+        cfg = ctx.config
+        if reward_choice(cfg).startswith(MODEL_PREFIX):
+            import torch  # a reward model computes: on this worker's share of the cores
+
+            torch.set_num_threads(threads_for(cfg, self.role))
+        self.reward = reward_for(cfg)
+        self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
 
     def process(self, lease: p.Lease) -> Outcome:
         return Outcome(tuple(self._score(item) for item in lease.items), tokens=tokens_of(lease))
@@ -48,8 +60,13 @@ class Reward(Actor):
     def _score(self, item: p.Item) -> p.Result:
         prompt = PromptIn.of(item)
         sample = Sample(prompt.prompt, prompt.answer)
-        rewards = [
-            self.reward(sample, self.codec.decode(response))
-            for response in RolloutsOut.of(item).responses()
-        ]
+        try:
+            rewards = [
+                self.reward(sample, self.codec.decode(response))
+                for response in RolloutsOut.of(item).responses()
+            ]
+        except TaskError as error:
+            if self.reward.stuck >= _MAX_STUCK:
+                raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
+            raise
         return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())

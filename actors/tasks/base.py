@@ -9,7 +9,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["RewardFunction", "Sample", "Task", "TaskError", "check_reward", "load_task"]
+from .deadline import Deadline, DeadlineExceeded
+
+__all__ = [
+    "RewardFunction",
+    "Sample",
+    "Task",
+    "TaskError",
+    "check_reward",
+    "load_task",
+    "validation_samples",
+]
 
 
 class TaskError(ValueError):
@@ -31,7 +41,8 @@ class Task(Protocol):
     name: str
 
     def sample(self, split: str, index: int) -> Sample:
-        """The ``index``-th sample of ``split`` ("train" or "validation"); deterministic."""
+        """The ``index``-th sample of ``split`` ("train" or "validation"); deterministic.
+        A finite validation split raises IndexError past its end."""
         ...
 
     def reward(self, sample: Sample, response: str) -> float:
@@ -48,27 +59,60 @@ def load_task(path: str) -> Task:
     return task
 
 
-class RewardFunction:
-    """The reward in use, guarded: a plug-in that raises or returns a non-number is a
-    TaskError naming the plug-in, which fails the group it was scoring, not the run."""
+def validation_samples(task: Task, count: int) -> list[Sample]:
+    """The first ``count`` validation samples, or every one of a shorter finite split."""
+    samples = []
+    for index in range(count):
+        try:
+            samples.append(task.sample("validation", index))
+        except IndexError:
+            break
+    return samples
 
-    def __init__(self, function: Callable[[Sample, str], Any], name: str) -> None:
+
+class RewardFunction:
+    """The reward in use, guarded: a plug-in that raises, returns a non-number or runs
+    past ``timeout_s`` is a TaskError naming the plug-in, which fails the group it was
+    scoring, not the run. With a time limit, calls run on a helper thread."""
+
+    def __init__(
+        self, function: Callable[[Sample, str], Any], name: str, timeout_s: float | None = None
+    ) -> None:
         self.function = function
         self.name = name
+        self.deadline = Deadline(timeout_s)
 
     @classmethod
-    def load(cls, reward_path: str, task: Task, task_path: str) -> RewardFunction:
-        """``data.reward``'s function, or the task's own when that key is empty."""
+    def load(
+        cls,
+        reward_path: str,
+        task: Task | None,
+        task_path: str,
+        *,
+        timeout_s: float | None = None,
+    ) -> RewardFunction:
+        """``data.reward``'s function, or the task's own when that key is empty (the only
+        case that needs ``task``)."""
         if not reward_path:
-            return cls(task.reward, task_path)
+            if task is None:
+                raise TaskError(f"{task_path}: the task's own reward needs the task loaded")
+            return cls(task.reward, task_path, timeout_s)
         function = _import(reward_path, "data.reward")
         if not callable(function):
             raise TaskError(f"data.reward={reward_path!r}: not callable")
-        return cls(function, reward_path)
+        return cls(function, reward_path, timeout_s)
+
+    @property
+    def stuck(self) -> int:
+        """Calls that ran past the time limit and are still running (on threads left
+        behind)."""
+        return self.deadline.stuck
 
     def __call__(self, sample: Sample, response: str) -> float:
         try:
-            value = self.function(sample, response)
+            value = self.deadline.call(self.function, sample, response)
+        except DeadlineExceeded as error:
+            raise TaskError(f"reward {self.name!r} did not return: {error}") from None
         except Exception as error:
             detail = f"{type(error).__name__}: {error}"
             raise TaskError(f"reward {self.name!r} raised {detail}") from error

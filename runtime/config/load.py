@@ -272,6 +272,8 @@ def _dict_key(key: Any, path: str, meta: Mapping[str, Any]) -> str:
 
 
 def _to_sequence(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> Any:
+    if meta.get("one_or_list") and not isinstance(value, list | tuple):
+        value = [value]  # `data.train_files=a.parquet` on the command line: a list of one
     if not isinstance(value, list | tuple):
         raise _type_error(path, value, _describe(tp, meta))
     item_tp = get_args(tp)[0]  # list[X] or tuple[X, ...]
@@ -311,7 +313,8 @@ def _describe(tp: Any, meta: Mapping[str, Any]) -> str:
         key_words = "one of " + ", ".join(map(repr, keys)) if keys else "a string"
         return f"a mapping of ({key_words}) to ({_describe(args[1], meta)})"
     if origin in (list, tuple):
-        return f"a list of ({_describe(args[0], meta)})"
+        one = f"{_describe(args[0], meta)} or " if meta.get("one_or_list") else ""
+        return f"{one}a list of ({_describe(args[0], meta)})"
     return _SCALAR_NAMES[tp] + _bounds(meta)
 
 

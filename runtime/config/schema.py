@@ -5,7 +5,8 @@ Each constraint is declared once, in the field's metadata, and the generic loade
 
 - "help": one line shown by `describe_fields` and the CLI;
 - "min" / "max": inclusive bounds; "exclusive_min": a strict lower bound;
-- "keys": the only keys a mapping field may have.
+- "keys": the only keys a mapping field may have;
+- "one_or_list": a list field that also takes one value, as a list of one.
 
 For mapping and list fields the bounds apply to each value. A check across fields goes in
 the section's `__post_init__` as `ValueError("<field>: got ...; allowed: ...")`; the loader
@@ -59,8 +60,27 @@ class DataSection:
     reward: str = field(
         default="",
         metadata=doc(
-            "reward function f(sample, response) -> float as module:attr; empty: the task's"
+            "reward: f(sample, response) -> float as module:attr, 'math' (math-verify), or "
+            "'model:DIR' (a sequence classifier); empty: the task's own (with data files: math)"
         ),
+    )
+    reward_timeout_s: float = field(
+        default=30.0,
+        metadata=doc(
+            "a reward call still running after this long fails its group; 0 = no limit", min=0
+        ),
+    )
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata=doc(
+            "JSONL or Parquet files of chat prompts (verl's layout) to train on instead of "
+            "data.task; one path or a list",
+            one_or_list=True,
+        ),
+    )
+    val_files: list[str] = field(
+        default_factory=list,
+        metadata=doc("the validation rows that go with data.train_files", one_or_list=True),
     )
     group_size: int = field(
         default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
@@ -70,6 +90,14 @@ class DataSection:
         metadata=doc("validate every this many weight versions; 0 = never validate", min=0),
     )
     val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
+
+    def __post_init__(self) -> None:
+        # Validation would otherwise quietly score prompts of data.task, another workload.
+        if self.train_files and not self.val_files and self.val_every_versions > 0:
+            raise ValueError(
+                "val_files: got none with data.train_files set; allowed: the validation "
+                "files, or data.val_every_versions=0"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

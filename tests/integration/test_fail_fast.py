@@ -54,6 +54,18 @@ def test_a_missing_model_directory_stops_the_run_before_anything_starts(tmp_path
     assert not (tmp_path / "run" / "journal").exists()  # no scheduler ever started
 
 
+def test_a_missing_data_file_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
+    missing, val = tmp_path / "T.parquet", tmp_path / "V.jsonl"
+    val.write_text("")
+    overrides = (f"data.train_files={missing}", f"data.val_files={val}")
+    done, seconds = _asyncrl(*_run_args(tmp_path, *overrides))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [f"asyncrl: data.train_files: {missing}: no such file"]
+    assert seconds < 30
+    assert not (tmp_path / "run" / "journal").exists()
+
+
 def test_an_unknown_architecture_and_a_bad_plug_in_are_each_one_line(tmp_path: Path) -> None:
     model = tmp_path / "gpt2"
     model.mkdir()

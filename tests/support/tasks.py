@@ -42,3 +42,12 @@ def digits_reward(sample: Sample, response: str) -> float:
     response. Responses of one group differ, so advantages are not all zero and the
     weights move."""
     return sum(c.isdigit() for c in response) / max(1, len(response))
+
+
+def sleepy_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in that hangs for a while on sums ending in 3 (past any short limit)."""
+    if sample.answer.endswith("3"):
+        import time
+
+        time.sleep(2.0)
+    return 1.0 if response.endswith(sample.answer) else 0.0

@@ -1,0 +1,49 @@
+"""``data.reward``: which reward a run uses, by name.
+
+- empty: the task's own ``reward`` (with data files, the math verifier);
+- ``math``: the math verifier (:mod:`.math_reward`);
+- ``model:DIR``: a Hugging Face sequence classifier (:mod:`.classifier`);
+- ``package.module:attr``: a plug-in, ``f(sample, response) -> float``.
+
+Whichever it is, it runs guarded by :class:`~.base.RewardFunction`: an error, a
+non-number or a call past ``data.reward_timeout_s`` fails that group with the reason.
+"""
+
+from __future__ import annotations
+
+from .base import RewardFunction, Task, TaskError
+from .classifier import ClassifierReward, check_classifier_dir
+
+__all__ = ["MATH", "MODEL_PREFIX", "check_reward_choice", "load_reward"]
+
+MATH = "math"
+MODEL_PREFIX = "model:"
+
+
+def load_reward(
+    choice: str, task: Task | None, task_name: str, *, timeout_s: float | None = None
+) -> RewardFunction:
+    """The reward ``choice`` (``data.reward``) names, guarded; ``task`` is needed only
+    when the choice is empty (the task's own reward)."""
+    if choice == MATH:
+        from .math_reward import math_reward
+
+        return RewardFunction(math_reward, MATH, timeout_s)
+    if choice.startswith(MODEL_PREFIX):
+        path = choice.removeprefix(MODEL_PREFIX)
+        return RewardFunction(ClassifierReward(path), choice, timeout_s)
+    return RewardFunction.load(choice, task, task_name, timeout_s=timeout_s)
+
+
+def check_reward_choice(choice: str, task: Task | None, task_name: str) -> None:
+    """TaskError if ``choice`` cannot be loaded; cheap (a reward model's weights stay
+    where they are)."""
+    if choice == MATH:
+        try:
+            import math_verify  # noqa: F401
+        except ImportError as error:
+            raise TaskError(f"data.reward='math': cannot import math_verify: {error}") from None
+    elif choice.startswith(MODEL_PREFIX):
+        check_classifier_dir(choice.removeprefix(MODEL_PREFIX))
+    else:
+        RewardFunction.load(choice, task, task_name)
