@@ -27,6 +27,10 @@ class ActorBroken(RuntimeError):
     its group): the worker gives its leases back and exits non-zero, to be started afresh."""
 
 
+def _cannot_rewind(step: int) -> None:
+    raise NotImplementedError(f"this worker cannot ask the scheduler to rewind to step {step}")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerContext:
     """What an actor knows at start: who it is, the run's config and the scheduler's pace."""
@@ -45,6 +49,14 @@ class WorkerContext:
     # can relay (b"": it cannot), ``failed`` a source that failed it. None when the scheduler
     # holds no announcement for that version. Main thread only: it talks over the link.
     ask_weights: Callable[[int, bytes, str], p.WeightsPlan | None] | None = None
+    # The scheduler's count of train steps when the worker registered: the step a trainer
+    # resumes at. None where the worker does not tell it (then a trainer learns it from
+    # its first lease or publish request).
+    steps_done: int | None = None
+    # rewind(step): tell the scheduler the trainer's state is at an older ``step`` than its
+    # count (only an older checkpoint survived); it rolls back exactly, or raises
+    # RuntimeError if it refuses. Main thread only.
+    rewind: Callable[[int], None] = _cannot_rewind
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,9 @@ class Outcome:
     results: tuple[p.Result, ...]
     metrics: p.Payload | None = None
     tokens: int = 0  # tokens the work covered, for the role's tokens-per-second
+    # A train step: the newest step whose state survives the loss of this host (the newest
+    # checkpoint); the scheduler keeps what it needs to redo the steps after it.
+    durable_step: int | None = None
 
 
 class Actor:

@@ -62,6 +62,7 @@ class Order(enum.StrEnum):
     """What the leader asks the followers to join in."""
 
     STEP = "step"  # train on a lease (the body: the lease's frames)
+    RESTORE = "restore"  # take up the state for a step count (the body: the count)
     SCORE = "score"  # score a lease's responses, each rank its share of the rows
     LOAD = "load"  # take new weights, whole from the leader, each rank its shard
     GATHER = "gather"  # gather the full weights and optimizer state on the leader
