@@ -44,6 +44,7 @@ class Source(enum.StrEnum):
 class Choice:
     step: int
     source: Source
+    checksum: int | None = None  # a staged state's: the one logged when it was staged
 
 
 def choose(target: int, staged: Iterable[int], checkpoints: Iterable[int]) -> Choice:
@@ -58,9 +59,10 @@ def choose(target: int, staged: Iterable[int], checkpoints: Iterable[int]) -> Ch
     return Choice(0, Source.BASE)
 
 
-def stage(learner: Learner, store: StagedState, step: int) -> None:
-    """Stage this rank's state after ``step`` (its shard, the optimizer's, the RNG)."""
-    store.save(step, _with_rng(learner, learner.local_state()))
+def stage(learner: Learner, store: StagedState, step: int) -> int:
+    """Stage this rank's state after ``step`` (its shard, the optimizer's, the RNG); its
+    checksum."""
+    return store.save(step, _with_rng(learner, learner.local_state()))
 
 
 def reserve(learner: Learner, store: StagedState) -> None:
@@ -101,7 +103,13 @@ def restore(
         torch.set_rng_state(state[_RNG].clone())
         if _CUDA_RNG in state and learner.device.type == "cuda":
             torch.cuda.set_rng_state(state[_CUDA_RNG].clone(), learner.device)
+        # Read back what was taken up: the same bytes as staged, or no resuming on it.
+        if not found.matches(_with_rng(learner, learner.local_state())):
+            raise RuntimeError(
+                f"the state taken up differs from the one staged at step {found.step}"
+            )
         store.at(found)
+        choice = Choice(choice.step, choice.source, found.checksum)
     elif choice.source is Source.CHECKPOINT:
         _from_checkpoint(learner, run, choice.step)
         store.at(None)

@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from ._state_slot import Entry, SlotFile, layout
+from ._state_slot import Entry, SlotFile, checksum, layout
 
 __all__ = ["Staged", "StagedState"]
 
@@ -34,8 +34,15 @@ _SLOTS = ("a", "b")
 class Staged:
     """One verified slot: its step, what it was made with, and its tensors (read lazily)."""
 
-    def __init__(self, slot: SlotFile, step: int, meta: dict, entries: tuple[Entry, ...]):
+    def __init__(
+        self, slot: SlotFile, step: int, meta: dict, entries: tuple[Entry, ...], crc: int
+    ) -> None:
         self.slot, self.step, self.meta, self.entries = slot, step, meta, entries
+        self.checksum = crc  # recorded with the step: the one logged when it was staged
+
+    def matches(self, tensors: Mapping[str, torch.Tensor]) -> bool:
+        """Whether ``tensors`` are bit for bit this slot's (a state taken up from it)."""
+        return checksum(tensors, self.entries, self.meta) == self.checksum
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """CPU views of the slot's bytes: copy them out before the slot is written again."""
@@ -63,11 +70,11 @@ class StagedState:
             checked = slot.verified()
             if checked is None:
                 continue
-            step, meta, entries = checked
+            step, meta, entries, crc = checked
             if {k: meta.get(k) for k in self.identity} != self.identity:
                 log.warning("a staged state of another group layout ignored", meta=meta)
                 continue
-            found[step] = Staged(slot, step, meta, entries)
+            found[step] = Staged(slot, step, meta, entries, crc)
         return found
 
     def at(self, staged: Staged | None) -> None:
@@ -80,16 +87,18 @@ class StagedState:
         for slot in self.slots:
             slot.reserve(self._entries, self.identity)
 
-    def save(self, step: int, tensors: Mapping[str, torch.Tensor]) -> None:
-        """Stage ``tensors`` as ``step``'s state, in the slot not holding the current one."""
+    def save(self, step: int, tensors: Mapping[str, torch.Tensor]) -> int:
+        """Stage ``tensors`` as ``step``'s state, in the slot not holding the current one;
+        the checksum recorded."""
         if self._entries is None or {e.name for e in self._entries} != tensors.keys():
             self.reserve(tensors)  # the first step, or a state of other tensors
         assert self._entries is not None
         target = self.slots[1] if self._current is self.slots[0] else self.slots[0]
         if self._current is None:  # neither holds this rank's state: overwrite the older
             target = min(self.slots, key=lambda s: -1 if s.step() is None else s.step())
-        target.write(step, tensors, self._entries, self.identity)
+        crc = target.write(step, tensors, self._entries, self.identity)
         self._current = target
+        return crc
 
     def remove(self) -> None:
         """The run ended: remove this rank's files, and the directory once it is empty."""

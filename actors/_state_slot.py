@@ -30,7 +30,7 @@ from pathlib import Path
 import crc32c
 import torch
 
-__all__ = ["Entry", "NoRoom", "SlotFile", "layout"]
+__all__ = ["Entry", "NoRoom", "SlotFile", "checksum", "layout"]
 
 HEADER_BYTES = 4096
 _MAGIC = b"asyncrlT"
@@ -108,8 +108,9 @@ class SlotFile:
             return None
         return step
 
-    def verified(self) -> tuple[int, dict, tuple[Entry, ...]] | None:
-        """(step, meta, entries) if the header is valid and the bytes match its checksum."""
+    def verified(self) -> tuple[int, dict, tuple[Entry, ...], int] | None:
+        """(step, meta, entries, checksum) if the header is valid and the bytes match its
+        checksum."""
         step = self.step()
         if step is None:
             return None
@@ -127,7 +128,7 @@ class SlotFile:
             entries = tuple(Entry.of_json(row) for row in table["tensors"])
         except (ValueError, KeyError, TypeError):
             return None
-        return step, table["meta"], entries
+        return step, table["meta"], entries, crc
 
     def tensor(self, entry: Entry, table_len: int) -> torch.Tensor:
         """A CPU view of one tensor's bytes in the map (valid until the next write)."""
@@ -172,8 +173,9 @@ class SlotFile:
         tensors: Mapping[str, torch.Tensor],
         entries: Sequence[Entry],
         meta: Mapping[str, object],
-    ) -> None:
-        """Put ``tensors`` (laid out as ``entries``) in the file as ``step``'s state."""
+    ) -> int:
+        """Put ``tensors`` (laid out as ``entries``) in the file as ``step``'s state; the
+        checksum it recorded (:func:`checksum` of the same)."""
         table = _table(entries, meta)
         self.reserve(entries, meta)
         assert self._map is not None
@@ -192,6 +194,7 @@ class SlotFile:
                 done = at + entry.nbytes
             value = crc32c.crc32c(view[done : data_at + _data_len(entries)], value)
         os.pwrite(self.fd, _header(step, len(table), _data_len(entries), value), 0)
+        return value
 
     def _copy(
         self, source: torch.Tensor, at: int, entry: Entry, value: int, view: memoryview
@@ -224,6 +227,23 @@ class SlotFile:
             self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
             self.capacity = size
         return memoryview(self._map)
+
+
+def checksum(
+    tensors: Mapping[str, torch.Tensor], entries: Sequence[Entry], meta: Mapping[str, object]
+) -> int:
+    """The checksum :meth:`SlotFile.write` records for ``tensors``, computed without
+    writing: to check that a state taken up from a slot is bit for bit the one staged."""
+    table = _table(entries, meta)
+    value, done = crc32c.crc32c(table), HEADER_BYTES + len(table)
+    data_at = HEADER_BYTES + _table_span(len(table))
+    for entry in entries:
+        at = data_at + entry.offset
+        value = crc32c.crc32c(bytes(at - done), value)  # padding: zeros, never written
+        raw = tensors[entry.name].detach().contiguous().reshape(-1).view(torch.uint8)
+        value = crc32c.crc32c(raw.cpu().numpy(), value)
+        done = at + entry.nbytes
+    return crc32c.crc32c(bytes(data_at + _data_len(entries) - done), value)
 
 
 def _header(step: int, table: int, data: int, crc: int) -> bytes:

@@ -7,6 +7,7 @@ weights, so when the leader has the new version every rank's state for it is sta
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import msgpack
@@ -55,13 +56,21 @@ class TrainRank:
         whole weights (on the leader) to publish."""
         choice = restore(self.learner, self.store, self.run, target, self.ranks)
         self.step = choice.step
-        log.info("trainer state restored", step=choice.step, source=str(choice.source))
+        log.info(
+            "trainer state restored",
+            step=choice.step,
+            source=str(choice.source),
+            **({} if choice.checksum is None else {"checksum": choice.checksum}),
+        )
         return choice, self.learner.full_weights()
 
     def train(self, groups: list[Group]) -> tuple[StepStats, dict[str, torch.Tensor]]:
         stats = self.learner.step(groups)
         self.step += 1
-        stage(self.learner, self.store, self.step)
+        started = time.perf_counter()
+        crc = stage(self.learner, self.store, self.step)
+        seconds = round(time.perf_counter() - started, 4)
+        log.info("state staged", step=self.step, checksum=crc, seconds=seconds)
         return stats, self.learner.full_weights()
 
     def reserve(self) -> None:
