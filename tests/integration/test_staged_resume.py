@@ -49,7 +49,8 @@ def _steps(run_dir: Path) -> list[dict]:
 def _records(run_dir: Path, name: str, event: str) -> list[dict]:
     path = run_dir / "logs" / f"{name}.log"
     lines = path.read_text().splitlines() if path.is_file() else []
-    return [r for r in map(json.loads, filter(None, lines)) if r.get("event") == event]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return [r for r in records if r.get("event") == event]
 
 
 def _pid_of(log: Path, name: str) -> int:
