@@ -164,7 +164,9 @@ class SlotFile:
                 f"rank) in {self.path.parent}, which has {_mib(space.f_bavail * space.f_frsize)}"
                 f" MiB free; give it more room (a container's --shm-size)"
             ) from None
-        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED)
+        # Populated now: faulting 1 GiB of fresh pages in takes seconds, at start, not
+        # inside the first step.
+        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
         self.capacity = size
 
     def write(
