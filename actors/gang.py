@@ -10,7 +10,7 @@ Every rank or none: an order's collectives need every rank, so a rank that dies 
 makes the others' collectives fail (a closed connection at once, a hang after
 ``timeout_s``). Each rank then exits with :class:`GangBroken`; the leader's lease goes
 back to the scheduler unfinished, and the supervisor starts the whole group again, which
-rendezvous afresh and go on from the last checkpoint.
+meet afresh and take up the state every rank staged after the last step.
 
 Where the group meets is given by three environment variables (set by ``asyncrl run``,
 or by ``asyncrl-worker --rank R --ranks N --rendezvous HOST:PORT`` on other hosts):
