@@ -33,10 +33,10 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
-from .policy.checkpoint import state_for_saving
+from .policy.checkpoint import load_state, state_for_saving
 from .policy.model import CausalLM
 from .policy.scoring import pack, response_logprobs
-from .policy.sharding import shard
+from .policy.sharding import load_into_shards, shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
 __all__ = ["Group", "Learner", "StepStats"]
@@ -111,7 +111,7 @@ class Learner:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": loss, **loss_metrics(stats)}
-        return StepStats(metrics, float(_local(grad_norm)), tokens)
+        return StepStats(metrics, float(_whole(grad_norm)), tokens)
 
     def _accumulate(self, groups: list[Group], advantages: torch.Tensor):
         self.model.train()
@@ -223,8 +223,60 @@ class Learner:
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
+    def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
+        """Whole weights (a checkpoint's) into the model; with a group rank 0 passes them
+        and the others None, and each rank keeps its shard (a collective)."""
+        if self.size == 1:
+            assert whole is not None
+            load_state(self.model, whole)
+        else:
+            load_into_shards(self.model, whole)
+
+    def local_state(self) -> dict[str, torch.Tensor]:
+        """This rank's part of the state, as it is (no copy, no collective): its shard of
+        every parameter and of AdamW's state, by name. What staging a step copies."""
+        out: dict[str, torch.Tensor] = {}
+        for name, param in self.model.named_parameters():
+            out[f"param/{name}"] = _local(param.detach())
+            for key, value in sorted(self.optimizer.state.get(param, {}).items()):
+                out[f"adam/{name}/{key}"] = _local(value)
+        return out
+
+    def load_local_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Put back what :meth:`local_state` gave (on a learner of the same layout)."""
+        names = {f"param/{name}" for name, _ in self.model.named_parameters()}
+        missing = names - set(state)
+        if missing:
+            raise ValueError(f"a staged state without parameters {sorted(missing)[:3]}")
+        with torch.no_grad():
+            for name, param in self.model.named_parameters():
+                _local(param).copy_(state[f"param/{name}"])
+                adam = {k.split("/")[-1]: t for k, t in state.items() if _of(k, name)}
+                if adam:
+                    self.optimizer.state[param] = {
+                        key: self._like(param, value) for key, value in adam.items()
+                    }
+
+    def _like(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """A staged optimizer tensor as AdamW keeps it: a moment shaped (and sharded) like
+        its parameter, or a scalar (the step) on the device it was staged from."""
+        if value.shape == _local(param).shape and value.dim() > 0:
+            out = torch.zeros_like(param)  # a DTensor with the parameter's sharding
+            _local(out).copy_(value)
+            return out
+        return value.clone()
+
 
 def _local(value: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded tensor; a plain tensor as it is."""
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def _of(key: str, param: str) -> bool:
+    return key.startswith(f"adam/{param}/") and "/" not in key[len(f"adam/{param}/") :]
+
+
+def _whole(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if isinstance(value, DTensor) else value
 
 

@@ -10,7 +10,7 @@ Every rank or none: an order's collectives need every rank, so a rank that dies 
 makes the others' collectives fail (a closed connection at once, a hang after
 ``timeout_s``). Each rank then exits with :class:`GangBroken`; the leader's lease goes
 back to the scheduler unfinished, and the supervisor starts the whole group again, which
-rendezvous afresh and go on from the last checkpoint.
+meet afresh and take up the state every rank staged after the last step.
 
 Where the group meets is given by three environment variables (set by ``asyncrl run``,
 or by ``asyncrl-worker --rank R --ranks N --rendezvous HOST:PORT`` on other hosts):
@@ -62,6 +62,7 @@ class Order(enum.StrEnum):
     """What the leader asks the followers to join in."""
 
     STEP = "step"  # train on a lease (the body: the lease's frames)
+    RESTORE = "restore"  # take up the state for a step count (the body: the count)
     SCORE = "score"  # score a lease's responses, each rank its share of the rows
     LOAD = "load"  # take new weights, whole from the leader, each rank its shard
     GATHER = "gather"  # gather the full weights and optimizer state on the leader

@@ -7,10 +7,17 @@ step: group-normalised advantages, then the decoupled PPO-clip loss over micro-b
 (gradients accumulated), gradient clipping, AdamW. Its metrics go with the completion
 into the run's ``metrics.jsonl``.
 
+Every rank stages its state after each step in host shared memory (:mod:`._staged_state`)
+before the step's completion goes out, so the scheduler never counts a step whose state
+could be lost with the trainer's process; a restarted trainer resumes at exactly the
+scheduler's step count, or has the scheduler roll back to the newest state left
+(:mod:`._resume`). A lease for another step than the trainer's is an error: two trainers.
+
 After each step the worker asks to publish the new version: ``on_publish`` hands the
 weights to the weight plane first, so a generator told of version v can fetch it. Every
 ``pipeline.checkpoint_every`` steps, when it stops, and after the last step, it writes a
-checkpoint in Hugging Face format with the optimizer, RNG and counters beside it.
+checkpoint in Hugging Face format with the optimizer, RNG and counters beside it: the
+state that survives the loss of the host (``Outcome.durable_step``).
 """
 
 from __future__ import annotations
@@ -20,12 +27,11 @@ import json
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import structlog
 import torch
-from safetensors.torch import load_file
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
@@ -33,11 +39,12 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, make_publisher
 
-from ._learner import Group, Learner, StepStats
+from ._learner import Group, StepStats
+from ._resume import TRAINER_STATE
 from ._setup import load_policy
-from .actor import Actor, Outcome, WorkerContext
+from ._train_rank import TrainRank, restore_body
+from .actor import Actor, ActorBroken, Outcome, WorkerContext
 from .gang import (
-    Gang,
     GangPlace,
     Order,
     join_group,
@@ -45,15 +52,12 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
-from .policy.checkpoint import load_state, model_dir, save_state, state_for_saving
-from .policy.model import CausalLM
+from .policy.checkpoint import model_dir, save_state, state_for_saving
 from .preflight import check_device, check_engine, check_model
 
 __all__ = ["Train"]
 
 log = structlog.get_logger("asyncrl.train")
-
-TRAINER_STATE = "trainer_state.pt"
 
 
 class Train(Actor):
@@ -66,27 +70,39 @@ class Train(Actor):
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config
+        self.ctx = ctx
         self.run = RunDir.of(cfg)
         self.source = model_dir(cfg.model.path)
         self.gang = join_group(cfg)
+        rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
         model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
         self.weights.prepare({name: t.cpu() for name, t in state_for_saving(model).items()})
-        self.learner, self.step, self.newest = _learner(
-            cfg, model, self.codec.pad_id, self.gang, self.run
-        )  # newest: the weights the next publish hands over, whole
-        self.saved_step = self.step
+        self.rank = TrainRank(cfg, model, self.codec.pad_id, rank, ranks)
+        self.rank.reserve()
+        self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
+        self.resumed = False
+        self.saved_step = self.durable = 0  # the newest checkpoint written / on disk
+        self._resume(ctx.steps_done)
+
+    @property
+    def step(self) -> int:
+        return self.rank.step
 
     # --- a step --------------------------------------------------------------------------
 
     def process(self, lease: p.Lease) -> Outcome:
-        self._catch_up(lease.version)
+        if lease.version is not None and lease.version != self.step:
+            raise ActorBroken(
+                f"leased a step from version {lease.version}, but this trainer's state is at "
+                f"step {self.step}: another trainer must have trained the steps between"
+            )
         started = time.perf_counter()
         groups = [Group.of(item) for item in lease.items]
         body = pack_lease(lease) if self.gang is not None else b""
+        # Every rank stages its state after the step before the step can count (TrainRank).
         stats, self.newest = self._together(Order.STEP, groups, body)
-        self.step += 1
         seconds = time.perf_counter() - started
         metrics = self._metrics(groups, stats, seconds)
         metrics["keys"] = [item.key for item in lease.items]  # the data this step consumed
@@ -95,18 +111,46 @@ class Train(Actor):
         if self._last_step:
             self._save_final()
         results = tuple(p.Result(g.gid, {"trained_at": self.step}) for g in groups)
-        return Outcome(results, metrics, tokens=stats.tokens)
+        return Outcome(results, metrics, tokens=stats.tokens, durable_step=self.durable)
 
     def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
         """Carry out ``order`` with every rank of the group (alone: just carry it out).
 
-        A broken group exits (GangBroken) and starts afresh from the last checkpoint."""
-        work = partial(_carry_out, self.learner, order, groups)
+        A broken group exits (GangBroken) and starts afresh from the staged state."""
+        work = partial(self.rank.carry_out, order, groups, body)
         return work() if self.gang is None else self.gang.lead(order, work, body)
 
     @property
     def _last_step(self) -> bool:
         return self.step >= self.cfg.run.total_steps
+
+    # --- resuming ------------------------------------------------------------------------
+
+    def _resume(self, target: int) -> None:
+        """Take up the state for the scheduler's count ``target`` (every rank the same);
+        if only an older one is left, have the scheduler roll back to it."""
+        choice, self.newest = self._together(Order.RESTORE, body=restore_body(target))
+        self.resumed = True
+        self.saved_step = choice.step
+        self.durable = max((s for s in self.run.checkpoint_steps() if s <= choice.step), default=0)
+        if choice.step == target:
+            return
+        log.warning(
+            "the trainer's state is older than the scheduler's step count: rolling the run "
+            f"back from step {target} to step {choice.step}",
+            scheduler_steps=target,
+            trainer_step=choice.step,
+            source=str(choice.source),
+        )
+        try:
+            if self.ctx.rewind is None:
+                raise RuntimeError("this worker cannot ask the scheduler to roll back")
+            self.ctx.rewind(choice.step)
+        except RuntimeError as error:  # refused, or this worker cannot ask
+            raise ActorBroken(
+                f"the scheduler counts {target} steps, the newest state left is step "
+                f"{choice.step} ({choice.source}), and rolling back failed: {error}"
+            ) from error
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -141,10 +185,11 @@ class Train(Actor):
     def on_stop(self) -> None:
         broken = self.gang is not None and self.gang.broken
         try:
-            if self.step > self.saved_step and not broken:
+            if self.resumed and self.step > self.saved_step and not broken:
                 self.save_checkpoint()
         finally:
             self.weights.close()
+            self.rank.finish(ended=not broken)
             if self.gang is not None:
                 self.gang.leave()
 
@@ -158,34 +203,20 @@ class Train(Actor):
         )
         counters = json.dumps({"step": self.step, "policy_version": self.step}).encode()
         save_state(
-            self.learner.model.config,
+            self.rank.learner.model.config,
             weights,
             self.source,
             target,
             extra={TRAINER_STATE: buffer.getvalue(), "counters.json": counters},
         )
-        self.saved_step = self.step
+        self.saved_step = self.durable = self.step
         log.info("checkpoint written", step=self.step, path=str(target))
         return target
 
     def _save_final(self) -> None:
-        config = self.learner.model.config
+        config = self.rank.learner.model.config
         save_state(config, self.newest, self.source, self.run.final_model)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
-
-    def _catch_up(self, scheduler_steps: int | None) -> None:
-        """Meet the scheduler's step count if it ran ahead of the last checkpoint."""
-        if scheduler_steps is None or scheduler_steps == self.step:
-            return
-        # The weights of steps after the last checkpoint died with the old trainer (its
-        # staging buffers were the only copy it kept): go on from the checkpoint's.
-        log.warning(
-            "the trainer's step differs from the scheduler's; continuing from the last "
-            "checkpoint's weights with the scheduler's step count",
-            trainer_step=self.step,
-            scheduler_steps=scheduler_steps,
-        )
-        self.step = scheduler_steps
 
     # --- the other ranks of a group -----------------------------------------------------
 
@@ -194,48 +225,19 @@ class Train(Actor):
         gang = join_group_at(cfg, place)
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
-            learner, _step, _weights = _learner(cfg, model, codec.pad_id, gang, RunDir.of(cfg))
+            rank = TrainRank(cfg, model, codec.pad_id, place.rank, place.size)
+            rank.reserve()
             while True:
                 order, body = gang.next_order()
                 if order is Order.STOP:
+                    rank.finish(ended=True)
                     return 0
                 groups = None
                 if order is Order.STEP:
                     groups = [Group.of(item) for item in unpack_lease(body).items]
-                _carry_out(learner, order, groups)
+                rank.carry_out(order, groups, body)
         finally:
             gang.close()
-
-
-def _learner(
-    cfg: RunConfig, model: CausalLM, pad_id: int, gang: Gang | None, run: RunDir
-) -> tuple[Learner, int, dict[str, torch.Tensor]]:
-    """This rank's learner, from the last checkpoint if there is one; its step; and the
-    whole weights (on the leader; a collective in a group, so every rank calls it)."""
-    checkpoint = run.latest_checkpoint()
-    state = None
-    if checkpoint is not None:
-        # Whole weights into the whole model first: sharding then keeps each rank's part.
-        load_state(model, load_file(str(checkpoint / "model.safetensors")))
-        state = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
-    learner = Learner(model, cfg, pad_id, gang.size if gang else 1)
-    step = 0
-    if state is not None:
-        learner.load_optimizer_state(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        step = int(state["step"])
-        log.info("resumed from a checkpoint", step=step, path=str(checkpoint))
-    return learner, step, learner.full_weights()
-
-
-def _carry_out(learner: Learner, order: Order, groups: list[Group] | None) -> Any:
-    """An order's work, the same sequence of collectives on every rank."""
-    if order is Order.STEP:
-        assert groups is not None
-        return learner.step(groups), learner.full_weights()
-    if order is Order.GATHER:
-        return learner.full_weights(), learner.full_optimizer_state()
-    raise ValueError(f"no work for order {order}")
 
 
 def _mismatch(groups: list[Group]) -> dict:

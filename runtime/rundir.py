@@ -96,10 +96,33 @@ class RunDir:
         """Where the trainer's checkpoint after ``step`` optimizer steps goes."""
         return self.checkpoints / f"step-{step:07d}"
 
-    def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint, if any (a checkpoint appears whole, by rename)."""
-        found = sorted(self.checkpoints.glob("step-*"))
-        return found[-1] if found else None
+    def latest_checkpoint(self, at_most: int | None = None) -> Path | None:
+        """The newest complete checkpoint (a checkpoint appears whole, by rename), if any;
+        with ``at_most``, the newest of at most that many steps."""
+        steps = [s for s in self.checkpoint_steps() if at_most is None or s <= at_most]
+        return self.checkpoint(max(steps)) if steps else None
+
+    def checkpoint_steps(self) -> list[int]:
+        """The steps there are complete checkpoints of, oldest first."""
+        steps = []
+        for path in self.checkpoints.glob("step-*"):
+            number = path.name.removeprefix("step-")
+            if number.isdigit():
+                steps.append(int(number))
+        return sorted(steps)
+
+    @property
+    def staged_state(self) -> Path:
+        """Where the trainer stages its state after each step: the run's own directory in
+        RAM-backed /dev/shm (beside the weight plane's), else in the run directory.
+
+        Named from the run directory's real path, so a restarted trainer finds it and
+        another run never does."""
+        digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            return shm / f"asyncrl-{os.getuid()}-{digest}-trainer"
+        return self.root / "trainer-state"
 
     @property
     def final_model(self) -> Path:

@@ -70,6 +70,6 @@ def ctrl_c_then_resume(c: Cluster) -> None:
     assert len(indices) == (done + 3) * batch
     assert indices[-1] < len(indices) + 4 * batch  # taken in order: at most a backlog skipped
     train_log = (c.run_dir / "logs" / "train-0.log").read_text()
-    resumed = [json.loads(x) for x in train_log.splitlines() if "resumed from a checkpoint" in x]
+    resumed = [json.loads(x) for x in train_log.splitlines() if "trainer state restored" in x]
     assert resumed and resumed[-1]["step"] == done
     assert (c.run_dir / "final" / "model.safetensors").exists()

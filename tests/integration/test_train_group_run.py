@@ -2,7 +2,7 @@
 
 The real RL pipeline (embedded model, arithmetic task), real processes. Killing rank 1
 breaks the group: the supervisor kills rank 0 too and starts both again; they rejoin,
-go on from the last checkpoint with the scheduler's step count, and the run ends with
+take up the state they staged after the last step counted, and the run ends with
 every step trained once and no group trained twice.
 """
 

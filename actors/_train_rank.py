@@ -1,0 +1,89 @@
+"""One rank of the trainer: its learner, its staged state, its step count, and the orders
+it carries out (alone, or as the leader's or a follower's part of a group's order).
+
+A step is staged before the rank meets the others in the step's gather of the new
+weights, so when the leader has the new version every rank's state for it is staged.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgpack
+import structlog
+import torch
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.rundir import RunDir
+
+from ._learner import Group, Learner, StepStats
+from ._resume import Choice, reserve, restore, stage
+from ._staged_state import StagedState
+from .gang import Order
+from .policy.model import CausalLM
+
+__all__ = ["TrainRank", "restore_body"]
+
+log = structlog.get_logger("asyncrl.train")
+
+
+class TrainRank:
+    """This process's share of the trainer. Starts from the base model; :meth:`restore`
+    takes up the state to resume from."""
+
+    def __init__(self, cfg: RunConfig, model: CausalLM, pad_id: int, rank: int, ranks: int):
+        self.cfg = cfg
+        self.run = RunDir.of(cfg)
+        self.ranks = ranks
+        self.learner = Learner(model, cfg, pad_id, ranks)
+        self.store = StagedState(self.run.staged_state, rank, {"ranks": ranks})
+        self.step = 0
+
+    def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:
+        """An order's work, the same sequence of collectives on every rank."""
+        if order is Order.STEP:
+            assert groups is not None
+            return self.train(groups)
+        if order is Order.RESTORE:
+            return self.restore(msgpack.unpackb(body))
+        if order is Order.GATHER:
+            return self.learner.full_weights(), self.learner.full_optimizer_state()
+        raise ValueError(f"no work for order {order}")
+
+    def restore(self, target: int) -> tuple[Choice, dict[str, torch.Tensor]]:
+        """Take up the state for the scheduler's count ``target``; the choice, and the
+        whole weights (on the leader) to publish."""
+        choice = restore(self.learner, self.store, self.run, target, self.ranks)
+        self.step = choice.step
+        log.info(
+            "trainer state restored",
+            step=choice.step,
+            source=str(choice.source),
+            **({} if choice.checksum is None else {"checksum": choice.checksum}),
+        )
+        return choice, self.learner.full_weights()
+
+    def train(self, groups: list[Group]) -> tuple[StepStats, dict[str, torch.Tensor]]:
+        stats = self.learner.step(groups)
+        self.step += 1
+        started = time.perf_counter()
+        crc = stage(self.learner, self.store, self.step)
+        seconds = round(time.perf_counter() - started, 4)
+        log.info("state staged", step=self.step, checksum=crc, seconds=seconds)
+        return stats, self.learner.full_weights()
+
+    def reserve(self) -> None:
+        """Size the staging files now: a lack of room is an error at start, not mid-run."""
+        reserve(self.learner, self.store)
+
+    def finish(self, ended: bool) -> None:
+        """Leaving: remove the staged state if the run's last step is done, else keep it."""
+        if ended and self.step >= self.cfg.run.total_steps:
+            self.store.remove()
+        else:
+            self.store.close()
+
+
+def restore_body(target: int) -> bytes:
+    return msgpack.packb(target)

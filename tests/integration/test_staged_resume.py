@@ -1,0 +1,123 @@
+"""``asyncrl run`` (embedded model, real processes) with its trainer killed by SIGKILL
+after a step, no checkpoint to go back to: the restarted trainer takes up exactly the
+step the scheduler counts, bit for bit the state its predecessor staged (the checksum
+logged when it was staged), and no step is lost, none trained twice.
+
+Alone and as a group of 2 ranks (either rank killed: the group restarts together and
+every rank takes up the same step).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from asyncrl.runtime.rundir import RunDir
+
+pytestmark = pytest.mark.timeout(300)
+
+_STEPS, _BATCH, _KILL_AFTER = 8, 4, 3
+
+
+def _start(run_dir: Path, log: Path, ranks: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
+    argv += [f"run.total_steps={_STEPS}", f"pipeline.train_batch_groups={_BATCH}"]
+    argv += [f"pipeline.workers.train={ranks}", "pipeline.checkpoint_every=1000"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0", "data.val_every_versions=0"]
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def _records(run_dir: Path, name: str, event: str) -> list[dict]:
+    path = run_dir / "logs" / f"{name}.log"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    return [r for r in records if r.get("event") == event]
+
+
+def _pid_of(log: Path, name: str) -> int:
+    found = re.findall(rf"started {name} \(pid (\d+)", log.read_text())
+    assert found, f"{name} never started:\n{log.read_text()}"
+    return int(found[-1])
+
+
+def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str) -> Path:
+    run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
+    proc = _start(run_dir, log, ranks)
+    try:
+        deadline = time.monotonic() + 150
+        while len(_steps(run_dir)) < _KILL_AFTER:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, f"no {_KILL_AFTER} steps within 150 s"
+            time.sleep(0.01)
+        os.kill(_pid_of(log, victim), signal.SIGKILL)
+        assert proc.wait(200) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(RunDir(run_dir).staged_state, ignore_errors=True)
+    return run_dir
+
+
+def _check_no_step_lost(run_dir: Path, ranks: int) -> None:
+    steps = _steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, _STEPS + 1))
+    keys = [key for s in steps for key in s["keys"]]
+    assert len(keys) == len(set(keys)) == _STEPS * _BATCH  # no group trained twice
+    for rank in range(ranks):
+        name = f"train-{rank}"
+        staged = _records(run_dir, name, "state staged")
+        restored = _records(run_dir, name, "trainer state restored")
+        assert [r["step"] for r in restored][:1] == [0], name  # the first start: the base
+        later = restored[1:]
+        assert len(later) == 1, (name, restored)
+        again = later[0]
+        # Restored from memory, at the step the scheduler counted (at least the steps it
+        # had when the kill came; a step staged but not yet counted is not taken)...
+        assert again["source"] == "staged" and again["step"] >= _KILL_AFTER, again
+        # ... bit for bit the state the killed trainer staged after that step ...
+        before = [r for r in staged if r["step"] == again["step"]]
+        assert before and before[0]["checksum"] == again["checksum"], (again, before)
+        # ... and every step staged once in order, but a step staged and then lost with
+        # its process before it counted, staged again.
+        numbers = [r["step"] for r in staged]
+        assert numbers[-1] == _STEPS
+        assert all(b <= a + 1 for a, b in itertools.pairwise(numbers)), numbers
+        assert sorted(set(numbers)) == list(range(1, _STEPS + 1)), numbers
+    assert not RunDir(run_dir).staged_state.exists()  # the run ended: nothing left in RAM
+
+
+def test_a_killed_trainer_resumes_at_the_scheduler_step_with_the_staged_state(
+    tmp_path: Path,
+) -> None:
+    run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0")
+    _check_no_step_lost(run_dir, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["train-1", "train-0"])
+def test_a_group_with_a_rank_killed_resumes_every_rank_at_the_same_staged_step(
+    tmp_path: Path, victim: str
+) -> None:
+    run_dir = _kill_after_a_step_and_finish(tmp_path, 2, victim)
+    _check_no_step_lost(run_dir, 2)
+    assert all(s["train_ranks"] == 2 for s in _steps(run_dir))
