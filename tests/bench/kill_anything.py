@@ -16,8 +16,8 @@ Printed, and checked (exit status 1 if any fails):
 - the run finished on its own (exit 0);
 - every step 1..N appears once in ``metrics.jsonl`` and every group was trained exactly
   once (the steps' ``keys``), none retrained by a rollback;
-- every trainer restart resumed at the scheduler's step count (its "trainer state
-  restored" lines; no "training rolled back");
+- every trainer restart resumed at the scheduler's step count: a restart that found only
+  an older state would roll training back, and no log says "training rolled back";
 - the final validation reward is within 0.05 of the undisturbed run's;
 - no process of the run is left, and nothing of it in shared memory.
 """
@@ -154,15 +154,14 @@ def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
     redone = sorted(k for k in trained if "#rollback" in k)
     if redone:
         problems.append(f"groups trained again after a rollback: {len(redone)}")
-    train_log = "".join(
-        p.read_text(errors="replace") for p in (outcome.run_dir / "logs").glob("train-*.log")
-    )
-    restores = [json.loads(x) for x in train_log.splitlines() if '"trainer state restored"' in x]
-    behind = [r for r in restores if r.get("step") != r.get("steps_done")]
-    if behind:
-        problems.append(f"trainer restarts that lost steps: {behind[:3]}")
-    if '"training rolled back"' in train_log:
-        problems.append("the trainer rolled training back")
+    logs = outcome.run_dir / "logs"
+    restores = [r for p in sorted(logs.glob("train-*.log")) for r in _events(p, _RESTORED)]
+    later = restores[1:]  # the first start takes the base model
+    sources = Counter(r["source"] for r in later)
+    print(f"  trainer restores: {len(later)}, from {dict(sorted(sources.items()))}")
+    rolled = [r for p in sorted(logs.glob("*.log")) for r in _events(p, _ROLLED_BACK)]
+    if rolled:  # a restart that resumed below the step count: steps were lost
+        problems.append(f"training rolled back: {rolled[:3]}")
     val = final_val(outcome.run_dir)
     if baseline is not None and (val is None or abs(val - baseline) > VAL_TOLERANCE):
         problems.append(
@@ -172,6 +171,19 @@ def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
     if left:
         problems.append(f"processes left: {left}")
     return problems
+
+
+_RESTORED, _ROLLED_BACK = "trainer state restored", "training rolled back"
+
+
+def _events(log: Path, event: str) -> list[dict[str, Any]]:
+    found = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and f'"{event}"' in line:
+            record = json.loads(line)
+            if record.get("event") == event:
+                found.append(record)
+    return found
 
 
 def _pids_mentioning(text: str) -> list[int]:

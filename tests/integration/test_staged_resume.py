@@ -10,19 +10,17 @@ every rank takes up the same step).
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from asyncrl.runtime.rundir import RunDir
+from tests.support import default_run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -30,33 +28,18 @@ _STEPS, _BATCH, _KILL_AFTER = 8, 4, 3
 
 
 def _start(run_dir: Path, log: Path, ranks: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
-    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
-    argv += [f"run.total_steps={_STEPS}", f"pipeline.train_batch_groups={_BATCH}"]
-    argv += [f"pipeline.workers.train={ranks}", "pipeline.checkpoint_every=1000"]
-    argv += ["scheduler.control_port=0", "scheduler.events_port=0", "data.val_every_versions=0"]
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    return default_run.start(
+        run_dir,
+        log,
+        f"run.total_steps={_STEPS}",
+        f"pipeline.train_batch_groups={_BATCH}",
+        f"pipeline.workers.train={ranks}",
+        "pipeline.checkpoint_every=1000",
+        "data.val_every_versions=0",
+    )
 
 
-def _steps(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def _records(run_dir: Path, name: str, event: str) -> list[dict]:
-    path = run_dir / "logs" / f"{name}.log"
-    lines = path.read_text().splitlines() if path.is_file() else []
-    records = [json.loads(line) for line in lines if line.startswith("{")]
-    return [r for r in records if r.get("event") == event]
-
-
-def _pid_of(log: Path, name: str) -> int:
-    found = re.findall(rf"started {name} \(pid (\d+)", log.read_text())
-    assert found, f"{name} never started:\n{log.read_text()}"
-    return int(found[-1])
+_steps, _records, _pid_of = default_run.steps, default_run.records, default_run.pid_of
 
 
 def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str) -> Path:

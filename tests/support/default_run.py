@@ -1,0 +1,42 @@
+"""The embedded default run under ``asyncrl run``, as the fault tests drive it: start it
+with overrides, read its step lines and its processes' JSON log records, find a child."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def start(run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
+    """``asyncrl run`` of deploy/configs/default.yaml into ``run_dir``, output to ``log``."""
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0", *overrides]
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def steps(run_dir: Path) -> list[dict]:
+    """The whole lines of ``metrics.jsonl`` so far."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def records(run_dir: Path, name: str, event: str) -> list[dict]:
+    """Process ``name``'s log records of ``event``."""
+    path = run_dir / "logs" / f"{name}.log"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    found = [json.loads(line) for line in lines if line.startswith("{")]
+    return [r for r in found if r.get("event") == event]
+
+
+def pid_of(log: Path, name: str) -> int:
+    """The pid of the newest start of child ``name``, from ``asyncrl run``'s output."""
+    found = re.findall(rf"started {name} \(pid (\d+)", log.read_text())
+    assert found, f"{name} never started:\n{log.read_text()}"
+    return int(found[-1])
