@@ -10,9 +10,12 @@ name without the key is refused and exits with the reason.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl.transport import protocol as p
+from asyncrl.transport.security import keygen, load_client_keys
 from asyncrl.transport.zmq_link import ZmqLink
 from tests.support.cluster import ROLES, Cluster, wait_for
 
@@ -21,15 +24,28 @@ pytestmark = pytest.mark.timeout(120)
 _REFUSED = {"wrong_sender", "name_taken", "stale_fence", "unknown_lease"}
 
 
-def link_as(c: Cluster, identity: str) -> ZmqLink:
+def link_as(c: Cluster, identity: str, keys_dir: Path | None = None) -> ZmqLink:
     where = c.endpoints()
     assert where is not None
-    return ZmqLink(where["control"], where["events"], identity=identity)
+    keys = None if keys_dir is None else load_client_keys(keys_dir)
+    return ZmqLink(where["control"], where["events"], identity=identity, client_keys=keys)
 
 
-def test_forged_messages_from_a_second_client_are_refused_and_the_run_ends(cluster) -> None:
-    c: Cluster = cluster(run={"total_steps": 6})
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_forged_messages_from_a_second_client_are_refused_and_the_run_ends(
+    cluster, tmp_path: Path, curve: bool
+) -> None:
+    """With CURVE the forger holds the run's key pair, as every worker does: the keys
+    let it onto the bus, not speak for another worker."""
+    keys = None
+    scheduler = {}
+    if curve:
+        keys = tmp_path / "keys"
+        keygen(keys)
+        scheduler = {"curve": "on", "keys_dir": str(keys)}
+    c: Cluster = cluster(run={"total_steps": 6}, scheduler=scheduler)
     c.scheduler()
+    assert c.endpoints()["curve"] is curve
     c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "generate=0.2"})
     wait_for(lambda: c.steps_done() >= 1, 60, "a train step")
     report = p.Report("generate-0", "validation", 1, {"val_reward": 0.0, "forged": 1})
@@ -47,7 +63,7 @@ def test_forged_messages_from_a_second_client_are_refused_and_the_run_ends(clust
     ]
     codes = []
     for identity, message in forged:
-        with link_as(c, identity) as link:
+        with link_as(c, identity, keys) as link:
             reply = link.request(message, 5)
         assert isinstance(reply, p.Error) and reply.code in _REFUSED, (identity, message, reply)
         codes.append(reply.code)
