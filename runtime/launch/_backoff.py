@@ -1,4 +1,5 @@
-"""Restart delays for one child: doubling up to a ceiling, back to the start once it was healthy."""
+"""Restart delays for one child: doubling up to a ceiling, back to the start once it was
+healthy (it lived long enough, or it came up: a crash after a good start is no loop)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ class Backoff:
     _next_s: float = field(init=False)
 
     def __post_init__(self) -> None:
+        self._next_s = self.initial_s
+
+    def came_up(self) -> None:
+        """The child came up (said so, child_status.py) before it failed: start over."""
         self._next_s = self.initial_s
 
     def delay_after(self, lived_s: float) -> float:

@@ -5,8 +5,9 @@ over, and `run()` returns its exit status; unless it failed and has a `resume_ar
 starts it again (the scheduler resuming from its journal) with the workers left running.
 A child with `restart=True` (a worker) is started again whenever it fails (exits non-zero
 or by a signal), after a delay that doubles from `backoff_initial_s` up to `backoff_max_s`
-and starts over once the child has lived `healthy_after_s`. A worker that exits 0 left on
-purpose and is not started again.
+and starts over once the child has lived `healthy_after_s` or said it came up (a crash or a
+`kill -9` after a good start is no crash loop). A worker that exits 0 left on purpose and
+is not started again.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
 past `max_restarts`) drains the workers before the scheduler they report to:
@@ -286,6 +287,8 @@ class Supervisor:
         """Whether ``child`` failed to start the same way on its last starts: then
         restarting it again is pointless; the run stops with its reason."""
         status = read_status(self._status_path(child))
+        if status.up:  # killed or crashed after a good start: restarted without delay
+            child.backoff.came_up()
         reason = self._reason(child, returncode, status)
         if not child.failures.record(status, lived_s, reason):
             return False

@@ -2,7 +2,7 @@
 few seconds, beside the same run undisturbed.
 
     python -m tests.bench.kill_anything [--steps 200] [--every 2 6] [--seed 0]
-        [--no-baseline] [--work DIR] [section.key=value ...]
+        [--no-baseline | --baseline-val V] [--work DIR] [section.key=value ...]
 
 Both are real ``asyncrl run`` invocations of ``deploy/configs/default.yaml`` (the embedded
 model learning long addition), one after the other so neither slows the other. While the
@@ -204,14 +204,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=float, nargs=2, default=(2.0, 6.0))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--baseline-val",
+        type=float,
+        default=None,
+        help="the undisturbed run's final validation reward, measured before: skip that run",
+    )
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("overrides", nargs="*", help="section.key=value for both runs")
     args = parser.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="kill-anything-"))
     work.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    baseline = None
-    if not args.no_baseline:
+    baseline = args.baseline_val
+    if not args.no_baseline and baseline is None:
         print(f"undisturbed run, {args.steps} steps ...", flush=True)
         calm = run("undisturbed", work, args.steps, args.overrides, None, rng)
         baseline = final_val(calm.run_dir)

@@ -204,6 +204,8 @@ def test_backoff_starts_over_once_a_child_was_healthy() -> None:
     assert [backoff.delay_after(1.0) for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     assert backoff.delay_after(30.0) == 0.5
     assert backoff.delay_after(0.1) == 1.0
+    backoff.came_up()  # it said it was up before it failed: no crash loop, no waiting
+    assert backoff.delay_after(0.1) == 0.5
 
 
 def test_a_worker_past_max_restarts_ends_the_run_with_status_1(tmp_path: Path) -> None:
@@ -337,6 +339,9 @@ def test_a_worker_killed_after_it_came_up_is_restarted_every_time(tmp_path: Path
     assert recorder.of("failing") == []
     assert starts_of(tmp_path) >= 5
     assert {f.get("signal") for f in recorder.of("exited", "generate-0")} == {"SIGKILL"}
+    # Each came up before it was killed: restarted without the doubling delay.
+    delays = {r["delay_s"] for r in recorder.of("restarting", "generate-0")}
+    assert delays == {FAST["backoff_initial_s"]}, delays
 
 
 def test_a_start_that_fails_the_same_way_after_healthy_after_s_is_a_crash_loop(
