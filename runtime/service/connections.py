@@ -12,9 +12,10 @@ the name its messages claim. This guard sits between the ROUTER and the service:
   worker holds, so a client cannot end another's lease even with its fence.
 - Bindings are soft state, like heartbeats: a name the core no longer knows (left, timed
   out) is free again. After a scheduler restart the core knows names but no connections:
-  a live name is bound by the first request for it from a connection carrying that name
-  (its worker key, or for a worker without the run secret, its name alone: the one gap,
-  closed as soon as the real worker speaks, within a heartbeat).
+  a live name is bound by the first request for it from a connection carrying its worker
+  key. Only a run without a secret binds it by the name alone (then a client could race
+  the real worker until it speaks, within a heartbeat); with one, a worker without the key
+  is refused until its old registration times out, as any stranger is.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class Connections:
         bound = self._bound.get(claimed)
         if bound is None and claimed in self._core.state.workers:
             # Live but bound to nothing: the scheduler restarted since it registered.
+            if self._secret and not is_worker_key(sender, claimed, self._secret):
+                why = "after a restart a live name is bound only with its worker key"
+                return self._refuse(message, Reason.WRONG_SENDER, why, sender)
             log.info("worker known again by its connection", worker=claimed)
             self._bound[claimed] = bound = sender
         if bound != sender and bound is not None:
