@@ -18,7 +18,6 @@ place, so staging a step allocates nothing.
 
 from __future__ import annotations
 
-import errno
 import json
 import mmap
 import os
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import crc32c
 import torch
+
+from asyncrl.transport.host import NoPages, reserve_pages
 
 __all__ = ["Entry", "NoRoom", "SlotFile", "checksum", "layout"]
 
@@ -154,15 +155,12 @@ class SlotFile:
         if size <= self.capacity:
             return
         try:
-            os.posix_fallocate(self.fd, 0, size)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            space = os.statvfs(self.path.parent)
+            reserve_pages(self.fd, size, self.path.parent)
+        except NoPages as full:
             raise NoRoom(
                 f"staging the trainer's state needs {_mib(size)} MiB per slot (two per "
-                f"rank) in {self.path.parent}, which has {_mib(space.f_bavail * space.f_frsize)}"
-                f" MiB free; give it more room (a container's --shm-size)"
+                f"rank) in {self.path.parent}, which has {_mib(full.free_bytes)} MiB free; "
+                f"give it more room (a container's --shm-size)"
             ) from None
         # Populated now: faulting 1 GiB of fresh pages in takes seconds, at start, not
         # inside the first step.

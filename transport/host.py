@@ -1,13 +1,37 @@
-"""Who shares this host's RAM-backed shared memory: the weight plane and the data plane
-map each other's files only when this identity matches."""
+"""This host's RAM-backed shared memory: who shares it (the weight plane and the data
+plane map each other's files only when this identity matches), and taking room in it."""
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
 from functools import cache
 from pathlib import Path
 
-__all__ = ["host_identity"]
+__all__ = ["NoPages", "host_identity", "reserve_pages"]
+
+
+class NoPages(Exception):
+    """A RAM-backed directory cannot give the pages asked for; ``free_bytes`` it has."""
+
+    def __init__(self, free_bytes: int) -> None:
+        super().__init__(f"{free_bytes} bytes free")
+        self.free_bytes = free_bytes
+
+
+def reserve_pages(fd: int, size: int, directory: Path) -> None:
+    """Allocate the first ``size`` bytes of file ``fd``'s pages now (NoPages if full).
+
+    Not just its size: writing a page a full tmpfs cannot give (a container's /dev/shm is
+    often 64 MiB) kills the writer with SIGBUS, in the middle of whatever it was doing."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        space = os.statvfs(directory)
+        raise NoPages(space.f_bavail * space.f_frsize) from None
 
 
 @cache

@@ -38,7 +38,7 @@ import msgpack
 import numpy as np
 import structlog
 
-from ...host import host_identity
+from ...host import NoPages, host_identity, reserve_pages
 
 __all__ = [
     "HEADER_BYTES",
@@ -166,17 +166,12 @@ class SlotFile:
             os.pwrite(self.fd, _CHECKED.pack(_WRITING, 0), _CHECKED_AT)
 
     def _grow(self, nbytes: int) -> None:
-        # Reserve the pages, not just the size: writing a page a full tmpfs cannot give
-        # (a container's /dev/shm is often 64 MiB) kills the process with SIGBUS.
         try:
-            os.posix_fallocate(self.fd, 0, HEADER_BYTES + nbytes)
-        except OSError as error:
-            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            space = os.statvfs(self.path.parent)
+            reserve_pages(self.fd, HEADER_BYTES + nbytes, self.path.parent)
+        except NoPages as full:
             raise NoSpace(
                 f"shared memory: a version needs {(HEADER_BYTES + nbytes) >> 20} MiB "
-                f"in {self.path.parent}, which has {space.f_bavail * space.f_frsize >> 20} MiB "
+                f"in {self.path.parent}, which has {full.free_bytes >> 20} MiB "
                 f"free; give it more room (a container's --shm-size), point weights.shm_dir "
                 f"at a larger RAM-backed directory, or use weights.strategy=ucx with "
                 f"weights.map_on_host=false"
