@@ -460,29 +460,28 @@ class CoreState:
 
 def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
     """``stage``'s role and the roles of every stage downstream of its target."""
-    roles, seen, frontier = {stage.role}, set(), [stage.target]
+    return frozenset({stage.role, *(later.role for later in _after(pipeline, stage))})
+
+
+def _states_after(pipeline: Pipeline, stage: Stage) -> frozenset[GroupState]:
+    """The states a group can be in once ``stage`` has finished with it."""
+    reached = (x for later in _after(pipeline, stage) for x in (later.working, later.target))
+    return frozenset({stage.target, *(x for x in reached if x is not None)})
+
+
+def _after(pipeline: Pipeline, stage: Stage) -> list[Stage]:
+    """Every stage a group may pass through after ``stage``."""
+    found: list[Stage] = []
+    seen, frontier = set(), [stage.target]
     while frontier:
         state = frontier.pop()
         if state in seen:
             continue
         seen.add(state)
         for later in pipeline.consumers(state):
-            roles.add(later.role)
+            found.append(later)
             frontier.append(later.target)
-    return frozenset(roles)
-
-
-def _states_after(pipeline: Pipeline, stage: Stage) -> frozenset[GroupState]:
-    """The states a group can be in once ``stage`` has finished with it."""
-    states, frontier = set(), [stage.target]
-    while frontier:
-        state = frontier.pop()
-        if state in states:
-            continue
-        states.add(state)
-        for later in pipeline.consumers(state):
-            frontier.extend(x for x in (later.working, later.target) if x is not None)
-    return frozenset(states)
+    return found
 
 
 def _bump(counter: Counter[int], key: int, delta: int) -> None:
