@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.runtime.rundir import RunDir
+
 CONFIG = Path("deploy/configs/default.yaml")
 VAL_TOLERANCE = 0.05
 
@@ -167,9 +169,12 @@ def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
         problems.append(
             f"final validation reward {val} is not within {VAL_TOLERANCE} of {baseline}"
         )
-    left = [pid for pid in _pids_mentioning(str(outcome.run_dir))]
+    left = _pids_mentioning(str(outcome.run_dir))
     if left:
         problems.append(f"processes left: {left}")
+    staged = RunDir(outcome.run_dir).staged_state
+    if staged.exists():
+        problems.append(f"the trainer's staged state left in {staged}")
     return problems
 
 
