@@ -32,10 +32,11 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
+from ._scorer import pack_rollouts
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.checkpoint import load_state, state_for_saving
 from .policy.model import CausalLM
-from .policy.scoring import pack, response_logprobs
+from .policy.scoring import response_logprobs
 from .policy.sharding import load_into_shards, shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
@@ -103,7 +104,12 @@ class Learner:
     def step(self, groups: list[Group]) -> StepStats:
         """One optimizer step on ``groups`` (every rank passes the same list)."""
         rewards = torch.from_numpy(np.stack([g.rewards for g in groups])).to(self.device)
-        advantages = group_advantages(rewards, self.cfg.algorithm.estimator)
+        per_trajectory = group_advantages(rewards, self.cfg.algorithm.estimator)
+        # Each sequence takes its trajectory's advantage (a harness session's several).
+        advantages = [
+            per_trajectory[i, torch.from_numpy(g.rollouts.owners).long().to(self.device)]
+            for i, g in enumerate(groups)
+        ]
         loss, stats, tokens = self._accumulate(groups, advantages)
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.algorithm.max_grad_norm
@@ -113,10 +119,10 @@ class Learner:
         metrics = {"loss": loss, **loss_metrics(stats)}
         return StepStats(metrics, float(_whole(grad_norm)), tokens)
 
-    def _accumulate(self, groups: list[Group], advantages: torch.Tensor):
+    def _accumulate(self, groups: list[Group], advantages: list[torch.Tensor]):
         self.model.train()
         per_micro = self.cfg.algorithm.micro_batch_groups
-        total_tokens = int(sum(g.rollouts.lengths.sum() for g in groups))
+        total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
         starts = list(range(0, len(groups), per_micro))
         mine = starts[self.rank :: self.size]
@@ -171,12 +177,7 @@ class Learner:
         return total_loss, LossStats(**out)
 
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
-        prompts, responses = [], []
-        for g in groups:
-            for response in g.rollouts.responses():
-                prompts.append(g.rollouts.prompt_ids.tolist())
-                responses.append(response)
-        packed = pack(prompts, responses, self.pad_id)
+        packed = pack_rollouts([g.rollouts for g in groups], self.pad_id)
         width = packed.mask.shape[1]
         logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
         d = self.device
@@ -185,7 +186,7 @@ class Learner:
             logp,
             _rows(groups, lambda g: g.proximal.logprobs, width).to(d),
             _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
-            advantages.reshape(-1),
+            torch.cat(advantages),
             packed.mask.to(d),
             self.loss_config,
             ref_logp=None if reference is None else reference.to(d),

@@ -39,7 +39,7 @@ from .policy.scoring import Packed, pack, response_logprobs
 from .policy.sharding import load_into_shards, shard
 from .preflight import check_device, check_engine, check_model
 
-__all__ = ["ScoringActor", "score_items", "score_rollouts", "tokens_of"]
+__all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts", "tokens_of"]
 
 
 class ScoringActor(Actor):
@@ -78,7 +78,7 @@ class ScoringActor(Actor):
             p.Result(item.gid, LogprobsOut(known[item.gid], self.version).to_payload())
             for item in lease.items
         )
-        tokens = sum(int(r.lengths.sum()) for r in rollouts.values())
+        tokens = sum(r.trained_tokens() for r in rollouts.values())
         return Outcome(results, tokens=tokens)
 
     def known_scores(self, rollouts: RolloutsOut) -> np.ndarray | None:
@@ -132,8 +132,8 @@ class ScoringActor(Actor):
 
 
 def tokens_of(lease: p.Lease) -> int:
-    """Response tokens in a lease's groups."""
-    return sum(int(RolloutsOut.of(item).lengths.sum()) for item in lease.items)
+    """Tokens the model sampled in a lease's groups."""
+    return sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
 
 
 def score_items(
@@ -159,12 +159,7 @@ def score_rollouts(
     gang: Gang | None = None,
 ) -> list[np.ndarray]:
     """:func:`score_items` for groups already read from their items."""
-    prompts, responses = [], []
-    for group in rollouts:
-        for response in group.responses():
-            prompts.append(group.prompt_ids.tolist())
-            responses.append(response)
-    packed = pack(prompts, responses, pad_id)
+    packed = pack_rollouts(rollouts, pad_id)
     if gang is None:
         with torch.inference_mode():
             scores = response_logprobs(model.eval(), packed, temperature).cpu().numpy()
@@ -176,6 +171,18 @@ def score_rollouts(
         out.append(np.ascontiguousarray(scores[row : row + n, :width], dtype=np.float32))
         row += n
     return out
+
+
+def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int) -> Packed:
+    """Every sequence of ``rollouts``, packed, masked to the tokens the model sampled."""
+    prompts, responses, trained = [], [], []
+    for group in rollouts:
+        prompt = group.prompt_ids.tolist()
+        for response, mask in zip(group.responses(), group.trained_mask(), strict=True):
+            prompts.append(prompt)
+            responses.append(response)
+            trained.append(mask[: len(response)].tolist())
+    return pack(prompts, responses, pad_id, trained)
 
 
 def _score_shared(model: CausalLM, packed: Packed, temperature: float, gang: Gang) -> np.ndarray:

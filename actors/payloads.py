@@ -4,12 +4,13 @@ A group's data is a dict from role to that role's payload (MessagePack maps whos
 travel as raw frames). Each class here is one role's payload: ``to_payload`` builds it,
 ``of`` reads it back from a leased item, checking what it reads.
 
-Responses of a group are stored padded to the longest one, ``[n, longest]``, with
+A group's sequences are stored padded to the longest one, ``[rows, longest]``, with
 ``lengths`` saying how many tokens of each row are real.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-__all__ = ["LogprobsOut", "PayloadError", "PromptIn", "RewardsOut", "RolloutsOut"]
+__all__ = ["LogprobsOut", "PayloadError", "PromptIn", "RewardsOut", "RolloutsOut", "Sampled"]
 
 
 class PayloadError(ValueError):
@@ -59,66 +60,172 @@ class PromptIn:
 
 
 @dataclass(frozen=True)
+class Sampled:
+    """One token sequence of a trajectory, whole: prompt, the model's tokens and any
+    observation or tool tokens between its turns, each token with what training needs."""
+
+    tokens: Sequence[int]
+    logprobs: Sequence[float]  # the behaviour log-prob of each token (0 where not sampled)
+    versions: Sequence[int]  # the policy version behind each token (0 where not sampled)
+    trained: Sequence[bool]  # the loss mask: True on the model's own sampled tokens
+    truncated: bool = False  # a length or turn limit, not the model, ended it
+    owner: int = 0  # which of the group's trajectories it belongs to
+
+
+@dataclass(frozen=True)
 class RolloutsOut:
-    """The generator's: n responses, each token with its log-prob and policy version."""
+    """The generator's: a group's sequences, each token with its log-prob and policy version.
+
+    A group has ``data.group_size`` trajectories (one per sampled answer). A single-turn
+    trajectory is one sequence: the shared prompt, then the response. A multi-turn one
+    (an environment's, a harness's) interleaves the model's tokens with observation and
+    tool tokens, which ``loss_mask`` leaves out of every log-prob, loss and gradient; a
+    harness session whose calls do not extend each other is several sequences of one
+    trajectory (``owners``). ``prompt_ids`` is the prefix every sequence shares.
+    """
 
     prompt_ids: np.ndarray  # int32 [prompt tokens]
-    response_ids: np.ndarray  # int32 [n, longest]
-    lengths: np.ndarray  # int32 [n]
-    logprobs: np.ndarray  # float32 [n, longest] behaviour log-probs
-    versions: np.ndarray  # int32 [n, longest] the policy version behind each token
-    truncated: np.ndarray  # uint8 [n] 1 where the length limit, not end-of-sequence, ended it
+    response_ids: np.ndarray  # int32 [rows, longest] each sequence after the shared prompt
+    lengths: np.ndarray  # int32 [rows]
+    logprobs: np.ndarray  # float32 [rows, longest] behaviour log-probs
+    versions: np.ndarray  # int32 [rows, longest] the policy version behind each token
+    truncated: np.ndarray  # uint8 [rows] 1 where a limit, not end-of-sequence, ended it
+    loss_mask: np.ndarray  # uint8 [rows, longest] 1 on tokens the model sampled
+    owners: np.ndarray  # int32 [rows] the trajectory (0..n-1) each sequence belongs to
+    rewards: np.ndarray | None = None  # float32 [n]: what an environment or harness paid
 
     def to_payload(self) -> p.Payload:
-        return {
+        payload = {
             "prompt_ids": self.prompt_ids,
             "response_ids": self.response_ids,
             "lengths": self.lengths,
             "logprobs": self.logprobs,
             "versions": self.versions,
             "truncated": self.truncated,
+            "loss_mask": self.loss_mask,
+            "owners": self.owners,
         }
+        if self.rewards is not None:
+            payload["rewards"] = self.rewards
+        return payload
 
     @classmethod
     def of(cls, item: p.Item) -> RolloutsOut:
         g = Role.GENERATE
-        return cls(
-            prompt_ids=_array(item, g, "prompt_ids", "int32", 1),
-            response_ids=_array(item, g, "response_ids", "int32", 2),
-            lengths=_array(item, g, "lengths", "int32", 1),
+        prompt_ids = _array(item, g, "prompt_ids", "int32", 1)
+        response_ids = _array(item, g, "response_ids", "int32", 2)
+        lengths = _array(item, g, "lengths", "int32", 1)
+        rows, width = response_ids.shape
+        if len(lengths) != rows:
+            raise PayloadError(f"group {item.key!r}: {len(lengths)} lengths for {rows} rows")
+        data = item.data[g.value]
+        out = cls(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            lengths=lengths,
             logprobs=_array(item, g, "logprobs", "float32", 2),
             versions=_array(item, g, "versions", "int32", 2),
             truncated=_array(item, g, "truncated", "uint8", 1),
+            # A producer of single-turn groups may leave these out: every token trained,
+            # one sequence per trajectory.
+            loss_mask=(
+                _array(item, g, "loss_mask", "uint8", 2)
+                if "loss_mask" in data
+                else _within(lengths, width).astype(np.uint8)
+            ),
+            owners=(
+                _array(item, g, "owners", "int32", 1)
+                if "owners" in data
+                else np.arange(rows, dtype=np.int32)
+            ),
+            rewards=_array(item, g, "rewards", "float32", 1) if "rewards" in data else None,
         )
+        for name in ("logprobs", "versions", "loss_mask"):
+            if getattr(out, name).shape != response_ids.shape:
+                shape = "[rows, longest]"
+                raise PayloadError(f"group {item.key!r}: {g.value}.{name} is not {shape}")
+        if out.owners.shape != lengths.shape or out.truncated.shape != lengths.shape:
+            raise PayloadError(f"group {item.key!r}: {g.value}.owners/truncated: one per row")
+        return out
 
     @classmethod
     def stack(cls, prompt: list[int], rows: list[tuple[list[int], list[float], list[int], bool]]):
-        """From per-response (tokens, logprobs, versions, truncated), padded to the longest."""
-        longest = max(len(tokens) for tokens, *_ in rows)
-        shape = (len(rows), longest)
+        """Single-turn: per response (tokens, logprobs, versions, truncated), every token
+        trained, one response per trajectory."""
+        return cls.from_sequences(
+            [
+                Sampled(
+                    [*prompt, *tokens],
+                    [0.0] * len(prompt) + list(lps),
+                    [0] * len(prompt) + list(vers),
+                    [False] * len(prompt) + [True] * len(tokens),
+                    truncated,
+                    owner,
+                )
+                for owner, (tokens, lps, vers, truncated) in enumerate(rows)
+            ]
+        )
+
+    @classmethod
+    def from_sequences(
+        cls, sequences: Sequence[Sampled], rewards: Sequence[float] | None = None
+    ) -> RolloutsOut:
+        """Whole sequences into the padded layout, the prefix they all share (up to the
+        first trained token) as the prompt. ValueError if they share no first token or
+        a sequence trains none of its tokens (nothing to score it by)."""
+        if not sequences:
+            raise ValueError("a group needs at least one sequence")
+        for i, s in enumerate(sequences):
+            if not len(s.tokens) == len(s.logprobs) == len(s.versions) == len(s.trained):
+                raise ValueError(f"sequence {i}: tokens, logprobs, versions, mask: unequal lengths")
+            if not any(s.trained):
+                raise ValueError(f"sequence {i} has no token the model sampled")
+        shared = min(list(s.trained).index(True) for s in sequences)
+        first = sequences[0].tokens
+        for s in sequences[1:]:
+            shared = next((k for k in range(shared) if s.tokens[k] != first[k]), shared)
+        if shared == 0:
+            raise ValueError("the group's sequences share no first token (a prompt to score from)")
+        longest = max(len(s.tokens) for s in sequences) - shared
+        shape = (len(sequences), longest)
         ids, logprobs = np.zeros(shape, np.int32), np.zeros(shape, np.float32)
-        versions = np.zeros(shape, np.int32)
-        for row, (tokens, lps, vers, _) in enumerate(rows):
-            ids[row, : len(tokens)] = tokens
-            logprobs[row, : len(tokens)] = lps
-            versions[row, : len(tokens)] = vers
+        versions, mask = np.zeros(shape, np.int32), np.zeros(shape, np.uint8)
+        for row, s in enumerate(sequences):
+            n = len(s.tokens) - shared
+            ids[row, :n] = s.tokens[shared:]
+            logprobs[row, :n] = s.logprobs[shared:]
+            versions[row, :n] = s.versions[shared:]
+            mask[row, :n] = s.trained[shared:]
         return cls(
-            prompt_ids=np.asarray(prompt, np.int32),
+            prompt_ids=np.asarray(first[:shared], np.int32),
             response_ids=ids,
-            lengths=np.array([len(tokens) for tokens, *_ in rows], np.int32),
+            lengths=np.array([len(s.tokens) - shared for s in sequences], np.int32),
             logprobs=logprobs,
             versions=versions,
-            truncated=np.array([t for *_, t in rows], np.uint8),
+            truncated=np.array([s.truncated for s in sequences], np.uint8),
+            loss_mask=mask,
+            owners=np.array([s.owner for s in sequences], np.int32),
+            rewards=None if rewards is None else np.asarray(rewards, np.float32),
         )
 
     def responses(self) -> list[list[int]]:
         return [row[:n].tolist() for row, n in zip(self.response_ids, self.lengths, strict=True)]
 
+    def trained_mask(self) -> np.ndarray:
+        """bool [rows, longest]: the tokens the model sampled (trained, counted, scored)."""
+        return _within(self.lengths, self.response_ids.shape[1]) & (self.loss_mask != 0)
+
+    def trained_tokens(self) -> int:
+        return int(self.trained_mask().sum())
+
     def behaviour(self) -> tuple[int, int]:
-        """The oldest and newest policy version among the group's tokens."""
-        mask = np.arange(self.versions.shape[1])[None] < self.lengths[:, None]
-        used = self.versions[mask]
+        """The oldest and newest policy version among the tokens the model sampled."""
+        used = self.versions[self.trained_mask()]
         return int(used.min()), int(used.max())
+
+
+def _within(lengths: np.ndarray, width: int) -> np.ndarray:
+    return np.arange(width)[None] < lengths[:, None]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """The ``reward`` role: scores each response with the task's reward function.
 
-Consumes ``transition.*.generated``; produces :class:`RewardsOut`. The reward is
+Consumes ``transition.*.generated``; produces :class:`RewardsOut`. Trajectories an
+environment or a harness already paid (:attr:`RolloutsOut.rewards`) keep what they were
+paid. Otherwise the reward is
 ``data.reward`` (a plug-in's import path, ``math``, or ``model:DIR`` for a sequence
 classifier), or the task's own when that is empty (:mod:`.tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
@@ -58,12 +60,15 @@ class Reward(Actor):
         return Outcome(tuple(self._score(item) for item in lease.items), tokens=tokens_of(lease))
 
     def _score(self, item: p.Item) -> p.Result:
+        rollouts = RolloutsOut.of(item)
+        if rollouts.rewards is not None:  # an environment or a harness paid them already
+            return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
         prompt = PromptIn.of(item)
         sample = Sample(prompt.prompt, prompt.answer)
         try:
             rewards = [
                 self.reward(sample, self.codec.decode(response))
-                for response in RolloutsOut.of(item).responses()
+                for response in rollouts.responses()
             ]
         except TaskError as error:
             if self.reward.stuck >= _MAX_STUCK:

@@ -245,8 +245,7 @@ def _mismatch(groups: list[Group]) -> dict:
     diffs = []
     for g in groups:
         r, version = g.rollouts, g.proximal.version
-        mask = np.arange(r.versions.shape[1])[None] < r.lengths[:, None]
-        same = mask & (r.versions == version)
+        same = r.trained_mask() & (r.versions == version)
         diffs.append(np.abs(r.logprobs - g.proximal.logprobs)[same])
     joined = np.concatenate(diffs) if diffs else np.zeros(0)
     if joined.size == 0:

@@ -23,14 +23,21 @@ class Packed:
     ids: torch.Tensor  # [rows, width] long
     starts: torch.Tensor  # [rows] index of each response's first token
     lengths: torch.Tensor  # [rows] response tokens per row
-    mask: torch.Tensor  # [rows, longest response] 1.0 on real response tokens
+    mask: torch.Tensor  # [rows, longest response] 1.0 on response tokens that count
 
 
 def pack(
-    prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_id: int
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_id: int,
+    trained: Sequence[Sequence[bool]] | None = None,
 ) -> Packed:
+    """``trained``: per response, which of its tokens count (the loss mask: observation
+    and tool tokens of a multi-turn trajectory do not); None: every token."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
+    if trained is not None and len(trained) != len(responses):
+        raise ValueError(f"{len(trained)} loss masks for {len(responses)} responses")
     if not prompts:
         raise ValueError("nothing to pack: no sequences")
     width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
@@ -39,14 +46,17 @@ def pack(
     mask = torch.zeros(len(prompts), longest)
     for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         ids[row, : len(prompt) + len(response)] = torch.tensor([*prompt, *response])
-        mask[row, : len(response)] = 1.0
+        mask[row, : len(response)] = 1.0 if trained is None else torch.tensor(
+            [bool(t) for t in trained[row][: len(response)]], dtype=torch.float32
+        )
     starts = torch.tensor([len(p) for p in prompts])
     lengths = torch.tensor([len(r) for r in responses])
     return Packed(ids, starts, lengths, mask)
 
 
 def response_logprobs(model: CausalLM, packed: Packed, temperature: float = 1.0) -> torch.Tensor:
-    """log π(response token | everything before it), [rows, longest response]; 0 on padding.
+    """log π(response token | everything before it), [rows, longest response]; 0 where the
+    mask is (padding, and tokens the model did not sample).
 
     Logits are divided by ``temperature`` first: the distribution the generator sampled
     from, so behaviour and recomputed log-probs compare like for like.
