@@ -109,6 +109,12 @@ class Actor:
         """
         return None
 
+    def wake_within_s(self) -> float | None:
+        """While idle, the longest the worker may wait for the scheduler's events before
+        looking at this actor again: work that comes from elsewhere (a generator's HTTP
+        requests) says nothing on the bus. None: the worker's own pace."""
+        return None
+
     def take_reports(self) -> list[p.Report]:
         """Reports made since the last call (validation results); the worker sends them."""
         return []

@@ -14,6 +14,10 @@ versions, the generator with index 0 (or no index) decodes the validation prompt
 greedily with a frozen copy of that version and reports their mean reward. With
 ``data.val_every_versions: 0`` it never validates (a benchmark that scores checkpoints
 afterwards keeps the generator's time for training).
+
+With ``data.harness`` set, agent harnesses hold the generate stage: the generator claims
+no leases and serves their model calls instead, over an OpenAI-compatible API on a thread
+of its own (:mod:`.serving`), decoded in the same batch and following versions the same.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .actor import Outcome, StreamingActor, WorkerContext
 from .payloads import PromptIn, RolloutsOut
 from .policy.decoder import Decoder, Finished, Request
 from .preflight import check_device, check_engine, check_model, check_task
+from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
 from .workload import load_workload, reward_for
 
@@ -46,6 +51,9 @@ __all__ = ["Generate"]
 log = structlog.get_logger("asyncrl.generate")
 
 DEFAULT_SLOTS = 64  # sequences decoded at once
+# An idle generator serving harnesses looks for requests this often (the worker's own idle
+# poll waits for the scheduler's events, which say nothing of HTTP requests).
+SERVE_POLL_S = 0.005
 
 
 @dataclass
@@ -84,6 +92,7 @@ class Generate(StreamingActor):
         self.reports: list[p.Report] = []
         self.loaded = 0
         self.last_validated: int | None = None
+        self.serving: Serving | None = None
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
@@ -99,6 +108,15 @@ class Generate(StreamingActor):
             raise ValueError(f"data.group_size={self.n} exceeds the decoder's {self.slots} slots")
         self.validates = ctx.index in (None, 0)
         self.decoder = self._decoder(self.model, greedy_only=False)
+        if cfg.data.harness:
+            self.serving = Serving(
+                cfg,
+                ctx.worker,
+                self.codec,
+                vocab_size=self.model.config.vocab_size,
+                max_prompt_tokens=self.decoder.max_prompt_tokens,
+                version=self.loaded,
+            )
 
     def _decoder(self, model, *, greedy_only: bool) -> Decoder:
         cfg = self.ctx.config
@@ -130,6 +148,8 @@ class Generate(StreamingActor):
             cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
             self.loaded = received.version
             self.reports.append(p.Report(self.ctx.worker, "weights", self.loaded, cost))
+            if self.serving is not None:
+                self.serving.loaded(self.loaded)
         self._maybe_validate()
         return self.loaded
 
@@ -153,11 +173,17 @@ class Generate(StreamingActor):
     # --- leases --------------------------------------------------------------------------
 
     def capacity(self) -> int:
+        if self.serving is not None:
+            return 0  # the harnesses hold the generate stage
         return max(0, self.decoder.free_slots // self.n)
 
     @property
     def busy(self) -> bool:
-        return bool(self.running) or self.validation is not None
+        serving = self.serving is not None and self.serving.busy
+        return bool(self.running) or self.validation is not None or serving
+
+    def wake_within_s(self) -> float | None:
+        return None if self.serving is None else SERVE_POLL_S
 
     def admit(self, lease: p.Lease) -> None:
         for item in lease.items:
@@ -169,7 +195,12 @@ class Generate(StreamingActor):
 
     def advance(self) -> list[tuple[p.Lease, Outcome]]:
         done = []
+        if self.serving is not None:
+            self.decoder.submit(self.serving.take())
         for finished in self.decoder.step():
+            if self.serving is not None and self.serving.owns(finished):
+                self.serving.finish(finished)
+                continue
             lease_id, gid, j = finished.tag
             running = self.running[lease_id]
             running.rows.setdefault(gid, {})[j] = finished
@@ -186,6 +217,8 @@ class Generate(StreamingActor):
         self.running.clear()
         self.validation = None  # measured again at the next due version
         self.decoder = self._decoder(self.model, greedy_only=False)
+        if self.serving is not None:
+            self.serving.dropped("its decode step failed")
         return leases
 
     def _results(self, running: _Running) -> tuple[p.Result, ...]:
@@ -227,6 +260,8 @@ class Generate(StreamingActor):
         self.validation = None
 
     def on_stop(self) -> None:
+        if self.serving is not None:
+            self.serving.stop()
         self.weights.receiver.close()
 
     def take_reports(self) -> list[p.Report]:

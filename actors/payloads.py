@@ -111,7 +111,9 @@ class RolloutsOut:
 
     @classmethod
     def of(cls, item: p.Item) -> RolloutsOut:
-        g = Role.GENERATE
+        # Filed under the role that made it: the generators', or the agent harnesses' when
+        # they hold the admit stage (data.harness).
+        g = Role.HARNESS if Role.HARNESS.value in item.data else Role.GENERATE
         prompt_ids = _array(item, g, "prompt_ids", "int32", 1)
         response_ids = _array(item, g, "response_ids", "int32", 2)
         lengths = _array(item, g, "lengths", "int32", 1)

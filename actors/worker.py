@@ -465,6 +465,8 @@ class Worker:
         # A version being fetched in the background says nothing when it is ready: look
         # again soon, or an idle generator would start on it only at the next event.
         wait_s = self.pacing.fetch_poll_s if self._versions.behind else self.pacing.poll_s
+        soon = self.actor.wake_within_s()
+        wait_s = wait_s if soon is None else min(wait_s, soon)
         with self._time.spent_on(TimeBucket.WAITING_FOR_WORK):
             woken = self._take_events(wait_s)
             self._versions.check_if_due()

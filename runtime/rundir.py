@@ -79,6 +79,12 @@ class RunDir:
         return self.root / "weights.jsonl"
 
     @property
+    def api_servers(self) -> Path:
+        """Where each generator serving harnesses says where its API is and with what key
+        (one file per worker, 0600, present while it serves)."""
+        return self.root / "api-servers"
+
+    @property
     def trace(self) -> Path:
         """Leases, weight versions and train steps as Chrome trace events (trace.py)."""
         return self.root / "trace.json"

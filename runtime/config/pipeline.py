@@ -3,6 +3,10 @@
 Reference log-probs only feed the KL penalty; with ``algorithm.kl_coef`` 0 no ``ref_logp``
 stage runs, so a group joins ``ready`` once logp and reward are done and no worker
 computes a forward pass whose result is thrown away.
+
+With ``data.harness`` set, agent harnesses (the ``harness`` role) take the generate stage's
+place: they drive the generators through the API those serve, and the generate workers
+stay registered to serve and follow versions, claiming nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ __all__ = ["pipeline_for", "workers_to_start"]
 
 
 def pipeline_for(cfg: RunConfig) -> Pipeline:
+    table = DEFAULT_PIPELINE
+    if cfg.data.harness:
+        table = table.admitting_with(Role.HARNESS)
     if cfg.algorithm.kl_coef == 0:
-        return DEFAULT_PIPELINE.without(Role.REF_LOGP)
-    return DEFAULT_PIPELINE
+        table = table.without(Role.REF_LOGP)
+    return table
 
 
 def workers_to_start(cfg: RunConfig) -> dict[str, int]:

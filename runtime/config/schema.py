@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
 
-# The pipeline's roles, in data-flow order; `pipeline.workers` may name only these.
-WORKER_ROLES = DEFAULT_PIPELINE.worker_roles
+# Every role a derived pipeline may have, in data-flow order (the harness role last: only
+# runs with data.harness have it); `pipeline.workers` may name only these.
+WORKER_ROLES = (*DEFAULT_PIPELINE.worker_roles, Role.HARNESS.value)
 
 
 def doc(text: str, **limits: Any) -> dict[str, Any]:
@@ -90,6 +91,30 @@ class DataSection:
         metadata=doc("validate every this many weight versions; 0 = never validate", min=0),
     )
     val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
+    harness: str = field(
+        default="",
+        metadata=doc(
+            "agent harness as module:attr, an async function run(sample, client) -> reward "
+            "given an openai.AsyncOpenAI client bound to one rollout session; empty: none "
+            "(the generators sample the task's prompts themselves)"
+        ),
+    )
+    harness_concurrency: int = field(
+        default=32, metadata=doc("harness sessions in flight per harness worker", min=1)
+    )
+    harness_timeout_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "a harness session still running after this long fails its group", exclusive_min=0
+        ),
+    )
+    harness_host: str = field(
+        default="127.0.0.1",
+        metadata=doc(
+            "address the generators serve the OpenAI-compatible API on for harnesses "
+            "(each on a free port)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Validation would otherwise quietly score prompts of data.task, another workload.

@@ -17,6 +17,10 @@ released under the staleness bound and stamped with behaviour versions; the ``ST
 takes exactly one train batch at a time and advances the step counter. A branch stage
 that ``reads_policy`` computes with the trainer's weights (``logp``): when training rolls
 back, its results made with weights that no longer exist are computed again.
+
+A *serving* role takes no stage: its workers register, follow the policy versions and
+serve another role's work outside the table (generators answering a harness's model calls
+over HTTP while the ``harness`` role holds the admit stage; :meth:`Pipeline.admitting_with`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class Role(StrEnum):
     REF_LOGP = "ref_logp"
     REWARD = "reward"
     TRAIN = "train"
+    HARNESS = "harness"  # agent harnesses, driving the generators over HTTP
 
 
 class Gate(StrEnum):
@@ -91,6 +96,8 @@ class Pipeline:
     entry: GroupState = GroupState.PENDING
     # The role that adds groups (into ``entry``); what it adds them with is filed under it.
     entry_role: str = Role.DATALOADER.value
+    # Roles whose workers register and follow versions but claim nothing (see above).
+    serving: tuple[str, ...] = ()
     _by_source: dict[GroupState, tuple[Stage, ...]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -123,8 +130,10 @@ class Pipeline:
 
     @property
     def worker_roles(self) -> tuple[str, ...]:
-        """Every role a worker may serve: the entry role, then the stages' roles."""
-        return tuple(str(role) for role in (self.entry_role, *self.roles))
+        """Every role a worker may serve: the entry role, the stages' roles, then the
+        serving roles."""
+        roles = (self.entry_role, *self.roles, *self.serving)
+        return tuple(dict.fromkeys(str(role) for role in roles))
 
     def without(self, role: str) -> Pipeline:
         """This table less ``role``'s stages: a branch whose result nobody reads is not run.
@@ -139,7 +148,15 @@ class Pipeline:
             if stage.working is not None or len(self.consumers(stage.source)) < 2:
                 raise PipelineError(f"{stage}: only a branch stage can be left out")
         kept = tuple(s for s in self.stages if s.role != role)
-        return Pipeline(kept, entry=self.entry, entry_role=self.entry_role)
+        return Pipeline(kept, self.entry, self.entry_role, self.serving)
+
+    def admitting_with(self, role: str) -> Pipeline:
+        """This table with ``role`` doing the admit stage's work in its place; the role it
+        replaces stays, as a serving role (the harness drives the generators)."""
+        admit = self.gated(Gate.ADMIT)
+        swapped = Stage(role, admit.source, admit.target, admit.working, Gate.ADMIT)
+        stages = tuple(swapped if s is admit else s for s in self.stages)
+        return Pipeline(stages, self.entry, self.entry_role, (*self.serving, admit.role))
 
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
         """Every (from, to) move a group may make, failures and deaths included."""
@@ -187,6 +204,9 @@ def _validate(pipeline: Pipeline) -> None:
 
 def _check_rows(pipeline: Pipeline) -> None:
     working_of: dict[GroupState, Stage] = {}
+    for role in pipeline.serving:
+        if role == pipeline.entry_role or pipeline.for_role(role):
+            raise PipelineError(f"serving role {role!r} adds or takes groups; it serves only")
     for stage in pipeline.stages:
         if stage.role == pipeline.entry_role:
             raise PipelineError(f"{stage}: the entry role {stage.role} adds groups, it takes none")

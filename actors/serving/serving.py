@@ -1,0 +1,100 @@
+"""What a generator holds while it serves agent harnesses (``data.harness``).
+
+The API runs on its own thread (:mod:`.server`); the generator's decode loop takes the
+requests it queued between two decode steps and resolves them as they finish
+(:mod:`.bridge`), so the model is only ever touched by the worker's main thread. The
+generator's entry in the run's API directory says where it serves, with what key, and
+the version it runs; it is written again after every version it loads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+
+import structlog
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.rundir import RunDir
+
+from ..policy.chat_template import ChatTemplate, ChatTemplateError
+from ..policy.checkpoint import model_dir
+from ..policy.decoder import Finished, Request
+from ..policy.tokenizer import TextCodec
+from .bridge import Bridge
+from .directory import ApiDirectory, ApiEntry
+from .openai_api import ApiSettings, make_app
+from .records import SessionRecords
+from .server import ApiServer
+
+__all__ = ["Serving"]
+
+log = structlog.get_logger("asyncrl.serving")
+
+# Records of a session nobody collects are dropped this long after its last call, and no
+# sooner than this: the harness worker collects them as soon as its harness returns.
+_MIN_RECORD_TTL_S = 60.0
+
+
+class Serving:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        worker: str,
+        codec: TextCodec,
+        *,
+        vocab_size: int,
+        max_prompt_tokens: int,
+        version: int,
+    ) -> None:
+        try:
+            template: ChatTemplate | None = ChatTemplate.from_dir(model_dir(cfg.model.path))
+        except ChatTemplateError:
+            template = None  # /v1/chat/completions then says so; completions still serve
+        self.bridge = Bridge()
+        self.records = SessionRecords(max(2 * cfg.data.harness_timeout_s, _MIN_RECORD_TTL_S))
+        settings = ApiSettings(
+            token=secrets.token_urlsafe(32),
+            temperature=cfg.algorithm.temperature,
+            max_new_tokens=cfg.model.max_new_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+            vocab_size=vocab_size,
+        )
+        app = make_app(settings, self.bridge, self.records, codec, template)
+        self.server = ApiServer(app, cfg.data.harness_host)
+        self.directory = ApiDirectory(RunDir.of(cfg).api_servers)
+        self.worker = worker
+        self._key = settings.token
+        self.server.start()
+        self.loaded(version)
+        log.info("serving the OpenAI API for harnesses", url=self.server.url, worker=worker)
+
+    def loaded(self, version: int) -> None:
+        """The decoder runs ``version`` now: say so in this generator's entry."""
+        entry = ApiEntry(
+            self.worker, self.server.url, self._key, version, os.getpid(), socket.gethostname()
+        )
+        self.directory.publish(entry)
+
+    def take(self) -> list[Request]:
+        return self.bridge.take()
+
+    def owns(self, finished: Finished) -> bool:
+        return self.bridge.owns(finished)
+
+    def finish(self, finished: Finished) -> None:
+        self.bridge.finish(finished)
+
+    @property
+    def busy(self) -> bool:
+        return self.bridge.busy
+
+    def dropped(self, reason: str) -> None:
+        """The decoder was dropped: the calls it was sampling fail (503), the server stays."""
+        self.bridge.fail_all(reason)
+
+    def stop(self) -> None:
+        self.directory.withdraw(self.worker)
+        self.bridge.fail_all("the generator is stopping")
+        self.server.stop()

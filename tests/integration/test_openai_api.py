@@ -1,0 +1,161 @@
+"""The official openai client against a generator's real API server: uvicorn on a free
+port, the embedded model decoding in a loop beside it as the generate role's does."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from asyncrl.actors._setup import load_policy
+from asyncrl.actors.policy.decoder import Decoder
+from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
+from asyncrl.actors.serving.records import CallRecord, decode_records
+from asyncrl.actors.serving.serving import Serving
+from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.rundir import RunDir
+
+pytestmark = pytest.mark.timeout(60)
+
+VERSION = 3
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[ApiEntry, Decoder]]:
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(tmp_path / "run")},
+            "data": {"harness": "tests.support.harnesses:ask_once"},
+            "model": {"max_new_tokens": 24, "max_prompt_tokens": 64},
+            "algorithm": {"temperature": 1.0},
+        }
+    )
+    model, codec = load_policy(cfg, "generate")
+    decoder = Decoder(
+        model, slots=8, max_new_tokens=24, max_prompt_tokens=64, eos_id=codec.eos_ids,
+        pad_id=codec.pad_id, version=VERSION,
+    )  # fmt: skip
+    serving = Serving(
+        cfg, "generate-0", codec, vocab_size=model.config.vocab_size, max_prompt_tokens=64,
+        version=VERSION,
+    )  # fmt: skip
+    stop = threading.Event()
+
+    def decode() -> None:  # the generate worker's main thread, in short
+        while not stop.is_set():
+            decoder.submit(serving.take())
+            finished = decoder.step()
+            for f in finished:
+                serving.finish(f)
+            if not decoder.busy:
+                time.sleep(0.002)
+
+    loop = threading.Thread(target=decode, daemon=True)
+    loop.start()
+    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
+    try:
+        yield entry, decoder
+    finally:
+        stop.set()
+        loop.join(5)
+        serving.stop()
+    assert ApiDirectory(RunDir.of(cfg).api_servers).live() == []  # withdrawn on stop
+
+
+def client(entry: ApiEntry, session: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=entry.session_url(session), api_key=entry.key, max_retries=0)
+
+
+def records(entry: ApiEntry, session: str) -> list[CallRecord]:
+    request = urllib.request.Request(
+        f"{entry.url}/sessions/{session}/record", headers={"Authorization": f"Bearer {entry.key}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return decode_records(reply.read())
+
+
+def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served) -> None:
+    entry, _ = served
+    assert entry.version == VERSION
+    api = client(entry, "s1")
+    done = api.completions.create(model="policy", prompt="12+34=", max_tokens=20, logprobs=0)
+    (choice,) = done.choices
+    assert choice.finish_reason in ("stop", "length")
+    assert done.usage.prompt_tokens == 6
+    assert done.usage.completion_tokens == len(choice.logprobs.token_logprobs) >= 1
+    chat = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "5+6="}], logprobs=True
+    )
+    content = chat.choices[0].logprobs.content
+    assert chat.choices[0].message.role == "assistant" and content
+
+    first, second = records(entry, "s1")
+    assert first.prompt_ids == [int(t) for t in first.prompt_ids] and len(first.prompt_ids) == 6
+    assert first.logprobs == pytest.approx(choice.logprobs.token_logprobs, abs=0)
+    assert "".join(choice.logprobs.tokens).startswith(choice.text)
+    assert second.logprobs == pytest.approx([c.logprob for c in content], abs=0)
+    assert set(first.versions) == set(second.versions) == {VERSION}
+    assert all(lp <= 0 for lp in first.logprobs)
+    assert records(entry, "s1") == []  # taken once: freed
+
+
+def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served) -> None:
+    entry, decoder = served
+    api = client(entry, "s2")
+    every_id = list(range(decoder.model.config.vocab_size))
+    stopped = api.completions.create(
+        model="policy", prompt=[4, 5, 6], logprobs=0, extra_body={"stop_token_ids": every_id}
+    )
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    short = api.completions.create(model="policy", prompt="99+1=", max_tokens=1)
+    assert short.usage.completion_tokens == 1
+    first, second = records(entry, "s2")
+    assert first.prompt_ids == [4, 5, 6] and not first.truncated
+    assert len(first.completion_ids) == len(second.completion_ids) == 1
+
+
+@pytest.mark.parametrize(
+    ("asked", "param"),
+    [
+        ({"temperature": 0.5}, "temperature"),
+        ({"stream": True}, "stream"),
+        ({"n": 2}, "n"),
+        ({"stop": ["\n"]}, "stop"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"prompt": [10**9]}, "prompt"),
+        ({"prompt": "9" * 100}, "prompt"),
+    ],
+)
+def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
+    served, asked: dict, param: str
+) -> None:
+    entry, _ = served
+    api = client(entry, "bad")
+    kwargs = {"model": "policy", "prompt": "1+1=", **asked}
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(**kwargs)
+    assert refused.value.status_code == 400
+    assert refused.value.body["param"] == param and param in refused.value.body["message"]
+    assert records(entry, "bad") == []
+    # The generator is still serving.
+    assert api.completions.create(model="policy", prompt="1+1=", max_tokens=2).choices
+
+
+def test_the_temperature_refused_is_named_with_the_runs(served) -> None:
+    entry, _ = served
+    with pytest.raises(openai.BadRequestError, match=r"algorithm\.temperature=1"):
+        client(entry, "t").chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "1+1="}], temperature=0.2
+        )
+
+
+def test_a_wrong_key_is_refused(served) -> None:
+    entry, _ = served
+    wrong = openai.OpenAI(base_url=entry.session_url("k"), api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.completions.create(model="policy", prompt="1+1=")
