@@ -62,6 +62,9 @@ class Outcome:
     # a train step: the newest step whose state survives the loss of this host (a
     # checkpoint); the scheduler keeps what it needs to train later steps again until then
     durable_step: int | None = None
+    # groups of the lease that failed, with the reason (an environment that raised): they
+    # are given back to be tried again while ``results`` complete the others
+    failed: tuple[tuple[int, str], ...] = ()
 
 
 class Actor:

@@ -361,6 +361,14 @@ class Worker:
         self._send_reports()
         for lease, outcome in finished:
             self._running.pop(lease.lease_id, None)
+            for gid, reason in outcome.failed:
+                self._log.warning("group failed", lease=lease.lease_id, gid=gid, reason=reason)
+                fail = p.Fail(self.name, lease.lease_id, lease.fence, (gid,), reason[:_MAX_REASON])
+                with contextlib.suppress(_GaveUp, LinkClosed):
+                    self._settle(fail)
+            if not outcome.results:
+                self._holding = tuple(self._running)
+                continue
             taken = self._complete(lease, outcome)  # held, so renewed, until answered
             self._holding = tuple(self._running)
             if not self.actor.publishes_versions:

@@ -33,11 +33,15 @@ __all__ = ["Decoder", "Finished", "Request"]
 
 @dataclass(frozen=True)
 class Request:
-    """One sequence to generate: a prompt, and how to pick tokens."""
+    """One sequence to generate: a prompt, and how to pick tokens and when to stop."""
 
     tag: Any  # the caller's handle for the result
     prompt: tuple[int, ...]
     greedy: bool = False
+    max_new_tokens: int | None = None  # fewer than the decoder's (a turn's share of a budget)
+    # Tokens that end this sequence besides end-of-sequence (a tool call's closing token):
+    # the sequence ends with it, and the caller decides what comes next.
+    stop_ids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,8 @@ class Finished:
     tokens: list[int]
     logprobs: list[float]
     versions: list[int]
-    truncated: bool  # stopped by the length limit rather than end-of-sequence
+    truncated: bool  # stopped by the length limit rather than end-of-sequence or a stop id
+    stopped_by: int | None = None  # the end-of-sequence or stop id it ended with
 
 
 @dataclass
@@ -109,7 +114,15 @@ class Decoder:
                     f"prompt of {len(request.prompt)} tokens: expected 1.."
                     f"{self.max_prompt_tokens} (raise model.max_prompt_tokens)"
                 )
+            if request.max_new_tokens is not None and request.max_new_tokens < 1:
+                raise ValueError(f"max_new_tokens={request.max_new_tokens}: expected >= 1")
             self.waiting.append(request)
+
+    def cancel(self, tags: Collection[Any]) -> None:
+        """Drop the sequences tagged ``tags``, waiting or running (their group failed)."""
+        self.waiting = deque(r for r in self.waiting if r.tag not in tags)
+        for slot in [s for s, seq in self.active.items() if seq.request.tag in tags]:
+            del self.active[slot]
 
     @property
     def busy(self) -> bool:
@@ -209,8 +222,10 @@ class Decoder:
 
     def _maybe_finish(self, slot: int, seq: _Sequence) -> Finished | None:
         response = seq.response
-        ended = response[-1] in self.eos_ids
-        if not ended and len(response) < self.max_new_tokens:
+        request = seq.request
+        ended = response[-1] in self.eos_ids or response[-1] in request.stop_ids
+        budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
+        if not ended and len(response) < budget:
             return None
         del self.active[slot]
         return Finished(
@@ -220,4 +235,5 @@ class Decoder:
             logprobs=seq.logprobs,
             versions=seq.versions,
             truncated=not ended,
+            stopped_by=response[-1] if ended else None,
         )
