@@ -1,10 +1,14 @@
 """The ``generate`` role: pending → generated, by continuous batching on the policy model.
 
 Consumes ``transition.*.pending`` wake-ups; produces one :class:`RolloutsOut` per group
-(``data.group_size`` sampled responses with per-token log-probs and versions). Leases
+(``data.group_size`` sampled trajectories with per-token log-probs and versions). Leases
 stream through one decoder: a group's sequences join the running batch as soon as there
-are free slots, and a lease is completed the moment its last sequence ends, so a long
-response never keeps the others waiting.
+are free slots, and a lease is completed the moment its last trajectory ends, so a long
+response never keeps the others waiting. With ``data.environment`` a trajectory is an
+episode of turns (:mod:`.episodes`): the environment's observations go between the
+model's turns, untrained, and its step rewards are the trajectory's reward. An episode
+whose environment fails fails its group, with the reason; the lease's other groups
+complete.
 
 New versions load between two decode steps (the worker calls ``on_version`` there);
 sequences in flight continue under the new weights and their tokens say so.
@@ -17,7 +21,7 @@ afterwards keeps the generator's time for training).
 
 With ``data.harness`` set, agent harnesses hold the generate stage: the generator claims
 no leases and serves their model calls instead, over an OpenAI-compatible API on a thread
-of its own (:mod:`.serving`), decoded in the same batch and following versions the same.
+of its own (:mod:`.serving`), decoded by this loop and following versions the same.
 """
 
 from __future__ import annotations
@@ -38,12 +42,14 @@ from asyncrl.transport.weights import make_receiver
 
 from ._setup import load_policy
 from ._weights import WeightFollower
-from .actor import Outcome, StreamingActor, WorkerContext
-from .payloads import PromptIn, RolloutsOut
-from .policy.decoder import Decoder, Finished, Request
+from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from .episodes import EpisodeDone, EpisodeLimits, Episodes
+from .payloads import PromptIn, RolloutsOut, Sampled
+from .policy.decoder import Decoder
 from .preflight import check_device, check_engine, check_model, check_task
 from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
+from .tasks.environment import load_environment, stop_texts
 from .workload import load_workload, reward_for
 
 __all__ = ["Generate"]
@@ -54,23 +60,25 @@ DEFAULT_SLOTS = 64  # sequences decoded at once
 # An idle generator serving harnesses looks for requests this often (the worker's own idle
 # poll waits for the scheduler's events, which say nothing of HTTP requests).
 SERVE_POLL_S = 0.005
+_MAX_STUCK = 3  # environment calls left running past their time before a fresh process
 
 
 @dataclass
 class _Running:
     lease: p.Lease
-    waiting: int  # sequences not yet finished
-    rows: dict[int, dict[int, Finished]] = field(default_factory=dict)  # gid → seq → result
+    waiting: int  # trajectories not yet finished
+    rows: dict[int, dict[int, EpisodeDone]] = field(default_factory=dict)  # gid → j → done
+    failed: dict[int, str] = field(default_factory=dict)  # gid → why
 
 
 @dataclass
 class _Validation:
     version: int
-    decoder: Decoder
+    episodes: Episodes
     samples: list[Sample]
     started: float
     rewards: list[float] = field(default_factory=list)
-    errors: int = 0  # responses the reward function failed on (counted as 0)
+    errors: int = 0  # responses the reward function or environment failed on (counted as 0)
 
 
 class Generate(StreamingActor):
@@ -107,8 +115,11 @@ class Generate(StreamingActor):
         if self.n > self.slots:
             raise ValueError(f"data.group_size={self.n} exceeds the decoder's {self.slots} slots")
         self.validates = ctx.index in (None, 0)
-        self.decoder = self._decoder(self.model, greedy_only=False)
-        if cfg.data.harness:
+        data = cfg.data
+        self.environment = load_environment(data.environment) if data.environment else None
+        self.stop_ids = self._stop_ids()
+        self.episodes = self._episodes(self.model, greedy_only=False)
+        if data.harness:
             self.serving = Serving(
                 cfg,
                 ctx.worker,
@@ -118,10 +129,25 @@ class Generate(StreamingActor):
                 version=self.loaded,
             )
 
-    def _decoder(self, model, *, greedy_only: bool) -> Decoder:
+    def _stop_ids(self) -> frozenset[int]:
+        """The environment's turn-ending texts, each as the one token it must be."""
+        if self.environment is None:
+            return frozenset()
+        ids = set()
+        for text in stop_texts(self.environment()):
+            encoded = self.codec.encode(text)
+            if len(encoded) != 1:
+                raise TaskError(
+                    f"data.environment: stop text {text!r} is {len(encoded)} tokens of the "
+                    "model's vocabulary; a turn can end only at a single token"
+                )
+            ids.add(encoded[0])
+        return frozenset(ids)
+
+    def _episodes(self, model, *, greedy_only: bool) -> Episodes:
         cfg = self.ctx.config
         max_new = cfg.model.max_new_tokens
-        return Decoder(
+        decoder = Decoder(
             model,
             slots=self.slots,
             max_new_tokens=max_new,
@@ -135,6 +161,26 @@ class Generate(StreamingActor):
             seed=cfg.run.seed + (self.ctx.index or 0),
             version=self.loaded,
         )
+        data = cfg.data
+        limits = EpisodeLimits(
+            max_turns=data.max_turns if self.environment else 1,
+            max_total_tokens=min(
+                data.max_total_tokens or decoder.cache.max_len, decoder.cache.max_len
+            ),
+            step_timeout_s=data.env_step_timeout_s,
+        )
+        return Episodes(
+            decoder,
+            self.codec,
+            environment=self.environment,
+            name=data.environment,
+            limits=limits,
+            stop_ids=self.stop_ids,
+        )
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.episodes.decoder
 
     # --- versions ------------------------------------------------------------------------
 
@@ -162,13 +208,11 @@ class Generate(StreamingActor):
             return
         self.last_validated = self.loaded
         frozen = copy.deepcopy(self.model)  # the decoder's model changes under training
-        decoder = self._decoder(frozen, greedy_only=True)
+        episodes = self._episodes(frozen, greedy_only=True)
         samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
-        decoder.submit(
-            Request(i, tuple(self.codec.encode(s.prompt)), greedy=True)
-            for i, s in enumerate(samples)
-        )
-        self.validation = _Validation(self.loaded, decoder, samples, time.monotonic())
+        for i, sample in enumerate(samples):
+            episodes.begin(i, sample, tuple(self.codec.encode(sample.prompt)), greedy=True)
+        self.validation = _Validation(self.loaded, episodes, samples, time.monotonic())
 
     # --- leases --------------------------------------------------------------------------
 
@@ -186,52 +230,79 @@ class Generate(StreamingActor):
         return None if self.serving is None else SERVE_POLL_S
 
     def admit(self, lease: p.Lease) -> None:
-        for item in lease.items:
-            prompt = tuple(self.codec.encode(PromptIn.of(item).prompt))
-            self.decoder.submit(
-                Request((lease.lease_id, item.gid, j), prompt) for j in range(self.n)
-            )
         self.running[lease.lease_id] = _Running(lease, waiting=len(lease.items) * self.n)
+        for item in lease.items:
+            prompt = PromptIn.of(item)
+            sample = Sample(prompt.prompt, prompt.answer)
+            encoded = tuple(self.codec.encode(prompt.prompt))
+            for j in range(self.n):
+                self.episodes.begin((lease.lease_id, item.gid, j), sample, encoded)
 
     def advance(self) -> list[tuple[p.Lease, Outcome]]:
-        done = []
-        if self.serving is not None:
-            self.decoder.submit(self.serving.take())
-        for finished in self.decoder.step():
-            if self.serving is not None and self.serving.owns(finished):
-                self.serving.finish(finished)
-                continue
-            lease_id, gid, j = finished.tag
+        if self.serving is not None:  # no leases: the decoder holds harnesses' calls only
+            self.serving.advance(self.decoder)
+            self._advance_validation()
+            return []
+        finished, failed = self.episodes.step()
+        for (lease_id, gid, _), reason in failed:
+            self._fail_group(self.running[lease_id], gid, reason)
+        if self.episodes.stuck >= _MAX_STUCK:
+            raise ActorBroken(f"{self.episodes.stuck} environment calls stuck past their time")
+        for episode in finished:
+            lease_id, gid, j = episode.tag
             running = self.running[lease_id]
-            running.rows.setdefault(gid, {})[j] = finished
+            if gid in running.failed:
+                continue  # counted when its group failed
+            running.rows.setdefault(gid, {})[j] = episode
             running.waiting -= 1
+        done = []
+        for lease_id, running in list(self.running.items()):
             if running.waiting == 0:
                 del self.running[lease_id]
-                tokens = sum(len(f.tokens) for rows in running.rows.values() for f in rows.values())
-                done.append((running.lease, Outcome(self._results(running), tokens=tokens)))
+                done.append((running.lease, self._outcome(running)))
         self._advance_validation()
         return done
+
+    def _fail_group(self, running: _Running, gid: int, reason: str) -> None:
+        """One trajectory failed: its group fails, its siblings stop where they are."""
+        if gid in running.failed:
+            return
+        running.failed[gid] = reason
+        lease_id = running.lease.lease_id
+        finished = running.rows.pop(gid, {})
+        siblings = [(lease_id, gid, j) for j in range(self.n) if j not in finished]
+        self.episodes.cancel(siblings)
+        running.waiting -= len(siblings)  # the one that failed is among them
 
     def abandon(self) -> list[p.Lease]:
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
         self.validation = None  # measured again at the next due version
-        self.decoder = self._decoder(self.model, greedy_only=False)
+        self.episodes = self._episodes(self.model, greedy_only=False)
         if self.serving is not None:
             self.serving.dropped("its decode step failed")
         return leases
 
-    def _results(self, running: _Running) -> tuple[p.Result, ...]:
-        results = []
+    def _outcome(self, running: _Running) -> Outcome:
+        results, tokens = [], 0
         for item in running.lease.items:
-            rows = running.rows[item.gid]
-            prompt = list(rows[0].prompt)
-            rollouts = RolloutsOut.stack(
-                prompt,
-                [(f.tokens, f.logprobs, f.versions, f.truncated) for _, f in sorted(rows.items())],
-            )
+            if item.gid in running.failed:
+                continue
+            rows = [episode for _, episode in sorted(running.rows[item.gid].items())]
+            sequences = [
+                Sampled(e.tokens, e.logprobs, e.versions, e.trained, e.truncated, owner)
+                for owner, e in enumerate(rows)
+            ]
+            rewards = None if self.environment is None else [e.reward for e in rows]
+            try:
+                rollouts = RolloutsOut.from_sequences(sequences, rewards)
+            except ValueError as error:  # e.g. an environment whose resets share no token
+                running.failed[item.gid] = f"group of sequences refused: {error}"
+                continue
+            tokens += rollouts.trained_tokens()
             results.append(p.Result(item.gid, rollouts.to_payload(), rollouts.behaviour()))
-        return tuple(results)
+        failed = tuple(sorted(running.failed.items()))
+        return Outcome(tuple(results), tokens=tokens, failed=failed)
 
     # --- validation ----------------------------------------------------------------------
 
@@ -239,15 +310,14 @@ class Generate(StreamingActor):
         v = self.validation
         if v is None:
             return
-        for finished in v.decoder.step():
-            response = self.codec.decode(finished.tokens)
-            try:
-                reward = self.reward(v.samples[finished.tag], response)
-            except TaskError as error:
-                log.warning("validation reward failed", version=v.version, reason=str(error))
-                reward, v.errors = 0.0, v.errors + 1
-            v.rewards.append(reward)
-        if v.decoder.busy:
+        finished, failed = v.episodes.step()
+        for _, reason in failed:
+            log.warning("validation episode failed", version=v.version, reason=reason)
+            v.rewards.append(0.0)
+            v.errors += 1
+        for episode in finished:
+            v.rewards.append(self._validation_reward(v, episode))
+        if v.episodes.busy:
             return
         rewards = np.asarray(v.rewards, np.float64)
         metrics = {
@@ -258,6 +328,16 @@ class Generate(StreamingActor):
         }
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
         self.validation = None
+
+    def _validation_reward(self, v: _Validation, episode: EpisodeDone) -> float:
+        if episode.reward is not None:
+            return episode.reward  # what the environment paid
+        try:
+            return self.reward(v.samples[episode.tag], self.codec.decode(episode.last_turn))
+        except TaskError as error:
+            log.warning("validation reward failed", version=v.version, reason=str(error))
+            v.errors += 1
+            return 0.0
 
     def on_stop(self) -> None:
         if self.serving is not None:

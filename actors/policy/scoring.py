@@ -46,11 +46,11 @@ def pack(
     mask = torch.zeros(len(prompts), longest)
     for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         ids[row, : len(prompt) + len(response)] = torch.tensor([*prompt, *response])
-        mask[row, : len(response)] = (
-            1.0
-            if trained is None
-            else torch.tensor([bool(t) for t in trained[row][: len(response)]], dtype=torch.float32)
-        )
+        if trained is None:
+            mask[row, : len(response)] = 1.0
+        else:
+            counted = [bool(t) for t in trained[row][: len(response)]]
+            mask[row, : len(response)] = torch.tensor(counted, dtype=torch.float32)
     starts = torch.tensor([len(p) for p in prompts])
     lengths = torch.tensor([len(r) for r in responses])
     return Packed(ids, starts, lengths, mask)

@@ -1,6 +1,14 @@
-"""Make the embedded base model: a short, seeded supervised warm-up on the embedded task.
+"""Make the embedded base models: a short, seeded supervised warm-up on an embedded task.
 
     python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 1000]
+    python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.calculator:task \
+        --out asyncrl/actors/policy/embedded_calculator --slip 0.7
+
+The calculator model (``model.path: embedded-calculator``) learns from tool-use
+trajectories (:mod:`asyncrl.actors.tasks.calculator`) whose habits are mostly bad:
+``--slip`` of them call the calculator on the product alone (four in five of those) or
+guess without it; it is scored by playing whole episodes against the calculator. The
+calculator's answers are in the demonstrations but not trained on, as in RL.
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
@@ -31,7 +39,8 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.actors.tasks import Task, load_task
+from asyncrl.actors.episodes import EpisodeLimits, Episodes
+from asyncrl.actors.tasks import Task, calculator, load_task
 from asyncrl.actors.tasks.arithmetic import Arithmetic
 
 from .checkpoint import EMBEDDED_DIR, save_model
@@ -88,6 +97,52 @@ def validation_reward(
     return total / prompts
 
 
+def calculator_reward(model: CausalLM, codec: TextCodec, prompts: int, *, slots: int = 64) -> float:
+    """Mean reward of greedy calculator episodes on the first ``prompts`` validation samples."""
+    decoder = Decoder(
+        model,
+        slots=slots,
+        max_new_tokens=16,
+        max_prompt_tokens=48,
+        eos_id=codec.eos_ids,
+        pad_id=codec.pad_id,
+    )
+    episodes = Episodes(
+        decoder,
+        codec,
+        environment=calculator.Calculator,
+        name="calculator",
+        limits=EpisodeLimits(max_turns=3, max_total_tokens=64, step_timeout_s=0.0),
+        stop_ids=codec.encode("]"),
+    )
+    for i in range(prompts):
+        episodes.begin(i, calculator.task.sample("validation", i), (), greedy=True)
+    total = 0.0
+    while episodes.busy:
+        done, failed = episodes.step()
+        assert not failed, failed
+        total += sum(e.reward or 0.0 for e in done)
+    model.train()
+    return total / prompts
+
+
+def _calculator_batch(codec: TextCodec, start: int, size: int, slip: float, seed: int):
+    prompts, responses, trained = [], [], []
+    for i in range(_SFT_OFFSET + start, _SFT_OFFSET + start + size):
+        sample = calculator.task.sample("train", i)
+        draw = random.Random(seed * 1_000_003 + i).random()
+        habit = "full" if draw >= slip else "product" if draw < 0.8 * slip else "guess"
+        tokens, mask = [], []
+        for text, is_model in calculator.task.demonstration(sample, habit):
+            encoded = codec.encode(text)
+            tokens += encoded
+            mask += [is_model] * len(encoded)
+        prompts.append(codec.encode(sample.prompt))
+        responses.append([*tokens, codec.eos_id])
+        trained.append([*mask, True])
+    return pack(prompts, responses, codec.pad_id, trained)
+
+
 def _batch(task: Arithmetic, codec: TextCodec, start: int, size: int, slip: float, seed: int):
     indices = range(_SFT_OFFSET + start, _SFT_OFFSET + start + size)
     samples = [task.sample("train", i) for i in indices]
@@ -104,13 +159,15 @@ def train(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     task = load_task(args.task)
-    if not isinstance(task, Arithmetic):
-        raise SystemExit(f"--task {args.task}: the warm-up knows only the arithmetic task")
-    data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
+    tools = isinstance(task, calculator.CalculatorTask)
+    if not (tools or isinstance(task, Arithmetic)):
+        raise SystemExit(
+            f"--task {args.task}: the warm-up knows the arithmetic and calculator tasks"
+        )
     source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
     config = BASE_CONFIG | {"eos_token_id": 1, "pad_token_id": 0}
     (source / "config.json").write_text(json.dumps(config))
-    tokenizer = build_char_tokenizer(ALPHABET)
+    tokenizer = build_char_tokenizer(calculator.ALPHABET if tools else ALPHABET)
     assert tokenizer.token_to_id(EOS) == 1 and tokenizer.token_to_id(PAD) == 0
     write_tokenizer_files(tokenizer, source)
     codec = TextCodec.from_dir(source)
@@ -120,7 +177,11 @@ def train(args: argparse.Namespace) -> Path:
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 50)
-        packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
+        if tools:
+            packed = _calculator_batch(codec, step * args.batch, args.batch, args.slip, args.seed)
+        else:
+            data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
+            packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
         logprobs = response_logprobs(model, packed)
         loss = -(logprobs.sum() / packed.mask.sum())
         optimizer.zero_grad()
@@ -128,7 +189,10 @@ def train(args: argparse.Namespace) -> Path:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % args.eval_every == 0:
-            reward = validation_reward(model, codec, task, args.val_prompts)
+            if tools:
+                reward = calculator_reward(model, codec, args.val_prompts)
+            else:
+                reward = validation_reward(model, codec, task, args.val_prompts)
             elapsed = time.monotonic() - started
             print(
                 f"step {step:5d}  loss {loss.item():.4f}  val reward {reward:.3f}  {elapsed:.0f}s",

@@ -21,7 +21,7 @@ __all__ = ["Bridge", "ServeTag"]
 
 @dataclass(frozen=True, slots=True)
 class ServeTag:
-    """The decoder tag of a served request (a lease's sequences have tuple tags)."""
+    """The decoder tag of a served request."""
 
     number: int
 
@@ -55,9 +55,6 @@ class Bridge:
         with self._lock:
             taken, self._queued = self._queued, []
         return taken
-
-    def owns(self, finished: Finished) -> bool:
-        return isinstance(finished.tag, ServeTag)
 
     def finish(self, finished: Finished) -> None:
         with self._lock:

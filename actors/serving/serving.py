@@ -20,7 +20,7 @@ from asyncrl.runtime.rundir import RunDir
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError
 from ..policy.checkpoint import model_dir
-from ..policy.decoder import Finished, Request
+from ..policy.decoder import Decoder
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge
 from .directory import ApiDirectory, ApiEntry
@@ -77,14 +77,12 @@ class Serving:
         )
         self.directory.publish(entry)
 
-    def take(self) -> list[Request]:
-        return self.bridge.take()
-
-    def owns(self, finished: Finished) -> bool:
-        return self.bridge.owns(finished)
-
-    def finish(self, finished: Finished) -> None:
-        self.bridge.finish(finished)
+    def advance(self, decoder: Decoder) -> None:
+        """One decode step: the calls queued since the last join the batch, and the calls
+        that finish are answered. ``decoder`` holds served calls only."""
+        decoder.submit(self.bridge.take())
+        for finished in decoder.step():
+            self.bridge.finish(finished)
 
     @property
     def busy(self) -> bool:

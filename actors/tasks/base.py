@@ -17,6 +17,7 @@ __all__ = [
     "Task",
     "TaskError",
     "check_reward",
+    "import_path",
     "load_task",
     "validation_samples",
 ]
@@ -52,7 +53,7 @@ class Task(Protocol):
 
 def load_task(path: str) -> Task:
     """The task at ``path`` (``package.module:attr``), checked against :class:`Task`."""
-    task = _import(path, "data.task")
+    task = import_path(path, "data.task")
     if not isinstance(task, Task):
         missing = [name for name in ("name", "sample", "reward") if not hasattr(task, name)]
         raise TaskError(f"data.task={path!r}: not a task (missing {', '.join(missing)})")
@@ -97,7 +98,7 @@ class RewardFunction:
             if task is None:
                 raise TaskError(f"{task_path}: the task's own reward needs the task loaded")
             return cls(task.reward, task_path, timeout_s)
-        function = _import(reward_path, "data.reward")
+        function = import_path(reward_path, "data.reward")
         if not callable(function):
             raise TaskError(f"data.reward={reward_path!r}: not callable")
         return cls(function, reward_path, timeout_s)
@@ -128,7 +129,8 @@ def check_reward(value: Any, *, task: str) -> float:
     return float(value)
 
 
-def _import(path: str, key: str) -> Any:
+def import_path(path: str, key: str) -> Any:
+    """The attribute at ``path`` (``package.module:attr``); a TaskError naming ``key``."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise TaskError(f"{key}={path!r}: expected an import path 'package.module:attr'")

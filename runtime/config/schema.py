@@ -83,6 +83,32 @@ class DataSection:
         default_factory=list,
         metadata=doc("the validation rows that go with data.train_files", one_or_list=True),
     )
+    environment: str = field(
+        default="",
+        metadata=doc(
+            "multi-turn environment plug-in (module:attr, a class with reset(sample) and "
+            "step(action)), one per trajectory; it pays the reward; empty: single-turn"
+        ),
+    )
+    max_turns: int = field(
+        default=4, metadata=doc("model turns per trajectory with an environment", min=1)
+    )
+    max_total_tokens: int = field(
+        default=0,
+        metadata=doc(
+            "tokens per trajectory with an environment: prompt, turns and observations; "
+            "0 = model.max_prompt_tokens + model.max_new_tokens",
+            min=0,
+        ),
+    )
+    env_step_timeout_s: float = field(
+        default=30.0,
+        metadata=doc(
+            "an environment's reset or step still running after this long fails its group; "
+            "0 = no limit",
+            min=0,
+        ),
+    )
     group_size: int = field(
         default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
     )
@@ -122,6 +148,12 @@ class DataSection:
             raise ValueError(
                 "val_files: got none with data.train_files set; allowed: the validation "
                 "files, or data.val_every_versions=0"
+            )
+        # The environment pays the reward; a reward function too would be silently unused.
+        if self.environment and self.reward:
+            raise ValueError(
+                f"reward: got {self.reward!r} with data.environment set; allowed: empty "
+                "(the environment's step rewards are the reward)"
             )
 
 

@@ -48,10 +48,7 @@ def served(tmp_path: Path) -> Iterator[tuple[ApiEntry, Decoder]]:
 
     def decode() -> None:  # the generate worker's main thread, in short
         while not stop.is_set():
-            decoder.submit(serving.take())
-            finished = decoder.step()
-            for f in finished:
-                serving.finish(f)
+            serving.advance(decoder)
             if not decoder.busy:
                 time.sleep(0.002)
 
