@@ -218,7 +218,9 @@ class Generate(StreamingActor):
 
     def capacity(self) -> int:
         if self.serving is not None:
-            return 0  # the harnesses hold the generate stage
+            # The harnesses hold the generate stage, so no claim brings a lease; claiming
+            # now and then is how a serving generator hears that the run is over.
+            return 1
         return max(0, self.decoder.free_slots // self.n)
 
     @property

@@ -19,6 +19,7 @@ __all__ = [
     "PreflightError",
     "check_device",
     "check_engine",
+    "check_harness",
     "check_model",
     "check_task",
     "load_actor_class",
@@ -124,3 +125,31 @@ def check_device(cfg: RunConfig) -> list[str]:
         if not torch.cuda.is_available():
             return ["backends.device='cuda', but torch sees no CUDA device on this machine"]
     return []
+
+
+def check_harness(cfg: RunConfig) -> list[str]:
+    """``data.harness`` is an async function, and nothing else claims the reward."""
+    from .serving.sessions import load_harness
+    from .tasks import TaskError
+
+    data = cfg.data
+    problems = []
+    if data.environment:
+        problems.append(
+            f"data.harness={data.harness!r} with data.environment={data.environment!r}: "
+            "a run has one or the other (the harness drives its own turns)"
+        )
+    if data.reward:
+        problems.append(
+            f"data.reward={data.reward!r} with data.harness set: leave it empty (the rewards "
+            "the harness returns are the reward)"
+        )
+    try:
+        load_harness(data.harness)
+    except TaskError as error:
+        problems.append(_one_line(str(error)))
+    except Exception as error:  # the plug-in's module raised as it was imported
+        problems.append(
+            _one_line(f"data.harness={data.harness!r}: {type(error).__name__}: {error}")
+        )
+    return problems

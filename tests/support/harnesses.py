@@ -13,26 +13,26 @@ async def ask_once(sample, client) -> float:
     return task.reward(sample, done.choices[0].text)
 
 
-async def fails_on_carries(sample, client) -> float:
-    """Raises on prompts whose first digits sum past 9; else as ask_once."""
+async def misbehaves(sample, client) -> object:
+    """As ask_once, but by the sum of the two last digits: 10 raises, 11 hangs past any
+    time limit, 12 returns text."""
     reward = await ask_once(sample, client)
-    if _carries(sample.prompt):
+    kind = last_digits_sum(sample.prompt)
+    if kind == 10:
         raise ValueError(f"planted failure on {sample.prompt}")
-    return reward
-
-
-async def hangs_on_carries(sample, client) -> float:
-    reward = await ask_once(sample, client)
-    if _carries(sample.prompt):
+    if kind == 11:
         await asyncio.sleep(3600)
-    return reward
+    return "yes" if kind == 12 else reward
 
 
-async def says_yes_on_carries(sample, client) -> object:
-    reward = await ask_once(sample, client)
-    return "yes" if _carries(sample.prompt) else reward
+async def never_calls(sample, client) -> float:
+    return 1.0
 
 
-def _carries(prompt: str) -> bool:
+def not_async(sample, client) -> float:
+    return 1.0
+
+
+def last_digits_sum(prompt: str) -> int:
     left, right = prompt.rstrip("=").split("+")
-    return int(left[-1]) + int(right[-1]) > 9
+    return int(left[-1]) + int(right[-1])

@@ -1,0 +1,180 @@
+"""The ``harness`` role: pending → generated, by agent harnesses driving the generators.
+
+With ``data.harness`` set, this role holds the generate stage (runtime/config/pipeline.py)
+and the generate workers serve an OpenAI-compatible API instead of claiming leases
+(:mod:`.serving`). Consumes ``transition.*.pending`` wake-ups; produces one
+:class:`RolloutsOut` per group: each of ``data.group_size`` harness sessions is one
+trajectory, its calls merged into sequences exactly as the generators sampled them (loss
+mask, per-token log-probs and versions), with the reward its harness returned, which the
+reward role keeps. Sessions run on an asyncio loop of this worker's own
+(:mod:`.serving.sessions`), so a slow harness holds up neither the worker's talk with the
+scheduler nor any generator.
+
+A session that raises, outlives ``data.harness_timeout_s``, returns a non-number or
+makes no model call fails its group with the reason (tried again, then reported dead),
+never the run. A harness that blocks the loop (blocking code in an async function) stops
+every session of this worker; once groups outlive twice their time the worker gives them
+back and leaves, to be started afresh.
+
+Versions: the scheduler admits work under the staleness bound by the version its claimant
+has loaded; a harness loads no weights, its tokens come from the generators. It reports
+the oldest version the live generators run (their API entries, :mod:`.serving.directory`),
+never going back, and sends sessions only to generators at least that new: every token of
+a group is at least as new as the version it was claimed under.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport import protocol as p
+
+from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from .payloads import PromptIn, RolloutsOut
+from .preflight import check_harness
+from .serving.directory import ApiDirectory, ApiEntry
+from .serving.sessions import HarnessFailed, SessionRunner, load_harness
+from .tasks import Sample
+
+__all__ = ["Harness"]
+
+_LOOK_EVERY_S = 0.05  # how often the generators' entries are read again
+_WAIT_S = 0.02  # advance waits this long for a group to finish before giving the loop back
+_GRACE_S = 30.0  # beyond twice the session time: collecting records, a slow start
+
+
+@dataclass
+class _Running:
+    lease: p.Lease
+    groups: dict[int, concurrent.futures.Future]  # gid → its sessions' result
+    overdue_at: float
+
+
+class Harness(StreamingActor):
+    role: ClassVar[str] = Role.HARNESS.value
+
+    @classmethod
+    def check(cls, cfg: RunConfig) -> list[str]:
+        return check_harness(cfg)
+
+    def __init__(self) -> None:
+        self.running: dict[int, _Running] = {}
+        self.loaded: int | None = None  # the oldest version the generators run, as reported
+        self.usable: list[ApiEntry] = []  # live generators at least that new
+        self._looked_at = -math.inf
+        self._finished = threading.Event()
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        data = ctx.config.data
+        self.ctx = ctx
+        self.n = data.group_size
+        self.name = data.harness
+        self.timeout_s = data.harness_timeout_s
+        self.directory = ApiDirectory(RunDir.of(ctx.config).api_servers)
+        # Claim only what the sessions can start on soon: a group claimed early waits
+        # while its staleness budget runs.
+        self.groups_at_once = max(1, math.ceil(data.harness_concurrency / self.n))
+        self.runner = SessionRunner(
+            load_harness(data.harness),
+            data.harness,
+            timeout_s=self.timeout_s,
+            concurrency=data.harness_concurrency,
+            servers=lambda: self.usable,  # read on the sessions' thread: one list, swapped
+        )
+
+    # --- versions ------------------------------------------------------------------------
+
+    def on_version(self, version: int) -> int | None:
+        self._look()
+        return self.loaded
+
+    def _look(self) -> None:
+        """Read the generators' entries again (at most every _LOOK_EVERY_S)."""
+        now = time.monotonic()
+        if now - self._looked_at < _LOOK_EVERY_S:
+            return
+        self._looked_at = now
+        live = self.directory.live()
+        if live:
+            oldest = min(entry.version for entry in live)
+            self.loaded = oldest if self.loaded is None else max(self.loaded, oldest)
+        floor = self.loaded
+        self.usable = [e for e in live if floor is not None and e.version >= floor]
+
+    # --- leases --------------------------------------------------------------------------
+
+    def capacity(self) -> int:
+        self._look()
+        if self.loaded is None or not self.usable:
+            return 0
+        return 1 if len(self.running) < self.groups_at_once else 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.running)
+
+    def admit(self, lease: p.Lease) -> None:
+        groups = {}
+        for item in lease.items:
+            prompt = PromptIn.of(item)
+            sample = Sample(prompt.prompt, prompt.answer)
+            # Unique across workers, retries and restarts: a session's records are its own.
+            prefix = f"{self.ctx.worker}-{lease.lease_id}-{item.gid}-{secrets.token_hex(4)}"
+            future = self.runner.run_group(sample, self.n, prefix)
+            future.add_done_callback(lambda _: self._finished.set())
+            groups[item.gid] = future
+        overdue_at = time.monotonic() + 2 * self.timeout_s + _GRACE_S
+        self.running[lease.lease_id] = _Running(lease, groups, overdue_at)
+
+    def advance(self) -> list[tuple[p.Lease, Outcome]]:
+        self._finished.wait(_WAIT_S)
+        self._finished.clear()
+        self._look()
+        done, now = [], time.monotonic()
+        for lease_id, running in list(self.running.items()):
+            if all(future.done() for future in running.groups.values()):
+                del self.running[lease_id]
+                done.append((running.lease, self._outcome(running)))
+            elif now > running.overdue_at:
+                raise ActorBroken(
+                    f"harness {self.name!r}: sessions still running {now - running.overdue_at:.0f}"
+                    f" s past twice data.harness_timeout_s; blocking code in an async harness "
+                    "stalls its event loop"
+                )
+        return done
+
+    def _outcome(self, running: _Running) -> Outcome:
+        results, failed, tokens = [], [], 0
+        for gid, future in running.groups.items():
+            try:
+                sequences, rewards = future.result()
+                rollouts = RolloutsOut.from_sequences(sequences, rewards)
+            except HarnessFailed as error:
+                failed.append((gid, str(error)))
+                continue
+            except Exception as error:  # e.g. sessions whose prompts share no first token
+                failed.append((gid, f"harness {self.name!r}: {type(error).__name__}: {error}"))
+                continue
+            tokens += rollouts.trained_tokens()
+            results.append(p.Result(gid, rollouts.to_payload(), rollouts.behaviour()))
+        return Outcome(tuple(results), tokens=tokens, failed=tuple(failed))
+
+    def abandon(self) -> list[p.Lease]:
+        for running in self.running.values():
+            for future in running.groups.values():
+                future.cancel()
+        leases = [running.lease for running in self.running.values()]
+        self.running.clear()
+        return leases
+
+    def on_stop(self) -> None:
+        self.runner.stop()

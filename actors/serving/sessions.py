@@ -1,0 +1,191 @@
+"""A group's harness sessions, run on an asyncio loop of the harness worker's own.
+
+A harness is a plain async function ``run(sample, client) -> reward`` written against the
+official ``openai`` client. For each of a group's ``data.group_size`` trajectories the
+runner binds an ``AsyncOpenAI`` client to a fresh session on one of the live generators
+(the session id is in its ``base_url``), awaits the harness under
+``data.harness_timeout_s``, collects what the session's calls sampled from that
+generator, and merges it into sequences (:mod:`.merge`). The group's trajectories run
+concurrently; at most ``data.harness_concurrency`` sessions run at once per worker.
+
+A session that raises, outlives its time, returns a non-number or makes no model call
+fails its group with the reason (:class:`HarnessFailed`), and the group's other sessions
+are cancelled; the worker gives the group back with that reason. Nothing a harness does
+reaches the generators but HTTP calls, so a harness that hangs holds up its own session
+only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import threading
+import urllib.request
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+
+from ..payloads import Sampled
+from ..tasks import Sample, TaskError, check_reward
+from ..tasks.base import import_path
+from .directory import ApiEntry
+from .merge import merge_calls
+from .records import CallRecord, decode_records
+
+__all__ = ["HarnessFailed", "HarnessFunction", "SessionRunner", "load_harness"]
+
+HarnessFunction = Callable[[Sample, openai.AsyncOpenAI], Awaitable[Any]]
+
+_COLLECT_S = 10.0  # to fetch a session's records from its generator
+_NO_SERVER_POLL_S = 0.05  # how often a session waiting for a live generator looks again
+
+
+class HarnessFailed(Exception):
+    """A session of the group failed; the message is the group's reason."""
+
+
+def load_harness(path: str) -> HarnessFunction:
+    """``data.harness``'s function; TaskError naming the key if it is not one."""
+    function = import_path(path, "data.harness")
+    if not asyncio.iscoroutinefunction(function):
+        raise TaskError(
+            f"data.harness={path!r}: not an async function (expected async def run(sample, "
+            "client) -> reward)"
+        )
+    return function
+
+
+class SessionRunner:
+    """Runs groups of harness sessions on a loop of its own thread.
+
+    ``servers()`` gives the generators a session may use now (called on the loop's thread;
+    it must be safe from there).
+    """
+
+    def __init__(
+        self,
+        function: HarnessFunction,
+        name: str,
+        *,
+        timeout_s: float,
+        concurrency: int,
+        servers: Callable[[], list[ApiEntry]],
+    ) -> None:
+        self.function, self.name, self.timeout_s = function, name, timeout_s
+        self.servers = servers
+        self._turn = itertools.count()  # round robin over the live generators
+        self.loop = asyncio.new_event_loop()
+        self._limit = asyncio.Semaphore(concurrency)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="harness-sessions")
+        self._thread.daemon = True  # a harness stuck in blocking code cannot keep us alive
+        self._thread.start()
+
+    def run_group(
+        self, sample: Sample, n: int, session_prefix: str
+    ) -> concurrent.futures.Future[tuple[list[Sampled], list[float]]]:
+        """Start ``n`` sessions of ``sample``; the future gives every trajectory's
+        sequences and the rewards, or raises HarnessFailed with the reason."""
+        group = self._group(sample, n, session_prefix)
+        return asyncio.run_coroutine_threadsafe(group, self.loop)
+
+    def stop(self) -> None:
+        """Cancel every session and end the loop."""
+
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)
+
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(cancel_all)
+        self._thread.join(_COLLECT_S)
+
+    # --- on the loop ----------------------------------------------------------------------
+
+    async def _group(
+        self, sample: Sample, n: int, prefix: str
+    ) -> tuple[list[Sampled], list[float]]:
+        try:
+            async with asyncio.TaskGroup() as sessions:
+                tasks = [sessions.create_task(self._session(sample, j, prefix)) for j in range(n)]
+        except* HarnessFailed as failures:
+            raise HarnessFailed(str(failures.exceptions[0])) from None
+        sequences: list[Sampled] = []
+        rewards = []
+        for task in tasks:
+            merged, reward = task.result()
+            sequences += merged
+            rewards.append(reward)
+        return sequences, rewards
+
+    async def _session(self, sample: Sample, j: int, prefix: str) -> tuple[list[Sampled], float]:
+        where = f"harness {self.name!r}, session {j}"
+        async with self._limit:
+            session = f"{prefix}-{j}"
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    server = await self._server()
+                    reward = await self._run(sample, server, session)
+            except TimeoutError:
+                raise HarnessFailed(
+                    f"{where}: still running after {self.timeout_s:g} s (data.harness_timeout_s)"
+                ) from None
+            except Exception as error:
+                raise HarnessFailed(f"{where}: {type(error).__name__}: {error}") from error
+        try:
+            reward = check_reward(reward, task=self.name)
+        except TaskError as error:
+            raise HarnessFailed(f"{where}: {error}") from None
+        sequences = merge_calls(await self._collect(server, session, where), j)
+        if not sequences:
+            raise HarnessFailed(f"{where}: made no model call, so there is nothing to train")
+        return sequences, reward
+
+    async def _run(self, sample: Sample, server: ApiEntry, session: str) -> Any:
+        client = openai.AsyncOpenAI(
+            base_url=server.session_url(session),
+            api_key=server.key,
+            max_retries=0,  # a retried call would be sampled twice, and recorded twice
+            timeout=self.timeout_s,
+        )
+        try:
+            return await self.function(sample, client)
+        except BaseException:
+            # What was recorded is not trained: free it on the generator now.
+            await asyncio.shield(self._collect_quietly(server, session))
+            raise
+        finally:
+            await client.close()
+
+    async def _server(self) -> ApiEntry:
+        """The next live generator in turn, once there is one (within the session's time)."""
+        while True:
+            live = self.servers()
+            if live:
+                return live[next(self._turn) % len(live)]
+            await asyncio.sleep(_NO_SERVER_POLL_S)
+
+    async def _collect(self, server: ApiEntry, session: str, where: str) -> list[CallRecord]:
+        try:
+            return await asyncio.to_thread(_fetch_records, server, session)
+        except Exception as error:
+            raise HarnessFailed(
+                f"{where}: its calls' records could not be fetched from {server.worker} "
+                f"({server.url}): {type(error).__name__}: {error}"
+            ) from None
+
+    async def _collect_quietly(self, server: ApiEntry, session: str) -> None:
+        with contextlib.suppress(Exception):  # else the generator drops them in time
+            await asyncio.to_thread(_fetch_records, server, session)
+
+
+def _fetch_records(server: ApiEntry, session: str) -> list[CallRecord]:
+    request = urllib.request.Request(
+        f"{server.url}/sessions/{session}/record",
+        headers={"Authorization": f"Bearer {server.key}"},
+    )
+    with urllib.request.urlopen(request, timeout=_COLLECT_S) as reply:
+        return decode_records(reply.read())
