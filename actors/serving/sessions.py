@@ -21,6 +21,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import math
+import numbers
 import threading
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -29,7 +31,7 @@ from typing import Any
 import openai
 
 from ..payloads import Sampled
-from ..tasks import Sample, TaskError, check_reward
+from ..tasks import Sample, TaskError
 from ..tasks.base import import_path
 from .directory import ApiEntry
 from .merge import merge_calls
@@ -135,10 +137,11 @@ class SessionRunner:
                 ) from None
             except Exception as error:
                 raise HarnessFailed(f"{where}: {type(error).__name__}: {error}") from error
-        try:
-            reward = check_reward(reward, task=self.name)
-        except TaskError as error:
-            raise HarnessFailed(f"{where}: {error}") from None
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            shown = f"{reward!r}"[:80]
+            kind = type(reward).__name__
+            raise HarnessFailed(f"{where}: returned {shown} ({kind}), not a finite number")
+        reward = float(reward)
         sequences = merge_calls(await self._collect(server, session, where), j)
         if not sequences:
             raise HarnessFailed(f"{where}: made no model call, so there is nothing to train")

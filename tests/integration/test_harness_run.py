@@ -1,0 +1,93 @@
+"""``asyncrl run`` with an agent harness (``data.harness``): real processes, the embedded
+model, the official openai client. The harness role holds the generate stage; the
+generator serves the harness's calls over HTTP and keeps following weight versions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import processes_mentioning
+from tests.support.default_run import records, steps
+
+pytestmark = pytest.mark.timeout(240)
+
+STEPS = 3
+
+
+def run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    run_dir = tmp_path / "run"
+    argv = [
+        sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
+        "-c", "deploy/configs/default.yaml", f"run.dir={run_dir}",
+        "scheduler.control_port=0", "scheduler.events_port=0",
+        f"run.total_steps={STEPS}", *overrides,
+    ]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, timeout=200), run_dir
+
+
+def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path) -> None:
+    done, run_dir = run(
+        tmp_path, "data.harness=tests.support.harnesses:ask_once", "data.val_every_versions=2"
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = steps(run_dir)
+    assert [s["step"] for s in lines] == list(range(1, STEPS + 1))
+    keys = [key for s in lines for key in s["keys"]]
+    assert len(keys) == len(set(keys)) == STEPS * 8
+    # The harness's rewards were kept: the embedded model gets about half the sums right.
+    assert all(0 < s["reward_mean"] < 1 for s in lines)
+    assert all(0 <= s["staleness_max"] <= 2 for s in lines)
+    # The generator's log-probs of a version are logp's own (proximal reuse held).
+    assert all(s["logprob_mismatch"] < 1e-4 for s in lines if s["same_version_tokens"])
+    # The serving generator followed the versions and validated beside serving.
+    loads = [json.loads(x) for x in (run_dir / "weights.jsonl").read_text().splitlines()]
+    assert {x["version"] for x in loads} >= {1, 2}
+    assert (run_dir / "validation.jsonl").read_text().strip()
+    assert records(run_dir, "generate-0", "serving the OpenAI API for harnesses")
+    assert list((run_dir / "api-servers").iterdir()) == []  # withdrawn on the way out
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def test_a_harness_that_raises_hangs_or_returns_text_fails_its_group_not_the_run(
+    tmp_path: Path,
+) -> None:
+    done, run_dir = run(
+        tmp_path,
+        "data.harness=tests.support.harnesses:misbehaves",
+        "data.harness_timeout_s=2",
+        "data.val_every_versions=0",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert [s["step"] for s in steps(run_dir)] == list(range(1, STEPS + 1))
+    reasons = {r["reason"] for r in records(run_dir, "harness-0", "group failed")}
+    name = "harness 'tests.support.harnesses:misbehaves'"
+    # The seeded order of prompts puts each kind among the first groups every run needs.
+    assert any(r.startswith(name) and "ValueError: planted failure on" in r for r in reasons)
+    assert any("still running after 2 s (data.harness_timeout_s)" in r for r in reasons)
+    assert any("returned 'yes' (str), not a finite number" in r for r in reasons)
+    died = records(run_dir, "scheduler", "groups died")
+    assert died and all(name in d["reason"] and "attempt 3 of 3" in d["reason"] for d in died)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.parametrize(
+    ("harness", "message"),
+    [
+        ("tests.support.harnesses:not_async", "not an async function"),
+        ("tests.support.nowhere:run", "cannot import 'tests.support.nowhere'"),
+        ("tests.support.harnesses", "expected an import path"),
+    ],
+)
+def test_a_bad_harness_stops_the_run_before_anything_starts(
+    tmp_path: Path, harness: str, message: str
+) -> None:
+    done, run_dir = run(tmp_path, f"data.harness={harness}")
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"asyncrl: data.harness={harness!r}: ") and message in line
+    assert not (run_dir / "journal").exists()
