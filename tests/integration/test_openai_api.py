@@ -45,16 +45,21 @@ def served(tmp_path: Path) -> Iterator[tuple[ApiEntry, Decoder]]:
         version=VERSION,
     )  # fmt: skip
     stop = threading.Event()
+    loads: list[int] = []  # versions to load: after the next step with a sequence in flight
 
     def decode() -> None:  # the generate worker's main thread, in short
         while not stop.is_set():
+            running = bool(decoder.active)
             serving.advance(decoder)
+            if loads and running:  # as on_version does, between two decode steps
+                decoder.load(model.state_dict(), loads.pop())
             if not decoder.busy:
                 time.sleep(0.002)
 
     loop = threading.Thread(target=decode, daemon=True)
     loop.start()
     (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
+    decoder.loads = loads  # type: ignore[attr-defined]
     try:
         yield entry, decoder
     finally:
@@ -156,3 +161,21 @@ def test_a_wrong_key_is_refused(served) -> None:
     wrong = openai.OpenAI(base_url=entry.session_url("k"), api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model="policy", prompt="1+1=")
+
+
+def test_a_version_loaded_during_a_call_is_recorded_per_token(served) -> None:
+    entry, decoder = served
+    api = client(entry, "v")
+    for _ in range(10):  # until a call runs long enough for a load to land inside it
+        before = decoder.version
+        decoder.loads[:] = [before + 1]
+        api.completions.create(model="policy", prompt="12+34=", max_tokens=12)
+        (call,) = records(entry, "v")
+        if len(set(call.versions)) > 1:
+            break
+    assert call.versions == sorted(call.versions)
+    assert call.versions[0] == before and call.versions[-1] == before + 1
+    # The next call samples under the new version from its first token.
+    api.completions.create(model="policy", prompt="12+34=", max_tokens=2)
+    (after,) = records(entry, "v")
+    assert set(after.versions) == {before + 1}
