@@ -65,6 +65,7 @@ class Serving:
         self.server = ApiServer(app, cfg.data.harness_host)
         self.directory = ApiDirectory(RunDir.of(cfg).api_servers)
         self.worker = worker
+        self.served = 0  # calls answered
         self._key = settings.token
         self.server.start()
         self.loaded(version)
@@ -83,6 +84,7 @@ class Serving:
         decoder.submit(self.bridge.take())
         for finished in decoder.step():
             self.bridge.finish(finished)
+            self.served += 1
 
     @property
     def busy(self) -> bool:
@@ -96,3 +98,9 @@ class Serving:
         self.directory.withdraw(self.worker)
         self.bridge.fail_all("the generator is stopping")
         self.server.stop()
+        log.info(
+            "stopped serving",
+            worker=self.worker,
+            calls=self.served,
+            sessions_dropped_uncollected=self.records.dropped,
+        )

@@ -32,7 +32,10 @@ def run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[st
 
 def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path) -> None:
     done, run_dir = run(
-        tmp_path, "data.harness=tests.support.harnesses:ask_once", "data.val_every_versions=2"
+        tmp_path,
+        "data.harness=tests.support.harnesses:ask_once",
+        "data.val_every_versions=2",
+        "pipeline.workers.generate=2",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = steps(run_dir)
@@ -48,7 +51,10 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
     loads = [json.loads(x) for x in (run_dir / "weights.jsonl").read_text().splitlines()]
     assert {x["version"] for x in loads} >= {1, 2}
     assert (run_dir / "validation.jsonl").read_text().strip()
-    assert records(run_dir, "generate-0", "serving the OpenAI API for harnesses")
+    # Sessions went to both generators, and every session's records were collected.
+    for generator in ("generate-0", "generate-1"):
+        (stopped,) = records(run_dir, generator, "stopped serving")
+        assert stopped["calls"] > 0 and stopped["sessions_dropped_uncollected"] == 0
     assert list((run_dir / "api-servers").iterdir()) == []  # withdrawn on the way out
     assert processes_mentioning(str(run_dir)) == []
 
