@@ -4,14 +4,16 @@ The HTTP side (uvicorn's event loop, on its own thread) submits token ids and ge
 future; the generator's main thread takes what was submitted into its decoder between
 two decode steps, beside the sequences of its leases, and resolves each future as its
 sequence finishes. Only the main thread touches the model: a slow client never holds a
-decode step, and weights still load between steps.
+decode step, and weights still load between steps. A request whose future is cancelled
+(its HTTP handler was) leaves the decoder at the next step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 from ..policy.decoder import Finished, Request
@@ -34,6 +36,7 @@ class Bridge:
         self._numbers = itertools.count()
         self._queued: list[Request] = []
         self._futures: dict[ServeTag, Future[Finished]] = {}
+        self._cancelled: list[ServeTag] = []
 
     # --- the API's side (any thread) ----------------------------------------------------
 
@@ -46,28 +49,39 @@ class Bridge:
             request = Request(tag, tuple(prompt), max_new_tokens=max_new_tokens, stop_ids=stop_ids)
             self._queued.append(request)
             self._futures[tag] = future
+        future.add_done_callback(lambda done: self._forget(tag) if done.cancelled() else None)
         return future
+
+    def _forget(self, tag: ServeTag) -> None:
+        with self._lock:
+            if self._futures.pop(tag, None) is not None:
+                self._cancelled.append(tag)
 
     # --- the decode loop's side (the generator's main thread) ---------------------------
 
-    def take(self) -> list[Request]:
-        """Everything submitted since the last call, for the decoder."""
+    def take(self) -> tuple[list[Request], list[ServeTag]]:
+        """What was submitted since the last call, for the decoder, and the tags of the
+        requests cancelled meanwhile (to drop from it)."""
         with self._lock:
             taken, self._queued = self._queued, []
-        return taken
+            cancelled, self._cancelled = self._cancelled, []
+        gone = set(cancelled)
+        return [r for r in taken if r.tag not in gone], cancelled
 
     def finish(self, finished: Finished) -> None:
         with self._lock:
             future = self._futures.pop(finished.tag, None)
         if future is not None:
-            future.set_result(finished)
+            with contextlib.suppress(InvalidStateError):  # cancelled this very moment
+                future.set_result(finished)
 
     def fail_all(self, reason: str) -> None:
         """Every request queued or decoding fails (the decoder was dropped, or is stopping)."""
         with self._lock:
             futures, self._futures, self._queued = self._futures, {}, []
         for future in futures.values():
-            future.set_exception(RuntimeError(reason))
+            with contextlib.suppress(InvalidStateError):
+                future.set_exception(RuntimeError(reason))
 
     @property
     def busy(self) -> bool:

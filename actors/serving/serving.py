@@ -81,7 +81,10 @@ class Serving:
     def advance(self, decoder: Decoder) -> None:
         """One decode step: the calls queued since the last join the batch, and the calls
         that finish are answered. ``decoder`` holds served calls only."""
-        decoder.submit(self.bridge.take())
+        requests, cancelled = self.bridge.take()
+        if cancelled:
+            decoder.cancel(cancelled)
+        decoder.submit(requests)
         for finished in decoder.step():
             self.bridge.finish(finished)
             self.served += 1
