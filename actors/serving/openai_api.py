@@ -14,7 +14,10 @@ asking for another is refused. A request the server cannot honour exactly (strea
 stop strings, several choices, top-p) gets a 400 naming the field, in OpenAI's error
 shape; so does a malformed one. Responses carry the sampled tokens' log-probs in
 OpenAI's shapes, ``usage`` and ``finish_reason``; the end token is among the tokens,
-since it was sampled and is trained. Every route wants the server's bearer token.
+since it was sampled and is trained. Each choice also carries ``prompt_token_ids`` and
+``token_ids`` (as vLLM's do): a harness that sends the next prompt as those ids plus its
+own makes a call that extends the last one exactly, so both train as one sequence. Every
+route wants the server's bearer token.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class _Api:
             "message": {"role": "assistant", "content": text},
             "logprobs": logprobs,
             "finish_reason": _finish_reason(finished),
+            **_token_ids(call, finished),
         }
         return self._reply("chat.completion", body, choice, call, finished)
 
@@ -172,6 +176,7 @@ class _Api:
             "text": self.codec.decode(finished.tokens),
             "logprobs": logprobs,
             "finish_reason": _finish_reason(finished),
+            **_token_ids(call, finished),
         }
         return self._reply("text_completion", body, choice, call, finished)
 
@@ -341,6 +346,10 @@ def _message(message: object, index: int) -> dict[str, Any]:
     if content is not None and not isinstance(content, str):
         raise ApiError(f"{where}.content: expected text", "messages")
     return {**message, "content": content or ""}
+
+
+def _token_ids(call: _Call, finished: Finished) -> dict[str, list[int]]:
+    return {"prompt_token_ids": list(call.prompt), "token_ids": list(finished.tokens)}
 
 
 def _finish_reason(finished: Finished) -> str:

@@ -15,6 +15,7 @@ import pytest
 from asyncrl.actors._setup import load_policy
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
+from asyncrl.actors.serving.merge import merge_calls
 from asyncrl.actors.serving.records import CallRecord, decode_records
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.runtime.config import config_from_dict
@@ -179,3 +180,28 @@ def test_a_version_loaded_during_a_call_is_recorded_per_token(served) -> None:
     api.completions.create(model="policy", prompt="12+34=", max_tokens=2)
     (after,) = records(entry, "v")
     assert set(after.versions) == {before + 1}
+
+
+def test_calls_that_extend_the_last_one_merge_into_one_sequence(served) -> None:
+    entry, _ = served
+    api = client(entry, "m")
+    first = api.completions.create(model="policy", prompt="1+2=", max_tokens=6).choices[0]
+    assert first.prompt_token_ids == [int(t) for t in first.prompt_token_ids]
+    extended = [*first.prompt_token_ids, *first.token_ids, *api_ids("3+4=")]
+    second = api.completions.create(model="policy", prompt=extended, max_tokens=6).choices[0]
+    api.completions.create(model="policy", prompt="5+6=", max_tokens=6)  # unrelated
+    calls = records(entry, "m")
+    first_seq, other = merge_calls(calls, owner=2)
+    assert list(first_seq.tokens) == [*extended, *second.token_ids]
+    mask = [False] * len(first.prompt_token_ids) + [True] * len(first.token_ids)
+    mask += [False] * 4 + [True] * len(second.token_ids)  # "3+4=" is the harness's, untrained
+    assert list(first_seq.trained) == mask
+    assert list(other.tokens[:4]) == api_ids("5+6=") and other.owner == first_seq.owner == 2
+
+
+def api_ids(text: str) -> list[int]:
+    """The embedded tokenizer's ids of ``text`` (one token per character)."""
+    from asyncrl.actors.policy.checkpoint import model_dir
+    from asyncrl.actors.policy.tokenizer import TextCodec
+
+    return TextCodec.from_dir(model_dir("embedded")).encode(text)
