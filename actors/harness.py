@@ -13,8 +13,9 @@ scheduler nor any generator.
 A session that raises, outlives ``data.harness_timeout_s``, returns a non-number or
 makes no model call fails its group with the reason (tried again, then reported dead),
 never the run. A harness that blocks the loop (blocking code in an async function) stops
-every session of this worker; once groups outlive twice their time the worker gives them
-back and leaves, to be started afresh.
+every session of this worker; once a group outlives the time its sessions can take (one
+timeout per wave of ``data.harness_concurrency`` sessions, and one more) the worker gives
+its groups back and leaves, to be started afresh.
 
 Versions: the scheduler admits work under the staleness bound by the version its claimant
 has loaded; a harness loads no weights, its tokens come from the generators. It reports
@@ -49,7 +50,7 @@ __all__ = ["Harness"]
 
 _LOOK_EVERY_S = 0.05  # how often the generators' entries are read again
 _WAIT_S = 0.02  # advance waits this long for a group to finish before giving the loop back
-_GRACE_S = 30.0  # beyond twice the session time: collecting records, a slow start
+_GRACE_S = 30.0  # beyond the sessions' time: collecting records, a slow start
 
 
 @dataclass
@@ -68,6 +69,7 @@ class Harness(StreamingActor):
 
     def __init__(self) -> None:
         self.running: dict[int, _Running] = {}
+        self.runner: SessionRunner | None = None
         self.loaded: int | None = None  # the oldest version the generators run, as reported
         self.usable: list[ApiEntry] = []  # live generators at least that new
         self._looked_at = -math.inf
@@ -83,6 +85,9 @@ class Harness(StreamingActor):
         # Claim only what the sessions can start on soon: a group claimed early waits
         # while its staleness budget runs.
         self.groups_at_once = max(1, math.ceil(data.harness_concurrency / self.n))
+        # A group's sessions may wait for a free slot: one timeout per wave of them.
+        waves = math.ceil(self.n / data.harness_concurrency) + 1
+        self.overdue_after_s = waves * self.timeout_s + _GRACE_S
         self.runner = SessionRunner(
             load_harness(data.harness),
             data.harness,
@@ -129,10 +134,11 @@ class Harness(StreamingActor):
             sample = Sample(prompt.prompt, prompt.answer)
             # Unique across workers, retries and restarts: a session's records are its own.
             prefix = f"{self.ctx.worker}-{lease.lease_id}-{item.gid}-{secrets.token_hex(4)}"
+            assert self.runner is not None
             future = self.runner.run_group(sample, self.n, prefix)
             future.add_done_callback(lambda _: self._finished.set())
             groups[item.gid] = future
-        overdue_at = time.monotonic() + 2 * self.timeout_s + _GRACE_S
+        overdue_at = time.monotonic() + self.overdue_after_s
         self.running[lease.lease_id] = _Running(lease, groups, overdue_at)
 
     def advance(self) -> list[tuple[p.Lease, Outcome]]:
@@ -146,9 +152,9 @@ class Harness(StreamingActor):
                 done.append((running.lease, self._outcome(running)))
             elif now > running.overdue_at:
                 raise ActorBroken(
-                    f"harness {self.name!r}: sessions still running {now - running.overdue_at:.0f}"
-                    f" s past twice data.harness_timeout_s; blocking code in an async harness "
-                    "stalls its event loop"
+                    f"harness {self.name!r}: a group's sessions still running "
+                    f"{self.overdue_after_s:.0f} s after it started, past data.harness_timeout_s;"
+                    " blocking code in an async harness stalls its event loop"
                 )
         return done
 
@@ -177,4 +183,5 @@ class Harness(StreamingActor):
         return leases
 
     def on_stop(self) -> None:
-        self.runner.stop()
+        if self.runner is not None:
+            self.runner.stop()
