@@ -44,7 +44,7 @@ from .payloads import PromptIn, RolloutsOut, Sampled
 from .policy.decoder import Decoder
 from .preflight import check_device, check_engine, check_model, check_task
 from .tasks import Sample, TaskError, validation_samples
-from .tasks.environment import load_environment, stop_texts
+from .tasks.environment import load_environment, stop_ids
 from .workload import load_workload, reward_for
 
 __all__ = ["Generate"]
@@ -108,23 +108,10 @@ class Generate(StreamingActor):
         self.validates = ctx.index in (None, 0)
         data = cfg.data
         self.environment = load_environment(data.environment) if data.environment else None
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = (
+            stop_ids(self.environment(), self.codec.encode) if self.environment else frozenset()
+        )
         self.episodes = self._episodes(self.model, greedy_only=False)
-
-    def _stop_ids(self) -> frozenset[int]:
-        """The environment's turn-ending texts, each as the one token it must be."""
-        if self.environment is None:
-            return frozenset()
-        ids = set()
-        for text in stop_texts(self.environment()):
-            encoded = self.codec.encode(text)
-            if len(encoded) != 1:
-                raise TaskError(
-                    f"data.environment: stop text {text!r} is {len(encoded)} tokens of the "
-                    "model's vocabulary; a turn can end only at a single token"
-                )
-            ids.add(encoded[0])
-        return frozenset(ids)
 
     def _episodes(self, model, *, greedy_only: bool) -> Episodes:
         cfg = self.ctx.config
