@@ -194,7 +194,7 @@ class Generate(StreamingActor):
         self.running[lease.lease_id] = _Running(lease, waiting=len(lease.items) * self.n)
         for item in lease.items:
             prompt = PromptIn.of(item)
-            sample = Sample(prompt.prompt, prompt.answer)
+            sample = prompt.sample()
             encoded = tuple(self.codec.encode(prompt.prompt))
             for j in range(self.n):
                 self.episodes.begin((lease.lease_id, item.gid, j), sample, encoded)

@@ -29,7 +29,7 @@ from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
 from .preflight import check_task
-from .tasks import Sample, TaskError
+from .tasks import TaskError
 from .tasks.rewards import MODEL_PREFIX
 from .workload import reward_choice, reward_for
 
@@ -63,8 +63,7 @@ class Reward(Actor):
         rollouts = RolloutsOut.of(item)
         if rollouts.rewards is not None:  # an environment or a harness paid them already
             return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
-        prompt = PromptIn.of(item)
-        sample = Sample(prompt.prompt, prompt.answer)
+        sample = PromptIn.of(item).sample()
         try:
             rewards = [
                 self.reward(sample, self.codec.decode(response))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +33,8 @@ class Sample:
 
     prompt: str
     answer: str  # the reference the reward compares against; never shown to the model
+    data_source: str = ""  # a data file row's: which dataset it came from
+    extra_info: Mapping[str, Any] | None = None  # a data file row's own extras
 
 
 @runtime_checkable
