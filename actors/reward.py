@@ -65,10 +65,8 @@ class Reward(Actor):
             return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
         sample = PromptIn.of(item).sample()
         try:
-            rewards = [
-                self.reward(sample, self.codec.decode(response))
-                for response in rollouts.responses()
-            ]
+            texts = [self.codec.decode(response) for response in rollouts.responses()]
+            rewards = self.reward.score_all(sample, texts)
         except TaskError as error:
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error

@@ -106,6 +106,21 @@ def test_a_sequence_classifier_scores_prompt_and_response(tmp_path: Path, labels
     assert scores[0] == pytest.approx(float(expected), abs=1e-6)
     if labels == 2:
         assert all(0.0 <= s <= 1.0 for s in scores)
+    # A group is scored in one padded batch, to the same numbers.
+    batched = reward.score_all(sample, ["42", "43", "0+2=2;42"])
+    assert batched == pytest.approx(scores, abs=1e-5)
+
+
+def test_a_batch_reward_that_gives_the_wrong_count_fails_its_group() -> None:
+    class Short:
+        def __call__(self, sample, response):
+            return 1.0
+
+        def batch(self, sample, responses):
+            return [1.0]
+
+    with pytest.raises(TaskError, match=r"reward 'f': batch gave 1 for 2"):
+        RewardFunction(Short(), "f").score_all(Sample("q", "a"), ["x", "y"])
 
 
 def test_a_classifier_directory_is_checked_before_a_run(tmp_path: Path) -> None:
