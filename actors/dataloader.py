@@ -56,6 +56,6 @@ class Dataloader(Actor):
         groups = []
         for index in range(first, first + wanted):
             sample = self.task.sample("train", index)
-            prompt = PromptIn(index, sample.prompt, sample.answer)
+            prompt = PromptIn.from_sample(index, sample)
             groups.append(p.NewGroup(group_key(index), prompt.to_payload()))
         return groups

@@ -49,7 +49,7 @@ from .policy.decoder import Decoder
 from .preflight import check_device, check_engine, check_model, check_task
 from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
-from .tasks.environment import load_environment, stop_texts
+from .tasks.environment import load_environment, stop_ids
 from .workload import load_workload, reward_for
 
 __all__ = ["Generate"]
@@ -117,7 +117,9 @@ class Generate(StreamingActor):
         self.validates = ctx.index in (None, 0)
         data = cfg.data
         self.environment = load_environment(data.environment) if data.environment else None
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = (
+            stop_ids(self.environment(), self.codec.encode) if self.environment else frozenset()
+        )
         self.episodes = self._episodes(self.model, greedy_only=False)
         if data.harness:
             self.serving = Serving(
@@ -128,21 +130,6 @@ class Generate(StreamingActor):
                 max_prompt_tokens=self.decoder.max_prompt_tokens,
                 version=self.loaded,
             )
-
-    def _stop_ids(self) -> frozenset[int]:
-        """The environment's turn-ending texts, each as the one token it must be."""
-        if self.environment is None:
-            return frozenset()
-        ids = set()
-        for text in stop_texts(self.environment()):
-            encoded = self.codec.encode(text)
-            if len(encoded) != 1:
-                raise TaskError(
-                    f"data.environment: stop text {text!r} is {len(encoded)} tokens of the "
-                    "model's vocabulary; a turn can end only at a single token"
-                )
-            ids.add(encoded[0])
-        return frozenset(ids)
 
     def _episodes(self, model, *, greedy_only: bool) -> Episodes:
         cfg = self.ctx.config
@@ -235,7 +222,7 @@ class Generate(StreamingActor):
         self.running[lease.lease_id] = _Running(lease, waiting=len(lease.items) * self.n)
         for item in lease.items:
             prompt = PromptIn.of(item)
-            sample = Sample(prompt.prompt, prompt.answer)
+            sample = prompt.sample()
             encoded = tuple(self.codec.encode(prompt.prompt))
             for j in range(self.n):
                 self.episodes.begin((lease.lease_id, item.gid, j), sample, encoded)

@@ -10,13 +10,16 @@ A group's sequences are stored padded to the longest one, ``[rows, longest]``, w
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
+
+from .tasks.base import Sample
 
 __all__ = ["LogprobsOut", "PayloadError", "PromptIn", "RewardsOut", "RolloutsOut", "Sampled"]
 
@@ -41,22 +44,44 @@ def _array(item: p.Item, role: Role, key: str, dtype: str, dims: int) -> np.ndar
 
 @dataclass(frozen=True)
 class PromptIn:
-    """The dataloader's: which sample of the task this group is."""
+    """The dataloader's: which sample of the task this group is, and what a reward
+    function or an environment reads of it."""
 
     index: int
     prompt: str
     answer: str
+    data_source: str = ""
+    extra_info: Mapping[str, Any] | None = None
 
     def to_payload(self) -> p.Payload:
-        return {"index": self.index, "prompt": self.prompt, "answer": self.answer}
+        payload = {"index": self.index, "prompt": self.prompt, "answer": self.answer}
+        if self.data_source:
+            payload["data_source"] = self.data_source
+        if self.extra_info is not None:
+            payload["extra_info"] = dict(self.extra_info)
+        return payload
 
     @classmethod
     def of(cls, item: p.Item) -> PromptIn:
+        data = item.data.get(Role.DATALOADER.value)
+        extra = data.get("extra_info") if isinstance(data, dict) else None
+        if extra is not None and not isinstance(extra, dict):
+            raise PayloadError(f"group {item.key!r}: dataloader.extra_info is not a mapping")
         return cls(
             index=int(_field(item, Role.DATALOADER, "index")),
             prompt=str(_field(item, Role.DATALOADER, "prompt")),
             answer=str(_field(item, Role.DATALOADER, "answer")),
+            data_source=str(data.get("data_source", "")) if isinstance(data, dict) else "",
+            extra_info=extra,
         )
+
+    @classmethod
+    def from_sample(cls, index: int, sample: Sample) -> PromptIn:
+        return cls(index, sample.prompt, sample.answer, sample.data_source, sample.extra_info)
+
+    def sample(self) -> Sample:
+        """The task's sample, as reward functions and environments are given it."""
+        return Sample(self.prompt, self.answer, self.data_source, self.extra_info)
 
 
 @dataclass(frozen=True)

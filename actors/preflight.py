@@ -103,6 +103,26 @@ def check_task(cfg: RunConfig) -> list[str]:
         return [_one_line(str(error))]
     except Exception as error:
         return [_one_line(f"data.reward={data.reward!r}: {type(error).__name__}: {error}")]
+    return check_environment(cfg)
+
+
+def check_environment(cfg: RunConfig) -> list[str]:
+    """``data.environment`` makes environments whose stop texts are single tokens."""
+    from .policy.checkpoint import model_dir
+    from .policy.tokenizer import TextCodec
+    from .tasks import TaskError
+    from .tasks.environment import load_environment, stop_ids
+
+    path = cfg.data.environment
+    if not path:
+        return []
+    try:
+        factory = load_environment(path)
+        stop_ids(factory(), TextCodec.from_dir(model_dir(cfg.model.path)).encode)
+    except TaskError as error:
+        return [_one_line(str(error))]
+    except Exception as error:  # the plug-in's module raised as it was imported
+        return [_one_line(f"data.environment={path!r}: {type(error).__name__}: {error}")]
     return []
 
 

@@ -29,7 +29,7 @@ from .payloads import PromptIn, RewardsOut, RolloutsOut
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
 from .preflight import check_task
-from .tasks import Sample, TaskError
+from .tasks import TaskError
 from .tasks.rewards import MODEL_PREFIX
 from .workload import reward_choice, reward_for
 
@@ -63,13 +63,10 @@ class Reward(Actor):
         rollouts = RolloutsOut.of(item)
         if rollouts.rewards is not None:  # an environment or a harness paid them already
             return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
-        prompt = PromptIn.of(item)
-        sample = Sample(prompt.prompt, prompt.answer)
+        sample = PromptIn.of(item).sample()
         try:
-            rewards = [
-                self.reward(sample, self.codec.decode(response))
-                for response in rollouts.responses()
-            ]
+            texts = [self.codec.decode(response) for response in rollouts.responses()]
+            rewards = self.reward.score_all(sample, texts)
         except TaskError as error:
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error

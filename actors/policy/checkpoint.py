@@ -26,10 +26,12 @@ from .tokenizer import TextCodec
 __all__ = [
     "EMBEDDED",
     "EMBEDDED_DIR",
+    "PACKAGED",
     "is_weight",
     "load_model",
     "load_state",
     "model_dir",
+    "packaged_or_path",
     "save_model",
     "save_state",
     "state_for_saving",
@@ -38,6 +40,11 @@ __all__ = [
 
 EMBEDDED = "embedded"
 EMBEDDED_DIR = Path(__file__).parent / "embedded"
+# Models that ship inside the package, by the name model.path gives them.
+PACKAGED = {
+    EMBEDDED: EMBEDDED_DIR,
+    "embedded-calculator": Path(__file__).parent / "embedded_calculator",
+}
 # Copied from the base model into every checkpoint: what encodes text and says when a
 # response ends (generation_config.json may list several end-of-sequence ids).
 _COPIED_FILES = (
@@ -54,10 +61,15 @@ _NOT_WEIGHTS = ("rotary_emb.inv_freq",)
 
 def model_dir(path: str) -> Path:
     """The directory ``model.path`` names; a clear error if it is not a model directory."""
-    directory = EMBEDDED_DIR if path == EMBEDDED else Path(path).expanduser()
+    directory = packaged_or_path(path)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"model.path={path!r}: {directory} holds no config.json")
     return directory
+
+
+def packaged_or_path(path: str) -> Path:
+    """The directory of a packaged model's name, else ``path`` itself."""
+    return PACKAGED.get(path) or Path(path).expanduser()
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM, TextCodec]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .checkpoint import EMBEDDED, EMBEDDED_DIR, is_weight, weight_files
+from .checkpoint import is_weight, packaged_or_path, weight_files
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .model import CausalLM
 from .tokenizer import TextCodec
@@ -27,9 +27,9 @@ class ModelDirError(ValueError):
 
 
 def check_model_dir(path: str) -> None:
-    """Raise :class:`ModelDirError` if ``path`` (a directory, or ``embedded``) is not a
+    """Raise :class:`ModelDirError` if ``path`` (a directory, or a packaged model's name) is not a
     model this runtime can load: its config, weights' names and shapes, and tokenizer."""
-    directory = EMBEDDED_DIR if path == EMBEDDED else Path(path).expanduser()
+    directory = packaged_or_path(path)
     try:
         config = _config(directory)
         _check_weights(directory, config)

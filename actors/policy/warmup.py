@@ -2,13 +2,15 @@
 
     python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 1000]
     python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.calculator:task \
-        --out asyncrl/actors/policy/embedded_calculator --slip 0.7
+        --out asyncrl/actors/policy/embedded_calculator --slip 0.85
 
 The calculator model (``model.path: embedded-calculator``) learns from tool-use
 trajectories (:mod:`asyncrl.actors.tasks.calculator`) whose habits are mostly bad:
 ``--slip`` of them call the calculator on the product alone (four in five of those) or
 guess without it; it is scored by playing whole episodes against the calculator. The
-calculator's answers are in the demonstrations but not trained on, as in RL.
+calculator's answers are in the demonstrations but not trained on, as in RL. The
+shipped model: validation reward 0.35 on 128 prompts (greedy: the whole expression into
+the calculator on 14 of the 97 problems that need it, the product alone on the rest).
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -33,6 +33,8 @@ class Sample:
 
     prompt: str
     answer: str  # the reference the reward compares against; never shown to the model
+    data_source: str = ""  # a data file row's: which dataset it came from
+    extra_info: Mapping[str, Any] | None = None  # a data file row's own extras
 
 
 @runtime_checkable
@@ -110,14 +112,28 @@ class RewardFunction:
         return self.deadline.stuck
 
     def __call__(self, sample: Sample, response: str) -> float:
+        return check_reward(self._guarded(self.function, sample, response), task=self.name)
+
+    def score_all(self, sample: Sample, responses: Sequence[str]) -> list[float]:
+        """Every response to ``sample``: in one call if the function has a ``batch(sample,
+        responses)`` method (a reward model scores them as one batch), else one by one."""
+        batch = getattr(self.function, "batch", None)
+        if not callable(batch):
+            return [self(sample, response) for response in responses]
+        values = self._guarded(batch, sample, list(responses))
+        if not isinstance(values, Sequence) or len(values) != len(responses):
+            got = len(values) if isinstance(values, Sequence) else type(values).__name__
+            raise TaskError(f"reward {self.name!r}: batch gave {got} for {len(responses)}")
+        return [check_reward(value, task=self.name) for value in values]
+
+    def _guarded(self, function: Callable[..., Any], *args: Any) -> Any:
         try:
-            value = self.deadline.call(self.function, sample, response)
+            return self.deadline.call(function, *args)
         except DeadlineExceeded as error:
             raise TaskError(f"reward {self.name!r} did not return: {error}") from None
         except Exception as error:
             detail = f"{type(error).__name__}: {error}"
             raise TaskError(f"reward {self.name!r} raised {detail}") from error
-        return check_reward(value, task=self.name)
 
 
 def check_reward(value: Any, *, task: str) -> float:

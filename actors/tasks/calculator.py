@@ -31,9 +31,10 @@ __all__ = ["ALPHABET", "Calculator", "CalculatorTask", "evaluate", "task"]
 
 ALPHABET = "0123456789+-*=[];?"
 _SPLIT_SEEDS = {"train": 0xCA1C_0001, "validation": 0xCA1C_0002}
-# The product alone, or inside a sum or a difference. Only the first is right when the
-# tool gets just the product.
-_FORMS = ("{p}", "{p}+{c}", "{c}+{p}", "{p}-{c}")
+# The product alone (a quarter of the problems), or followed by a sum or a difference.
+# Only the first is right when the tool gets just the product.
+_FORMS = ("{p}", "{p}+{c}", "{p}-{c}")
+_FORM_WEIGHTS = (2, 3, 3)
 _EXPRESSION = re.compile(r"\d{1,7}([+\-*]\d{1,7}){0,4}")
 
 
@@ -69,7 +70,7 @@ class CalculatorTask:
         a, b = rng.randint(10, 999), rng.randint(10, 99)
         if rng.random() < 0.5:
             a, b = b, a
-        form = rng.choice(_FORMS)
+        form = rng.choices(_FORMS, weights=_FORM_WEIGHTS)[0]
         c = rng.randint(1, 99 if form == "{p}-{c}" else 999)  # no negative answers
         expression = form.format(p=f"{a}*{b}", c=c)
         return Sample(prompt=f"{expression}=", answer=str(evaluate(expression)))

@@ -58,12 +58,22 @@ class ClassifierReward:
         self.labels = self.model.config.num_labels
 
     def __call__(self, sample: Sample, response: str) -> float:
+        return self.batch(sample, [response])[0]
+
+    def batch(self, sample: Sample, responses: list[str]) -> list[float]:
+        """A group's responses in one forward pass, where padding cannot change a score:
+        the model must know the tokenizer's pad id to find each row's last token."""
         import torch
 
-        inputs = self.tokenizer(sample.prompt + response, return_tensors="pt", truncation=True)
+        texts = [sample.prompt + response for response in responses]
+        pad = self.tokenizer.pad_token_id
+        if len(texts) > 1 and (pad is None or pad != self.model.config.pad_token_id):
+            return [self.batch(sample, [response])[0] for response in responses]
+        inputs = self.tokenizer(texts, return_tensors="pt", truncation=True, padding=True)
         with torch.inference_mode():
-            logits = self.model(**inputs).logits[0].float()
-        return float(logits[0]) if self.labels == 1 else float(logits.softmax(-1)[1])
+            logits = self.model(**inputs).logits.float()
+        scores = logits[:, 0] if self.labels == 1 else logits.softmax(-1)[:, 1]
+        return scores.tolist()
 
 
 def _labels(config: dict[str, Any]) -> int:

@@ -38,7 +38,7 @@ __all__ = [
     "check_reset",
     "check_step",
     "load_environment",
-    "stop_texts",
+    "stop_ids",
 ]
 
 
@@ -80,8 +80,18 @@ def load_environment(path: str) -> Callable[[], Environment]:
     return factory
 
 
-def stop_texts(environment: Environment) -> tuple[str, ...]:
-    return tuple(getattr(environment, "stop", ()))
+def stop_ids(environment: Environment, encode: Callable[[str], list[int]]) -> frozenset[int]:
+    """The environment's turn-ending texts as the tokens they must each be."""
+    ids = set()
+    for text in getattr(environment, "stop", ()):
+        encoded = encode(text)
+        if len(encoded) != 1:
+            raise TaskError(
+                f"data.environment: stop text {text!r} is {len(encoded)} tokens of the "
+                "model's vocabulary; a turn can end only at a single token"
+            )
+        ids.add(encoded[0])
+    return frozenset(ids)
 
 
 def check_step(value: Any, name: str) -> StepResult:

@@ -161,7 +161,10 @@ class DataSection:
 class ModelSection:
     path: str = field(
         default="embedded",
-        metadata=doc("model directory, or 'embedded' for the packaged demo model"),
+        metadata=doc(
+            "model directory, or a packaged model: 'embedded' (the demo's) or "
+            "'embedded-calculator' (the calculator task's)"
+        ),
     )
     dtype: Literal["float32", "bfloat16"] = field(
         default="float32", metadata=doc("parameter and compute dtype")

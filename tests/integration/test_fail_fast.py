@@ -141,3 +141,16 @@ def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_pat
     text = c.log_text("asyncrl-run")
     assert text.count("was ended by SIGKILL") == 3
     assert "starts in a row" not in text
+
+
+def test_a_bad_environment_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
+    overrides = ("data.environment=tests.support.environments:NoStep",)
+    done, seconds = _asyncrl(*_run_args(tmp_path, *overrides))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines == [
+        "asyncrl: data.environment='tests.support.environments:NoStep': "
+        "not an environment (no step)"
+    ]
+    assert seconds < 20
+    assert not (tmp_path / "run" / "journal").exists()

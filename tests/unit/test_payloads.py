@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from asyncrl.actors.payloads import LogprobsOut, PayloadError, PromptIn, RewardsOut, RolloutsOut
+from asyncrl.actors.tasks import Sample
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
@@ -49,3 +50,13 @@ def test_a_missing_or_mistyped_field_names_the_group_and_field() -> None:
         RolloutsOut.of(item)
     with pytest.raises(PayloadError, match=r"reward\.rewards is not a 1-d float32"):
         RewardsOut.of(item)
+
+
+def test_a_data_file_rows_source_and_extras_reach_the_reward_functions_sample() -> None:
+    sample = Sample("What is 2+2?", "4", "my_math", {"id": 7, "tags": ["easy"]})
+    item = p.Item(1, "k", {Role.DATALOADER.value: PromptIn.from_sample(3, sample).to_payload()})
+    back = PromptIn.of(over_the_wire(item))
+    assert back.index == 3 and back.sample() == sample
+    # A task plug-in's samples have neither: the payload stays as it was.
+    plain = PromptIn.from_sample(0, Sample("1+2=", "3")).to_payload()
+    assert set(plain) == {"index", "prompt", "answer"}

@@ -16,6 +16,7 @@ from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.reward import Reward
 from asyncrl.actors.tasks import RewardFunction, Sample, TaskError
 from asyncrl.actors.tasks.arithmetic import task as arithmetic
+from asyncrl.actors.tasks.classifier import ClassifierReward
 from asyncrl.actors.tasks.math_reward import final_answer, math_reward
 from asyncrl.actors.tasks.rewards import check_reward_choice, load_reward
 from asyncrl.transport import protocol as p
@@ -106,6 +107,21 @@ def test_a_sequence_classifier_scores_prompt_and_response(tmp_path: Path, labels
     assert scores[0] == pytest.approx(float(expected), abs=1e-6)
     if labels == 2:
         assert all(0.0 <= s <= 1.0 for s in scores)
+    # A group is scored in one padded batch, to the same numbers.
+    batched = reward.score_all(sample, ["42", "43", "0+2=2;42"])
+    assert batched == pytest.approx(scores, abs=1e-5)
+
+
+def test_a_batch_reward_that_gives_the_wrong_count_fails_its_group() -> None:
+    class Short:
+        def __call__(self, sample, response):
+            return 1.0
+
+        def batch(self, sample, responses):
+            return [1.0]
+
+    with pytest.raises(TaskError, match=r"reward 'f': batch gave 1 for 2"):
+        RewardFunction(Short(), "f").score_all(Sample("q", "a"), ["x", "y"])
 
 
 def test_a_classifier_directory_is_checked_before_a_run(tmp_path: Path) -> None:
@@ -190,3 +206,25 @@ def test_the_reward_role_fails_a_hung_group_and_leaves_once_calls_pile_up() -> N
             actor.process(reward_lease(gid, "hang"))
     with pytest.raises(ActorBroken, match="3 reward calls stuck"):  # now a fresh process
         actor.process(reward_lease(3, "hang"))
+
+
+def test_the_reward_role_scores_a_group_with_a_reward_model(tmp_path: Path) -> None:
+    """The reward role as a worker runs it: started from a config naming a classifier
+    directory, scoring a leased group's responses in one batch."""
+    from asyncrl.actors.actor import WorkerContext
+    from asyncrl.runtime.config import config_from_dict
+
+    directory = classifier_dir(tmp_path, 2)
+    cfg = config_from_dict({"data": {"reward": f"model:{directory}"}})
+    actor = Reward()
+    actor.on_start(WorkerContext("reward-0", "reward", cfg, "run", 1.0, 60.0, 1 << 20, 0))
+    prompt = PromptIn(0, "1+2=", "3").to_payload()
+    rows = [([6], [-0.1], [0], False), ([7, 8], [-0.1, -0.2], [0, 0], False)]
+    rollouts = RolloutsOut.stack([4, 13, 5, 14], rows).to_payload()
+    item = p.Item(0, "train-000000000", {"dataloader": prompt, "generate": rollouts})
+    (result,) = actor.process(p.Lease(0, 0, "reward", 60.0, None, (item,))).results
+    scores = result.data["rewards"].tolist()
+    codec = TextCodec.from_dir(EMBEDDED_DIR)
+    single = ClassifierReward(str(directory))
+    expected = [single(Sample("1+2=", "3"), codec.decode(r)) for r in ([6], [7, 8])]
+    assert scores == pytest.approx(expected, abs=1e-5) and 0 < scores[0] < 1
