@@ -44,7 +44,6 @@ from .payloads import PromptIn, RolloutsOut
 from .preflight import check_harness
 from .serving.directory import ApiDirectory, ApiEntry
 from .serving.sessions import HarnessFailed, SessionRunner, load_harness
-from .tasks import Sample
 
 __all__ = ["Harness"]
 
@@ -130,8 +129,7 @@ class Harness(StreamingActor):
     def admit(self, lease: p.Lease) -> None:
         groups = {}
         for item in lease.items:
-            prompt = PromptIn.of(item)
-            sample = Sample(prompt.prompt, prompt.answer)
+            sample = PromptIn.of(item).sample()
             # Unique across workers, retries and restarts: a session's records are its own.
             prefix = f"{self.ctx.worker}-{lease.lease_id}-{item.gid}-{secrets.token_hex(4)}"
             assert self.runner is not None
