@@ -5,13 +5,16 @@ generator serves the harness's calls over HTTP and keeps following weight versio
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import processes_mentioning
+from tests.support import default_run
+from tests.support.cluster import processes_mentioning, wait_for
 from tests.support.default_run import records, steps
 
 pytestmark = pytest.mark.timeout(240)
@@ -97,3 +100,35 @@ def test_a_bad_harness_stops_the_run_before_anything_starts(
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"asyncrl: data.harness={harness!r}: ") and message in line
     assert not (run_dir / "journal").exists()
+
+
+def test_a_generator_and_then_the_harness_worker_killed_mid_run_lose_nothing(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the serving generator, then of the harness worker: the groups in flight
+    fail or go back with the reason, the killed processes come back, and the run ends with
+    every step once and every group trained once."""
+    run_dir, log = tmp_path / "run", tmp_path / "out.log"
+    total = 10
+    proc = default_run.start(
+        run_dir,
+        log,
+        f"run.total_steps={total}",
+        "data.harness=tests.support.harnesses:ask_once",
+        "data.val_every_versions=0",
+    )
+    try:
+        for name, after_step in (("generate-0", 1), ("harness-0", 4)):
+            wait_for(lambda n=after_step: len(steps(run_dir)) >= n, 120, f"step {after_step}")
+            os.kill(default_run.pid_of(log, name), signal.SIGKILL)
+        assert proc.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = steps(run_dir)
+    assert [s["step"] for s in lines] == list(range(1, total + 1))
+    keys = [key for s in lines for key in s["keys"]]
+    assert len(keys) == len(set(keys)) == total * 8
+    restarted = log.read_text()
+    assert "started generate-0 (pid" in restarted and "restart 1" in restarted
+    assert processes_mentioning(str(run_dir)) == []
