@@ -133,13 +133,15 @@ class SessionRunner:
         where = f"harness {self.name!r}, session {j}"
         async with self._limit:
             session = f"{prefix}-{j}"
+            server: ApiEntry | None = None
             try:
                 async with asyncio.timeout(self.timeout_s):
                     server = await self._server()
                     reward = await self._run(sample, server, session)
             except TimeoutError:
+                doing = "still running" if server else "found no live generator to call"
                 raise HarnessFailed(
-                    f"{where}: still running after {self.timeout_s:g} s (data.harness_timeout_s)"
+                    f"{where}: {doing} after {self.timeout_s:g} s (data.harness_timeout_s)"
                 ) from None
             except Exception as error:
                 raise HarnessFailed(f"{where}: {type(error).__name__}: {error}") from error
@@ -148,6 +150,7 @@ class SessionRunner:
             kind = type(reward).__name__
             raise HarnessFailed(f"{where}: returned {shown} ({kind}), not a finite number")
         reward = float(reward)
+        assert server is not None  # the harness ran, so it was given one
         sequences = merge_calls(await self._collect(server, session, where), j)
         if not sequences:
             raise HarnessFailed(f"{where}: made no model call, so there is nothing to train")

@@ -18,6 +18,8 @@ from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.merge import merge_calls
 from asyncrl.actors.serving.records import CallRecord, decode_records
 from asyncrl.actors.serving.serving import Serving
+from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
+from asyncrl.actors.tasks import Sample
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 
@@ -205,3 +207,37 @@ def api_ids(text: str) -> list[int]:
     from asyncrl.actors.policy.tokenizer import TextCodec
 
     return TextCodec.from_dir(model_dir("embedded")).encode(text)
+
+
+def run_group(entries: list[ApiEntry], harness: str, timeout_s: float = 20) -> object:
+    """One group of 3 sessions of ``harness``, run as the harness role runs them: its
+    sequences and rewards, or the HarnessFailed it raised."""
+    runner = SessionRunner(
+        load_harness(harness), harness, timeout_s=timeout_s, concurrency=2,
+        servers=lambda: entries,
+    )  # fmt: skip
+    try:
+        future = runner.run_group(Sample("12+34=", "46"), 3, "g")
+        return future.exception(30) or future.result()
+    finally:
+        runner.stop()
+
+
+def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served) -> None:
+    entry, _ = served
+    sequences, rewards = run_group([entry], "tests.support.harnesses:ask_once")
+    assert [s.owner for s in sequences] == [0, 1, 2] and len(rewards) == 3
+    assert all(r in (0.0, 1.0) for r in rewards)
+    assert all(
+        list(s.tokens[:6]) == api_ids("12+34=") and not any(s.trained[:6]) for s in sequences
+    )
+    assert records(entry, "g-0") == []  # collected
+
+
+def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(served) -> None:
+    entry, _ = served
+    failed = run_group([entry], "tests.support.harnesses:never_calls")
+    assert isinstance(failed, HarnessFailed) and "made no model call" in str(failed)
+    alone = run_group([], "tests.support.harnesses:ask_once", timeout_s=0.3)
+    assert isinstance(alone, HarnessFailed)
+    assert "found no live generator to call after 0.3 s" in str(alone)
