@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncrl.actors.roles import ROLES
-from asyncrl.runtime.config import RunConfig, config_from_dict
+from asyncrl.runtime.config import RunConfig, config_from_dict, pipeline_for
 from tests.integration.test_inprocess_pipeline import run_pipeline
 from tests.support.models import tiny_model
 
@@ -43,7 +43,8 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     # Real models in six threads of one process: slower than the demo's arithmetic.
-    return run_pipeline(cfg, [cls() for cls in ROLES.values()], timeout_s=90.0)
+    roles = pipeline_for(cfg).worker_roles  # the roles this config runs (no harness)
+    return run_pipeline(cfg, [ROLES[role]() for role in roles], timeout_s=90.0)
 
 
 def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> None:
