@@ -19,7 +19,7 @@ after a reload) and samples a next token from the last position's logits.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,9 @@ class Request:
     # Tokens that end this sequence besides end-of-sequence (a tool call's closing token):
     # the sequence ends with it, and the caller decides what comes next.
     stop_ids: frozenset[int] = frozenset()
+    # Ends this sequence when it says so of the response so far (an API caller's stop text,
+    # which may span tokens); asked after every token.
+    stop_when: Callable[[list[int]], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,7 @@ class Decoder:
         response = seq.response
         request = seq.request
         ended = response[-1] in self.eos_ids or response[-1] in request.stop_ids
+        ended = ended or (request.stop_when is not None and request.stop_when(response))
         budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
         if not ended and len(response) < budget:
             return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
@@ -41,12 +42,22 @@ class Bridge:
     # --- the API's side (any thread) ----------------------------------------------------
 
     def submit(
-        self, prompt: list[int], max_new_tokens: int | None, stop_ids: frozenset[int]
+        self,
+        prompt: list[int],
+        max_new_tokens: int | None,
+        stop_ids: frozenset[int],
+        stop_when: Callable[[list[int]], bool] | None = None,
     ) -> Future[Finished]:
         future: Future[Finished] = Future()
         with self._lock:
             tag = ServeTag(next(self._numbers))
-            request = Request(tag, tuple(prompt), max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+            request = Request(
+                tag,
+                tuple(prompt),
+                max_new_tokens=max_new_tokens,
+                stop_ids=stop_ids,
+                stop_when=stop_when,
+            )
             self._queued.append(request)
             self._futures[tag] = future
         future.add_done_callback(lambda done: self._forget(tag) if done.cancelled() else None)

@@ -11,13 +11,15 @@ call it makes to session ``sid``. Routes::
 Each call is sampled at the run's ``algorithm.temperature`` (the trainer recomputes
 log-probs at it, so another would train on numbers that were never sampled): a request
 asking for another is refused. A request the server cannot honour exactly (streaming,
-stop strings, several choices, top-p) gets a 400 naming the field, in OpenAI's error
+several choices, top-p) gets a 400 naming the field, in OpenAI's error
 shape; so does a malformed one. Responses carry the sampled tokens' log-probs in
 OpenAI's shapes, ``usage`` and ``finish_reason``; the end token is among the tokens,
-since it was sampled and is trained. Each choice also carries ``prompt_token_ids`` and
-``token_ids`` (as vLLM's do): a harness that sends the next prompt as those ids plus its
-own makes a call that extends the last one exactly, so both train as one sequence. Every
-route wants the server's bearer token.
+since it was sampled and is trained. A ``stop`` text ends a call once the response holds
+it; the text returned stops before it (as OpenAI's), while every token sampled, those
+that wrote the stop text included, is recorded and trained. Each choice also carries
+``prompt_token_ids`` and ``token_ids`` (as vLLM's do): a harness that sends the next
+prompt as those ids plus its own makes a call that extends the last one exactly, so both
+train as one sequence. Every route wants the server's bearer token.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ from .records import CallRecord, SessionRecords, encode_records
 __all__ = ["ApiError", "ApiSettings", "make_app"]
 
 MODEL_NAME = "policy"
+_MAX_STOP_TEXTS = 4  # as OpenAI's API allows
+# A stop text is looked for in the decoded tail of the response: its length in characters
+# plus this many tokens (a token that decodes to part of a character shows nothing).
+_STOP_MARGIN_TOKENS = 8
 
 
 class ApiError(Exception):
@@ -75,6 +81,7 @@ class _Call:
     prompt: list[int]
     max_new_tokens: int
     stop_ids: frozenset[int]
+    stop_texts: tuple[str, ...]
     logprobs: bool
 
 
@@ -128,7 +135,7 @@ class _Api:
         body = await _json_body(request)
         call = self._call(body, self._chat_prompt(body), "messages", bool(body.get("logprobs")))
         finished = await self._sample(request.path_params["sid"], call)
-        text = self.codec.decode(finished.tokens)
+        text = self._text(finished, call)
         logprobs = None
         if call.logprobs:
             content = [
@@ -173,7 +180,7 @@ class _Api:
             }
         choice = {
             "index": 0,
-            "text": self.codec.decode(finished.tokens),
+            "text": self._text(finished, call),
             "logprobs": logprobs,
             "finish_reason": _finish_reason(finished),
             **_token_ids(call, finished),
@@ -212,17 +219,14 @@ class _Api:
             raise ApiError(f"top_p: got {top_p!r}; allowed: 1 (the whole distribution)", "top_p")
         if body.get("top_logprobs"):
             raise ApiError("top_logprobs: only 0 is served (no alternatives)", "top_logprobs")
-        if body.get("stop"):
-            raise ApiError(
-                "stop: stop strings are not served; pass token ids as stop_token_ids", "stop"
-            )
         if len(prompt) > s.max_prompt_tokens:
             raise ApiError(
                 f"{field}: {len(prompt)} tokens; this generator takes at most "
                 f"{s.max_prompt_tokens} (model.max_prompt_tokens)",
                 field,
             )
-        return _Call(prompt, self._max_tokens(body), self._stop_ids(body), logprobs)
+        stops = self._stop_texts(body)
+        return _Call(prompt, self._max_tokens(body), self._stop_ids(body), stops, logprobs)
 
     def _max_tokens(self, body: dict[str, Any]) -> int:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -232,6 +236,29 @@ class _Api:
         if not isinstance(wanted, int) or isinstance(wanted, bool) or wanted < 1:
             raise ApiError(f"{name}: got {wanted!r}; allowed: an integer >= 1", name)
         return min(wanted, self.settings.max_new_tokens)  # the decoder's cache holds no more
+
+    def _stop_texts(self, body: dict[str, Any]) -> tuple[str, ...]:
+        stop = body.get("stop")
+        texts = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if (
+            not isinstance(texts, list)
+            or len(texts) > _MAX_STOP_TEXTS
+            or not all(isinstance(t, str) and t for t in texts)
+        ):
+            raise ApiError(
+                f"stop: got {stop!r}; allowed: a non-empty text, or a list of up to "
+                f"{_MAX_STOP_TEXTS}",
+                "stop",
+            )
+        return tuple(texts)
+
+    def _stop_when(self, texts: tuple[str, ...]) -> Callable[[list[int]], bool] | None:
+        """The decoder's test of a response so far for ``texts`` (run on its thread)."""
+        if not texts:
+            return None
+        window = max(len(t) for t in texts) + _STOP_MARGIN_TOKENS
+        decode = self.codec.decode
+        return lambda ids: any(t in decode(ids[-window:]) for t in texts)
 
     def _stop_ids(self, body: dict[str, Any]) -> frozenset[int]:
         ids = body.get("stop_token_ids") or []
@@ -277,7 +304,8 @@ class _Api:
         return ids
 
     async def _sample(self, session: str, call: _Call) -> Finished:
-        future = self.bridge.submit(call.prompt, call.max_new_tokens, call.stop_ids)
+        stop_when = self._stop_when(call.stop_texts)
+        future = self.bridge.submit(call.prompt, call.max_new_tokens, call.stop_ids, stop_when)
         try:
             finished = await asyncio.wrap_future(future)
         except RuntimeError as error:  # the generator dropped or stopped its decoder
@@ -297,6 +325,12 @@ class _Api:
         return finished
 
     # --- responses ------------------------------------------------------------------------
+
+    def _text(self, finished: Finished, call: _Call) -> str:
+        """The response's text, up to the first stop text it holds (without it)."""
+        text = self.codec.decode(finished.tokens)
+        cuts = [text.find(t) for t in call.stop_texts if t in text]
+        return text[: min(cuts)] if cuts else text
 
     def _pieces(self, finished: Finished) -> list[str]:
         """Each sampled token's own text (special tokens by name)."""

@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from asyncrl.actors._setup import load_policy
+from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder
+from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.merge import merge_calls
 from asyncrl.actors.serving.records import CallRecord, decode_records
@@ -130,7 +132,8 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served) -> None:
         ({"temperature": 0.5}, "temperature"),
         ({"stream": True}, "stream"),
         ({"n": 2}, "n"),
-        ({"stop": ["\n"]}, "stop"),
+        ({"stop": [""]}, "stop"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"prompt": [10**9]}, "prompt"),
         ({"prompt": "9" * 100}, "prompt"),
@@ -203,9 +206,6 @@ def test_calls_that_extend_the_last_one_merge_into_one_sequence(served) -> None:
 
 def api_ids(text: str) -> list[int]:
     """The embedded tokenizer's ids of ``text`` (one token per character)."""
-    from asyncrl.actors.policy.checkpoint import model_dir
-    from asyncrl.actors.policy.tokenizer import TextCodec
-
     return TextCodec.from_dir(model_dir("embedded")).encode(text)
 
 
@@ -241,3 +241,21 @@ def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(serv
     alone = run_group([], "tests.support.harnesses:ask_once", timeout_s=0.3)
     assert isinstance(alone, HarnessFailed)
     assert "found no live generator to call after 0.3 s" in str(alone)
+
+
+def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(served) -> None:
+    entry, _ = served
+    api = client(entry, "stop")
+    codec = TextCodec.from_dir(model_dir("embedded"))
+    stops = ["+0=", "+1="]  # three tokens each; the first column's carry writes one
+    for _ in range(5):  # sampling may end a response before its first column
+        done = api.completions.create(model="policy", prompt="4589+123=", stop=stops)
+        (call,) = records(entry, "stop")
+        written = codec.decode(call.completion_ids)
+        if any(written.endswith(stop) for stop in stops):
+            break
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop" and not call.truncated
+    assert written == choice.text + written[-3:] and written[-3:] in stops
+    assert not any(stop in choice.text for stop in stops)
+    assert choice.token_ids == call.completion_ids  # all sampled, all recorded
