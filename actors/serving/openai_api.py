@@ -134,7 +134,7 @@ class _Api:
     async def chat(self, request: Request) -> Response:
         body = await _json_body(request)
         call = self._call(body, self._chat_prompt(body), "messages", bool(body.get("logprobs")))
-        finished = await self._sample(request.path_params["sid"], call)
+        finished = await self._sample(request, call)
         text = self._text(finished, call)
         logprobs = None
         if call.logprobs:
@@ -167,7 +167,7 @@ class _Api:
                 "logprobs",
             )
         call = self._call(body, prompt, "prompt", wanted is not None)
-        finished = await self._sample(request.path_params["sid"], call)
+        finished = await self._sample(request, call)
         logprobs = None
         if call.logprobs:
             pieces = self._pieces(finished)
@@ -303,15 +303,26 @@ class _Api:
             raise ApiError(f"{field}: encodes to no tokens", field)
         return ids
 
-    async def _sample(self, session: str, call: _Call) -> Finished:
+    async def _sample(self, request: Request, call: _Call) -> Finished:
+        """The call decoded and recorded; given up (and out of the decoder at its next
+        step) if the client goes away first: a harness session that timed out or was
+        cancelled leaves no call behind, decoding or recorded."""
         stop_when = self._stop_when(call.stop_texts)
         future = self.bridge.submit(call.prompt, call.max_new_tokens, call.stop_ids, stop_when)
+        sampled = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(_disconnected(request))
+        await asyncio.wait((sampled, gone), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not sampled.done():
+            sampled.cancel()  # cancels the bridge's future too
+            raise ApiError("the client went away before its call was decoded", None, 499)
         try:
-            finished = await asyncio.wrap_future(future)
+            finished = sampled.result()
         except RuntimeError as error:  # the generator dropped or stopped its decoder
             raise ApiError(
                 f"the generator could not finish this call: {error}", None, 503
             ) from None
+        session = request.path_params["sid"]
         self.records.add(
             session,
             CallRecord(
@@ -354,6 +365,12 @@ class _Api:
             "usage": usage,
         }
         return JSONResponse(reply)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed its connection (its body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -24,14 +25,24 @@ from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_h
 from asyncrl.actors.tasks import Sample
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
+from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
 VERSION = 3
 
 
+@dataclass
+class Served:
+    entry: ApiEntry  # the server's entry in the run's API directory
+    decoder: Decoder
+    serving: Serving
+    loads: list[int] = field(default_factory=list)  # versions to load mid-call
+    paused: threading.Event = field(default_factory=threading.Event)  # no decode steps
+
+
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[ApiEntry, Decoder]]:
+def served(tmp_path: Path) -> Iterator[Served]:
     cfg = config_from_dict(
         {
             "run": {"dir": str(tmp_path / "run")},
@@ -50,23 +61,25 @@ def served(tmp_path: Path) -> Iterator[tuple[ApiEntry, Decoder]]:
         version=VERSION,
     )  # fmt: skip
     stop = threading.Event()
-    loads: list[int] = []  # versions to load: after the next step with a sequence in flight
+    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
+    state = Served(entry, decoder, serving)
 
     def decode() -> None:  # the generate worker's main thread, in short
         while not stop.is_set():
+            if state.paused.is_set():
+                time.sleep(0.002)
+                continue
             running = bool(decoder.active)
             serving.advance(decoder)
-            if loads and running:  # as on_version does, between two decode steps
-                decoder.load(model.state_dict(), loads.pop())
+            if state.loads and running:  # after a step with a sequence in flight
+                decoder.load(model.state_dict(), state.loads.pop())  # as on_version does
             if not decoder.busy:
                 time.sleep(0.002)
 
     loop = threading.Thread(target=decode, daemon=True)
     loop.start()
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    decoder.loads = loads  # type: ignore[attr-defined]
     try:
-        yield entry, decoder
+        yield state
     finally:
         stop.set()
         loop.join(5)
@@ -86,8 +99,8 @@ def records(entry: ApiEntry, session: str) -> list[CallRecord]:
         return decode_records(reply.read())
 
 
-def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served) -> None:
-    entry, _ = served
+def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served: Served) -> None:
+    entry = served.entry
     assert entry.version == VERSION
     api = client(entry, "s1")
     done = api.completions.create(model="policy", prompt="12+34=", max_tokens=20, logprobs=0)
@@ -111,8 +124,8 @@ def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served) ->
     assert records(entry, "s1") == []  # taken once: freed
 
 
-def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served) -> None:
-    entry, decoder = served
+def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> None:
+    entry, decoder = served.entry, served.decoder
     api = client(entry, "s2")
     every_id = list(range(decoder.model.config.vocab_size))
     stopped = api.completions.create(
@@ -140,9 +153,9 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served) -> None:
     ],
 )
 def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
-    served, asked: dict, param: str
+    served: Served, asked: dict, param: str
 ) -> None:
-    entry, _ = served
+    entry = served.entry
     api = client(entry, "bad")
     kwargs = {"model": "policy", "prompt": "1+1=", **asked}
     with pytest.raises(openai.BadRequestError) as refused:
@@ -154,27 +167,27 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
     assert api.completions.create(model="policy", prompt="1+1=", max_tokens=2).choices
 
 
-def test_the_temperature_refused_is_named_with_the_runs(served) -> None:
-    entry, _ = served
+def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
+    entry = served.entry
     with pytest.raises(openai.BadRequestError, match=r"algorithm\.temperature=1"):
         client(entry, "t").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "1+1="}], temperature=0.2
         )
 
 
-def test_a_wrong_key_is_refused(served) -> None:
-    entry, _ = served
+def test_a_wrong_key_is_refused(served: Served) -> None:
+    entry = served.entry
     wrong = openai.OpenAI(base_url=entry.session_url("k"), api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model="policy", prompt="1+1=")
 
 
-def test_a_version_loaded_during_a_call_is_recorded_per_token(served) -> None:
-    entry, decoder = served
+def test_a_version_loaded_during_a_call_is_recorded_per_token(served: Served) -> None:
+    entry, decoder = served.entry, served.decoder
     api = client(entry, "v")
     for _ in range(10):  # until a call runs long enough for a load to land inside it
         before = decoder.version
-        decoder.loads[:] = [before + 1]
+        served.loads[:] = [before + 1]
         api.completions.create(model="policy", prompt="12+34=", max_tokens=12)
         (call,) = records(entry, "v")
         if len(set(call.versions)) > 1:
@@ -187,8 +200,8 @@ def test_a_version_loaded_during_a_call_is_recorded_per_token(served) -> None:
     assert set(after.versions) == {before + 1}
 
 
-def test_calls_that_extend_the_last_one_merge_into_one_sequence(served) -> None:
-    entry, _ = served
+def test_calls_that_extend_the_last_one_merge_into_one_sequence(served: Served) -> None:
+    entry = served.entry
     api = client(entry, "m")
     first = api.completions.create(model="policy", prompt="1+2=", max_tokens=6).choices[0]
     assert first.prompt_token_ids == [int(t) for t in first.prompt_token_ids]
@@ -223,8 +236,8 @@ def run_group(entries: list[ApiEntry], harness: str, timeout_s: float = 20) -> o
         runner.stop()
 
 
-def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served) -> None:
-    entry, _ = served
+def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served: Served) -> None:
+    entry = served.entry
     sequences, rewards = run_group([entry], "tests.support.harnesses:ask_once")
     assert [s.owner for s in sequences] == [0, 1, 2] and len(rewards) == 3
     assert all(r in (0.0, 1.0) for r in rewards)
@@ -234,8 +247,8 @@ def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served) -
     assert records(entry, "g-0") == []  # collected
 
 
-def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(served) -> None:
-    entry, _ = served
+def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(served: Served) -> None:
+    entry = served.entry
     failed = run_group([entry], "tests.support.harnesses:never_calls")
     assert isinstance(failed, HarnessFailed) and "made no model call" in str(failed)
     alone = run_group([], "tests.support.harnesses:ask_once", timeout_s=0.3)
@@ -243,8 +256,10 @@ def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(serv
     assert "found no live generator to call after 0.3 s" in str(alone)
 
 
-def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(served) -> None:
-    entry, _ = served
+def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(
+    served: Served,
+) -> None:
+    entry = served.entry
     api = client(entry, "stop")
     codec = TextCodec.from_dir(model_dir("embedded"))
     stops = ["+0=", "+1="]  # three tokens each; the first column's carry writes one
@@ -259,3 +274,19 @@ def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(
     assert written == choice.text + written[-3:] and written[-3:] in stops
     assert not any(stop in choice.text for stop in stops)
     assert choice.token_ids == call.completion_ids  # all sampled, all recorded
+
+
+def test_a_call_whose_client_goes_away_leaves_the_decoder_and_no_record(served: Served) -> None:
+    served.paused.set()  # the call waits for a decode step it will not see
+    impatient = openai.OpenAI(
+        base_url=served.entry.session_url("gone"), api_key=served.entry.key, max_retries=0,
+        timeout=0.3,
+    )  # fmt: skip
+    with pytest.raises(openai.APITimeoutError):
+        impatient.completions.create(model="policy", prompt="1+1=")
+    wait_for(lambda: not served.serving.busy, 5, "the abandoned call to be given up")
+    requests, cancelled = served.serving.bridge.take()
+    assert requests == [] and len(cancelled) == 1  # never reaches the decoder
+    served.paused.clear()
+    assert records(served.entry, "gone") == []
+    assert client(served.entry, "after").completions.create(model="policy", prompt="1+1=")
