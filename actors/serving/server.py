@@ -19,8 +19,12 @@ class ApiServer:
 
     def __init__(self, app: Starlette, host: str) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off only on sockets
+        # that say they are TCP, and with it on each response's body waited for the
+        # client's delayed ACK of its headers (40 ms a call, measured here, against 5).
+        self._socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._socket.bind((host, 0))
         self.port = self._socket.getsockname()[1]
         # A wildcard address is no address to dial: name this host instead.
