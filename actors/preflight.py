@@ -164,6 +164,8 @@ def check_harness(cfg: RunConfig) -> list[str]:
             f"data.reward={data.reward!r} with data.harness set: leave it empty (the rewards "
             "the harness returns are the reward)"
         )
+    if not data.harness_host.strip():
+        problems.append("data.harness_host: got ''; allowed: the address generators serve on")
     try:
         load_harness(data.harness)
     except TaskError as error:

@@ -68,6 +68,7 @@ def test_the_core_registers_a_serving_generator_which_claims_nothing() -> None:
             {"harness": HARNESS, "environment": "asyncrl.actors.tasks.calculator:Calculator"},
             "a run has one or the other",
         ),
+        ({"harness": HARNESS, "harness_host": ""}, "data.harness_host: got ''"),
     ],
 )
 def test_the_harness_preflight_names_the_problem(data: dict, problem: str) -> None:
