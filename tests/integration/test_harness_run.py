@@ -62,6 +62,24 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
     assert processes_mentioning(str(run_dir)) == []
 
 
+def test_calls_that_extend_each_other_train_as_the_tokens_they_sampled(tmp_path: Path) -> None:
+    """Each session makes two calls, the second extending the first by its token ids and
+    more: one sequence a trajectory, with untrained tokens between the calls. logp scores
+    every group again (proximal_logp=recompute): on the same version its log-probs equal
+    the generator's, token for token, only if the sequence is exactly what was sampled."""
+    done, run_dir = run(
+        tmp_path,
+        "data.harness=tests.support.harnesses:asks_twice",
+        "data.val_every_versions=0",
+        "algorithm.proximal_logp=recompute",
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = steps(run_dir)
+    assert [s["step"] for s in lines] == list(range(1, STEPS + 1))
+    compared = [s for s in lines if s["same_version_tokens"]]
+    assert compared and max(s["logprob_mismatch"] for s in compared) < 1e-4
+
+
 def test_a_harness_that_raises_hangs_or_returns_text_fails_its_group_not_the_run(
     tmp_path: Path,
 ) -> None:

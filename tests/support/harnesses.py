@@ -13,6 +13,16 @@ async def ask_once(sample, client) -> float:
     return task.reward(sample, done.choices[0].text)
 
 
+async def asks_twice(sample, client) -> float:
+    """Two calls, the second extending the first exactly (its token ids, then the question
+    again): one sequence a trajectory, the question between the calls untrained."""
+    first = await client.completions.create(model="policy", prompt=sample.prompt, max_tokens=40)
+    done = first.choices[0]
+    again = [*done.prompt_token_ids, *done.token_ids, *done.prompt_token_ids]
+    await client.completions.create(model="policy", prompt=again, max_tokens=40)
+    return task.reward(sample, done.text)
+
+
 async def misbehaves(sample, client) -> object:
     """As ask_once, but by the sum of the two last digits: 10 raises, 11 hangs past any
     time limit, 12 returns text."""
