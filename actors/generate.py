@@ -19,8 +19,8 @@ greedily with a frozen copy of that version and reports their mean reward. With
 ``data.val_every_versions: 0`` it never validates (a benchmark that scores checkpoints
 afterwards keeps the generator's time for training).
 
-With ``data.harness`` set, agent harnesses hold the generate stage: the generator claims
-no leases and serves their model calls instead, over an OpenAI-compatible API on a thread
+With ``data.harness`` set, agent harnesses hold the generate stage: the generator takes
+no lease and serves their model calls instead, over an OpenAI-compatible API on a thread
 of its own (:mod:`.serving`), decoded by this loop and following versions the same.
 """
 

@@ -6,7 +6,7 @@ computes a forward pass whose result is thrown away.
 
 With ``data.harness`` set, agent harnesses (the ``harness`` role) take the generate stage's
 place: they drive the generators through the API those serve, and the generate workers
-stay registered to serve and follow versions, claiming nothing.
+stay registered to serve and follow versions, and are leased nothing.
 """
 
 from __future__ import annotations

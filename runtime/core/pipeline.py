@@ -96,7 +96,7 @@ class Pipeline:
     entry: GroupState = GroupState.PENDING
     # The role that adds groups (into ``entry``); what it adds them with is filed under it.
     entry_role: str = Role.DATALOADER.value
-    # Roles whose workers register and follow versions but claim nothing (see above).
+    # Roles whose workers register and follow versions but are leased nothing (see above).
     serving: tuple[str, ...] = ()
     _by_source: dict[GroupState, tuple[Stage, ...]] = field(init=False, repr=False)
 
