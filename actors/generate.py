@@ -114,7 +114,8 @@ class Generate(StreamingActor):
         self.n = cfg.data.group_size
         if self.n > self.slots:
             raise ValueError(f"data.group_size={self.n} exceeds the decoder's {self.slots} slots")
-        self.validates = ctx.index in (None, 0)
+        # With harnesses, the harness role validates: through the API, as the agent runs.
+        self.validates = ctx.index in (None, 0) and not cfg.data.harness
         data = cfg.data
         self.environment = load_environment(data.environment) if data.environment else None
         self.stop_ids = (

@@ -10,6 +10,13 @@ reward role keeps. Sessions run on an asyncio loop of this worker's own
 (:mod:`.serving.sessions`), so a slow harness holds up neither the worker's talk with the
 scheduler nor any generator.
 
+Validation: every ``data.val_every_versions`` versions the harness worker with index 0 (or
+none) runs the harness once on each of the first ``data.val_prompts`` validation samples,
+on validation sessions whose calls the generators decode greedily and do not record, and
+reports the mean reward (a failed session counts 0), as a generator validates a task.
+Its calls run on the live generators, so a version loaded meanwhile serves the rest: the
+report names the version that was loaded when it began.
+
 A session that raises, outlives ``data.harness_timeout_s``, returns a non-number or
 makes no model call fails its group with the reason (tried again, then reported dead),
 never the run. A harness that blocks the loop (blocking code in an async function) stops
@@ -34,6 +41,8 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
+import structlog
+
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
@@ -44,8 +53,12 @@ from .payloads import PromptIn, RolloutsOut
 from .preflight import check_harness
 from .serving.directory import ApiDirectory, ApiEntry
 from .serving.sessions import HarnessFailed, SessionRunner, load_harness
+from .tasks import validation_samples
+from .workload import load_workload
 
 __all__ = ["Harness"]
+
+log = structlog.get_logger("asyncrl.harness")
 
 _LOOK_EVERY_S = 0.05  # how often the generators' entries are read again
 _WAIT_S = 0.02  # advance waits this long for a group to finish before giving the loop back
@@ -57,6 +70,13 @@ class _Running:
     lease: p.Lease
     groups: dict[int, concurrent.futures.Future]  # gid → its sessions' result
     overdue_at: float
+
+
+@dataclass
+class _Validation:
+    version: int
+    started: float
+    results: concurrent.futures.Future  # per sample: its reward, or why it failed
 
 
 class Harness(StreamingActor):
@@ -73,6 +93,9 @@ class Harness(StreamingActor):
         self.usable: list[ApiEntry] = []  # live generators at least that new
         self._looked_at = -math.inf
         self._finished = threading.Event()
+        self.validation: _Validation | None = None
+        self.last_validated: int | None = None
+        self.reports: list[p.Report] = []
 
     def on_start(self, ctx: WorkerContext) -> None:
         data = ctx.config.data
@@ -94,6 +117,8 @@ class Harness(StreamingActor):
             concurrency=data.harness_concurrency,
             servers=lambda: self.usable,  # read on the sessions' thread: one list, swapped
         )
+        self.validates = ctx.index in (None, 0) and data.val_every_versions > 0
+        self.task = load_workload(ctx.config) if self.validates else None
 
     # --- versions ------------------------------------------------------------------------
 
@@ -113,6 +138,48 @@ class Harness(StreamingActor):
             self.loaded = oldest if self.loaded is None else max(self.loaded, oldest)
         floor = self.loaded
         self.usable = [e for e in live if floor is not None and e.version >= floor]
+        self._maybe_validate()
+
+    # --- validation ----------------------------------------------------------------------
+
+    def _maybe_validate(self) -> None:
+        if not self.validates or self.validation is not None or self.loaded is None:
+            return
+        every = self.ctx.config.data.val_every_versions
+        last = self.last_validated
+        if last is not None and self.loaded // every <= last // every:
+            return
+        self.last_validated = self.loaded
+        samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
+        prefix = f"{self.ctx.worker}-validation-{self.loaded}-{secrets.token_hex(4)}"
+        assert self.runner is not None
+        results = self.runner.run_validation(samples, prefix)
+        results.add_done_callback(lambda _: self._finished.set())
+        self.validation = _Validation(self.loaded, time.monotonic(), results)
+
+    def _finish_validation(self) -> None:
+        v = self.validation
+        if v is None or not v.results.done():
+            return
+        self.validation = None
+        outcomes = v.results.result()
+        rewards = [r if isinstance(r, float) else 0.0 for r in outcomes]
+        errors = [r for r in outcomes if isinstance(r, str)]
+        if errors:
+            log.warning(
+                "validation sessions failed", version=v.version, count=len(errors), first=errors[0]
+            )
+        metrics = {
+            "val_reward": sum(rewards) / max(len(rewards), 1),
+            "val_prompts": len(rewards),
+            "val_reward_errors": len(errors),
+            "val_seconds": round(time.monotonic() - v.started, 3),
+        }
+        self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
+
+    def take_reports(self) -> list[p.Report]:
+        reports, self.reports = self.reports, []
+        return reports
 
     # --- leases --------------------------------------------------------------------------
 
@@ -124,7 +191,7 @@ class Harness(StreamingActor):
 
     @property
     def busy(self) -> bool:
-        return bool(self.running)
+        return bool(self.running) or self.validation is not None
 
     def admit(self, lease: p.Lease) -> None:
         groups = {}
@@ -143,6 +210,7 @@ class Harness(StreamingActor):
         self._finished.wait(_WAIT_S)
         self._finished.clear()
         self._look()
+        self._finish_validation()
         done, now = [], time.monotonic()
         for lease_id, running in list(self.running.items()):
             if all(future.done() for future in running.groups.values()):
@@ -178,6 +246,9 @@ class Harness(StreamingActor):
                 future.cancel()
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
+        if self.validation is not None:
+            self.validation.results.cancel()
+            self.validation = None  # measured again at the next due version
         return leases
 
     def on_stop(self) -> None:

@@ -47,6 +47,8 @@ class Bridge:
         max_new_tokens: int | None,
         stop_ids: frozenset[int],
         stop_when: Callable[[list[int]], bool] | None = None,
+        *,
+        greedy: bool = False,
     ) -> Future[Finished]:
         future: Future[Finished] = Future()
         with self._lock:
@@ -57,6 +59,7 @@ class Bridge:
                 max_new_tokens=max_new_tokens,
                 stop_ids=stop_ids,
                 stop_when=stop_when,
+                greedy=greedy,
             )
             self._queued.append(request)
             self._futures[tag] = future

@@ -7,6 +7,9 @@ call it makes to session ``sid``. Routes::
     POST /sessions/<sid>/v1/completions        prompt text, or token ids
     GET  /sessions/<sid>/v1/models             the one model served
     GET  /sessions/<sid>/record                the session's calls (msgpack), then forgotten
+    POST /validation/<sid>/v1/chat/completions and /validation/<sid>/v1/completions:
+                                               the same calls decoded greedily, not recorded
+                                               (a harness scored on validation samples)
 
 Each call is sampled at the run's ``algorithm.temperature`` (the trainer recomputes
 log-probs at it, so another would train on numbers that were never sampled): a request
@@ -67,6 +70,13 @@ class ApiError(Exception):
         return JSONResponse({"error": error}, status_code=self.status)
 
 
+VALIDATION = "/validation"  # the path prefix of greedy, unrecorded calls
+
+
+def _validating(request: Request) -> bool:
+    return request.url.path.startswith(f"{VALIDATION}/")
+
+
 @dataclass(frozen=True)
 class ApiSettings:
     token: str  # the bearer token every request must carry
@@ -83,6 +93,7 @@ class _Call:
     stop_ids: frozenset[int]
     stop_texts: tuple[str, ...]
     logprobs: bool
+    greedy: bool = False  # a validation call: the most likely token each time
 
 
 def make_app(
@@ -98,6 +109,12 @@ def make_app(
         Route("/sessions/{sid}/v1/completions", api.guarded(api.completions), methods=["POST"]),
         Route("/sessions/{sid}/v1/models", api.guarded(api.models), methods=["GET"]),
         Route("/sessions/{sid}/record", api.guarded(api.record), methods=["GET"]),
+        # Validation: greedy, as the generator validates, and nothing kept to train on.
+        Route(f"{VALIDATION}/{{sid}}/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
+        Route(
+            f"{VALIDATION}/{{sid}}/v1/completions", api.guarded(api.completions), methods=["POST"]
+        ),
+        Route(f"{VALIDATION}/{{sid}}/v1/models", api.guarded(api.models), methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
@@ -133,7 +150,9 @@ class _Api:
 
     async def chat(self, request: Request) -> Response:
         body = await _json_body(request)
-        call = self._call(body, self._chat_prompt(body), "messages", bool(body.get("logprobs")))
+        call = self._call(
+            body, self._chat_prompt(body), "messages", bool(body.get("logprobs")), request
+        )
         finished = await self._sample(request, call)
         text = self._text(finished, call)
         logprobs = None
@@ -166,7 +185,7 @@ class _Api:
                 "alternatives are served)",
                 "logprobs",
             )
-        call = self._call(body, prompt, "prompt", wanted is not None)
+        call = self._call(body, prompt, "prompt", wanted is not None, request)
         finished = await self._sample(request, call)
         logprobs = None
         if call.logprobs:
@@ -197,16 +216,22 @@ class _Api:
 
     # --- requests -------------------------------------------------------------------------
 
-    def _call(self, body: dict[str, Any], prompt: list[int], field: str, logprobs: bool) -> _Call:
-        """The sampling a request asks for; ApiError for what cannot be served exactly."""
+    def _call(
+        self, body: dict[str, Any], prompt: list[int], field: str, logprobs: bool, request: Request
+    ) -> _Call:
+        """The sampling a request asks for; ApiError for what cannot be served exactly.
+        A validation call decodes greedily whatever temperature it names."""
         s = self.settings
+        greedy = _validating(request)
         if body.get("stream"):
             raise ApiError("stream: streaming is not served; ask without it", "stream")
         if body.get("n", 1) != 1:
             raise ApiError(f"n: got {body.get('n')!r}; allowed: 1", "n")
         temperature = body.get("temperature")
-        if temperature is not None and (
-            not _number(temperature) or not math.isclose(temperature, s.temperature)
+        if (
+            not greedy
+            and temperature is not None
+            and (not _number(temperature) or not math.isclose(temperature, s.temperature))
         ):
             raise ApiError(
                 f"temperature: got {temperature!r}; this run samples at "
@@ -226,7 +251,7 @@ class _Api:
                 field,
             )
         stops = self._stop_texts(body)
-        return _Call(prompt, self._max_tokens(body), self._stop_ids(body), stops, logprobs)
+        return _Call(prompt, self._max_tokens(body), self._stop_ids(body), stops, logprobs, greedy)
 
     def _max_tokens(self, body: dict[str, Any]) -> int:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -308,7 +333,9 @@ class _Api:
         step) if the client goes away first: a harness session that timed out or was
         cancelled leaves no call behind, decoding or recorded."""
         stop_when = self._stop_when(call.stop_texts)
-        future = self.bridge.submit(call.prompt, call.max_new_tokens, call.stop_ids, stop_when)
+        future = self.bridge.submit(
+            call.prompt, call.max_new_tokens, call.stop_ids, stop_when, greedy=call.greedy
+        )
         sampled = asyncio.wrap_future(future)
         gone = asyncio.ensure_future(_disconnected(request))
         await asyncio.wait((sampled, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -322,6 +349,8 @@ class _Api:
             raise ApiError(
                 f"the generator could not finish this call: {error}", None, 503
             ) from None
+        if call.greedy:
+            return finished  # validation: nothing to train on
         session = request.path_params["sid"]
         self.records.add(
             session,

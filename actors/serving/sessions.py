@@ -95,6 +95,13 @@ class SessionRunner:
         group = self._group(sample, n, session_prefix)
         return asyncio.run_coroutine_threadsafe(group, self.loop)
 
+    def run_validation(
+        self, samples: list[Sample], session_prefix: str
+    ) -> concurrent.futures.Future[list[float | str]]:
+        """Each sample once, on validation sessions (greedy calls, nothing recorded): per
+        sample its reward, or why its session failed."""
+        return asyncio.run_coroutine_threadsafe(self._validate(samples, session_prefix), self.loop)
+
     def stop(self) -> None:
         """Cancel every session and end the loop."""
 
@@ -156,14 +163,38 @@ class SessionRunner:
             raise HarnessFailed(f"{where}: made no model call, so there is nothing to train")
         return sequences, reward
 
-    async def _run(self, sample: Sample, server: ApiEntry, session: str) -> Any:
-        client = openai.AsyncOpenAI(
-            base_url=server.session_url(session),
-            api_key=server.key,
+    async def _validate(self, samples: list[Sample], prefix: str) -> list[float | str]:
+        if self._http is None:
+            self._http = openai.DefaultAsyncHttpxClient()
+        sessions = (self._validation(s, f"{prefix}-{i}") for i, s in enumerate(samples))
+        return list(await asyncio.gather(*sessions))
+
+    async def _validation(self, sample: Sample, session: str) -> float | str:
+        async with self._limit:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    server = await self._server()
+                    client = self._client(server.validation_url(session), server.key)
+                    reward = await self.function(sample, client)
+            except TimeoutError:
+                return f"still running after {self.timeout_s:g} s (data.harness_timeout_s)"
+            except Exception as error:
+                return f"{type(error).__name__}: {error}"
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            return f"returned {reward!r:.80} ({type(reward).__name__}), not a finite number"
+        return float(reward)
+
+    def _client(self, base_url: str, key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=key,
             max_retries=0,  # a retried call would be sampled twice, and recorded twice
             timeout=self.timeout_s,
             http_client=self._http,  # shared: never closed with the session's client
         )
+
+    async def _run(self, sample: Sample, server: ApiEntry, session: str) -> Any:
+        client = self._client(server.session_url(session), server.key)
         try:
             return await self.function(sample, client)
         except BaseException:

@@ -38,6 +38,7 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
         tmp_path,
         "data.harness=tests.support.harnesses:ask_once",
         "data.val_every_versions=2",
+        "data.val_prompts=8",
         "pipeline.workers.generate=2",
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -50,16 +51,32 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
     assert all(0 <= s["staleness_max"] <= 2 for s in lines)
     # The generator's log-probs of a version are logp's own (proximal reuse held).
     assert all(s["logprob_mismatch"] < 1e-4 for s in lines if s["same_version_tokens"])
-    # The serving generator followed the versions and validated beside serving.
+    # The serving generators followed the versions.
     loads = [json.loads(x) for x in (run_dir / "weights.jsonl").read_text().splitlines()]
     assert {x["version"] for x in loads} >= {1, 2}
-    assert (run_dir / "validation.jsonl").read_text().strip()
+    # The harness worker validated through the API, greedily: the base model's greedy
+    # answers to the first 8 validation sums, as the generator scores them without a
+    # harness (2 of 8 right), and nothing of it was recorded to train on.
+    validation = [json.loads(x) for x in (run_dir / "validation.jsonl").read_text().splitlines()]
+    assert validation[0]["worker"] == "harness-0" and validation[0]["version"] == 0
+    assert validation[0]["val_prompts"] == 8 and validation[0]["val_reward_errors"] == 0
+    assert validation[0]["val_reward"] == base_model_greedy_reward(8)
     # Sessions went to both generators, and every session's records were collected.
     for generator in ("generate-0", "generate-1"):
         (stopped,) = records(run_dir, generator, "stopped serving")
         assert stopped["calls"] > 0 and stopped["sessions_dropped_uncollected"] == 0
     assert list((run_dir / "api-servers").iterdir()) == []  # withdrawn on the way out
     assert processes_mentioning(str(run_dir)) == []
+
+
+def base_model_greedy_reward(prompts: int) -> float:
+    """The embedded model's greedy validation reward, from the warm-up's own scorer."""
+    from asyncrl.actors.policy.checkpoint import load_model
+    from asyncrl.actors.policy.warmup import validation_reward
+    from asyncrl.actors.tasks.arithmetic import task
+
+    model, codec = load_model("embedded")
+    return validation_reward(model, codec, task, prompts, max_new_tokens=80)
 
 
 def test_calls_that_extend_each_other_train_as_the_tokens_they_sampled(tmp_path: Path) -> None:
