@@ -19,10 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 
-def run_calculator(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
+def run_calculator(
+    run_dir: Path, *overrides: str, config: str = "calculator.yaml"
+) -> subprocess.CompletedProcess[str]:
     argv = [
         sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
-        "-c", str(REPO / "deploy" / "configs" / "calculator.yaml"),
+        "-c", str(REPO / "deploy" / "configs" / config),
         f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=0",
         "scheduler.control_port=0", "scheduler.events_port=0", *overrides,
     ]  # fmt: skip
@@ -59,3 +61,33 @@ def test_an_environment_that_raises_fails_its_groups_and_the_run_goes_on(tmp_pat
         for r in failed
     )
     assert processes_mentioning(str(run_dir)) == []
+
+
+def test_the_calculator_through_an_openai_client_harness_trains_the_same_episodes(
+    tmp_path: Path,
+) -> None:
+    """deploy/configs/calculator-openai.yaml: the harness's calls extend one another, so
+    each trajectory is one sequence holding the calculator's answers, as with the
+    environment; the harness worker validates through the API at version 0 to the
+    environment's own figure (the same greedy episodes)."""
+    run_dir = tmp_path / "run"
+    run_calculator(
+        run_dir, "data.val_every_versions=10", "data.val_prompts=16",
+        config="calculator-openai.yaml",
+    )  # fmt: skip
+    steps = steps_of(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
+    assert max(s["response_len_max"] for s in steps) > 16
+    validation = json.loads((run_dir / "validation.jsonl").read_text().splitlines()[0])
+    assert validation["worker"] == "harness-0" and validation["version"] == 0
+    assert validation["val_reward"] == environment_greedy_reward(16)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def environment_greedy_reward(prompts: int) -> float:
+    from asyncrl.actors.policy.checkpoint import load_model
+    from asyncrl.actors.policy.warmup import calculator_reward
+
+    model, codec = load_model("embedded-calculator")
+    return calculator_reward(model, codec, prompts)
