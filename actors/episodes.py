@@ -123,6 +123,7 @@ class Episodes:
         limits: EpisodeLimits | None = None,
         stop_ids: Collection[int] = (),
         clock: Callable[[], float] = time.monotonic,
+        others: Callable[[Finished], None] | None = None,
     ) -> None:
         self.decoder = decoder
         self.codec = codec
@@ -131,6 +132,7 @@ class Episodes:
         self.limits = limits or EpisodeLimits(1, decoder.cache.max_len, 0.0)
         self.stop_ids = frozenset(stop_ids)
         self.clock = clock
+        self.others = others  # sequences of the decoder that are not episodes' (API calls)
         self.running: dict[Hashable, _Episode] = {}
         self._left_behind: list[_Call] = []
         self._failed_early: list[tuple[Hashable, str]] = []
@@ -173,7 +175,10 @@ class Episodes:
         for turn in self.decoder.step():
             episode = self.running.get(turn.tag)
             if episode is None:
-                continue  # cancelled while its last token was being decoded
+                # Someone else's sequence, or an episode cancelled during its last token.
+                if self.others is not None:
+                    self.others(turn)
+                continue
             finished = self._turn_ended(episode, turn)
             if finished is not None:
                 done.append(finished)

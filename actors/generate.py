@@ -45,12 +45,12 @@ from ._weights import WeightFollower
 from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
 from .episodes import EpisodeDone, EpisodeLimits, Episodes
 from .payloads import PromptIn, RolloutsOut, Sampled
-from .policy.decoder import Decoder
+from .policy.decoder import Decoder, Finished
 from .preflight import check_device, check_engine, check_model, check_task
 from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
 from .tasks.environment import load_environment, stop_ids
-from .workload import load_workload, reward_for
+from .workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
 
@@ -101,13 +101,14 @@ class Generate(StreamingActor):
         self.loaded = 0
         self.last_validated: int | None = None
         self.serving: Serving | None = None
+        self.serves_only = False
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.ctx = ctx
         self.model, self.codec = load_policy(cfg, self.role, ctx.index)
         self.task = load_workload(cfg)
-        self.reward = reward_for(cfg, self.task)
+        self.reward = validation_reward_for(cfg, self.task)
         self.weights = WeightFollower(
             make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights)), ctx.ask_weights
         )
@@ -122,7 +123,10 @@ class Generate(StreamingActor):
             stop_ids(self.environment(), self.codec.encode) if self.environment else frozenset()
         )
         self.episodes = self._episodes(self.model, greedy_only=False)
-        if data.harness:
+        # Harnesses hold the generate stage: this generator then takes no lease and serves
+        # their calls only. A judge's calls join the batch of the leases.
+        self.serves_only = bool(data.harness)
+        if serves_api(cfg):
             self.serving = Serving(
                 cfg,
                 ctx.worker,
@@ -164,7 +168,12 @@ class Generate(StreamingActor):
             name=data.environment,
             limits=limits,
             stop_ids=self.stop_ids,
+            others=self._answer_served,
         )
+
+    def _answer_served(self, finished: Finished) -> None:
+        if self.serving is not None:
+            self.serving.answer(finished)
 
     @property
     def decoder(self) -> Decoder:
@@ -205,7 +214,7 @@ class Generate(StreamingActor):
     # --- leases --------------------------------------------------------------------------
 
     def capacity(self) -> int:
-        if self.serving is not None:
+        if self.serves_only:
             # The harnesses hold the generate stage, so no claim brings a lease; claiming
             # now and then is how a serving generator hears that the run is over.
             return 1
@@ -229,10 +238,12 @@ class Generate(StreamingActor):
                 self.episodes.begin((lease.lease_id, item.gid, j), sample, encoded)
 
     def advance(self) -> list[tuple[p.Lease, Outcome]]:
-        if self.serving is not None:  # no leases: the decoder holds harnesses' calls only
+        if self.serves_only:  # no leases: the decoder holds harnesses' calls only
             self.serving.advance(self.decoder)
             self._advance_validation()
             return []
+        if self.serving is not None:  # a judge's calls, in the same batch as the leases'
+            self.serving.feed(self.decoder)
         finished, failed = self.episodes.step()
         for (lease_id, gid, _), reason in failed:
             self._fail_group(self.running[lease_id], gid, reason)

@@ -11,16 +11,25 @@ from __future__ import annotations
 import json
 
 from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.rundir import RunDir
 
 from .policy.chat_template import ChatTemplate
 from .policy.checkpoint import model_dir
 from .policy.tokenizer import TextCodec
 from .tasks import RewardFunction, Task, load_task
 from .tasks.datafiles import DataFiles
-from .tasks.rewards import MATH, load_reward
+from .tasks.rewards import JUDGE_PREFIX, MATH, load_reward
 from .tasks.rows import Row
 
-__all__ = ["load_workload", "prompt_token_limit", "reward_choice", "reward_for", "workload_name"]
+__all__ = [
+    "load_workload",
+    "prompt_token_limit",
+    "reward_choice",
+    "reward_for",
+    "serves_api",
+    "validation_reward_for",
+    "workload_name",
+]
 
 
 def load_workload(cfg: RunConfig) -> Task:
@@ -56,9 +65,29 @@ def reward_for(cfg: RunConfig, task: Task | None = None) -> RewardFunction:
     guarded by ``data.reward_timeout_s``. ``task`` is loaded here only if the reward is
     the task's own (the reward role then reads no data files)."""
     choice = reward_choice(cfg)
+    timeout_s = cfg.data.reward_timeout_s
+    if choice.startswith(JUDGE_PREFIX):
+        from .serving.judge import JudgeReward  # the openai client: only judges need it
+
+        judge = JudgeReward(choice, RunDir.of(cfg).api_servers, timeout_s)
+        return RewardFunction(judge, choice, timeout_s)
     if task is None and not choice:
         task = load_workload(cfg)
-    return load_reward(choice, task, workload_name(cfg), timeout_s=cfg.data.reward_timeout_s)
+    return load_reward(choice, task, workload_name(cfg), timeout_s=timeout_s)
+
+
+def validation_reward_for(cfg: RunConfig, task: Task) -> RewardFunction:
+    """What validation scores with: the run's reward, but a judge's run its task's own
+    (the ground truth; a judge is a training signal, and asks the generator that is
+    validating)."""
+    if reward_choice(cfg).startswith(JUDGE_PREFIX):
+        return load_reward("", task, workload_name(cfg), timeout_s=cfg.data.reward_timeout_s)
+    return reward_for(cfg, task)
+
+
+def serves_api(cfg: RunConfig) -> bool:
+    """Whether generators serve the OpenAI-compatible API: to harnesses, or to a judge."""
+    return bool(cfg.data.harness) or reward_choice(cfg).startswith(JUDGE_PREFIX)
 
 
 def prompt_token_limit(cfg: RunConfig) -> int:

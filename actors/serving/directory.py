@@ -34,9 +34,10 @@ class ApiEntry(msgspec.Struct, frozen=True):
         """The ``base_url`` that binds an OpenAI client to ``session`` on this server."""
         return f"{self.url}/sessions/{session}/v1"
 
-    def validation_url(self, session: str) -> str:
-        """The ``base_url`` of a validation session: greedy calls, nothing recorded."""
-        return f"{self.url}/validation/{session}/v1"
+    def greedy_url(self, session: str) -> str:
+        """The ``base_url`` of a greedy session (validation, a judge): calls decoded
+        greedily, nothing recorded."""
+        return f"{self.url}/greedy/{session}/v1"
 
 
 _DECODER = msgspec.json.Decoder(ApiEntry)

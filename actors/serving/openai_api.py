@@ -7,9 +7,9 @@ call it makes to session ``sid``. Routes::
     POST /sessions/<sid>/v1/completions        prompt text, or token ids
     GET  /sessions/<sid>/v1/models             the one model served
     GET  /sessions/<sid>/record                the session's calls (msgpack), then forgotten
-    POST /validation/<sid>/v1/chat/completions and /validation/<sid>/v1/completions:
+    POST /greedy/<sid>/v1/chat/completions and /greedy/<sid>/v1/completions:
                                                the same calls decoded greedily, not recorded
-                                               (a harness scored on validation samples)
+                                               (harness validation sessions, judges)
 
 Each call is sampled at the run's ``algorithm.temperature`` (the trainer recomputes
 log-probs at it, so another would train on numbers that were never sampled): a request
@@ -70,11 +70,11 @@ class ApiError(Exception):
         return JSONResponse({"error": error}, status_code=self.status)
 
 
-VALIDATION = "/validation"  # the path prefix of greedy, unrecorded calls
+GREEDY = "/greedy"  # the path prefix of greedy, unrecorded calls
 
 
-def _validating(request: Request) -> bool:
-    return request.url.path.startswith(f"{VALIDATION}/")
+def _greedy(request: Request) -> bool:
+    return request.url.path.startswith(f"{GREEDY}/")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class _Call:
     stop_ids: frozenset[int]
     stop_texts: tuple[str, ...]
     logprobs: bool
-    greedy: bool = False  # a validation call: the most likely token each time
+    greedy: bool = False  # a greedy session's call: the most likely token each time
 
 
 def make_app(
@@ -109,12 +109,10 @@ def make_app(
         Route("/sessions/{sid}/v1/completions", api.guarded(api.completions), methods=["POST"]),
         Route("/sessions/{sid}/v1/models", api.guarded(api.models), methods=["GET"]),
         Route("/sessions/{sid}/record", api.guarded(api.record), methods=["GET"]),
-        # Validation: greedy, as the generator validates, and nothing kept to train on.
-        Route(f"{VALIDATION}/{{sid}}/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
-        Route(
-            f"{VALIDATION}/{{sid}}/v1/completions", api.guarded(api.completions), methods=["POST"]
-        ),
-        Route(f"{VALIDATION}/{{sid}}/v1/models", api.guarded(api.models), methods=["GET"]),
+        # Validation sessions and judges: greedy, and nothing kept to train on.
+        Route(f"{GREEDY}/{{sid}}/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
+        Route(f"{GREEDY}/{{sid}}/v1/completions", api.guarded(api.completions), methods=["POST"]),
+        Route(f"{GREEDY}/{{sid}}/v1/models", api.guarded(api.models), methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
@@ -220,9 +218,9 @@ class _Api:
         self, body: dict[str, Any], prompt: list[int], field: str, logprobs: bool, request: Request
     ) -> _Call:
         """The sampling a request asks for; ApiError for what cannot be served exactly.
-        A validation call decodes greedily whatever temperature it names."""
+        A greedy session's call decodes greedily whatever temperature it names."""
         s = self.settings
-        greedy = _validating(request)
+        greedy = _greedy(request)
         if body.get("stream"):
             raise ApiError("stream: streaming is not served; ask without it", "stream")
         if body.get("n", 1) != 1:
@@ -350,7 +348,7 @@ class _Api:
                 f"the generator could not finish this call: {error}", None, 503
             ) from None
         if call.greedy:
-            return finished  # validation: nothing to train on
+            return finished  # a greedy session's: nothing to train on
         session = request.path_params["sid"]
         self.records.add(
             session,

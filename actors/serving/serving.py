@@ -20,9 +20,9 @@ from asyncrl.runtime.rundir import RunDir
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError
 from ..policy.checkpoint import model_dir
-from ..policy.decoder import Decoder
+from ..policy.decoder import Decoder, Finished
 from ..policy.tokenizer import TextCodec
-from .bridge import Bridge
+from .bridge import Bridge, ServeTag
 from .directory import ApiDirectory, ApiEntry
 from .openai_api import ApiSettings, make_app
 from .records import SessionRecords
@@ -79,13 +79,21 @@ class Serving:
         self.directory.publish(entry)
 
     def advance(self, decoder: Decoder) -> None:
-        """One decode step: the calls queued since the last join the batch, and the calls
-        that finish are answered. ``decoder`` holds served calls only."""
+        """One decode step of a decoder that holds served calls only."""
+        self.feed(decoder)
+        for finished in decoder.step():
+            self.answer(finished)
+
+    def feed(self, decoder: Decoder) -> None:
+        """The calls queued since the last join the batch; those given up leave it."""
         requests, cancelled = self.bridge.take()
         if cancelled:
             decoder.cancel(cancelled)
         decoder.submit(requests)
-        for finished in decoder.step():
+
+    def answer(self, finished: Finished) -> None:
+        """A finished sequence of the decoder, if it is a served call: its answer."""
+        if isinstance(finished.tag, ServeTag):
             self.bridge.finish(finished)
             self.served += 1
 

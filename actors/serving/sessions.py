@@ -174,7 +174,7 @@ class SessionRunner:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     server = await self._server()
-                    client = self._client(server.validation_url(session), server.key)
+                    client = self._client(server.greedy_url(session), server.key)
                     reward = await self.function(sample, client)
             except TimeoutError:
                 return f"still running after {self.timeout_s:g} s (data.harness_timeout_s)"

@@ -3,6 +3,8 @@
 - empty: the task's own ``reward`` (with data files, the math verifier);
 - ``math``: the math verifier (:mod:`.math_reward`);
 - ``model:DIR``: a Hugging Face sequence classifier (:mod:`.classifier`);
+- ``judge:package.module:attr``: a generative judge, ``async judge(sample, response,
+  client)`` asking the policy through the generators' API (``actors/serving/judge.py``);
 - ``package.module:attr``: a plug-in, ``f(sample, response) -> float``.
 
 Whichever it is, it runs guarded by :class:`~.base.RewardFunction`: an error, a
@@ -11,13 +13,36 @@ non-number or a call past ``data.reward_timeout_s`` fails that group with the re
 
 from __future__ import annotations
 
-from .base import RewardFunction, Task, TaskError
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from .base import RewardFunction, Task, TaskError, import_path
 from .classifier import ClassifierReward, check_classifier_dir
 
-__all__ = ["MATH", "MODEL_PREFIX", "check_reward_choice", "load_reward"]
+__all__ = [
+    "JUDGE_PREFIX",
+    "MATH",
+    "MODEL_PREFIX",
+    "check_reward_choice",
+    "load_judge",
+    "load_reward",
+]
 
 MATH = "math"
 MODEL_PREFIX = "model:"
+JUDGE_PREFIX = "judge:"
+
+
+def load_judge(choice: str) -> Callable[..., Any]:
+    """The async function ``judge:module:attr`` names; TaskError naming the key if not."""
+    function = import_path(choice.removeprefix(JUDGE_PREFIX), "data.reward")
+    if not asyncio.iscoroutinefunction(function):
+        raise TaskError(
+            f"data.reward={choice!r}: not an async function (expected async def "
+            "judge(sample, response, client) -> reward)"
+        )
+    return function
 
 
 def load_reward(
@@ -32,6 +57,8 @@ def load_reward(
     if choice.startswith(MODEL_PREFIX):
         path = choice.removeprefix(MODEL_PREFIX)
         return RewardFunction(ClassifierReward(path), choice, timeout_s)
+    if choice.startswith(JUDGE_PREFIX):
+        raise TaskError(f"data.reward={choice!r}: a judge is made with the run's generators")
     return RewardFunction.load(choice, task, task_name, timeout_s=timeout_s)
 
 
@@ -45,5 +72,7 @@ def check_reward_choice(choice: str, task: Task | None, task_name: str) -> None:
             raise TaskError(f"data.reward='math': cannot import math_verify: {error}") from None
     elif choice.startswith(MODEL_PREFIX):
         check_classifier_dir(choice.removeprefix(MODEL_PREFIX))
+    elif choice.startswith(JUDGE_PREFIX):
+        load_judge(choice)
     else:
         RewardFunction.load(choice, task, task_name)

@@ -61,8 +61,10 @@ class DataSection:
     reward: str = field(
         default="",
         metadata=doc(
-            "reward: f(sample, response) -> float as module:attr, 'math' (math-verify), or "
-            "'model:DIR' (a sequence classifier); empty: the task's own (with data files: math)"
+            "reward: f(sample, response) -> float as module:attr, 'math' (math-verify), "
+            "'model:DIR' (a sequence classifier), or 'judge:module:attr' (an async judge "
+            "asking the policy through the generators' API); empty: the task's own (with "
+            "data files: math)"
         ),
     )
     reward_timeout_s: float = field(

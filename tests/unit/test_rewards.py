@@ -228,3 +228,11 @@ def test_the_reward_role_scores_a_group_with_a_reward_model(tmp_path: Path) -> N
     single = ClassifierReward(str(directory))
     expected = [single(Sample("1+2=", "3"), codec.decode(r)) for r in ([6], [7, 8])]
     assert scores == pytest.approx(expected, abs=1e-5) and 0 < scores[0] < 1
+
+
+def test_a_judge_must_be_an_async_function_and_is_checked_before_a_run() -> None:
+    check_reward_choice("judge:tests.support.judges:agrees_with_greedy", None, "t")
+    with pytest.raises(TaskError, match="not an async function"):
+        check_reward_choice("judge:tests.support.judges:not_async", None, "t")
+    with pytest.raises(TaskError, match="cannot import 'nope'"):
+        check_reward_choice("judge:nope:judge", None, "t")
