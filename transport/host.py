@@ -1,5 +1,6 @@
-"""This host's RAM-backed shared memory: who shares it (the weight plane and the data
-plane map each other's files only when this identity matches), and taking room in it."""
+"""This host: who shares its RAM-backed memory (the weight plane and the data plane map
+each other's files only when this identity matches), taking room in it, and whether a
+process on it is alive (a file a dead process left is stale)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import socket
 from functools import cache
 from pathlib import Path
 
-__all__ = ["NoPages", "host_identity", "reserve_pages"]
+__all__ = ["NoPages", "host_identity", "process_alive", "reserve_pages"]
 
 
 class NoPages(Exception):
@@ -42,3 +43,14 @@ def host_identity() -> str:
     except OSError:
         boot = "unknown-boot"
     return f"{socket.gethostname()}/{boot}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (another user's counts: it is alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

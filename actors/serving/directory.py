@@ -17,6 +17,8 @@ from pathlib import Path
 
 import msgspec
 
+from asyncrl.transport.host import process_alive
+
 __all__ = ["ApiDirectory", "ApiEntry"]
 
 
@@ -67,20 +69,10 @@ class ApiDirectory:
                 entry = _DECODER.decode(path.read_bytes())
             except (OSError, msgspec.ValidationError, msgspec.DecodeError):
                 continue  # removed meanwhile, or not ours
-            if entry.host == socket.gethostname() and not _alive(entry.pid):
+            if entry.host == socket.gethostname() and not process_alive(entry.pid):
                 continue
             found.append(entry)
         return found
 
     def _file(self, worker: str) -> Path:
         return self.path / f"{worker.replace(os.sep, '_')}.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

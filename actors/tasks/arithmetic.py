@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from .base import Sample
+from .base import Sample, sample_rng
 
 __all__ = ["Arithmetic", "solution", "task"]
 
@@ -65,11 +65,7 @@ class Arithmetic:
     name: str = "arithmetic"
 
     def sample(self, split: str, index: int) -> Sample:
-        if split not in _SPLIT_SEEDS:
-            raise ValueError(f"split {split!r}: expected one of {sorted(_SPLIT_SEEDS)}")
-        if index < 0:
-            raise ValueError(f"index {index}: expected an integer >= 0")
-        rng = random.Random(_SPLIT_SEEDS[split] * 1_000_003 + index)
+        rng = sample_rng(_SPLIT_SEEDS, split, index)
         a, b = self._operands(rng)
         return Sample(prompt=f"{a}+{b}=", answer=str(a + b))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -19,6 +20,7 @@ __all__ = [
     "check_reward",
     "import_path",
     "load_task",
+    "sample_rng",
     "validation_samples",
 ]
 
@@ -51,6 +53,16 @@ class Task(Protocol):
     def reward(self, sample: Sample, response: str) -> float:
         """Score ``response`` to ``sample`` (a finite number, usually in [0, 1])."""
         ...
+
+
+def sample_rng(seeds: Mapping[str, int], split: str, index: int) -> random.Random:
+    """The random draws of sample ``index`` of ``split``: a pure function of the two, each
+    split from its own seed (disjoint splits). ValueError naming a bad split or index."""
+    if split not in seeds:
+        raise ValueError(f"split {split!r}: expected one of {sorted(seeds)}")
+    if index < 0:
+        raise ValueError(f"index {index}: expected an integer >= 0")
+    return random.Random(seeds[split] * 1_000_003 + index)
 
 
 def load_task(path: str) -> Task:

@@ -25,7 +25,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from .base import Sample
+from .base import Sample, sample_rng
 
 __all__ = ["ALPHABET", "Calculator", "CalculatorTask", "evaluate", "task"]
 
@@ -62,11 +62,7 @@ class CalculatorTask:
     name: str = "calculator"
 
     def sample(self, split: str, index: int) -> Sample:
-        if split not in _SPLIT_SEEDS:
-            raise ValueError(f"split {split!r}: expected one of {sorted(_SPLIT_SEEDS)}")
-        if index < 0:
-            raise ValueError(f"index {index}: expected an integer >= 0")
-        rng = random.Random(_SPLIT_SEEDS[split] * 1_000_003 + index)
+        rng = sample_rng(_SPLIT_SEEDS, split, index)
         a, b = rng.randint(10, 999), rng.randint(10, 99)
         if rng.random() < 0.5:
             a, b = b, a

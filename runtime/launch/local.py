@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 from asyncrl.runtime.bus import read_endpoints
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.host import process_alive
 from asyncrl.transport.identity import WORKER_KEY_ENV, ensure_run_secret, worker_key
 
 from .gangs import ENV_RANK, ENV_SIZE
@@ -78,12 +78,9 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
     found = read_endpoints(run)
     if found is None or found.pid is None:
         return
-    try:
-        os.kill(found.pid, 0)
-    except ProcessLookupError:
+    # Another user's live process counts as alive: the scheduler's journal lock says so.
+    if not process_alive(found.pid):
         run.endpoints.unlink(missing_ok=True)
-    except PermissionError:
-        pass  # alive, another user's: the scheduler's journal lock will say so
 
 
 def preflight(config_args: Sequence[str]) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 import crc32c
 
 from .. import protocol as p
-from ..host import host_identity
+from ..host import host_identity, process_alive
 from . import image
 
 __all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
@@ -56,20 +56,10 @@ def sweep_stale(shared_dir: Path) -> int:
             pid = int((directory / _OWNER).read_text())
         except (OSError, ValueError):
             continue  # being made right now, or not ours
-        if pid != os.getpid() and not _alive(pid):
+        if pid != os.getpid() and not process_alive(pid):
             shutil.rmtree(directory, ignore_errors=True)
             removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True, slots=True)
