@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from asyncrl.runtime.rundir import RunDir
 from tests.support.cluster import Cluster
 from tests.support.weight_nodes import shm_test_directory
 
@@ -31,3 +33,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     yield make  # type: ignore[misc]
     for c in made:
         c.stop_all()
+
+
+@pytest.fixture(autouse=True)
+def _no_trainer_state_left_in_shared_memory(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A run stopped before its end keeps its trainer's staged state in /dev/shm, on
+    purpose (``--resume`` takes it up); a test's run is never resumed after the test, so
+    what any run under the test's tmp_path staged goes when the test ends."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path: Path = request.getfixturevalue("tmp_path")  # now: it is gone after the test
+    yield
+    for journal in tmp_path.glob("**/journal"):
+        shutil.rmtree(RunDir(journal.parent).staged_state, ignore_errors=True)
