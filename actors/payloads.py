@@ -52,6 +52,7 @@ class PromptIn:
     answer: str
     data_source: str = ""
     extra_info: Mapping[str, Any] | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
 
     def to_payload(self) -> p.Payload:
         payload = {"index": self.index, "prompt": self.prompt, "answer": self.answer}
@@ -59,6 +60,8 @@ class PromptIn:
             payload["data_source"] = self.data_source
         if self.extra_info is not None:
             payload["extra_info"] = dict(self.extra_info)
+        if self.messages is not None:
+            payload["messages"] = [dict(m) for m in self.messages]
         return payload
 
     @classmethod
@@ -67,21 +70,34 @@ class PromptIn:
         extra = data.get("extra_info") if isinstance(data, dict) else None
         if extra is not None and not isinstance(extra, dict):
             raise PayloadError(f"group {item.key!r}: dataloader.extra_info is not a mapping")
+        messages = data.get("messages") if isinstance(data, dict) else None
+        if messages is not None and not (
+            isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+        ):
+            raise PayloadError(f"group {item.key!r}: dataloader.messages is not a list of maps")
         return cls(
             index=int(_field(item, Role.DATALOADER, "index")),
             prompt=str(_field(item, Role.DATALOADER, "prompt")),
             answer=str(_field(item, Role.DATALOADER, "answer")),
             data_source=str(data.get("data_source", "")) if isinstance(data, dict) else "",
             extra_info=extra,
+            messages=None if messages is None else tuple(messages),
         )
 
     @classmethod
     def from_sample(cls, index: int, sample: Sample) -> PromptIn:
-        return cls(index, sample.prompt, sample.answer, sample.data_source, sample.extra_info)
+        return cls(
+            index,
+            sample.prompt,
+            sample.answer,
+            sample.data_source,
+            sample.extra_info,
+            sample.messages,
+        )
 
     def sample(self) -> Sample:
         """The task's sample, as reward functions and environments are given it."""
-        return Sample(self.prompt, self.answer, self.data_source, self.extra_info)
+        return Sample(self.prompt, self.answer, self.data_source, self.extra_info, self.messages)
 
 
 @dataclass(frozen=True)

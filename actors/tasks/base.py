@@ -37,6 +37,9 @@ class Sample:
     answer: str  # the reference the reward compares against; never shown to the model
     data_source: str = ""  # a data file row's: which dataset it came from
     extra_info: Mapping[str, Any] | None = None  # a data file row's own extras
+    # A data file row's chat messages, before the chat template made ``prompt`` of them
+    # (what an agent harness sends to /v1/chat/completions)
+    messages: tuple[Mapping[str, Any], ...] | None = None
 
 
 @runtime_checkable

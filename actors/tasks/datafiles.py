@@ -67,5 +67,7 @@ def _samples(rows: list[Row], prepare: Callable[[Row], str]) -> list[Sample]:
             prompt = prepare(row)
         except ValueError as error:
             raise DataFileError(f"{row.where}: {error}") from None
-        samples.append(Sample(prompt, row.ground_truth, row.data_source, row.extra_info))
+        samples.append(
+            Sample(prompt, row.ground_truth, row.data_source, row.extra_info, row.messages)
+        )
     return samples

@@ -178,6 +178,7 @@ def test_the_workload_renders_prompts_with_the_models_template(tmp_path: Path) -
     assert sample.answer == row["reward_model"]["ground_truth"]
     # What verl's reward functions read beside the answer reaches ours in the sample.
     assert sample.data_source == "addition" and sample.extra_info == row["extra_info"]
+    assert [dict(m) for m in sample.messages] == row["prompt"]  # for a harness's chat call
     assert len(validation_samples(task, 128)) == 3  # a finite split: all there are
     with pytest.raises(IndexError):
         task.sample("validation", 3)

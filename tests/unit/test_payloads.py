@@ -53,7 +53,8 @@ def test_a_missing_or_mistyped_field_names_the_group_and_field() -> None:
 
 
 def test_a_data_file_rows_source_and_extras_reach_the_reward_functions_sample() -> None:
-    sample = Sample("What is 2+2?", "4", "my_math", {"id": 7, "tags": ["easy"]})
+    messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"})
+    sample = Sample("What is 2+2?", "4", "my_math", {"id": 7, "tags": ["easy"]}, messages)
     item = p.Item(1, "k", {Role.DATALOADER.value: PromptIn.from_sample(3, sample).to_payload()})
     back = PromptIn.of(over_the_wire(item))
     assert back.index == 3 and back.sample() == sample
