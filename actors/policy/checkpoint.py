@@ -44,6 +44,7 @@ EMBEDDED_DIR = Path(__file__).parent / "embedded"
 PACKAGED = {
     EMBEDDED: EMBEDDED_DIR,
     "embedded-calculator": Path(__file__).parent / "embedded_calculator",
+    "embedded-long": Path(__file__).parent / "embedded_long",
 }
 # Copied from the base model into every checkpoint: what encodes text and says when a
 # response ends (generation_config.json may list several end-of-sequence ids).

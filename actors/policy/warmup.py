@@ -3,6 +3,9 @@
     python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 1000]
     python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.calculator:task \
         --out asyncrl/actors/policy/embedded_calculator --slip 0.85
+    python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.arithmetic:long_task \
+        --out asyncrl/actors/policy/embedded_long --init embedded --positions 384 \
+        --max-new-tokens 320 --steps 400 --batch 32 --lr 1e-3
 
 The calculator model (``model.path: embedded-calculator``) learns from tool-use
 trajectories (:mod:`asyncrl.actors.tasks.calculator`) whose habits are mostly bad:
@@ -19,6 +22,16 @@ greedy decoding follows the majority, so it is right only on sums without a carr
 (validation reward 0.44 on 128 prompts): rewarded sometimes, with room to learn. RL's
 job is to find out, from the reward alone, that carrying pays. The warm-up draws the
 number of columns uniformly, so the model has seen enough long sums to do them.
+
+The long model (``model.path: embedded-long``, for sums of up to 30 digits) starts from the
+embedded one (``--init``: rotary positions, so the same weights take 384 positions) and
+learns the longer sums with the same 75% slip. Trained from scratch instead, 1,000 steps
+of 32 (26 minutes here) left a model that could not yet line the digits up, whose
+greedy responses ran about 180 tokens even for short sums (validation reward 0.03). The
+shipped model: 400 steps of 32 (15 minutes on a loaded 2-core machine), validation
+reward 0.20 on 128 prompts of the long-tail draw: right on short sums without a carry,
+long sums written out at about their length but with digits miscopied (none right from
+5 digits up).
 
 Everything is seeded and runs on one CPU thread, so a rerun makes a model of the same
 kind, though not bit for bit the same one: CPU kernels round according to memory layout,
@@ -45,7 +58,7 @@ from asyncrl.actors.episodes import EpisodeLimits, Episodes
 from asyncrl.actors.tasks import Task, calculator, load_task
 from asyncrl.actors.tasks.arithmetic import Arithmetic
 
-from .checkpoint import EMBEDDED_DIR, save_model
+from .checkpoint import EMBEDDED_DIR, load_model, load_state, save_model
 from .decoder import Decoder, Request
 from .model import CausalLM, ModelConfig
 from .scoring import pack, response_logprobs
@@ -167,13 +180,19 @@ def train(args: argparse.Namespace) -> Path:
             f"--task {args.task}: the warm-up knows the arithmetic and calculator tasks"
         )
     source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
-    config = BASE_CONFIG | {"eos_token_id": 1, "pad_token_id": 0}
+    config = BASE_CONFIG | {
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "max_position_embeddings": args.positions,
+    }
     (source / "config.json").write_text(json.dumps(config))
     tokenizer = build_char_tokenizer(calculator.ALPHABET if tools else ALPHABET)
     assert tokenizer.token_to_id(EOS) == 1 and tokenizer.token_to_id(PAD) == 0
     write_tokenizer_files(tokenizer, source)
     codec = TextCodec.from_dir(source)
     model = CausalLM(ModelConfig.from_hf(config))
+    if args.init:  # rotary positions: the weights do not depend on how many there are
+        load_state(model, load_model(args.init)[0].state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
     started, reward = time.monotonic(), 0.0
     for step in range(1, args.steps + 1):
@@ -194,7 +213,9 @@ def train(args: argparse.Namespace) -> Path:
             if tools:
                 reward = calculator_reward(model, codec, args.val_prompts)
             else:
-                reward = validation_reward(model, codec, task, args.val_prompts)
+                reward = validation_reward(
+                    model, codec, task, args.val_prompts, max_new_tokens=args.max_new_tokens
+                )
             elapsed = time.monotonic() - started
             print(
                 f"step {step:5d}  loss {loss.item():.4f}  val reward {reward:.3f}  {elapsed:.0f}s",
@@ -210,12 +231,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=EMBEDDED_DIR)
     parser.add_argument("--task", default="asyncrl.actors.tasks.arithmetic:task")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init", default="", help="start from this model (a packaged name or DIR)")
     parser.add_argument("--slip", type=float, default=0.75, help="share that forget to carry")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--val-prompts", type=int, default=128)
+    parser.add_argument(
+        "--positions", type=int, default=128, help="max_position_embeddings: prompt + response"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=96, help="longest validation response, in tokens"
+    )
     train(parser.parse_args(argv))
     return 0
 

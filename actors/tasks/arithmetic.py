@@ -8,7 +8,9 @@ step per column (``digit + digit + carry = two-digit sum``), then gives the answ
 Every column costs nine characters, so a one-digit problem's response (10 or 11
 characters) is about six times shorter than a six-digit one's (61): the lengths have the
 long tail that asynchronous generation is for. Most problems are short (the number of
-columns is drawn with weight 1/d), a few are long.
+columns is drawn with weight 1/d), a few are long. ``long_task`` stretches the tail to
+30 digits: responses of 11 to 302 tokens (the end-of-sequence token included), half of
+them 41 or shorter.
 
 The reward is 1.0 when the text after the last ``;`` is the right sum and 0.0 otherwise;
 the written-out steps are how the model gets there, not what it is paid for.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 from .base import Sample, sample_rng
 
-__all__ = ["Arithmetic", "solution", "task"]
+__all__ = ["Arithmetic", "long_task", "solution", "task"]
 
 _SPLIT_SEEDS = {"train": 0x5EED_0001, "validation": 0x5EED_0002}
 
@@ -93,3 +95,5 @@ def _number(rng: random.Random, digits: int) -> int:
 
 
 task = Arithmetic()
+long_task = Arithmetic(max_digits=30)
+"""The long-tail variant: up to 30 digits, on the ``embedded-long`` base model."""

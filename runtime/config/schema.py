@@ -164,8 +164,9 @@ class ModelSection:
     path: str = field(
         default="embedded",
         metadata=doc(
-            "model directory, or a packaged model: 'embedded' (the demo's) or "
-            "'embedded-calculator' (the calculator task's)"
+            "model directory, or a packaged model: 'embedded' (the demo's), "
+            "'embedded-long' (up to 30 digits) or 'embedded-calculator' (the calculator "
+            "task's)"
         ),
     )
     dtype: Literal["float32", "bfloat16"] = field(

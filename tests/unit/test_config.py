@@ -77,6 +77,19 @@ def test_default_yaml_equals_code_defaults() -> None:
     assert load_config(DEFAULT_YAML) == RunConfig()
 
 
+def test_long_tail_yaml_names_a_packaged_model_that_holds_its_sequences() -> None:
+    from asyncrl.actors.policy.checkpoint import PACKAGED, model_dir
+    from asyncrl.actors.policy.preflight import check_model_dir
+
+    cfg = load_config(DEFAULT_YAML.with_name("long_tail.yaml"))
+    assert cfg.data.task.endswith(":long_task") and cfg.model.path in PACKAGED
+    check_model_dir(cfg.model.path)
+    config = yaml.safe_load((model_dir(cfg.model.path) / "config.json").read_text())
+    positions = config["max_position_embeddings"]
+    assert cfg.model.max_prompt_tokens + cfg.model.max_new_tokens <= positions
+    assert cfg.model.max_prompt_tokens >= 62 and cfg.model.max_new_tokens >= 302
+
+
 def test_default_yaml_shows_every_key() -> None:
     data = yaml.safe_load(DEFAULT_YAML.read_text(encoding="utf-8"))
     shown = {f"{section}.{key}" for section, keys in data.items() for key in keys}

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from asyncrl.actors.tasks import RewardFunction, Sample, TaskError, check_reward, load_task
-from asyncrl.actors.tasks.arithmetic import Arithmetic, solution, task
+from asyncrl.actors.tasks.arithmetic import Arithmetic, long_task, solution, task
 
 
 def test_solution_writes_each_column_and_the_sum() -> None:
@@ -40,6 +40,16 @@ def test_response_lengths_have_a_long_tail() -> None:
     lengths = sorted(len(task.reference(task.sample("train", i))) for i in range(2000))
     assert lengths[-1] >= 5 * lengths[0]
     assert lengths[len(lengths) // 2] < (lengths[0] + lengths[-1]) / 2  # most are short
+
+
+def test_the_long_task_spreads_responses_over_11_to_302_tokens_half_of_them_short() -> None:
+    # As deploy/configs/long_tail.yaml says; +1 for the end-of-sequence token.
+    samples = [long_task.sample("train", i) for i in range(2000)]
+    lengths = sorted(len(long_task.reference(s)) + 1 for s in samples)
+    assert lengths[0] == 11 and 250 <= lengths[-1] <= 302
+    assert sum(n <= 41 for n in lengths) >= 0.45 * len(lengths)  # about half (20,000: 51%)
+    assert sum(n >= 200 for n in lengths) >= len(lengths) // 20  # a long tail, not a few
+    assert max(len(s.prompt) for s in samples) <= 62  # 30 + 30 digits, '+' and '='
 
 
 def test_bad_split_and_index_are_named() -> None:
