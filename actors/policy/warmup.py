@@ -64,7 +64,14 @@ from .model import CausalLM, ModelConfig
 from .scoring import pack, response_logprobs
 from .tokenizer import EOS, PAD, TextCodec, build_char_tokenizer, write_tokenizer_files
 
-__all__ = ["ALPHABET", "BASE_CONFIG", "main", "validation_reward"]
+__all__ = [
+    "ALPHABET",
+    "BASE_CONFIG",
+    "calculator_demonstrations",
+    "calculator_reward",
+    "main",
+    "validation_reward",
+]
 
 ALPHABET = "0123456789+=,;"
 BASE_CONFIG = {
@@ -141,7 +148,7 @@ def calculator_reward(model: CausalLM, codec: TextCodec, prompts: int, *, slots:
     return total / prompts
 
 
-def _calculator_batch(codec: TextCodec, start: int, size: int, slip: float, seed: int):
+def calculator_demonstrations(codec: TextCodec, start: int, size: int, slip: float, seed: int):
     prompts, responses, trained = [], [], []
     for i in range(_SFT_OFFSET + start, _SFT_OFFSET + start + size):
         sample = calculator.task.sample("train", i)
@@ -199,7 +206,9 @@ def train(args: argparse.Namespace) -> Path:
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 50)
         if tools:
-            packed = _calculator_batch(codec, step * args.batch, args.batch, args.slip, args.seed)
+            packed = calculator_demonstrations(
+                codec, step * args.batch, args.batch, args.slip, args.seed
+            )
         else:
             data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
             packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
