@@ -32,8 +32,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session", autouse=True)
 def _no_payloads_left_in_shared_memory() -> Iterator[None]:
     """Tests kill workers outright; what their stores kept in /dev/shm goes at the end
-    (as ``asyncrl run`` does after its run), not when some later store happens to start."""
+    (as ``asyncrl run`` does after its run), not when some later store happens to start.
+    So do stores that in-process tests made here and left open: no test runs now."""
     yield
     shared = default_shared_dir()
     if shared is not None:
-        sweep_stale(shared)
+        sweep_stale(shared, mine_too=True)

@@ -17,7 +17,7 @@ from asyncrl.transport.dataplane import (
     PayloadStore,
     PayloadsUnavailable,
 )
-from asyncrl.transport.dataplane.store import shared_path
+from asyncrl.transport.dataplane.store import shared_path, sweep_stale
 from asyncrl.transport.security import ClientKeys, keygen, load_client_keys
 
 MAX_BYTES = 64 << 20
@@ -206,3 +206,13 @@ def test_a_reader_on_the_same_host_knows_at_once_when_the_holder_is_gone(tmp_pat
         assert "store is gone" in caught.value.failures[0].reason
     finally:
         reader.close()
+
+
+def test_a_sweep_keeps_this_processs_own_stores_unless_told_they_are_left_over(
+    tmp_path: Path,
+) -> None:
+    store = PayloadStore("generate-0", "tcp://127.0.0.1:9", shared_dir=tmp_path)
+    store.put(payload(1))
+    assert sweep_stale(tmp_path) == 0  # alive: this very process holds it
+    assert sweep_stale(tmp_path, mine_too=True) == 1  # at the end of a test session
+    assert not list(tmp_path.iterdir())

@@ -48,15 +48,17 @@ def shared_path(shared_dir: Path, store: str, key: int) -> Path:
     return shared_dir / f"{_PREFIX}{store}" / str(key)
 
 
-def sweep_stale(shared_dir: Path) -> int:
-    """Remove the store directories of processes that are gone; how many were removed."""
+def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
+    """Remove the store directories of processes that are gone, and with ``mine_too``
+    this process's own (it holds no store any more); how many were removed."""
     removed = 0
     for directory in shared_dir.glob(f"{_PREFIX}*"):
         try:
             pid = int((directory / _OWNER).read_text())
         except (OSError, ValueError):
             continue  # being made right now, or not ours
-        if pid != os.getpid() and not process_alive(pid):
+        mine = pid == os.getpid()
+        if (mine and mine_too) or (not mine and not process_alive(pid)):
             shutil.rmtree(directory, ignore_errors=True)
             removed += 1
     return removed
