@@ -22,6 +22,9 @@ afterwards keeps the generator's time for training).
 With ``data.harness`` set, agent harnesses hold the generate stage: the generator takes
 no lease and serves their model calls instead, over an OpenAI-compatible API on a thread
 of its own (:mod:`.serving`), decoded by this loop and following versions the same.
+With a generative judge (``data.reward: judge:...``) it serves the same API beside its
+leases: the judge's calls join the batch, decoded greedily and never recorded, and
+validation scores with the task's own reward instead of the judge.
 """
 
 from __future__ import annotations
