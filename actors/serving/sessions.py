@@ -121,8 +121,7 @@ class SessionRunner:
     async def _group(
         self, sample: Sample, n: int, prefix: str
     ) -> tuple[list[Sampled], list[float]]:
-        if self._http is None:
-            self._http = openai.DefaultAsyncHttpxClient()
+        self._open_pool()
         try:
             async with asyncio.TaskGroup() as sessions:
                 tasks = [sessions.create_task(self._session(sample, j, prefix)) for j in range(n)]
@@ -152,10 +151,9 @@ class SessionRunner:
                 ) from None
             except Exception as error:
                 raise HarnessFailed(f"{where}: {type(error).__name__}: {error}") from error
-        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-            shown = f"{reward!r}"[:80]
-            kind = type(reward).__name__
-            raise HarnessFailed(f"{where}: returned {shown} ({kind}), not a finite number")
+        problem = _not_a_reward(reward)
+        if problem is not None:
+            raise HarnessFailed(f"{where}: {problem}")
         reward = float(reward)
         assert server is not None  # the harness ran, so it was given one
         sequences = merge_calls(await self._collect(server, session, where), j)
@@ -163,9 +161,13 @@ class SessionRunner:
             raise HarnessFailed(f"{where}: made no model call, so there is nothing to train")
         return sequences, reward
 
-    async def _validate(self, samples: list[Sample], prefix: str) -> list[float | str]:
+    def _open_pool(self) -> None:
+        """The shared connection pool, made on the loop at the first session."""
         if self._http is None:
             self._http = openai.DefaultAsyncHttpxClient()
+
+    async def _validate(self, samples: list[Sample], prefix: str) -> list[float | str]:
+        self._open_pool()
         sessions = (self._validation(s, f"{prefix}-{i}") for i, s in enumerate(samples))
         return list(await asyncio.gather(*sessions))
 
@@ -180,9 +182,7 @@ class SessionRunner:
                 return f"still running after {self.timeout_s:g} s (data.harness_timeout_s)"
             except Exception as error:
                 return f"{type(error).__name__}: {error}"
-        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
-            return f"returned {reward!r:.80} ({type(reward).__name__}), not a finite number"
-        return float(reward)
+        return _not_a_reward(reward) or float(reward)
 
     def _client(self, base_url: str, key: str) -> openai.AsyncOpenAI:
         return openai.AsyncOpenAI(
@@ -232,3 +232,10 @@ class SessionRunner:
         )
         reply.raise_for_status()
         return decode_records(reply.content)
+
+
+def _not_a_reward(value: Any) -> str | None:
+    """What is wrong with a harness's return value as a reward, or None."""
+    if isinstance(value, numbers.Real) and math.isfinite(value):
+        return None
+    return f"returned {value!r:.80} ({type(value).__name__}), not a finite number"
