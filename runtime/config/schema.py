@@ -350,6 +350,31 @@ class PayloadsSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronSection:
+    """How megatron-core splits the model over a role's group (``backends.train=megatron``)."""
+
+    tensor_parallel: int = field(
+        default=1,
+        metadata=doc(
+            "ranks each layer's weight matrices are split over (heads, MLP, vocab)", min=1
+        ),
+    )
+    pipeline_parallel: int = field(
+        default=1, metadata=doc("stages the layers are split into, one rank each", min=1)
+    )
+    expert_parallel: int = field(
+        default=1,
+        metadata=doc("ranks a mixture-of-experts layer's experts are spread over", min=1),
+    )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them (expert ranks come out of
+        the data-parallel ones, so they count here too: the group must have them)."""
+        return self.tensor_parallel * self.pipeline_parallel * self.expert_parallel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackendsSection:
     generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
@@ -376,6 +401,10 @@ class BackendsSection:
             "after this long, and the group starts afresh",
             exclusive_min=0,
         ),
+    )
+    megatron: MegatronSection = field(
+        default_factory=MegatronSection,
+        metadata=doc("parallel sizes of the megatron-core engine (backends.train=megatron)"),
     )
 
 
@@ -511,3 +540,20 @@ class RunConfig:
         default_factory=SchedulerSection, metadata=doc("scheduler service and journal")
     )
     logging: LoggingSection = field(default_factory=LoggingSection, metadata=doc("log output"))
+
+    def __post_init__(self) -> None:
+        _check_megatron_group(self.backends, self.pipeline)
+
+
+def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:
+    """The trainer's group must hold whole copies of the megatron model split."""
+    if backends.train != "megatron":
+        return  # the sizes are read only by the megatron engine
+    m, ranks = backends.megatron, pipeline.workers.get("train", 1)
+    if ranks % m.model_parallel:
+        raise ValueError(
+            f"backends.megatron: got tensor_parallel={m.tensor_parallel} x pipeline_parallel="
+            f"{m.pipeline_parallel} x expert_parallel={m.expert_parallel} = {m.model_parallel} "
+            f"ranks, which does not divide pipeline.workers.train={ranks}; allowed: sizes "
+            "whose product divides pipeline.workers.train"
+        )
