@@ -33,8 +33,8 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
 from ._scorer import pack_rollouts
+from .engines import EngineModel, device_of, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
-from .policy.checkpoint import load_state, state_for_saving
 from .policy.model import CausalLM
 from .policy.scoring import response_logprobs
 from .policy.sharding import load_into_shards, shard
@@ -76,13 +76,15 @@ class StepStats:
 class Learner:
     """A model and its optimizer on this rank of a group of ``group_size`` (1: alone)."""
 
-    def __init__(self, model: CausalLM, cfg: RunConfig, pad_id: int, group_size: int = 1) -> None:
+    def __init__(
+        self, model: CausalLM | EngineModel, cfg: RunConfig, pad_id: int, group_size: int = 1
+    ) -> None:
         self.cfg = cfg
         self.pad_id = pad_id
         self.size = group_size
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
-        self.device = model.lm_head.weight.device  # where the model is: its inputs go there
+        self.device = device_of(model)  # where the model is: its inputs go there
         if group_size > 1:
             shard(model, self.device, group_size)
         a = cfg.algorithm
@@ -204,7 +206,7 @@ class Learner:
         With a group this is a collective: every rank must call it at the same point.
         """
         if self.size == 1:
-            weights = state_for_saving(self.model)
+            weights = weights_of(self.model)
             if self.device.type != "cpu":  # the weight plane stages from CPU memory
                 weights = {name: t.to("cpu") for name, t in weights.items()}
             return weights
@@ -229,7 +231,7 @@ class Learner:
         and the others None, and each rank keeps its shard (a collective)."""
         if self.size == 1:
             assert whole is not None
-            load_state(self.model, whole)
+            load_weights(self.model, whole)
         else:
             load_into_shards(self.model, whole)
 

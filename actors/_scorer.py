@@ -22,6 +22,7 @@ from asyncrl.transport import protocol as p
 
 from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
+from .engines import load_weights
 from .gang import (
     Gang,
     GangBroken,
@@ -33,7 +34,6 @@ from .gang import (
     unpack_lease,
 )
 from .payloads import LogprobsOut, RolloutsOut
-from .policy.checkpoint import load_state
 from .policy.model import CausalLM
 from .policy.scoring import Packed, pack, response_logprobs
 from .policy.sharding import load_into_shards, shard
@@ -101,7 +101,7 @@ class ScoringActor(Actor):
         """A new version into the model (alone: running on the received buffers, no copy;
         in a group: each rank its shard); returns the tensors the model ran on before."""
         if self.gang is None:
-            return load_state(self.model, whole, copy=False)
+            return load_weights(self.model, whole, copy=False)
         self.gang.lead(Order.LOAD, lambda: load_into_shards(self.model, whole))
         return []
 

@@ -8,6 +8,7 @@ import torch
 
 from asyncrl.runtime.config import RunConfig
 
+from .engines import EngineModel, train_engine_problems
 from .policy.checkpoint import load_model
 from .policy.model import CausalLM
 from .policy.tokenizer import TextCodec
@@ -37,15 +38,23 @@ def device_for(cfg: RunConfig, index: int | None) -> torch.device:
     return torch.device("cuda", (index or 0) % torch.cuda.device_count())
 
 
-def load_policy(cfg: RunConfig, role: str, index: int | None = None) -> tuple[CausalLM, TextCodec]:
+def load_policy(
+    cfg: RunConfig, role: str, index: int | None = None
+) -> tuple[CausalLM | EngineModel, TextCodec]:
     """The base model named by ``model.path``, on this process's share of the CPU, or on
-    its GPU (``backends.device``)."""
+    its GPU (``backends.device``); held by the engine ``backends.train`` names for every
+    role but generate."""
     backend = cfg.backends.train if role != "generate" else cfg.backends.generate
-    if backend != "torch":
+    if role == "generate" and backend != "torch":
         raise RuntimeError(f"backend {backend!r} for {role} is not available; use torch")
+    problems = train_engine_problems(cfg, role) if role != "generate" else []
+    if problems:
+        raise RuntimeError(problems[0])
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+    if backend == "megatron":
+        return _load_megatron(cfg, dtype, device_for(cfg, index))
     model, codec = load_model(cfg.model.path, dtype)
     model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
     device = device_for(cfg, index)
@@ -53,3 +62,13 @@ def load_policy(cfg: RunConfig, role: str, index: int | None = None) -> tuple[Ca
         torch.cuda.set_device(device)
         model = model.to(device)
     return model, codec
+
+
+def _load_megatron(
+    cfg: RunConfig, dtype: torch.dtype, device: torch.device
+) -> tuple[EngineModel, TextCodec]:
+    from .engines.megatron.model import load_megatron
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return load_megatron(cfg.model.path, dtype, device, cfg.backends.megatron)

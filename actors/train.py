@@ -44,6 +44,7 @@ from ._resume import TRAINER_STATE
 from ._setup import load_policy
 from ._train_rank import TrainRank, restore_body
 from .actor import Actor, ActorBroken, Outcome, WorkerContext
+from .engines import weights_of
 from .gang import (
     GangPlace,
     Order,
@@ -52,7 +53,7 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
-from .policy.checkpoint import model_dir, save_state, state_for_saving
+from .policy.checkpoint import model_dir, save_state
 from .preflight import check_device, check_engine, check_model
 
 __all__ = ["Train"]
@@ -78,7 +79,7 @@ class Train(Actor):
         model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
         # Its buffers are made while the first step trains, not when that step publishes.
-        self.weights.prepare({name: t.cpu() for name, t in state_for_saving(model).items()})
+        self.weights.prepare({name: t.cpu() for name, t in weights_of(model).items()})
         self.rank = TrainRank(cfg, model, self.codec.pad_id, rank, ranks)
         self.rank.reserve()
         self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over

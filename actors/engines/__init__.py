@@ -8,10 +8,24 @@ every model-holding role asks before it starts is answered here, in one place.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
 
 from asyncrl.runtime.config import RunConfig
 
-__all__ = ["MEGATRON_MISSING", "train_engine_problems"]
+if TYPE_CHECKING:
+    from ..policy.model import CausalLM, ModelConfig
+
+__all__ = [
+    "MEGATRON_MISSING",
+    "EngineModel",
+    "device_of",
+    "load_weights",
+    "train_engine_problems",
+    "weights_of",
+]
 
 MEGATRON_MISSING = "backends.train='megatron' needs megatron-core: pip install 'asyncrl[gpu]'"
 # The roles whose model backends.train picks (generate has backends.generate).
@@ -46,3 +60,52 @@ def _megatron_missing() -> str | None:
     except ImportError as error:  # installed, but something it needs is not
         return f"{MEGATRON_MISSING} (importing it failed: {error})"
     return None
+
+
+# --- what the learner and the scorers need of a model, whichever engine holds it --------
+
+
+@runtime_checkable
+class EngineModel(Protocol):
+    """A model held by another engine than ours, as the learner and the scorers use it:
+    called with token ids (and optionally the columns wanted) it gives logits, like
+    :class:`~asyncrl.actors.policy.model.CausalLM`; its weights go in and out whole, by
+    Hugging Face name, a tied output layer once."""
+
+    config: ModelConfig
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def hf_state(self) -> dict[str, torch.Tensor]: ...
+
+    def load_hf_state(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+
+def device_of(model: CausalLM | EngineModel) -> torch.device:
+    """Where ``model`` computes: its inputs go there."""
+    if isinstance(model, EngineModel):
+        return model.device
+    return model.lm_head.weight.device
+
+
+def weights_of(model: CausalLM | EngineModel) -> dict[str, torch.Tensor]:
+    """Every parameter by Hugging Face name, a tied output layer once (a checkpoint's)."""
+    if isinstance(model, EngineModel):
+        return model.hf_state()
+    from ..policy.checkpoint import state_for_saving
+
+    return state_for_saving(model)
+
+
+def load_weights(
+    model: CausalLM | EngineModel, state: Mapping[str, torch.Tensor], *, copy: bool = True
+) -> list[torch.Tensor]:
+    """``state`` into ``model`` (see :func:`~asyncrl.actors.policy.checkpoint.load_state`;
+    another engine's layout always takes a copy, so nothing is superseded)."""
+    if isinstance(model, EngineModel):
+        model.load_hf_state(state)
+        return []
+    from ..policy.checkpoint import load_state
+
+    return load_state(model, state, copy=copy)
