@@ -69,8 +69,9 @@ def _megatron_missing() -> str | None:
 class EngineModel(Protocol):
     """A model held by another engine than ours, as the learner and the scorers use it:
     called with token ids (and optionally the columns wanted) it gives logits, like
-    :class:`~asyncrl.actors.policy.model.CausalLM`; its weights go in and out whole, by
-    Hugging Face name, a tied output layer once."""
+    :class:`~asyncrl.actors.policy.model.CausalLM`, and it computes the log-probs of
+    chosen tokens its own way; its weights go in and out whole, by Hugging Face name, a
+    tied output layer once."""
 
     config: ModelConfig
 
@@ -80,6 +81,16 @@ class EngineModel(Protocol):
     def hf_state(self) -> dict[str, torch.Tensor]: ...
 
     def load_hf_state(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+    def token_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32."""
+        ...
 
 
 def device_of(model: CausalLM | EngineModel) -> torch.device:

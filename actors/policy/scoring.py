@@ -74,12 +74,15 @@ def response_logprobs(
     columns = (packed.starts.to(device)[:, None] - 1 + torch.arange(longest, device=device)).clamp(
         max=targets.shape[1] - 1
     )
+    rows = torch.arange(ids.shape[0], device=device)[:, None]
+    tokens = targets[rows, columns]
+    if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
+        picked = model.token_logprobs(ids[:, :-1], columns, tokens, temperature)
+        return picked * packed.mask.to(device)
     # Only the response positions' logits, in fp32 whatever the weights' dtype.
     logits = model(ids[:, :-1], columns=columns).float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
-    rows = torch.arange(ids.shape[0], device=device)[:, None]
-    tokens = targets[rows, columns]
     picked = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
     return picked * packed.mask.to(device)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["vocab_parallel_logprobs"]
+__all__ = ["gather_vocab", "vocab_parallel_logprobs"]
 
 
 def vocab_parallel_logprobs(
@@ -71,3 +71,25 @@ class _SumOverRanks(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         return grad, None
+
+
+def gather_vocab(logits: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """Every rank's vocabulary slice of ``logits`` joined along the last dimension, in
+    rank order. Backward keeps this rank's slice of the gradient (the loss on the whole
+    logits is replicated over the group). Gathered here rather than by megatron, whose
+    gather allocates its buffer on the current CUDA device."""
+    return _GatherVocab.apply(logits, group)
+
+
+class _GatherVocab(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.rank, ctx.shard = dist.get_rank(group), logits.shape[-1]
+        parts = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, logits.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        start = ctx.rank * ctx.shard
+        return grad[..., start : start + ctx.shard].contiguous(), None

@@ -36,7 +36,16 @@ from asyncrl.actors.policy.model import ModelConfig, _inv_freq
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.config import MegatronSection
 
-from .mapping import Layout, from_te_names, hf_to_megatron, megatron_to_hf, to_te_names
+from .logprobs import gather_vocab, vocab_parallel_logprobs
+from .mapping import (
+    Layout,
+    from_te_names,
+    hf_to_megatron,
+    megatron_to_hf,
+    merge_tensor_parallel,
+    split_tensor_parallel,
+    to_te_names,
+)
 
 __all__ = [
     "MegatronLM",
@@ -272,26 +281,60 @@ class MegatronLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, tokens, vocab] of right-padded sequences (causal: padding never
-        leaks back), or only at ``columns`` [batch, k] of each row."""
-        if self.sizes.tensor > 1 or self.sizes.pipeline > 1:
-            raise NotImplementedError("whole logits from a split model are not wired yet")
-        batch, tokens = input_ids.shape
-        positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
-        logits = self.gpt(input_ids, positions, None)
-        if columns is not None:
-            logits = logits[torch.arange(batch, device=logits.device)[:, None], columns]
+        leaks back), or only at ``columns`` [batch, k] of each row; over the whole
+        vocabulary (gathered from the tensor-parallel ranks)."""
+        logits = self._logits(input_ids, columns)
+        if self.sizes.tensor > 1:
+            logits = gather_vocab(logits, parallel_state.get_tensor_model_parallel_group())
         return logits[..., : self.config.vocab_size]  # the padding rows are no tokens
 
+    def token_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
+        rank holding whole rows of logits (the vocabulary stays split)."""
+        logits = self._logits(input_ids, columns)
+        group = None
+        if self.sizes.tensor > 1:
+            group = parallel_state.get_tensor_model_parallel_group()
+        return vocab_parallel_logprobs(
+            logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
+        )
+
+    def _logits(self, input_ids: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
+        """This rank's vocabulary slice of the logits (all of it with one rank)."""
+        if self.sizes.pipeline > 1:
+            raise NotImplementedError("a pipeline-parallel forward needs megatron's schedules")
+        batch, tokens = input_ids.shape
+        positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+        logits = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+        if columns is not None:
+            logits = logits[torch.arange(batch, device=logits.device)[:, None], columns]
+        return logits
+
     def hf_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter by Hugging Face name; a tied output layer once."""
+        """Every parameter by Hugging Face name, whole; a tied output layer once. With
+        tensor-parallel ranks a collective over them (every rank gets the whole)."""
+        self._whole_model_only()
         state = {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         if self.te:
             state = from_te_names(state, self.layout)
+        if self.sizes.tensor > 1:
+            state = merge_tensor_parallel(_all_gathered(state, self.sizes.tensor))
         return megatron_to_hf(state, self.layout)
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
-        """Hugging Face weights into the model; a missing or unexpected tensor is named."""
+        """Whole Hugging Face weights into the model (each tensor-parallel rank takes its
+        part); a missing or unexpected tensor is named."""
+        self._whole_model_only()
         state = hf_to_megatron(hf, self.layout)
+        if self.sizes.tensor > 1:
+            rank = parallel_state.get_tensor_model_parallel_rank()
+            state = split_tensor_parallel(state, self.sizes.tensor)[rank]
         if self.te:
             state = to_te_names(state, self.layout)
         params = dict(self.gpt.named_parameters())
@@ -305,6 +348,24 @@ class MegatronLM(nn.Module):
         with torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
+
+    def _whole_model_only(self) -> None:
+        if self.sizes.pipeline > 1 or self.sizes.expert > 1:
+            # The mapping splits and merges stages and experts; gathering them over their
+            # groups is not wired yet.
+            raise NotImplementedError("pipeline- or expert-parallel weights are not wired yet")
+
+
+def _all_gathered(state: Mapping[str, torch.Tensor], ranks: int) -> list[dict[str, torch.Tensor]]:
+    """Every tensor-parallel rank's ``state``, in rank order (a collective over them)."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(ranks)]
+    for name, tensor in state.items():
+        parts = [torch.empty_like(tensor) for _ in range(ranks)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        for rank, part in enumerate(parts):
+            shards[rank][name] = part
+    return shards
 
 
 def _is_tensor(value: object) -> bool:
