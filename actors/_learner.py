@@ -85,8 +85,15 @@ class Learner:
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
         self.device = device_of(model)  # where the model is: its inputs go there
-        if group_size > 1:
-            shard(model, self.device, group_size)
+        # Another engine splits the model its own way; ours is sharded by FSDP2 here.
+        self.engine = model if isinstance(model, EngineModel) else None
+        if self.engine is not None:
+            # Ranks holding parts of one copy train the same micro-batches.
+            self.part, self.parts, self.stats_group = self.engine.data_parallel()
+        else:
+            self.part, self.parts, self.stats_group = self.rank, group_size, None
+            if group_size > 1:
+                shard(model, self.device, group_size)
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
@@ -113,9 +120,12 @@ class Learner:
             for i, g in enumerate(groups)
         ]
         loss, stats, tokens = self._accumulate(groups, advantages)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.algorithm.max_grad_norm
-        )
+        max_norm = self.cfg.algorithm.max_grad_norm
+        if self.engine is not None:
+            self.engine.finish_gradients()
+            grad_norm = self.engine.clip_grad_norm(max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": loss, **loss_metrics(stats)}
@@ -127,8 +137,8 @@ class Learner:
         total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
         starts = list(range(0, len(groups), per_micro))
-        mine = starts[self.rank :: self.size]
-        passes = -(-len(starts) // self.size)  # every rank: as many as the busiest
+        mine = starts[self.part :: self.parts]
+        passes = -(-len(starts) // self.parts)  # every rank: as many as the busiest
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
         for index in range(passes):
@@ -140,9 +150,11 @@ class Learner:
             )
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
-            # The reduce-scatter averages over ranks (gloo has no pre-scaled sum); the loss
-            # is normalised over the whole batch already, so undo the average.
-            (loss * self.size if self.size > 1 else loss).backward()
+            # FSDP's reduce-scatter averages over ranks (gloo has no pre-scaled sum); the
+            # loss is normalised over the whole batch already, so undo the average. Another
+            # engine sums its copies' gradients itself (finish_gradients).
+            fsdp = self.size > 1 and self.engine is None
+            (loss * self.size if fsdp else loss).backward()
             if real:
                 parts.append(part)
                 total_loss += loss.detach()
@@ -150,7 +162,7 @@ class Learner:
 
     def _summed(self, loss: torch.Tensor, parts: list[LossStats]):
         """The step's loss and stats over every rank's micro-batches."""
-        if self.size == 1:
+        if self.parts == 1:  # one copy of the model: its ranks saw the same micro-batches
             return float(loss), merge_stats(parts)
         names = [f.name for f in fields(LossStats)]
         merged = merge_stats(parts) if parts else None
@@ -164,8 +176,8 @@ class Learner:
             ]
         )
         peak = _value(merged, "is_weight_max", self.device).reshape(1)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.stats_group)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
         out: dict[str, Any] = {}
@@ -205,8 +217,10 @@ class Learner:
 
         With a group this is a collective: every rank must call it at the same point.
         """
-        if self.size == 1:
-            weights = weights_of(self.model)
+        if self.size == 1 or self.engine is not None:
+            weights = weights_of(self.model)  # with another engine's group, a collective
+            if self.rank != 0:
+                return {}
             if self.device.type != "cpu":  # the weight plane stages from CPU memory
                 weights = {name: t.to("cpu") for name, t in weights.items()}
             return weights
@@ -218,11 +232,16 @@ class Learner:
 
     def full_optimizer_state(self) -> dict[str, Any]:
         """AdamW's state keyed by parameter name, whole; a collective with a group."""
+        if self.engine is not None:
+            return self.engine.optimizer_state(self.optimizer)
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
         return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
+        if self.engine is not None:
+            self.engine.load_optimizer_state(self.optimizer, state)
+            return
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
@@ -232,6 +251,8 @@ class Learner:
         if self.size == 1:
             assert whole is not None
             load_weights(self.model, whole)
+        elif self.engine is not None:
+            load_weights(self.model, _from_leader(weights_of(self.model), whole, self.device))
         else:
             load_into_shards(self.model, whole)
 
@@ -268,6 +289,20 @@ class Learner:
             _local(out).copy_(value)
             return out
         return value.clone()
+
+
+def _from_leader(
+    template: dict[str, torch.Tensor], whole: dict[str, torch.Tensor] | None, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Rank 0's ``whole`` weights on every rank (the others pass None), by broadcast into
+    tensors shaped like ``template`` (what every rank knows the model to hold)."""
+    out = {}
+    for name in sorted(template):
+        mine = template[name] if whole is None else whole[name]
+        tensor = mine.to(device=device, dtype=template[name].dtype).contiguous()
+        dist.broadcast(tensor, src=0)
+        out[name] = tensor
+    return out
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:

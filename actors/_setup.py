@@ -54,7 +54,7 @@ def load_policy(
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
     if backend == "megatron":
-        return _load_megatron(cfg, dtype, device_for(cfg, index))
+        return _load_megatron(cfg, role, dtype, device_for(cfg, index))
     model, codec = load_model(cfg.model.path, dtype)
     model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
     device = device_for(cfg, index)
@@ -65,10 +65,14 @@ def load_policy(
 
 
 def _load_megatron(
-    cfg: RunConfig, dtype: torch.dtype, device: torch.device
+    cfg: RunConfig, role: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[EngineModel, TextCodec]:
+    from asyncrl.runtime.config import MegatronSection
+
     from .engines.megatron.model import load_megatron
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    return load_megatron(cfg.model.path, dtype, device, cfg.backends.megatron)
+    # The parallel sizes split the trainer's group; a scorer runs on one rank.
+    sizes = cfg.backends.megatron if role == "train" else MegatronSection()
+    return load_megatron(cfg.model.path, dtype, device, sizes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
@@ -28,8 +28,8 @@ __all__ = [
 ]
 
 MEGATRON_MISSING = "backends.train='megatron' needs megatron-core: pip install 'asyncrl[gpu]'"
-# The roles whose model backends.train picks (generate has backends.generate).
-_ENGINE_ROLES = ("train", "logp", "ref_logp")
+# Roles whose model backends.train picks besides train (generate has backends.generate).
+_SCORING_ROLES = ("logp", "ref_logp")
 
 
 def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
@@ -39,13 +39,20 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
     missing = _megatron_missing()
     if missing:
         return [missing]
-    ranks = cfg.pipeline.workers.get(role, 1)
-    if role in _ENGINE_ROLES and ranks > 1:
-        # The FSDP2 group code shards a CausalLM; megatron's own groups are not wired to
-        # the gang yet, so a group would train a wrong split rather than fail.
+    m = cfg.backends.megatron
+    if m.pipeline_parallel > 1 or m.expert_parallel > 1:
+        # The mapping splits stages and experts, but neither megatron's pipeline schedules
+        # nor a mixture-of-experts model are wired to the trainer yet.
         return [
-            f"pipeline.workers.{role}={ranks} with backends.train='megatron': the megatron "
-            "engine runs one rank per worker in this build; use 1"
+            f"backends.megatron: pipeline_parallel={m.pipeline_parallel}, expert_parallel="
+            f"{m.expert_parallel}: only tensor parallelism runs in this build; use 1"
+        ]
+    ranks = cfg.pipeline.workers.get(role, 1)
+    if role in _SCORING_ROLES and ranks > 1:
+        # A scoring group shards a CausalLM with FSDP2; a megatron scorer group is not wired.
+        return [
+            f"pipeline.workers.{role}={ranks} with backends.train='megatron': a megatron "
+            "scorer runs on one rank in this build; use 1"
         ]
     return []
 
@@ -90,6 +97,28 @@ class EngineModel(Protocol):
         temperature: float = 1.0,
     ) -> torch.Tensor:
         """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32."""
+        ...
+
+    # Training, where the engine may split the model over a group of ranks:
+
+    def data_parallel(self) -> tuple[int, int, Any]:
+        """(this rank's copy of the model, copies, the copies' process group or None)."""
+        ...
+
+    def finish_gradients(self) -> None:
+        """After the micro-batches: sum the gradients over the copies."""
+        ...
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The whole model's gradient norm; gradients scaled to ``max_norm`` if above."""
+        ...
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer's state whole (a collective over the group)."""
+        ...
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, whole: dict) -> None:
+        """:meth:`optimizer_state`'s result into ``optimizer``, this rank its part."""
         ...
 
 

@@ -1,6 +1,7 @@
 """``asyncrl run`` with ``backends.train=megatron`` on CPU: megatron-core's GPTModel trains,
 and scores as logp (every group recomputed) and ref_logp (a KL penalty on).
 
+Alone, and as a trainer group of two ranks with the model split by tensor parallelism.
 The generator is the torch engine; its log-probs and megatron's for tokens of the same
 version must agree (same weights, same arithmetic up to float32 rounding), which checks
 that each version the megatron trainer publishes is the model logp loads. The final
@@ -17,7 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncrl.actors._resume import TRAINER_STATE
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.runtime.config import load_config
+from asyncrl.runtime.rundir import RunDir
 
 pytest.importorskip("megatron.core")
 
@@ -26,12 +30,17 @@ pytestmark = pytest.mark.timeout(240)
 DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 
 
+GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
+
+
+@pytest.mark.parametrize("group", [[], GROUP], ids=["one-rank", "tensor-parallel-group"])
 def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
-    tmp_path: Path,
+    tmp_path: Path, group: list[str]
 ) -> None:
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
-    argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron"]
+    argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *group]
+    argv += ["pipeline.checkpoint_every=1"]  # a checkpoint gathers the optimizer state too
     argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
@@ -51,3 +60,6 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     )
     assert 0 < moved < 1.0
     assert final.lm_head.weight.dtype == torch.float32
+    checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
+    saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
+    assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}

@@ -57,12 +57,19 @@ def test_megatron_is_not_refused_where_megatron_core_imports() -> None:
     assert check_engine(cfg, "generate") == []  # generate keeps backends.generate
 
 
-def test_a_megatron_group_is_refused_until_it_is_wired() -> None:
+def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> None:
     pytest.importorskip("megatron.core")
-    data = megatron()
+    data = megatron(tensor_parallel=2)
     data["pipeline"] = {"workers": {"train": 2}}
-    (problem,) = train_engine_problems(config_from_dict(data), "train")
-    assert "pipeline.workers.train=2" in problem
+    assert train_engine_problems(config_from_dict(data), "train") == []
+    data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
+    (problem,) = train_engine_problems(config_from_dict(data), "logp")
+    assert "pipeline.workers.logp=2" in problem
+    for key in ("pipeline_parallel", "expert_parallel"):
+        data = megatron(**{key: 2})
+        data["pipeline"] = {"workers": {"train": 2}}
+        (problem,) = train_engine_problems(config_from_dict(data), "train")
+        assert f"{key}=2" in problem and "backends.megatron" in problem
 
 
 def test_sglang_stays_refused() -> None:

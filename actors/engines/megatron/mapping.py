@@ -36,6 +36,7 @@ __all__ = [
     "split_expert_parallel",
     "split_pipeline_parallel",
     "split_tensor_parallel",
+    "tensor_parallel_dim",
     "to_te_names",
 ]
 
@@ -313,6 +314,12 @@ def _tp_dim(name: str) -> str:
     if name.endswith(_HALVES):
         return "halves"
     return "whole"
+
+
+def tensor_parallel_dim(name: str) -> int | None:
+    """The dimension a megatron tensor is split along over tensor-parallel ranks; None
+    for one every rank holds whole."""
+    return {"rows": 0, "halves": 0, "columns": 1}.get(_tp_dim(name))
 
 
 def split_tensor_parallel(state: Mapping[str, torch.Tensor], ranks: int) -> list[State]:

@@ -44,6 +44,7 @@ from .mapping import (
     megatron_to_hf,
     merge_tensor_parallel,
     split_tensor_parallel,
+    tensor_parallel_dim,
     to_te_names,
 )
 
@@ -260,7 +261,20 @@ def build_gpt(
         position_embedding_type="rope",
     )
     model.rotary_pos_emb = _Rotary(config, device)
+    _mark_split(model)
     return model.to(device)
+
+
+def _mark_split(model: GPTModel) -> None:
+    """Mark each parameter split over the tensor-parallel ranks as megatron's own
+    initialisation would have (skipped: the checkpoint replaces the weights), so that
+    megatron's helpers count a split one on every rank and a whole one once."""
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    for name, param in model.named_parameters():
+        dim = tensor_parallel_dim(name)
+        if dim is not None and not hasattr(param, "tensor_model_parallel"):
+            set_tensor_model_parallel_attributes(param, is_parallel=True, dim=dim, stride=1)
 
 
 class MegatronLM(nn.Module):
@@ -320,23 +334,15 @@ class MegatronLM(nn.Module):
         """Every parameter by Hugging Face name, whole; a tied output layer once. With
         tensor-parallel ranks a collective over them (every rank gets the whole)."""
         self._whole_model_only()
-        state = {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
-        if self.te:
-            state = from_te_names(state, self.layout)
-        if self.sizes.tensor > 1:
-            state = merge_tensor_parallel(_all_gathered(state, self.sizes.tensor))
-        return megatron_to_hf(state, self.layout)
+        return self._whole(
+            {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
+        )
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
         """Whole Hugging Face weights into the model (each tensor-parallel rank takes its
         part); a missing or unexpected tensor is named."""
         self._whole_model_only()
-        state = hf_to_megatron(hf, self.layout)
-        if self.sizes.tensor > 1:
-            rank = parallel_state.get_tensor_model_parallel_rank()
-            state = split_tensor_parallel(state, self.sizes.tensor)[rank]
-        if self.te:
-            state = to_te_names(state, self.layout)
+        state = self._mine(hf)
         params = dict(self.gpt.named_parameters())
         missing = set(params) - set(state)
         unexpected = set(state) - set(params)
@@ -354,6 +360,106 @@ class MegatronLM(nn.Module):
             # The mapping splits and merges stages and experts; gathering them over their
             # groups is not wired yet.
             raise NotImplementedError("pipeline- or expert-parallel weights are not wired yet")
+
+    # --- training in a group ------------------------------------------------------------
+
+    def data_parallel(self) -> tuple[int, int, dist.ProcessGroup | None]:
+        """This rank's place among the model's copies: (index, copies, their group).
+        Ranks that hold parts of one copy train the same micro-batches."""
+        copies = parallel_state.get_data_parallel_world_size()
+        if copies == 1:
+            return 0, 1, None
+        group = parallel_state.get_data_parallel_group()
+        return parallel_state.get_data_parallel_rank(), copies, group
+
+    def finish_gradients(self) -> None:
+        """Sum the gradients over the model's copies (each trained its own micro-batches;
+        the losses are normalised over the whole batch already)."""
+        _, copies, group = self.data_parallel()
+        if copies == 1:
+            return
+        for param in self.gpt.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad, group=group)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The whole model's gradient norm (each split tensor counted once over the
+        tensor-parallel ranks), and the gradients scaled down to ``max_norm`` if above."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        grads = [p.grad for p in self.gpt.parameters() if p.grad is not None]
+        counted = [
+            p.grad.float().pow(2).sum()
+            for p in self.gpt.parameters()
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+        ]
+        squares = torch.stack(counted).sum() if counted else torch.zeros((), device=self.device)
+        if self.sizes.tensor * self.sizes.pipeline > 1:
+            dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
+        norm = squares.sqrt()
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for grad in grads:
+            grad.mul_(scale.to(grad.dtype))
+        return norm
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """AdamW's state whole, each moment by its parameter's Hugging Face name (split,
+        fused and padded as the weights are); a collective over the tensor-parallel ranks."""
+        params = dict(self.gpt.named_parameters())
+        moments: dict[str, dict[str, torch.Tensor]] = {}
+        step = None
+        for name, param in params.items():
+            for key, value in optimizer.state.get(param, {}).items():
+                if value.dim() == 0:
+                    step = value  # the same count for every parameter
+                else:
+                    moments.setdefault(key, {})[name] = value.detach()
+        state: dict[str, dict[str, torch.Tensor]] = {}
+        for key, by_name in moments.items():
+            for hf_name, tensor in self._whole(by_name).items():
+                entry = state.setdefault(hf_name, {})
+                entry[key] = tensor.cpu()
+                if step is not None:
+                    entry["step"] = step.detach().cpu()
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        return {"state": state, "param_groups": groups}
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, whole: dict) -> None:
+        """What :meth:`optimizer_state` gave, into ``optimizer`` (this rank its part)."""
+        params = dict(self.gpt.named_parameters())
+        by_key: dict[str, dict[str, torch.Tensor]] = {}
+        step = None
+        for hf_name, entry in whole["state"].items():
+            for key, value in entry.items():
+                if value.dim() == 0:
+                    step = value
+                else:
+                    by_key.setdefault(key, {})[hf_name] = value
+        for key, hf in by_key.items():
+            for name, tensor in self._mine(hf).items():
+                param = params[name]
+                optimizer.state.setdefault(param, {})[key] = tensor.to(param.device, param.dtype)
+                if step is not None:
+                    optimizer.state[param]["step"] = step.clone()
+        for group, saved in zip(optimizer.param_groups, whole["param_groups"], strict=True):
+            group.update(saved)
+
+    def _whole(self, local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Tensors shaped like this rank's parameters, whole and by Hugging Face name."""
+        state = dict(local)
+        if self.te:
+            state = from_te_names(state, self.layout)
+        if self.sizes.tensor > 1:
+            state = merge_tensor_parallel(_all_gathered(state, self.sizes.tensor))
+        return megatron_to_hf(state, self.layout)
+
+    def _mine(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's part of whole tensors named by Hugging Face, by parameter name."""
+        state = hf_to_megatron(hf, self.layout)
+        if self.sizes.tensor > 1:
+            rank = parallel_state.get_tensor_model_parallel_rank()
+            state = split_tensor_parallel(state, self.sizes.tensor)[rank]
+        return to_te_names(state, self.layout) if self.te else state
 
 
 def _all_gathered(state: Mapping[str, torch.Tensor], ranks: int) -> list[dict[str, torch.Tensor]]:
