@@ -52,7 +52,8 @@ def _rank(rank: int, port: int, out: multiprocessing.Queue) -> None:
         mine = padded[..., rank * 6 : (rank + 1) * 6].clone().requires_grad_()
         got = vocab_parallel_logprobs(mine, targets, dist.group.WORLD, vocab=VOCAB)
         (got * weights).sum().backward()  # the same loss on both ranks, as in training
-        out.put((rank, got.detach(), mine.grad))
+        # numpy, not tensors: a queued tensor is shared by a handle that dies with us
+        out.put((rank, got.detach().numpy(), mine.grad.numpy()))
     finally:
         dist.destroy_process_group()
 
@@ -75,7 +76,8 @@ def test_two_ranks_give_the_log_probs_and_gradients_of_one() -> None:
     expected = plain(whole, targets)
     (expected * weights).sum().backward()
     grad = torch.cat((whole.grad, torch.zeros(3, 5, 2)), dim=-1)
-    for rank, (got, shard_grad) in results.items():
+    for rank, arrays in results.items():
+        got, shard_grad = (torch.from_numpy(a) for a in arrays)
         torch.testing.assert_close(got, expected.detach(), rtol=0, atol=1e-5)
         torch.testing.assert_close(
             shard_grad, grad[..., rank * 6 : (rank + 1) * 6], rtol=0, atol=1e-5

@@ -56,7 +56,11 @@ def _rank(rank: int, port: int, directories: list[str], out: multiprocessing.Que
             logprobs = model.token_logprobs(ids, columns, targets, temperature=0.8)
             (logprobs * weights).sum().backward()  # the same loss on both ranks
             grad = model.gpt.embedding.word_embeddings.weight.grad
-            out.put((rank, directory, logits, logprobs.detach(), grad, model.hf_state()))
+            weights = {name: t.numpy() for name, t in model.hf_state().items()}
+            # numpy, not tensors: a queued tensor is shared by a handle that dies with us
+            out.put(
+                (rank, directory, logits.numpy(), logprobs.detach().numpy(), grad.numpy(), weights)
+            )
     finally:
         dist.destroy_process_group()
 
@@ -75,7 +79,9 @@ def test_two_tensor_parallel_ranks_compute_what_one_model_does(tmp_path: Path) -
     for process in ranks:
         process.join(timeout=60)
         assert process.exitcode == 0
-    for rank, directory, logits, logprobs, grad, weights in results:
+    for rank, directory, *arrays, saved_arrays in results:
+        logits, logprobs, grad = (torch.from_numpy(a) for a in arrays)
+        weights = {name: torch.from_numpy(a) for name, a in saved_arrays.items()}
         ours, _ = load_model(directory)
         ids, columns, targets, loss_weights = inputs(ours.config.vocab_size)
         expected_logits = ours(ids)
