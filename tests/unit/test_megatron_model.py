@@ -95,3 +95,47 @@ def test_an_attention_bias_without_an_mlp_bias_is_refused_by_name(tmp_path: Path
     directory = hf_model_dir(tmp_path, "qwen3-untied-bias")
     with pytest.raises(ValueError, match="biases every linear layer or none"):
         load(str(directory))
+
+
+def test_a_mapped_qwen3_moe_checkpoint_fits_megatrons_moe_model(tmp_path: Path) -> None:
+    """Names and shapes only: megatron's router moves its weight to the current CUDA
+    device in forward, so an MoE model computes only on a GPU."""
+    import dataclasses
+    import json
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from safetensors.torch import load_file
+
+    from asyncrl.actors.engines.megatron import model as engine
+    from asyncrl.actors.engines.megatron.mapping import Layout, hf_to_megatron
+    from asyncrl.actors.policy.model import ModelConfig
+    from tests.support.hf_families import hf_model
+
+    fields = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    hf_model("qwen3_moe", head_dim=12, tie_word_embeddings=False, **fields).save_pretrained(
+        tmp_path
+    )
+    config = json.loads((tmp_path / "config.json").read_text())
+    layout = Layout.from_hf(config)
+    # The attention and norms are Qwen3's: built from its dense twin, experts added.
+    dense = ModelConfig.from_hf(
+        {**config, "architectures": ["Qwen3ForCausalLM"]} | {"model_type": "qwen3"}
+    )
+    sizes = engine.ParallelSizes()
+    engine.ensure_parallel_state(sizes, CPU)
+    moe = dataclasses.replace(
+        engine.transformer_config(dense, torch.float32, CPU, sizes),
+        num_moe_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=16,
+        moe_aux_loss_coeff=0.0,
+    )
+    spec = get_gpt_layer_local_spec(num_experts=4, qk_layernorm=True, normalization="RMSNorm")
+    gpt = GPTModel(
+        moe, spec, vocab_size=layout.rows, max_sequence_length=64, position_embedding_type="rope"
+    )
+    state = hf_to_megatron(load_file(str(tmp_path / "model.safetensors")), layout)
+    missing, unexpected = gpt.load_state_dict(state, strict=False)
+    assert [name for name in missing if not name.endswith("_extra_state")] == []
+    assert unexpected == []
