@@ -5,8 +5,8 @@ The layer spec is megatron's local one (Transformer Engine's when ``transformer_
 imports), with the core attention replaced by :class:`SdpaAttention`: torch's
 ``scaled_dot_product_attention`` runs on CPU and picks a fused kernel on GPU, where the
 local spec's own attention needs a CUDA buffer and materialises every score. Rotary
-frequencies are ours (:func:`asyncrl.actors.policy.model._inv_freq`): the same float32
-arithmetic as the torch engine and transformers, every scaling they support included.
+frequencies are ours (``asyncrl.actors.policy.model.rotary_frequencies``): the same
+float32 arithmetic as the torch engine and transformers, every scaling they support.
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
 the default ``torch.distributed`` group (a one-rank group is made for a worker alone).
@@ -32,7 +32,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
-from asyncrl.actors.policy.model import ModelConfig, _inv_freq
+from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.config import MegatronSection
 
@@ -175,7 +175,7 @@ class _Rotary(RotaryEmbedding):
         super().__init__(
             kv_channels=config.head_dim, rotary_percent=1.0, use_cpu_initialization=True
         )
-        self.inv_freq = _inv_freq(config).to(device)
+        self.inv_freq = rotary_frequencies(config).to(device)
 
     def get_emb(self, max_seq_len: int, offset: int = 0) -> torch.Tensor:
         freqs = self.get_freqs_non_repeated(max_seq_len, offset)
