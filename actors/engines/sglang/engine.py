@@ -490,11 +490,18 @@ def start_engine(
     version: int,
     bucket_mb: int,
     tied_embeddings: bool,
+    mem_fraction: float | None = None,
 ) -> EngineRunner:
-    """An SGLang engine on ``device`` serving the Hugging Face directory ``model_dir``."""
+    """An SGLang engine on ``device`` serving the Hugging Face directory ``model_dir``;
+    ``mem_fraction``: of the GPU's memory, for its weights and KV cache (None: SGLang's
+    default, most of it)."""
     import sglang
 
+    options: dict[str, Any] = {}
+    if mem_fraction is not None:
+        options["mem_fraction_static"] = mem_fraction
     engine = sglang.Engine(
+        **options,
         model_path=model_dir,
         skip_tokenizer_init=True,  # token ids in and out: the codec is ours
         dtype=dtype,
