@@ -12,9 +12,10 @@ test_sglang.py`` runs the real engine where there is one.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -289,3 +290,154 @@ def test_a_prompt_out_of_range_is_refused_at_submit_with_a_fake_sglang_engine() 
             decoder.runner, slots=1, max_new_tokens=1, max_prompt_tokens=1, eos_id=1, temperature=0
         )
     decoder.runner.close()
+
+
+# --- SGLangEngine, the glue to sglang.Engine, against fake sglang modules ---------------------
+
+
+class _Recorded:
+    """An SGLang request object: keeps the keyword arguments it was made with."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.fields = fields
+
+
+class _FakeTokenizerManager:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.calls.append(("abort", rid))
+
+    async def pause_generation(self, request: _Recorded) -> None:
+        self.calls.append(("pause", request.fields))
+
+    async def continue_generation(self, request: _Recorded) -> None:
+        self.calls.append(("continue", request.fields))
+
+    async def update_weights_from_tensor(self, request: _Recorded, _http: None):
+        self.calls.append(("update", request.fields))
+        return True, "Success"
+
+
+class _FakeEngine:
+    """Stands in for sglang.Engine (which needs a GPU): records how it is called."""
+
+    made: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        _FakeEngine.made.append(kwargs)
+        self.loop = asyncio.new_event_loop()
+        self.tokenizer_manager = _FakeTokenizerManager()
+        self.generated: list[dict[str, Any]] = []
+        self.shut = False
+
+    async def async_generate(self, **kwargs: Any):
+        self.generated.append(kwargs)
+
+        async def stream():
+            done = {"type": "length", "length": 2}
+            both = [(-0.5, 7, None), (-0.25, 8, None)]
+            yield {"meta_info": {"output_token_logprobs": both[:1]}}
+            yield {"meta_info": {"output_token_logprobs": both}}
+            yield {"meta_info": {"output_token_logprobs": both, "finish_reason": done}}
+
+        return stream()
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch) -> type[_FakeEngine]:
+    import dataclasses
+    import types
+
+    @dataclasses.dataclass
+    class FlattenedTensorMetadata:
+        name: str
+        shape: torch.Size
+        dtype: torch.dtype
+        start_idx: int
+        end_idx: int
+        numel: int
+
+    class MultiprocessingSerializer:
+        @staticmethod
+        def serialize(obj: Any, output_str: bool = False) -> Any:
+            assert output_str
+            return ("serialized", obj)
+
+    modules = {
+        "sglang": {"Engine": _FakeEngine},
+        "sglang.srt": {},
+        "sglang.srt.managers": {},
+        "sglang.srt.managers.io_struct": {
+            "PauseGenerationReqInput": _Recorded,
+            "ContinueGenerationReqInput": _Recorded,
+            "UpdateWeightsFromTensorReqInput": _Recorded,
+        },
+        "sglang.srt.utils": {"MultiprocessingSerializer": MultiprocessingSerializer},
+        "sglang.srt.weight_sync": {},
+        "sglang.srt.weight_sync.tensor_bucket": {
+            "FlattenedTensorMetadata": FlattenedTensorMetadata
+        },
+    }
+    for name, attributes in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attributes)
+        monkeypatch.setitem(sys.modules, name, module)
+    _FakeEngine.made.clear()
+    return _FakeEngine
+
+
+def test_the_glue_drives_sglang_engine_as_its_api_says_with_a_fake_sglang_engine(
+    fake_sglang: type[_FakeEngine],
+) -> None:
+    """sglang.Engine needs a GPU: fake sglang modules record what the glue asks of it."""
+    from asyncrl.actors.engines.sglang.engine import start_engine
+
+    runner = start_engine(
+        "/models/m",
+        device=torch.device("cpu"),
+        dtype="bfloat16",
+        context_length=64,
+        seed=3,
+        version=0,
+        bucket_mb=1,
+        tied_embeddings=True,
+        mem_fraction=0.5,
+    )
+    (made,) = fake_sglang.made
+    assert made["model_path"] == "/models/m" and made["skip_tokenizer_init"] is True
+    assert made["mem_fraction_static"] == 0.5 and made["random_seed"] == 3
+    engine = runner.engine.engine
+    assert runner.loop is engine.loop  # requests run on the loop the engine was made on
+    decoder = SGLangDecoder(runner, slots=2, max_new_tokens=2, max_prompt_tokens=8, eos_id=1)
+    decoder.submit([Request("a", (5, 6))])
+    finished = finish_all(decoder)["a"]
+    assert finished.tokens == [7, 8] and finished.logprobs == [-0.5, -0.25]
+    assert finished.truncated
+    (asked,) = engine.generated
+    assert asked["input_ids"] == [5, 6] and asked["return_logprob"] and asked["stream"]
+    weights = {
+        "model.embed_tokens.weight": torch.ones(4, 2),
+        "lm_head.weight": torch.ones(4, 2),
+        "model.norm.weight": torch.ones(2, dtype=torch.float32),
+    }
+    decoder.load(weights, 1)
+    calls = engine.tokenizer_manager.calls
+    assert [kind for kind, _ in calls] == ["pause", "update", "continue"]
+    assert calls[0][1] == {"mode": "retract"}
+    update = calls[1][1]
+    assert update["load_format"] == "flattened_bucket" and update["flush_cache"]
+    assert update["weight_version"] == "1"
+    ((tag, payload),) = update["serialized_named_tensors"]
+    assert tag == "serialized"
+    assert [m.name for m in payload["metadata"]] == [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+    ]
+    assert payload["flattened_tensor"].numel() == 10
+    runner.close()
+    assert engine.shut

@@ -349,8 +349,9 @@ class SGLangDecoder:
                 )
                 ended = self._ended_within(request, rollout, start, len(new))
                 if ended is not None:
-                    if finish is None:
-                        self.runner.engine.abort(rid)  # ended here: the engine need not go on
+                    if finish is None and ended == _STOPPED:
+                        # Ended here by a rule of ours (stop_when): the engine would go on.
+                        self.runner.engine.abort(rid)
                     return ended
                 if finish is not None:
                     break
