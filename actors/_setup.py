@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 
 __all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
 
+# Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
+# compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
 SGLANG_SHARED_MEM_FRACTION = 0.5
+
 # The roles whose compute takes turns in a synchronous run: a step generates, then trains.
 _TAKING_TURNS = ("generate", "train")
 
@@ -82,8 +85,6 @@ def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextC
         version=0,
         bucket_mb=cfg.weights.consume_bucket_mb,
         tied_embeddings=config.tie_word_embeddings,
-        # With backends.device=cuda the trainer and scorers share the GPUs: SGLang takes
-        # half of its GPU instead of nearly all of it.
         mem_fraction=SGLANG_SHARED_MEM_FRACTION if cfg.backends.device == "cuda" else None,
     )
     return runner, TextCodec.from_dir(directory), config
