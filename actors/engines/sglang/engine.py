@@ -413,7 +413,14 @@ class SGLangEngine:
 
     The engine's blocking methods run their coroutines on the engine's own loop, which the
     runner's thread is running: so the calls here await the engine's tokenizer manager,
-    the object those methods hand their requests to, on that loop.
+    the object those methods (and SGLang's HTTP endpoints) hand their requests to, on that
+    loop. While it is paused, the tokenizer manager updates weights without waiting for
+    the requests in flight to end (it waits for them otherwise): that is what lets them go
+    on under the new version.
+
+    A bucket is handed over as a CUDA tensor on the device SGLang's processes use, named by
+    its index: they inherit this process's visible devices, so the index means the same
+    GPU there.
     """
 
     def __init__(self, engine: Any, device: torch.device) -> None:
@@ -456,7 +463,7 @@ class SGLangEngine:
 
     async def update(self, bucket: Bucket, version: int, *, last: bool) -> None:
         # The bucket goes to the device first: the engine's processes open it through a
-        # CUDA IPC handle, with no copy of their own (the path SGLang's tests take).
+        # CUDA IPC handle and copy it into their weights on the device.
         payload = {
             "flattened_tensor": bucket.flat.to(self.device),
             "metadata": [self._metadata(**entry.fields()) for entry in bucket.entries],
