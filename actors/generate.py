@@ -50,6 +50,7 @@ from .engines.sglang.engine import SGLangDecoder
 from .episodes import EpisodeDone, EpisodeLimits, Episodes
 from .payloads import PromptIn, RolloutsOut, Sampled
 from .policy.decoder import Decoder, Decoding, Finished
+from .policy.model import CausalLM
 from .preflight import check_device, check_engine, check_model, check_task
 from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
@@ -168,7 +169,7 @@ class Generate(StreamingActor):
             others=self._answer_served,
         )
 
-    def _decoder(self, model, *, greedy_only: bool) -> Decoding:
+    def _decoder(self, model: CausalLM | None, *, greedy_only: bool) -> Decoding:
         """A decoder over ``model``, or over the SGLang engine (which has no model here)."""
         cfg = self.ctx.config
         max_new = cfg.model.max_new_tokens
@@ -186,6 +187,7 @@ class Generate(StreamingActor):
                 eos_id=self.codec.eos_ids,
                 temperature=temperature,
             )
+        assert model is not None  # the PyTorch decoder runs our own model
         return Decoder(
             model,
             slots=self.slots,

@@ -121,8 +121,9 @@ def test_the_rl_roles_run_with_backends_generate_sglang(tmp_path: Path, monkeypa
     # The engine ran the versions the trainer published, loaded from flattened buckets.
     (engine,) = engines
     assert engine.versions and engine.versions == sorted(engine.versions)
-    loads = [x for x in lines(run_dir / "weights.jsonl") if x["worker"] == "generate-0"]
-    assert [x["version"] for x in loads] == engine.versions
+    loads = [x["version"] for x in lines(run_dir / "weights.jsonl") if x["worker"] == "generate-0"]
+    # (the report of a load in the run's last moments may not be written before it ends)
+    assert loads and loads == engine.versions[: len(loads)]
     # Every token's version names the weights that sampled it: logp, scoring again under
     # the same version, gets the same log-probs.
     measured = [s["logprob_mismatch"] for s in steps if s["same_version_tokens"]]
