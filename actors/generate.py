@@ -13,6 +13,10 @@ complete.
 New versions load between two decode steps (the worker calls ``on_version`` there);
 sequences in flight continue under the new weights and their tokens say so.
 
+With ``backends.generate: sglang`` an SGLang engine does the decoding instead of our own
+decoder (:mod:`.engines.sglang`): the same episodes, validation and served API drive it,
+new versions go into it in flattened buckets, and it holds the only copy of the weights.
+
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
 versions, the generator with index 0 (or no index) decodes the validation prompts
 greedily with a frozen copy of that version and reports their mean reward. With

@@ -23,7 +23,8 @@ import torch
 from asyncrl.actors.engines.sglang.buckets import Bucket, rebuild
 from asyncrl.actors.engines.sglang.engine import EngineRunner, SGLangDecoder
 from asyncrl.actors.episodes import Episodes
-from asyncrl.actors.policy.decoder import Decoding, Finished, Request
+from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
 from asyncrl.actors.tasks import Sample
 
 EOS = 99
@@ -123,11 +124,19 @@ def state(value: float) -> dict[str, torch.Tensor]:
     return {"w": torch.tensor([value]), "model.norm.weight": torch.ones(4, dtype=torch.bfloat16)}
 
 
+def test_both_decoders_have_the_surface_the_generate_role_uses() -> None:
+    model, _ = load_model("embedded")
+    ours = Decoder(model, slots=1, max_new_tokens=1, max_prompt_tokens=4, eos_id=1, pad_id=0)
+    assert isinstance(ours, Decoding)
+    sglang = decoder_over(FakeSGLangEngine())
+    assert isinstance(sglang, Decoding)
+    sglang.runner.close()
+
+
 def test_responses_stop_at_eos_or_their_budget_with_a_fake_sglang_engine() -> None:
     """The real engine needs a GPU; this fake streams as it does."""
     engine = FakeSGLangEngine()
     decoder = decoder_over(engine)
-    assert isinstance(decoder, Decoding)
     decoder.submit([Request("eos", (90, 95)), Request("short", (3,), max_new_tokens=3)])
     assert decoder.busy and decoder.free_slots == 6
     results = finish_all(decoder)
