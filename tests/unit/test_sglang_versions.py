@@ -91,3 +91,14 @@ def test_cut_keeps_tokens_logprobs_and_versions_aligned() -> None:
     ledger.report("a", entries([5, 6, 7]))
     rollout.cut(1)
     assert (rollout.tokens, rollout.logprobs, rollout.versions) == ([5], [0.0], [0])
+
+
+def test_a_cumulative_report_that_does_not_extend_what_was_taken_is_refused() -> None:
+    ledger = Ledger()
+    ledger.begin("a", (1,), budget=9)
+    ledger.report("a", entries([5, 6]))
+    assert ledger.report("a", []) == []  # a final report without log-probs adds nothing
+    with pytest.raises(ValueError, match="went back"):
+        ledger.report("a", entries([5]))
+    with pytest.raises(ValueError, match="reported as 7"):
+        ledger.report("a", entries([5, 7, 8]))

@@ -83,6 +83,8 @@ class Ledger:
     ) -> list[int]:
         """Take a stream report for ``tag``; the tokens it adds, tagged with the version now."""
         rollout = self.rollouts[tag]
+        if cumulative and reported:
+            _check_continues(rollout, reported)
         new = reported[rollout.streamed :] if cumulative else reported
         for entry in new:
             rollout.tokens.append(int(entry[1]))
@@ -105,3 +107,18 @@ class Ledger:
 
     def drop(self, tag: Hashable) -> None:
         self.rollouts.pop(tag, None)
+
+
+def _check_continues(rollout: Rollout, reported: Sequence[Reported]) -> None:
+    """A cumulative report must extend what was taken: else its new tokens would be
+    misplaced, and tagged with versions that are not theirs."""
+    if len(reported) < rollout.streamed:
+        raise ValueError(
+            f"request {rollout.tag!r}: a report of {len(reported)} tokens after "
+            f"{rollout.streamed} (the engine's stream went back)"
+        )
+    if rollout.streamed and int(reported[rollout.streamed - 1][1]) != rollout.tokens[-1]:
+        raise ValueError(
+            f"request {rollout.tag!r}: token {rollout.streamed} reported as "
+            f"{reported[rollout.streamed - 1][1]}, taken as {rollout.tokens[-1]}"
+        )
