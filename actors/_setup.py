@@ -15,7 +15,7 @@ from .policy.model import CausalLM, ModelConfig
 from .policy.tokenizer import TextCodec
 
 if TYPE_CHECKING:
-    from .engines.sglang.engine import EngineRunner
+    from .engines.sglang.runner import EngineRunner
 
 __all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
 

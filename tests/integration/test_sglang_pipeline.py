@@ -1,11 +1,12 @@
 """The RL roles with ``backends.generate=sglang``, on a stand-in for SGLang's engine.
 
 ``sglang.Engine`` needs a CUDA device, so the generate role's engine here is a stand-in
-with SGLang's boundary (:class:`GenerationEngine`) that samples from the tiny model with
-our own model code, on CPU, and takes new versions from the flattened buckets the decoder
-sends (rebuilt and loaded into its model). What runs for real is everything around the
-engine: the role's wiring, the weight plane, buckets, pause/update/continue, per-token
-versions, validation through the same engine, and the trainer consuming the rollouts.
+with SGLang's boundary (``GenerationEngine`` in ``engines/sglang/runner.py``) that samples
+from the tiny model with our own model code, on CPU, and takes new versions from the
+flattened buckets the decoder sends (rebuilt and loaded into its model). What runs for
+real is everything around the engine: the role's wiring, the weight plane, buckets,
+pause/update/continue, per-token versions, validation through the same engine, and the
+trainer consuming the rollouts.
 Tokens tagged with the wrong version would show as a log-prob mismatch against logp,
 which scores every group again for this engine.
 """
@@ -24,7 +25,7 @@ import torch
 
 from asyncrl.actors import generate
 from asyncrl.actors.engines.sglang.buckets import Bucket, rebuild
-from asyncrl.actors.engines.sglang.engine import EngineRunner
+from asyncrl.actors.engines.sglang.runner import EngineRunner
 from asyncrl.actors.policy.checkpoint import load_model, load_state, model_dir
 from asyncrl.runtime.config import RunConfig
 from tests.integration.test_rl_pipeline import STEPS, lines, rl_config, run

@@ -1,7 +1,7 @@
 """SGLangDecoder's decoder surface, driven against a fake engine.
 
 The real engine (``sglang.Engine``) needs a CUDA device and SGLang's CUDA kernels, so these
-tests stand a fake in for it at the decoder's boundary (:class:`GenerationEngine`): it
+tests stand a fake in for it at the decoder's boundary (``GenerationEngine``): it
 streams token ids with log-probs the way SGLang does (cumulative ``output_token_logprobs``,
 ``finish_reason`` on the last report), pauses, loads flattened buckets and continues.
 Each token's log-prob is minus the weight value it was sampled under, so a test can see
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from asyncrl.actors.engines.sglang.buckets import Bucket, rebuild
-from asyncrl.actors.engines.sglang.engine import EngineRunner, SGLangDecoder
+from asyncrl.actors.engines.sglang.engine import SGLangDecoder
+from asyncrl.actors.engines.sglang.runner import EngineRunner
 from asyncrl.actors.episodes import Episodes
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request

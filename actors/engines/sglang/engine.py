@@ -6,11 +6,12 @@
 API drive either the same way. SGLang does the batching, the KV cache and the sampling;
 this module feeds it token ids and keeps the books.
 
-Threads: SGLang's engine is driven from an asyncio event loop. :class:`EngineRunner` runs
-that loop on a thread of its own; the decoder's methods are called on the worker's thread
-and hand work to the loop, and finished responses come back through a queue. Every
-request streams its tokens, so each token is tagged with the version it was sampled under
-as it arrives (:mod:`.versions`), and ``stop_when`` is asked after every token.
+Threads: SGLang's engine is driven from an asyncio event loop, which an
+:class:`~.runner.EngineRunner` runs on a thread of its own; the decoder's methods are
+called on the worker's thread and hand work to the loop, and finished responses come back
+through a queue. Every request streams its tokens, so each token is tagged with the
+version it was sampled under as it arrives (:mod:`.versions`), and ``stop_when`` is asked
+after every token.
 
 A new version (``load``): the engine is paused in "retract" mode (running requests go
 back to its queue, their KV cache dropped), the weights go in as flattened buckets
@@ -23,154 +24,33 @@ Validation shares the engine: a second decoder over the same :class:`EngineRunne
 decodes its prompts greedily, under whatever version the engine runs (an engine holds one
 set of weights; there is no frozen copy to keep).
 
-``sglang`` is imported by :func:`start_engine` only, so that this module loads without it
-(and the tests drive :class:`SGLangDecoder` with a stand-in engine).
+``sglang`` is imported by :class:`SGLangEngine` and :func:`start_engine` only, so that this
+module loads without it (and the tests drive :class:`SGLangDecoder` with stand-in engines).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import queue
 import threading
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 import torch
 
 from ...policy.decoder import Finished, Request
-from .buckets import Bucket, iter_buckets
-from .versions import Ledger, Rollout
+from .buckets import Bucket
+from .runner import EngineRunner
+from .versions import Rollout
 
-__all__ = ["EngineRunner", "GenerationEngine", "SGLangDecoder", "SGLangEngine", "start_engine"]
+__all__ = ["SGLangDecoder", "SGLangEngine", "start_engine"]
 
 log = structlog.get_logger("asyncrl.sglang")
 
 # How long step() waits for a response to finish before it returns none: the worker's loop
 # calls it back to back while busy, and SGLang works on its own processes meanwhile.
 STEP_WAIT_S = 0.005
-# After a pause, how long reports already on their way are given to arrive before the
-# version changes: the pause stops sampling, not the delivery of what was sampled.
-SETTLE_S = 0.02
-DEFAULT_BUCKET_MB = 512
-
-
-class GenerationEngine(Protocol):
-    """What the decoder needs of an engine; :class:`SGLangEngine` is SGLang's."""
-
-    def generate(
-        self, rid: str, input_ids: list[int], sampling_params: dict[str, Any]
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream one request: each item SGLang's output dict (``meta_info`` with
-        ``output_token_logprobs`` and, on the last one, ``finish_reason``)."""
-        ...
-
-    def abort(self, rid: str) -> None: ...
-
-    async def pause(self) -> None: ...
-
-    async def update(self, bucket: Bucket, version: int, *, last: bool) -> None: ...
-
-    async def resume(self) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-class EngineRunner:
-    """One engine, its event loop on a thread of its own, and the books of its requests.
-
-    Everything that touches the ledger or the engine runs on the loop's thread; the
-    decoders' methods only post work to it and read their queues.
-    """
-
-    def __init__(
-        self,
-        engine: GenerationEngine,
-        *,
-        version: int = 0,
-        bucket_mb: int = DEFAULT_BUCKET_MB,
-        tied_embeddings: bool = False,
-        cumulative: bool = True,
-        settle_s: float = SETTLE_S,
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        self.engine = engine
-        self.ledger = Ledger(version)
-        self.bucket_bytes = bucket_mb << 20
-        self.tied_embeddings = tied_embeddings
-        self.cumulative = cumulative  # how the engine streams: whole response so far, or new
-        self.settle_s = settle_s
-        # SGLang's engine keeps the loop it was made on, and its requests must run there.
-        self.loop = loop or asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="sglang", daemon=True)
-        self._thread.start()
-        self._running = asyncio.Event()  # clear while a version is being loaded
-        self.loop.call_soon_threadsafe(self._running.set)
-        self._keys = itertools.count()
-        self._rids = itertools.count()
-        # Each running request's current SGLang id, by its key: a resubmission takes a new one.
-        self.rids: dict[int, str] = {}
-
-    @property
-    def version(self) -> int:
-        return self.ledger.version
-
-    def next_key(self) -> int:
-        """A key for one submitted request, unique in this engine over every decoder."""
-        return next(self._keys)
-
-    def call(self, coroutine: Any) -> Any:
-        """Run ``coroutine`` on the loop and wait for its result (from another thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def start(self, coroutine: Any) -> None:
-        asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-
-    def abort(self, keys: Iterable[int]) -> None:
-        """Abort these requests in the engine (from any thread)."""
-        self.loop.call_soon_threadsafe(self._abort, list(keys))
-
-    def _abort(self, keys: list[int]) -> None:
-        for key in keys:
-            rid = self.rids.get(key)
-            if rid is not None:
-                self.engine.abort(rid)
-
-    def next_rid(self) -> str:
-        return f"asyncrl-{next(self._rids)}"
-
-    def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        self.call(self._load(state, version))
-
-    def close(self) -> None:
-        try:
-            self.engine.shutdown()
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)
-
-    async def _load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        self._running.clear()
-        try:
-            await self.engine.pause()
-            # Reports sampled before the pause may still be on their way: they are the old
-            # version's, so they are taken before the version changes.
-            await asyncio.sleep(self.settle_s)
-            buckets = iter_buckets(state, self.bucket_bytes, tied_embeddings=self.tied_embeddings)
-            bucket = next(buckets, None)
-            while bucket is not None:
-                following = next(buckets, None)
-                await self.engine.update(bucket, version, last=following is None)
-                bucket = following
-            self.ledger.update(version)
-        finally:
-            await self.engine.resume()
-            self._running.set()
-
-    async def wait_running(self) -> None:
-        await self._running.wait()
 
 
 class SGLangDecoder:
