@@ -33,7 +33,7 @@ DEFAULT_BUCKET_MB = 512
 
 
 class GenerationEngine(Protocol):
-    """What the decoder needs of an engine; :class:`SGLangEngine` is SGLang's."""
+    """What the decoder needs of an engine; :class:`~.engine.SGLangEngine` is SGLang's."""
 
     def generate(
         self, rid: str, input_ids: list[int], sampling_params: dict[str, Any]
