@@ -134,6 +134,8 @@ class EngineRunner:
             # version's, so they are taken before the version changes.
             await asyncio.sleep(self.settle_s)
             buckets = iter_buckets(state, self.bucket_bytes, tied_embeddings=self.tied_embeddings)
+            # One bucket ahead, to know which is the last: the engine flushes its prefix
+            # cache once, after it.
             bucket = next(buckets, None)
             while bucket is not None:
                 following = next(buckets, None)
