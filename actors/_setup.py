@@ -55,7 +55,10 @@ def load_policy(cfg: RunConfig, role: str, index: int | None = None) -> tuple[Ca
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
-    model, codec = load_model(cfg.model.path, dtype)
+    # The trainer keeps float32 master weights and computes in model.dtype (autocast, in
+    # the Learner): AdamW's updates at RL learning rates (1e-6 of a weight) are below
+    # bfloat16's resolution (2**-8 of it) and would round away on bfloat16 weights.
+    model, codec = load_model(cfg.model.path, torch.float32 if role == "train" else dtype)
     model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
     device = device_for(cfg, index)
     if device.type == "cuda":

@@ -218,8 +218,9 @@ class Decoder:
         sequences = [self.active[slot] for slot in slots]
         ids, positions = self._inputs(sequences)
         d = self.device
-        rows = torch.tensor(slots, device=d)
-        logits = self.model.step(ids.to(d), positions.to(d), rows, self.cache)
+        # Positions and slots stay in CPU memory: the model reads the step's shapes from
+        # them without a round trip to the device.
+        logits = self.model.step(ids.to(d), positions, torch.tensor(slots), self.cache)
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
         last = logits[torch.arange(len(slots), device=d), ends]
         chosen, logprobs = self._pick(last, sequences)
