@@ -131,10 +131,28 @@ def _one_line(text: str) -> str:
 
 
 def check_engine(cfg: RunConfig, role: str) -> list[str]:
+    if role == "generate" and cfg.backends.generate == "sglang":
+        return _check_sglang()
     backend = cfg.backends.generate if role == "generate" else cfg.backends.train
     key = "backends.generate" if role == "generate" else "backends.train"
     if backend != "torch":
         return [f"{key}={backend!r} is not available in this build; use torch"]
+    return []
+
+
+def _check_sglang() -> list[str]:
+    """SGLang is installed (found, not imported: that takes seconds) and has a GPU."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("sglang") is None:
+        return ["backends.generate='sglang' needs SGLang: pip install 'asyncrl[gpu]'"]
+    if not torch.cuda.is_available():
+        return [
+            "backends.generate='sglang' needs a CUDA device (SGLang runs on CUDA only); "
+            "torch sees none on this machine"
+        ]
     return []
 
 
