@@ -32,6 +32,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
+from ._host_copies import HostCopies
 from ._scorer import pack_rollouts
 from .engines import EngineModel, device_of, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
@@ -85,6 +86,10 @@ class Learner:
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
         self.device = device_of(model)  # where the model is: its inputs go there
+        # Float32 master weights (load_policy); model.dtype is what forward and backward
+        # compute in and what generators and checkpoints receive.
+        self.compute_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+        self._host = HostCopies()  # where a CUDA model's new versions land in CPU memory
         # Another engine splits the model its own way; ours is sharded by FSDP2 here.
         self.engine = model if isinstance(model, EngineModel) else None
         if self.engine is not None:
@@ -193,7 +198,12 @@ class Learner:
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
         packed = pack_rollouts([g.rollouts for g in groups], self.pad_id)
         width = packed.mask.shape[1]
-        logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
+        with torch.autocast(
+            self.device.type,
+            dtype=self.compute_dtype,
+            enabled=self.compute_dtype != next(self.model.parameters()).dtype,
+        ):
+            logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
         d = self.device
         reference = _reference_rows(groups, width)
         return policy_loss(
@@ -213,22 +223,26 @@ class Learner:
 
     def full_weights(self) -> dict[str, torch.Tensor]:
         """Every parameter whole, by Hugging Face name, a tied output layer once (as a
-        checkpoint stores it); on the leader (the others get nothing).
+        checkpoint stores it), in ``model.dtype`` (what generators run: the float32
+        master weights rounded); on the leader (the others get nothing).
 
         With a group this is a collective: every rank must call it at the same point.
         """
+        dtype = self.compute_dtype
         if self.size == 1 or self.engine is not None:
-            weights = weights_of(self.model)  # with another engine's group, a collective
+            # With another engine's group, a collective; only the leader keeps the result.
+            weights = weights_of(self.model)
             if self.rank != 0:
                 return {}
-            if self.device.type != "cpu":  # the weight plane stages from CPU memory
-                weights = {name: t.to("cpu") for name, t in weights.items()}
+            weights = {name: t.to(dtype) for name, t in weights.items()}
+            if self.device.type == "cuda":  # the weight plane stages from CPU memory
+                weights = self._host.copy(weights)
             return weights
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = get_model_state_dict(self.model, options=options)
         if self.model.config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
-        return weights
+        return {name: t.to(dtype) for name, t in weights.items()}
 
     def full_optimizer_state(self) -> dict[str, Any]:
         """AdamW's state keyed by parameter name, whole; a collective with a group."""

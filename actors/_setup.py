@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
 from asyncrl.runtime.config import RunConfig
 
 from .engines import EngineModel, train_engine_problems
-from .policy.checkpoint import load_model
-from .policy.model import CausalLM
+from .policy.checkpoint import load_model, model_dir
+from .policy.model import CausalLM, ModelConfig
 from .policy.tokenizer import TextCodec
 
-__all__ = ["device_for", "load_policy", "threads_for"]
+if TYPE_CHECKING:
+    from .engines.sglang.runner import EngineRunner
+
+__all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
+
+# Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
+# compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
+SGLANG_SHARED_MEM_FRACTION = 0.5
 
 # The roles whose compute takes turns in a synchronous run: a step generates, then trains.
 _TAKING_TURNS = ("generate", "train")
@@ -53,9 +62,13 @@ def load_policy(
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+    # The trainer keeps float32 master weights and computes in model.dtype (autocast, in
+    # the Learner): AdamW's updates at RL learning rates (1e-6 of a weight) are below
+    # bfloat16's resolution (2**-8 of it) and would round away on bfloat16 weights.
+    weights_dtype = torch.float32 if role == "train" else dtype
     if backend == "megatron":
-        return _load_megatron(cfg, role, dtype, device_for(cfg, index))
-    model, codec = load_model(cfg.model.path, dtype)
+        return _load_megatron(cfg, role, weights_dtype, device_for(cfg, index))
+    model, codec = load_model(cfg.model.path, weights_dtype)
     model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
     device = device_for(cfg, index)
     if device.type == "cuda":
@@ -76,3 +89,29 @@ def _load_megatron(
     # The parallel sizes split the trainer's group; a scorer runs on one rank.
     sizes = cfg.backends.megatron if role == "train" else MegatronSection()
     return load_megatron(cfg.model.path, dtype, device, sizes)
+
+
+def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextCodec, ModelConfig]:
+    """An SGLang engine serving ``model.path`` (``backends.generate: sglang``), with its
+    tokenizer and config. SGLang loads the Hugging Face directory itself, on the GPU this
+    worker's index picks; the packaged names (``embedded``) are directories too."""
+    from .engines.sglang.engine import start_engine
+
+    directory = model_dir(cfg.model.path)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    torch.manual_seed(cfg.run.seed)
+    runner = start_engine(
+        str(directory),
+        device=torch.device("cuda", (index or 0) % max(1, torch.cuda.device_count())),
+        dtype=cfg.model.dtype,
+        context_length=min(
+            cfg.model.max_prompt_tokens + cfg.model.max_new_tokens,
+            config.max_position_embeddings,
+        ),
+        seed=cfg.run.seed + (index or 0),
+        version=0,
+        bucket_mb=cfg.weights.consume_bucket_mb,
+        tied_embeddings=config.tie_word_embeddings,
+        mem_fraction=SGLANG_SHARED_MEM_FRACTION if cfg.backends.device == "cuda" else None,
+    )
+    return runner, TextCodec.from_dir(directory), config

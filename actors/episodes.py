@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .policy.decoder import Decoder, Finished, Request
+from .policy.decoder import Decoding, Finished, Request
 from .policy.tokenizer import TextCodec
 from .tasks import Sample
 from .tasks.environment import (
@@ -115,7 +115,7 @@ class Episodes:
 
     def __init__(
         self,
-        decoder: Decoder,
+        decoder: Decoding,
         codec: TextCodec,
         *,
         environment: Callable[[], Environment] | None = None,
@@ -129,7 +129,8 @@ class Episodes:
         self.codec = codec
         self.environment = environment
         self.name = name
-        self.limits = limits or EpisodeLimits(1, decoder.cache.max_len, 0.0)
+        context = decoder.max_prompt_tokens + decoder.max_new_tokens
+        self.limits = limits or EpisodeLimits(1, context, 0.0)
         self.stop_ids = frozenset(stop_ids)
         self.clock = clock
         self.others = others  # sequences of the decoder that are not episodes' (API calls)

@@ -13,6 +13,10 @@ complete.
 New versions load between two decode steps (the worker calls ``on_version`` there);
 sequences in flight continue under the new weights and their tokens say so.
 
+With ``backends.generate: sglang`` an SGLang engine does the decoding instead of our own
+decoder (:mod:`.engines.sglang`): the same episodes, validation and served API drive it,
+new versions go into it in flattened buckets, and it holds the only copy of the weights.
+
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
 versions, the generator with index 0 (or no index) decodes the validation prompts
 greedily with a frozen copy of that version and reports their mean reward. With
@@ -43,12 +47,14 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
-from ._setup import load_policy
+from ._setup import load_policy, start_sglang
 from ._weights import WeightFollower
 from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from .engines.sglang.engine import SGLangDecoder
 from .episodes import EpisodeDone, EpisodeLimits, Episodes
 from .payloads import PromptIn, RolloutsOut, Sampled
-from .policy.decoder import Decoder, Finished
+from .policy.decoder import Decoder, Decoding, Finished
+from .policy.model import CausalLM
 from .preflight import check_device, check_engine, check_model, check_task
 from .serving.serving import Serving
 from .tasks import Sample, TaskError, validation_samples
@@ -109,7 +115,15 @@ class Generate(StreamingActor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.ctx = ctx
-        self.model, self.codec = load_policy(cfg, self.role, ctx.index)
+        # SGLang (backends.generate: sglang) loads model.path itself and holds the weights;
+        # this process keeps no model of its own then.
+        self.engine = None
+        if cfg.backends.generate == "sglang":
+            self.model = None
+            self.engine, self.codec, self.model_config = start_sglang(cfg, ctx.index)
+        else:
+            self.model, self.codec = load_policy(cfg, self.role, ctx.index)
+            self.model_config = self.model.config
         self.task = load_workload(cfg)
         self.reward = validation_reward_for(cfg, self.task)
         self.weights = WeightFollower(
@@ -134,34 +148,19 @@ class Generate(StreamingActor):
                 cfg,
                 ctx.worker,
                 self.codec,
-                vocab_size=self.model.config.vocab_size,
+                vocab_size=self.model_config.vocab_size,
                 max_prompt_tokens=self.decoder.max_prompt_tokens,
                 version=self.loaded,
             )
 
     def _episodes(self, model, *, greedy_only: bool) -> Episodes:
         cfg = self.ctx.config
-        max_new = cfg.model.max_new_tokens
-        decoder = Decoder(
-            model,
-            slots=self.slots,
-            max_new_tokens=max_new,
-            # Not the model's whole context: a real model's would make a cache of many GiB.
-            max_prompt_tokens=min(
-                cfg.model.max_prompt_tokens, model.config.max_position_embeddings - max_new
-            ),
-            eos_id=self.codec.eos_ids,
-            pad_id=self.codec.pad_id,
-            temperature=1.0 if greedy_only else cfg.algorithm.temperature,
-            seed=cfg.run.seed + (self.ctx.index or 0),
-            version=self.loaded,
-        )
+        decoder = self._decoder(model, greedy_only=greedy_only)
         data = cfg.data
+        context = decoder.max_prompt_tokens + decoder.max_new_tokens
         limits = EpisodeLimits(
             max_turns=data.max_turns if self.environment else 1,
-            max_total_tokens=min(
-                data.max_total_tokens or decoder.cache.max_len, decoder.cache.max_len
-            ),
+            max_total_tokens=min(data.max_total_tokens or context, context),
             step_timeout_s=data.env_step_timeout_s,
         )
         return Episodes(
@@ -174,12 +173,43 @@ class Generate(StreamingActor):
             others=self._answer_served,
         )
 
+    def _decoder(self, model: CausalLM | None, *, greedy_only: bool) -> Decoding:
+        """A decoder over ``model``, or over the SGLang engine (which has no model here)."""
+        cfg = self.ctx.config
+        max_new = cfg.model.max_new_tokens
+        # Not the model's whole context: a real model's would make a cache of many GiB.
+        max_prompt = min(
+            cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
+        )
+        temperature = 1.0 if greedy_only else cfg.algorithm.temperature
+        if self.engine is not None:
+            return SGLangDecoder(
+                self.engine,
+                slots=self.slots,
+                max_new_tokens=max_new,
+                max_prompt_tokens=max_prompt,
+                eos_id=self.codec.eos_ids,
+                temperature=temperature,
+            )
+        assert model is not None  # the PyTorch decoder runs our own model
+        return Decoder(
+            model,
+            slots=self.slots,
+            max_new_tokens=max_new,
+            max_prompt_tokens=max_prompt,
+            eos_id=self.codec.eos_ids,
+            pad_id=self.codec.pad_id,
+            temperature=temperature,
+            seed=cfg.run.seed + (self.ctx.index or 0),
+            version=self.loaded,
+        )
+
     def _answer_served(self, finished: Finished) -> None:
         if self.serving is not None:
             self.serving.answer(finished)
 
     @property
-    def decoder(self) -> Decoder:
+    def decoder(self) -> Decoding:
         return self.episodes.decoder
 
     # --- versions ------------------------------------------------------------------------
@@ -207,7 +237,10 @@ class Generate(StreamingActor):
         if not (self.validates and due and self.validation is None):
             return
         self.last_validated = self.loaded
-        frozen = copy.deepcopy(self.model)  # the decoder's model changes under training
+        # The decoder's model changes under training: validation decodes a frozen copy.
+        # An SGLang engine holds one set of weights: validation shares it, and a response
+        # that spans a new version is scored as it came out.
+        frozen = copy.deepcopy(self.model) if self.engine is None else None
         episodes = self._episodes(frozen, greedy_only=True)
         samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
         for i, sample in enumerate(samples):
@@ -281,7 +314,10 @@ class Generate(StreamingActor):
     def abandon(self) -> list[p.Lease]:
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
+        if self.validation is not None:
+            self.validation.episodes.decoder.close()
         self.validation = None  # measured again at the next due version
+        self.decoder.close()  # an engine's requests would go on sampling otherwise
         self.episodes = self._episodes(self.model, greedy_only=False)
         if self.serving is not None:
             self.serving.dropped("its decode step failed")
@@ -347,6 +383,8 @@ class Generate(StreamingActor):
         if self.serving is not None:
             self.serving.stop()
         self.weights.receiver.close()
+        if self.engine is not None:
+            self.engine.close()
 
     def take_reports(self) -> list[p.Report]:
         reports, self.reports = self.reports, []

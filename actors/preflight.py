@@ -135,9 +135,23 @@ def check_engine(cfg: RunConfig, role: str) -> list[str]:
         from .engines import train_engine_problems
 
         return train_engine_problems(cfg, role)
-    if cfg.backends.generate != "torch":
+    if cfg.backends.generate == "sglang":
+        return _check_sglang()
+    return []
+
+
+def _check_sglang() -> list[str]:
+    """SGLang is installed (found, not imported: that takes seconds) and has a GPU."""
+    import importlib.util
+
+    import torch
+
+    if importlib.util.find_spec("sglang") is None:
+        return ["backends.generate='sglang' needs SGLang: pip install 'asyncrl[gpu]'"]
+    if not torch.cuda.is_available():
         return [
-            f"backends.generate={cfg.backends.generate!r} is not available in this build; use torch"
+            "backends.generate='sglang' needs a CUDA device (SGLang runs on CUDA only); "
+            "torch sees none on this machine"
         ]
     return []
 

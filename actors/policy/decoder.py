@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from .checkpoint import load_state
 from .model import CausalLM
 
-__all__ = ["Decoder", "Finished", "Request"]
+__all__ = ["Decoder", "Decoding", "Finished", "Request"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,36 @@ class Finished:
     versions: list[int]
     truncated: bool  # stopped by the length limit rather than end-of-sequence or a stop id
     stopped_by: int | None = None  # the end-of-sequence or stop id it ended with
+
+
+@runtime_checkable
+class Decoding(Protocol):
+    """What episodes, validation and the served API use of a decoder: :class:`Decoder`'s
+    public surface, which another engine's decoder has too (``backends.generate``)."""
+
+    max_new_tokens: int
+    max_prompt_tokens: int
+
+    @property
+    def version(self) -> int: ...
+
+    def submit(self, requests: Iterable[Request]) -> None: ...
+
+    def step(self) -> list[Finished]: ...
+
+    def cancel(self, tags: Collection[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+    @property
+    def busy(self) -> bool: ...
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def load(
+        self, state: Mapping[str, torch.Tensor], version: int, *, copy: bool = True
+    ) -> list[torch.Tensor]: ...
 
 
 @dataclass
@@ -127,6 +157,11 @@ class Decoder:
         for slot in [s for s, seq in self.active.items() if seq.request.tag in tags]:
             del self.active[slot]
 
+    def close(self) -> None:
+        """Drop every sequence (a new decoder replaces this one)."""
+        self.waiting.clear()
+        self.active.clear()
+
     @property
     def busy(self) -> bool:
         return bool(self.waiting or self.active)
@@ -183,8 +218,9 @@ class Decoder:
         sequences = [self.active[slot] for slot in slots]
         ids, positions = self._inputs(sequences)
         d = self.device
-        rows = torch.tensor(slots, device=d)
-        logits = self.model.step(ids.to(d), positions.to(d), rows, self.cache)
+        # Positions and slots stay in CPU memory: the model reads the step's shapes from
+        # them without a round trip to the device.
+        logits = self.model.step(ids.to(d), positions, torch.tensor(slots), self.cache)
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
         last = logits[torch.arange(len(slots), device=d), ends]
         chosen, logprobs = self._pick(last, sequences)

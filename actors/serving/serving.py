@@ -20,7 +20,7 @@ from asyncrl.runtime.rundir import RunDir
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError
 from ..policy.checkpoint import model_dir
-from ..policy.decoder import Decoder, Finished
+from ..policy.decoder import Decoding, Finished
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge, ServeTag
 from .directory import ApiDirectory, ApiEntry
@@ -78,13 +78,13 @@ class Serving:
         )
         self.directory.publish(entry)
 
-    def advance(self, decoder: Decoder) -> None:
+    def advance(self, decoder: Decoding) -> None:
         """One decode step of a decoder that holds served calls only."""
         self.feed(decoder)
         for finished in decoder.step():
             self.answer(finished)
 
-    def feed(self, decoder: Decoder) -> None:
+    def feed(self, decoder: Decoding) -> None:
         """The calls queued since the last join the batch; those given up leave it."""
         requests, cancelled = self.bridge.take()
         if cancelled:

@@ -52,26 +52,33 @@ def _reset_peak() -> None:
         refs.write("5")  # resets VmHWM, the peak resident set size, to the current one
 
 
-def _lease(vocab: int, prompt_tokens: int, response_tokens: int):
+def synthetic_lease(
+    vocab: int,
+    prompt_tokens: int,
+    response_tokens: int,
+    groups: int = _BATCH_GROUPS,
+    responses: int = _RESPONSES,
+):
+    """A train lease of ``groups`` random groups, every response ``response_tokens`` long."""
     from asyncrl.runtime.core.pipeline import Role
     from asyncrl.transport import protocol as p
 
     rng = np.random.default_rng(0)
     items = []
-    for gid in range(_BATCH_GROUPS):
+    for gid in range(groups):
         longest = response_tokens
-        logprobs = -rng.random((_RESPONSES, longest), dtype=np.float32)
+        logprobs = -rng.random((responses, longest), dtype=np.float32)
         data = {
             Role.GENERATE.value: {
                 "prompt_ids": rng.integers(3, vocab, size=prompt_tokens).astype(np.int32),
-                "response_ids": rng.integers(3, vocab, size=(_RESPONSES, longest)).astype(np.int32),
-                "lengths": np.full(_RESPONSES, longest, np.int32),
+                "response_ids": rng.integers(3, vocab, size=(responses, longest)).astype(np.int32),
+                "lengths": np.full(responses, longest, np.int32),
                 "logprobs": logprobs,
-                "versions": np.zeros((_RESPONSES, longest), np.int32),
-                "truncated": np.zeros(_RESPONSES, np.uint8),
+                "versions": np.zeros((responses, longest), np.int32),
+                "truncated": np.zeros(responses, np.uint8),
             },
             Role.LOGP.value: {"logprobs": logprobs, "version": 0},
-            Role.REWARD.value: {"rewards": rng.integers(0, 2, _RESPONSES).astype(np.float32)},
+            Role.REWARD.value: {"rewards": rng.integers(0, 2, responses).astype(np.float32)},
         }
         items.append(p.Item(gid, f"g{gid}", data))
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
@@ -95,7 +102,7 @@ def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> Non
     learner = Learner(model, cfg, pad_id=0, group_size=size)
     del model
     loading_peak = _rss_kib("VmHWM") - baseline
-    lease = _lease(shape["vocab_size"], batch["prompt_tokens"], batch["response_tokens"])
+    lease = synthetic_lease(shape["vocab_size"], batch["prompt_tokens"], batch["response_tokens"])
     groups = [Group.of(item) for item in lease.items]
     _reset_peak()
     for _ in range(batch["steps"]):

@@ -40,11 +40,31 @@ def test_bf16_logits_on_cuda_match_fp32_on_cpu_through_both_paths() -> None:
     assert (stepped - expected).abs().max() <= 0.05 * scale
 
 
-def test_a_short_rl_run_on_cuda_trains_and_moves_weights_between_gpus(tmp_path: Path) -> None:
+def _has_ucx() -> bool:
+    try:
+        import ucxx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "shm",
+        pytest.param(
+            "ucx", marks=pytest.mark.skipif(not _has_ucx(), reason="ucxx is not installed")
+        ),
+    ],
+)
+def test_a_short_rl_run_on_cuda_trains_and_moves_weights_between_gpus(
+    tmp_path: Path, strategy: str
+) -> None:
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=4"]
     argv += ["backends.device=cuda", "model.dtype=bfloat16", "data.val_every_versions=0"]
+    argv += [f"weights.strategy={strategy}"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

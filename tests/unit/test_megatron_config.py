@@ -72,13 +72,6 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
         assert f"{key}=2" in problem and "backends.megatron" in problem
 
 
-def test_sglang_stays_refused() -> None:
-    cfg = config_from_dict({"backends": {"generate": "sglang"}})
-    assert check_engine(cfg, "generate") == [
-        "backends.generate='sglang' is not available in this build; use torch"
-    ]
-
-
 def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() -> None:
     """megatron-core made unimportable in a fresh interpreter (``sys.modules`` entry None)."""
     script = textwrap.dedent(
