@@ -92,6 +92,13 @@ class Learner:
         self._host = HostCopies()  # where a CUDA model's new versions land in CPU memory
         # Another engine splits the model its own way; ours is sharded by FSDP2 here.
         self.engine = model if isinstance(model, EngineModel) else None
+        master = next(model.parameters()).dtype
+        # megatron's linear layers restore only CUDA's autocast state in their backward
+        # (a CPU backward would meet bfloat16 gradients and float32 weights): on CPU it
+        # computes in its weights' float32.
+        self._autocast = self.compute_dtype != master and (
+            self.engine is None or self.device.type == "cuda"
+        )
         if self.engine is not None:
             # Ranks holding parts of one copy train the same micro-batches.
             self.part, self.parts, self.stats_group = self.engine.data_parallel()
@@ -198,11 +205,7 @@ class Learner:
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
         packed = pack_rollouts([g.rollouts for g in groups], self.pad_id)
         width = packed.mask.shape[1]
-        with torch.autocast(
-            self.device.type,
-            dtype=self.compute_dtype,
-            enabled=self.compute_dtype != next(self.model.parameters()).dtype,
-        ):
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
             logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
         d = self.device
         reference = _reference_rows(groups, width)
