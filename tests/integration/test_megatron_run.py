@@ -31,12 +31,18 @@ DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 
 
 GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
+# bfloat16: scorers and generator in bfloat16, the trainer in its float32 master weights
+# (on CPU megatron does not autocast); the engines' bfloat16 roundings differ.
+BF16 = ["model.dtype=bfloat16"]
 
 
-@pytest.mark.parametrize("group", [[], GROUP], ids=["one-rank", "tensor-parallel-group"])
+@pytest.mark.parametrize(
+    "group", [[], GROUP, BF16], ids=["one-rank", "tensor-parallel-group", "bfloat16"]
+)
 def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     tmp_path: Path, group: list[str]
 ) -> None:
+    dtype = torch.bfloat16 if group == BF16 else torch.float32
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
     argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *group]
@@ -51,15 +57,15 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     assert all(s["grad_norm"] > 0 for s in steps)
     assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
     assert all(s["same_version_tokens"] > 0 for s in steps)
-    assert all(s["logprob_mismatch"] < 1e-4 for s in steps)
-    final, _ = load_model(str(run_dir / "final"))
-    base, _ = load_model("embedded")
+    assert all(s["logprob_mismatch"] < (1e-4 if dtype == torch.float32 else 1e-2) for s in steps)
+    final, _ = load_model(str(run_dir / "final"), dtype)
+    base, _ = load_model("embedded", dtype)
     moved = max(
         float((a - b).abs().max())
         for a, b in zip(final.parameters(), base.parameters(), strict=True)
     )
     assert 0 < moved < 1.0
-    assert final.lm_head.weight.dtype == torch.float32
+    assert final.lm_head.weight.dtype == dtype
     checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
     saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
     assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
