@@ -34,11 +34,11 @@ from asyncrl.transport import protocol as p
 
 from ._host_copies import HostCopies
 from ._scorer import pack_rollouts
-from .engines import EngineModel, device_of, load_weights, weights_of
+from .engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.model import CausalLM
 from .policy.scoring import response_logprobs
-from .policy.sharding import load_into_shards, shard
+from .policy.sharding import shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
 __all__ = ["Group", "Learner", "StepStats"]
@@ -268,10 +268,8 @@ class Learner:
         if self.size == 1:
             assert whole is not None
             load_weights(self.model, whole)
-        elif self.engine is not None:
-            load_weights(self.model, _from_leader(weights_of(self.model), whole, self.device))
         else:
-            load_into_shards(self.model, whole)
+            load_group_weights(self.model, whole)
 
     def local_state(self) -> dict[str, torch.Tensor]:
         """This rank's part of the state, as it is (no copy, no collective): its shard of
@@ -306,20 +304,6 @@ class Learner:
             _local(out).copy_(value)
             return out
         return value.clone()
-
-
-def _from_leader(
-    template: dict[str, torch.Tensor], whole: dict[str, torch.Tensor] | None, device: torch.device
-) -> dict[str, torch.Tensor]:
-    """Rank 0's ``whole`` weights on every rank (the others pass None), by broadcast into
-    tensors shaped like ``template`` (what every rank knows the model to hold)."""
-    out = {}
-    for name in sorted(template):
-        mine = template[name] if whole is None else whole[name]
-        tensor = mine.to(device=device, dtype=template[name].dtype).contiguous()
-        dist.broadcast(tensor, src=0)
-        out[name] = tensor
-    return out
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:

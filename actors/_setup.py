@@ -86,8 +86,9 @@ def _load_megatron(
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    # The parallel sizes split the trainer's group; a scorer runs on one rank.
-    sizes = cfg.backends.megatron if role == "train" else MegatronSection()
+    # The parallel sizes split a group of ranks (the trainer's, a scorer's); alone, a
+    # worker holds the whole model.
+    sizes = cfg.backends.megatron if cfg.pipeline.workers.get(role, 1) > 1 else MegatronSection()
     return load_megatron(cfg.model.path, dtype, device, sizes)
 
 

@@ -25,15 +25,16 @@ if TYPE_CHECKING:
 __all__ = [
     "MEGATRON_MISSING",
     "EngineModel",
+    "copy_of",
     "device_of",
+    "load_group_weights",
     "load_weights",
+    "split_over_group",
     "train_engine_problems",
     "weights_of",
 ]
 
 MEGATRON_MISSING = "backends.train='megatron' needs megatron-core: pip install 'asyncrl[gpu]'"
-# Roles whose model backends.train picks besides train (generate has backends.generate).
-_SCORING_ROLES = ("logp", "ref_logp")
 
 
 def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
@@ -50,13 +51,6 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
         return [
             f"backends.megatron: pipeline_parallel={m.pipeline_parallel}, expert_parallel="
             f"{m.expert_parallel}: only tensor parallelism runs in this build; use 1"
-        ]
-    ranks = cfg.pipeline.workers.get(role, 1)
-    if role in _SCORING_ROLES and ranks > 1:
-        # A scoring group shards a CausalLM with FSDP2; a megatron scorer group is not wired.
-        return [
-            f"pipeline.workers.{role}={ranks} with backends.train='megatron': a megatron "
-            "scorer runs on one rank in this build; use 1"
         ]
     return []
 
@@ -153,3 +147,48 @@ def load_weights(
     from ..policy.checkpoint import load_state
 
     return load_state(model, state, copy=copy)
+
+
+# --- a model split over a group of ranks ---------------------------------------------
+
+
+def split_over_group(model: CausalLM | EngineModel, ranks: int) -> None:
+    """Split ``model`` over the ``ranks`` of the default group: ours by FSDP2; another
+    engine's model split itself when it was built."""
+    if not isinstance(model, EngineModel):
+        from ..policy.sharding import shard
+
+        shard(model, device_of(model), ranks)
+
+
+def copy_of(model: CausalLM | EngineModel, rank: int, ranks: int) -> tuple[int, int]:
+    """(this rank's copy of the model, copies) in a group of ``ranks``: every rank is its
+    own copy of a sharded model of ours (FSDP2 gathers the layers it computes); ranks
+    that hold parts of one copy of another engine's model compute together."""
+    if isinstance(model, EngineModel):
+        part, parts, _ = model.data_parallel()
+        return part, parts
+    return rank, ranks
+
+
+def load_group_weights(
+    model: CausalLM | EngineModel, whole: Mapping[str, torch.Tensor] | None
+) -> None:
+    """Whole weights into a model split over a group: rank 0 passes them, the others
+    None, and each rank keeps its part. A collective."""
+    if not isinstance(model, EngineModel):
+        from ..policy.sharding import load_into_shards
+
+        load_into_shards(model, whole)
+        return
+    import torch.distributed as dist
+
+    # What every rank knows the model holds: names, shapes and dtypes to receive into.
+    template = model.hf_state()
+    state = {}
+    for name in sorted(template):
+        mine = template[name] if whole is None else whole[name]
+        tensor = mine.to(device=model.device, dtype=template[name].dtype).contiguous()
+        dist.broadcast(tensor, src=0)
+        state[name] = tensor
+    model.load_hf_state(state)

@@ -404,7 +404,10 @@ class BackendsSection:
     )
     megatron: MegatronSection = field(
         default_factory=MegatronSection,
-        metadata=doc("parallel sizes of the megatron-core engine (backends.train=megatron)"),
+        metadata=doc(
+            "how the megatron-core engine (backends.train=megatron) splits the model over a "
+            "group of ranks: the trainer's, and logp's or ref_logp's when it has several"
+        ),
     )
 
 
@@ -546,14 +549,19 @@ class RunConfig:
 
 
 def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:
-    """The trainer's group must hold whole copies of the megatron model split."""
+    """A group of megatron ranks (the trainer's; a scorer's) holds whole copies of the
+    model's split."""
     if backends.train != "megatron":
         return  # the sizes are read only by the megatron engine
-    m, ranks = backends.megatron, pipeline.workers.get("train", 1)
-    if ranks % m.model_parallel:
-        raise ValueError(
-            f"backends.megatron: got tensor_parallel={m.tensor_parallel} x pipeline_parallel="
-            f"{m.pipeline_parallel} x expert_parallel={m.expert_parallel} = {m.model_parallel} "
-            f"ranks, which does not divide pipeline.workers.train={ranks}; allowed: sizes "
-            "whose product divides pipeline.workers.train"
-        )
+    m = backends.megatron
+    for role in ("train", "logp", "ref_logp"):
+        ranks = pipeline.workers.get(role, 1)
+        # A scorer alone holds the whole model; a group of them is split like the trainer.
+        if (role == "train" or ranks > 1) and ranks % m.model_parallel:
+            raise ValueError(
+                f"backends.megatron: got tensor_parallel={m.tensor_parallel} x "
+                f"pipeline_parallel={m.pipeline_parallel} x expert_parallel="
+                f"{m.expert_parallel} = {m.model_parallel} ranks, which does not divide "
+                f"pipeline.workers.{role}={ranks}; allowed: sizes whose product divides "
+                f"pipeline.workers.{role}"
+            )

@@ -1,4 +1,4 @@
-"""The megatron engine's trainer as a group of 2 ranks (gloo, real processes) against the
+"""The megatron engine's trainer and scorers as groups of 2 ranks (gloo, real processes) against the
 torch engine's one rank on the same batch: split by tensor parallelism (one copy of the
 model over both ranks) and by data parallelism (a whole copy on each).
 
@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import multiprocessing
 
+import numpy as np
 import pytest
 import torch
 
 from asyncrl.actors._learner import Group, Learner
 from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.runtime.config import MegatronSection
-from tests.integration.test_train_group import _config, _first_result, _free_port, _lease
+from tests.integration.test_train_group import (
+    _SCORED,
+    _config,
+    _first_result,
+    _free_port,
+    _lease,
+    _next_version,
+)
 
 pytest.importorskip("megatron.core")
 
@@ -102,3 +110,58 @@ def test_two_megatron_ranks_train_like_one_torch_rank(tensor_parallel: int) -> N
     moment_gap = (torch.from_numpy(moment) - expected_moment).abs().max()
     assert moment_gap <= 1e-5 * expected_moment.abs().max()
     assert same_weights and same_moments
+
+
+def _scoring_rank(rank: int, port: int, tensor_parallel: int, results) -> None:
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.engines import load_group_weights
+    from asyncrl.actors.engines.megatron.model import load_megatron
+
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    try:
+        section = MegatronSection(tensor_parallel=tensor_parallel)
+        model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
+        for lease in _SCORED:
+            if lease is None:  # a new version: whole on rank 0, each rank keeps its part
+                load_group_weights(model, _next_version() if rank == 0 else None)
+                continue
+            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
+            if rank == 0:
+                results.put([s.copy() for s in scores])
+    finally:
+        gang.close()
+
+
+@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tensor-parallel", "data-parallel"])
+def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
+    tensor_parallel: int,
+) -> None:
+    """20 rows, then 1 (a copy with no rows pairs up anyway), then 20 under a new version."""
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.policy.checkpoint import load_model, load_state
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    args = (port, tensor_parallel, results)
+    ranks = [context.Process(target=_scoring_rank, args=(r, *args)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    shared = [_first_result(results, ranks) for _ in range(3)]
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    model, codec = load_model("embedded")
+    expected_all = []
+    for lease in _SCORED:
+        if lease is None:
+            load_state(model, _next_version())
+        else:
+            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+    for got, expected in zip(shared, expected_all, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            # Two engines' float32 roundings, on log-probs down to -30: 1e-4.
+            assert np.abs(a - b).max() <= 1e-4

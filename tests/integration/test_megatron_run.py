@@ -1,7 +1,8 @@
 """``asyncrl run`` with ``backends.train=megatron`` on CPU: megatron-core's GPTModel trains,
 and scores as logp (every group recomputed) and ref_logp (a KL penalty on).
 
-Alone, and as a trainer group of two ranks with the model split by tensor parallelism.
+Alone, and with the trainer and logp as groups of two ranks that split the model by
+tensor parallelism.
 The generator is the torch engine; its log-probs and megatron's for tokens of the same
 version must agree (same weights, same arithmetic up to float32 rounding), which checks
 that each version the megatron trainer publishes is the model logp loads. The final
@@ -30,7 +31,9 @@ pytestmark = pytest.mark.timeout(240)
 DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 
 
-GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
+# The trainer and logp as groups of 2 ranks, each holding one copy of the model between them.
+GROUP = ["pipeline.workers.train=2", "pipeline.workers.logp=2"]
+GROUP += ["backends.megatron.tensor_parallel=2"]
 # bfloat16: scorers and generator in bfloat16, the trainer in its float32 master weights
 # (on CPU megatron does not autocast); the engines' bfloat16 roundings differ.
 BF16 = ["model.dtype=bfloat16"]

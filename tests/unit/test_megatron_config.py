@@ -44,6 +44,15 @@ def test_sizes_whose_product_does_not_divide_the_trainer_group_are_named() -> No
     assert config_from_dict(data).backends.megatron.model_parallel == 4
 
 
+def test_a_scorer_group_must_hold_whole_copies_too_and_one_scorer_need_not() -> None:
+    data = megatron(tensor_parallel=2)
+    data["pipeline"] = {"workers": {"train": 2, "ref_logp": 3}}
+    with pytest.raises(ConfigError, match=r"pipeline\.workers\.ref_logp=3"):
+        config_from_dict(data)
+    data["pipeline"] = {"workers": {"train": 2, "logp": 1, "ref_logp": 4}}
+    assert config_from_dict(data).pipeline.workers["logp"] == 1
+
+
 def test_the_sizes_are_not_checked_against_the_group_for_the_torch_engine() -> None:
     cfg = config_from_dict({"backends": {"megatron": {"tensor_parallel": 2}}})
     assert cfg.backends.train == "torch"
@@ -63,8 +72,7 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     data["pipeline"] = {"workers": {"train": 2}}
     assert train_engine_problems(config_from_dict(data), "train") == []
     data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
-    (problem,) = train_engine_problems(config_from_dict(data), "logp")
-    assert "pipeline.workers.logp=2" in problem
+    assert train_engine_problems(config_from_dict(data), "logp") == []
     for key in ("pipeline_parallel", "expert_parallel"):
         data = megatron(**{key: 2})
         data["pipeline"] = {"workers": {"train": 2}}
