@@ -165,3 +165,44 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
             assert a.shape == b.shape
             # Two engines' float32 roundings, on log-probs down to -30: 1e-4.
             assert np.abs(a - b).max() <= 1e-4
+
+
+@pytest.fixture
+def _megatron_groups_torn_down():
+    """megatron's groups (and the one-rank default group under them) made in this
+    process are gone after the test, for the tests that follow in it."""
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("_megatron_groups_torn_down")
+def test_a_checkpoints_optimizer_state_moves_between_the_engines_both_ways() -> None:
+    """Both store AdamW's state by Hugging Face name in torch's layout, so a run can
+    resume from the other engine's checkpoint."""
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.actors.policy.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    model, codec = load_model("embedded")
+    ours = Learner(model, _config(), codec.pad_id)
+    ours.step([Group.of(item) for item in _lease().items])
+    saved = ours.full_optimizer_state()
+    megatron, _ = load_megatron("embedded", torch.float32, torch.device("cpu"), MegatronSection())
+    theirs = Learner(megatron, _config(), codec.pad_id)
+    theirs.load_optimizer_state(saved)
+    moved = theirs.full_optimizer_state()
+    back_model, _ = load_model("embedded")
+    back = Learner(back_model, _config(), codec.pad_id)
+    back.load_optimizer_state(moved)
+    for state in (moved, back.full_optimizer_state()):
+        assert sorted(state["state"]) == sorted(saved["state"])
+        for name, entry in saved["state"].items():
+            assert all(torch.equal(state["state"][name][k], entry[k]) for k in entry), name
+    assert all(
+        isinstance(p, torch.nn.Parameter) for p in theirs.optimizer.param_groups[0]["params"]
+    )

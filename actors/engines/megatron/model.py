@@ -103,6 +103,13 @@ def ensure_parallel_state(sizes: ParallelSizes, device: torch.device) -> None:
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
+        made = ParallelSizes(
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+            parallel_state.get_expert_model_parallel_world_size(),
+        )
+        if made != sizes:  # megatron's groups are per process: one split per process
+            raise ValueError(f"megatron's groups in this process are {made}, not {sizes}")
         return
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=sizes.tensor,
@@ -421,8 +428,11 @@ class MegatronLM(nn.Module):
                 entry[key] = tensor.cpu()
                 if step is not None:
                     entry["step"] = step.detach().cpu()
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        return {"state": state, "param_groups": groups}
+        # torch's own layout (get_optimizer_state_dict): a group names its parameters, by
+        # the Hugging Face names the torch engine's parameters have.
+        (group,) = optimizer.param_groups  # the learner makes one
+        settings = {k: v for k, v in group.items() if k != "params"}
+        return {"state": state, "param_groups": [settings | {"params": list(state)}]}
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, whole: dict) -> None:
         """What :meth:`optimizer_state` gave, into ``optimizer`` (this rank its part)."""
@@ -442,7 +452,7 @@ class MegatronLM(nn.Module):
                 if step is not None:
                     optimizer.state[param]["step"] = step.clone()
         for group, saved in zip(optimizer.param_groups, whole["param_groups"], strict=True):
-            group.update(saved)
+            group.update({k: v for k, v in saved.items() if k != "params"})  # ours stay
 
     def _whole(self, local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Tensors shaped like this rank's parameters, whole and by Hugging Face name."""
