@@ -31,9 +31,10 @@ pytestmark = pytest.mark.timeout(240)
 DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 
 
-# The trainer and logp as groups of 2 ranks, each holding one copy of the model between them.
-GROUP = ["pipeline.workers.train=2", "pipeline.workers.logp=2"]
-GROUP += ["backends.megatron.tensor_parallel=2"]
+# The trainer (and logp) as groups of 2 ranks, each holding one copy of the model between
+# them.
+TRAINER_GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
+GROUP = [*TRAINER_GROUP, "pipeline.workers.logp=2"]
 # bfloat16: scorers and generator in bfloat16, the trainer in its float32 master weights
 # (on CPU megatron does not autocast); the engines' bfloat16 roundings differ.
 BF16 = ["model.dtype=bfloat16"]
@@ -72,3 +73,49 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
     saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
     assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
+
+
+def test_a_tensor_parallel_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
+    (megatron's parameter names, AdamW's state) and the run goes on from its count."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"run.dir={run_dir}", "backends.train=megatron", *TRAINER_GROUP]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    metrics = run_dir / "metrics.jsonl"
+    log = (tmp_path / "first.log").open("wb")
+    first = subprocess.Popen([*argv, "run.total_steps=100"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and (
+            not metrics.is_file() or len(metrics.read_text().splitlines()) < 2
+        ):
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) == 130
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done = len(metrics.read_text().splitlines())
+    assert done >= 2
+    again = subprocess.run(
+        [*argv, f"run.total_steps={done + 2}", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    steps = [json.loads(line) for line in metrics.open()]
+    assert [s["step"] for s in steps] == list(range(1, done + 3))
+    restored = [
+        json.loads(line)
+        for line in (run_dir / "logs" / "train-0.log").read_text().splitlines()
+        if '"trainer state restored"' in line
+    ]
+    assert restored[-1]["step"] == done and restored[-1]["source"] == "staged"
