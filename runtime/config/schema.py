@@ -225,7 +225,8 @@ class AlgorithmSection:
         metadata=doc(
             "auto: logp reuses the generator's log-probs for a group generated wholly by the "
             "version it holds (same model code and weights: they agree to about 1e-7), and "
-            "scores the rest; with backends.generate other than torch it always scores; "
+            "scores the rest; with backends.generate or backends.train other than torch it "
+            "always scores; "
             "recompute: always score"
         ),
     )
