@@ -170,7 +170,11 @@ class ModelSection:
         ),
     )
     dtype: Literal["float32", "bfloat16"] = field(
-        default="float32", metadata=doc("parameter and compute dtype")
+        default="float32",
+        metadata=doc(
+            "compute dtype, and the weights of generate, logp and ref_logp, of what the "
+            "trainer publishes and of checkpoints; the trainer keeps float32 master weights"
+        ),
     )
     max_new_tokens: int = field(
         default=80, metadata=doc("most tokens generated per response", min=1)
