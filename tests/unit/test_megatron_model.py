@@ -139,3 +139,39 @@ def test_a_mapped_qwen3_moe_checkpoint_fits_megatrons_moe_model(tmp_path: Path) 
     missing, unexpected = gpt.load_state_dict(state, strict=False)
     assert [name for name in missing if not name.endswith("_extra_state")] == []
     assert unexpected == []
+
+
+def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat16() -> None:
+    """As the torch engine's trainer does (test_master_weights.py): with model.dtype
+    bfloat16 the scorers hold bfloat16, the trainer float32, and a step at an RL learning
+    rate moves weights that bfloat16 would not, while what it publishes is bfloat16."""
+    from asyncrl.actors._learner import Group, Learner
+    from asyncrl.actors._setup import load_policy
+    from asyncrl.runtime.config import config_from_dict
+    from tests.bench.train_memory import synthetic_lease
+
+    cfg = config_from_dict(
+        {
+            "model": {"dtype": "bfloat16"},
+            "algorithm": {"lr": 1e-6},
+            "backends": {"train": "megatron"},
+        }
+    )
+    scorer, _ = load_policy(cfg, "logp")
+    assert {p.dtype for p in scorer.parameters()} == {torch.bfloat16}
+    model, codec = load_policy(cfg, "train")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    learner = Learner(model, cfg, pad_id=codec.pad_id)
+    before = weights_of(model)
+    lease = synthetic_lease(model.config.vocab_size, 8, 8, groups=2, responses=4)
+    learner.step([Group.of(item) for item in lease.items])
+    after = weights_of(model)
+    moved = sum(int((after[n] != before[n]).sum()) for n in before)
+    kept_only_in_float32 = sum(
+        int(((after[n] != before[n]) & (after[n].bfloat16() == before[n].bfloat16())).sum())
+        for n in before
+    )
+    assert moved > 0 and kept_only_in_float32 > moved // 2
+    published = learner.full_weights()
+    assert {t.dtype for t in published.values()} == {torch.bfloat16}
+    assert all(torch.equal(published[n], after[n].bfloat16()) for n in published)

@@ -269,7 +269,10 @@ def build_gpt(
     )
     model.rotary_pos_emb = _Rotary(config, device)
     _mark_split(model)
-    return model.to(device)
+    # The local spec's norms are torch modules made in float32 whatever params_dtype is;
+    # every weight in ``dtype``, as the torch engine and transformers hold them. (The
+    # rotary frequencies are no parameter: they stay float32.)
+    return model.to(device=device, dtype=dtype)
 
 
 def _mark_split(model: GPTModel) -> None:
