@@ -29,13 +29,24 @@ def test_megatron_logits_on_cuda_match_the_torch_engine_in_fp32() -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
     from asyncrl.runtime.config import MegatronSection
 
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
     cpu, _ = load_model("embedded")
-    model, _ = load_megatron("embedded", torch.bfloat16, torch.device("cuda", 0), MegatronSection())
-    ids = torch.randint(3, cpu.config.vocab_size, (3, 24))
-    with torch.no_grad():
-        expected = cpu(ids)
-        got = model.eval()(ids.cuda()).float().cpu()
-    assert (got - expected).abs().max() <= 0.05 * expected.abs().max()
+    torch.cuda.set_device(0)
+    try:
+        model, _ = load_megatron(
+            "embedded", torch.bfloat16, torch.device("cuda", 0), MegatronSection()
+        )
+        ids = torch.randint(3, cpu.config.vocab_size, (3, 24))
+        with torch.no_grad():
+            expected = cpu(ids)
+            got = model.eval()(ids.cuda()).float().cpu()
+        assert (got - expected).abs().max() <= 0.05 * expected.abs().max()
+    finally:  # megatron's groups, and the one-rank group under them, made in this process
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
