@@ -26,11 +26,11 @@ pytestmark = [
 
 def test_megatron_logits_on_cuda_match_the_torch_engine_in_fp32() -> None:
     pytest.importorskip("megatron.core")
-    from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.runtime.config import MegatronSection
-
     import torch.distributed as dist
     from megatron.core import parallel_state
+
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.runtime.config import MegatronSection
 
     cpu, _ = load_model("embedded")
     torch.cuda.set_device(0)
