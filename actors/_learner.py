@@ -34,11 +34,11 @@ from asyncrl.transport import protocol as p
 
 from ._host_copies import HostCopies
 from ._scorer import pack_rollouts
+from .engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
-from .policy.checkpoint import load_state, state_for_saving
 from .policy.model import CausalLM
 from .policy.scoring import response_logprobs
-from .policy.sharding import load_into_shards, shard
+from .policy.sharding import shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
 __all__ = ["Group", "Learner", "StepStats"]
@@ -77,19 +77,35 @@ class StepStats:
 class Learner:
     """A model and its optimizer on this rank of a group of ``group_size`` (1: alone)."""
 
-    def __init__(self, model: CausalLM, cfg: RunConfig, pad_id: int, group_size: int = 1) -> None:
+    def __init__(
+        self, model: CausalLM | EngineModel, cfg: RunConfig, pad_id: int, group_size: int = 1
+    ) -> None:
         self.cfg = cfg
         self.pad_id = pad_id
         self.size = group_size
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
-        self.device = model.lm_head.weight.device  # where the model is: its inputs go there
+        self.device = device_of(model)  # where the model is: its inputs go there
         # Float32 master weights (load_policy); model.dtype is what forward and backward
         # compute in and what generators and checkpoints receive.
         self.compute_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
         self._host = HostCopies()  # where a CUDA model's new versions land in CPU memory
-        if group_size > 1:
-            shard(model, self.device, group_size)
+        # Another engine splits the model its own way; ours is sharded by FSDP2 here.
+        self.engine = model if isinstance(model, EngineModel) else None
+        master = next(model.parameters()).dtype
+        # megatron's linear layers restore only CUDA's autocast state in their backward
+        # (a CPU backward would meet bfloat16 gradients and float32 weights): on CPU it
+        # computes in its weights' float32.
+        self._autocast = self.compute_dtype != master and (
+            self.engine is None or self.device.type == "cuda"
+        )
+        if self.engine is not None:
+            # Ranks holding parts of one copy train the same micro-batches.
+            self.part, self.parts, self.stats_group = self.engine.data_parallel()
+        else:
+            self.part, self.parts, self.stats_group = self.rank, group_size, None
+            if group_size > 1:
+                shard(model, self.device, group_size)
         a = cfg.algorithm
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
@@ -116,9 +132,12 @@ class Learner:
             for i, g in enumerate(groups)
         ]
         loss, stats, tokens = self._accumulate(groups, advantages)
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.algorithm.max_grad_norm
-        )
+        max_norm = self.cfg.algorithm.max_grad_norm
+        if self.engine is not None:
+            self.engine.finish_gradients()
+            grad_norm = self.engine.clip_grad_norm(max_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": loss, **loss_metrics(stats)}
@@ -130,8 +149,8 @@ class Learner:
         total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
         starts = list(range(0, len(groups), per_micro))
-        mine = starts[self.rank :: self.size]
-        passes = -(-len(starts) // self.size)  # every rank: as many as the busiest
+        mine = starts[self.part :: self.parts]
+        passes = -(-len(starts) // self.parts)  # every rank: as many as the busiest
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
         for index in range(passes):
@@ -143,9 +162,11 @@ class Learner:
             )
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
-            # The reduce-scatter averages over ranks (gloo has no pre-scaled sum); the loss
-            # is normalised over the whole batch already, so undo the average.
-            (loss * self.size if self.size > 1 else loss).backward()
+            # FSDP's reduce-scatter averages over ranks (gloo has no pre-scaled sum); the
+            # loss is normalised over the whole batch already, so undo the average. Another
+            # engine sums its copies' gradients itself (finish_gradients).
+            fsdp = self.size > 1 and self.engine is None
+            (loss * self.size if fsdp else loss).backward()
             if real:
                 parts.append(part)
                 total_loss += loss.detach()
@@ -153,7 +174,7 @@ class Learner:
 
     def _summed(self, loss: torch.Tensor, parts: list[LossStats]):
         """The step's loss and stats over every rank's micro-batches."""
-        if self.size == 1:
+        if self.parts == 1:  # one copy of the model: its ranks saw the same micro-batches
             return float(loss), merge_stats(parts)
         names = [f.name for f in fields(LossStats)]
         merged = merge_stats(parts) if parts else None
@@ -167,8 +188,8 @@ class Learner:
             ]
         )
         peak = _value(merged, "is_weight_max", self.device).reshape(1)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.stats_group)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
         out: dict[str, Any] = {}
@@ -184,11 +205,7 @@ class Learner:
     def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
         packed = pack_rollouts([g.rollouts for g in groups], self.pad_id)
         width = packed.mask.shape[1]
-        with torch.autocast(
-            self.device.type,
-            dtype=self.compute_dtype,
-            enabled=self.compute_dtype != next(self.model.parameters()).dtype,
-        ):
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
             logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
         d = self.device
         reference = _reference_rows(groups, width)
@@ -215,8 +232,12 @@ class Learner:
         With a group this is a collective: every rank must call it at the same point.
         """
         dtype = self.compute_dtype
-        if self.size == 1:
-            weights = {name: t.to(dtype) for name, t in state_for_saving(self.model).items()}
+        if self.size == 1 or self.engine is not None:
+            # With another engine's group, a collective; only the leader keeps the result.
+            weights = weights_of(self.model)
+            if self.rank != 0:
+                return {}
+            weights = {name: t.to(dtype) for name, t in weights.items()}
             if self.device.type == "cuda":  # the weight plane stages from CPU memory
                 weights = self._host.copy(weights)
             return weights
@@ -228,11 +249,16 @@ class Learner:
 
     def full_optimizer_state(self) -> dict[str, Any]:
         """AdamW's state keyed by parameter name, whole; a collective with a group."""
+        if self.engine is not None:
+            return self.engine.optimizer_state(self.optimizer)
         options = StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
         return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
+        if self.engine is not None:
+            self.engine.load_optimizer_state(self.optimizer, state)
+            return
         options = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
@@ -241,9 +267,9 @@ class Learner:
         and the others None, and each rank keeps its shard (a collective)."""
         if self.size == 1:
             assert whole is not None
-            load_state(self.model, whole)
+            load_weights(self.model, whole)
         else:
-            load_into_shards(self.model, whole)
+            load_group_weights(self.model, whole)
 
     def local_state(self) -> dict[str, torch.Tensor]:
         """This rank's part of the state, as it is (no copy, no collective): its shard of

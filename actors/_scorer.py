@@ -22,6 +22,13 @@ from asyncrl.transport import protocol as p
 
 from ._setup import load_policy
 from .actor import Actor, Outcome, WorkerContext
+from .engines import (
+    EngineModel,
+    copy_of,
+    load_group_weights,
+    load_weights,
+    split_over_group,
+)
 from .gang import (
     Gang,
     GangBroken,
@@ -33,10 +40,8 @@ from .gang import (
     unpack_lease,
 )
 from .payloads import LogprobsOut, RolloutsOut
-from .policy.checkpoint import load_state
 from .policy.model import CausalLM
 from .policy.scoring import Packed, pack, response_logprobs
-from .policy.sharding import load_into_shards, shard
 from .preflight import check_device, check_engine, check_model
 
 __all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts", "tokens_of"]
@@ -57,7 +62,7 @@ class ScoringActor(Actor):
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
         if self.gang is not None:
-            shard(self.model, self.model.lm_head.weight.device, self.gang.size)
+            split_over_group(self.model, self.gang.size)
 
     @property
     def version(self) -> int | None:
@@ -101,8 +106,8 @@ class ScoringActor(Actor):
         """A new version into the model (alone: running on the received buffers, no copy;
         in a group: each rank its shard); returns the tensors the model ran on before."""
         if self.gang is None:
-            return load_state(self.model, whole, copy=False)
-        self.gang.lead(Order.LOAD, lambda: load_into_shards(self.model, whole))
+            return load_weights(self.model, whole, copy=False)
+        self.gang.lead(Order.LOAD, lambda: load_group_weights(self.model, whole))
         return []
 
     def on_stop(self) -> None:
@@ -114,14 +119,14 @@ class ScoringActor(Actor):
         gang = join_group_at(cfg, place)
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
-            shard(model, model.lm_head.weight.device, gang.size)
+            split_over_group(model, gang.size)
             temperature = cfg.algorithm.temperature
             while True:
                 order, body = gang.next_order()
                 if order is Order.STOP:
                     return 0
                 if order is Order.LOAD:
-                    load_into_shards(model, None)
+                    load_group_weights(model, None)
                 elif order is Order.SCORE:
                     lease = unpack_lease(body)
                     score_items(model, lease.items, codec.pad_id, temperature, gang)
@@ -137,7 +142,7 @@ def tokens_of(lease: p.Lease) -> int:
 
 
 def score_items(
-    model: CausalLM,
+    model: CausalLM | EngineModel,
     items: tuple[p.Item, ...],
     pad_id: int,
     temperature: float,
@@ -152,7 +157,7 @@ def score_items(
 
 
 def score_rollouts(
-    model: CausalLM,
+    model: CausalLM | EngineModel,
     rollouts: list[RolloutsOut],
     pad_id: int,
     temperature: float,
@@ -185,13 +190,18 @@ def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int) -> Packed:
     return pack(prompts, responses, pad_id, trained)
 
 
-def _score_shared(model: CausalLM, packed: Packed, temperature: float, gang: Gang) -> np.ndarray:
-    """Each rank scores one block of the rows; every rank gets every block back."""
+def _score_shared(
+    model: CausalLM | EngineModel, packed: Packed, temperature: float, gang: Gang
+) -> np.ndarray:
+    """Each copy of the model scores one block of the rows; every rank gets every block
+    back. (A copy is one rank of a sharded model of ours, or the ranks that hold parts of
+    one copy of another engine's model.)"""
+    part, parts = copy_of(model, gang.rank, gang.size)
     rows = packed.ids.shape[0]
-    block = -(-rows // gang.size)
-    first = min(gang.rank * block, rows)
+    block = -(-rows // parts)
+    first = min(part * block, rows)
     mine = _rows_of(packed, first, min(first + block, rows))
-    # A rank with no rows still runs a forward pass: the others' need its all-gathers.
+    # A rank with no rows still runs a forward pass: the others' need its collectives.
     real = mine.ids.shape[0]
     if real == 0:
         mine = _rows_of(packed, 0, 1)
@@ -202,6 +212,12 @@ def _score_shared(model: CausalLM, packed: Packed, temperature: float, gang: Gan
     out[:real] = scores[:real]
     gathered = torch.empty(gang.size * block, out.shape[1], device=device)
     dist.all_gather_into_tensor(gathered, out)
+    if parts < gang.size:  # several ranks scored each block: one of them gives it
+        owner = torch.tensor([part], device=device)
+        owners = torch.empty(gang.size, dtype=owner.dtype, device=device)
+        dist.all_gather_into_tensor(owners, owner)
+        first_rank = [owners.tolist().index(copy) for copy in range(parts)]
+        gathered = gathered.view(gang.size, block, -1)[first_rank].reshape(parts * block, -1)
     return gathered[:rows].cpu().numpy()
 
 

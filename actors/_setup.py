@@ -10,6 +10,7 @@ import torch
 
 from asyncrl.runtime.config import RunConfig
 
+from .engines import EngineModel, train_engine_problems
 from .policy.checkpoint import load_model, model_dir
 from .policy.model import CausalLM, ModelConfig
 from .policy.tokenizer import TextCodec
@@ -46,25 +47,49 @@ def device_for(cfg: RunConfig, index: int | None) -> torch.device:
     return torch.device("cuda", (index or 0) % torch.cuda.device_count())
 
 
-def load_policy(cfg: RunConfig, role: str, index: int | None = None) -> tuple[CausalLM, TextCodec]:
+def load_policy(
+    cfg: RunConfig, role: str, index: int | None = None
+) -> tuple[CausalLM | EngineModel, TextCodec]:
     """The base model named by ``model.path``, on this process's share of the CPU, or on
-    its GPU (``backends.device``)."""
+    its GPU (``backends.device``); held by the engine ``backends.train`` names for every
+    role but generate."""
     backend = cfg.backends.train if role != "generate" else cfg.backends.generate
-    if backend != "torch":
+    if role == "generate" and backend != "torch":
         raise RuntimeError(f"backend {backend!r} for {role} is not available; use torch")
+    problems = train_engine_problems(cfg, role) if role != "generate" else []
+    if problems:
+        raise RuntimeError(problems[0])
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
     # The trainer keeps float32 master weights and computes in model.dtype (autocast, in
     # the Learner): AdamW's updates at RL learning rates (1e-6 of a weight) are below
     # bfloat16's resolution (2**-8 of it) and would round away on bfloat16 weights.
-    model, codec = load_model(cfg.model.path, torch.float32 if role == "train" else dtype)
+    weights_dtype = torch.float32 if role == "train" else dtype
+    if backend == "megatron":
+        return _load_megatron(cfg, role, weights_dtype, device_for(cfg, index))
+    model, codec = load_model(cfg.model.path, weights_dtype)
     model.gradient_checkpointing = role == "train" and cfg.model.gradient_checkpointing
     device = device_for(cfg, index)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         model = model.to(device)
     return model, codec
+
+
+def _load_megatron(
+    cfg: RunConfig, role: str, dtype: torch.dtype, device: torch.device
+) -> tuple[EngineModel, TextCodec]:
+    from asyncrl.runtime.config import MegatronSection
+
+    from .engines.megatron.model import load_megatron
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    # The parallel sizes split a group of ranks (the trainer's, a scorer's); alone, a
+    # worker holds the whole model.
+    sizes = cfg.backends.megatron if cfg.pipeline.workers.get(role, 1) > 1 else MegatronSection()
+    return load_megatron(cfg.model.path, dtype, device, sizes)
 
 
 def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextCodec, ModelConfig]:

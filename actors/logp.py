@@ -36,9 +36,11 @@ def reuses_generator_logprobs(cfg: RunConfig) -> bool:
     """Whether logp may take a generator's log-probs as its own for a group of its version.
 
     The torch generator runs this same model code: under the same weights its log-probs
-    are what scoring would give. Another engine's kernels are not, so they are recomputed.
+    are what scoring would give. Another engine's kernels are not (SGLang generating, or
+    megatron scoring: 1e-7 apart in float32, 1e-3 in bfloat16), so they are recomputed.
     """
-    return cfg.algorithm.proximal_logp == "auto" and cfg.backends.generate == "torch"
+    same_code = cfg.backends.generate == "torch" and cfg.backends.train == "torch"
+    return cfg.algorithm.proximal_logp == "auto" and same_code
 
 
 class Logp(ScoringActor):

@@ -131,12 +131,12 @@ def _one_line(text: str) -> str:
 
 
 def check_engine(cfg: RunConfig, role: str) -> list[str]:
-    if role == "generate" and cfg.backends.generate == "sglang":
+    if role != "generate":
+        from .engines import train_engine_problems
+
+        return train_engine_problems(cfg, role)
+    if cfg.backends.generate == "sglang":
         return _check_sglang()
-    backend = cfg.backends.generate if role == "generate" else cfg.backends.train
-    key = "backends.generate" if role == "generate" else "backends.train"
-    if backend != "torch":
-        return [f"{key}={backend!r} is not available in this build; use torch"]
     return []
 
 

@@ -52,7 +52,7 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
-from .policy.checkpoint import model_dir, save_state, state_for_saving
+from .policy.checkpoint import model_dir, save_state
 from .preflight import check_device, check_engine, check_model
 
 __all__ = ["Train"]
@@ -77,14 +77,15 @@ class Train(Actor):
         rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
         model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
-        # Its buffers are made while the first step trains, not when that step publishes.
-        self.weights.prepare({name: t.cpu() for name, t in state_for_saving(model).items()})
         self.rank = TrainRank(cfg, model, self.codec.pad_id, rank, ranks)
         self.rank.reserve()
         self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
         self.resumed = False
         self.saved_step = self.durable = 0  # the newest checkpoint written / on disk
         self._resume(ctx.steps_done)
+        # Its buffers are made while the first step trains, not when that step publishes;
+        # from the whole weights the restore gathered (a split model has none before).
+        self.weights.prepare(self.newest)
 
     @property
     def step(self) -> int:

@@ -1,7 +1,192 @@
-"""Generation engines other than the built-in PyTorch decoder.
+"""Engines other than the built-in PyTorch model: SGLang for generation
+(``backends.generate``), megatron-core for train, logp and ref_logp (``backends.train``).
 
-Each engine is a package whose decoder has the surface of
-:class:`asyncrl.actors.policy.decoder.Decoder`, so the generate role, episodes and
-validation drive it the same way. An engine's own library is imported only when the
-engine is started: nothing here needs it to be installed.
+Each engine is a package that imports its own library only when the engine is started,
+so the default install never imports, or needs, any of them. An SGLang decoder has the
+surface of :class:`asyncrl.actors.policy.decoder.Decoder`, so the generate role, episodes
+and validation drive it the same way; a training engine's model meets
+:class:`EngineModel`, what the learner and the scorers use. What a role of a training
+engine asks before it starts is answered here, in one place.
 """
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import torch
+
+from asyncrl.runtime.config import RunConfig
+
+if TYPE_CHECKING:
+    from ..policy.model import CausalLM, ModelConfig
+
+__all__ = [
+    "MEGATRON_MISSING",
+    "EngineModel",
+    "copy_of",
+    "device_of",
+    "load_group_weights",
+    "load_weights",
+    "split_over_group",
+    "train_engine_problems",
+    "weights_of",
+]
+
+MEGATRON_MISSING = "backends.train='megatron' needs megatron-core: pip install 'asyncrl[gpu]'"
+
+
+def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
+    """Why ``role`` cannot run on ``backends.train`` here, one line each; [] if it can."""
+    if cfg.backends.train == "torch":
+        return []
+    missing = _megatron_missing()
+    if missing:
+        return [missing]
+    m = cfg.backends.megatron
+    if m.pipeline_parallel > 1 or m.expert_parallel > 1:
+        # The mapping splits stages and experts, but neither megatron's pipeline schedules
+        # nor a mixture-of-experts model are wired to the trainer yet.
+        return [
+            f"backends.megatron: pipeline_parallel={m.pipeline_parallel}, expert_parallel="
+            f"{m.expert_parallel}: only tensor parallelism runs in this build; use 1"
+        ]
+    return []
+
+
+def _megatron_missing() -> str | None:
+    """MEGATRON_MISSING unless megatron-core is installed (found, not imported: importing
+    it takes seconds and warns about the optional packages it does without)."""
+    try:
+        found = importlib.util.find_spec("megatron.core") is not None
+    except ModuleNotFoundError:  # no megatron package at all
+        found = False
+    return None if found else MEGATRON_MISSING
+
+
+# --- what the learner and the scorers need of a model, whichever engine holds it --------
+
+
+@runtime_checkable
+class EngineModel(Protocol):
+    """A model held by another engine than ours, as the learner and the scorers use it:
+    called with token ids (and optionally the columns wanted) it gives logits, like
+    :class:`~asyncrl.actors.policy.model.CausalLM`, and it computes the log-probs of
+    chosen tokens its own way; its weights go in and out whole, by Hugging Face name, a
+    tied output layer once."""
+
+    config: ModelConfig
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def hf_state(self) -> dict[str, torch.Tensor]: ...
+
+    def load_hf_state(self, state: Mapping[str, torch.Tensor]) -> None: ...
+
+    def token_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32."""
+        ...
+
+    # Training, where the engine may split the model over a group of ranks:
+
+    def data_parallel(self) -> tuple[int, int, Any]:
+        """(this rank's copy of the model, copies, the copies' process group or None)."""
+        ...
+
+    def finish_gradients(self) -> None:
+        """After the micro-batches: sum the gradients over the copies."""
+        ...
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """The whole model's gradient norm; gradients scaled to ``max_norm`` if above."""
+        ...
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """The optimizer's state whole (a collective over the group)."""
+        ...
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, whole: dict) -> None:
+        """:meth:`optimizer_state`'s result into ``optimizer``, this rank its part."""
+        ...
+
+
+def device_of(model: CausalLM | EngineModel) -> torch.device:
+    """Where ``model`` computes: its inputs go there."""
+    if isinstance(model, EngineModel):
+        return model.device
+    return model.lm_head.weight.device
+
+
+def weights_of(model: CausalLM | EngineModel) -> dict[str, torch.Tensor]:
+    """Every parameter by Hugging Face name, a tied output layer once (a checkpoint's)."""
+    if isinstance(model, EngineModel):
+        return model.hf_state()
+    from ..policy.checkpoint import state_for_saving
+
+    return state_for_saving(model)
+
+
+def load_weights(
+    model: CausalLM | EngineModel, state: Mapping[str, torch.Tensor], *, copy: bool = True
+) -> list[torch.Tensor]:
+    """``state`` into ``model`` (see :func:`~asyncrl.actors.policy.checkpoint.load_state`;
+    another engine's layout always takes a copy, so nothing is superseded)."""
+    if isinstance(model, EngineModel):
+        model.load_hf_state(state)
+        return []
+    from ..policy.checkpoint import load_state
+
+    return load_state(model, state, copy=copy)
+
+
+# --- a model split over a group of ranks ---------------------------------------------
+
+
+def split_over_group(model: CausalLM | EngineModel, ranks: int) -> None:
+    """Split ``model`` over the ``ranks`` of the default group: ours by FSDP2; another
+    engine's model split itself when it was built."""
+    if not isinstance(model, EngineModel):
+        from ..policy.sharding import shard
+
+        shard(model, device_of(model), ranks)
+
+
+def copy_of(model: CausalLM | EngineModel, rank: int, ranks: int) -> tuple[int, int]:
+    """(this rank's copy of the model, copies) in a group of ``ranks``: every rank is its
+    own copy of a sharded model of ours (FSDP2 gathers the layers it computes); ranks
+    that hold parts of one copy of another engine's model compute together."""
+    if isinstance(model, EngineModel):
+        part, parts, _ = model.data_parallel()
+        return part, parts
+    return rank, ranks
+
+
+def load_group_weights(
+    model: CausalLM | EngineModel, whole: Mapping[str, torch.Tensor] | None
+) -> None:
+    """Whole weights into a model split over a group: rank 0 passes them, the others
+    None, and each rank keeps its part. A collective."""
+    if not isinstance(model, EngineModel):
+        from ..policy.sharding import load_into_shards
+
+        load_into_shards(model, whole)
+        return
+    import torch.distributed as dist
+
+    # What every rank knows the model holds: names, shapes and dtypes to receive into.
+    template = model.hf_state()
+    state = {}
+    for name in sorted(template):
+        mine = template[name] if whole is None else whole[name]
+        tensor = mine.to(device=model.device, dtype=template[name].dtype).contiguous()
+        dist.broadcast(tensor, src=0)
+        state[name] = tensor
+    model.load_hf_state(state)

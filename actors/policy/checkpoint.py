@@ -32,6 +32,7 @@ __all__ = [
     "load_state",
     "model_dir",
     "packaged_or_path",
+    "read_weights",
     "save_model",
     "save_state",
     "state_for_saving",
@@ -78,7 +79,7 @@ def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM,
     directory = model_dir(path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
     model = CausalLM(config)
-    load_state(model, _read_weights(directory))
+    load_state(model, read_weights(directory))
     return model.to(dtype), TextCodec.from_dir(directory)
 
 
@@ -195,7 +196,8 @@ def is_weight(name: str) -> bool:
     return not name.endswith(_NOT_WEIGHTS)
 
 
-def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """Every parameter a model directory stores, by name."""
     state: dict[str, torch.Tensor] = {}
     for path in weight_files(directory):
         state.update((k, t) for k, t in load_file(str(path)).items() if is_weight(k))

@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig", "rotary_frequencies"]
 
 
 class KVCache:
@@ -65,7 +65,7 @@ class _RMSNorm(nn.Module):
 class _Rotary(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.register_buffer("inv_freq", _inv_freq(config), persistent=False)
+        self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
 
     def _apply(self, fn, recurse: bool = True):
         # The frequencies stay float32 whatever dtype the model is cast to, as transformers
@@ -83,7 +83,7 @@ class _Rotary(nn.Module):
         return angles.cos(), angles.sin()
 
 
-def _inv_freq(config: ModelConfig) -> torch.Tensor:
+def rotary_frequencies(config: ModelConfig) -> torch.Tensor:
     """Rotary inverse frequencies, with the same float32 operations as transformers."""
     half = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
     inv_freq = 1.0 / (config.rope_theta**half)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..engines import EngineModel, device_of
 from .model import CausalLM
 
 __all__ = ["Packed", "pack", "response_logprobs"]
@@ -56,14 +57,16 @@ def pack(
     return Packed(ids, starts, lengths, mask)
 
 
-def response_logprobs(model: CausalLM, packed: Packed, temperature: float = 1.0) -> torch.Tensor:
+def response_logprobs(
+    model: CausalLM | EngineModel, packed: Packed, temperature: float = 1.0
+) -> torch.Tensor:
     """log π(response token | everything before it), [rows, longest response]; 0 where the
     mask is (padding, and tokens the model did not sample).
 
     Logits are divided by ``temperature`` first: the distribution the generator sampled
     from, so behaviour and recomputed log-probs compare like for like.
     """
-    device = model.lm_head.weight.device
+    device = device_of(model)
     ids = packed.ids.to(device)
     targets = ids[:, 1:]
     # Response token j of a row sits at column start + j; its logits at start + j - 1.
@@ -71,12 +74,15 @@ def response_logprobs(model: CausalLM, packed: Packed, temperature: float = 1.0)
     columns = (packed.starts.to(device)[:, None] - 1 + torch.arange(longest, device=device)).clamp(
         max=targets.shape[1] - 1
     )
+    rows = torch.arange(ids.shape[0], device=device)[:, None]
+    tokens = targets[rows, columns]
+    if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
+        picked = model.token_logprobs(ids[:, :-1], columns, tokens, temperature)
+        return picked * packed.mask.to(device)
     # Only the response positions' logits, in fp32 whatever the weights' dtype.
     logits = model(ids[:, :-1], columns=columns).float()
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
-    rows = torch.arange(ids.shape[0], device=device)[:, None]
-    tokens = targets[rows, columns]
     picked = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
     return picked * packed.mask.to(device)

@@ -229,7 +229,8 @@ class AlgorithmSection:
         metadata=doc(
             "auto: logp reuses the generator's log-probs for a group generated wholly by the "
             "version it holds (same model code and weights: they agree to about 1e-7), and "
-            "scores the rest; with backends.generate other than torch it always scores; "
+            "scores the rest; with backends.generate or backends.train other than torch it "
+            "always scores; "
             "recompute: always score"
         ),
     )
@@ -354,6 +355,31 @@ class PayloadsSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronSection:
+    """How megatron-core splits the model over a role's group (``backends.train=megatron``)."""
+
+    tensor_parallel: int = field(
+        default=1,
+        metadata=doc(
+            "ranks each layer's weight matrices are split over (heads, MLP, vocab)", min=1
+        ),
+    )
+    pipeline_parallel: int = field(
+        default=1, metadata=doc("stages the layers are split into, one rank each", min=1)
+    )
+    expert_parallel: int = field(
+        default=1,
+        metadata=doc("ranks a mixture-of-experts layer's experts are spread over", min=1),
+    )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them (expert ranks come out of
+        the data-parallel ones, so they count here too: the group must have them)."""
+        return self.tensor_parallel * self.pipeline_parallel * self.expert_parallel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackendsSection:
     generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
@@ -379,6 +405,13 @@ class BackendsSection:
             "a training group's ranks (pipeline.workers.train > 1) give up on a collective "
             "after this long, and the group starts afresh",
             exclusive_min=0,
+        ),
+    )
+    megatron: MegatronSection = field(
+        default_factory=MegatronSection,
+        metadata=doc(
+            "how the megatron-core engine (backends.train=megatron) splits the model over a "
+            "group of ranks: the trainer's, and logp's or ref_logp's when it has several"
         ),
     )
 
@@ -515,3 +548,25 @@ class RunConfig:
         default_factory=SchedulerSection, metadata=doc("scheduler service and journal")
     )
     logging: LoggingSection = field(default_factory=LoggingSection, metadata=doc("log output"))
+
+    def __post_init__(self) -> None:
+        _check_megatron_group(self.backends, self.pipeline)
+
+
+def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:
+    """A group of megatron ranks (the trainer's; a scorer's) holds whole copies of the
+    model's split."""
+    if backends.train != "megatron":
+        return  # the sizes are read only by the megatron engine
+    m = backends.megatron
+    for role in ("train", "logp", "ref_logp"):
+        ranks = pipeline.workers.get(role, 1)
+        # A scorer alone holds the whole model; a group of them is split like the trainer.
+        if (role == "train" or ranks > 1) and ranks % m.model_parallel:
+            raise ValueError(
+                f"backends.megatron: got tensor_parallel={m.tensor_parallel} x "
+                f"pipeline_parallel={m.pipeline_parallel} x expert_parallel="
+                f"{m.expert_parallel} = {m.model_parallel} ranks, which does not divide "
+                f"pipeline.workers.{role}={ranks}; allowed: sizes whose product divides "
+                f"pipeline.workers.{role}"
+            )

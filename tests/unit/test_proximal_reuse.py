@@ -72,15 +72,19 @@ def logp_holding(version: int, *, proximal: str = "auto") -> Logp:
 
 
 @pytest.mark.parametrize(
-    ("proximal", "engine", "reuses"),
-    [("auto", "torch", True), ("recompute", "torch", False), ("auto", "sglang", False)],
+    ("proximal", "engine", "train", "reuses"),
+    [
+        ("auto", "torch", "torch", True),
+        ("recompute", "torch", "torch", False),
+        ("auto", "sglang", "torch", False),
+        ("auto", "torch", "megatron", False),
+    ],
 )
 def test_logprobs_are_reused_only_from_the_same_model_code(
-    proximal: str, engine: str, reuses: bool
+    proximal: str, engine: str, train: str, reuses: bool
 ) -> None:
-    cfg = config_from_dict(
-        {"algorithm": {"proximal_logp": proximal}, "backends": {"generate": engine}}
-    )
+    backends = {"generate": engine, "train": train}
+    cfg = config_from_dict({"algorithm": {"proximal_logp": proximal}, "backends": backends})
     assert reuses_generator_logprobs(cfg) is reuses
 
 

@@ -1,0 +1,510 @@
+"""Hugging Face state dicts <-> megatron-core ``GPTModel`` state dicts, and their split
+over tensor-, expert- and pipeline-parallel ranks. Pure tensor code: no megatron import.
+
+The two layouts differ in three ways besides names:
+
+- megatron fuses q/k/v into one ``linear_qkv`` laid out per query group: for each
+  key/value head g, the query heads that share it, then key head g, then value head g.
+  A tensor-parallel split of that tensor along its rows then hands each rank whole groups;
+- it fuses the MLP's gate and up projections into ``linear_fc1`` = [gate; up], and a
+  rank's shard is [its gate rows; its up rows] (so a split is per half, not of the whole);
+- its vocabulary may be padded so that the embedding and output layer split evenly;
+  padding rows are zeros here and dropped on the way back.
+
+Families: Llama, Mistral, Qwen2 (q/k/v biases), Qwen3 (per-head q/k RMSNorm) and
+Qwen3-MoE (a router and per-expert MLPs), tied or untied output layer. Names are those of
+megatron's local layer spec; :func:`to_te_names` gives the Transformer Engine spec's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Layout",
+    "from_te_names",
+    "hf_to_megatron",
+    "megatron_to_hf",
+    "merge_expert_parallel",
+    "merge_pipeline_parallel",
+    "merge_tensor_parallel",
+    "split_expert_parallel",
+    "split_pipeline_parallel",
+    "split_tensor_parallel",
+    "tensor_parallel_dim",
+    "to_te_names",
+]
+
+State = dict[str, torch.Tensor]
+
+EMBEDDING = "embedding.word_embeddings.weight"
+OUTPUT = "output_layer.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(.+)$")
+_MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM",)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The shapes and switches both layouts need to convert one model."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # the dense MLP's inner size
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+    proj_bias: bool = False  # o_proj / linear_proj
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    experts: int = 0  # 0: a dense MLP in every layer
+    expert_ffn: int = 0
+    padded_vocab: int = 0  # megatron's vocabulary rows; 0: the same as vocab
+
+    def __post_init__(self) -> None:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} query heads do not share {self.kv_heads} kv heads")
+        if self.padded_vocab and self.padded_vocab < self.vocab:
+            raise ValueError(f"padded_vocab={self.padded_vocab} < vocab={self.vocab}")
+
+    @property
+    def rows(self) -> int:
+        """Vocabulary rows on the megatron side."""
+        return self.padded_vocab or self.vocab
+
+    def padded_for(self, tensor_parallel: int) -> Layout:
+        """This layout with the vocabulary padded to split over ``tensor_parallel`` ranks."""
+        rows = -(-self.vocab // tensor_parallel) * tensor_parallel
+        return replace(self, padded_vocab=rows)
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> Layout:
+        """From a ``config.json`` of a supported family (Qwen3-MoE included)."""
+        arch = (config.get("architectures") or [""])[0]
+        heads = config["num_attention_heads"]
+        bias = bool(config.get("attention_bias", False))
+        qwen2 = arch == "Qwen2ForCausalLM"
+        # transformers 5 writes num_local_experts where 4.x wrote num_experts.
+        count = config.get("num_experts") or config.get("num_local_experts") or 0
+        experts = count if arch in _MOE_ARCHITECTURES else 0
+        if experts and (config.get("mlp_only_layers") or config.get("decoder_sparse_step", 1) != 1):
+            raise ValueError("Qwen3-MoE with dense layers between sparse ones is not supported")
+        return cls(
+            layers=config["num_hidden_layers"],
+            hidden=config["hidden_size"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            ffn=config["intermediate_size"],
+            vocab=config["vocab_size"],
+            tied=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=qwen2 or bias,
+            proj_bias=bias and not qwen2,
+            mlp_bias=arch == "LlamaForCausalLM" and bool(config.get("mlp_bias", False)),
+            qk_norm=arch.startswith("Qwen3"),
+            experts=experts,
+            expert_ffn=config.get("moe_intermediate_size", 0) if experts else 0,
+        )
+
+
+# --- Hugging Face -> megatron ------------------------------------------------------------
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: Layout) -> State:
+    """The whole (unsplit) megatron state of a Hugging Face one; KeyError names a missing
+    tensor, ValueError an unexpected one."""
+    source = dict(hf)
+    out: State = {EMBEDDING: _pad_rows(source.pop("model.embed_tokens.weight"), layout)}
+    for i in range(layout.layers):
+        out.update(_layer_to_megatron(source, f"model.layers.{i}.", f"decoder.layers.{i}.", layout))
+    out[FINAL_NORM] = source.pop("model.norm.weight")
+    head = source.pop("lm_head.weight", None)  # a tied model may store it, or not
+    if not layout.tied:
+        if head is None:
+            raise KeyError("lm_head.weight")
+        out[OUTPUT] = _pad_rows(head, layout)
+    if source:
+        raise ValueError(f"tensors this layout has no place for: {sorted(source)[:5]}")
+    return out
+
+
+def _layer_to_megatron(src: State, hf: str, mg: str, layout: Layout) -> State:
+    attn = f"{hf}self_attn."
+    out = {
+        f"{mg}input_layernorm.weight": src.pop(f"{hf}input_layernorm.weight"),
+        f"{mg}self_attention.linear_qkv.weight": _fuse_qkv(
+            src.pop(f"{attn}q_proj.weight"),
+            src.pop(f"{attn}k_proj.weight"),
+            src.pop(f"{attn}v_proj.weight"),
+            layout,
+        ),
+        f"{mg}self_attention.linear_proj.weight": src.pop(f"{attn}o_proj.weight"),
+        f"{mg}pre_mlp_layernorm.weight": src.pop(f"{hf}post_attention_layernorm.weight"),
+    }
+    if layout.qkv_bias:
+        out[f"{mg}self_attention.linear_qkv.bias"] = _fuse_qkv(
+            src.pop(f"{attn}q_proj.bias"),
+            src.pop(f"{attn}k_proj.bias"),
+            src.pop(f"{attn}v_proj.bias"),
+            layout,
+        )
+    if layout.proj_bias:
+        out[f"{mg}self_attention.linear_proj.bias"] = src.pop(f"{attn}o_proj.bias")
+    if layout.qk_norm:
+        out[f"{mg}self_attention.q_layernorm.weight"] = src.pop(f"{attn}q_norm.weight")
+        out[f"{mg}self_attention.k_layernorm.weight"] = src.pop(f"{attn}k_norm.weight")
+    if layout.experts:
+        out[f"{mg}mlp.router.weight"] = src.pop(f"{hf}mlp.gate.weight")
+        for e in range(layout.experts):
+            out.update(
+                _mlp_to_megatron(
+                    src, f"{hf}mlp.experts.{e}.", f"{mg}mlp.experts.local_experts.{e}.", False
+                )
+            )
+    else:
+        out.update(_mlp_to_megatron(src, f"{hf}mlp.", f"{mg}mlp.", layout.mlp_bias))
+    return out
+
+
+def _mlp_to_megatron(src: State, hf: str, mg: str, bias: bool) -> State:
+    out = {
+        f"{mg}linear_fc1.weight": torch.cat(
+            (src.pop(f"{hf}gate_proj.weight"), src.pop(f"{hf}up_proj.weight"))
+        ),
+        f"{mg}linear_fc2.weight": src.pop(f"{hf}down_proj.weight"),
+    }
+    if bias:
+        out[f"{mg}linear_fc1.bias"] = torch.cat(
+            (src.pop(f"{hf}gate_proj.bias"), src.pop(f"{hf}up_proj.bias"))
+        )
+        out[f"{mg}linear_fc2.bias"] = src.pop(f"{hf}down_proj.bias")
+    return out
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """[q heads of group 0, k 0, v 0, q heads of group 1, k 1, v 1, ...] by rows."""
+    groups, d = layout.kv_heads, layout.head_dim
+    per_group = layout.heads // groups
+    rest = q.shape[1:]  # (hidden,) for weights, () for biases
+    fused = torch.cat(
+        (
+            q.reshape(groups, per_group * d, *rest),
+            k.reshape(groups, d, *rest),
+            v.reshape(groups, d, *rest),
+        ),
+        dim=1,
+    )
+    return fused.reshape(-1, *rest)
+
+
+def _pad_rows(weight: torch.Tensor, layout: Layout) -> torch.Tensor:
+    if weight.shape[0] != layout.vocab:
+        raise ValueError(f"a vocabulary of {weight.shape[0]} rows; the layout has {layout.vocab}")
+    extra = layout.rows - layout.vocab
+    if not extra:
+        return weight
+    return torch.cat((weight, weight.new_zeros(extra, *weight.shape[1:])))
+
+
+# --- megatron -> Hugging Face ------------------------------------------------------------
+
+
+def megatron_to_hf(mg: Mapping[str, torch.Tensor], layout: Layout) -> State:
+    """The Hugging Face state of a whole megatron one; a tied output layer is stored once
+    (as a Hugging Face checkpoint stores it: no ``lm_head.weight``)."""
+    source = {k: t for k, t in mg.items() if not k.endswith("_extra_state")}
+    out: State = {"model.embed_tokens.weight": source.pop(EMBEDDING)[: layout.vocab]}
+    for i in range(layout.layers):
+        out.update(_layer_to_hf(source, f"decoder.layers.{i}.", f"model.layers.{i}.", layout))
+    out["model.norm.weight"] = source.pop(FINAL_NORM)
+    head = source.pop(OUTPUT, None)  # with tied embeddings megatron may keep no copy
+    if not layout.tied:
+        if head is None:
+            raise KeyError(OUTPUT)
+        out["lm_head.weight"] = head[: layout.vocab]
+    if source:
+        raise ValueError(f"megatron tensors this layout has no place for: {sorted(source)[:5]}")
+    return out
+
+
+def _layer_to_hf(src: State, mg: str, hf: str, layout: Layout) -> State:
+    attn, sa = f"{hf}self_attn.", f"{mg}self_attention."
+    q, k, v = _split_qkv(src.pop(f"{sa}linear_qkv.weight"), layout)
+    out = {
+        f"{hf}input_layernorm.weight": src.pop(f"{mg}input_layernorm.weight"),
+        f"{attn}q_proj.weight": q,
+        f"{attn}k_proj.weight": k,
+        f"{attn}v_proj.weight": v,
+        f"{attn}o_proj.weight": src.pop(f"{sa}linear_proj.weight"),
+        f"{hf}post_attention_layernorm.weight": src.pop(f"{mg}pre_mlp_layernorm.weight"),
+    }
+    if layout.qkv_bias:
+        q, k, v = _split_qkv(src.pop(f"{sa}linear_qkv.bias"), layout)
+        out |= {f"{attn}q_proj.bias": q, f"{attn}k_proj.bias": k, f"{attn}v_proj.bias": v}
+    if layout.proj_bias:
+        out[f"{attn}o_proj.bias"] = src.pop(f"{sa}linear_proj.bias")
+    if layout.qk_norm:
+        out[f"{attn}q_norm.weight"] = src.pop(f"{sa}q_layernorm.weight")
+        out[f"{attn}k_norm.weight"] = src.pop(f"{sa}k_layernorm.weight")
+    if layout.experts:
+        out[f"{hf}mlp.gate.weight"] = src.pop(f"{mg}mlp.router.weight")
+        for e in range(layout.experts):
+            out.update(
+                _mlp_to_hf(
+                    src, f"{mg}mlp.experts.local_experts.{e}.", f"{hf}mlp.experts.{e}.", False
+                )
+            )
+    else:
+        out.update(_mlp_to_hf(src, f"{mg}mlp.", f"{hf}mlp.", layout.mlp_bias))
+    return out
+
+
+def _mlp_to_hf(src: State, mg: str, hf: str, bias: bool) -> State:
+    gate, up = src.pop(f"{mg}linear_fc1.weight").chunk(2)
+    out = {
+        f"{hf}gate_proj.weight": gate,
+        f"{hf}up_proj.weight": up,
+        f"{hf}down_proj.weight": src.pop(f"{mg}linear_fc2.weight"),
+    }
+    if bias:
+        gate, up = src.pop(f"{mg}linear_fc1.bias").chunk(2)
+        out |= {f"{hf}gate_proj.bias": gate, f"{hf}up_proj.bias": up}
+        out[f"{hf}down_proj.bias"] = src.pop(f"{mg}linear_fc2.bias")
+    return out
+
+
+def _split_qkv(fused: torch.Tensor, layout: Layout):
+    groups, d = layout.kv_heads, layout.head_dim
+    per_group = layout.heads // groups
+    rest = fused.shape[1:]
+    q, k, v = fused.reshape(groups, (per_group + 2) * d, *rest).split((per_group * d, d, d), dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+# --- tensor parallel -------------------------------------------------------------------
+
+# How each megatron tensor splits over tensor-parallel ranks, by the end of its name:
+# along rows (column-parallel outputs, vocabulary), along columns (row-parallel inputs),
+# rows per half (the fused [gate; up]), or not at all (norms, the router, row-parallel
+# biases, which are added once after the ranks' partial sums are reduced).
+_ROWS = (
+    "linear_qkv.weight",
+    "linear_qkv.bias",
+    EMBEDDING,
+    OUTPUT,
+)
+_COLUMNS = ("linear_proj.weight", "linear_fc2.weight")
+_HALVES = ("linear_fc1.weight", "linear_fc1.bias")
+
+
+def _tp_dim(name: str) -> str:
+    if name.endswith(_ROWS):
+        return "rows"
+    if name.endswith(_COLUMNS):
+        return "columns"
+    if name.endswith(_HALVES):
+        return "halves"
+    return "whole"
+
+
+def tensor_parallel_dim(name: str) -> int | None:
+    """The dimension a megatron tensor is split along over tensor-parallel ranks; None
+    for one every rank holds whole."""
+    return {"rows": 0, "halves": 0, "columns": 1}.get(_tp_dim(name))
+
+
+def split_tensor_parallel(state: Mapping[str, torch.Tensor], ranks: int) -> list[State]:
+    """Each tensor-parallel rank's part of a megatron state (whole or one stage's)."""
+    out: list[State] = [{} for _ in range(ranks)]
+    for name, tensor in state.items():
+        how = _tp_dim(name)
+        if how == "rows":
+            parts = _even(tensor, ranks, 0, name)
+        elif how == "columns":
+            parts = _even(tensor, ranks, 1, name)
+        elif how == "halves":
+            gates, ups = (_even(h, ranks, 0, name) for h in tensor.chunk(2))
+            parts = [torch.cat(pair) for pair in zip(gates, ups, strict=True)]
+        else:
+            parts = [tensor] * ranks
+        for rank, part in enumerate(parts):
+            out[rank][name] = part
+    return out
+
+
+def merge_tensor_parallel(shards: list[Mapping[str, torch.Tensor]]) -> State:
+    """The state the tensor-parallel ``shards`` (in rank order) were split from."""
+    out: State = {}
+    for name in shards[0]:
+        parts = [shard[name] for shard in shards]
+        how = _tp_dim(name)
+        if how == "rows":
+            out[name] = torch.cat(parts)
+        elif how == "columns":
+            out[name] = torch.cat(parts, dim=1)
+        elif how == "halves":
+            halves = [p.chunk(2) for p in parts]
+            out[name] = torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+        else:
+            out[name] = parts[0]
+    return out
+
+
+def _even(tensor: torch.Tensor, ranks: int, dim: int, name: str) -> list[torch.Tensor]:
+    if tensor.shape[dim] % ranks:
+        raise ValueError(f"{name}: {tensor.shape[dim]} does not split over {ranks} ranks")
+    return list(tensor.chunk(ranks, dim=dim))
+
+
+# --- expert parallel -------------------------------------------------------------------
+
+
+def split_expert_parallel(state: Mapping[str, torch.Tensor], ranks: int) -> list[State]:
+    """Each expert-parallel rank's part: a contiguous block of the experts, numbered from 0
+    on every rank (megatron's local numbering); every other tensor on every rank."""
+    out: list[State] = [{} for _ in range(ranks)]
+    per_rank = None
+    for name, tensor in state.items():
+        layer, expert, rest = _expert_of(name)
+        if expert is None:
+            for part in out:
+                part[name] = tensor
+            continue
+        if per_rank is None:
+            per_rank = _experts_per_rank(state, ranks)
+        rank, local = divmod(expert, per_rank)
+        out[rank][f"decoder.layers.{layer}.mlp.experts.local_experts.{local}.{rest}"] = tensor
+    return out
+
+
+def merge_expert_parallel(shards: list[Mapping[str, torch.Tensor]]) -> State:
+    """The state the expert-parallel ``shards`` (in rank order) were split from."""
+    out: State = {}
+    per_rank = max(
+        (e + 1 for shard in shards[:1] for n in shard if (e := _expert_of(n)[1]) is not None),
+        default=0,
+    )
+    for rank, shard in enumerate(shards):
+        for name, tensor in shard.items():
+            layer, expert, rest = _expert_of(name)
+            if expert is None:
+                out.setdefault(name, tensor)
+            else:
+                index = rank * per_rank + expert
+                out[f"decoder.layers.{layer}.mlp.experts.local_experts.{index}.{rest}"] = tensor
+    return out
+
+
+def _expert_of(name: str) -> tuple[int | None, int | None, str]:
+    layer = _LAYER.match(name)
+    if layer is None:
+        return None, None, name
+    expert = _EXPERT.match(layer.group(2))
+    if expert is None:
+        return int(layer.group(1)), None, layer.group(2)
+    return int(layer.group(1)), int(expert.group(1)), expert.group(2)
+
+
+def _experts_per_rank(state: Mapping[str, torch.Tensor], ranks: int) -> int:
+    count = 1 + max(e for n in state if (e := _expert_of(n)[1]) is not None)
+    if count % ranks:
+        raise ValueError(f"{count} experts do not split over {ranks} expert-parallel ranks")
+    return count // ranks
+
+
+# --- pipeline parallel -----------------------------------------------------------------
+
+
+def split_pipeline_parallel(
+    state: Mapping[str, torch.Tensor], layout: Layout, stages: int
+) -> list[State]:
+    """Each stage's part: its block of layers numbered from 0; the embedding on the first
+    stage, the final norm and output layer on the last (a tied output layer is the
+    embedding's copy there, as megatron keeps it)."""
+    if layout.layers % stages:
+        raise ValueError(f"{layout.layers} layers do not split into {stages} pipeline stages")
+    per_stage = layout.layers // stages
+    out: list[State] = [{} for _ in range(stages)]
+    for name, tensor in state.items():
+        match = _LAYER.match(name)
+        if match is not None:
+            stage, local = divmod(int(match.group(1)), per_stage)
+            out[stage][f"decoder.layers.{local}.{match.group(2)}"] = tensor
+        elif name == EMBEDDING:
+            out[0][name] = tensor
+            if layout.tied and stages > 1:
+                out[-1][OUTPUT] = tensor
+        else:  # the final norm and the output layer
+            out[-1][name] = tensor
+    return out
+
+
+def merge_pipeline_parallel(stages: list[Mapping[str, torch.Tensor]], layout: Layout) -> State:
+    """The state the pipeline ``stages`` (in order) were split from."""
+    per_stage = layout.layers // len(stages)
+    out: State = {}
+    for stage, part in enumerate(stages):
+        for name, tensor in part.items():
+            match = _LAYER.match(name)
+            if match is not None:
+                index = stage * per_stage + int(match.group(1))
+                out[f"decoder.layers.{index}.{match.group(2)}"] = tensor
+            elif not (name == OUTPUT and layout.tied):  # the last stage's copy of the embedding
+                out[name] = tensor
+    return out
+
+
+# --- Transformer Engine names ----------------------------------------------------------
+
+# The TE spec fuses the norm before a linear layer into that layer (its layer_norm_weight)
+# and keeps a grouped MLP's experts as one module with numbered weights.
+_TE_RENAMES = (
+    (re.compile(r"\.input_layernorm\.weight$"), ".self_attention.linear_qkv.layer_norm_weight"),
+    (
+        re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.(weight|bias)$"),
+        r".mlp.experts.\2.\3\1",
+    ),
+)
+_TE_DENSE_NORM = (re.compile(r"\.pre_mlp_layernorm\.weight$"), ".mlp.linear_fc1.layer_norm_weight")
+
+
+def to_te_names(state: Mapping[str, torch.Tensor], layout: Layout) -> State:
+    """Local-spec names as the Transformer Engine spec names the same tensors."""
+    renames = _TE_RENAMES if layout.experts else (*_TE_RENAMES, _TE_DENSE_NORM)
+    out: State = {}
+    for name, tensor in state.items():
+        for pattern, replacement in renames:
+            name = pattern.sub(replacement, name)
+        out[name] = tensor
+    return out
+
+
+def from_te_names(state: Mapping[str, torch.Tensor], layout: Layout) -> State:
+    """The inverse of :func:`to_te_names` (TE's ``_extra_state`` entries dropped)."""
+    out: State = {}
+    for name, tensor in state.items():
+        if name.endswith("_extra_state"):
+            continue
+        name = re.sub(
+            r"\.self_attention\.linear_qkv\.layer_norm_weight$", ".input_layernorm.weight", name
+        )
+        if not layout.experts:
+            name = re.sub(
+                r"\.mlp\.linear_fc1\.layer_norm_weight$", ".pre_mlp_layernorm.weight", name
+            )
+        name = re.sub(
+            r"\.mlp\.experts\.(linear_fc[12])\.(weight|bias)(\d+)$",
+            r".mlp.experts.local_experts.\3.\1.\2",
+            name,
+        )
+        out[name] = tensor
+    return out

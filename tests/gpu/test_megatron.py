@@ -1,0 +1,66 @@
+"""The megatron engine on CUDA: a short RL run with ``backends.train=megatron``.
+
+Marked ``gpu``: skipped where torch sees no CUDA device or megatron-core is not installed
+(``pip install 'asyncrl[gpu]'``). Written for megatron's local layer spec: the machines it
+targets have no Transformer Engine or apex.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.actors.policy.checkpoint import load_model
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"),
+    pytest.mark.timeout(600),
+]
+
+
+def test_megatron_logits_on_cuda_match_the_torch_engine_in_fp32() -> None:
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.runtime.config import MegatronSection
+
+    cpu, _ = load_model("embedded")
+    torch.cuda.set_device(0)
+    try:
+        model, _ = load_megatron(
+            "embedded", torch.bfloat16, torch.device("cuda", 0), MegatronSection()
+        )
+        ids = torch.randint(3, cpu.config.vocab_size, (3, 24))
+        with torch.no_grad():
+            expected = cpu(ids)
+            got = model.eval()(ids.cuda()).float().cpu()
+        assert (got - expected).abs().max() <= 0.05 * expected.abs().max()
+    finally:  # megatron's groups, and the one-rank group under them, made in this process
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=4"]
+    argv += ["backends.device=cuda", "backends.train=megatron", "model.dtype=bfloat16"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    final, _ = load_model(str(run_dir / "final"), torch.bfloat16)
+    assert final.lm_head.weight.dtype == torch.bfloat16

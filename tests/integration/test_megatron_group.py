@@ -1,0 +1,208 @@
+"""The megatron engine's trainer and scorers as groups of 2 ranks (gloo, real processes) against the
+torch engine's one rank on the same batch: split by tensor parallelism (one copy of the
+model over both ranks) and by data parallelism (a whole copy on each).
+
+The step's loss, gradient norm and updated weights must agree to fp32 rounding, and so
+must AdamW's moments, gathered by Hugging Face name as a checkpoint stores them. A
+checkpoint's weights and optimizer state go back into the group (rank 0 reads the
+weights, every rank the optimizer state) and come out the same.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.actors._learner import Group, Learner
+from asyncrl.actors.gang import Gang, GangPlace
+from asyncrl.runtime.config import MegatronSection
+from tests.integration.test_train_group import (
+    _SCORED,
+    _config,
+    _first_result,
+    _free_port,
+    _lease,
+    _next_version,
+)
+
+pytest.importorskip("megatron.core")
+
+pytestmark = pytest.mark.timeout(180)
+
+MOMENT = "model.layers.0.self_attn.q_proj.weight"  # fused with k and v on megatron's side
+
+
+def _rank_main(rank: int, port: int, tensor_parallel: int, results) -> None:
+    from asyncrl.actors.engines.megatron.model import load_megatron
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    try:
+        section = MegatronSection(tensor_parallel=tensor_parallel)
+        model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
+        learner = Learner(model, _config(), codec.pad_id, group_size=2)
+        base = learner.full_weights()
+        stats = learner.step([Group.of(item) for item in _lease().items])
+        weights = learner.full_weights()
+        optimizer = learner.full_optimizer_state()
+        # A checkpoint back in: the base weights from rank 0, the optimizer state to all.
+        learner.load_full_weights(base if rank == 0 else None)
+        learner.load_optimizer_state(optimizer)
+        reloaded, again = learner.full_weights(), learner.full_optimizer_state()
+        if rank == 0:
+            same_weights = all(torch.equal(reloaded[n], base[n]) for n in base)
+            same_moments = all(
+                torch.equal(again["state"][n][k], optimizer["state"][n][k])
+                for n in optimizer["state"]
+                for k in optimizer["state"][n]
+            )
+            moment = optimizer["state"][MOMENT]["exp_avg_sq"].numpy()
+            arrays = {name: t.numpy() for name, t in weights.items()}
+            results.put(
+                (stats.metrics, stats.grad_norm, arrays, moment, same_weights, same_moments)
+            )
+        else:
+            assert weights == {}
+    finally:
+        gang.close()
+
+
+def _one_rank():
+    from asyncrl.actors.policy.checkpoint import load_model
+
+    torch.manual_seed(0)
+    model, codec = load_model("embedded")
+    learner = Learner(model, _config(), codec.pad_id)
+    stats = learner.step([Group.of(item) for item in _lease().items])
+    moment = learner.full_optimizer_state()["state"][MOMENT]["exp_avg_sq"]
+    return stats, learner.full_weights(), moment
+
+
+@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tensor-parallel", "data-parallel"])
+def test_two_megatron_ranks_train_like_one_torch_rank(tensor_parallel: int) -> None:
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    args = (port, tensor_parallel, results)
+    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    metrics, grad_norm, weights, moment, same_weights, same_moments = _first_result(results, ranks)
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    expected, expected_weights, expected_moment = _one_rank()
+    assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
+    assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
+    assert set(weights) == set(expected_weights)
+    worst = max(
+        float((torch.from_numpy(weights[n]) - expected_weights[n]).abs().max()) for n in weights
+    )
+    # AdamW's first step moves each weight by about lr whatever its gradient's size, so a
+    # gradient near zero turns the engines' float rounding into a visible difference:
+    # the weights agree to 5% of lr (1e-3), the gradients (in the moments) far closer.
+    assert worst <= 5e-5, f"updated weights differ by {worst}"
+    moment_gap = (torch.from_numpy(moment) - expected_moment).abs().max()
+    assert moment_gap <= 1e-5 * expected_moment.abs().max()
+    assert same_weights and same_moments
+
+
+def _scoring_rank(rank: int, port: int, tensor_parallel: int, results) -> None:
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.engines import load_group_weights
+    from asyncrl.actors.engines.megatron.model import load_megatron
+
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    try:
+        section = MegatronSection(tensor_parallel=tensor_parallel)
+        model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
+        for lease in _SCORED:
+            if lease is None:  # a new version: whole on rank 0, each rank keeps its part
+                load_group_weights(model, _next_version() if rank == 0 else None)
+                continue
+            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
+            if rank == 0:
+                results.put([s.copy() for s in scores])
+    finally:
+        gang.close()
+
+
+@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tensor-parallel", "data-parallel"])
+def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
+    tensor_parallel: int,
+) -> None:
+    """20 rows, then 1 (a copy with no rows pairs up anyway), then 20 under a new version."""
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.policy.checkpoint import load_model, load_state
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    args = (port, tensor_parallel, results)
+    ranks = [context.Process(target=_scoring_rank, args=(r, *args)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    shared = [_first_result(results, ranks) for _ in range(3)]
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    model, codec = load_model("embedded")
+    expected_all = []
+    for lease in _SCORED:
+        if lease is None:
+            load_state(model, _next_version())
+        else:
+            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+    for got, expected in zip(shared, expected_all, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            # Two engines' float32 roundings, on log-probs down to -30: 1e-4.
+            assert np.abs(a - b).max() <= 1e-4
+
+
+@pytest.fixture
+def _megatron_groups_torn_down():
+    """megatron's groups (and the one-rank default group under them) made in this
+    process are gone after the test, for the tests that follow in it."""
+    yield
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("_megatron_groups_torn_down")
+def test_a_checkpoints_optimizer_state_moves_between_the_engines_both_ways() -> None:
+    """Both store AdamW's state by Hugging Face name in torch's layout, so a run can
+    resume from the other engine's checkpoint."""
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.actors.policy.checkpoint import load_model
+
+    torch.set_num_threads(1)
+    model, codec = load_model("embedded")
+    ours = Learner(model, _config(), codec.pad_id)
+    ours.step([Group.of(item) for item in _lease().items])
+    saved = ours.full_optimizer_state()
+    megatron, _ = load_megatron("embedded", torch.float32, torch.device("cpu"), MegatronSection())
+    theirs = Learner(megatron, _config(), codec.pad_id)
+    theirs.load_optimizer_state(saved)
+    moved = theirs.full_optimizer_state()
+    back_model, _ = load_model("embedded")
+    back = Learner(back_model, _config(), codec.pad_id)
+    back.load_optimizer_state(moved)
+    for state in (moved, back.full_optimizer_state()):
+        assert sorted(state["state"]) == sorted(saved["state"])
+        for name, entry in saved["state"].items():
+            assert all(torch.equal(state["state"][name][k], entry[k]) for k in entry), name
+    assert all(
+        isinstance(p, torch.nn.Parameter) for p in theirs.optimizer.param_groups[0]["params"]
+    )

@@ -1,0 +1,120 @@
+"""``asyncrl run`` with ``backends.train=megatron`` on CPU: megatron-core's GPTModel trains,
+and scores as logp (every group recomputed) and ref_logp (a KL penalty on).
+
+Alone in bfloat16, and in float32 with the trainer and logp as groups of two ranks that
+split the model by tensor parallelism. The generator is the torch engine; its log-probs
+and megatron's for tokens of the same version must agree (in float32 up to rounding),
+which checks that each version the megatron trainer publishes is the model logp loads.
+The final model is a Hugging Face directory that the torch engine loads. A stopped
+trainer group resumes from what it staged.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.actors._resume import TRAINER_STATE
+from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.runtime.config import load_config
+from asyncrl.runtime.rundir import RunDir
+
+pytest.importorskip("megatron.core")
+
+pytestmark = pytest.mark.timeout(240)
+
+DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
+
+
+# The trainer (and logp) as groups of 2 ranks, each holding one copy of the model between
+# them.
+TRAINER_GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
+GROUP = [*TRAINER_GROUP, "pipeline.workers.logp=2"]
+# bfloat16: scorers and generator in bfloat16, the trainer in its float32 master weights
+# (on CPU megatron does not autocast); the engines' bfloat16 roundings differ.
+BF16 = ["model.dtype=bfloat16"]
+
+
+# Alone in bfloat16, and in groups in float32: each path once, the suite kept short.
+@pytest.mark.parametrize("group", [BF16, GROUP], ids=["one-rank-bfloat16", "groups-float32"])
+def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
+    tmp_path: Path, group: list[str]
+) -> None:
+    dtype = torch.bfloat16 if group == BF16 else torch.float32
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *group]
+    argv += ["pipeline.checkpoint_every=1"]  # a checkpoint gathers the optimizer state too
+    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
+    assert all(s["same_version_tokens"] > 0 for s in steps)
+    assert all(s["logprob_mismatch"] < (1e-4 if dtype == torch.float32 else 1e-2) for s in steps)
+    final, _ = load_model(str(run_dir / "final"), dtype)
+    base, _ = load_model("embedded", dtype)
+    moved = max(
+        float((a - b).abs().max())
+        for a, b in zip(final.parameters(), base.parameters(), strict=True)
+    )
+    assert 0 < moved < 1.0
+    assert final.lm_head.weight.dtype == dtype
+    checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
+    saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
+    assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
+
+
+def test_a_tensor_parallel_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
+    (megatron's parameter names, AdamW's state) and the run goes on from its count."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"run.dir={run_dir}", "backends.train=megatron", *TRAINER_GROUP]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    metrics = run_dir / "metrics.jsonl"
+    log = (tmp_path / "first.log").open("wb")
+    first = subprocess.Popen([*argv, "run.total_steps=100"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline and (
+            not metrics.is_file() or len(metrics.read_text().splitlines()) < 2
+        ):
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)
+        assert first.wait(60) == 130
+    finally:
+        if first.poll() is None:
+            first.kill()
+    done = len(metrics.read_text().splitlines())
+    assert done >= 2
+    again = subprocess.run(
+        [*argv, f"run.total_steps={done + 2}", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    steps = [json.loads(line) for line in metrics.open()]
+    assert [s["step"] for s in steps] == list(range(1, done + 3))
+    restored = [
+        json.loads(line)
+        for line in (run_dir / "logs" / "train-0.log").read_text().splitlines()
+        if '"trainer state restored"' in line
+    ]
+    assert restored[-1]["step"] == done and restored[-1]["source"] == "staged"

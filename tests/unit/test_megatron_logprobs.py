@@ -1,0 +1,84 @@
+"""Vocabulary-parallel log-probs equal plain ``log_softmax`` + ``gather``: on one rank,
+and on two gloo ranks each holding half of the vocabulary (values and gradients)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from asyncrl.actors.engines.megatron.logprobs import vocab_parallel_logprobs
+
+VOCAB = 10  # padded to 12 for two ranks of 6 columns
+
+
+def example(vocab: int = VOCAB) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    logits = 4 * torch.randn(3, 5, vocab, generator=generator)
+    targets = torch.randint(0, vocab, (3, 5), generator=generator)
+    weights = torch.randn(3, 5, generator=generator)
+    return logits, targets, weights
+
+
+def plain(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_one_rank_is_log_softmax(temperature: float) -> None:
+    logits, targets, _ = example()
+    got = vocab_parallel_logprobs(logits, targets, temperature=temperature)
+    torch.testing.assert_close(got, plain(logits, targets, temperature), rtol=0, atol=1e-6)
+
+
+def test_padding_columns_get_no_probability() -> None:
+    logits, targets, _ = example()
+    padded = torch.cat((logits, torch.full((3, 5, 2), 50.0)), dim=-1)
+    got = vocab_parallel_logprobs(padded, targets, vocab=VOCAB)
+    torch.testing.assert_close(got, plain(logits, targets), rtol=0, atol=1e-6)
+
+
+def _rank(rank: int, port: int, out: multiprocessing.Queue) -> None:
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    try:
+        logits, targets, weights = example()
+        padded = torch.cat((logits, torch.full((3, 5, 2), 50.0)), dim=-1)
+        mine = padded[..., rank * 6 : (rank + 1) * 6].clone().requires_grad_()
+        got = vocab_parallel_logprobs(mine, targets, dist.group.WORLD, vocab=VOCAB)
+        (got * weights).sum().backward()  # the same loss on both ranks, as in training
+        # numpy, not tensors: a queued tensor is shared by a handle that dies with us
+        out.put((rank, got.detach().numpy(), mine.grad.numpy()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_give_the_log_probs_and_gradients_of_one() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=_rank, args=(r, port, out)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    results = dict((rank, (got, grad)) for rank, got, grad in (out.get(timeout=120) for _ in ranks))
+    for process in ranks:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    logits, targets, weights = example()
+    whole = logits.clone().requires_grad_()
+    expected = plain(whole, targets)
+    (expected * weights).sum().backward()
+    grad = torch.cat((whole.grad, torch.zeros(3, 5, 2)), dim=-1)
+    for rank, arrays in results.items():
+        got, shard_grad = (torch.from_numpy(a) for a in arrays)
+        torch.testing.assert_close(got, expected.detach(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            shard_grad, grad[..., rank * 6 : (rank + 1) * 6], rtol=0, atol=1e-5
+        )
