@@ -1,6 +1,7 @@
-"""What the torch engine does on one CUDA device with a model of Qwen2-0.5B's shape.
+"""What the engines do on one CUDA device with a model of Qwen2-0.5B's shape.
 
     python -m tests.bench.cuda_figures [--layers 24] [--slots 64 256] [--steps 3]
+        [--engines torch megatron] [--profile]
 
 The model is random (no download): Qwen2-0.5B's configuration (24 layers, hidden 896,
 14 query and 2 key/value heads, vocabulary 151,936, tied embeddings, attention bias), in
@@ -9,11 +10,12 @@ bfloat16 on the device. Printed, each measured here in this run:
 - **decode**: the generate role's continuous-batching decoder (actors/policy/decoder.py)
   with ``--slots`` sequences at a time, prompts of 128 tokens and 256 sampled tokens
   each: generated tokens per second of wall time, prompt processing included;
-- **train step**: the trainer's own code (the Learner: float32 master weights, bfloat16
-  autocast, AdamW) on a lease of 8 groups x 8 responses of 128 + 384 tokens, in
-  micro-batches of 2 groups: seconds per optimizer step and model FLOPs utilisation,
-  6 x (parameters in matrix products) x tokens / time / the device's dense bfloat16 peak
-  (attention's own products left out, so the figure is a floor);
+- **train step**, per training engine (``--engines``: the torch engine, and megatron-core's
+  GPTModel holding the same weights): the trainer's own code (the Learner: float32 master
+  weights, bfloat16 autocast, AdamW) on a lease of 8 groups x 8 responses of 128 + 384
+  tokens, in micro-batches of 2 groups: seconds per optimizer step and model FLOPs
+  utilisation, 6 x (parameters in matrix products) x tokens / time / the device's dense
+  bfloat16 peak (attention's own products left out, so the figure is a floor);
 - **gather + stage**: a new version from the trainer's GPU into CPU memory (the gather,
   page-locked as the Learner does it, and pageable for comparison), then into the weight
   plane's shared-memory staging buffer with its checksums (the stage).
@@ -126,6 +128,28 @@ def _train(model, steps: int) -> tuple[list[float], int]:
     return times[1:], len(groups) * 8 * (128 + 384)
 
 
+def _megatron_twin(master, device: torch.device):
+    """The same float32 weights held by the megatron engine (one rank: no split)."""
+    from asyncrl.actors.engines.megatron.model import MegatronLM, ParallelSizes, build_gpt
+    from asyncrl.actors.policy.checkpoint import state_for_saving
+
+    sizes = ParallelSizes()
+    twin = MegatronLM(master.config, build_gpt(master.config, torch.float32, device, sizes), sizes)
+    twin.load_hf_state(state_for_saving(master))
+    return twin
+
+
+def _report_train(engine: str, times: list[float], tokens: int, in_products: int, peak, device):
+    step = statistics.median(times)
+    flops = 6 * in_products * tokens / step
+    mfu = f", MFU {flops / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else ""
+    print(
+        f"train   {engine:<8} {tokens} tokens/step: {step:.3f} s/step (median of {len(times)}), "
+        f"{tokens / step:,.0f} tokens/s, {flops / 1e12:.0f} TFLOP/s{mfu}; "
+        f"peak GPU memory {_peak_gib(device):.1f} GiB"
+    )
+
+
 def _gather_and_stage(learner_weights, model) -> dict[str, float]:
     from asyncrl.actors.policy.checkpoint import state_for_saving
     from asyncrl.transport.weights.shm import ShmPublisher
@@ -166,6 +190,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
     parser.add_argument("--profile", action="store_true", help="where decode steps spend time")
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["torch", "megatron"],
+        choices=["torch", "megatron"],
+        help="training engines to time side by side on the same batch (megatron-core needed)",
+    )
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("cuda_figures: torch sees no CUDA device")
@@ -202,14 +233,14 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     times, tokens = _train(master, args.steps)
-    step = statistics.median(times)
-    flops = 6 * in_products * tokens / step
-    mfu = f", MFU {flops / peak:.1%} of {peak / 1e12:.0f} TFLOP/s" if peak else ""
-    print(
-        f"train   {tokens} tokens/step: {step:.3f} s/step (median of {len(times)}), "
-        f"{tokens / step:,.0f} tokens/s, {flops / 1e12:.0f} TFLOP/s{mfu}; "
-        f"peak GPU memory {_peak_gib(device):.1f} GiB"
-    )
+    _report_train("torch", times, tokens, in_products, peak, device)
+    if "megatron" in args.engines:
+        twin = _megatron_twin(master, device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times, tokens = _train(twin, args.steps)
+        _report_train("megatron", times, tokens, in_products, peak, device)
+        del twin
     cfg = config_from_dict({"model": {"dtype": "bfloat16"}})
     learner = Learner(master, cfg, pad_id=0)
     moved = _gather_and_stage(learner.full_weights, master)
