@@ -3,8 +3,8 @@
 The weight plane stages a version from CPU memory. Into page-locked memory the copies are
 DMA transfers queued back to back with one wait at the end; into pageable memory each is
 a synchronous copy through a bounce buffer, and fresh pages fault in as they are first
-written (on a 0.5B model measured here at 1.8 s a version pageable, against 0.9 s into
-page-locked memory allocated per version).
+written. For a 0.5B model's 942 MiB on an H100: 1.8 s into pageable memory, 0.9 s into
+page-locked memory allocated per version, 26 ms into these sets.
 
 Two sets, allocated once: version N is copied into one while version N-1, which the
 worker may still be publishing or saving, stays whole in the other. A set is written
