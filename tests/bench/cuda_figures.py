@@ -139,6 +139,16 @@ def _megatron_twin(master, device: torch.device):
     return twin
 
 
+def _end_megatron_groups() -> None:
+    """megatron's groups and the one-rank group under them, made by ``_megatron_twin``."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _report_train(engine: str, times: list[float], tokens: int, in_products: int, peak, device):
     step = statistics.median(times)
     flops = 6 * in_products * tokens / step
@@ -241,6 +251,7 @@ def main() -> None:
         times, tokens = _train(twin, args.steps)
         _report_train("megatron", times, tokens, in_products, peak, device)
         del twin
+        _end_megatron_groups()
     cfg = config_from_dict({"model": {"dtype": "bfloat16"}})
     learner = Learner(master, cfg, pad_id=0)
     moved = _gather_and_stage(learner.full_weights, master)
