@@ -13,19 +13,20 @@ One loop serves every actor: it claims while the actor has room, ``advance``s in
 and completes each lease as soon as it is done. A :class:`~.actor.StreamingActor` (the
 generator) holds many leases at once; a plain actor is one of capacity one whose
 ``advance`` is its ``process``. Before the actor sees a lease its referenced payloads are
-fetched; its results' large payloads stay here, referenced (_payloads.py). Beside the
-loop, a heartbeat thread renews the worker's leases and frees payloads nobody refers to
-any more. A generator (an actor that overrides ``on_version``) loads each published
-version between leases and reports it with LoadedVersion; a trainer
-(``publishes_versions``) announces the version each step's reply (StepDone) names, with
-the weight plane's manifest and address when ``on_publish`` returns them (what to load
-and announce: _versions.py). An actor asks whom to fetch weights from with
-``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread.
+fetched; its results' large payloads stay here, referenced (_payloads.py); how each lease
+ends, completed or handed back, is _leases.py. Beside the loop, a heartbeat thread renews
+the worker's leases and frees payloads nobody refers to any more (_heartbeats.py). A
+generator (an actor that overrides ``on_version``) loads each published version between
+leases and reports it with LoadedVersion; a trainer (``publishes_versions``) announces the
+version each step's reply (StepDone) names, with the weight plane's manifest and address
+when ``on_publish`` returns them (what to load and announce: _versions.py). An actor asks
+whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan),
+on the main thread.
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
 fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
-the worker (``unknown_worker``) gets a new Hello, then the request again.
+the worker (``unknown_worker``) gets a new Hello, then the request again (_requests.py).
 
 Each Complete says where the loop's wall time went since the previous one (the role's
 work, waiting for work, the scheduler, payloads, weights: bus.TimeBucket, _time_split.py)
@@ -45,7 +46,7 @@ from typing import Any
 
 import structlog
 
-from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket, finished_topics, wakeup_topics
+from asyncrl.runtime.bus import TimeBucket, finished_topics, wakeup_topics
 from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import Pipeline
@@ -53,21 +54,21 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
-from ._payloads import LostPayloads, WorkerPayloads
+from ._heartbeats import Heartbeats
+from ._leases import MAX_REASON, Leases
+from ._payloads import WorkerPayloads
+from ._requests import Fatal, GaveUp, Requests, is_error
 from ._time_split import TimeSplit
 from ._versions import PolicyRolledBack, Versions
 from ._versions import describe_reply as _describe
-from .actor import Actor, ActorBroken, OneLeaseAtATime, Outcome, StreamingActor, WorkerContext
+from .actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
 log = structlog.get_logger("asyncrl.worker")
 
 VERSION_PUBLISHED = topic(Topic.VERSION, "published")
-_LEASE_ENDED = frozenset({Reason.STALE_FENCE, Reason.UNKNOWN_LEASE})
-_FIRST_BACKOFF_S = 0.05
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
-_MAX_REASON = 500  # characters of an exception kept in a Fail's reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +81,6 @@ class Pacing:
     max_backoff_s: float = 5.0  # the longest pause between two tries
     stop_retry_s: float = 30.0  # how long a stopping worker retries handing back its lease
     version_check_s: float = 2.0  # events may drop: an idle generator asks this often
-
-
-class _Fatal(Exception):
-    """The worker cannot go on (refused registration, an actor that fails to start)."""
-
-
-class _GaveUp(Exception):
-    """A request was abandoned because the worker is stopping."""
 
 
 def default_worker_name(role: str) -> str:
@@ -121,33 +114,38 @@ class Worker:
         self.pipeline = pipeline = pipeline or pipeline_for(config)
         self.clock = clock
         self._stop_requests = 0  # a plain counter: set from a signal handler
-        self._done = threading.Event()  # the main loop has ended: the heartbeat thread ends
         self._ready: p.Ready | None = None
         self._log = log.bind(worker=self.name, role=self.role)
         self._time = TimeSplit()  # where the loop's time goes; each Complete carries it
+        self._requests = Requests(
+            self._request,
+            request_timeout_s=pacing.request_timeout_s,
+            max_backoff_s=pacing.max_backoff_s,
+            stop_retry_s=pacing.stop_retry_s,
+            clock=clock,
+            time_split=self._time,
+            log=self._log,
+            stop_requests=lambda: self._stop_requests,
+            register_again=self._register_again,
+        )
         self._versions = Versions(
             actor,
             self.name,
-            self._call,
+            self._requests.call,
             self._status,
             clock,
             pacing.version_check_s,
             self._log,
             self._time,
         )
-        self._settled = 0  # leases completed or failed, as the scheduler took them
-        # The lease being worked on: heartbeats renew only it, so a lease whose reply never
-        # reached this worker runs out instead of being kept alive.
-        self._holding: tuple[int, ...] = ()
-        self._running: dict[int, p.Lease] = {}  # a streaming actor's leases, by id
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
         self._wakeups: tuple[str, ...] = ()  # topic prefixes that may mean work (set at start)
+        self._finished: frozenset[str] = frozenset()  # topics of groups leaving the pipeline
         # A later stage reads this role's results (the trainer's are the end of the line:
         # they go inline, and the scheduler drops them with the trained group).
-        self._results_are_read = any(
+        results_are_read = any(
             pipeline.consumers(stage.target) for stage in pipeline.for_role(self.role)
         )
-        self._finished: frozenset[str] = frozenset()  # topics of groups leaving the pipeline
         self.payloads = payloads or WorkerPayloads(
             self.name,
             host=config.payloads.host or "127.0.0.1",
@@ -156,7 +154,23 @@ class Worker:
             max_message_bytes=config.scheduler.max_message_mb << 20,
             shared_memory=config.payloads.shared_memory,
         )
-        self._beats: threading.Thread | None = None
+        self._leases = Leases(
+            self.name,
+            self.payloads,
+            self._requests.call,
+            self._time,
+            self._log,
+            results_are_read=results_are_read,
+        )
+        self._heartbeats = Heartbeats(
+            self.name,
+            self._request,
+            self.payloads,
+            request_timeout_s=pacing.request_timeout_s,
+            interval=self._heartbeat_interval,
+            holding=lambda: self._leases.holding,
+            log=self._log,
+        )
         # Called once registered and the actor started: a supervisor tells a failure before
         # this point (it will recur) from a crash after it (runtime/launch/child_status.py).
         self._on_started = on_started
@@ -173,12 +187,11 @@ class Worker:
             if self._on_started is not None:
                 self._on_started()
             self._loop()
-        except (_Fatal, _GaveUp, LinkClosed) as caught:
+        except (Fatal, GaveUp, LinkClosed) as caught:
             error = caught
         finally:
-            self._done.set()
-            if self._beats is not None:  # a beat in flight to a gone scheduler is not awaited
-                self._beats.join(_BYE_S)
+            # A beat in flight to a gone scheduler is not awaited.
+            self._heartbeats.stop(_BYE_S)
         return self._finish(error)
 
     def stop(self) -> None:
@@ -196,8 +209,8 @@ class Worker:
         self._log.warning("a lease came too late; giving it back", lease=message.lease_id)
         fail = p.Fail(self.name, message.lease_id, message.fence, None, "lease arrived too late")
         # If the worker is leaving, the lease ends with its registration anyway.
-        with contextlib.suppress(_GaveUp, LinkClosed):
-            self._retry(fail)
+        with contextlib.suppress(GaveUp, LinkClosed):
+            self._requests.retry(fail)
 
     # --- start and end ---------------------------------------------------------------
 
@@ -208,14 +221,12 @@ class Worker:
         ready = self._register()
         # Beating from registration on: a slow on_start (a trainer loading its checkpoint)
         # must not look like a dead worker to the scheduler.
-        self._beats = threading.Thread(target=self._heartbeats, name=f"{self.name}-heartbeat")
-        self._beats.daemon = True
-        self._beats.start()
+        self._heartbeats.start()
         try:
             self.actor.on_start(self._context(ready))
         except Exception as error:
             self._log.exception("the actor failed to start")
-            raise _Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
+            raise Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
         if self._versions.tracks:
             self.link.subscribe([VERSION_PUBLISHED])
             self._versions.load_newest()
@@ -239,19 +250,33 @@ class Worker:
         )
 
     def _register(self) -> p.Ready:
-        reply = self._retry(p.Hello(self.name, self.role, p.PROTOCOL_VERSION, os.getpid()))
+        reply = self._requests.retry(p.Hello(self.name, self.role, p.PROTOCOL_VERSION, os.getpid()))
         if isinstance(reply, p.Error):
-            raise _Fatal(f"the scheduler refused this worker ({reply.code}): {reply.detail}")
+            raise Fatal(f"the scheduler refused this worker ({reply.code}): {reply.detail}")
         if not isinstance(reply, p.Ready):
-            raise _Fatal(f"the scheduler answered Hello with {type(reply).__name__}")
+            raise Fatal(f"the scheduler answered Hello with {type(reply).__name__}")
         first = self._ready is None
         self._ready = reply
         self._log.info("registered" if first else "registered again", run=reply.run)
         try:
             self._versions.registered(reply, first)
         except PolicyRolledBack as error:
-            raise _Fatal(str(error)) from error
+            raise Fatal(str(error)) from error
         return reply
+
+    def _register_again(self) -> None:
+        """The scheduler forgot this worker: Hello again, and the versions know it."""
+        self._register()
+        self._versions.registered_again = True
+
+    def _heartbeat_interval(self) -> float:
+        assert self._ready is not None
+        return self._ready.heartbeat_interval_s
+
+    def _request(self, message: p.Message, timeout_s: float) -> p.Message:
+        # One try, on the link as it is now: ``link`` may be replaced after construction
+        # (wrapped to record what is sent, say), and every request goes on the new one.
+        return self.link.request(message, timeout_s)
 
     def _finish(self, error: BaseException | None) -> int:
         """Leave the scheduler, stop the actor; the exit code says whether it went well."""
@@ -259,11 +284,11 @@ class Worker:
             self._say_bye("stopped" if self._stopping else "failed" if error else "run over")
         self._stop_actor()
         self.payloads.close()  # what nobody read yet is made again by others
-        if error is None or (self._stopping and not isinstance(error, _Fatal)):
-            self._log.info("worker done", leases=self._settled)
+        if error is None or (self._stopping and not isinstance(error, Fatal)):
+            self._log.info("worker done", leases=self._leases.settled)
             return 0
-        # _Fatal's own words say what failed; other errors need their type to make sense.
-        fatal = isinstance(error, _Fatal)
+        # Fatal's own words say what failed; other errors need their type to make sense.
+        fatal = isinstance(error, Fatal)
         self.failure = str(error) if fatal else f"{type(error).__name__}: {error}"
         self._log.error("worker failed", error=self.failure)
         return 1
@@ -304,13 +329,13 @@ class Worker:
             if self._take_events(0):
                 claim_again_at = 0.0  # new work was announced
             if self._stop_requests > 1:
-                self._give_back(actor.abandon(), "the worker is stopping now")
+                self._leases.give_back(actor.abandon(), "the worker is stopping now")
                 return
             open_for_work = not (self._stopping or run_over)
             if open_for_work and self.clock() >= claim_again_at and actor.capacity() > 0:
-                reply = self._call(p.Claim(self.name, self.role, actor.capacity()))
+                reply = self._requests.call(p.Claim(self.name, self.role, actor.capacity()))
                 if isinstance(reply, p.Lease):
-                    self._admit(actor, reply)
+                    self._leases.admit(actor, reply)
                     continue  # there may be room for more
                 if isinstance(reply, p.Want) and reply.count > 0:
                     self._feed(reply.count)
@@ -318,9 +343,9 @@ class Worker:
                 if isinstance(reply, p.Shutdown):
                     # Work in flight now would only be refused: hand it back and leave.
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
-                    self._give_back(actor.abandon(), f"shutdown: {reply.reason}")
+                    self._leases.give_back(actor.abandon(), f"shutdown: {reply.reason}")
                     run_over = True
-                elif _is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
+                elif is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
                     self._versions.report_loaded()  # the scheduler lost what we loaded
                 else:
                     if not isinstance(reply, p.NoWork | p.Want):
@@ -334,44 +359,24 @@ class Worker:
             elif self._idle():
                 claim_again_at = 0.0
 
-    def _admit(self, actor: StreamingActor, lease: p.Lease) -> None:
-        """Hand ``lease`` to the actor once what it references is fetched."""
-        self._holding = (*self._running, lease.lease_id)
-        resolved = self._resolved(lease)
-        if resolved is not None:
-            with self._time.spent_on(TimeBucket.COMPUTE):
-                actor.admit(resolved)
-            self._running[resolved.lease_id] = resolved
-        self._holding = tuple(self._running)
-
     def _advance(self, actor: StreamingActor) -> None:
         try:
             with self._time.spent_on(TimeBucket.COMPUTE):
                 finished = actor.advance()
         except ActorBroken as error:
-            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
+            reason = f"{type(error).__name__}: {error}"[:MAX_REASON]
             self._log.error("the actor cannot go on in this process", reason=reason)
-            self._give_back(actor.abandon(), reason)
-            raise _Fatal(reason) from error
+            self._leases.give_back(actor.abandon(), reason)
+            raise Fatal(reason) from error
         except Exception as error:
-            reason = f"{type(error).__name__}: {error}"[:_MAX_REASON]
+            reason = f"{type(error).__name__}: {error}"[:MAX_REASON]
             self._log.warning("work failed", reason=reason, exc_info=True)
-            self._give_back(actor.abandon(), reason)
+            self._leases.give_back(actor.abandon(), reason)
             return
         self._send_reports()
         for lease, outcome in finished:
-            self._running.pop(lease.lease_id, None)
-            for gid, reason in outcome.failed:
-                self._log.warning("group failed", lease=lease.lease_id, gid=gid, reason=reason)
-                fail = p.Fail(self.name, lease.lease_id, lease.fence, (gid,), reason[:_MAX_REASON])
-                with contextlib.suppress(_GaveUp, LinkClosed):
-                    self._settle(fail)
-            if not outcome.results:
-                self._holding = tuple(self._running)
-                continue
-            taken = self._complete(lease, outcome)  # held, so renewed, until answered
-            self._holding = tuple(self._running)
-            if not self.actor.publishes_versions:
+            taken = self._leases.finish(lease, outcome)
+            if not outcome.results or not self.actor.publishes_versions:
                 continue
             if isinstance(taken, p.StepDone):
                 self._versions.publish(taken.version)  # the reply says which: no Status
@@ -380,68 +385,11 @@ class Worker:
                 # its reply lost. Only the scheduler's status says whether a step is due.
                 self._versions.publish_trained()
 
-    def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
-        """Send ``outcome``'s Complete, large payloads kept here and referenced; the
-        scheduler's reply once it took it, else None."""
-        results, kept = outcome.results, ()
-        if self._results_are_read:
-            with self._time.spent_on(TimeBucket.PAYLOADS):
-                results, kept = self.payloads.stash(outcome.results)
-        # The time up to here; sending this Complete counts towards the next one.
-        spent = [round(s * 1e6) for s in self._time.take()]
-        activity = {"tokens": outcome.tokens, "us": spent}
-        metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
-        message = p.Complete(
-            self.name, lease.lease_id, lease.fence, results, metrics, outcome.durable_step
-        )
-        try:
-            return self._settle(message)
-        finally:
-            # Taken or not, the scheduler's answers to Held free what it does not refer to.
-            self.payloads.settled(kept)
-
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():
-            reply = self._call(report)
+            reply = self._requests.call(report)
             if not isinstance(reply, p.Ack):
                 self._log.warning("report not taken", name=report.name, reply=_describe(reply))
-
-    def _give_back(self, leases: list[p.Lease], reason: str) -> None:
-        for lease in leases:
-            self._running.pop(lease.lease_id, None)
-            with contextlib.suppress(_GaveUp, LinkClosed):
-                self._settle(p.Fail(self.name, lease.lease_id, lease.fence, None, reason))
-        self._holding = tuple(self._running)
-
-    def _resolved(self, lease: p.Lease) -> p.Lease | None:
-        """``lease`` with the payloads it references fetched; None if some could not be,
-        in which case the lease was given back naming them, for their makers to redo."""
-        try:
-            with self._time.spent_on(TimeBucket.PAYLOADS):
-                return self.payloads.resolve(lease)
-        except LostPayloads as missing:
-            reason = str(missing)[:_MAX_REASON]
-            self._log.warning("payloads unavailable", lease=lease.lease_id, reason=reason)
-            fail = p.Fail(self.name, lease.lease_id, lease.fence, None, reason, missing.lost)
-            with contextlib.suppress(_GaveUp, LinkClosed):
-                self._settle(fail)
-            return None
-
-    def _settle(self, message: p.Complete | p.Fail) -> p.Ack | p.StepDone | None:
-        """Send a lease's end; the scheduler's reply once it took it, else None."""
-        reply = self._call(message)
-        if isinstance(reply, p.Ack | p.StepDone):
-            self._settled += 1
-            return reply
-        if isinstance(reply, p.Error) and reply.code in _LEASE_ENDED:
-            self._log.warning("result dropped: lease ended", lease=message.lease_id)
-            return None
-        self._log.error("result refused", lease=message.lease_id, reply=_describe(reply))
-        if isinstance(message, p.Complete):
-            # Give the groups back now: heartbeats would otherwise keep the lease alive.
-            reason = f"result refused: {_describe(reply)}"[:_MAX_REASON]
-            self._settle(p.Fail(self.name, message.lease_id, message.fence, None, reason))
-        return None
 
     def _feed(self, wanted: int) -> None:
         try:
@@ -453,7 +401,7 @@ class Worker:
         if not groups:
             self._idle()
             return
-        reply = self._call(p.AddGroups(self.name, groups))
+        reply = self._requests.call(p.AddGroups(self.name, groups))
         if isinstance(reply, p.Added):
             self._log.debug("groups added", added=len(reply.added), skipped=len(reply.skipped))
         else:
@@ -497,7 +445,7 @@ class Worker:
         """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
         if threading.current_thread() is not self._main:
             raise RuntimeError("ask_weights is for the worker's main thread only")
-        reply = self._call(p.WantWeights(self.name, version, address, failed))
+        reply = self._requests.call(p.WantWeights(self.name, version, address, failed))
         if isinstance(reply, p.WeightsPlan):
             return reply
         self._log.info("no weights plan", version=version, reply=_describe(reply))
@@ -507,7 +455,7 @@ class Worker:
         """WorkerContext.rewind: roll the run back to the trainer's ``step``."""
         if threading.current_thread() is not self._main:
             raise RuntimeError("rewind is for the worker's main thread only")
-        reply = self._call(p.Rewind(self.name, step))
+        reply = self._requests.call(p.Rewind(self.name, step))
         if not isinstance(reply, p.Ack):
             raise RuntimeError(
                 f"the scheduler refused to roll back to step {step}: {_describe(reply)}"
@@ -515,113 +463,8 @@ class Worker:
         self._log.warning("training rolled back", step=step)
 
     def _status(self) -> dict[str, Any] | None:
-        reply = self._retry(p.Status())
+        reply = self._requests.retry(p.Status())
         if isinstance(reply, p.StatusReply):
             return reply.summary
         self._log.warning("status not answered", reply=_describe(reply))
         return None
-
-    # --- requests --------------------------------------------------------------------
-
-    def _call(self, message: p.Message, *, reregister: bool = True) -> p.Message:
-        """The reply to ``message``; registers again first if the scheduler forgot us.
-
-        Refused as not this connection's (the name went to another connection while this
-        one was silent): registering again takes it back, or fails with the reason (a
-        Hello refused is fatal); refused once more after that, retrying cannot help.
-        """
-        refused_sender = False
-        while True:
-            reply = self._retry(message)
-            if not reregister:
-                return reply
-            if isinstance(reply, p.Error) and reply.code == Reason.WRONG_SENDER:
-                if refused_sender:
-                    raise _Fatal(f"the scheduler refused this worker: {reply.detail}")
-                refused_sender = True
-            elif not _is_error(reply, Reason.UNKNOWN_WORKER):
-                return reply
-            self._log.warning("the scheduler does not know this worker; registering again")
-            self._register()
-            self._versions.registered_again = True
-
-    def _retry(self, message: p.Message) -> p.Message:
-        """Send until a reply comes, backing off; a stopping worker gives up in time.
-
-        The time until the reply is the scheduler's (waits after timeouts included), but
-        for a claim that found nothing: that is waiting for work.
-        """
-        with self._time.spent_on(TimeBucket.SCHEDULER) as span:
-            reply = self._send_until_answered(message)
-            if _found_nothing(message, reply):
-                span.charge_to(TimeBucket.WAITING_FOR_WORK)
-            return reply
-
-    def _send_until_answered(self, message: p.Message) -> p.Message:
-        started, delay = self.clock(), _FIRST_BACKOFF_S
-        while True:
-            try:
-                return self.link.request(message, self.pacing.request_timeout_s)
-            except LinkTimeout:
-                if self._should_give_up(message, started):
-                    raise _GaveUp(f"{type(message).__name__}: no reply while stopping") from None
-                name = type(message).__name__
-                self._log.warning("no reply from the scheduler; retrying", request=name, in_s=delay)
-                time.sleep(delay)
-                delay = min(delay * 2, self.pacing.max_backoff_s)
-
-    def _should_give_up(self, message: p.Message, started: float) -> bool:
-        """A stopping worker retries only to end a lease it holds, and only for a while."""
-        if not self._stopping:
-            return False
-        if self._stop_requests > 1 or not isinstance(message, p.Complete | p.Fail):
-            return True
-        return self.clock() - started >= self.pacing.stop_retry_s
-
-    # --- heartbeats ------------------------------------------------------------------
-
-    def _heartbeats(self) -> None:
-        while not self._done.wait(self._heartbeat_interval()):
-            self._beat()
-
-    def _heartbeat_interval(self) -> float:
-        assert self._ready is not None
-        return self._ready.heartbeat_interval_s
-
-    def _beat(self) -> None:
-        # One try each: the next beat is the retry. The timeout is the long one: a link may
-        # reconnect after a timeout, which could cost the main loop's reply in flight.
-        # Registering again is the main loop's job (a forgotten worker's leases are gone
-        # anyway), so two threads never race it.
-        try:
-            beat = p.Heartbeat(self.name, self._holding)
-            reply = self.link.request(beat, self.pacing.request_timeout_s)
-        except (LinkTimeout, LinkClosed):
-            return
-        if isinstance(reply, p.Error):
-            self._log.warning("heartbeat refused", reply=_describe(reply))
-            return
-        self._free_payloads()
-
-    def _free_payloads(self) -> None:
-        """Ask which kept payloads the scheduler no longer refers to, and free them."""
-        held = self.payloads.held(self.name)
-        if held is None:
-            return
-        try:
-            reply = self.link.request(held, self.pacing.request_timeout_s)
-        except (LinkTimeout, LinkClosed):
-            return
-        if isinstance(reply, p.Drop):
-            self.payloads.drop(reply.keys)
-
-
-def _is_error(reply: p.Message, code: str) -> bool:
-    return isinstance(reply, p.Error) and reply.code == code
-
-
-def _found_nothing(message: p.Message, reply: p.Message) -> bool:
-    """A claim answered with no work (a dataloader's: wanted nothing)."""
-    if not isinstance(message, p.Claim):
-        return False
-    return isinstance(reply, p.NoWork) or (isinstance(reply, p.Want) and reply.count <= 0)

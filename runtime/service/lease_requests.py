@@ -1,0 +1,193 @@
+"""The work path: Claim → Lease (or the entry role's Want → AddGroups), then Complete or
+Fail; Held (which kept payloads to free), Lock and Unlock under a lease.
+
+A Complete that finishes a train step writes the step's metrics line (what each role's
+time went to, activity.py; the step's critical path, step_path.py; the newest reports,
+reports.py) and, after the last step, starts the drain. Each handler takes the service
+whose state it reads and changes (service.py holds the state and says which handler
+answers which message).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+import structlog
+
+from asyncrl.runtime.bus import ACTIVITY_KEY
+from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
+from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.transport import protocol as p
+from asyncrl.transport.topics import Topic, topic
+
+from .payload_refs import holder_of, lease_item, live_keys, stored
+from .replies import error_of, reply_of
+from .reports import step_fields
+
+if TYPE_CHECKING:
+    from .service import SchedulerService
+
+__all__ = ["add_groups", "claim", "complete", "fail", "held", "lock", "unlock"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+
+def claim(service: SchedulerService, m: p.Claim, now: float) -> p.Message:
+    if service.draining is not None:
+        return p.Shutdown(service.draining)
+    if m.role == service.core.pipeline.entry_role:
+        return _want(service, m)
+    grant = service.core.claim(m.role, m.worker, m.n, now)
+    if grant is None:
+        return p.NoWork("nothing to do now")
+    if isinstance(grant, Rejected):
+        return error_of(grant)
+    if grant.role == service.step_role:
+        service.path.leased(grant.lease_id, now)
+    service.trace.granted(grant, m.worker, now)
+    return _lease(service, grant, now)
+
+
+def _want(service: SchedulerService, m: p.Claim) -> p.Message:
+    refused = _not_the_entry_role(service, m.worker)
+    if refused is not None:
+        return refused
+    counts = service.core.state.counts
+    alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
+    needed = service.plan.total_groups - counts[GroupState.TRAINED] - alive
+    room = service.plan.backlog - counts[service.core.pipeline.entry]
+    return p.Want(max(0, min(m.n, needed, room)))
+
+
+def _not_the_entry_role(service: SchedulerService, worker: str) -> p.Error | None:
+    known = service.core.state.workers.get(worker)
+    if known is None:  # its own code, so the worker knows to register again
+        return p.Error(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
+    if known.role != service.core.pipeline.entry_role:
+        return p.Error(Reason.WRONG_ROLE, f"{worker!r} is registered as {known.role}")
+    return None
+
+
+def _lease(service: SchedulerService, grant: Grant, now: float) -> p.Lease:
+    groups = service.core.state.groups
+    items = tuple(lease_item(g, groups[g].key, groups[g].data) for g in grant.groups)
+    return p.Lease(
+        grant.lease_id, grant.fence, grant.role, grant.expires_at - now, grant.version, items
+    )
+
+
+def complete(service: SchedulerService, m: p.Complete, now: float) -> p.Message:
+    lease = service.core.state.leases.get(m.lease_id)
+    gids = [r.gid for r in m.results]
+    versions = [r.behaviour for r in m.results]
+    behaviour = None if all(v is None for v in versions) else versions
+    if behaviour is not None and any(v is None for v in behaviour):
+        return p.Error(Reason.BAD_RESULT, "either every result carries versions or none")
+    holder = lease.worker if lease is not None else m.worker
+    foreign = [r.gid for r in m.results if r.ref is not None and r.ref.holder != holder]
+    if foreign:
+        return p.Error(Reason.BAD_RESULT, f"groups {foreign[:5]}: payloads held by another")
+    data = [stored(r) for r in m.results]
+    steps_before = service.core.state.steps_done
+    reply = service.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
+    if isinstance(reply, Rejected):
+        return error_of(reply)
+    if lease is not None:
+        service.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
+    service.trace.settled(m.lease_id, "complete", service.core.state.leases, now)
+    if service.core.state.steps_done > steps_before:
+        _record_step(service, m, lease.worker if lease else m.worker, gids, now)
+        return p.StepDone(reply.count, service.core.state.steps_done)
+    return p.Ack(reply.count)
+
+
+def _record_step(
+    service: SchedulerService, m: p.Complete, worker: str, gids: list[int], now: float
+) -> None:
+    state = service.core.state
+    service.progress_at, service.stall_warned_at = now, None
+    path = service.path.trained(state.steps_done, m.lease_id, gids, now)
+    line = {
+        "step": state.steps_done,
+        "elapsed_s": round(now - service.started_at, 3),
+        "policy_version": state.policy_version,
+        "worker": worker,
+        **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
+        **step_fields(service.reports),
+        "roles": service.activity.rates(now, _workers_per_role(service)),
+        "critical_path": path,
+        "payloads_regenerated": sum(state.regenerated.values()),
+    }
+    reached = service.path.take_reached()  # earlier steps' versions, now run by every generator
+    if reached:
+        line["versions_loaded"] = reached
+    service.metrics.append(line)
+    service.trace.step(state.steps_done, worker, now)
+    service.emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
+    if service.finished:
+        log.info("run finished", steps=state.steps_done)
+        service.emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
+        service.draining = "the run is finished"
+
+
+def _workers_per_role(service: SchedulerService) -> dict[str, int]:
+    return dict(Counter(w.role for w in service.core.state.workers.values()))
+
+
+def fail(service: SchedulerService, m: p.Fail, now: float) -> p.Message:
+    gids = None if m.gids is None else list(m.gids)
+    groups, lease = service.core.state.groups, service.core.state.leases.get(m.lease_id)
+    lost: list[tuple[p.LostPayload, str]] = []  # each report, with who held the payload
+    for x in m.lost:
+        if lease is None or x.gid not in lease.gids:
+            continue  # another reader reported it first: the group is out of this lease
+        holder = holder_of(groups[x.gid].data.get(x.role))
+        if holder is None:  # only a reference can be lost on its way
+            return p.Error(Reason.BAD_REQUEST, f"group {x.gid} has no {x.role} reference")
+        lost.append((x, holder))
+    triples = [(x.gid, x.role, x.reason) for x, _ in lost]
+    reply = service.core.fail(m.lease_id, m.fence, gids, m.reason, triples)
+    if isinstance(reply, Accepted):
+        service.trace.settled(m.lease_id, "fail", service.core.state.leases, now)
+        log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
+        for x, holder in lost:
+            log.warning("payload lost", group=x.gid, role=x.role, holder=holder,
+                        reader=m.worker, reason=x.reason)  # fmt: skip
+    return reply_of(reply)
+
+
+def held(service: SchedulerService, m: p.Held, _now: float) -> p.Message:
+    """Which of a store's keys no live group refers to any more: the store frees them."""
+    service.stores[m.worker] = {"payloads": len(m.keys), "bytes": m.bytes}
+    live = live_keys((g.data for g in service.core.state.groups.values()), m.store)
+    return p.Drop(tuple(k for k in m.keys if k not in live))
+
+
+def lock(service: SchedulerService, m: p.Lock, _now: float) -> p.Message:
+    reply = service.core.acquire(m.resource, m.lease_id, m.fence)
+    if isinstance(reply, LockGranted):
+        return p.LockGranted(reply.resource, reply.lease_id, reply.token)
+    if isinstance(reply, LockQueued):
+        return p.LockQueued(reply.resource, reply.lease_id, reply.position)
+    return error_of(reply)
+
+
+def unlock(service: SchedulerService, m: p.Unlock, _now: float) -> p.Message:
+    return reply_of(service.core.release(m.resource, m.token))
+
+
+def add_groups(service: SchedulerService, m: p.AddGroups, _now: float) -> p.Message:
+    refused = _not_the_entry_role(service, m.worker)
+    if refused is not None:
+        return refused
+    keys = [g.key for g in m.groups]
+    if len(set(keys)) != len(keys):
+        return p.Error(Reason.BAD_REQUEST, "a key appears twice in one request")
+    fresh = [g for g in m.groups if g.key not in service.core.state.keys]
+    reply = service.core.add_groups([g.key for g in fresh], [p.pack_payload(g.data) for g in fresh])
+    if isinstance(reply, Rejected):
+        return error_of(reply)
+    added = tuple(g.key for g in fresh)
+    known = set(added)  # once, not per key: a request may carry hundreds of groups
+    return p.Added(added, tuple(k for k in keys if k not in known))

@@ -1,0 +1,118 @@
+"""The version and weights requests: PublishVersion (a trainer announces a version, and
+the weights to route), WantWeights (whom a receiver fetches from: weight_routes.py),
+LoadedVersion (a generator runs a version), Rewind (training rolls back to a step).
+
+Each handler takes the service whose state it reads and changes (service.py holds the
+state and says which handler answers which message).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import structlog
+
+from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
+from asyncrl.transport import protocol as p
+
+from .replies import reply_of
+from .weight_routes import NoRoute
+
+if TYPE_CHECKING:
+    from .service import SchedulerService
+
+__all__ = ["loaded", "publish", "rewind", "want_weights"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+_NAMES_LOGGED = 8  # manifest keys named in a log line; the manifest itself can be large
+
+
+def publish(service: SchedulerService, m: p.PublishVersion, now: float) -> p.Message:
+    bad = _bad_announcement(m)
+    if bad is not None:
+        log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
+        return p.Error(Reason.BAD_REQUEST, bad)
+    reply = service.core.publish_version(m.worker, m.version)
+    if _announces_again(m, service.core.state.policy_version, reply):
+        # The current version's weights, offered again after a restart: nothing for the
+        # core (versions only go forward), the routes take the new announcement.
+        reply = Accepted()
+    if isinstance(reply, Accepted):
+        service.path.published(m.version, now)
+        service.trace.published(m.worker, m.version, now)
+        service.routes.announce(m.version, m.worker, m.weights, m.address)
+        if m.weights is not None:
+            log.info(
+                "weights announced",
+                version=m.version,
+                publisher=m.worker,
+                manifest_bytes=len(p.pack_payload(m.weights)),
+                manifest_keys=sorted(m.weights)[:_NAMES_LOGGED],
+                address_bytes=len(m.address),
+            )
+    return reply_of(reply)
+
+
+def rewind(service: SchedulerService, m: p.Rewind, _now: float) -> p.Message:
+    reply = service.core.rewind(m.worker, m.step)
+    if isinstance(reply, Rejected):
+        log.error("rollback refused", worker=m.worker, step=m.step, detail=reply.detail)
+    return reply_of(reply)
+
+
+def want_weights(service: SchedulerService, m: p.WantWeights, _now: float) -> p.Message:
+    if m.worker not in service.core.state.workers:  # its own code: the worker registers again
+        return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
+    try:
+        if m.version < 0:
+            raise ValueError(f"version {m.version} is negative (0 asks for the newest)")
+        route = service.routes.route(m.worker, m.version, m.address, m.failed)
+    except ValueError as bad:
+        log.warning("bad weights request", worker=m.worker, version=m.version, detail=str(bad))
+        return p.Error(Reason.BAD_REQUEST, str(bad))
+    except NoRoute as none:
+        log.info("no weights route", worker=m.worker, version=m.version, detail=none.detail)
+        return p.Error(none.code, none.detail)
+    if m.failed:
+        log.warning("weights source failed", worker=m.worker, failed=m.failed)
+    log.info("weights route", worker=m.worker, version=route.version, source=route.source)
+    return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
+
+
+def loaded(service: SchedulerService, m: p.LoadedVersion, now: float) -> p.Message:
+    reply = service.core.loaded_version(m.worker, m.version)
+    if isinstance(reply, Accepted):
+        service.trace.loaded(m.worker, m.version, now)
+        everywhere = _loaded_by_every_generator(service)
+        if everywhere is not None:
+            service.path.loaded_everywhere(everywhere, now)
+    return reply_of(reply)
+
+
+def _loaded_by_every_generator(service: SchedulerService) -> int | None:
+    """The newest version every registered generator runs (or a newer one), if any."""
+    role = service.generator_role
+    loaded = [w.loaded for w in service.core.state.workers.values() if w.role == role]
+    if not loaded or None in loaded:
+        return None
+    return min(v for v in loaded if v is not None)
+
+
+def _announces_again(m: p.PublishVersion, policy_version: int, reply: object) -> bool:
+    """A trainer's repeat of the current version, carrying its weights: welcome."""
+    return (
+        isinstance(reply, Rejected)
+        and reply.reason == Reason.BAD_VERSION
+        and m.weights is not None
+        and m.version == policy_version
+    )
+
+
+def _bad_announcement(m: p.PublishVersion) -> str | None:
+    """Why a publication's weight-plane fields make no sense, if they do not."""
+    if m.weights is not None and not isinstance(m.weights, dict):
+        return f"weights of version {m.version} must be a manifest dict, not {type(m.weights)}"
+    if m.address and m.weights is None:
+        return f"version {m.version} names a weight-plane address but carries no manifest"
+    return None
