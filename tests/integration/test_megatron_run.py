@@ -84,17 +84,28 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
 
 
-def test_a_tensor_parallel_trainer_group_stopped_resumes_from_its_staged_state(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param(TRAINER_GROUP, id="tensor-parallel"),
+        pytest.param(
+            ["pipeline.workers.train=2", "backends.megatron.pipeline_parallel=2"],
+            id="pipeline-stages",
+        ),
+    ],
+)
+def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path, split: list[str]
 ) -> None:
     """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
-    (megatron's parameter names, AdamW's state) and the run goes on from its count."""
+    (megatron's parameter names, AdamW's state; a stage's own layers) and the run goes on
+    from its count."""
     import signal
     import time
 
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
-    argv += [f"run.dir={run_dir}", "backends.train=megatron", *TRAINER_GROUP]
+    argv += [f"run.dir={run_dir}", "backends.train=megatron", *split]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
     metrics = run_dir / "metrics.jsonl"
