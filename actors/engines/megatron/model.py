@@ -10,6 +10,7 @@ float32 arithmetic as the torch engine and transformers, every scaling they supp
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
 the default ``torch.distributed`` group (a one-rank group is made for a worker alone).
+Pipeline stages pass activations through :mod:`.stages`.
 """
 
 from __future__ import annotations
@@ -382,15 +383,16 @@ class MegatronLM(nn.Module):
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Every parameter by Hugging Face name, whole; a tied output layer once. With
-        tensor-parallel ranks a collective over them (every rank gets the whole)."""
+        tensor-parallel ranks or pipeline stages a collective over them (every rank gets
+        the whole)."""
         self._no_experts()
         return self._whole(
             {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         )
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
-        """Whole Hugging Face weights into the model (each tensor-parallel rank takes its
-        part); a missing or unexpected tensor is named."""
+        """Whole Hugging Face weights into the model (each stage takes its layers, each
+        tensor-parallel rank its part of them); a missing or unexpected tensor is named."""
         self._no_experts()
         state = self._mine(hf)
         params = dict(self.gpt.named_parameters())
