@@ -365,7 +365,13 @@ class MegatronSection:
         ),
     )
     pipeline_parallel: int = field(
-        default=1, metadata=doc("stages the layers are split into, one rank each", min=1)
+        default=1,
+        metadata=doc(
+            "stages the layers are split into, in even blocks (the model's layer count must "
+            "divide by it); each stage is tensor_parallel ranks, and the last one computes "
+            "the log-probs and the loss",
+            min=1,
+        ),
     )
     expert_parallel: int = field(
         default=1,

@@ -1,6 +1,7 @@
-"""The megatron engine's trainer and scorers as groups of 2 ranks (gloo, real processes) against the
-torch engine's one rank on the same batch: split by tensor parallelism (one copy of the
-model over both ranks) and by data parallelism (a whole copy on each).
+"""The megatron engine's trainer and scorers as groups of real processes (gloo) against
+the torch engine's one rank on the same batch: 2 ranks split by tensor parallelism (one
+copy of the model over both), by data parallelism (a whole copy on each) and by pipeline
+parallelism (two stages of two layers each); 4 ranks split both ways (2 x 2).
 
 The step's loss, gradient norm and updated weights must agree to fp32 rounding, and so
 must AdamW's moments, gathered by Hugging Face name as a checkpoint stores them. A
@@ -34,20 +35,39 @@ pytestmark = pytest.mark.timeout(180)
 
 MOMENT = "model.layers.0.self_attn.q_proj.weight"  # fused with k and v on megatron's side
 
+# (tensor_parallel, pipeline_parallel, ranks): the embedded model has 4 layers, tied
+# embeddings (split over 2 stages, its two copies must stay one weight).
+SPLITS = [
+    pytest.param((2, 1, 2), id="tensor-parallel"),
+    pytest.param((1, 1, 2), id="data-parallel"),
+    pytest.param((1, 2, 2), id="pipeline-parallel"),
+    pytest.param((2, 2, 4), id="tensor-and-pipeline-parallel"),
+]
 
-def _rank_main(rank: int, port: int, tensor_parallel: int, results) -> None:
+
+def _rank_main(rank: int, port: int, split: tuple[int, int, int], results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    tensor_parallel, pipeline_parallel, ranks = split
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), timeout_s=60)
     try:
-        section = MegatronSection(tensor_parallel=tensor_parallel)
+        section = MegatronSection(
+            tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
+        )
         model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
-        learner = Learner(model, _config(), codec.pad_id, group_size=2)
-        base = learner.full_weights()
+        learner = Learner(model, _config(), codec.pad_id, group_size=ranks)
+        # A copy: on CPU the leader's whole weights may be the parameters themselves.
+        base = {name: t.clone() for name, t in learner.full_weights().items()}
+        if rank == 0:
+            # Gathered over every split, the weights are exactly the checkpoint's.
+            loaded = state_for_saving(load_model("embedded")[0])
+            assert sorted(base) == sorted(loaded)
+            assert all(torch.equal(base[n], loaded[n]) for n in loaded)
         stats = learner.step([Group.of(item) for item in _lease().items])
-        weights = learner.full_weights()
+        weights = {name: t.clone() for name, t in learner.full_weights().items()}
         optimizer = learner.full_optimizer_state()
         # A checkpoint back in: the base weights from rank 0, the optimizer state to all.
         learner.load_full_weights(base if rank == 0 else None)
@@ -82,14 +102,14 @@ def _one_rank():
     return stats, learner.full_weights(), moment
 
 
-@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tensor-parallel", "data-parallel"])
-def test_two_megatron_ranks_train_like_one_torch_rank(tensor_parallel: int) -> None:
+@pytest.mark.parametrize("split", SPLITS)
+def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -> None:
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    args = (port, tensor_parallel, results)
-    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(2)]
+    args = (port, split, results)
+    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(split[2])]
     for process in ranks:
         process.start()
     metrics, grad_norm, weights, moment, same_weights, same_moments = _first_result(results, ranks)
@@ -112,15 +132,18 @@ def test_two_megatron_ranks_train_like_one_torch_rank(tensor_parallel: int) -> N
     assert same_weights and same_moments
 
 
-def _scoring_rank(rank: int, port: int, tensor_parallel: int, results) -> None:
+def _scoring_rank(rank: int, port: int, split: tuple[int, int, int], results) -> None:
     from asyncrl.actors._scorer import score_items
     from asyncrl.actors.engines import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    tensor_parallel, pipeline_parallel, ranks = split
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), timeout_s=60)
     try:
-        section = MegatronSection(tensor_parallel=tensor_parallel)
+        section = MegatronSection(
+            tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
+        )
         model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
         for lease in _SCORED:
             if lease is None:  # a new version: whole on rank 0, each rank keeps its part
@@ -133,9 +156,9 @@ def _scoring_rank(rank: int, port: int, tensor_parallel: int, results) -> None:
         gang.close()
 
 
-@pytest.mark.parametrize("tensor_parallel", [2, 1], ids=["tensor-parallel", "data-parallel"])
+@pytest.mark.parametrize("split", SPLITS)
 def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
-    tensor_parallel: int,
+    split: tuple[int, int, int],
 ) -> None:
     """20 rows, then 1 (a copy with no rows pairs up anyway), then 20 under a new version."""
     from asyncrl.actors._scorer import score_items
@@ -144,8 +167,8 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    args = (port, tensor_parallel, results)
-    ranks = [context.Process(target=_scoring_rank, args=(r, *args)) for r in range(2)]
+    args = (port, split, results)
+    ranks = [context.Process(target=_scoring_rank, args=(r, *args)) for r in range(split[2])]
     for process in ranks:
         process.start()
     shared = [_first_result(results, ranks) for _ in range(3)]

@@ -2,9 +2,10 @@
 and scores as logp (every group recomputed) and ref_logp (a KL penalty on).
 
 Alone in bfloat16, and in float32 with the trainer and logp as groups of two ranks that
-split the model by tensor parallelism. The generator is the torch engine; its log-probs
-and megatron's for tokens of the same version must agree (in float32 up to rounding),
-which checks that each version the megatron trainer publishes is the model logp loads.
+split the model by tensor parallelism, or into two pipeline stages. The generator is
+the torch engine; its log-probs and megatron's for tokens of the same version must agree
+(in float32 up to rounding), which checks that each version the megatron trainer
+publishes is the model logp loads.
 The final model is a Hugging Face directory that the torch engine loads. A stopped
 trainer group resumes from what it staged.
 """
@@ -35,13 +36,22 @@ DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 # them.
 TRAINER_GROUP = ["pipeline.workers.train=2", "backends.megatron.tensor_parallel=2"]
 GROUP = [*TRAINER_GROUP, "pipeline.workers.logp=2"]
+STAGES = [
+    "pipeline.workers.train=2",
+    "pipeline.workers.logp=2",
+    "backends.megatron.pipeline_parallel=2",
+]
 # bfloat16: scorers and generator in bfloat16, the trainer in its float32 master weights
 # (on CPU megatron does not autocast); the engines' bfloat16 roundings differ.
 BF16 = ["model.dtype=bfloat16"]
 
 
 # Alone in bfloat16, and in groups in float32: each path once, the suite kept short.
-@pytest.mark.parametrize("group", [BF16, GROUP], ids=["one-rank-bfloat16", "groups-float32"])
+@pytest.mark.parametrize(
+    "group",
+    [BF16, GROUP, STAGES],
+    ids=["one-rank-bfloat16", "groups-float32", "pipeline-stages-float32"],
+)
 def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     tmp_path: Path, group: list[str]
 ) -> None:
@@ -74,17 +84,28 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
 
 
-def test_a_tensor_parallel_trainer_group_stopped_resumes_from_its_staged_state(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param(TRAINER_GROUP, id="tensor-parallel"),
+        pytest.param(
+            ["pipeline.workers.train=2", "backends.megatron.pipeline_parallel=2"],
+            id="pipeline-stages",
+        ),
+    ],
+)
+def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path, split: list[str]
 ) -> None:
     """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
-    (megatron's parameter names, AdamW's state) and the run goes on from its count."""
+    (megatron's parameter names, AdamW's state; a stage's own layers) and the run goes on
+    from its count."""
     import signal
     import time
 
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
-    argv += [f"run.dir={run_dir}", "backends.train=megatron", *TRAINER_GROUP]
+    argv += [f"run.dir={run_dir}", "backends.train=megatron", *split]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
     metrics = run_dir / "metrics.jsonl"

@@ -73,11 +73,14 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     assert train_engine_problems(config_from_dict(data), "train") == []
     data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
     assert train_engine_problems(config_from_dict(data), "logp") == []
-    for key in ("pipeline_parallel", "expert_parallel"):
-        data = megatron(**{key: 2})
-        data["pipeline"] = {"workers": {"train": 2}}
-        (problem,) = train_engine_problems(config_from_dict(data), "train")
-        assert f"{key}=2" in problem and "backends.megatron" in problem
+    data = megatron(pipeline_parallel=2)
+    data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
+    for role in ("train", "logp"):
+        assert train_engine_problems(config_from_dict(data), role) == []
+    data = megatron(expert_parallel=2)
+    data["pipeline"] = {"workers": {"train": 2}}
+    (problem,) = train_engine_problems(config_from_dict(data), "train")
+    assert "expert_parallel=2" in problem and "backends.megatron" in problem
 
 
 def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() -> None:

@@ -10,13 +10,14 @@ float32 arithmetic as the torch engine and transformers, every scaling they supp
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
 the default ``torch.distributed`` group (a one-rank group is made for a worker alone).
+Pipeline stages pass activations through :mod:`.stages`.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -42,11 +43,14 @@ from .mapping import (
     from_te_names,
     hf_to_megatron,
     megatron_to_hf,
+    merge_pipeline_parallel,
     merge_tensor_parallel,
+    split_pipeline_parallel,
     split_tensor_parallel,
     tensor_parallel_dim,
     to_te_names,
 )
+from .stages import Stages
 
 __all__ = [
     "MegatronLM",
@@ -222,6 +226,7 @@ def transformer_config(
         expert_model_parallel_size=sizes.expert,
         sequence_parallel=False,
         params_dtype=dtype,
+        pipeline_dtype=dtype,  # megatron asks for it with stages; ours send the weights' dtype
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=not cuda,
         perform_initialization=False,  # the checkpoint's weights replace them at once
@@ -261,10 +266,17 @@ def build_gpt(
         layer_spec(config),
         vocab_size=layout.rows,
         max_sequence_length=config.max_position_embeddings,
+        # megatron numbers a stage's layers from 0 in its state and offsets them by
+        # stage * (layers / stages) in layer_number (get_transformer_layer_offset), as
+        # mapping.split_pipeline_parallel does.
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,
-        share_embeddings_and_output_weights=config.tie_word_embeddings,
+        # With stages, megatron's tie copies the embedding to the last stage with
+        # ``.cuda()`` (LanguageModule.setup_embeddings_and_output_layer): untied there,
+        # the last stage's output layer is loaded with the embedding's copy and
+        # MegatronLM.finish_gradients sums the two copies' gradients instead.
+        share_embeddings_and_output_weights=config.tie_word_embeddings and sizes.pipeline == 1,
         position_embedding_type="rope",
     )
     model.rotary_pos_emb = _Rotary(config, device)
@@ -298,19 +310,29 @@ class MegatronLM(nn.Module):
         self.sizes = sizes
         self.layout = layout_of(config, sizes.tensor)
         self.te = te_available()
+        self.stages = Stages.current() if sizes.pipeline > 1 else None
 
     @property
     def device(self) -> torch.device:
-        return self.gpt.decoder.final_layernorm.weight.device
+        return next(self.gpt.parameters()).device  # every stage has some of the layers
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.gpt.parameters()).dtype
 
     def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, tokens, vocab] of right-padded sequences (causal: padding never
         leaks back), or only at ``columns`` [batch, k] of each row; over the whole
         vocabulary (gathered from the tensor-parallel ranks)."""
-        logits = self._logits(input_ids, columns)
-        if self.sizes.tensor > 1:
-            logits = gather_vocab(logits, parallel_state.get_tensor_model_parallel_group())
-        return logits[..., : self.config.vocab_size]  # the padding rows are no tokens
+
+        def whole(logits: torch.Tensor) -> torch.Tensor:
+            if self.sizes.tensor > 1:
+                logits = gather_vocab(logits, parallel_state.get_tensor_model_parallel_group())
+            return logits[..., : self.config.vocab_size]  # the padding rows are no tokens
+
+        width = input_ids.shape[1] if columns is None else columns.shape[1]
+        shape = (input_ids.shape[0], width, self.config.vocab_size)
+        return self._through_stages(input_ids, columns, whole, shape, self.dtype)
 
     def token_logprobs(
         self,
@@ -321,37 +343,57 @@ class MegatronLM(nn.Module):
     ) -> torch.Tensor:
         """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
         rank holding whole rows of logits (the vocabulary stays split)."""
-        logits = self._logits(input_ids, columns)
         group = None
         if self.sizes.tensor > 1:
             group = parallel_state.get_tensor_model_parallel_group()
-        return vocab_parallel_logprobs(
-            logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
-        )
 
-    def _logits(self, input_ids: torch.Tensor, columns: torch.Tensor | None) -> torch.Tensor:
-        """This rank's vocabulary slice of the logits (all of it with one rank)."""
-        if self.sizes.pipeline > 1:
-            raise NotImplementedError("a pipeline-parallel forward needs megatron's schedules")
+        def chosen(logits: torch.Tensor) -> torch.Tensor:
+            return vocab_parallel_logprobs(
+                logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
+            )
+
+        return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
+
+    def _through_stages(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor | None,
+        head: Callable[[torch.Tensor], torch.Tensor],
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """``head`` of this rank's vocabulary slice of the logits (at ``columns``), on
+        every rank: with pipeline stages the last computes it and the others receive it
+        (``shape``, ``dtype``), and backward on any stage trains the whole model."""
         batch, tokens = input_ids.shape
         positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
-        logits = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+        stages = self.stages
+        if stages is not None and not stages.first:
+            # megatron's activations between layers are [tokens, batch, hidden]
+            hidden = (tokens, batch, self.config.hidden_size)
+            self.gpt.set_input_tensor(stages.receive(hidden, self.dtype, self.device))
+        out = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+        if stages is not None and not stages.last:
+            link = stages.send(out.to(self.dtype))
+            return stages.from_last(None, link, shape, dtype)
         if columns is not None:
-            logits = logits[torch.arange(batch, device=logits.device)[:, None], columns]
-        return logits
+            out = out[torch.arange(batch, device=out.device)[:, None], columns]
+        result = head(out).to(dtype)
+        return result if stages is None else stages.from_last(result, None, shape, dtype)
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Every parameter by Hugging Face name, whole; a tied output layer once. With
-        tensor-parallel ranks a collective over them (every rank gets the whole)."""
-        self._whole_model_only()
+        tensor-parallel ranks or pipeline stages a collective over them (every rank gets
+        the whole)."""
+        self._no_experts()
         return self._whole(
             {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         )
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
-        """Whole Hugging Face weights into the model (each tensor-parallel rank takes its
-        part); a missing or unexpected tensor is named."""
-        self._whole_model_only()
+        """Whole Hugging Face weights into the model (each stage takes its layers, each
+        tensor-parallel rank its part of them); a missing or unexpected tensor is named."""
+        self._no_experts()
         state = self._mine(hf)
         params = dict(self.gpt.named_parameters())
         missing = set(params) - set(state)
@@ -365,11 +407,11 @@ class MegatronLM(nn.Module):
             for name, tensor in state.items():
                 params[name].copy_(tensor)
 
-    def _whole_model_only(self) -> None:
-        if self.sizes.pipeline > 1 or self.sizes.expert > 1:
-            # The mapping splits and merges stages and experts; gathering them over their
-            # groups is not wired yet.
-            raise NotImplementedError("pipeline- or expert-parallel weights are not wired yet")
+    def _no_experts(self) -> None:
+        if self.sizes.expert > 1:
+            # The mapping splits and merges experts; gathering them over their group is
+            # not wired yet.
+            raise NotImplementedError("expert-parallel weights are not wired yet")
 
     # --- training in a group ------------------------------------------------------------
 
@@ -386,11 +428,26 @@ class MegatronLM(nn.Module):
         """Sum the gradients over the model's copies (each trained its own micro-batches;
         the losses are normalised over the whole batch already)."""
         _, copies, group = self.data_parallel()
-        if copies == 1:
-            return
-        for param in self.gpt.parameters():
-            if param.grad is not None:
-                dist.all_reduce(param.grad, group=group)
+        if copies > 1:
+            for param in self.gpt.parameters():
+                if param.grad is not None:
+                    dist.all_reduce(param.grad, group=group)
+        tied = self._tied_copy()
+        if tied is not None and tied.grad is not None:
+            # The embedding (first stage) and its copy as the output layer (last stage)
+            # are one weight: both take the sum of their gradients, so they stay equal.
+            dist.all_reduce(tied.grad, group=parallel_state.get_embedding_group())
+
+    def _tied_copy(self) -> nn.Parameter | None:
+        """This stage's half of a tied embedding split over stages (None: not here)."""
+        stages = self.stages
+        if stages is None or not self.config.tie_word_embeddings:
+            return None
+        if stages.first:
+            return self.gpt.embedding.word_embeddings.weight
+        if stages.last:
+            return self.gpt.output_layer.weight
+        return None
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The whole model's gradient norm (each split tensor counted once over the
@@ -398,10 +455,13 @@ class MegatronLM(nn.Module):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
         grads = [p.grad for p in self.gpt.parameters() if p.grad is not None]
+        # A tied embedding split over stages counts once: on the first stage.
+        stages, tied = self.stages, self._tied_copy()
+        twin = tied if stages is not None and not stages.first else None
         counted = [
             p.grad.float().pow(2).sum()
             for p in self.gpt.parameters()
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p)
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not twin
         ]
         squares = torch.stack(counted).sum() if counted else torch.zeros((), device=self.device)
         if self.sizes.tensor * self.sizes.pipeline > 1:
@@ -464,11 +524,17 @@ class MegatronLM(nn.Module):
             state = from_te_names(state, self.layout)
         if self.sizes.tensor > 1:
             state = merge_tensor_parallel(_all_gathered(state, self.sizes.tensor))
+        if self.stages is not None:
+            every = _every_stage(state, self.stages, self.device)
+            state = merge_pipeline_parallel(every, self.layout)
         return megatron_to_hf(state, self.layout)
 
     def _mine(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's part of whole tensors named by Hugging Face, by parameter name."""
         state = hf_to_megatron(hf, self.layout)
+        if self.stages is not None:
+            state = split_pipeline_parallel(state, self.layout, self.stages.count)
+            state = state[self.stages.stage]
         if self.sizes.tensor > 1:
             rank = parallel_state.get_tensor_model_parallel_rank()
             state = split_tensor_parallel(state, self.sizes.tensor)[rank]
@@ -485,6 +551,30 @@ def _all_gathered(state: Mapping[str, torch.Tensor], ranks: int) -> list[dict[st
         for rank, part in enumerate(parts):
             shards[rank][name] = part
     return shards
+
+
+def _every_stage(
+    state: Mapping[str, torch.Tensor], stages: Stages, device: torch.device
+) -> list[dict[str, torch.Tensor]]:
+    """Every stage's ``state``, in stage order, on every stage (a collective over the
+    pipeline group). The stages hold different tensors, so their names, shapes and
+    dtypes go first, then each tensor from the stage that has it."""
+    described = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
+    every: list[dict] = [{} for _ in range(stages.count)]
+    dist.all_gather_object(every, described, group=stages.group)
+    out: list[dict[str, torch.Tensor]] = []
+    for stage, names in enumerate(every):
+        part = {}
+        for name in sorted(names):
+            shape, dtype = names[name]
+            if stage == stages.stage:
+                tensor = state[name].contiguous()
+            else:
+                tensor = torch.empty(shape, dtype=dtype, device=device)
+            dist.broadcast(tensor, src=stages.global_rank(stage), group=stages.group)
+            part[name] = tensor
+        out.append(part)
+    return out
 
 
 def _is_tensor(value: object) -> bool:
