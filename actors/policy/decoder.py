@@ -28,7 +28,7 @@ import torch
 from .checkpoint import load_state
 from .model import CausalLM
 
-__all__ = ["Decoder", "Decoding", "Finished", "Request"]
+__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,17 @@ class Request:
     # Ends this sequence when it says so of the response so far (an API caller's stop text,
     # which may span tokens); asked after every token.
     stop_when: Callable[[list[int]], bool] | None = None
+
+
+def check_request(request: Request, max_prompt_tokens: int) -> None:
+    """ValueError naming what is wrong with ``request`` for a decoder of that prompt limit."""
+    if not 0 < len(request.prompt) <= max_prompt_tokens:
+        raise ValueError(
+            f"prompt of {len(request.prompt)} tokens: expected 1.."
+            f"{max_prompt_tokens} (raise model.max_prompt_tokens)"
+        )
+    if request.max_new_tokens is not None and request.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={request.max_new_tokens}: expected >= 1")
 
 
 @dataclass(frozen=True)
@@ -142,13 +153,7 @@ class Decoder:
 
     def submit(self, requests: Iterable[Request]) -> None:
         for request in requests:
-            if not 0 < len(request.prompt) <= self.max_prompt_tokens:
-                raise ValueError(
-                    f"prompt of {len(request.prompt)} tokens: expected 1.."
-                    f"{self.max_prompt_tokens} (raise model.max_prompt_tokens)"
-                )
-            if request.max_new_tokens is not None and request.max_new_tokens < 1:
-                raise ValueError(f"max_new_tokens={request.max_new_tokens}: expected >= 1")
+            check_request(request, self.max_prompt_tokens)
             self.waiting.append(request)
 
     def cancel(self, tags: Collection[Any]) -> None:

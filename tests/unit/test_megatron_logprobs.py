@@ -4,7 +4,6 @@ and on two gloo ranks each holding half of the vocabulary (values and gradients)
 from __future__ import annotations
 
 import multiprocessing
-import socket
 from datetime import timedelta
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.actors.engines.megatron.logprobs import vocab_parallel_logprobs
+from tests.support.ranks import run_ranks
 
 VOCAB = 10  # padded to 12 for two ranks of 6 columns
 
@@ -59,18 +59,8 @@ def _rank(rank: int, port: int, out: multiprocessing.Queue) -> None:
 
 
 def test_two_ranks_give_the_log_probs_and_gradients_of_one() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, port, out)) for r in range(2)]
-    for process in ranks:
-        process.start()
-    results = dict((rank, (got, grad)) for rank, got, grad in (out.get(timeout=120) for _ in ranks))
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    reported = run_ranks(_rank, 2, results=2, timeout=120)
+    results = {rank: (got, grad) for rank, got, grad in reported}
     logits, targets, weights = example()
     whole = logits.clone().requires_grad_()
     expected = plain(whole, targets)

@@ -8,7 +8,6 @@ back by Hugging Face name. Each stage loads the whole checkpoint and keeps its l
 from __future__ import annotations
 
 import multiprocessing
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
 from tests.support.hf_families import hf_model_dir
+from tests.support.ranks import run_ranks
 from tests.unit.test_megatron_tensor_parallel import VARIANTS, inputs
 
 pytest.importorskip("megatron.core")
@@ -71,18 +71,7 @@ def _stage(rank: int, port: int, directories: list[str], out: multiprocessing.Qu
 
 def test_two_pipeline_stages_compute_what_one_model_does(tmp_path: Path) -> None:
     directories = [str(hf_model_dir(tmp_path / v, v)) for v in VARIANTS]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_stage, args=(r, port, directories, out)) for r in range(2)]
-    for process in ranks:
-        process.start()
-    results = [out.get(timeout=150) for _ in range(STAGES * len(directories))]
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    results = run_ranks(_stage, 2, directories, results=STAGES * len(directories))
     for rank, directory, *arrays, norm, saved_arrays in results:
         logits, logprobs, grad = (torch.from_numpy(a) for a in arrays)
         weights = {name: torch.from_numpy(a) for name, a in saved_arrays.items()}

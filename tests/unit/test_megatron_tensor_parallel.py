@@ -8,7 +8,6 @@ q/k/v per query group, [gate; up] per half, row-parallel inputs, the vocabulary.
 from __future__ import annotations
 
 import multiprocessing
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
 from tests.support.hf_families import hf_model_dir
+from tests.support.ranks import run_ranks
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -67,18 +67,7 @@ def _rank(rank: int, port: int, directories: list[str], out: multiprocessing.Que
 
 def test_two_tensor_parallel_ranks_compute_what_one_model_does(tmp_path: Path) -> None:
     directories = [str(hf_model_dir(tmp_path / v, v)) for v in VARIANTS]
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, port, directories, out)) for r in range(2)]
-    for process in ranks:
-        process.start()
-    results = [out.get(timeout=150) for _ in range(RANKS * len(directories))]
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    results = run_ranks(_rank, 2, directories, results=RANKS * len(directories))
     for rank, directory, *arrays, saved_arrays in results:
         logits, logprobs, grad = (torch.from_numpy(a) for a in arrays)
         weights = {name: torch.from_numpy(a) for name, a in saved_arrays.items()}

@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 import torch
 
-from ...policy.decoder import Finished, Request
+from ...policy.decoder import Finished, Request, check_request
 from .buckets import Bucket
 from .runner import EngineRunner
 from .versions import Rollout
@@ -92,13 +92,7 @@ class SGLangDecoder:
 
     def submit(self, requests: Iterable[Request]) -> None:
         for request in requests:
-            if not 0 < len(request.prompt) <= self.max_prompt_tokens:
-                raise ValueError(
-                    f"prompt of {len(request.prompt)} tokens: expected 1.."
-                    f"{self.max_prompt_tokens} (raise model.max_prompt_tokens)"
-                )
-            if request.max_new_tokens is not None and request.max_new_tokens < 1:
-                raise ValueError(f"max_new_tokens={request.max_new_tokens}: expected >= 1")
+            check_request(request, self.max_prompt_tokens)
             key = self.runner.next_key()
             with self._lock:
                 if request.tag in self._live:
