@@ -181,12 +181,16 @@ def load_group_weights(
         return
     import torch.distributed as dist
 
-    # What every rank knows the model holds: names, shapes and dtypes to receive into.
-    template = model.hf_state()
+    # Rank 0 says what it sends (names, shapes, dtypes), the others receive into that: no
+    # rank gathers the whole model only to learn its shapes.
+    described = [None if whole is None else {n: (t.shape, t.dtype) for n, t in whole.items()}]
+    dist.broadcast_object_list(described, src=0, device=model.device)
     state = {}
-    for name in sorted(template):
-        mine = template[name] if whole is None else whole[name]
-        tensor = mine.to(device=model.device, dtype=template[name].dtype).contiguous()
+    for name, (shape, dtype) in sorted(described[0].items()):
+        if whole is None:
+            tensor = torch.empty(shape, dtype=dtype, device=model.device)
+        else:
+            tensor = whole[name].to(model.device).contiguous()
         dist.broadcast(tensor, src=0)
         state[name] = tensor
     model.load_hf_state(state)
