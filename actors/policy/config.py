@@ -1,9 +1,10 @@
 """The architecture of a Hugging Face causal LM, read from and written to ``config.json``.
 
-Llama, Mistral, Qwen2 and Qwen3 share one arithmetic (pre-norm decoder, RMSNorm, rotary
-positions, SwiGLU MLP) and differ in a few switches: which projections carry a bias,
-per-head RMSNorm on queries and keys (Qwen3), sliding-window attention (Mistral; Qwen2
-and Qwen3 when enabled) and rotary frequency scaling (Llama 3.x). :class:`ModelConfig`
+Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE share one arithmetic (pre-norm decoder,
+RMSNorm, rotary positions, SwiGLU MLP) and differ in a few switches: which projections
+carry a bias, per-head RMSNorm on queries and keys (Qwen3 and Qwen3-MoE),
+sliding-window attention (Mistral; the Qwens when enabled), rotary frequency scaling
+(Llama 3.x) and a mixture of experts in place of every MLP (Qwen3-MoE). :class:`ModelConfig`
 holds those switches. Any other field of ``config.json`` that would change the
 arithmetic is refused with an error naming it: a model that silently computes something
 else than its checkpoint was trained for is worse than one that does not load.
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeScaling"]
+__all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "Experts", "ModelConfig", "RopeScaling"]
 
 # Architecture (config.json "architectures") → transformers' model_type.
 FAMILIES = {
@@ -23,12 +24,15 @@ FAMILIES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 _ROPE_TYPES = ("default", "linear", "llama3")
-_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_MOE = ("Qwen3MoeForCausalLM",)
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,40 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A mixture of experts in place of every layer's MLP: a router (a linear layer without
+    bias) scores ``count`` experts for each token, softmax over all of them; the
+    ``per_token`` best compute (each a SwiGLU MLP of ``intermediate_size``) and their
+    outputs are summed, weighted by those probabilities, renormalised over the chosen
+    ones when ``normalize`` (Qwen3-MoE's ``norm_topk_prob``)."""
+
+    count: int
+    per_token: int
+    intermediate_size: int
+    normalize: bool
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.intermediate_size < 1:
+            raise ValueError(
+                f"experts: num_experts={self.count} and moe_intermediate_size="
+                f"{self.intermediate_size} must be at least 1"
+            )
+        if not 1 <= self.per_token <= self.count:
+            raise ValueError(
+                f"experts: num_experts_per_tok={self.per_token} must be between 1 and "
+                f"num_experts={self.count}"
+            )
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """The architecture fields of a Hugging Face ``config.json`` that this model reads.
 
     ``attention_bias`` means what the family's transformers class makes of it: q/k/v/o
     biases for Llama and Qwen3, q/k/v biases for Qwen2 (always on there), none for Mistral.
     ``layer_types`` is empty when every layer attends to everything before it.
+    ``experts`` is set for a mixture-of-experts model (Qwen3-MoE), whose every layer has
+    one in place of the MLP (``intermediate_size`` is then unused).
     """
 
     architecture: str
@@ -80,6 +112,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()
+    experts: Experts | None = None
 
     def __post_init__(self) -> None:
         _check_switches(self)
@@ -92,7 +125,7 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         """Whether queries and keys are RMS-normed per head before rotary (Qwen3)."""
-        return self.architecture == "Qwen3ForCausalLM"
+        return self.architecture in _QK_NORM
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (keys it sees, itself included), None: all."""
@@ -135,6 +168,7 @@ class ModelConfig:
             rope_scaling=_rope_scaling(config),
             sliding_window=window,
             layer_types=layer_types,
+            experts=_experts(config, arch),
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -174,8 +208,17 @@ class ModelConfig:
             "max_window_layers": sliding[0] if sliding else self.num_hidden_layers,
             "layer_types": types,
         }
-        if self.architecture == "Qwen3ForCausalLM":
+        if self.architecture in _QK_NORM:
             fields["attention_bias"] = self.attention_bias
+        if self.experts is not None:
+            fields |= {
+                "num_experts": self.experts.count,
+                "num_experts_per_tok": self.experts.per_token,
+                "moe_intermediate_size": self.experts.intermediate_size,
+                "norm_topk_prob": self.experts.normalize,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            }
         return fields
 
 
@@ -215,7 +258,7 @@ def _refuse_unimplemented(config: dict[str, Any]) -> None:
 def _head_dim(config: dict[str, Any], arch: str) -> int:
     if config.get("head_dim"):
         return config["head_dim"]
-    if arch == "Qwen3ForCausalLM":
+    if arch in _QK_NORM:
         return 128  # Qwen3Config's default, not hidden_size / heads
     return config["hidden_size"] // config["num_attention_heads"]
 
@@ -306,6 +349,32 @@ def _sliding(config: dict[str, Any], arch: str, layers: int) -> tuple[int | None
     return window, tuple(types)
 
 
+def _experts(config: dict[str, Any], arch: str) -> Experts | None:
+    if arch not in _MOE:
+        return None
+    # transformers 5 writes num_local_experts where 4.x wrote num_experts.
+    count = config.get("num_experts") or config.get("num_local_experts")
+    if not count:
+        raise ValueError(f"config.json of {arch} lacks num_experts")
+    if config.get("decoder_sparse_step", 1) != 1 or config.get("mlp_only_layers"):
+        raise ValueError(
+            f"config.json decoder_sparse_step={config.get('decoder_sparse_step', 1)}, "
+            f"mlp_only_layers={config.get('mlp_only_layers')}: dense MLP layers between "
+            "the sparse ones are not supported (only 1 and [])"
+        )
+    if config.get("shared_expert_intermediate_size"):
+        raise ValueError(
+            "config.json shared_expert_intermediate_size: shared experts are not supported"
+        )
+    return Experts(
+        count=count,
+        per_token=config["num_experts_per_tok"],
+        intermediate_size=config["moe_intermediate_size"],
+        # Qwen3MoeConfig's default; the released checkpoints set it true.
+        normalize=bool(config.get("norm_topk_prob", False)),
+    )
+
+
 # --- consistency of a ModelConfig built in code ------------------------------------------
 
 
@@ -325,6 +394,10 @@ def _check_switches(c: ModelConfig) -> None:
         raise ValueError(
             f"num_attention_heads={c.num_attention_heads} is not a multiple of "
             f"num_key_value_heads={c.num_key_value_heads}"
+        )
+    if (c.experts is not None) != (c.architecture in _MOE):
+        raise ValueError(
+            f"experts={c.experts}: only {', '.join(_MOE)} has (and needs) a mixture of experts"
         )
     _check_sliding(c)
     if c.rope_scaling is not None and not math.isfinite(c.rope_scaling.factor):

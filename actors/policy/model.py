@@ -1,11 +1,12 @@
-"""A decoder-only transformer of the Llama / Mistral / Qwen2 / Qwen3 families, with
-Hugging Face parameter names.
+"""A decoder-only transformer of the Llama / Mistral / Qwen2 / Qwen3 / Qwen3-MoE
+families, with Hugging Face parameter names.
 
 One implementation serves every role, so the generator's behaviour log-probs and the
 trainer's recomputed ones come from the same arithmetic. Parameter names match
-``transformers``' ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` and
-``Qwen3ForCausalLM`` exactly, so a checkpoint loads in either direction without
-renaming. The families' differences are switches of :class:`ModelConfig` (config.py).
+``transformers``' ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``,
+``Qwen3ForCausalLM`` and the checkpoints of ``Qwen3MoeForCausalLM`` (one module per
+expert, as those files name them) exactly, so a checkpoint loads in either direction
+without renaming. The families' differences are switches of :class:`ModelConfig` (config.py).
 
 Two ways in:
 
@@ -198,9 +199,10 @@ def _run(slots: torch.Tensor) -> slice | None:
 
 
 class _MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, inner: int | None = None) -> None:
         super().__init__()
-        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        hidden, bias = config.hidden_size, config.mlp_bias
+        inner = inner or config.intermediate_size
         self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
@@ -209,11 +211,46 @@ class _MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class _Experts(nn.Module):
+    """A mixture of experts (:class:`~.config.Experts`) in place of the MLP: each token goes
+    to its ``per_token`` best-scored experts, their outputs summed by the router's weights.
+    Every expert computes only the tokens routed to it."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        assert config.experts is not None
+        self.spec = config.experts
+        self.gate = nn.Linear(config.hidden_size, self.spec.count, bias=False)
+        self.experts = nn.ModuleList(
+            _MLP(config, self.spec.intermediate_size) for _ in range(self.spec.count)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        logits = self.gate(tokens)
+        # The softmax in float32 and the chosen weights back in the activations' dtype, as
+        # transformers computes them: the trainer's log-probs match the checkpoint's own.
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.spec.per_token, dim=-1)
+        if self.spec.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(logits.dtype)
+        out = torch.zeros_like(tokens)
+        # One host sync per layer for the experts that got tokens: an expert nobody chose
+        # costs nothing.
+        for e in torch.unique(chosen).tolist():
+            token, slot = torch.where(chosen == e)
+            y = self.experts[e](tokens[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out.reshape(shape)
+
+
 class _Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self_attn = _Attention(config)
-        self.mlp = _MLP(config)
+        self.mlp = _MLP(config) if config.experts is None else _Experts(config)
         self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -1,10 +1,12 @@
-"""``asyncrl run`` on a model directory made by transformers: a tiny random Qwen3.
+"""``asyncrl run`` on a model directory made by transformers: a tiny random Qwen3, and
+a tiny random Qwen3-MoE.
 
 The default configuration, with the model, the length and small batches changed, runs
-to its last step on a Qwen3 (per-head q/k norms, head_dim apart from hidden/heads), and
-the final model it writes loads in transformers as Qwen3ForCausalLM with the logits ours
-computes. A random model earns nothing on the task's own reward, so a reward plug-in
-that pays for digits makes the weights move: the final model is a trained one.
+to its last step on a Qwen3 (per-head q/k norms, head_dim apart from hidden/heads) and on
+a Qwen3-MoE (its experts in place of every MLP), and the final model it writes loads in
+transformers as the same class with the logits ours computes. A random model earns
+nothing on the task's own reward, so a reward plug-in that pays for digits makes the
+weights move: the final model is a trained one.
 """
 
 from __future__ import annotations
@@ -29,10 +31,21 @@ DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 STEPS = 5
 
 
-def tiny_qwen3(directory: Path) -> Path:
-    """A Qwen3 whose vocabulary holds the arithmetic task's char tokenizer (17 tokens)."""
+# model_type -> (its class, fields beyond those of every tiny model here)
+KINDS = {
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
+    ),
+}
+
+
+def tiny_qwen3(directory: Path, model_type: str = "qwen3") -> Path:
+    """A Qwen3 (or Qwen3-MoE) whose vocabulary holds the arithmetic task's char tokenizer
+    (17 tokens)."""
     model = hf_model(
-        "qwen3",
+        model_type,
         vocab_size=32,
         hidden_size=32,
         head_dim=16,
@@ -42,14 +55,16 @@ def tiny_qwen3(directory: Path) -> Path:
         tie_word_embeddings=True,
         eos_token_id=1,
         pad_token_id=0,
+        **KINDS[model_type][1],
     )
     return save_hf_model(model, directory)
 
 
+@pytest.mark.parametrize("model_type", sorted(KINDS))
 def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transformers(
-    tmp_path: Path,
+    tmp_path: Path, model_type: str
 ) -> None:
-    model_dir = tiny_qwen3(tmp_path / "qwen3")
+    model_dir = tiny_qwen3(tmp_path / model_type, model_type)
     check_model_dir(str(model_dir))
     run_dir = tmp_path / "run"
     overrides = [
@@ -80,7 +95,7 @@ def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transforme
 
     final = run_dir / "final"
     theirs = transformers.AutoModelForCausalLM.from_pretrained(final).eval()
-    assert type(theirs).__name__ == "Qwen3ForCausalLM"
+    assert type(theirs).__name__ == KINDS[model_type][0]
     ours, codec = load_model(str(final))
     ids = torch.tensor([codec.encode("4589+123=9+3+0=12,"), codec.encode("77+8=7+8+0=15;0085")])
     with torch.no_grad():

@@ -71,6 +71,29 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "qwen3",
         {"tie_word_embeddings": False, "head_dim": 12, "attention_bias": True},
     ),
+    # 4 experts, 2 per token: with 12 tokens of 3 sequences every expert gets some.
+    "qwen3-moe": (
+        "qwen3_moe",
+        {
+            "tie_word_embeddings": False,
+            "head_dim": 12,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "norm_topk_prob": True,
+        },
+    ),
+    "qwen3-moe-unnormalised-tied": (
+        "qwen3_moe",
+        {
+            "tie_word_embeddings": True,
+            "head_dim": 12,
+            "num_experts": 3,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 8,
+            "norm_topk_prob": False,
+        },
+    ),
 }
 
 

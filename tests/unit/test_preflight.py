@@ -115,6 +115,28 @@ def test_a_config_field_we_do_not_implement_is_named(
     assert named in refusal(good)
 
 
+MOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
+EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({}, "lacks num_experts"),
+        (EXPERTS | {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+        (EXPERTS | {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),
+        (EXPERTS | {"shared_expert_intermediate_size": 8}, "shared experts"),
+        (EXPERTS | {"num_experts_per_tok": 5}, "num_experts_per_tok=5"),
+        (EXPERTS | {"moe_intermediate_size": 0}, "moe_intermediate_size=0"),
+    ],
+)
+def test_a_mixture_of_experts_we_cannot_compute_is_named(
+    good: Path, fields: dict[str, Any], named: str
+) -> None:
+    edit_config(good, **MOE, **fields)
+    assert named in refusal(good)
+
+
 def test_a_required_config_field_missing_is_named(good: Path) -> None:
     config = json.loads((good / "config.json").read_text())
     del config["num_attention_heads"]
