@@ -202,6 +202,7 @@ class Generate(StreamingActor):
             temperature=temperature,
             seed=cfg.run.seed + (self.ctx.index or 0),
             version=self.loaded,
+            cuda_graphs=cfg.backends.cuda_graphs,
         )
 
     def _answer_served(self, finished: Finished) -> None:

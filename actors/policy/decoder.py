@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from .checkpoint import load_state
+from .graphs import GraphedSteps
 from .model import CausalLM
 
 __all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
@@ -129,6 +130,7 @@ class Decoder:
         temperature: float = 1.0,
         seed: int = 0,
         version: int = 0,
+        cuda_graphs: bool = False,
     ) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: expected a number > 0")
@@ -143,8 +145,13 @@ class Decoder:
         self.pad_id = pad_id
         self.temperature = temperature
         self.version = version
-        self.cache = model.new_cache(slots, max_prompt_tokens + max_new_tokens)
         self.device = model.lm_head.weight.device  # inputs go there; tokens come back
+        # CUDA graphs (graphs.py) only where they can run: on a GPU, for a model whose
+        # step reads nothing back to the host (not a mixture of experts).
+        graphed = cuda_graphs and self.device.type == "cuda" and model.config.experts is None
+        # A graphed step's padding rows write to one more slot, which no sequence takes.
+        self.cache = model.new_cache(slots + graphed, max_prompt_tokens + max_new_tokens)
+        self.graphed = GraphedSteps(model, self.cache, slots) if graphed else None
         self.generator = torch.Generator(self.device).manual_seed(seed)
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Sequence] = {}  # slot → sequence
@@ -225,7 +232,10 @@ class Decoder:
         d = self.device
         # Positions and slots stay in CPU memory: the model reads the step's shapes from
         # them without a round trip to the device.
-        logits = self.model.step(ids.to(d), positions, torch.tensor(slots), self.cache)
+        if self.graphed is not None and ids.shape[1] == 1:
+            logits = self.graphed(ids, positions, torch.tensor(slots))
+        else:
+            logits = self.model.step(ids.to(d), positions, torch.tensor(slots), self.cache)
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
         last = logits[torch.arange(len(slots), device=d), ends]
         chosen, logprobs = self._pick(last, sequences)

@@ -324,6 +324,7 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         slots: torch.Tensor,
         cache: KVCache,
+        span: int | None = None,
     ) -> torch.Tensor:
         """Logits [rows, tokens, vocab] for ``input_ids`` [rows, tokens] placed at ``positions``
         of cache ``slots`` [rows]; each token sees its slot's cache up to its own position
@@ -332,10 +333,13 @@ class CausalLM(nn.Module):
         ``positions`` and ``slots`` may be in CPU memory whatever the model's device (the
         decoder passes them so): what the step's shapes depend on is then read without
         waiting for the device, which can go on with the previous step meanwhile.
+        ``span`` fixes how many cache positions are attended over (masked beyond each
+        row's own), so that nothing is read back from the device: a step captured in a
+        CUDA graph (graphs.py) passes the cache's length.
         """
         device = input_ids.device
         # Attend over the longest prefix any row needs, not the whole cache.
-        longest = int(positions.max()) + 1
+        longest = span if span is not None else int(positions.max()) + 1
         rows_of = _run(slots) if slots.device.type == "cpu" else None
         positions = positions.to(device, non_blocking=True)
         slots = slots.to(device, non_blocking=True)

@@ -405,6 +405,14 @@ class BackendsSection:
             "picks; bfloat16 weights with log-probs, advantages and loss in float32)"
         ),
     )
+    cuda_graphs: bool = field(
+        default=True,
+        metadata=doc(
+            "with device cuda, the torch generate engine replays each decode step of one "
+            "new token per sequence from a CUDA graph (one per batch size, powers of two; "
+            "a mixture-of-experts model never is); false to launch every kernel instead"
+        ),
+    )
     collective_timeout_s: float = field(
         default=300.0,
         metadata=doc(

@@ -9,7 +9,9 @@ bfloat16 on the device. Printed, each measured here in this run:
 
 - **decode**: the generate role's continuous-batching decoder (actors/policy/decoder.py)
   with ``--slots`` sequences at a time, prompts of 128 tokens and 256 sampled tokens
-  each: generated tokens per second of wall time, prompt processing included;
+  each: generated tokens per second of wall time, prompt processing included, with every
+  kernel launched from Python and with one-token steps replayed from CUDA graphs;
+- **load**: a new version from page-locked CPU memory into the generator's model;
 - **train step**, per training engine (``--engines``: the torch engine, and megatron-core's
   GPTModel holding the same weights): the trainer's own code (the Learner: float32 master
   weights, bfloat16 autocast, AdamW) on a lease of 8 groups x 8 responses of 128 + 384
@@ -59,7 +61,7 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _decode(model, slots: int, new_tokens: int) -> tuple[float, int]:
+def _decode(model, slots: int, new_tokens: int, graphs: bool) -> tuple[float, int]:
     from asyncrl.actors.policy.decoder import Decoder, Request
 
     vocab = model.config.vocab_size
@@ -70,6 +72,7 @@ def _decode(model, slots: int, new_tokens: int) -> tuple[float, int]:
         max_prompt_tokens=128,
         eos_id=vocab - 1,
         pad_id=0,
+        cuda_graphs=graphs,
     )
     generator = torch.Generator().manual_seed(slots)
     prompts = torch.randint(3, vocab - 1, (slots, 128), generator=generator)
@@ -137,6 +140,25 @@ def _megatron_twin(master, device: torch.device):
     twin = MegatronLM(master.config, build_gpt(master.config, torch.float32, device, sizes), sizes)
     twin.load_hf_state(state_for_saving(master))
     return twin
+
+
+def _report_load(serving) -> None:
+    """A new version into the generator: the decoder's load between two steps, from
+    page-locked CPU memory (where the weight plane's receiver leaves it)."""
+    from asyncrl.actors.policy.checkpoint import state_for_saving
+    from asyncrl.actors.policy.decoder import Decoder
+
+    decoder = Decoder(serving, slots=8, max_new_tokens=8, max_prompt_tokens=8, eos_id=1, pad_id=0)
+    state = {n: t.to("cpu").pin_memory() for n, t in state_for_saving(serving).items()}
+    times = []
+    for version in (1, 2, 3):
+        _sync()
+        started = time.perf_counter()
+        decoder.load(state, version)
+        _sync()
+        times.append(time.perf_counter() - started)
+    mib = sum(t.nbytes for t in state.values()) / 2**20
+    print(f"load    {mib:.0f} MiB into the generator: {statistics.median(times) * 1e3:.0f} ms")
 
 
 def _end_megatron_groups() -> None:
@@ -229,13 +251,19 @@ def main() -> None:
 
     serving = CausalLM(config).to(torch.bfloat16).to(device).eval()
     serving.load_state_dict(master.state_dict())
-    _decode(serving, 8, 8)  # warm-up
+    _decode(serving, 8, 8, graphs=False)  # warm-up
     for slots in args.slots:
-        seconds, tokens = _decode(serving, slots, args.new_tokens)
-        print(
-            f"decode  slots={slots:<4} {tokens} tokens in {seconds:.2f} s: "
-            f"{tokens / seconds:,.0f} tokens/s ({seconds / args.new_tokens * 1e3:.1f} ms/step)"
-        )
+        # Side by side: every kernel launched from Python, then steps replayed from CUDA
+        # graphs (whose first use of each batch size pays for its capture, counted here).
+        for graphs in (False, True):
+            seconds, tokens = _decode(serving, slots, args.new_tokens, graphs)
+            print(
+                f"decode  slots={slots:<4} graphs={'on ' if graphs else 'off'} {tokens} tokens "
+                f"in {seconds:.2f} s: {tokens / seconds:,.0f} tokens/s "
+                f"({seconds / args.new_tokens * 1e3:.1f} ms/step)"
+            )
+    if device.type == "cuda":
+        _report_load(serving)
     if args.profile:
         _profile_decode(serving, args.slots[0])
     del serving

@@ -40,6 +40,55 @@ def test_bf16_logits_on_cuda_match_fp32_on_cpu_through_both_paths() -> None:
     assert (stepped - expected).abs().max() <= 0.05 * scale
 
 
+def _greedy(model, graphs: bool, swap_at: int | None = None, new_state=None):
+    from asyncrl.actors.policy.decoder import Decoder, Request
+
+    decoder = Decoder(
+        model,
+        slots=6,
+        max_new_tokens=20,
+        max_prompt_tokens=16,
+        eos_id=1,
+        pad_id=0,
+        cuda_graphs=graphs,
+    )
+    generator = torch.Generator().manual_seed(0)
+    prompts = [
+        tuple(torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist())
+        for n in (4, 16, 9, 1, 12, 7, 5, 10)  # 8 sequences in 6 slots: refills too
+    ]
+    decoder.submit(Request(i, p, greedy=True) for i, p in enumerate(prompts))
+    done, steps = {}, 0
+    while decoder.busy:
+        if steps == swap_at:
+            decoder.load(new_state, version=1)
+        done.update((f.tag, f) for f in decoder.step())
+        steps += 1
+    return done, decoder
+
+
+def test_graphed_decode_steps_generate_what_the_plain_ones_do() -> None:
+    """CUDA graphs (actors/policy/graphs.py) against the plain step, greedy, in float32 on
+    the GPU: the same tokens and log-probs, through slot refills and a new version loaded
+    mid-generation."""
+    model, _ = load_model("embedded")
+    model = model.cuda()
+    new_state = {n: p.detach() + 0.01 * torch.randn_like(p) for n, p in model.named_parameters()}
+    if model.config.tie_word_embeddings:
+        new_state.pop("lm_head.weight", None)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plain, _ = _greedy(model, graphs=False, swap_at=7, new_state=new_state)
+    model.load_state_dict(original, strict=False)
+    graphed, decoder = _greedy(model, graphs=True, swap_at=7, new_state=new_state)
+    assert decoder.graphed is not None and decoder.graphed.graphs, "no step was graphed"
+    assert sorted(plain) == sorted(graphed) == list(range(8))
+    for tag, expected in plain.items():
+        assert graphed[tag].tokens == expected.tokens, tag
+        assert graphed[tag].versions == expected.versions, tag
+        diffs = [abs(a - b) for a, b in zip(graphed[tag].logprobs, expected.logprobs, strict=True)]
+        assert max(diffs) <= 1e-3, tag
+
+
 def _has_ucx() -> bool:
     try:
         import ucxx  # noqa: F401
