@@ -179,14 +179,20 @@ class _Attention(nn.Module):
         values[rows, positions] = v.transpose(1, 2)
         span = visible.shape[-1]  # only the positions some row can see
         keys, values = keys[rows_of, :span], values[rows_of, :span]
+        # The query heads that share a key/value head become that head's rows, so that
+        # attention runs one head per key/value head: no copy of the cache per query head
+        # (SDPA's enable_gqa with a mask falls back to the kernel that makes one on CUDA).
+        rows, _, tokens, dim = q.shape
+        group = self.heads // self.kv_heads
+        q = q.reshape(rows, self.kv_heads, group * tokens, dim)
+        mask = visible[:, None, None].expand(rows, 1, group, tokens, span)
         attended = F.scaled_dot_product_attention(
             q,
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            attn_mask=visible[:, None],
-            enable_gqa=True,
+            attn_mask=mask.reshape(rows, 1, group * tokens, span),
         )
-        return self._out(attended)
+        return self._out(attended.reshape(rows, self.heads, tokens, dim))
 
 
 def _run(slots: torch.Tensor) -> slice | None:

@@ -86,7 +86,7 @@ def _decode(model, slots: int, new_tokens: int, graphs: bool) -> tuple[float, in
     return time.perf_counter() - started, tokens
 
 
-def _profile_decode(model, slots: int) -> None:
+def _profile_decode(model, slots: int, graphs: bool) -> None:
     """Where a decode step's time goes: the busiest operators of 20 steps mid-generation."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -94,7 +94,13 @@ def _profile_decode(model, slots: int) -> None:
 
     vocab = model.config.vocab_size
     decoder = Decoder(
-        model, slots=slots, max_new_tokens=64, max_prompt_tokens=128, eos_id=vocab - 1, pad_id=0
+        model,
+        slots=slots,
+        max_new_tokens=64,
+        max_prompt_tokens=128,
+        eos_id=vocab - 1,
+        pad_id=0,
+        cuda_graphs=graphs,
     )
     decoder.submit(Request(i, tuple(range(3, 131))) for i in range(slots))
     for _ in range(10):
@@ -104,8 +110,9 @@ def _profile_decode(model, slots: int) -> None:
         for _ in range(20):
             decoder.step()
         _sync()
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
-    print(table)
+    print(f"profile of 20 decode steps, {slots} slots, graphs {'on' if graphs else 'off'}:")
+    for key in ("self_cpu_time_total", "self_device_time_total"):
+        print(prof.key_averages().table(sort_by=key, row_limit=12))
 
 
 def _train(model, steps: int) -> tuple[list[float], int]:
@@ -265,7 +272,8 @@ def main() -> None:
     if device.type == "cuda":
         _report_load(serving)
     if args.profile:
-        _profile_decode(serving, args.slots[0])
+        for graphs in (False, True):
+            _profile_decode(serving, args.slots[-1], graphs)
     del serving
     if device.type == "cuda":
         torch.cuda.empty_cache()
