@@ -1,4 +1,5 @@
-"""The megatron engine on CUDA: a short RL run with ``backends.train=megatron``.
+"""The megatron engine on CUDA: logits against the torch engine, and short RL runs with
+``backends.train=megatron`` on the embedded model and on a tiny Qwen3-MoE.
 
 Marked ``gpu``: skipped where torch sees no CUDA device or megatron-core is not installed
 (``pip install 'asyncrl[gpu]'``). Written for megatron's local layer spec: the machines it
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
+from tests.support.hf_families import hf_model, save_hf_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,3 +66,72 @@ def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
     assert all(s["grad_norm"] > 0 for s in steps)
     final, _ = load_model(str(run_dir / "final"), torch.bfloat16)
     assert final.lm_head.weight.dtype == torch.bfloat16
+
+
+def _tiny_moe(directory: Path) -> Path:
+    """A Qwen3-MoE (4 experts, 2 per token) holding the arithmetic task's tokenizer."""
+    model = hf_model(
+        "qwen3_moe",
+        vocab_size=32,
+        hidden_size=32,
+        head_dim=16,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        pad_token_id=0,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=24,
+        norm_topk_prob=True,
+    )
+    return save_hf_model(model, directory)
+
+
+def test_megatron_moe_logits_on_cuda_match_the_torch_engine(tmp_path: Path) -> None:
+    """Megatron's MoE layers with its router on the GPU (its own path there) against our
+    experts on CPU, float32 both, so that no routing decision differs by rounding."""
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.runtime.config import MegatronSection
+
+    directory = _tiny_moe(tmp_path / "moe")
+    cpu, _ = load_model(str(directory))
+    torch.cuda.set_device(0)
+    try:
+        model, _ = load_megatron(
+            str(directory), torch.float32, torch.device("cuda", 0), MegatronSection()
+        )
+        ids = torch.randint(3, cpu.config.vocab_size, (3, 24))
+        with torch.no_grad():
+            expected = cpu(ids)
+            got = model.eval()(ids.cuda()).cpu()
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+    finally:
+        parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_a_short_rl_run_on_a_qwen3_moe_with_megatron_on_cuda(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    directory = _tiny_moe(tmp_path / "moe")
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=3"]
+    argv += [f"model.path={directory}", "model.max_new_tokens=16", "data.group_size=4"]
+    argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
+    argv += ["backends.device=cuda", "backends.train=megatron", "model.dtype=bfloat16"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    final, _ = load_model(str(run_dir / "final"))
+    assert final.config.experts is not None
