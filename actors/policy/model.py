@@ -291,12 +291,24 @@ class CausalLM(nn.Module):
         # (model.gradient_checkpointing), about a third more compute for far less memory.
         self.gradient_checkpointing = False
 
-    def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
         """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
 
         ``columns`` [batch, k]: only the logits at those positions of each row, [batch, k,
         vocab]. Scoring a response needs none of its prompt's, and at a vocabulary of
         tens of thousands the logits are most of a step's activations.
+
+        ``targets`` [batch, k] (with ``columns``): instead of logits, the float32
+        log-probability of each target token at its column under the logits divided by
+        ``temperature``. Then no more than :data:`HEAD_CHUNK_ELEMENTS` logits exist at once
+        (see :func:`_head_logprobs`). Inside forward, so that a sharded output layer is
+        gathered as for any forward.
         """
         batch, tokens = input_ids.shape
         device = input_ids.device
@@ -318,6 +330,8 @@ class CausalLM(nn.Module):
             x = checkpoint(layer, x, attend, use_reentrant=False) if recompute else layer(x, attend)
         if columns is not None:
             x = x[torch.arange(batch, device=device)[:, None], columns]
+        if targets is not None:
+            return _head_logprobs(self.lm_head, self.model.norm(x), targets, temperature)
         return self.lm_head(self.model.norm(x))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -369,6 +383,45 @@ class CausalLM(nn.Module):
                     ),
                 )
         return self.lm_head(self.model.norm(x))
+
+
+# Logits the output layer makes at once when only chosen tokens' log-probs are wanted:
+# 2**28 float32 values are 1 GiB, about 1,770 tokens of a 151,936-token vocabulary. A
+# micro-batch of 16 responses of 384 tokens would otherwise hold 3.7 GB of float32 logits,
+# and as much again for their log-softmax, in forward and again in backward.
+HEAD_CHUNK_ELEMENTS = 2**28
+
+
+def _head_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """log softmax(head(hidden) / temperature)[target], float32, shaped like ``targets``.
+
+    Tokens go through the output layer in chunks of at most HEAD_CHUNK_ELEMENTS logits.
+    When gradients are wanted each chunk is recomputed in backward instead of kept (one
+    more product of the output layer: the price of never holding every token's logits).
+    """
+    rows, k, size = hidden.shape
+    flat, wanted = hidden.reshape(rows * k, size), targets.reshape(rows * k)
+
+    def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = head(h).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    step = max(1, HEAD_CHUNK_ELEMENTS // head.out_features)
+    if flat.shape[0] <= step:
+        return chunk_logprobs(flat, wanted).view(rows, k)
+    recompute = torch.is_grad_enabled()
+    parts = []
+    for start in range(0, flat.shape[0], step):
+        h, t = flat[start : start + step], wanted[start : start + step]
+        if recompute:
+            parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False))
+        else:
+            parts.append(chunk_logprobs(h, t))
+    return torch.cat(parts).view(rows, k)
 
 
 # Not cuDNN's attention for decode steps: it builds an execution plan for every new shape,

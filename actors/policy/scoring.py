@@ -79,10 +79,7 @@ def response_logprobs(
     if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
         picked = model.token_logprobs(ids[:, :-1], columns, tokens, temperature)
         return picked * packed.mask.to(device)
-    # Only the response positions' logits, in fp32 whatever the weights' dtype.
-    logits = model(ids[:, :-1], columns=columns).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = torch.log_softmax(logits, dim=-1)
-    picked = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
+    # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
+    # vocabulary's logits at a time.
+    picked = model(ids[:, :-1], columns=columns, targets=tokens, temperature=temperature)
     return picked * packed.mask.to(device)

@@ -22,6 +22,7 @@ import torch
 from asyncrl.actors._learner import Group, Learner
 from asyncrl.actors._scorer import score_items
 from asyncrl.actors.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
+from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, load_state, state_for_saving
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.runtime.config import config_from_dict
@@ -70,12 +71,17 @@ def _one_rank(lease: p.Lease, recompute: bool):
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
 
-def _rank_main(rank: int, port: int, recompute: bool, results) -> None:
+def _rank_main(rank: int, port: int, mode: str, results) -> None:
     torch.set_num_threads(1)
+    if mode == "chunked-output-layer":
+        # The output layer a few tokens at a time (as for a large vocabulary), recomputed
+        # in backward, under FSDP.
+        model_module.HEAD_CHUNK_ELEMENTS = 3 * 64
     gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
     try:
         model, codec = load_model("embedded")
-        model.gradient_checkpointing = recompute
+        assert mode != "chunked-output-layer" or model.config.vocab_size <= 64
+        model.gradient_checkpointing = mode == "recompute-activations"
         learner = Learner(model, _config(), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
@@ -115,15 +121,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["keep", "recompute-activations"])
-def test_two_ranks_train_like_one_on_the_same_batch(recompute: bool) -> None:
+@pytest.mark.parametrize("mode", ["keep", "recompute-activations", "chunked-output-layer"])
+def test_two_ranks_train_like_one_on_the_same_batch(mode: str) -> None:
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    ranks = [
-        context.Process(target=_rank_main, args=(r, port, recompute, results)) for r in range(2)
-    ]
+    ranks = [context.Process(target=_rank_main, args=(r, port, mode, results)) for r in range(2)]
     for process in ranks:
         process.start()
     metrics, grad_norm, tokens, weights = _first_result(results, ranks)
