@@ -283,7 +283,7 @@ class CausalLM(nn.Module):
         self.config = config
         self.model = _Backbone(config)
         self.rotary = _Rotary(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = _OutputLayer(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.windows = [config.window(i) for i in range(config.num_hidden_layers)]
@@ -307,8 +307,7 @@ class CausalLM(nn.Module):
         ``targets`` [batch, k] (with ``columns``): instead of logits, the float32
         log-probability of each target token at its column under the logits divided by
         ``temperature``. Then no more than :data:`HEAD_CHUNK_ELEMENTS` logits exist at once
-        (see :func:`_head_logprobs`). Inside forward, so that a sharded output layer is
-        gathered as for any forward.
+        (see :class:`_OutputLayer`).
         """
         batch, tokens = input_ids.shape
         device = input_ids.device
@@ -331,7 +330,7 @@ class CausalLM(nn.Module):
         if columns is not None:
             x = x[torch.arange(batch, device=device)[:, None], columns]
         if targets is not None:
-            return _head_logprobs(self.lm_head, self.model.norm(x), targets, temperature)
+            return self.lm_head(self.model.norm(x), targets, temperature)
         return self.lm_head(self.model.norm(x))
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -392,10 +391,25 @@ class CausalLM(nn.Module):
 HEAD_CHUNK_ELEMENTS = 2**28
 
 
+class _OutputLayer(nn.Linear):
+    """The output layer (``lm_head``): logits, or with ``targets`` the log-probs of those
+    tokens (:func:`_head_logprobs`). Both in its own forward, so that when FSDP shards it
+    its weight is gathered once for all the chunks, and once more in backward for their
+    recompute, whatever the number of chunks (which differs between ranks)."""
+
+    def forward(
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, temperature: float = 1.0
+    ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(x)
+        return _head_logprobs(self.weight, x, targets, temperature)
+
+
 def _head_logprobs(
-    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+    weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """log softmax(head(hidden) / temperature)[target], float32, shaped like ``targets``.
+    """log softmax(hidden @ weight.T / temperature)[target], float32, shaped like
+    ``targets``.
 
     Tokens go through the output layer in chunks of at most HEAD_CHUNK_ELEMENTS logits.
     When gradients are wanted each chunk is recomputed in backward instead of kept (one
@@ -405,12 +419,12 @@ def _head_logprobs(
     flat, wanted = hidden.reshape(rows * k, size), targets.reshape(rows * k)
 
     def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = head(h).float()
+        logits = F.linear(h, weight).float()
         if temperature != 1.0:
             logits = logits / temperature
         return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
-    step = max(1, HEAD_CHUNK_ELEMENTS // head.out_features)
+    step = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
     if flat.shape[0] <= step:
         return chunk_logprobs(flat, wanted).view(rows, k)
     recompute = torch.is_grad_enabled()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
+from tests.support.hf_families import hf_model_dir
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,25 +64,25 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
 
 
-def _one_rank(lease: p.Lease, recompute: bool):
+def _one_rank(lease: p.Lease, recompute: bool, path: str = "embedded"):
     torch.manual_seed(0)
-    model, codec = load_model("embedded")
+    model, codec = load_model(path)
     model.gradient_checkpointing = recompute
     learner = Learner(model, _config(), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
 
-def _rank_main(rank: int, port: int, mode: str, results) -> None:
+def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
     torch.set_num_threads(1)
-    if mode == "chunked-output-layer":
+    if mode.startswith("chunked-output-layer"):
         # The output layer a few tokens at a time (as for a large vocabulary), recomputed
         # in backward, under FSDP.
         model_module.HEAD_CHUNK_ELEMENTS = 3 * 64
     gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
     try:
-        model, codec = load_model("embedded")
-        assert mode != "chunked-output-layer" or model.config.vocab_size <= 64
+        model, codec = load_model(path)
+        assert not mode.startswith("chunked") or model.config.vocab_size <= 64
         model.gradient_checkpointing = mode == "recompute-activations"
         learner = Learner(model, _config(), codec.pad_id, group_size=2)
         if rank == 0:
@@ -121,13 +123,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("mode", ["keep", "recompute-activations", "chunked-output-layer"])
-def test_two_ranks_train_like_one_on_the_same_batch(mode: str) -> None:
+MODES = ["keep", "recompute-activations", "chunked-output-layer", "chunked-output-layer-untied"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -> None:
     torch.set_num_threads(1)
+    # Untied, the output layer is a unit of FSDP's own (gathered for each chunk, and again
+    # for its recompute); tied, it is the embedding, in the root unit.
+    path = "embedded"
+    if mode.endswith("untied"):
+        path = str(hf_model_dir(tmp_path / "untied", "qwen3-untied-bias"))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    ranks = [context.Process(target=_rank_main, args=(r, port, mode, results)) for r in range(2)]
+    args = (port, mode, path, results)
+    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(2)]
     for process in ranks:
         process.start()
     metrics, grad_norm, tokens, weights = _first_result(results, ranks)
@@ -135,7 +146,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str) -> None:
         process.join(30)
         assert process.exitcode == 0
 
-    expected, expected_weights = _one_rank(_lease(), recompute=False)
+    expected, expected_weights = _one_rank(_lease(), recompute=False, path=path)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     for name in ("clip_frac", "ratio_mean", "is_weight_max"):
@@ -146,7 +157,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str) -> None:
     worst = max(float((weights[n] - expected_weights[n]).abs().max()) for n in weights)
     assert worst <= 1e-5, f"updated weights differ by {worst}"
     moved = max(
-        float((expected_weights[n] - load_model("embedded")[0].state_dict()[n]).abs().max())
+        float((expected_weights[n] - load_model(path)[0].state_dict()[n]).abs().max())
         for n in ("model.layers.0.mlp.up_proj.weight",)
     )
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
