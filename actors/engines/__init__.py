@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MEGATRON_MISSING",
+    "MOE_TENSOR_PARALLEL",
     "EngineModel",
     "copy_of",
     "device_of",
@@ -52,7 +53,34 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
             f"backends.megatron: expert_parallel={m.expert_parallel}: only tensor and "
             "pipeline parallelism run in this build; use 1"
         ]
+    if m.tensor_parallel > 1 and _has_experts(cfg.model.path):
+        return [MOE_TENSOR_PARALLEL.format(size=m.tensor_parallel, path=cfg.model.path)]
     return []
+
+
+# megatron's MoE layer trains split over tensor-parallel ranks only with sequence
+# parallelism (it raises otherwise), which this engine does not wire.
+MOE_TENSOR_PARALLEL = (
+    "backends.megatron.tensor_parallel={size} with the mixture-of-experts model at "
+    "model.path={path!r}: megatron splits its experts over tensor-parallel ranks only with "
+    "sequence parallelism, which is not wired; use tensor_parallel=1 (expert_parallel "
+    "splits the experts)"
+)
+
+
+def _has_experts(path: str) -> bool:
+    """Whether ``model.path`` holds a mixture of experts (False where its config.json
+    cannot be read: the model's own check names that)."""
+    import json
+
+    from ..policy.checkpoint import packaged_or_path
+    from ..policy.config import ModelConfig
+
+    try:
+        config = json.loads((packaged_or_path(path) / "config.json").read_text())
+        return ModelConfig.from_hf(config).experts is not None
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def _megatron_missing() -> str | None:

@@ -139,3 +139,34 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
         if '"trainer state restored"' in line
     ]
     assert restored[-1]["step"] == done and restored[-1]["source"] == "staged"
+
+
+def test_a_short_run_trains_a_mixture_of_experts_with_megatron(tmp_path: Path) -> None:
+    """A tiny Qwen3-MoE: megatron's MoE layer trains and scores (logp recomputes every
+    group, ref_logp for a KL penalty), its log-probs agree with the torch generator's, and
+    the final model loads in transformers as a Qwen3-MoE."""
+    transformers = pytest.importorskip("transformers")
+    from tests.integration.test_model_families_run import tiny_qwen3
+
+    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"model.path={model_dir}", f"run.dir={run_dir}", "run.total_steps=2"]
+    argv += ["backends.train=megatron", "model.max_new_tokens=16", "data.group_size=4"]
+    argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
+    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
+    assert all(s["same_version_tokens"] > 0 for s in steps)
+    assert all(s["logprob_mismatch"] < 1e-4 for s in steps)
+    final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    assert type(final).__name__ == "Qwen3MoeForCausalLM"
+    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    router = "model.layers.0.mlp.gate.weight"
+    assert not torch.equal(base.state_dict()[router], final.state_dict()[router])

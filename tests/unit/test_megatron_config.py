@@ -83,6 +83,23 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     assert "expert_parallel=2" in problem and "backends.megatron" in problem
 
 
+def test_tensor_parallel_ranks_for_a_mixture_of_experts_are_refused_by_name(tmp_path) -> None:
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("transformers")
+    from tests.support.hf_families import hf_model_dir
+
+    directory = hf_model_dir(tmp_path, "qwen3-moe")
+    data = megatron(tensor_parallel=2)
+    data["pipeline"] = {"workers": {"train": 2}}
+    data["model"] = {"path": str(directory)}
+    (problem,) = train_engine_problems(config_from_dict(data), "train")
+    assert "backends.megatron.tensor_parallel=2" in problem and str(directory) in problem
+    assert "mixture-of-experts" in problem
+    data["backends"]["megatron"] = {"tensor_parallel": 1}
+    data["pipeline"] = {"workers": {"train": 1}}
+    assert train_engine_problems(config_from_dict(data), "train") == []
+
+
 def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() -> None:
     """megatron-core made unimportable in a fresh interpreter (``sys.modules`` entry None)."""
     script = textwrap.dedent(

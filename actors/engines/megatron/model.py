@@ -32,11 +32,13 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
+from asyncrl.actors.engines import MOE_TENSOR_PARALLEL
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
 from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.config import MegatronSection
 
+from .experts import moe_fields, use_our_dispatchers, use_our_router
 from .logprobs import gather_vocab, vocab_parallel_logprobs
 from .mapping import (
     Layout,
@@ -94,6 +96,8 @@ def layout_of(config: ModelConfig, tensor_parallel: int = 1) -> Layout:
         proj_bias=config.output_bias,
         mlp_bias=config.mlp_bias,
         qk_norm=config.qk_norm,
+        experts=config.experts.count if config.experts else 0,
+        expert_ffn=config.experts.intermediate_size if config.experts else 0,
     ).padded_for(tensor_parallel)
 
 
@@ -204,6 +208,8 @@ def transformer_config(
             f"{config.architecture} with attention_bias={config.attention_bias} and "
             f"mlp_bias={config.mlp_bias}: megatron-core biases every linear layer or none"
         )
+    if config.experts is not None and sizes.tensor > 1:
+        raise ValueError(MOE_TENSOR_PARALLEL.format(size=sizes.tensor, path=config.architecture))
     cuda = device.type == "cuda"
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
@@ -236,11 +242,13 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        **moe_fields(config),
     )
 
 
 def layer_spec(config: ModelConfig) -> ModuleSpec:
     windows = tuple(config.window(i) for i in range(config.num_hidden_layers))
+    experts = config.experts.count if config.experts else None
     if te_available():
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
@@ -248,10 +256,20 @@ def layer_spec(config: ModelConfig) -> ModuleSpec:
 
         if any(w is not None for w in windows):
             raise ValueError("sliding-window attention with Transformer Engine is not wired")
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_norm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_norm, normalization="RMSNorm")
-    attention = spec.submodules.self_attention.submodules
-    attention.core_attention = ModuleSpec(module=SdpaAttention, params={"windows": windows})
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=False, qk_layernorm=config.qk_norm
+        )
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=config.qk_norm,
+            normalization="RMSNorm",
+        )
+        attention = spec.submodules.self_attention.submodules
+        attention.core_attention = ModuleSpec(module=SdpaAttention, params={"windows": windows})
+    if experts:
+        use_our_router(spec)
     return spec
 
 
@@ -280,6 +298,7 @@ def build_gpt(
         position_embedding_type="rope",
     )
     model.rotary_pos_emb = _Rotary(config, device)
+    use_our_dispatchers(model)
     _mark_split(model)
     # The local spec's norms are torch modules made in float32 whatever params_dtype is;
     # every weight in ``dtype``, as the torch engine and transformers hold them. (The
