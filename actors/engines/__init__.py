@@ -46,12 +46,12 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
     if missing:
         return [missing]
     m = cfg.backends.megatron
-    if m.expert_parallel > 1:
-        # The mapping splits experts, but a mixture-of-experts model is not wired to the
-        # trainer and the scorers yet (its router computes only on CUDA).
+    if m.expert_parallel > 1 and m.tensor_parallel > 1:
+        # megatron asks for sequence parallelism with both, which is not wired.
         return [
-            f"backends.megatron: expert_parallel={m.expert_parallel}: only tensor and "
-            "pipeline parallelism run in this build; use 1"
+            f"backends.megatron: expert_parallel={m.expert_parallel} with "
+            f"tensor_parallel={m.tensor_parallel}: megatron needs sequence parallelism for "
+            "both, which is not wired; use one of them"
         ]
     if m.tensor_parallel > 1 and _has_experts(cfg.model.path):
         return [MOE_TENSOR_PARALLEL.format(size=m.tensor_parallel, path=cfg.model.path)]

@@ -78,9 +78,14 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     for role in ("train", "logp"):
         assert train_engine_problems(config_from_dict(data), role) == []
     data = megatron(expert_parallel=2)
-    data["pipeline"] = {"workers": {"train": 2}}
+    data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
+    for role in ("train", "logp"):
+        assert train_engine_problems(config_from_dict(data), role) == []
+    data = megatron(expert_parallel=2, tensor_parallel=2)
+    data["pipeline"] = {"workers": {"train": 4}}
     (problem,) = train_engine_problems(config_from_dict(data), "train")
-    assert "expert_parallel=2" in problem and "backends.megatron" in problem
+    assert "expert_parallel=2" in problem and "tensor_parallel=2" in problem
+    assert "backends.megatron" in problem
 
 
 def test_tensor_parallel_ranks_for_a_mixture_of_experts_are_refused_by_name(tmp_path) -> None:

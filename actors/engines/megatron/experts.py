@@ -32,7 +32,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from asyncrl.actors.policy.config import ModelConfig
 
-__all__ = ["is_expert", "moe_fields", "use_our_dispatchers", "use_our_router"]
+from .mapping import merge_expert_parallel
+
+__all__ = ["gather_experts", "is_expert", "moe_fields", "use_our_dispatchers", "use_our_router"]
 
 _EXPERT_PARAM = re.compile(r"\.mlp\.experts\.")
 
@@ -182,7 +184,20 @@ class _SumRows(torch.autograd.Function):
         return _gather_rows(grad.contiguous(), ctx.group, ctx.counts), None, None
 
 
-def split_experts(state: Mapping[str, torch.Tensor]) -> tuple[dict, dict]:
-    """(dense tensors, expert tensors) of a megatron state."""
-    dense = {n: t for n, t in state.items() if not is_expert(n)}
-    return dense, {n: t for n, t in state.items() if is_expert(n)}
+def gather_experts(
+    state: Mapping[str, torch.Tensor], group: dist.ProcessGroup, ranks: int
+) -> dict[str, torch.Tensor]:
+    """``state`` (one expert-parallel rank's, megatron's local names) with every rank's
+    experts, numbered as in the whole model; a collective over the expert-parallel group.
+    The other tensors are the same on every rank of it: this rank's are kept."""
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(ranks)]
+    for name in sorted(state):  # every rank holds the same names and shapes
+        tensor = state[name]
+        if not is_expert(name):
+            shards[0][name] = tensor
+            continue
+        parts = [torch.empty_like(tensor) for _ in range(ranks)]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        for rank, part in enumerate(parts):
+            shards[rank][name] = part
+    return merge_expert_parallel(shards)
