@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config import MegatronSection, RunConfig
 
 if TYPE_CHECKING:
+    from ..policy.config import Experts
     from ..policy.model import CausalLM, ModelConfig
 
 __all__ = [
@@ -53,9 +54,7 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
             f"tensor_parallel={m.tensor_parallel}: megatron needs sequence parallelism for "
             "both, which is not wired; use one of them"
         ]
-    if m.tensor_parallel > 1 and _has_experts(cfg.model.path):
-        return [MOE_TENSOR_PARALLEL.format(size=m.tensor_parallel, path=cfg.model.path)]
-    return []
+    return _expert_problems(cfg.backends.megatron, cfg.model.path)
 
 
 # megatron's MoE layer trains split over tensor-parallel ranks only with sequence
@@ -68,9 +67,33 @@ MOE_TENSOR_PARALLEL = (
 )
 
 
-def _has_experts(path: str) -> bool:
-    """Whether ``model.path`` holds a mixture of experts (False where its config.json
-    cannot be read: the model's own check names that)."""
+def _expert_problems(m: MegatronSection, path: str) -> list[str]:
+    """What the model at ``path`` (its experts, or none) rules out of ``m``'s split."""
+    if m.tensor_parallel == 1 and m.expert_parallel == 1:
+        return []
+    readable, experts = _experts_of(path)
+    if not readable:
+        return []  # the model's own check names that
+    if experts is not None and m.tensor_parallel > 1:
+        return [MOE_TENSOR_PARALLEL.format(size=m.tensor_parallel, path=path)]
+    if m.expert_parallel == 1:
+        return []
+    if experts is None:
+        return [
+            f"backends.megatron.expert_parallel={m.expert_parallel}: the model at "
+            f"model.path={path!r} has no experts to split; use 1"
+        ]
+    if experts.count % m.expert_parallel:
+        return [
+            f"backends.megatron.expert_parallel={m.expert_parallel}: the {experts.count} "
+            f"experts of the model at model.path={path!r} do not split evenly over "
+            f"{m.expert_parallel} ranks; use a divisor of {experts.count}"
+        ]
+    return []
+
+
+def _experts_of(path: str) -> tuple[bool, Experts | None]:
+    """(whether ``model.path``'s config.json reads as a model of ours, its experts)."""
     import json
 
     from ..policy.checkpoint import packaged_or_path
@@ -78,9 +101,9 @@ def _has_experts(path: str) -> bool:
 
     try:
         config = json.loads((packaged_or_path(path) / "config.json").read_text())
-        return ModelConfig.from_hf(config).experts is not None
+        return True, ModelConfig.from_hf(config).experts
     except (OSError, ValueError, KeyError):
-        return False
+        return False, None
 
 
 def _megatron_missing() -> str | None:
