@@ -1,5 +1,6 @@
 """A Qwen3-MoE split over two expert-parallel ranks of the megatron engine (gloo, CPU),
-against the torch engine's one rank on the same batch.
+alone and with two pipeline stages (4 ranks), against the torch engine's one rank on the
+same batch.
 
 Expert-parallel ranks are data-parallel copies of the dense layers, each holding half of
 the experts: they train different micro-batches (here 3 over 2 ranks, so one rank also
@@ -7,8 +8,8 @@ makes a pass only to pair up the collectives, and the ranks' batches differ in s
 and every expert computes the tokens of both ranks routed to it. The step's loss,
 gradient norm, updated weights and AdamW's moments (gathered by Hugging Face name, every
 expert's included) must agree with one torch rank's; the gathered weights are the
-checkpoint's, and a checkpoint goes back in and comes out the same. A scorer group of two
-expert-parallel ranks scores as one torch model does, before and after a new version.
+checkpoint's, and a checkpoint goes back in and comes out the same. A scorer group split
+the same ways scores as one torch model does, before and after a new version.
 """
 
 from __future__ import annotations
@@ -37,8 +38,11 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.timeout(180)
 
-RANKS = 2
-SECTION = MegatronSection(expert_parallel=RANKS)
+# (expert_parallel, pipeline_parallel, ranks): the tiny model has 2 layers, 1 a stage.
+SPLITS = [
+    pytest.param((2, 1, 2), id="expert-parallel"),
+    pytest.param((2, 2, 4), id="expert-and-pipeline-parallel"),
+]
 # 4 experts, 2 per token: each rank holds 2; ids of the batches below are all < 40.
 VARIANT = "qwen3-moe"
 
@@ -62,16 +66,34 @@ def _as_arrays(state: dict) -> dict:
     return {n: {k: t.numpy() for k, t in entry.items()} for n, entry in state["state"].items()}
 
 
-def _training_rank(rank: int, port: int, directory: str, results) -> None:
+def _section(split: tuple[int, int, int]) -> MegatronSection:
+    return MegatronSection(expert_parallel=split[0], pipeline_parallel=split[1])
+
+
+def _start(target, split: tuple[int, int, int], directory: str):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [
+        context.Process(target=target, args=(r, port, split, directory, results))
+        for r in range(split[2])
+    ]
+    for process in ranks:
+        process.start()
+    return results, ranks
+
+
+def _training_rank(rank: int, port: int, split, directory: str, results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
     from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, RANKS, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
     try:
-        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), SECTION)
+        section = _section(split)
+        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
         assert len(model.gpt.decoder.layers[0].mlp.experts.local_experts) == 2
-        learner = Learner(model, _config(), codec.pad_id, group_size=RANKS)
+        learner = Learner(model, _config(), codec.pad_id, group_size=split[2])
         base = {name: t.clone() for name, t in learner.full_weights().items()}
         if rank == 0:
             loaded = state_for_saving(load_model(directory)[0])
@@ -107,19 +129,14 @@ def _training_rank(rank: int, port: int, directory: str, results) -> None:
         gang.close()
 
 
-def test_two_expert_parallel_ranks_train_like_one_torch_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split", SPLITS)
+def test_expert_parallel_ranks_train_like_one_torch_rank(
+    tmp_path: Path, split: tuple[int, int, int]
+) -> None:
     from asyncrl.actors.policy.checkpoint import load_model
 
     directory = _moe_dir(tmp_path)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=_training_rank, args=(r, port, directory, results))
-        for r in range(RANKS)
-    ]
-    for process in ranks:
-        process.start()
+    results, ranks = _start(_training_rank, split, directory)
     metrics, grad_norm, weights, moments, same_weights, same_moments = _first_result(results, ranks)
     for process in ranks:
         process.join(30)
@@ -148,15 +165,16 @@ def test_two_expert_parallel_ranks_train_like_one_torch_rank(tmp_path: Path) -> 
     assert same_weights and same_moments
 
 
-def _scoring_rank(rank: int, port: int, directory: str, results) -> None:
+def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
     from asyncrl.actors._scorer import score_items
     from asyncrl.actors.engines import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, RANKS, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
     try:
-        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), SECTION)
+        section = _section(split)
+        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
         for lease in _SCORED:
             if lease is None:  # a new version: whole on rank 0, each rank keeps its experts
                 load_group_weights(model, _next_version(directory) if rank == 0 else None)
@@ -168,8 +186,9 @@ def _scoring_rank(rank: int, port: int, directory: str, results) -> None:
         gang.close()
 
 
+@pytest.mark.parametrize("split", SPLITS)
 def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torch_model(
-    tmp_path: Path,
+    tmp_path: Path, split: tuple[int, int, int]
 ) -> None:
     """20 rows (10 a rank), then 1 (a rank with no rows pairs up anyway), then 20 under a
     new version."""
@@ -177,15 +196,7 @@ def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torc
     from asyncrl.actors.policy.checkpoint import load_model, load_state
 
     directory = _moe_dir(tmp_path)
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=_scoring_rank, args=(r, port, directory, results))
-        for r in range(RANKS)
-    ]
-    for process in ranks:
-        process.start()
+    results, ranks = _start(_scoring_rank, split, directory)
     shared = [_first_result(results, ranks) for _ in range(3)]
     for process in ranks:
         process.join(30)
