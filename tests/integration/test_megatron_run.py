@@ -141,10 +141,25 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
     assert restored[-1]["step"] == done and restored[-1]["source"] == "staged"
 
 
-def test_a_short_run_trains_a_mixture_of_experts_with_megatron(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "split",
+    [
+        [],
+        [
+            "pipeline.workers.train=2",
+            "pipeline.workers.logp=2",
+            "backends.megatron.expert_parallel=2",
+        ],
+    ],
+    ids=["one-rank", "expert-parallel-groups"],
+)
+def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
+    tmp_path: Path, split: list[str]
+) -> None:
     """A tiny Qwen3-MoE: megatron's MoE layer trains and scores (logp recomputes every
-    group, ref_logp for a KL penalty), its log-probs agree with the torch generator's, and
-    the final model loads in transformers as a Qwen3-MoE."""
+    group, ref_logp for a KL penalty), alone or with the trainer and logp as groups of two
+    expert-parallel ranks (2 of the 4 experts each); its log-probs agree with the torch
+    generator's, and the final model loads in transformers as a Qwen3-MoE."""
     transformers = pytest.importorskip("transformers")
     from tests.integration.test_model_families_run import tiny_qwen3
 
@@ -152,7 +167,8 @@ def test_a_short_run_trains_a_mixture_of_experts_with_megatron(tmp_path: Path) -
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
     argv += [f"model.path={model_dir}", f"run.dir={run_dir}", "run.total_steps=2"]
-    argv += ["backends.train=megatron", "model.max_new_tokens=16", "data.group_size=4"]
+    argv += ["backends.train=megatron", *split]
+    argv += ["model.max_new_tokens=16", "data.group_size=4", "pipeline.checkpoint_every=1"]
     argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
     argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
@@ -167,6 +183,14 @@ def test_a_short_run_trains_a_mixture_of_experts_with_megatron(tmp_path: Path) -
     assert all(s["logprob_mismatch"] < 1e-4 for s in steps)
     final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert type(final).__name__ == "Qwen3MoeForCausalLM"
-    base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
-    router = "model.layers.0.mlp.gate.weight"
-    assert not torch.equal(base.state_dict()[router], final.state_dict()[router])
+    # By the checkpoint's names (transformers 5 fuses the experts it loads).
+    trained = load_model(str(run_dir / "final"))[0].state_dict()
+    before = load_model(str(model_dir))[0].state_dict()
+    for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.3.up_proj.weight"):
+        assert not torch.equal(before[name], trained[name]), name
+    # A checkpoint gathers AdamW's moments of every expert, whichever rank held it.
+    checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
+    saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
+    assert set(saved["optimizer"]["state"]) >= {
+        f"model.layers.{i}.mlp.experts.{e}.down_proj.weight" for i in (0, 1) for e in range(4)
+    }
