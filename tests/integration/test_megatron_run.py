@@ -100,6 +100,23 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
     """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
     (megatron's parameter names, AdamW's state; a stage's own layers) and the run goes on
     from its count."""
+    _stopped_and_resumed(tmp_path, split)
+
+
+def test_an_expert_parallel_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path,
+) -> None:
+    """As above for a tiny Qwen3-MoE over 2 expert-parallel ranks: each rank's staged part
+    holds its own block of the experts."""
+    from tests.integration.test_model_families_run import tiny_qwen3
+
+    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    split = ["pipeline.workers.train=2", "backends.megatron.expert_parallel=2"]
+    split += [f"model.path={model_dir}", "model.max_new_tokens=16", "data.group_size=4"]
+    _stopped_and_resumed(tmp_path, split)
+
+
+def _stopped_and_resumed(tmp_path: Path, split: list[str]) -> None:
     import signal
     import time
 
