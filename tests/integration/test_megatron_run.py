@@ -161,22 +161,23 @@ def _stopped_and_resumed(tmp_path: Path, split: list[str]) -> None:
 @pytest.mark.parametrize(
     "split",
     [
-        [],
+        BF16,
         [
             "pipeline.workers.train=2",
             "pipeline.workers.logp=2",
             "backends.megatron.expert_parallel=2",
         ],
     ],
-    ids=["one-rank", "expert-parallel-groups"],
+    ids=["one-rank-bfloat16", "expert-parallel-groups-float32"],
 )
 def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
     tmp_path: Path, split: list[str]
 ) -> None:
     """A tiny Qwen3-MoE: megatron's MoE layer trains and scores (logp recomputes every
-    group, ref_logp for a KL penalty), alone or with the trainer and logp as groups of two
-    expert-parallel ranks (2 of the 4 experts each); its log-probs agree with the torch
-    generator's, and the final model loads in transformers as a Qwen3-MoE."""
+    group, ref_logp for a KL penalty), alone in bfloat16 or in float32 with the trainer and
+    logp as groups of two expert-parallel ranks (2 of the 4 experts each); its log-probs
+    agree with the torch generator's, and the final model loads in transformers as a
+    Qwen3-MoE."""
     transformers = pytest.importorskip("transformers")
     from tests.integration.test_model_families_run import tiny_qwen3
 
@@ -197,7 +198,8 @@ def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
     assert all(s["grad_norm"] > 0 for s in steps)
     assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
     assert all(s["same_version_tokens"] > 0 for s in steps)
-    assert all(s["logprob_mismatch"] < 1e-4 for s in steps)
+    tolerance = 1e-2 if split == BF16 else 1e-4  # the engines' bfloat16 roundings differ
+    assert all(s["logprob_mismatch"] < tolerance for s in steps)
     final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
     assert type(final).__name__ == "Qwen3MoeForCausalLM"
     # By the checkpoint's names (transformers 5 fuses the experts it loads).
