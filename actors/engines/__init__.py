@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MEGATRON_MISSING",
-    "MOE_TENSOR_PARALLEL",
     "EngineModel",
     "copy_of",
     "device_of",
@@ -57,16 +56,6 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
     return _expert_problems(cfg.backends.megatron, cfg.model.path)
 
 
-# megatron's MoE layer trains split over tensor-parallel ranks only with sequence
-# parallelism (it raises otherwise), which this engine does not wire.
-MOE_TENSOR_PARALLEL = (
-    "backends.megatron.tensor_parallel={size} with the mixture-of-experts model at "
-    "model.path={path!r}: megatron splits its experts over tensor-parallel ranks only with "
-    "sequence parallelism, which is not wired; use tensor_parallel=1 (expert_parallel "
-    "splits the experts)"
-)
-
-
 def _expert_problems(m: MegatronSection, path: str) -> list[str]:
     """What the model at ``path`` (its experts, or none) rules out of ``m``'s split."""
     if m.tensor_parallel == 1 and m.expert_parallel == 1:
@@ -75,7 +64,14 @@ def _expert_problems(m: MegatronSection, path: str) -> list[str]:
     if not readable:
         return []  # the model's own check names that
     if experts is not None and m.tensor_parallel > 1:
-        return [MOE_TENSOR_PARALLEL.format(size=m.tensor_parallel, path=path)]
+        # megatron's MoE layer trains over tensor-parallel ranks only with sequence
+        # parallelism (it raises otherwise), which this engine does not wire.
+        return [
+            f"backends.megatron.tensor_parallel={m.tensor_parallel} with the "
+            f"mixture-of-experts model at model.path={path!r}: megatron splits its experts "
+            "over tensor-parallel ranks only with sequence parallelism, which is not wired; "
+            "use tensor_parallel=1 (expert_parallel splits the experts)"
+        ]
     if m.expert_parallel == 1:
         return []
     if experts is None:

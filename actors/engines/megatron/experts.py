@@ -59,9 +59,9 @@ def moe_fields(config: ModelConfig) -> dict[str, Any]:
         # experts, then the top-k of it, megatron's pre-softmax. Either way the same experts
         # and weights as transformers (the softmax keeps the logits' order).
         "moe_router_pre_softmax": not experts.normalize,
-        # RL is trained here without the load-balancing loss (as transformers' Qwen3-MoE
-        # trains unless router_aux_loss_coef is asked for): the policy loss alone moves the
-        # router, and the logits stay the checkpoint's.
+        # RL is trained here without the load-balancing loss, as by the torch engine (and
+        # by transformers' Qwen3-MoE unless output_router_logits is set): the policy loss
+        # alone moves the router.
         "moe_aux_loss_coeff": 0.0,
         "moe_router_load_balancing_type": "none",
         # Replaced by _TokenDispatcher, which is all-gather's with torch's own collectives.

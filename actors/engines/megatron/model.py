@@ -10,7 +10,8 @@ float32 arithmetic as the torch engine and transformers, every scaling they supp
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
 the default ``torch.distributed`` group (a one-rank group is made for a worker alone).
-Pipeline stages pass activations through :mod:`.stages`.
+Pipeline stages pass activations through :mod:`.stages`; a mixture of experts (its
+router, token dispatcher and expert-parallel weights) is in :mod:`.experts`.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
-from asyncrl.actors.engines import MOE_TENSOR_PARALLEL
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
 from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
 from asyncrl.actors.policy.tokenizer import TextCodec
@@ -210,7 +210,12 @@ def transformer_config(
             f"mlp_bias={config.mlp_bias}: megatron-core biases every linear layer or none"
         )
     if config.experts is not None and sizes.tensor > 1:
-        raise ValueError(MOE_TENSOR_PARALLEL.format(size=sizes.tensor, path=config.architecture))
+        # megatron's MoE layer trains over tensor-parallel ranks only with sequence
+        # parallelism; train_engine_problems refuses this at start, with the key.
+        raise ValueError(
+            f"{config.architecture} (a mixture of experts) over {sizes.tensor} "
+            "tensor-parallel ranks: needs sequence parallelism, which is not wired"
+        )
     cuda = device.type == "cuda"
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
@@ -403,15 +408,16 @@ class MegatronLM(nn.Module):
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Every parameter by Hugging Face name, whole; a tied output layer once. With
-        tensor-parallel ranks or pipeline stages a collective over them (every rank gets
-        the whole)."""
+        tensor- or expert-parallel ranks or pipeline stages a collective over them (every
+        rank gets the whole)."""
         return self._whole(
             {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         )
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
         """Whole Hugging Face weights into the model (each stage takes its layers, each
-        tensor-parallel rank its part of them); a missing or unexpected tensor is named."""
+        tensor-parallel rank its part of them, each expert-parallel rank its experts); a
+        missing or unexpected tensor is named."""
         state = self._mine(hf)
         params = dict(self.gpt.named_parameters())
         missing = set(params) - set(state)
