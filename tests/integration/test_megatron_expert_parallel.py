@@ -1,6 +1,6 @@
 """A Qwen3-MoE split over two expert-parallel ranks of the megatron engine (gloo, CPU),
-alone and with two pipeline stages (4 ranks), against the torch engine's one rank on the
-same batch.
+alone and with two pipeline stages (4 ranks), or over two data-parallel copies, against
+the torch engine's one rank on the same batch.
 
 Expert-parallel ranks are data-parallel copies of the dense layers, each holding half of
 the experts: they train different micro-batches (here 3 over 2 ranks, so one rank also
@@ -41,6 +41,8 @@ pytestmark = pytest.mark.timeout(180)
 # (expert_parallel, pipeline_parallel, ranks): the tiny model has 2 layers, 1 a stage.
 SPLITS = [
     pytest.param((2, 1, 2), id="expert-parallel"),
+    # Every expert on both ranks: their gradients summed over the copies like the rest.
+    pytest.param((1, 1, 2), id="data-parallel"),
     pytest.param((2, 2, 4), id="expert-and-pipeline-parallel"),
 ]
 # 4 experts, 2 per token: each rank holds 2; ids of the batches below are all < 40.
@@ -92,7 +94,8 @@ def _training_rank(rank: int, port: int, split, directory: str, results) -> None
     try:
         section = _section(split)
         model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
-        assert len(model.gpt.decoder.layers[0].mlp.experts.local_experts) == 2
+        local = model.gpt.decoder.layers[0].mlp.experts.local_experts
+        assert len(local) == 4 // split[0]
         learner = Learner(model, _config(), codec.pad_id, group_size=split[2])
         base = {name: t.clone() for name, t in learner.full_weights().items()}
         if rank == 0:
