@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config import MegatronSection, RunConfig
 
 if TYPE_CHECKING:
+    from ..policy.config import Experts
     from ..policy.model import CausalLM, ModelConfig
 
 __all__ = [
@@ -45,14 +46,60 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
     if missing:
         return [missing]
     m = cfg.backends.megatron
-    if m.expert_parallel > 1:
-        # The mapping splits experts, but a mixture-of-experts model is not wired to the
-        # trainer and the scorers yet (its router computes only on CUDA).
+    if m.expert_parallel > 1 and m.tensor_parallel > 1:
+        # megatron asks for sequence parallelism with both, which is not wired.
         return [
-            f"backends.megatron: expert_parallel={m.expert_parallel}: only tensor and "
-            "pipeline parallelism run in this build; use 1"
+            f"backends.megatron: expert_parallel={m.expert_parallel} with "
+            f"tensor_parallel={m.tensor_parallel}: megatron needs sequence parallelism for "
+            "both, which is not wired; use one of them"
+        ]
+    return _expert_problems(cfg.backends.megatron, cfg.model.path)
+
+
+def _expert_problems(m: MegatronSection, path: str) -> list[str]:
+    """What the model at ``path`` (its experts, or none) rules out of ``m``'s split."""
+    if m.tensor_parallel == 1 and m.expert_parallel == 1:
+        return []
+    readable, experts = _experts_of(path)
+    if not readable:
+        return []  # the model's own check names that
+    if experts is not None and m.tensor_parallel > 1:
+        # megatron's MoE layer trains over tensor-parallel ranks only with sequence
+        # parallelism (it raises otherwise), which this engine does not wire.
+        return [
+            f"backends.megatron.tensor_parallel={m.tensor_parallel} with the "
+            f"mixture-of-experts model at model.path={path!r}: megatron splits its experts "
+            "over tensor-parallel ranks only with sequence parallelism, which is not wired; "
+            "use tensor_parallel=1 (expert_parallel splits the experts)"
+        ]
+    if m.expert_parallel == 1:
+        return []
+    if experts is None:
+        return [
+            f"backends.megatron.expert_parallel={m.expert_parallel}: the model at "
+            f"model.path={path!r} has no experts to split; use 1"
+        ]
+    if experts.count % m.expert_parallel:
+        return [
+            f"backends.megatron.expert_parallel={m.expert_parallel}: the {experts.count} "
+            f"experts of the model at model.path={path!r} do not split evenly over "
+            f"{m.expert_parallel} ranks; use a divisor of {experts.count}"
         ]
     return []
+
+
+def _experts_of(path: str) -> tuple[bool, Experts | None]:
+    """(whether ``model.path``'s config.json reads as a model of ours, its experts)."""
+    import json
+
+    from ..policy.checkpoint import packaged_or_path
+    from ..policy.config import ModelConfig
+
+    try:
+        config = json.loads((packaged_or_path(path) / "config.json").read_text())
+        return True, ModelConfig.from_hf(config).experts
+    except (OSError, ValueError, KeyError):
+        return False, None
 
 
 def _megatron_missing() -> str | None:

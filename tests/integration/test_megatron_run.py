@@ -100,6 +100,23 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
     """Ctrl-C after a few steps, then ``--resume``: every rank takes up its staged part
     (megatron's parameter names, AdamW's state; a stage's own layers) and the run goes on
     from its count."""
+    _stopped_and_resumed(tmp_path, split)
+
+
+def test_an_expert_parallel_trainer_group_stopped_resumes_from_its_staged_state(
+    tmp_path: Path,
+) -> None:
+    """As above for a tiny Qwen3-MoE over 2 expert-parallel ranks: each rank's staged part
+    holds its own block of the experts."""
+    from tests.integration.test_model_families_run import tiny_qwen3
+
+    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    split = ["pipeline.workers.train=2", "backends.megatron.expert_parallel=2"]
+    split += [f"model.path={model_dir}", "model.max_new_tokens=16", "data.group_size=4"]
+    _stopped_and_resumed(tmp_path, split)
+
+
+def _stopped_and_resumed(tmp_path: Path, split: list[str]) -> None:
     import signal
     import time
 
@@ -139,3 +156,60 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
         if '"trainer state restored"' in line
     ]
     assert restored[-1]["step"] == done and restored[-1]["source"] == "staged"
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        BF16,
+        [
+            "pipeline.workers.train=2",
+            "pipeline.workers.logp=2",
+            "backends.megatron.expert_parallel=2",
+        ],
+    ],
+    ids=["one-rank-bfloat16", "expert-parallel-groups-float32"],
+)
+def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
+    tmp_path: Path, split: list[str]
+) -> None:
+    """A tiny Qwen3-MoE: megatron's MoE layer trains and scores (logp recomputes every
+    group, ref_logp for a KL penalty), alone in bfloat16 or in float32 with the trainer and
+    logp as groups of two expert-parallel ranks (2 of the 4 experts each); its log-probs
+    agree with the torch generator's, and the final model loads in transformers as a
+    Qwen3-MoE."""
+    transformers = pytest.importorskip("transformers")
+    from tests.integration.test_model_families_run import tiny_qwen3
+
+    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"model.path={model_dir}", f"run.dir={run_dir}", "run.total_steps=2"]
+    argv += ["backends.train=megatron", *split]
+    argv += ["model.max_new_tokens=16", "data.group_size=4", "pipeline.checkpoint_every=1"]
+    argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
+    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
+    assert all(s["same_version_tokens"] > 0 for s in steps)
+    tolerance = 1e-2 if split == BF16 else 1e-4  # the engines' bfloat16 roundings differ
+    assert all(s["logprob_mismatch"] < tolerance for s in steps)
+    final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    assert type(final).__name__ == "Qwen3MoeForCausalLM"
+    # By the checkpoint's names (transformers 5 fuses the experts it loads).
+    trained = load_model(str(run_dir / "final"))[0].state_dict()
+    before = load_model(str(model_dir))[0].state_dict()
+    for name in ("model.layers.0.mlp.gate.weight", "model.layers.1.mlp.experts.3.up_proj.weight"):
+        assert not torch.equal(before[name], trained[name]), name
+    # A checkpoint gathers AdamW's moments of every expert, whichever rank held it.
+    checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
+    saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
+    assert set(saved["optimizer"]["state"]) >= {
+        f"model.layers.{i}.mlp.experts.{e}.down_proj.weight" for i in (0, 1) for e in range(4)
+    }

@@ -77,10 +77,39 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     data["pipeline"] = {"workers": {"train": 2, "logp": 2}}
     for role in ("train", "logp"):
         assert train_engine_problems(config_from_dict(data), role) == []
-    data = megatron(expert_parallel=2)
-    data["pipeline"] = {"workers": {"train": 2}}
+    data = megatron(expert_parallel=2, tensor_parallel=2)
+    data["pipeline"] = {"workers": {"train": 4}}
     (problem,) = train_engine_problems(config_from_dict(data), "train")
-    assert "expert_parallel=2" in problem and "backends.megatron" in problem
+    assert "expert_parallel=2" in problem and "tensor_parallel=2" in problem
+    assert "backends.megatron" in problem
+
+
+def test_expert_parallel_ranks_are_taken_for_a_mixture_of_experts_only(tmp_path) -> None:
+    """What the model's experts rule out is named with the key and the model's path: tensor
+    parallelism with experts, expert parallelism without any, or not dividing them."""
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("transformers")
+    from tests.support.hf_families import hf_model_dir
+
+    four = str(hf_model_dir(tmp_path / "four", "qwen3-moe"))  # 4 experts
+    three = str(hf_model_dir(tmp_path / "three", "qwen3-moe-unnormalised-tied"))
+
+    def problems(path: str, workers: int, **sizes: int) -> list[str]:
+        data = megatron(**sizes)
+        data["pipeline"] = {"workers": {"train": workers, "logp": workers}}
+        data["model"] = {"path": path}
+        return train_engine_problems(config_from_dict(data), "train")
+
+    assert problems(four, 2, expert_parallel=2) == []
+    assert problems(four, 4, expert_parallel=2, pipeline_parallel=2) == []
+    assert problems(four, 1) == []
+    (problem,) = problems(four, 2, tensor_parallel=2)
+    assert "backends.megatron.tensor_parallel=2" in problem and four in problem
+    assert "mixture-of-experts" in problem
+    (problem,) = problems("embedded", 2, expert_parallel=2)
+    assert "backends.megatron.expert_parallel=2" in problem and "no experts" in problem
+    (problem,) = problems(three, 2, expert_parallel=2)
+    assert "backends.megatron.expert_parallel=2" in problem and "3 experts" in problem
 
 
 def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() -> None:

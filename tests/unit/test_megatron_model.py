@@ -97,48 +97,35 @@ def test_an_attention_bias_without_an_mlp_bias_is_refused_by_name(tmp_path: Path
         load(str(directory))
 
 
-def test_a_mapped_qwen3_moe_checkpoint_fits_megatrons_moe_model(tmp_path: Path) -> None:
-    """Names and shapes only: megatron's router moves its weight to the current CUDA
-    device in forward, so an MoE model computes only on a GPU."""
-    import dataclasses
-    import json
-
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from safetensors.torch import load_file
-
-    from asyncrl.actors.engines.megatron import model as engine
-    from asyncrl.actors.engines.megatron.mapping import Layout, hf_to_megatron
-    from asyncrl.actors.policy.model import ModelConfig
-    from tests.support.hf_families import hf_model
-
-    fields = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
-    hf_model("qwen3_moe", head_dim=12, tie_word_embeddings=False, **fields).save_pretrained(
-        tmp_path
-    )
-    config = json.loads((tmp_path / "config.json").read_text())
-    layout = Layout.from_hf(config)
-    # The attention and norms are Qwen3's: built from its dense twin, experts added.
-    dense = ModelConfig.from_hf(
-        {**config, "architectures": ["Qwen3ForCausalLM"]} | {"model_type": "qwen3"}
-    )
-    sizes = engine.ParallelSizes()
-    engine.ensure_parallel_state(sizes, CPU)
-    moe = dataclasses.replace(
-        engine.transformer_config(dense, torch.float32, CPU, sizes),
-        num_moe_experts=4,
-        moe_router_topk=2,
-        moe_ffn_hidden_size=16,
-        moe_aux_loss_coeff=0.0,
-    )
-    spec = get_gpt_layer_local_spec(num_experts=4, qk_layernorm=True, normalization="RMSNorm")
-    gpt = GPTModel(
-        moe, spec, vocab_size=layout.rows, max_sequence_length=64, position_embedding_type="rope"
-    )
-    state = hf_to_megatron(load_file(str(tmp_path / "model.safetensors")), layout)
-    missing, unexpected = gpt.load_state_dict(state, strict=False)
-    assert [name for name in missing if not name.endswith("_extra_state")] == []
-    assert unexpected == []
+@pytest.mark.parametrize("variant", ["qwen3-moe", "qwen3-moe-unnormalised-tied"])
+def test_a_mixture_of_experts_trains_as_the_torch_engines(variant: str, tmp_path: Path) -> None:
+    """The router's and the experts' gradients of one loss, against the torch engine's
+    (the logits are checked against transformers above): megatron's MoE layer computes on
+    CPU with our router, routes as transformers does, and back-propagates through it."""
+    directory = hf_model_dir(tmp_path, variant)
+    ours, _ = load_model(str(directory))
+    model, _ = load(str(directory))
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 10), generator=torch.Generator().manual_seed(3))
+    columns = torch.arange(2, 9).expand(2, 7)
+    targets = torch.randint(0, SMALL["vocab_size"], (2, 7), generator=torch.Generator())
+    for m in (ours, model):
+        picked = torch.log_softmax(m(ids, columns), dim=-1).gather(-1, targets[..., None])
+        picked.mean().backward()
+    for layer in range(SMALL["num_hidden_layers"]):
+        mine, theirs = ours.model.layers[layer].mlp, model.gpt.decoder.layers[layer].mlp
+        pairs = [(mine.gate.weight.grad, theirs.router.weight.grad)]
+        for e, expert in enumerate(theirs.experts.local_experts):
+            hf = mine.experts[e]
+            if hf.down_proj.weight.grad is None:  # no token chose this expert
+                assert (
+                    expert.linear_fc2.weight.grad is None or not expert.linear_fc2.weight.grad.any()
+                )
+                continue
+            pairs.append((hf.down_proj.weight.grad, expert.linear_fc2.weight.grad))
+            fused = torch.cat((hf.gate_proj.weight.grad, hf.up_proj.weight.grad))
+            pairs.append((fused, expert.linear_fc1.weight.grad))
+        for expected, got in pairs:
+            assert (got - expected).abs().max() <= 1e-5
 
 
 def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat16() -> None:

@@ -10,7 +10,8 @@ float32 arithmetic as the torch engine and transformers, every scaling they supp
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
 the default ``torch.distributed`` group (a one-rank group is made for a worker alone).
-Pipeline stages pass activations through :mod:`.stages`.
+Pipeline stages pass activations through :mod:`.stages`; a mixture of experts (its
+router, token dispatcher and expert-parallel weights) is in :mod:`.experts`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.config import MegatronSection
 
+from .experts import gather_experts, is_expert, moe_fields, use_our_dispatchers, use_our_router
 from .logprobs import gather_vocab, vocab_parallel_logprobs
 from .mapping import (
     Layout,
@@ -45,6 +47,7 @@ from .mapping import (
     megatron_to_hf,
     merge_pipeline_parallel,
     merge_tensor_parallel,
+    split_expert_parallel,
     split_pipeline_parallel,
     split_tensor_parallel,
     tensor_parallel_dim,
@@ -94,6 +97,8 @@ def layout_of(config: ModelConfig, tensor_parallel: int = 1) -> Layout:
         proj_bias=config.output_bias,
         mlp_bias=config.mlp_bias,
         qk_norm=config.qk_norm,
+        experts=config.experts.count if config.experts else 0,
+        expert_ffn=config.experts.intermediate_size if config.experts else 0,
     ).padded_for(tensor_parallel)
 
 
@@ -204,6 +209,13 @@ def transformer_config(
             f"{config.architecture} with attention_bias={config.attention_bias} and "
             f"mlp_bias={config.mlp_bias}: megatron-core biases every linear layer or none"
         )
+    if config.experts is not None and sizes.tensor > 1:
+        # megatron's MoE layer trains over tensor-parallel ranks only with sequence
+        # parallelism; train_engine_problems refuses this at start, with the key.
+        raise ValueError(
+            f"{config.architecture} (a mixture of experts) over {sizes.tensor} "
+            "tensor-parallel ranks: needs sequence parallelism, which is not wired"
+        )
     cuda = device.type == "cuda"
     return TransformerConfig(
         num_layers=config.num_hidden_layers,
@@ -236,11 +248,13 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        **moe_fields(config),
     )
 
 
 def layer_spec(config: ModelConfig) -> ModuleSpec:
     windows = tuple(config.window(i) for i in range(config.num_hidden_layers))
+    experts = config.experts.count if config.experts else None
     if te_available():
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
@@ -248,10 +262,20 @@ def layer_spec(config: ModelConfig) -> ModuleSpec:
 
         if any(w is not None for w in windows):
             raise ValueError("sliding-window attention with Transformer Engine is not wired")
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_norm)
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_norm, normalization="RMSNorm")
-    attention = spec.submodules.self_attention.submodules
-    attention.core_attention = ModuleSpec(module=SdpaAttention, params={"windows": windows})
+        spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=False, qk_layernorm=config.qk_norm
+        )
+    else:
+        spec = get_gpt_layer_local_spec(
+            num_experts=experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=config.qk_norm,
+            normalization="RMSNorm",
+        )
+        attention = spec.submodules.self_attention.submodules
+        attention.core_attention = ModuleSpec(module=SdpaAttention, params={"windows": windows})
+    if experts:
+        use_our_router(spec)
     return spec
 
 
@@ -280,6 +304,7 @@ def build_gpt(
         position_embedding_type="rope",
     )
     model.rotary_pos_emb = _Rotary(config, device)
+    use_our_dispatchers(model)
     _mark_split(model)
     # The local spec's norms are torch modules made in float32 whatever params_dtype is;
     # every weight in ``dtype``, as the torch engine and transformers hold them. (The
@@ -383,17 +408,16 @@ class MegatronLM(nn.Module):
 
     def hf_state(self) -> dict[str, torch.Tensor]:
         """Every parameter by Hugging Face name, whole; a tied output layer once. With
-        tensor-parallel ranks or pipeline stages a collective over them (every rank gets
-        the whole)."""
-        self._no_experts()
+        tensor- or expert-parallel ranks or pipeline stages a collective over them (every
+        rank gets the whole)."""
         return self._whole(
             {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         )
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
         """Whole Hugging Face weights into the model (each stage takes its layers, each
-        tensor-parallel rank its part of them); a missing or unexpected tensor is named."""
-        self._no_experts()
+        tensor-parallel rank its part of them, each expert-parallel rank its experts); a
+        missing or unexpected tensor is named."""
         state = self._mine(hf)
         params = dict(self.gpt.named_parameters())
         missing = set(params) - set(state)
@@ -406,12 +430,6 @@ class MegatronLM(nn.Module):
         with torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
-
-    def _no_experts(self) -> None:
-        if self.sizes.expert > 1:
-            # The mapping splits and merges experts; gathering them over their group is
-            # not wired yet.
-            raise NotImplementedError("expert-parallel weights are not wired yet")
 
     # --- training in a group ------------------------------------------------------------
 
@@ -426,17 +444,33 @@ class MegatronLM(nn.Module):
 
     def finish_gradients(self) -> None:
         """Sum the gradients over the model's copies (each trained its own micro-batches;
-        the losses are normalised over the whole batch already)."""
+        the losses are normalised over the whole batch already). An expert's gradient is
+        whole already over its expert-parallel group (it computed every rank's tokens
+        routed to it): it is summed only over the ranks that hold the same expert."""
         _, copies, group = self.data_parallel()
         if copies > 1:
-            for param in self.gpt.parameters():
+            for param in self._dense():
                 if param.grad is not None:
                     dist.all_reduce(param.grad, group=group)
+        if parallel_state.get_expert_data_parallel_world_size() > 1:
+            expert_group = parallel_state.get_expert_data_parallel_group()
+            for param in self._experts():
+                if param.grad is None:
+                    # No token of this rank's reached the expert: its twins on the other
+                    # ranks may have had some, and the sum pairs up.
+                    param.grad = torch.zeros_like(param)
+                dist.all_reduce(param.grad, group=expert_group)
         tied = self._tied_copy()
         if tied is not None and tied.grad is not None:
             # The embedding (first stage) and its copy as the output layer (last stage)
             # are one weight: both take the sum of their gradients, so they stay equal.
             dist.all_reduce(tied.grad, group=parallel_state.get_embedding_group())
+
+    def _dense(self) -> list[nn.Parameter]:
+        return [p for n, p in self.gpt.named_parameters() if not is_expert(n)]
+
+    def _experts(self) -> list[nn.Parameter]:
+        return [p for n, p in self.gpt.named_parameters() if is_expert(n)]
 
     def _tied_copy(self) -> nn.Parameter | None:
         """This stage's half of a tied embedding split over stages (None: not here)."""
@@ -458,15 +492,20 @@ class MegatronLM(nn.Module):
         # A tied embedding split over stages counts once: on the first stage.
         stages, tied = self.stages, self._tied_copy()
         twin = tied if stages is not None and not stages.first else None
-        counted = [
-            p.grad.float().pow(2).sum()
-            for p in self.gpt.parameters()
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not twin
-        ]
-        squares = torch.stack(counted).sum() if counted else torch.zeros((), device=self.device)
+        dense, experts = [], []
+        for name, p in self.gpt.named_parameters():
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not twin:
+                (experts if is_expert(name) else dense).append(p.grad.float().pow(2).sum())
+        squares = _summed(dense, self.device)
         if self.sizes.tensor * self.sizes.pipeline > 1:
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
-        norm = squares.sqrt()
+        # Each expert is on one rank of its expert-parallel group (of one stage): the
+        # experts' squares summed over those ranks and the stages, the dense ones once.
+        expert_squares = _summed(experts, self.device)
+        if self.sizes.expert * self.sizes.pipeline > 1:
+            group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
+            dist.all_reduce(expert_squares, group=group)
+        norm = (squares + expert_squares).sqrt()
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for grad in grads:
             grad.mul_(scale.to(grad.dtype))
@@ -524,6 +563,9 @@ class MegatronLM(nn.Module):
             state = from_te_names(state, self.layout)
         if self.sizes.tensor > 1:
             state = merge_tensor_parallel(_all_gathered(state, self.sizes.tensor))
+        if self.sizes.expert > 1:
+            group = parallel_state.get_expert_model_parallel_group()
+            state = gather_experts(state, group, self.sizes.expert)
         if self.stages is not None:
             every = _every_stage(state, self.stages, self.device)
             state = merge_pipeline_parallel(every, self.layout)
@@ -535,10 +577,17 @@ class MegatronLM(nn.Module):
         if self.stages is not None:
             state = split_pipeline_parallel(state, self.layout, self.stages.count)
             state = state[self.stages.stage]
+        if self.sizes.expert > 1:
+            rank = parallel_state.get_expert_model_parallel_rank()
+            state = split_expert_parallel(state, self.sizes.expert)[rank]
         if self.sizes.tensor > 1:
             rank = parallel_state.get_tensor_model_parallel_rank()
             state = split_tensor_parallel(state, self.sizes.tensor)[rank]
         return to_te_names(state, self.layout) if self.te else state
+
+
+def _summed(squares: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    return torch.stack(squares).sum() if squares else torch.zeros((), device=device)
 
 
 def _all_gathered(state: Mapping[str, torch.Tensor], ranks: int) -> list[dict[str, torch.Tensor]]:

@@ -1,0 +1,219 @@
+"""A Qwen3-MoE split over two expert-parallel ranks of the megatron engine (gloo, CPU),
+alone and with two pipeline stages (4 ranks), or over two data-parallel copies, against
+the torch engine's one rank on the same batch.
+
+Expert-parallel ranks are data-parallel copies of the dense layers, each holding half of
+the experts: they train different micro-batches (here 3 over 2 ranks, so one rank also
+makes a pass only to pair up the collectives, and the ranks' batches differ in shape),
+and every expert computes the tokens of both ranks routed to it. The step's loss,
+gradient norm, updated weights and AdamW's moments (gathered by Hugging Face name, every
+expert's included) must agree with one torch rank's; the gathered weights are the
+checkpoint's, and a checkpoint goes back in and comes out the same. A scorer group split
+the same ways scores as one torch model does, before and after a new version.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.actors._learner import Group, Learner
+from asyncrl.actors.gang import Gang, GangPlace
+from asyncrl.runtime.config import MegatronSection
+from tests.integration.test_train_group import (
+    _SCORED,
+    _config,
+    _first_result,
+    _free_port,
+    _lease,
+)
+from tests.support.hf_families import hf_model_dir
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.timeout(180)
+
+# (expert_parallel, pipeline_parallel, ranks): the tiny model has 2 layers, 1 a stage.
+SPLITS = [
+    pytest.param((2, 1, 2), id="expert-parallel"),
+    # Every expert on both ranks: their gradients summed over the copies like the rest.
+    pytest.param((1, 1, 2), id="data-parallel"),
+    pytest.param((2, 2, 4), id="expert-and-pipeline-parallel"),
+]
+# 4 experts, 2 per token: each rank holds 2; ids of the batches below are all < 40.
+VARIANT = "qwen3-moe"
+
+
+def _moe_dir(tmp_path: Path) -> str:
+    return str(hf_model_dir(tmp_path / VARIANT, VARIANT))
+
+
+def _next_version(directory: str) -> dict[str, torch.Tensor]:
+    from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+
+    model, _ = load_model(directory)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return state_for_saving(model)
+
+
+def _as_arrays(state: dict) -> dict:
+    return {n: {k: t.numpy() for k, t in entry.items()} for n, entry in state["state"].items()}
+
+
+def _section(split: tuple[int, int, int]) -> MegatronSection:
+    return MegatronSection(expert_parallel=split[0], pipeline_parallel=split[1])
+
+
+def _start(target, split: tuple[int, int, int], directory: str):
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    port = _free_port()
+    ranks = [
+        context.Process(target=target, args=(r, port, split, directory, results))
+        for r in range(split[2])
+    ]
+    for process in ranks:
+        process.start()
+    return results, ranks
+
+
+def _training_rank(rank: int, port: int, split, directory: str, results) -> None:
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
+    try:
+        section = _section(split)
+        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
+        local = model.gpt.decoder.layers[0].mlp.experts.local_experts
+        assert len(local) == 4 // split[0]
+        learner = Learner(model, _config(), codec.pad_id, group_size=split[2])
+        base = {name: t.clone() for name, t in learner.full_weights().items()}
+        if rank == 0:
+            loaded = state_for_saving(load_model(directory)[0])
+            assert sorted(base) == sorted(loaded)
+            assert all(torch.equal(base[n], loaded[n]) for n in loaded)
+        stats = learner.step([Group.of(item) for item in _lease().items])
+        weights = {name: t.clone() for name, t in learner.full_weights().items()}
+        optimizer = learner.full_optimizer_state()
+        learner.load_full_weights(base if rank == 0 else None)
+        learner.load_optimizer_state(optimizer)
+        reloaded, again = learner.full_weights(), learner.full_optimizer_state()
+        if rank == 0:
+            same_weights = all(torch.equal(reloaded[n], base[n]) for n in base)
+            same_moments = all(
+                torch.equal(again["state"][n][k], optimizer["state"][n][k])
+                for n in optimizer["state"]
+                for k in optimizer["state"][n]
+            )
+            arrays = {name: t.numpy() for name, t in weights.items()}
+            results.put(
+                (
+                    stats.metrics,
+                    stats.grad_norm,
+                    arrays,
+                    _as_arrays(optimizer),
+                    same_weights,
+                    same_moments,
+                )
+            )
+        else:
+            assert weights == {}
+    finally:
+        gang.close()
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_expert_parallel_ranks_train_like_one_torch_rank(
+    tmp_path: Path, split: tuple[int, int, int]
+) -> None:
+    from asyncrl.actors.policy.checkpoint import load_model
+
+    directory = _moe_dir(tmp_path)
+    results, ranks = _start(_training_rank, split, directory)
+    metrics, grad_norm, weights, moments, same_weights, same_moments = _first_result(results, ranks)
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    torch.set_num_threads(1)
+    model, codec = load_model(directory)
+    learner = Learner(model, _config(), codec.pad_id)
+    expected = learner.step([Group.of(item) for item in _lease().items])
+    expected_weights = learner.full_weights()
+    expected_moments = learner.full_optimizer_state()["state"]
+
+    assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
+    assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
+    assert set(weights) == set(expected_weights)
+    worst = max(
+        float((torch.from_numpy(weights[n]) - expected_weights[n]).abs().max()) for n in weights
+    )
+    assert worst <= 5e-5, f"updated weights differ by {worst}"  # 5% of lr: see test_megatron_group
+    # Every moment by name, the experts of both ranks among them.
+    assert sorted(moments) == sorted(expected_moments)
+    assert "model.layers.1.mlp.experts.3.down_proj.weight" in moments
+    for name, entry in expected_moments.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            gap = (torch.from_numpy(moments[name][key]) - entry[key]).abs().max()
+            assert gap <= 1e-5 * max(float(entry[key].abs().max()), 1e-12), (name, key)
+    assert same_weights and same_moments
+
+
+def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.engines import load_group_weights
+    from asyncrl.actors.engines.megatron.model import load_megatron
+
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
+    try:
+        section = _section(split)
+        model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
+        for lease in _SCORED:
+            if lease is None:  # a new version: whole on rank 0, each rank keeps its experts
+                load_group_weights(model, _next_version(directory) if rank == 0 else None)
+                continue
+            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
+            if rank == 0:
+                results.put([s.copy() for s in scores])
+    finally:
+        gang.close()
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torch_model(
+    tmp_path: Path, split: tuple[int, int, int]
+) -> None:
+    """20 rows (10 a rank), then 1 (a rank with no rows pairs up anyway), then 20 under a
+    new version."""
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.policy.checkpoint import load_model, load_state
+
+    directory = _moe_dir(tmp_path)
+    results, ranks = _start(_scoring_rank, split, directory)
+    shared = [_first_result(results, ranks) for _ in range(3)]
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    model, codec = load_model(directory)
+    expected_all = []
+    for lease in _SCORED:
+        if lease is None:
+            load_state(model, _next_version(directory))
+        else:
+            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+    assert np.abs(expected_all[2][0] - expected_all[0][0]).max() > 1e-3  # the version mattered
+    for got, expected in zip(shared, expected_all, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            assert np.abs(a - b).max() <= 1e-4
