@@ -18,6 +18,9 @@ bfloat16 on the device. Printed, each measured here in this run:
   tokens, in micro-batches of 2 groups: seconds per optimizer step and model FLOPs
   utilisation, 6 x (parameters in matrix products) x tokens / time / the device's dense
   bfloat16 peak (attention's own products left out, so the figure is a floor);
+- **train step, output layer in 1 GiB chunks**: the torch engine again with the output
+  layer's log-probs made 2**28 logits at a time (recomputed in backward), below the
+  default threshold for this batch: peak memory against time;
 - **gather + stage**: a new version from the trainer's GPU into CPU memory (the gather,
   page-locked as the Learner does it, and pageable for comparison), then into the weight
   plane's shared-memory staging buffer with its checksums (the stage).
@@ -280,6 +283,17 @@ def main() -> None:
 
     times, tokens = _train(master, args.steps)
     _report_train("torch", times, tokens, in_products, peak, device)
+    # The output layer's log-probs in 1 GiB chunks (below the default's threshold for this
+    # batch): the memory it saves against the recompute it costs, side by side.
+    from asyncrl.actors.policy import model as model_module
+
+    default_chunk = model_module.HEAD_CHUNK_ELEMENTS
+    model_module.HEAD_CHUNK_ELEMENTS = 2**28
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times, tokens = _train(master, args.steps)
+    _report_train("torch,1GiB-chunks", times, tokens, in_products, peak, device)
+    model_module.HEAD_CHUNK_ELEMENTS = default_chunk
     if "megatron" in args.engines:
         twin = _megatron_twin(master, device)
         if device.type == "cuda":
