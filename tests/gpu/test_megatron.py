@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
-from tests.support.hf_families import hf_model, save_hf_model
+from tests.support.hf_families import tiny_task_model
 
 pytestmark = [
     pytest.mark.gpu,
@@ -70,23 +70,7 @@ def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
 
 def _tiny_moe(directory: Path) -> Path:
     """A Qwen3-MoE (4 experts, 2 per token) holding the arithmetic task's tokenizer."""
-    model = hf_model(
-        "qwen3_moe",
-        vocab_size=32,
-        hidden_size=32,
-        head_dim=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        eos_token_id=1,
-        pad_token_id=0,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=24,
-        norm_topk_prob=True,
-    )
-    return save_hf_model(model, directory)
+    return tiny_task_model(directory, "qwen3_moe", tie_word_embeddings=False, norm_topk_prob=True)
 
 
 def test_megatron_moe_logits_on_cuda_match_the_torch_engine(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from tests.integration.test_train_group import (
     _free_port,
     _lease,
 )
+from tests.support.group_step import step_and_reload
 from tests.support.hf_families import hf_model_dir
 
 pytest.importorskip("megatron.core")
@@ -87,7 +88,6 @@ def _start(target, split: tuple[int, int, int], directory: str):
 
 def _training_rank(rank: int, port: int, split, directory: str, results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 
     torch.set_num_threads(1)
     gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
@@ -97,37 +97,21 @@ def _training_rank(rank: int, port: int, split, directory: str, results) -> None
         local = model.gpt.decoder.layers[0].mlp.experts.local_experts
         assert len(local) == 4 // split[0]
         learner = Learner(model, _config(), codec.pad_id, group_size=split[2])
-        base = {name: t.clone() for name, t in learner.full_weights().items()}
+        done = step_and_reload(learner, rank, _lease(), directory)
         if rank == 0:
-            loaded = state_for_saving(load_model(directory)[0])
-            assert sorted(base) == sorted(loaded)
-            assert all(torch.equal(base[n], loaded[n]) for n in loaded)
-        stats = learner.step([Group.of(item) for item in _lease().items])
-        weights = {name: t.clone() for name, t in learner.full_weights().items()}
-        optimizer = learner.full_optimizer_state()
-        learner.load_full_weights(base if rank == 0 else None)
-        learner.load_optimizer_state(optimizer)
-        reloaded, again = learner.full_weights(), learner.full_optimizer_state()
-        if rank == 0:
-            same_weights = all(torch.equal(reloaded[n], base[n]) for n in base)
-            same_moments = all(
-                torch.equal(again["state"][n][k], optimizer["state"][n][k])
-                for n in optimizer["state"]
-                for k in optimizer["state"][n]
-            )
-            arrays = {name: t.numpy() for name, t in weights.items()}
+            arrays = {name: t.numpy() for name, t in done.weights.items()}
+            optimizer = _as_arrays(done.optimizer)
+            stats = done.stats
             results.put(
                 (
                     stats.metrics,
                     stats.grad_norm,
                     arrays,
-                    _as_arrays(optimizer),
-                    same_weights,
-                    same_moments,
+                    optimizer,
+                    done.same_weights,
+                    done.same_moments,
                 )
             )
-        else:
-            assert weights == {}
     finally:
         gang.close()
 

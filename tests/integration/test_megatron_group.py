@@ -28,6 +28,7 @@ from tests.integration.test_train_group import (
     _lease,
     _next_version,
 )
+from tests.support.group_step import step_and_reload
 
 pytest.importorskip("megatron.core")
 
@@ -47,7 +48,6 @@ SPLITS = [
 
 def _rank_main(rank: int, port: int, split: tuple[int, int, int], results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -59,34 +59,21 @@ def _rank_main(rank: int, port: int, split: tuple[int, int, int], results) -> No
         )
         model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
         learner = Learner(model, _config(), codec.pad_id, group_size=ranks)
-        # A copy: on CPU the leader's whole weights may be the parameters themselves.
-        base = {name: t.clone() for name, t in learner.full_weights().items()}
+        done = step_and_reload(learner, rank, _lease(), "embedded")
         if rank == 0:
-            # Gathered over every split, the weights are exactly the checkpoint's.
-            loaded = state_for_saving(load_model("embedded")[0])
-            assert sorted(base) == sorted(loaded)
-            assert all(torch.equal(base[n], loaded[n]) for n in loaded)
-        stats = learner.step([Group.of(item) for item in _lease().items])
-        weights = {name: t.clone() for name, t in learner.full_weights().items()}
-        optimizer = learner.full_optimizer_state()
-        # A checkpoint back in: the base weights from rank 0, the optimizer state to all.
-        learner.load_full_weights(base if rank == 0 else None)
-        learner.load_optimizer_state(optimizer)
-        reloaded, again = learner.full_weights(), learner.full_optimizer_state()
-        if rank == 0:
-            same_weights = all(torch.equal(reloaded[n], base[n]) for n in base)
-            same_moments = all(
-                torch.equal(again["state"][n][k], optimizer["state"][n][k])
-                for n in optimizer["state"]
-                for k in optimizer["state"][n]
-            )
-            moment = optimizer["state"][MOMENT]["exp_avg_sq"].numpy()
-            arrays = {name: t.numpy() for name, t in weights.items()}
+            moment = done.optimizer["state"][MOMENT]["exp_avg_sq"].numpy()
+            arrays = {name: t.numpy() for name, t in done.weights.items()}
+            stats = done.stats
             results.put(
-                (stats.metrics, stats.grad_norm, arrays, moment, same_weights, same_moments)
+                (
+                    stats.metrics,
+                    stats.grad_norm,
+                    arrays,
+                    moment,
+                    done.same_weights,
+                    done.same_moments,
+                )
             )
-        else:
-            assert weights == {}
     finally:
         gang.close()
 

@@ -88,9 +88,12 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     "split",
     [
         pytest.param(TRAINER_GROUP, id="tensor-parallel"),
+        # Slow (40 s): the tensor- and expert-parallel groups take the same resume path in
+        # every run of the suite; this one adds which layers each rank stages.
         pytest.param(
             ["pipeline.workers.train=2", "backends.megatron.pipeline_parallel=2"],
             id="pipeline-stages",
+            marks=pytest.mark.slow,
         ),
     ],
 )
@@ -108,9 +111,9 @@ def test_an_expert_parallel_trainer_group_stopped_resumes_from_its_staged_state(
 ) -> None:
     """As above for a tiny Qwen3-MoE over 2 expert-parallel ranks: each rank's staged part
     holds its own block of the experts."""
-    from tests.integration.test_model_families_run import tiny_qwen3
+    from tests.support.hf_families import tiny_task_model
 
-    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    model_dir = tiny_task_model(tmp_path / "moe", "qwen3_moe")
     split = ["pipeline.workers.train=2", "backends.megatron.expert_parallel=2"]
     split += [f"model.path={model_dir}", "model.max_new_tokens=16", "data.group_size=4"]
     _stopped_and_resumed(tmp_path, split)
@@ -179,9 +182,9 @@ def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
     agree with the torch generator's, and the final model loads in transformers as a
     Qwen3-MoE."""
     transformers = pytest.importorskip("transformers")
-    from tests.integration.test_model_families_run import tiny_qwen3
+    from tests.support.hf_families import tiny_task_model
 
-    model_dir = tiny_qwen3(tmp_path / "moe", "qwen3_moe")
+    model_dir = tiny_task_model(tmp_path / "moe", "qwen3_moe")
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
     argv += [f"model.path={model_dir}", f"run.dir={run_dir}", "run.total_steps=2"]

@@ -21,7 +21,7 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.preflight import check_model_dir
-from tests.support.hf_families import hf_model, save_hf_model
+from tests.support.hf_families import TASK_MODEL_KINDS, tiny_task_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,40 +31,11 @@ DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 STEPS = 5
 
 
-# model_type -> (its class, fields beyond those of every tiny model here)
-KINDS = {
-    "qwen3": ("Qwen3ForCausalLM", {}),
-    "qwen3_moe": (
-        "Qwen3MoeForCausalLM",
-        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
-    ),
-}
-
-
-def tiny_qwen3(directory: Path, model_type: str = "qwen3") -> Path:
-    """A Qwen3 (or Qwen3-MoE) whose vocabulary holds the arithmetic task's char tokenizer
-    (17 tokens)."""
-    model = hf_model(
-        model_type,
-        vocab_size=32,
-        hidden_size=32,
-        head_dim=16,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        eos_token_id=1,
-        pad_token_id=0,
-        **KINDS[model_type][1],
-    )
-    return save_hf_model(model, directory)
-
-
-@pytest.mark.parametrize("model_type", sorted(KINDS))
+@pytest.mark.parametrize("model_type", sorted(TASK_MODEL_KINDS))
 def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transformers(
     tmp_path: Path, model_type: str
 ) -> None:
-    model_dir = tiny_qwen3(tmp_path / model_type, model_type)
+    model_dir = tiny_task_model(tmp_path / model_type, model_type)
     check_model_dir(str(model_dir))
     run_dir = tmp_path / "run"
     overrides = [
@@ -95,7 +66,7 @@ def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transforme
 
     final = run_dir / "final"
     theirs = transformers.AutoModelForCausalLM.from_pretrained(final).eval()
-    assert type(theirs).__name__ == KINDS[model_type][0]
+    assert type(theirs).__name__ == TASK_MODEL_KINDS[model_type][0]
     ours, codec = load_model(str(final))
     ids = torch.tensor([codec.encode("4589+123=9+3+0=12,"), codec.encode("77+8=7+8+0=15;0085")])
     with torch.no_grad():

@@ -124,3 +124,37 @@ def hf_model_dir(directory: Path, variant: str, max_shard_size: str | None = Non
     """A directory holding ``variant`` of :data:`VARIANTS`."""
     model_type, fields = VARIANTS[variant]
     return save_hf_model(hf_model(model_type, **fields), directory, max_shard_size)
+
+
+# model_type -> (its class, fields beyond those of every tiny task model)
+TASK_MODEL_KINDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24},
+    ),
+}
+
+
+def tiny_task_model(directory: Path, model_type: str = "qwen3", **fields: Any) -> Path:
+    """A tiny random Qwen3 (or Qwen3-MoE) directory whose vocabulary holds the arithmetic
+    task's char tokenizer (17 tokens), for whole runs; ``fields`` change its config."""
+    model = hf_model(
+        model_type,
+        **(
+            {
+                "vocab_size": 32,
+                "hidden_size": 32,
+                "head_dim": 16,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 128,
+                "tie_word_embeddings": True,
+                "eos_token_id": 1,
+                "pad_token_id": 0,
+            }
+            | TASK_MODEL_KINDS[model_type][1]
+            | fields
+        ),
+    )
+    return save_hf_model(model, directory)
