@@ -17,7 +17,6 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -31,7 +30,11 @@ from tests.integration.test_train_group import (
     _free_port,
     _lease,
 )
-from tests.support.group_step import step_and_reload
+from tests.support.group_step import (
+    assert_scores_like_one_model,
+    score_in_turn,
+    step_and_reload,
+)
 from tests.support.hf_families import hf_model_dir
 
 pytest.importorskip("megatron.core")
@@ -153,7 +156,6 @@ def test_expert_parallel_ranks_train_like_one_torch_rank(
 
 
 def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
-    from asyncrl.actors._scorer import score_items
     from asyncrl.actors.engines import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
@@ -162,13 +164,11 @@ def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
     try:
         section = _section(split)
         model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
-        for lease in _SCORED:
-            if lease is None:  # a new version: whole on rank 0, each rank keeps its experts
-                load_group_weights(model, _next_version(directory) if rank == 0 else None)
-                continue
-            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
-            if rank == 0:
-                results.put([s.copy() for s in scores])
+
+        def load_version() -> None:  # whole on rank 0, each rank keeps its experts
+            load_group_weights(model, _next_version(directory) if rank == 0 else None)
+
+        score_in_turn(model, _SCORED, codec.pad_id, gang, rank, load_version, results)
     finally:
         gang.close()
 
@@ -179,8 +179,6 @@ def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torc
 ) -> None:
     """20 rows (10 a rank), then 1 (a rank with no rows pairs up anyway), then 20 under a
     new version."""
-    from asyncrl.actors._scorer import score_items
-    from asyncrl.actors.policy.checkpoint import load_model, load_state
 
     directory = _moe_dir(tmp_path)
     results, ranks = _start(_scoring_rank, split, directory)
@@ -188,16 +186,4 @@ def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torc
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
-    model, codec = load_model(directory)
-    expected_all = []
-    for lease in _SCORED:
-        if lease is None:
-            load_state(model, _next_version(directory))
-        else:
-            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
-    assert np.abs(expected_all[2][0] - expected_all[0][0]).max() > 1e-3  # the version mattered
-    for got, expected in zip(shared, expected_all, strict=True):
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected, strict=True):
-            assert a.shape == b.shape
-            assert np.abs(a - b).max() <= 1e-4
+    assert_scores_like_one_model(shared, directory, _SCORED, _next_version(directory), 1e-4)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 
-import numpy as np
 import pytest
 import torch
 
@@ -28,7 +27,11 @@ from tests.integration.test_train_group import (
     _lease,
     _next_version,
 )
-from tests.support.group_step import step_and_reload
+from tests.support.group_step import (
+    assert_scores_like_one_model,
+    score_in_turn,
+    step_and_reload,
+)
 
 pytest.importorskip("megatron.core")
 
@@ -120,7 +123,6 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
 
 
 def _scoring_rank(rank: int, port: int, split: tuple[int, int, int], results) -> None:
-    from asyncrl.actors._scorer import score_items
     from asyncrl.actors.engines import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
@@ -132,13 +134,11 @@ def _scoring_rank(rank: int, port: int, split: tuple[int, int, int], results) ->
             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
         )
         model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
-        for lease in _SCORED:
-            if lease is None:  # a new version: whole on rank 0, each rank keeps its part
-                load_group_weights(model, _next_version() if rank == 0 else None)
-                continue
-            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
-            if rank == 0:
-                results.put([s.copy() for s in scores])
+
+        def load_version() -> None:  # whole on rank 0, each rank keeps its part
+            load_group_weights(model, _next_version() if rank == 0 else None)
+
+        score_in_turn(model, _SCORED, codec.pad_id, gang, rank, load_version, results)
     finally:
         gang.close()
 
@@ -148,8 +148,6 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
     split: tuple[int, int, int],
 ) -> None:
     """20 rows, then 1 (a copy with no rows pairs up anyway), then 20 under a new version."""
-    from asyncrl.actors._scorer import score_items
-    from asyncrl.actors.policy.checkpoint import load_model, load_state
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -162,19 +160,7 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
-    model, codec = load_model("embedded")
-    expected_all = []
-    for lease in _SCORED:
-        if lease is None:
-            load_state(model, _next_version())
-        else:
-            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
-    for got, expected in zip(shared, expected_all, strict=True):
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected, strict=True):
-            assert a.shape == b.shape
-            # Two engines' float32 roundings, on log-probs down to -30: 1e-4.
-            assert np.abs(a - b).max() <= 1e-4
+    assert_scores_like_one_model(shared, "embedded", _SCORED, _next_version(), 1e-4)
 
 
 @pytest.fixture

@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors._scorer import score_items
 from asyncrl.actors.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
 from asyncrl.actors.policy import model as model_module
-from asyncrl.actors.policy.checkpoint import load_model, load_state, state_for_saving
+from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
+from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
 
 pytestmark = pytest.mark.timeout(180)
@@ -186,15 +186,13 @@ def _scoring_rank(rank: int, port: int, results) -> None:
     try:
         model, codec = load_model("embedded")
         shard(model, torch.device("cpu"), 2)
+
         # 20 rows: a block of 10 each; then 1 row: rank 1 has none and pairs up anyway;
         # then 20 rows again under a new version loaded into the shards.
-        for lease in _SCORED:
-            if lease is None:
-                load_into_shards(model, _next_version() if rank == 0 else None)
-                continue
-            scores = score_items(model, lease.items, codec.pad_id, 1.0, gang)
-            if rank == 0:
-                results.put([s.copy() for s in scores])
+        def load_version() -> None:
+            load_into_shards(model, _next_version() if rank == 0 else None)
+
+        score_in_turn(model, _SCORED, codec.pad_id, gang, rank, load_version, results)
     finally:
         gang.close()
 
@@ -216,16 +214,4 @@ def test_a_scorer_sharded_over_two_ranks_scores_and_loads_versions_like_one_mode
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
-    model, codec = load_model("embedded")
-    expected_all = []
-    for lease in _SCORED:
-        if lease is None:
-            load_state(model, _next_version())
-        else:
-            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
-    assert np.abs(expected_all[2][0] - expected_all[0][0]).max() > 1e-3  # the version mattered
-    for got, expected in zip(shared, expected_all, strict=True):
-        assert len(got) == len(expected)
-        for a, b in zip(got, expected, strict=True):
-            assert a.shape == b.shape
-            assert np.abs(a - b).max() <= 1e-5
+    assert_scores_like_one_model(shared, "embedded", _SCORED, _next_version(), 1e-5)

@@ -1,11 +1,13 @@
-"""One training step of a learner in a group of ranks, checked against its checkpoint: what
-the megatron group tests of every split share."""
+"""What the group tests of every split share: one training step of a learner checked
+against its checkpoint, and a scorer group's scores against one model's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from asyncrl.actors._learner import Group, Learner, StepStats
@@ -49,3 +51,52 @@ def step_and_reload(learner: Learner, rank: int, lease: p.Lease, model_path: str
         for k in optimizer["state"][n]
     )
     return GroupStep(stats, weights, optimizer, same_weights, same_moments)
+
+
+def score_in_turn(
+    model: Any,
+    leases: tuple[p.Lease | None, ...],
+    pad_id: int,
+    gang: Any,
+    rank: int,
+    load_version: Callable[[], None],
+    results: Any,
+) -> None:
+    """A scorer rank's part: each lease scored by the group (the leader queues the
+    scores), and at each None a new version loaded by ``load_version`` (a collective)."""
+    from asyncrl.actors._scorer import score_items
+
+    for lease in leases:
+        if lease is None:
+            load_version()
+            continue
+        scores = score_items(model, lease.items, pad_id, 1.0, gang)
+        if rank == 0:
+            results.put([s.copy() for s in scores])
+
+
+def assert_scores_like_one_model(
+    shared: list[list[np.ndarray]],
+    model_path: str,
+    leases: tuple[p.Lease | None, ...],
+    next_version: dict[str, torch.Tensor],
+    tolerance: float,
+) -> None:
+    """The group's scores (``shared``, in lease order) against one torch model scoring the
+    same leases, the same new version loaded at each None."""
+    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.policy.checkpoint import load_state
+
+    model, codec = load_model(model_path)
+    expected_all = []
+    for lease in leases:
+        if lease is None:
+            load_state(model, next_version)
+        else:
+            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+    assert np.abs(expected_all[2][0] - expected_all[0][0]).max() > 1e-3  # the version mattered
+    for got, expected in zip(shared, expected_all, strict=True):
+        assert len(got) == len(expected)
+        for a, b in zip(got, expected, strict=True):
+            assert a.shape == b.shape
+            assert np.abs(a - b).max() <= tolerance
