@@ -56,20 +56,7 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     tmp_path: Path, group: list[str]
 ) -> None:
     dtype = torch.bfloat16 if group == BF16 else torch.float32
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
-    argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *group]
-    argv += ["pipeline.checkpoint_every=1"]  # a checkpoint gathers the optimizer state too
-    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
-    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
-    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    assert [s["step"] for s in steps] == [1, 2]
-    assert all(s["grad_norm"] > 0 for s in steps)
-    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
-    assert all(s["same_version_tokens"] > 0 for s in steps)
+    run_dir, steps = _two_steps(tmp_path, group)
     assert all(s["logprob_mismatch"] < (1e-4 if dtype == torch.float32 else 1e-2) for s in steps)
     final, _ = load_model(str(run_dir / "final"), dtype)
     base, _ = load_model("embedded", dtype)
@@ -82,6 +69,27 @@ def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     checkpoint = RunDir.of(load_config(run_dir / "config.yaml")).checkpoint(2)
     saved = torch.load(checkpoint / TRAINER_STATE, weights_only=True)
     assert set(saved["optimizer"]["state"]) >= {"model.layers.0.self_attn.q_proj.weight"}
+
+
+def _two_steps(tmp_path: Path, overrides: list[str]) -> tuple[Path, list[dict]]:
+    """``asyncrl run`` of 2 steps with megatron training and scoring (every group
+    rescored, ref_logp for a KL penalty, a checkpoint after each step, which gathers the
+    optimizer state too): the run directory and its steps, each checked to have trained."""
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *overrides]
+    argv += ["pipeline.checkpoint_every=1"]
+    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
+    assert all(s["same_version_tokens"] > 0 for s in steps)
+    return run_dir, steps
 
 
 @pytest.mark.parametrize(
@@ -190,22 +198,9 @@ def test_a_short_run_trains_a_mixture_of_experts_with_megatron(
     from tests.support.hf_families import tiny_task_model
 
     model_dir = tiny_task_model(tmp_path / "moe", "qwen3_moe")
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
-    argv += [f"model.path={model_dir}", f"run.dir={run_dir}", "run.total_steps=2"]
-    argv += ["backends.train=megatron", *split]
-    argv += ["model.max_new_tokens=16", "data.group_size=4", "pipeline.checkpoint_every=1"]
-    argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
-    argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
-    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
-    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=200)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    assert [s["step"] for s in steps] == [1, 2]
-    assert all(s["grad_norm"] > 0 for s in steps)
-    assert set(steps[0]["roles"]) >= {"logp", "ref_logp", "train"}
-    assert all(s["same_version_tokens"] > 0 for s in steps)
+    small = ["model.max_new_tokens=16", "data.group_size=4", "pipeline.train_batch_groups=2"]
+    task = ["data.reward=tests.support.tasks:digits_reward"]
+    run_dir, steps = _two_steps(tmp_path, [f"model.path={model_dir}", *small, *task, *split])
     tolerance = 1e-2 if split == BF16 else 1e-4  # the engines' bfloat16 roundings differ
     assert all(s["logprob_mismatch"] < tolerance for s in steps)
     final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
