@@ -51,19 +51,26 @@ def test_megatron_logits_on_cuda_match_the_torch_engine_in_fp32() -> None:
             dist.destroy_process_group()
 
 
-def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
-    pytest.importorskip("megatron.core")
+def _trained_on_cuda(tmp_path: Path, steps: int, overrides: list[str]) -> Path:
+    """``asyncrl run`` of ``steps`` steps in bfloat16 on CUDA, megatron training: its run
+    directory, every step checked to have trained."""
     run_dir = tmp_path / "run"
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
-    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=4"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", f"run.total_steps={steps}"]
     argv += ["backends.device=cuda", "backends.train=megatron", "model.dtype=bfloat16"]
-    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm", *overrides]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    assert [s["step"] for s in steps] == [1, 2, 3, 4]
-    assert all(s["grad_norm"] > 0 for s in steps)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [s["step"] for s in lines] == list(range(1, steps + 1))
+    assert all(s["grad_norm"] > 0 for s in lines)
+    return run_dir
+
+
+def test_a_short_rl_run_trains_with_megatron_on_cuda(tmp_path: Path) -> None:
+    pytest.importorskip("megatron.core")
+    run_dir = _trained_on_cuda(tmp_path, 4, [])
     final, _ = load_model(str(run_dir / "final"), torch.bfloat16)
     assert final.lm_head.weight.dtype == torch.bfloat16
 
@@ -104,18 +111,8 @@ def test_megatron_moe_logits_on_cuda_match_the_torch_engine(tmp_path: Path) -> N
 def test_a_short_rl_run_on_a_qwen3_moe_with_megatron_on_cuda(tmp_path: Path) -> None:
     pytest.importorskip("megatron.core")
     directory = _tiny_moe(tmp_path / "moe")
-    run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
-    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=3"]
-    argv += [f"model.path={directory}", "model.max_new_tokens=16", "data.group_size=4"]
-    argv += ["data.reward=tests.support.tasks:digits_reward", "pipeline.train_batch_groups=2"]
-    argv += ["backends.device=cuda", "backends.train=megatron", "model.dtype=bfloat16"]
-    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
-    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    assert [s["step"] for s in steps] == [1, 2, 3]
-    assert all(s["grad_norm"] > 0 for s in steps)
+    small = ["model.max_new_tokens=16", "data.group_size=4", "pipeline.train_batch_groups=2"]
+    task = ["data.reward=tests.support.tasks:digits_reward"]
+    run_dir = _trained_on_cuda(tmp_path, 3, [f"model.path={directory}", *small, *task])
     final, _ = load_model(str(run_dir / "final"))
     assert final.config.experts is not None
