@@ -150,7 +150,8 @@ class Decoder:
         # step reads nothing back to the host (not a mixture of experts).
         graphed = cuda_graphs and self.device.type == "cuda" and model.config.experts is None
         # A graphed step's padding rows write to one more slot, which no sequence takes.
-        self.cache = model.new_cache(slots + graphed, max_prompt_tokens + max_new_tokens)
+        spare = 1 if graphed else 0
+        self.cache = model.new_cache(slots + spare, max_prompt_tokens + max_new_tokens)
         self.graphed = GraphedSteps(model, self.cache, slots) if graphed else None
         self.generator = torch.Generator(self.device).manual_seed(seed)
         self.waiting: deque[Request] = deque()
