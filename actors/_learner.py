@@ -116,9 +116,11 @@ class Learner:
             loss_agg=a.loss_agg,
             estimator=a.estimator,
         )
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0
-        )
+        params = model.parameters() if self.engine is None else self.engine.optimized_parameters()
+        self.optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
+        optimized = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        # What this rank's optimizer keeps state for (all, unless the engine splits it).
+        self.optimized = {n for n, p in model.named_parameters() if id(p) in optimized}
 
     # --- a step ----------------------------------------------------------------------
 
@@ -139,6 +141,8 @@ class Learner:
         else:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         self.optimizer.step()
+        if self.engine is not None:
+            self.engine.finish_step()
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": loss, **loss_metrics(stats)}
         return StepStats(metrics, float(_whole(grad_norm)), tokens)

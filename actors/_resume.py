@@ -68,11 +68,13 @@ def stage(learner: Learner, store: StagedState, step: int) -> int:
 def reserve(learner: Learner, store: StagedState) -> None:
     """Size the staging files before the first step, so a lack of room stops the trainer
     at start with how much it needs. Before its first step AdamW has no state yet: its
-    two moments per parameter are counted as the parameter's shape."""
+    two moments per parameter it updates are counted as the parameter's shape."""
     state = learner.local_state()
     if not any(key.startswith("adam/") for key in state):
         for key, param in list(state.items()):
             name = key.removeprefix("param/")
+            if name not in learner.optimized:
+                continue  # another rank's optimizer keeps its moments
             for moment in ("exp_avg", "exp_avg_sq"):
                 state[f"adam/{name}/{moment}"] = param
             state[f"adam/{name}/step"] = torch.zeros(())

@@ -23,9 +23,21 @@ from ._staged_state import StagedState
 from .gang import Order
 from .policy.model import CausalLM
 
-__all__ = ["TrainRank", "restore_body"]
+__all__ = ["TrainRank", "restore_body", "staged_identity"]
 
 log = structlog.get_logger("asyncrl.train")
+
+
+def staged_identity(cfg: RunConfig, ranks: int) -> dict[str, object]:
+    """What a rank's staged tensors depend on: a state staged under another split of the
+    model (rank count, engine, megatron's parallel sizes, the optimizer's split) is
+    ignored on resume, which then starts from a checkpoint."""
+    identity: dict[str, object] = {"ranks": ranks, "engine": cfg.backends.train}
+    if cfg.backends.train == "megatron":
+        m = cfg.backends.megatron
+        split = [m.tensor_parallel, m.pipeline_parallel, m.expert_parallel]
+        identity |= {"megatron": split, "distributed_optimizer": m.distributed_optimizer}
+    return identity
 
 
 class TrainRank:
@@ -37,7 +49,7 @@ class TrainRank:
         self.run = RunDir.of(cfg)
         self.ranks = ranks
         self.learner = Learner(model, cfg, pad_id, ranks)
-        self.store = StagedState(self.run.staged_state, rank, {"ranks": ranks})
+        self.store = StagedState(self.run.staged_state, rank, staged_identity(cfg, ranks))
         self.step = 0
 
     def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:

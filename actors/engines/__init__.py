@@ -148,8 +148,17 @@ class EngineModel(Protocol):
         """(this rank's copy of the model, copies, the copies' process group or None)."""
         ...
 
+    def optimized_parameters(self) -> list[torch.nn.Parameter]:
+        """What this rank's optimizer updates (a share of the copies' parameters, when the
+        engine splits the optimizer's state over them); asked once, by the learner."""
+        ...
+
     def finish_gradients(self) -> None:
         """After the micro-batches: sum the gradients over the copies."""
+        ...
+
+    def finish_step(self) -> None:
+        """After the optimizer's step: the copies take the parameters updated elsewhere."""
         ...
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

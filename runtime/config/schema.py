@@ -377,6 +377,14 @@ class MegatronSection:
         default=1,
         metadata=doc("ranks a mixture-of-experts layer's experts are spread over", min=1),
     )
+    distributed_optimizer: bool = field(
+        default=True,
+        metadata=doc(
+            "with several data-parallel copies, AdamW's state is split among them: each "
+            "rank keeps and updates its share of the parameters, gradients are reduced to "
+            "it and the new values broadcast (false: every copy keeps the whole state)"
+        ),
+    )
 
     @property
     def model_parallel(self) -> int:

@@ -150,6 +150,25 @@ def test_a_slot_of_another_group_layout_is_ignored(tmp_path: Path) -> None:
     assert _store(tmp_path, rank=1, ranks=2).staged() == {}  # its own files: none yet
 
 
+def test_a_slot_staged_under_another_split_of_the_model_is_ignored(tmp_path: Path) -> None:
+    from asyncrl.actors._train_rank import staged_identity
+    from asyncrl.runtime.config import config_from_dict
+
+    def identity(**megatron) -> dict:
+        backends = {"train": "megatron", "megatron": megatron}
+        cfg = {"backends": backends, "pipeline": {"workers": {"train": 2}}}
+        return staged_identity(config_from_dict(cfg), 2)
+
+    StagedState(tmp_path, 0, identity()).save(3, _state(3))
+    assert list(StagedState(tmp_path, 0, identity()).staged()) == [3]
+    for other in (
+        identity(distributed_optimizer=False),  # the moments of every parameter, not a share
+        identity(tensor_parallel=2),
+        staged_identity(config_from_dict({}), 2),  # the torch engine's FSDP shards
+    ):
+        assert StagedState(tmp_path, 0, other).staged() == {}
+
+
 def test_removing_at_the_end_leaves_nothing(tmp_path: Path) -> None:
     directory = tmp_path / "s"
     ranks = [_store(directory, rank, 2) for rank in (0, 1)]

@@ -53,6 +53,7 @@ from .mapping import (
     tensor_parallel_dim,
     to_te_names,
 )
+from .optimizer import DistributedOptimizer, Share
 from .stages import Stages
 
 __all__ = [
@@ -328,11 +329,19 @@ class MegatronLM(nn.Module):
     """A ``GPTModel`` as the learner and the scorers use a model: token ids in, logits out;
     weights in and out by Hugging Face name."""
 
-    def __init__(self, config: ModelConfig, gpt: GPTModel, sizes: ParallelSizes) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        gpt: GPTModel,
+        sizes: ParallelSizes,
+        distributed_optimizer: bool = False,
+    ) -> None:
         super().__init__()
         self.config = config
         self.gpt = gpt
         self.sizes = sizes
+        self.distributed_optimizer = distributed_optimizer
+        self._shards: DistributedOptimizer | None = None  # made with the learner's optimizer
         self.layout = layout_of(config, sizes.tensor)
         self.te = te_available()
         self.stages = Stages.current() if sizes.pipeline > 1 else None
@@ -442,11 +451,46 @@ class MegatronLM(nn.Module):
         group = parallel_state.get_data_parallel_group()
         return parallel_state.get_data_parallel_rank(), copies, group
 
+    def optimized_parameters(self) -> list[nn.Parameter]:
+        """The parameters this rank's optimizer updates: all of its part of the model, or
+        with the distributed optimizer and several copies, its share of them."""
+        copies = parallel_state.get_data_parallel_world_size()
+        if not self.distributed_optimizer or copies == 1:
+            return list(self.gpt.parameters())
+        dense = Share(
+            parallel_state.get_data_parallel_group(),
+            parallel_state.get_data_parallel_rank(),
+            copies,
+            {n: p for n, p in self.gpt.named_parameters() if not is_expert(n)},
+        )
+        experts = None
+        twins = parallel_state.get_expert_data_parallel_world_size()
+        if twins > 1 and self.config.experts is not None:
+            experts = Share(
+                parallel_state.get_expert_data_parallel_group(),
+                parallel_state.get_expert_data_parallel_rank(),
+                twins,
+                {n: p for n, p in self.gpt.named_parameters() if is_expert(n)},
+            )
+        self._shards = DistributedOptimizer(self.gpt.parameters(), dense, experts)
+        return self._shards.parameters()
+
     def finish_gradients(self) -> None:
         """Sum the gradients over the model's copies (each trained its own micro-batches;
-        the losses are normalised over the whole batch already). An expert's gradient is
-        whole already over its expert-parallel group (it computed every rank's tokens
-        routed to it): it is summed only over the ranks that hold the same expert."""
+        the losses are normalised over the whole batch already): on every copy, or with
+        the distributed optimizer on the rank that updates the parameter. An expert's
+        gradient is whole already over its expert-parallel group (it computed every
+        rank's tokens routed to it): it is summed only over the ranks that hold the same
+        expert."""
+        tied = self._tied_copy()
+        if tied is not None and tied.grad is not None:
+            # The embedding (first stage) and its copy as the output layer (last stage)
+            # are one weight: both take the sum of their gradients, so they stay equal.
+            # Before the copies' sum, which may leave a gradient on one rank only.
+            dist.all_reduce(tied.grad, group=parallel_state.get_embedding_group())
+        if self._shards is not None:
+            self._shards.reduce_gradients()
+            return
         _, copies, group = self.data_parallel()
         if copies > 1:
             for param in self._dense():
@@ -460,11 +504,12 @@ class MegatronLM(nn.Module):
                     # ranks may have had some, and the sum pairs up.
                     param.grad = torch.zeros_like(param)
                 dist.all_reduce(param.grad, group=expert_group)
-        tied = self._tied_copy()
-        if tied is not None and tied.grad is not None:
-            # The embedding (first stage) and its copy as the output layer (last stage)
-            # are one weight: both take the sum of their gradients, so they stay equal.
-            dist.all_reduce(tied.grad, group=parallel_state.get_embedding_group())
+
+    def finish_step(self) -> None:
+        """After the optimizer's step: with the distributed optimizer, every copy takes
+        the parameters their owners updated."""
+        if self._shards is not None:
+            self._shards.broadcast_parameters()
 
     def _dense(self) -> list[nn.Parameter]:
         return [p for n, p in self.gpt.named_parameters() if not is_expert(n)]
@@ -497,11 +542,13 @@ class MegatronLM(nn.Module):
             if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and p is not twin:
                 (experts if is_expert(name) else dense).append(p.grad.float().pow(2).sum())
         squares = _summed(dense, self.device)
+        expert_squares = _summed(experts, self.device)
+        if self._shards is not None:  # each gradient is on the rank that updates it
+            self._shards.sum_squares(squares, expert_squares)
         if self.sizes.tensor * self.sizes.pipeline > 1:
             dist.all_reduce(squares, group=parallel_state.get_model_parallel_group())
         # Each expert is on one rank of its expert-parallel group (of one stage): the
         # experts' squares summed over those ranks and the stages, the dense ones once.
-        expert_squares = _summed(experts, self.device)
         if self.sizes.expert * self.sizes.pipeline > 1:
             group = parallel_state.get_expert_tensor_model_pipeline_parallel_group()
             dist.all_reduce(expert_squares, group=group)
@@ -513,7 +560,7 @@ class MegatronLM(nn.Module):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """AdamW's state whole, each moment by its parameter's Hugging Face name (split,
-        fused and padded as the weights are); a collective over the tensor-parallel ranks."""
+        fused and padded as the weights are); a collective over the group."""
         params = dict(self.gpt.named_parameters())
         moments: dict[str, dict[str, torch.Tensor]] = {}
         step = None
@@ -523,8 +570,14 @@ class MegatronLM(nn.Module):
                     step = value  # the same count for every parameter
                 else:
                     moments.setdefault(key, {})[name] = value.detach()
+        shards, keys = self._shards, list(moments)
+        if shards is not None:
+            keys, step = shards.agreed(keys, step, self.device)
         state: dict[str, dict[str, torch.Tensor]] = {}
-        for key, by_name in moments.items():
+        for key in keys:
+            by_name = moments.get(key, {})
+            if shards is not None:  # each from the rank that keeps it, one moment at a time
+                by_name = shards.everywhere(by_name)
             for hf_name, tensor in self._whole(by_name).items():
                 entry = state.setdefault(hf_name, {})
                 entry[key] = tensor.cpu()
@@ -550,6 +603,8 @@ class MegatronLM(nn.Module):
         for key, hf in by_key.items():
             for name, tensor in self._mine(hf).items():
                 param = params[name]
+                if self._shards is not None and not self._shards.owns(param):
+                    continue  # its owner keeps it
                 optimizer.state.setdefault(param, {})[key] = tensor.to(param.device, param.dtype)
                 if step is not None:
                     optimizer.state[param]["step"] = step.clone()
@@ -637,6 +692,7 @@ def load_megatron(
     directory = model_dir(path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
     sizes = ParallelSizes.of(section)
-    model = MegatronLM(config, build_gpt(config, dtype, device, sizes), sizes)
+    gpt = build_gpt(config, dtype, device, sizes)
+    model = MegatronLM(config, gpt, sizes, section.distributed_optimizer)
     model.load_hf_state(read_weights(directory))
     return model, TextCodec.from_dir(directory)
