@@ -1,8 +1,17 @@
 """megatron-core as the engine of train, logp and ref_logp (``backends.train=megatron``).
 
-``mapping`` (pure tensor code) converts weights between Hugging Face's layout and
-megatron's; ``model`` builds megatron's ``GPTModel`` from a model directory and presents
-it to the learner and the scorers; ``logprobs`` computes log-probs over a vocabulary split
-across tensor-parallel ranks. Only ``model`` imports megatron, and only this package
-imports ``model``.
+- ``mapping``: weights between Hugging Face's layout and megatron's, whole and split over
+  tensor-, expert- and pipeline-parallel ranks (pure tensor code, no megatron import);
+- ``build``: megatron's ``GPTModel`` of a model configuration, and its process groups;
+- ``model``: that model as the learner and the scorers use one (token ids in, logits or
+  log-probs out, weights and optimizer state by Hugging Face name), loaded from a model
+  directory;
+- ``stages``: activations across pipeline stages as autograd functions;
+- ``experts``: a mixture of experts' router and token dispatcher on any device;
+- ``logprobs``: log-probs over a vocabulary split across tensor-parallel ranks;
+- ``gathers``: the collectives that put a split state together;
+- ``optimizer``: the distributed optimizer (AdamW's state split over data-parallel copies).
+
+Nothing outside this package imports it but ``actors._setup`` (``model.load_megatron``),
+and only when the config asks for megatron.
 """
