@@ -488,8 +488,12 @@ class SchedulerSection:
         ),
     )
     worker_busy_poll_us: int = field(
-        default=1000,
-        metadata=doc("a worker checks for its reply this long without sleeping", min=0),
+        default=0,
+        metadata=doc(
+            "a worker checks for its reply this long without sleeping (off: with the "
+            "scheduler spinning too, the two spinners slowed each other on 2 cores)",
+            min=0,
+        ),
     )
     curve: Literal["auto", "on", "off"] = field(
         default="auto", metadata=doc("CurveZMQ encryption; auto = on unless the host is loopback")

@@ -1,6 +1,6 @@
 """Small-message round trips through the scheduler, beside a Ray actor queue, in one run.
 
-    python -m tests.bench.bus_roundtrip [--rounds 3000] [--warmup 300] [--blocks 6]
+    python -m tests.bench.bus_roundtrip [--rounds 3000] [--warmup 300] [--blocks 6] [--spins]
 
 One round is what a worker does for each item: claim → lease → complete → ack, two
 requests. Ours runs through the real scheduler process (journal on, replies to completions
@@ -12,7 +12,8 @@ p99 of a round, and our rate over Ray's. Ours runs with the default busy polling
 (``scheduler.busy_poll_us``, ``scheduler.worker_busy_poll_us``) and once more without it.
 The four take turns in blocks of rounds, so that the machine's bursts of noise fall on
 each alike (Ray is started for each of its blocks, so its daemons never run beside ours);
-the ratio is also printed block by block.
+the ratio is also printed block by block. ``--spins`` instead runs our scheduler four
+ways, with the scheduler's and the worker's busy polling each on or off.
 Needs ``ray`` (``pip install -e '.[bench]'``).
 """
 
@@ -45,24 +46,36 @@ ECHO_ROW = "echo through our link, ipc"
 BARE_ROW = "echo, bare pyzmq, ipc"
 
 
-def scheduler_config(run_dir: Path, busy_poll: bool = True) -> dict:
-    spins = {} if busy_poll else {"busy_poll_us": 0, "worker_busy_poll_us": 0}
+Spins = tuple[int, int]  # (scheduler.busy_poll_us, scheduler.worker_busy_poll_us)
+NO_SPIN: Spins = (0, 0)
+# Who polls without sleeping: the four ways, for --spins.
+SPIN_SETTINGS: dict[str, Spins] = {
+    "scheduler 200 us, worker 1 ms": (200, 1000),
+    "scheduler 200 us, worker none": (200, 0),
+    "scheduler none, worker 1 ms": (0, 1000),
+    "neither": NO_SPIN,
+}
+
+
+def scheduler_config(run_dir: Path, spins: Spins | None = None) -> dict:
+    """The benchmark's scheduler config; ``spins`` None: the config's default busy polling."""
+    busy = {} if spins is None else {"busy_poll_us": spins[0], "worker_busy_poll_us": spins[1]}
     return {
         "run": {"dir": str(run_dir), "total_steps": 1_000_000},
         # No step ever runs here, so admission must not wait for one.
         "pipeline": {"max_staleness": 10_000_000, "train_batch_groups": 1},
         # The benchmark's worker never heartbeats: on a loaded machine a run can outlast
         # the default timeout, and a worker declared dead would end the benchmark.
-        "scheduler": {"worker_timeout_s": 3600, **spins},
+        "scheduler": {"worker_timeout_s": 3600, **busy},
         "logging": {"level": "warning"},
     }
 
 
 def start_scheduler(
-    run_dir: Path, control: str, events: str, busy_poll: bool = True
+    run_dir: Path, control: str, events: str, spins: Spins | None = None
 ) -> subprocess.Popen[bytes]:
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
-    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir, busy_poll))))
+    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir, spins))))
     serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
     proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -84,17 +97,18 @@ def time_rounds(one_round: Callable[[], None], rounds: int) -> list[float]:
 
 @contextmanager
 def scheduler_rounds(
-    kind: str, total: int, root: Path, busy_poll: bool = True
+    kind: str, total: int, root: Path, spins: Spins | None = None
 ) -> Iterator[Callable[[], None]]:
     """One round through a real scheduler process (``total`` items loaded), while open."""
-    run_dir = root / f"{kind}-{'busy' if busy_poll else 'sleeping'}"
+    setting = "default" if spins is None else f"{spins[0]}-{spins[1]}"
+    run_dir = root / f"{kind}-{setting}"
     if kind == "ipc":
         control, events = f"ipc://{run_dir}-control.sock", f"ipc://{run_dir}-events.sock"
     else:
         control, events = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
-    proc = start_scheduler(run_dir, control, events, busy_poll)
+    proc = start_scheduler(run_dir, control, events, spins)
     where = json.loads((run_dir / "endpoints.json").read_text())
-    cfg = config_from_dict(scheduler_config(run_dir, busy_poll))
+    cfg = config_from_dict(scheduler_config(run_dir, spins))
     busy_poll_s = cfg.scheduler.worker_busy_poll_us / 1e6
     # A worker speaks only for itself: one connection each, as in a run.
     loader = ZmqLink(where["control"], where["events"], identity="loader")
@@ -234,6 +248,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3000)
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument(
+        "--spins",
+        action="store_true",
+        help="instead: the scheduler's and the worker's busy polling on and off, four ways",
+    )
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
     parser.add_argument("--echo", nargs=2, metavar=("CONTROL", "BUSY_POLL_US"))
     args = parser.parse_args()
@@ -247,6 +266,8 @@ def main() -> None:
         raise SystemExit(serve(load_config(Path(args.serve[0])), resume=False,
                                endpoints=(args.serve[1], args.serve[2])))  # fmt: skip
     block = max(1, args.rounds // args.blocks)
+    if args.spins:
+        return compare_spins(args.warmup, block, args.blocks)
     print(
         f"{block * args.blocks} rounds each (claim → lease → complete → ack) after "
         f"{args.warmup} warm-up, in {args.blocks} blocks taken in turn, {os.cpu_count()} cores"
@@ -263,7 +284,7 @@ def main() -> None:
             IPC_ROW: scheduler_rounds("ipc", total, Path(tmp)),
             "asyncrl scheduler, tcp": scheduler_rounds("tcp", total, Path(tmp)),
             # What busy polling buys (and the figure before it was the default).
-            "asyncrl, ipc, no busy poll": scheduler_rounds("ipc", total, Path(tmp), False),
+            "asyncrl, ipc, no busy poll": scheduler_rounds("ipc", total, Path(tmp), NO_SPIN),
             # The floors: the same requests answered by a bare echo, through our link,
             # and as bare pyzmq calls.
             ECHO_ROW: echo_rounds(Path(tmp), through_link=True),
@@ -284,6 +305,32 @@ def main() -> None:
             rates[RAY_ROW] = len(block_took) / sum(block_took)
             per_block.append(rates)
     report(took, per_block)
+
+
+def compare_spins(warmup: int, block: int, blocks: int) -> None:
+    """Who should poll without sleeping: our scheduler over ipc with the scheduler's and
+    the worker's busy polling each on (the defaults before and now) or off, taking turns
+    in blocks as the main comparison does."""
+    print(f"{block * blocks} rounds each over ipc after {warmup} warm-up, in {blocks} blocks "
+          f"taken in turn, {os.cpu_count()} cores")  # fmt: skip
+    total = warmup + block * blocks
+    with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, ExitStack() as stack:
+        rounds = {
+            name: stack.enter_context(scheduler_rounds("ipc", total, Path(tmp), spins))
+            for name, spins in SPIN_SETTINGS.items()
+        }
+        for one_round in rounds.values():
+            time_rounds(one_round, warmup)
+        took: dict[str, list[float]] = {name: [] for name in rounds}
+        rates: dict[str, list[float]] = {name: [] for name in rounds}
+        for _ in range(blocks):
+            for name, one_round in rounds.items():
+                took[name] += (block_took := time_rounds(one_round, block))
+                rates[name].append(len(block_took) / sum(block_took))
+    print(f"{'':32} {'median block':>12} {'p50 ms':>8} {'p99 ms':>8}")
+    for name in rounds:
+        _, p50, p99 = summary(took[name])
+        print(f"{name:32} {statistics.median(rates[name]):12.0f} {p50:8.3f} {p99:8.3f}")
 
 
 def report(took: dict[str, list[float]], per_block: list[dict[str, float]]) -> None:
