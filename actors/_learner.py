@@ -37,7 +37,7 @@ from ._scorer import pack_rollouts
 from .engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.model import CausalLM
-from .policy.scoring import response_logprobs
+from .policy.scoring import response_logprobs, response_positions
 from .policy.sharding import shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
@@ -96,7 +96,7 @@ class Learner:
         # megatron's linear layers restore only CUDA's autocast state in their backward
         # (a CPU backward would meet bfloat16 gradients and float32 weights): on CPU it
         # computes in its weights' float32.
-        self._autocast = self.compute_dtype != master and (
+        self._autocast_on = self.compute_dtype != master and (
             self.engine is None or self.device.type == "cuda"
         )
         if self.engine is not None:
@@ -149,21 +149,20 @@ class Learner:
 
     def _accumulate(self, groups: list[Group], advantages: list[torch.Tensor]):
         self.model.train()
-        per_micro = self.cfg.algorithm.micro_batch_groups
         total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
-        starts = list(range(0, len(groups), per_micro))
-        mine = starts[self.part :: self.parts]
-        passes = -(-len(starts) // self.parts)  # every rank: as many as the busiest
+        totals = (total_tokens, total_sequences)
+        passes = self._passes(groups, advantages)
+        if self.engine is not None and self.engine.pipelined:
+            loss, parts = self._accumulate_in_stages(passes, totals)
+            return (*self._summed(loss, parts), total_tokens)
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
-        for index in range(passes):
-            real = index < len(mine)
-            first = mine[index] if real else starts[0]
-            chunk = groups[first : first + per_micro]
-            loss, part = self._micro_batch(
-                chunk, advantages[first : first + per_micro], total_tokens, total_sequences
-            )
+        for chunk, chunk_advantages, real in passes:
+            packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
+            with self._autocast():
+                logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
             # FSDP's reduce-scatter averages over ranks (gloo has no pre-scaled sum); the
@@ -176,9 +175,52 @@ class Learner:
                 total_loss += loss.detach()
         return (*self._summed(total_loss, parts), total_tokens)
 
+    def _passes(self, groups: list[Group], advantages: list[torch.Tensor]):
+        """This rank's micro-batches: (groups, their advantages, real). Every rank of the
+        group makes as many passes as the busiest; a pass beyond its own share repeats
+        the first micro-batch and is not real (its loss counts 0)."""
+        per_micro = self.cfg.algorithm.micro_batch_groups
+        starts = list(range(0, len(groups), per_micro))
+        mine = starts[self.part :: self.parts]
+        passes = -(-len(starts) // self.parts)
+        out = []
+        for index in range(passes):
+            real = index < len(mine)
+            first = mine[index] if real else starts[0]
+            end = first + per_micro
+            out.append((groups[first:end], advantages[first:end], real))
+        return out
+
+    def _accumulate_in_stages(self, passes, totals: tuple[int, int]):
+        """The passes through the engine's pipeline stages, which overlap on different
+        micro-batches (1F1B); the loss and its statistics exist on the last stage."""
+        assert self.engine is not None
+        packed = [pack_rollouts([g.rollouts for g in chunk], self.pad_id) for chunk, _, _ in passes]
+        parts: list[LossStats] = []
+        total_loss = torch.zeros((), device=self.device)
+
+        def loss_of(m: int, picked: torch.Tensor) -> torch.Tensor:
+            chunk, chunk_advantages, real = passes[m]
+            logp = picked * packed[m].mask.to(self.device)
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed[m], totals)
+            if not real:
+                return loss * 0.0
+            parts.append(part)
+            total_loss.add_(loss.detach())
+            return loss
+
+        batches = [response_positions(one, self.device) for one in packed]
+        temperature = self.cfg.algorithm.temperature
+        self.engine.train_in_stages(batches, loss_of, temperature, self._autocast)
+        return total_loss, parts
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast_on)
+
     def _summed(self, loss: torch.Tensor, parts: list[LossStats]):
         """The step's loss and stats over every rank's micro-batches."""
-        if self.parts == 1:  # one copy of the model: its ranks saw the same micro-batches
+        in_stages = self.engine is not None and self.engine.pipelined
+        if self.parts == 1 and not in_stages:  # one copy: its ranks saw the same batches
             return float(loss), merge_stats(parts)
         names = [f.name for f in fields(LossStats)]
         merged = merge_stats(parts) if parts else None
@@ -192,8 +234,13 @@ class Learner:
             ]
         )
         peak = _value(merged, "is_weight_max", self.device).reshape(1)
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.stats_group)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
+        if in_stages:  # computed on the last stage only
+            assert self.engine is not None
+            self.engine.from_last_stage(sums)
+            self.engine.from_last_stage(peak)
+        if self.parts > 1:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.stats_group)
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
         out: dict[str, Any] = {}
@@ -206,13 +253,12 @@ class Learner:
                 out[name] = torch.tensor(next(values), device=self.device)
         return total_loss, LossStats(**out)
 
-    def _micro_batch(self, groups, advantages, total_tokens: int, total_sequences: int):
-        packed = pack_rollouts([g.rollouts for g in groups], self.pad_id)
+    def _loss(self, groups, advantages, logp: torch.Tensor, packed, totals: tuple[int, int]):
+        """The policy loss of one micro-batch from its log-probs, and its statistics."""
         width = packed.mask.shape[1]
-        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast):
-            logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
         d = self.device
         reference = _reference_rows(groups, width)
+        total_tokens, total_sequences = totals
         return policy_loss(
             logp,
             _rows(groups, lambda g: g.proximal.logprobs, width).to(d),

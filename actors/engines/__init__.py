@@ -12,7 +12,8 @@ engine asks before it starts is answered here, in one place.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -146,6 +147,28 @@ class EngineModel(Protocol):
 
     def data_parallel(self) -> tuple[int, int, Any]:
         """(this rank's copy of the model, copies, the copies' process group or None)."""
+        ...
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether the model is split into pipeline stages: training then goes through
+        :meth:`train_in_stages` rather than a forward and a backward per micro-batch."""
+        ...
+
+    def train_in_stages(
+        self,
+        batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        loss_of: Callable[[int, torch.Tensor], torch.Tensor],
+        temperature: float,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> None:
+        """Forward and backward of every micro-batch (token ids, columns, targets) through
+        the stages; ``loss_of(m, log-probs)`` gives a micro-batch's loss on the stage that
+        has its log-probs."""
+        ...
+
+    def from_last_stage(self, tensor: torch.Tensor) -> None:
+        """``tensor`` as the last pipeline stage has it, on every stage (in place)."""
         ...
 
     def optimized_parameters(self) -> list[torch.nn.Parameter]:

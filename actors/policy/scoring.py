@@ -14,7 +14,7 @@ import torch
 from ..engines import EngineModel, device_of
 from .model import CausalLM
 
-__all__ = ["Packed", "pack", "response_logprobs"]
+__all__ = ["Packed", "pack", "response_logprobs", "response_positions"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,22 @@ def response_logprobs(
     from, so behaviour and recomputed log-probs compare like for like.
     """
     device = device_of(model)
+    inputs, columns, tokens = response_positions(packed, device)
+    if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
+        picked = model.token_logprobs(inputs, columns, tokens, temperature)
+        return picked * packed.mask.to(device)
+    # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
+    # vocabulary's logits at a time.
+    picked = model(inputs, columns=columns, targets=tokens, temperature=temperature)
+    return picked * packed.mask.to(device)
+
+
+def response_positions(
+    packed: Packed, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a model is given to score ``packed``'s responses: the token ids it reads
+    [rows, width - 1], the columns whose logits predict response tokens [rows, longest],
+    and those tokens."""
     ids = packed.ids.to(device)
     targets = ids[:, 1:]
     # Response token j of a row sits at column start + j; its logits at start + j - 1.
@@ -75,11 +91,4 @@ def response_logprobs(
         max=targets.shape[1] - 1
     )
     rows = torch.arange(ids.shape[0], device=device)[:, None]
-    tokens = targets[rows, columns]
-    if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
-        picked = model.token_logprobs(ids[:, :-1], columns, tokens, temperature)
-        return picked * packed.mask.to(device)
-    # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
-    # vocabulary's logits at a time.
-    picked = model(ids[:, :-1], columns=columns, targets=tokens, temperature=temperature)
-    return picked * packed.mask.to(device)
+    return ids[:, :-1], columns, targets[rows, columns]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,7 @@ from .mapping import (
     to_te_names,
 )
 from .optimizer import DistributedOptimizer, Share
+from .schedule import one_forward_one_backward
 from .stages import Stages
 
 __all__ = ["MegatronLM", "load_megatron"]
@@ -61,6 +63,9 @@ class MegatronLM(nn.Module):
         self.sizes = sizes
         self.distributed_optimizer = distributed_optimizer
         self._shards: DistributedOptimizer | None = None  # made with the learner's optimizer
+        # Training overlaps the stages (1F1B); False runs one micro-batch at a time through
+        # them all, the schedule before 1F1B (kept for tests.bench.pipeline_schedule).
+        self.overlap_stages = True
         self.layout = layout_of(config, sizes.tensor)
         self.te = te_available()
         self.stages = Stages.current() if sizes.pipeline > 1 else None
@@ -106,6 +111,58 @@ class MegatronLM(nn.Module):
             )
 
         return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
+
+    # --- training through pipeline stages ---------------------------------------------
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether training runs through :meth:`train_in_stages` (pipeline stages)."""
+        return self.stages is not None and self.overlap_stages
+
+    def train_in_stages(
+        self,
+        batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        loss_of: Callable[[int, torch.Tensor], torch.Tensor],
+        temperature: float,
+        autocast: Callable[[], AbstractContextManager],
+    ) -> None:
+        """Forward and backward of every micro-batch (token ids, columns, targets, as
+        :meth:`token_logprobs` takes them), the stages overlapping in 1F1B order. On the
+        last stage ``loss_of(m, log-probs)`` gives micro-batch m's loss; the forward
+        runs under ``autocast()``, the loss outside it."""
+        stages = self.stages
+        assert stages is not None
+        group = None
+        if self.sizes.tensor > 1:
+            group = parallel_state.get_tensor_model_parallel_group()
+
+        def forward(m: int, received: torch.Tensor | None) -> torch.Tensor:
+            input_ids, columns, targets = batches[m]
+            batch, tokens = input_ids.shape
+            positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+            if received is not None:
+                self.gpt.set_input_tensor(received)
+            with autocast():
+                out = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+                if not stages.last:
+                    return out
+                out = out[torch.arange(batch, device=out.device)[:, None], columns]
+                picked = vocab_parallel_logprobs(
+                    out, targets, group, vocab=self.config.vocab_size, temperature=temperature
+                )
+            return loss_of(m, picked.float())
+
+        def shape_of(m: int) -> tuple[int, ...]:
+            batch, tokens = batches[m][0].shape  # megatron's activations: [tokens, batch, hidden]
+            return (tokens, batch, self.config.hidden_size)
+
+        one_forward_one_backward(stages, len(batches), shape_of, forward, self.dtype, self.device)
+
+    def from_last_stage(self, tensor: torch.Tensor) -> None:
+        """``tensor`` as the last stage has it, on every stage (in place; a collective)."""
+        stages = self.stages
+        assert stages is not None
+        dist.broadcast(tensor, src=stages.last_rank, group=stages.group)
 
     def _through_stages(
         self,

@@ -4,18 +4,19 @@ megatron-core's own schedules (``pipeline_parallel.get_forward_backward_func``) 
 run on CPU: their point-to-point layer allocates its receive buffers and shape tensors on
 ``torch.cuda.current_device()`` (``p2p_communication.py``, ``_communicate`` and
 ``_communicate_shapes``). Here the links between stages are autograd functions instead,
-so the learner's loop stays what it is for one rank (forward, loss, backward per
-micro-batch) and the same code runs on gloo and NCCL:
+so a forward (and a backward) per micro-batch runs as it does for one rank, on gloo and
+NCCL alike:
 
 - a stage after the first receives its input from the previous stage; backward sends
   that input's gradient back;
 - a stage before the last sends its output on; backward receives the output's gradient;
 - the last stage's result (log-probs, or logits) is broadcast to every stage, so each
-  computes the same loss and the same statistics; only the last stage's copy leads into
-  the model, the others lead only to the send whose backward pulls the gradient in.
+  has the same result; only the last stage's copy leads into the model, the others lead
+  only to the send whose backward pulls the gradient in.
 
-One micro-batch is in flight at a time (the stages wait for each other rather than
-overlap micro-batches): correct and simple, not yet the throughput of a 1F1B schedule.
+Scoring runs this way. Training runs the stages overlapped instead (:mod:`.schedule`,
+1F1B); ``MegatronLM.overlap_stages = False`` trains through these links, one
+micro-batch in flight at a time, for comparison.
 """
 
 from __future__ import annotations
