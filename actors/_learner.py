@@ -14,7 +14,7 @@ up); a rank with fewer micro-batches than the others repeats one with its loss t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -63,6 +63,30 @@ class Group:
             reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
             rewards=RewardsOut.of(item).rewards,
         )
+
+    def rows(self, chosen: np.ndarray) -> Group:
+        """This group's rows ``chosen`` alone, every array cut to the longest of them."""
+        r = self.rollouts
+        width = max(1, int(r.lengths[chosen].max()))
+
+        def cut(a: np.ndarray) -> np.ndarray:
+            return a[chosen, :width]
+
+        rollouts = replace(
+            r,
+            response_ids=cut(r.response_ids),
+            lengths=r.lengths[chosen],
+            logprobs=cut(r.logprobs),
+            versions=cut(r.versions),
+            truncated=r.truncated[chosen],
+            loss_mask=cut(r.loss_mask),
+            owners=r.owners[chosen],
+        )
+        proximal = LogprobsOut(cut(self.proximal.logprobs), self.proximal.version)
+        reference = self.reference
+        if reference is not None:
+            reference = LogprobsOut(cut(reference.logprobs), reference.version)
+        return Group(self.gid, rollouts, proximal, reference, self.rewards)
 
 
 @dataclass(frozen=True)
@@ -176,20 +200,20 @@ class Learner:
         return (*self._summed(total_loss, parts), total_tokens)
 
     def _passes(self, groups: list[Group], advantages: list[torch.Tensor]):
-        """This rank's micro-batches: (groups, their advantages, real). Every rank of the
-        group makes as many passes as the busiest; a pass beyond its own share repeats
-        the first micro-batch and is not real (its loss counts 0)."""
-        per_micro = self.cfg.algorithm.micro_batch_groups
-        starts = list(range(0, len(groups), per_micro))
-        mine = starts[self.part :: self.parts]
-        passes = -(-len(starts) // self.parts)
-        out = []
-        for index in range(passes):
-            real = index < len(mine)
-            first = mine[index] if real else starts[0]
-            end = first + per_micro
-            out.append((groups[first:end], advantages[first:end], real))
-        return out
+        """This rank's micro-batches: (row sets of groups, their advantages, real). The
+        step's rows are sorted by length and cut into as many micro-batches as
+        ``micro_batch_groups`` makes of the groups, so rows of like length are padded
+        together (the loss is normalised over the whole step, so how rows are split does
+        not change it). Micro-batch m goes to copy m mod copies; every rank makes as many
+        passes as the busiest, a pass beyond its own share repeating the first
+        micro-batch and not real (its loss counts 0)."""
+        batches = _by_length(groups, advantages, self.cfg.algorithm.micro_batch_groups)
+        mine = batches[self.part :: self.parts]
+        passes = -(-len(batches) // self.parts)
+        return [
+            (*mine[index], True) if index < len(mine) else (*batches[0], False)
+            for index in range(passes)
+        ]
 
     def _accumulate_in_stages(self, passes, totals: tuple[int, int]):
         """The passes through the engine's pipeline stages, which overlap on different
@@ -354,6 +378,28 @@ class Learner:
             _local(out).copy_(value)
             return out
         return value.clone()
+
+
+def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: int):
+    """The step's rows, longest first, in micro-batches of about as many rows as
+    ``per_micro`` groups hold, each a list of row sets of groups and their advantages."""
+    rows = [
+        (len(g.rollouts.prompt_ids) + int(length), i, row)
+        for i, g in enumerate(groups)
+        for row, length in enumerate(g.rollouts.lengths)
+    ]
+    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
+    count = -(-len(groups) // per_micro)
+    size = -(-len(rows) // count)
+    batches = []
+    for start in range(0, len(rows), size):
+        taken: dict[int, list[int]] = {}
+        for _, i, row in rows[start : start + size]:
+            taken.setdefault(i, []).append(row)
+        chosen = {i: np.array(sorted(r)) for i, r in sorted(taken.items())}
+        parts = [groups[i].rows(c) for i, c in chosen.items()]
+        batches.append((parts, [advantages[i][torch.from_numpy(c)] for i, c in chosen.items()]))
+    return batches
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:

@@ -115,8 +115,9 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
     )
     # AdamW's first step moves each weight by about lr whatever its gradient's size, so a
     # gradient near zero turns the engines' float rounding into a visible difference:
-    # the weights agree to 5% of lr (1e-3), the gradients (in the moments) far closer.
-    assert worst <= 5e-5, f"updated weights differ by {worst}"
+    # the weights agree to 10% of lr (1e-3), the gradients (in the moments) to 1e-5 of
+    # their size. (How the step's rows fall into micro-batches moves that rounding.)
+    assert worst <= 1e-4, f"updated weights differ by {worst}"
     moment_gap = (torch.from_numpy(moment) - expected_moment).abs().max()
     assert moment_gap <= 1e-5 * expected_moment.abs().max()
     assert same_weights and same_moments

@@ -1,0 +1,59 @@
+"""How the learner cuts a step into micro-batches: rows of like length together, every
+row once, and the step's loss and gradient as one micro-batch of everything gives."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from asyncrl.actors._learner import Group, Learner, _by_length
+from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.runtime.config import config_from_dict
+from tests.integration.test_train_group import _lease
+
+
+def _groups() -> list[Group]:
+    return [Group.of(item) for item in _lease(seed=3, groups=6, responses=4).items]
+
+
+def test_rows_are_cut_longest_first_into_as_many_micro_batches_as_the_groups_make() -> None:
+    groups = _groups()
+    advantages = [torch.arange(4.0) + 10 * i for i in range(len(groups))]
+    batches = _by_length(groups, advantages, per_micro=2)
+    assert len(batches) == 3
+    lengths = []
+    seen = []
+    for parts, part_advantages in batches:
+        here = []
+        for part, advantage in zip(parts, part_advantages, strict=True):
+            prompt = len(part.rollouts.prompt_ids)
+            here += [prompt + int(n) for n in part.rollouts.lengths]
+            # each row keeps its own advantage: 10 * group + row
+            gid = part.gid
+            seen += [(gid, int(a) - 10 * gid) for a in advantage]
+            width = part.rollouts.response_ids.shape[1]
+            assert width == int(part.rollouts.lengths.max())  # cut to its longest row
+            assert part.proximal.logprobs.shape == part.rollouts.response_ids.shape
+        lengths.append(here)
+    assert sorted(seen) == [(g.gid, row) for g in groups for row in range(4)]
+    for longer, shorter in itertools.pairwise(lengths):
+        assert min(longer) >= max(shorter)
+
+
+def _step(per_micro: int):
+    torch.manual_seed(0)
+    model, codec = load_model("embedded")
+    cfg = config_from_dict({"algorithm": {"micro_batch_groups": per_micro, "lr": 1e-3}})
+    learner = Learner(model, cfg, codec.pad_id)
+    stats = learner.step(_groups())
+    return stats, learner.full_optimizer_state()["state"]
+
+
+def test_the_step_is_the_same_however_its_rows_are_cut() -> None:
+    (cut, cut_state), (whole, whole_state) = _step(1), _step(6)
+    assert abs(cut.metrics["loss"] - whole.metrics["loss"]) <= 1e-6
+    assert abs(cut.grad_norm - whole.grad_norm) <= 1e-5 * whole.grad_norm
+    for name, entry in whole_state.items():
+        gap = (cut_state[name]["exp_avg"] - entry["exp_avg"]).abs().max()
+        assert gap <= 1e-5 * max(float(entry["exp_avg"].abs().max()), 1e-12), name
