@@ -167,7 +167,7 @@ def score_rollouts(
     packed = pack_rollouts(rollouts, pad_id)
     if gang is None:
         with torch.inference_mode():
-            scores = response_logprobs(model.eval(), packed, temperature).cpu().numpy()
+            scores = _score_by_length(model.eval(), packed, temperature)
     else:
         scores = _score_shared(model, packed, temperature, gang)
     out, row = [], 0
@@ -219,6 +219,39 @@ def _score_shared(
         first_rank = [owners.tolist().index(copy) for copy in range(parts)]
         gathered = gathered.view(gang.size, block, -1)[first_rank].reshape(parts * block, -1)
     return gathered[:rows].cpu().numpy()
+
+
+# Rows scored in one forward pass when a lease has more: sorted by length first, so a pass
+# pads its rows only to the longest of rows like them, not to the lease's longest.
+SCORE_ROWS = 16
+
+
+def _score_by_length(
+    model: CausalLM | EngineModel, packed: Packed, temperature: float
+) -> np.ndarray:
+    """Log-probs of every row of ``packed`` [rows, longest], ``SCORE_ROWS`` rows of like
+    length at a time."""
+    rows = packed.ids.shape[0]
+    if rows <= SCORE_ROWS:
+        return response_logprobs(model, packed, temperature).cpu().numpy()
+    order = torch.argsort(packed.starts + packed.lengths, descending=True, stable=True)
+    out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
+    for first in range(0, rows, SCORE_ROWS):
+        chosen = order[first : first + SCORE_ROWS]
+        part = _chosen_rows(packed, chosen)
+        if part.mask.shape[1] == 0:
+            continue  # empty responses: nothing to score
+        scores = response_logprobs(model, part, temperature).cpu().numpy()
+        out[chosen.numpy(), : scores.shape[1]] = scores
+    return out
+
+
+def _chosen_rows(packed: Packed, chosen: torch.Tensor) -> Packed:
+    """Rows ``chosen`` of ``packed``, cut to the longest of them."""
+    starts, lengths = packed.starts[chosen], packed.lengths[chosen]
+    width = int((starts + lengths).max())
+    longest = int(lengths.max())
+    return Packed(packed.ids[chosen, :width], starts, lengths, packed.mask[chosen, :longest])
 
 
 def _rows_of(packed: Packed, start: int, stop: int) -> Packed:

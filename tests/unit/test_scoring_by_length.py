@@ -1,0 +1,26 @@
+"""A scorer's lease is scored in passes of rows of like length: the same log-probs as one
+pass over every row, each row back in its place."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from asyncrl.actors import _scorer
+from asyncrl.actors._scorer import score_items
+from asyncrl.actors.policy.checkpoint import load_model
+from tests.integration.test_train_group import _lease
+
+
+def test_passes_by_length_score_as_one_pass_over_every_row(monkeypatch) -> None:
+    model, codec = load_model("embedded")
+    items = _lease(seed=5, groups=6, responses=4).items  # 24 rows, lengths 1..8
+    torch.manual_seed(0)
+    by_length = score_items(model, items, codec.pad_id, 1.0)
+    monkeypatch.setattr(_scorer, "SCORE_ROWS", 10_000)  # every row in one pass
+    whole = score_items(model, items, codec.pad_id, 1.0)
+    assert len(by_length) == len(whole) == 6
+    for got, want in zip(by_length, whole, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    assert any(np.abs(w).sum() > 0 for w in whole)
