@@ -205,13 +205,13 @@ class Learner:
         ``micro_batch_groups`` makes of the groups, so rows of like length are padded
         together (the loss is normalised over the whole step, so how rows are split does
         not change it). Micro-batch m goes to copy m mod copies; every rank makes as many
-        passes as the busiest, a pass beyond its own share repeating the first
+        passes as the busiest, a pass beyond its own share repeating the last (shortest)
         micro-batch and not real (its loss counts 0)."""
         batches = _by_length(groups, advantages, self.cfg.algorithm.micro_batch_groups)
         mine = batches[self.part :: self.parts]
         passes = -(-len(batches) // self.parts)
         return [
-            (*mine[index], True) if index < len(mine) else (*batches[0], False)
+            (*mine[index], True) if index < len(mine) else (*batches[-1], False)
             for index in range(passes)
         ]
 

@@ -101,16 +101,35 @@ class MegatronLM(nn.Module):
     ) -> torch.Tensor:
         """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
         rank holding whole rows of logits (the vocabulary stays split)."""
+
+        def chosen(logits: torch.Tensor) -> torch.Tensor:
+            return self._picked(logits, targets, temperature)
+
+        return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
+
+    def _stage_output(
+        self, input_ids: torch.Tensor, received: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """This stage's output for ``input_ids`` [batch, tokens]: the hidden states
+        [tokens, batch, hidden] to send on, or on the last stage this rank's vocabulary
+        slice of the logits [batch, tokens, slice]. ``received`` is the previous stage's
+        output (None on the first)."""
+        batch, tokens = input_ids.shape
+        positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
+        if received is not None:
+            self.gpt.set_input_tensor(received)
+        return self.gpt(input_ids, positions, None, runtime_gather_output=False)
+
+    def _picked(
+        self, logits: torch.Tensor, targets: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        """log p(``targets``) from this rank's vocabulary slice of ``logits``."""
         group = None
         if self.sizes.tensor > 1:
             group = parallel_state.get_tensor_model_parallel_group()
-
-        def chosen(logits: torch.Tensor) -> torch.Tensor:
-            return vocab_parallel_logprobs(
-                logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
-            )
-
-        return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
+        return vocab_parallel_logprobs(
+            logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
+        )
 
     # --- training through pipeline stages ---------------------------------------------
 
@@ -132,24 +151,14 @@ class MegatronLM(nn.Module):
         runs under ``autocast()``, the loss outside it."""
         stages = self.stages
         assert stages is not None
-        group = None
-        if self.sizes.tensor > 1:
-            group = parallel_state.get_tensor_model_parallel_group()
 
         def forward(m: int, received: torch.Tensor | None) -> torch.Tensor:
             input_ids, columns, targets = batches[m]
-            batch, tokens = input_ids.shape
-            positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
-            if received is not None:
-                self.gpt.set_input_tensor(received)
             with autocast():
-                out = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+                out = self._stage_output(input_ids, received)
                 if not stages.last:
                     return out
-                out = out[torch.arange(batch, device=out.device)[:, None], columns]
-                picked = vocab_parallel_logprobs(
-                    out, targets, group, vocab=self.config.vocab_size, temperature=temperature
-                )
+                picked = self._picked(_at(out, columns), targets, temperature)
             return loss_of(m, picked.float())
 
         def shape_of(m: int) -> tuple[int, ...]:
@@ -176,18 +185,18 @@ class MegatronLM(nn.Module):
         every rank: with pipeline stages the last computes it and the others receive it
         (``shape``, ``dtype``), and backward on any stage trains the whole model."""
         batch, tokens = input_ids.shape
-        positions = torch.arange(tokens, device=input_ids.device).expand(batch, tokens)
         stages = self.stages
+        received = None
         if stages is not None and not stages.first:
             # megatron's activations between layers are [tokens, batch, hidden]
             hidden = (tokens, batch, self.config.hidden_size)
-            self.gpt.set_input_tensor(stages.receive(hidden, self.dtype, self.device))
-        out = self.gpt(input_ids, positions, None, runtime_gather_output=False)
+            received = stages.receive(hidden, self.dtype, self.device)
+        out = self._stage_output(input_ids, received)
         if stages is not None and not stages.last:
             link = stages.send(out.to(self.dtype))
             return stages.from_last(None, link, shape, dtype)
         if columns is not None:
-            out = out[torch.arange(batch, device=out.device)[:, None], columns]
+            out = _at(out, columns)
         result = head(out).to(dtype)
         return result if stages is None else stages.from_last(result, None, shape, dtype)
 
@@ -419,6 +428,11 @@ class MegatronLM(nn.Module):
 
 def _summed(squares: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+
+
+def _at(out: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """Rows of ``out`` [batch, tokens, ...] at ``columns`` [batch, k] of each row."""
+    return out[torch.arange(out.shape[0], device=out.device)[:, None], columns]
 
 
 def _is_tensor(value: object) -> bool:
