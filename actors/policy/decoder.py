@@ -14,6 +14,14 @@ trainer recomputing log-probs of the same version gets the same numbers.
 Each slot keeps its tokens and how many of them are in the cache ("fed"). One step feeds
 each slot its unfed tokens (one, usually; a whole prompt for a new sequence; everything
 after a reload) and samples a next token from the last position's logits.
+
+Two things keep a step's work to what its sequences need. The running sequences hold the
+cache's first slots, with no gaps: a sequence that ends hands its slot to the one in the
+last slot (a copy of that sequence's cached prefix), so that a step reads its rows of the
+cache as a view, not a copy (on CPU a gathered copy of the cache took half of each
+decode step of the long-tail run). And sequences catching up (new prompts, or every
+sequence after a reload) are fed in runs of like length, each run padded only to its own
+longest: a reload lays the sequences out shortest first, so the runs come out sorted.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from .checkpoint import load_state
 from .graphs import GraphedSteps
 from .model import CausalLM
 
-__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
+__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request", "like_width_runs"]
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,7 @@ class Decoder:
         self.waiting = deque(r for r in self.waiting if r.tag not in tags)
         for slot in [s for s, seq in self.active.items() if seq.request.tag in tags]:
             del self.active[slot]
+        self._close_gaps()
 
     def close(self) -> None:
         """Drop every sequence (a new decoder replaces this one)."""
@@ -195,8 +204,12 @@ class Decoder:
         """
         superseded = load_state(self.model, state, copy=copy)
         self.version = version
-        for sequence in self.active.values():
-            sequence.fed = 0  # its cache was computed by the old weights: recompute
+        # Every cache entry was computed by the old weights: all are recomputed, so the
+        # sequences may take any slots. Shortest first, so catching up runs by length.
+        running = sorted(self.active.values(), key=lambda seq: len(seq.tokens))
+        for sequence in running:
+            sequence.fed = 0
+        self.active = dict(enumerate(running))
         return superseded
 
     # Inference mode, not just no_grad: no version counters or view tracking on the
@@ -209,15 +222,30 @@ class Decoder:
             return []
         # Ascending slot order lets the model read a run of slots from the cache as a view.
         slots = sorted(self.active)
-        catching_up = [s for s in slots if len(self.active[s].tokens) - self.active[s].fed > 1]
-        current = [s for s in slots if len(self.active[s].tokens) - self.active[s].fed == 1]
+        unfed = {s: len(self.active[s].tokens) - self.active[s].fed for s in slots}
+        catching_up = [s for s in slots if unfed[s] > 1]
+        current = [s for s in slots if unfed[s] == 1]
         finished: list[Finished] = []
-        for group in (catching_up, current):
-            if group:
-                finished += self._advance(group)
+        for run in like_width_runs(catching_up, unfed):
+            finished += self._advance(run)
+        if current:
+            finished += self._advance(current)
+        self._close_gaps()
         return finished
 
     # --- inside a step ------------------------------------------------------------------
+
+    def _close_gaps(self) -> None:
+        """Move the sequences in the last slots into the free slots below them (their
+        cached prefix with them), so that the running sequences hold slots 0..n-1."""
+        keys, values = self.cache.keys, self.cache.values
+        holes = (slot for slot in range(len(self.active)) if slot not in self.active)
+        for hole in holes:
+            last = max(self.active)
+            sequence = self.active.pop(last)
+            keys[:, hole, : sequence.fed] = keys[:, last, : sequence.fed]
+            values[:, hole, : sequence.fed] = values[:, last, : sequence.fed]
+            self.active[hole] = sequence
 
     def _admit(self) -> None:
         free = (slot for slot in range(self.slots) if slot not in self.active)
@@ -293,3 +321,28 @@ class Decoder:
             truncated=not ended,
             stopped_by=response[-1] if ended else None,
         )
+
+
+# A run of catching-up rows is padded to its longest; a row joins the run while the run's
+# padded tokens stay within this factor of its real ones. Each run costs one more model
+# call (a few milliseconds of CPU for a small model), so runs are not cut finer than that.
+PADDING_SLACK = 1.25
+
+
+def like_width_runs(slots: list[int], width: Mapping[int, int]) -> list[list[int]]:
+    """``slots`` (ascending) cut into runs of consecutive slots whose ``width`` padded to
+    the run's widest costs at most :data:`PADDING_SLACK` times their sum."""
+    runs: list[list[int]] = []
+    run: list[int] = []
+    widest = total = 0
+    for slot in slots:
+        w = width[slot]
+        padded = (len(run) + 1) * max(widest, w)
+        if run and (slot != run[-1] + 1 or padded > PADDING_SLACK * (total + w)):
+            runs.append(run)
+            run, widest, total = [], 0, 0
+        run.append(slot)
+        widest, total = max(widest, w), total + w
+    if run:
+        runs.append(run)
+    return runs

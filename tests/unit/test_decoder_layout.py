@@ -1,0 +1,108 @@
+"""How the decoder lays sequences out in its cache: the running ones hold the first slots
+with no gaps (an ended sequence's slot goes to the one in the last slot, its cached prefix
+with it), and sequences catching up are fed in runs of like length. Neither may change a
+log-probability."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+from asyncrl.actors.policy.decoder import PADDING_SLACK, Decoder, Request, like_width_runs
+from asyncrl.actors.policy.model import CausalLM
+from asyncrl.actors.policy.scoring import pack, response_logprobs
+from asyncrl.actors.policy.tokenizer import TextCodec
+
+# The packaged model, trained: its attention is sharp, so a sequence given another's cache
+# entries gets other log-probs (a random model's barely change).
+MODEL = "embedded"
+PROMPTS = ["1+2=", "345+6789=", "7=", "12+3=", "99999+1=", "4+56="]
+
+
+def _decoder(model: CausalLM, codec: TextCodec, slots: int) -> Decoder:
+    return Decoder(
+        model,
+        slots=slots,
+        max_new_tokens=20,
+        max_prompt_tokens=16,
+        eos_id=codec.eos_id,
+        pad_id=codec.pad_id,
+    )
+
+
+def _requests(codec: TextCodec, count: int) -> list[Request]:
+    """Prompts of several lengths, with budgets that end them in a scrambled order."""
+    return [
+        Request(i, tuple(codec.encode(PROMPTS[i % len(PROMPTS)])), max_new_tokens=3 + (7 * i) % 17)
+        for i in range(count)
+    ]
+
+
+def _recomputed(model: CausalLM, codec: TextCodec, finished) -> torch.Tensor:
+    packed = pack([list(f.prompt) for f in finished], [f.tokens for f in finished], codec.pad_id)
+    with torch.no_grad():
+        return response_logprobs(model, packed)
+
+
+def test_running_sequences_hold_the_first_slots_and_keep_their_log_probs() -> None:
+    model, codec = load_model(MODEL)
+    d = _decoder(model, codec, slots=5)
+    d.submit(_requests(codec, 14))
+    finished, moved = [], 0
+    while d.busy:
+        before = {id(seq): slot for slot, seq in d.active.items()}
+        finished += d.step()
+        after = {id(seq): slot for slot, seq in d.active.items()}
+        moved += sum(1 for key, slot in after.items() if key in before and before[key] != slot)
+        assert sorted(d.active) == list(range(len(d.active))), "a gap among running slots"
+    assert moved > 0, "no sequence changed slots: the test would not see a bad move"
+    assert len(finished) == 14
+    finished.sort(key=lambda f: f.tag)
+    again = _recomputed(model, codec, finished)
+    for row, f in enumerate(finished):
+        assert torch.allclose(torch.tensor(f.logprobs), again[row, : len(f.tokens)], atol=1e-4)
+
+
+def test_a_reload_lays_sequences_out_shortest_first_and_recomputes_them_exactly() -> None:
+    model, codec = load_model(MODEL)
+    old_model, _ = load_model(MODEL)
+    torch.manual_seed(1)
+    after = {n: t + 0.05 * torch.randn_like(t) for n, t in state_for_saving(model).items()}
+    d = _decoder(model, codec, slots=8)
+    d.submit(_requests(codec, 8))
+    finished = d.step() + d.step() + d.step()
+    d.load(after, version=1)
+    lengths = [len(d.active[slot].tokens) for slot in sorted(d.active)]
+    assert lengths == sorted(lengths) and len(set(lengths)) > 1
+    assert sorted(d.active) == list(range(len(d.active)))
+    while d.busy:
+        finished += d.step()
+    finished.sort(key=lambda f: f.tag)
+    under_old = _recomputed(old_model, codec, finished)
+    under_new = _recomputed(model, codec, finished)
+    for row, f in enumerate(finished):
+        for j, version in enumerate(f.versions):
+            expected = (under_old if version == 0 else under_new)[row, j]
+            assert abs(f.logprobs[j] - expected.item()) < 1e-4
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 300)), min_size=0, max_size=40))
+def test_runs_of_like_width_cover_every_slot_once_each_within_the_slack(rows) -> None:
+    slots, width, slot = [], {}, 0
+    for gap, w in rows:
+        slot += 2 if gap else 1
+        slots.append(slot)
+        width[slot] = w
+    runs = like_width_runs(slots, width)
+    assert [s for run in runs for s in run] == slots
+    for run in runs:
+        assert run == list(range(run[0], run[0] + len(run))), "a run spans a gap"
+        widths = [width[s] for s in run]
+        assert len(run) == 1 or len(run) * max(widths) <= PADDING_SLACK * sum(widths)
+
+
+def test_rows_of_like_width_share_a_run() -> None:
+    width = {0: 10, 1: 11, 2: 12, 3: 200, 4: 210, 5: 220}
+    assert like_width_runs(list(width), width) == [[0, 1, 2], [3, 4, 5]]
