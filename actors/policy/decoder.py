@@ -21,7 +21,9 @@ last slot (a copy of that sequence's cached prefix), so that a step reads its ro
 cache as a view, not a copy (on CPU a gathered copy of the cache took half of each
 decode step of the long-tail run). And sequences catching up (new prompts, or every
 sequence after a reload) are fed in runs of like length, each run padded only to its own
-longest: a reload lays the sequences out shortest first, so the runs come out sorted.
+longest: a reload lays the sequences out longest first, so the runs come out sorted, and
+new sequences (the shortest) join at the end, so that a decode step's rows stay roughly
+by length too, for attention in runs of like span (attention_runs.py).
 """
 
 from __future__ import annotations
@@ -205,8 +207,9 @@ class Decoder:
         superseded = load_state(self.model, state, copy=copy)
         self.version = version
         # Every cache entry was computed by the old weights: all are recomputed, so the
-        # sequences may take any slots. Shortest first, so catching up runs by length.
-        running = sorted(self.active.values(), key=lambda seq: len(seq.tokens))
+        # sequences may take any slots. Longest first, so that catching up runs by length,
+        # and so do decode steps' attention runs: new sequences, the shortest, come last.
+        running = sorted(self.active.values(), key=lambda seq: -len(seq.tokens))
         for sequence in running:
             sequence.fed = 0
         self.active = dict(enumerate(running))
@@ -264,7 +267,12 @@ class Decoder:
         if self.graphed is not None and ids.shape[1] == 1:
             logits = self.graphed(ids, positions, torch.tensor(slots))
         else:
-            logits = self.model.step(ids.to(d), positions, torch.tensor(slots), self.cache)
+            # Attend over the longest real prefix: padding sits at the cache's last
+            # position, and would otherwise stretch every row's attention to the whole cache.
+            span = max(len(seq.tokens) for seq in sequences)
+            logits = self.model.step(
+                ids.to(d), positions, torch.tensor(slots), self.cache, span=span
+            )
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
         last = logits[torch.arange(len(slots), device=d), ends]
         chosen, logprobs = self._pick(last, sequences)

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from .attention_runs import attention_runs
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig", "rotary_frequencies"]
@@ -169,30 +170,45 @@ class _Attention(nn.Module):
         positions: torch.Tensor,
         visible: torch.Tensor,
         rows_of: slice | torch.Tensor,
+        runs: list[tuple[int, int, int]] | None = None,
     ) -> torch.Tensor:
         """Attend new tokens (at ``positions`` of ``slots``) to the cached keys ``visible``
-        [rows, tokens, span] to them; ``rows_of`` picks the slots' rows of the cache."""
+        [rows, tokens, span] to them; ``rows_of`` picks the slots' rows of the cache.
+        ``runs`` (first row, end row, span): rows that attend together, each run over its
+        own span (attention_runs.py); None: all rows over the whole of ``visible``."""
         q, k, v = self._project(x, rope)
         keys, values = cache
         rows = slots[:, None].expand_as(positions)
         keys[rows, positions] = k.transpose(1, 2)
         values[rows, positions] = v.transpose(1, 2)
-        span = visible.shape[-1]  # only the positions some row can see
-        keys, values = keys[rows_of, :span], values[rows_of, :span]
         # The query heads that share a key/value head become that head's rows, so that
         # attention runs one head per key/value head: no copy of the cache per query head
         # (SDPA's enable_gqa with a mask falls back to the kernel that makes one on CUDA).
-        rows, _, tokens, dim = q.shape
+        count, _, tokens, dim = q.shape
         group = self.heads // self.kv_heads
-        q = q.reshape(rows, self.kv_heads, group * tokens, dim)
-        mask = visible[:, None, None].expand(rows, 1, group, tokens, span)
-        attended = F.scaled_dot_product_attention(
-            q,
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=mask.reshape(rows, 1, group * tokens, span),
-        )
-        return self._out(attended.reshape(rows, self.heads, tokens, dim))
+        q = q.reshape(count, self.kv_heads, group * tokens, dim)
+        parts = []
+        for first, end, span in runs or [(0, count, visible.shape[-1])]:
+            n = end - first
+            cached = _rows(rows_of, first, end)
+            mask = visible[first:end, None, None, :, :span].expand(n, 1, group, tokens, span)
+            parts.append(
+                F.scaled_dot_product_attention(
+                    q[first:end],
+                    keys[cached, :span].transpose(1, 2),
+                    values[cached, :span].transpose(1, 2),
+                    attn_mask=mask.reshape(n, 1, group * tokens, span),
+                )
+            )
+        attended = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return self._out(attended.reshape(count, self.heads, tokens, dim))
+
+
+def _rows(rows_of: slice | torch.Tensor, first: int, end: int) -> slice | torch.Tensor:
+    """Rows ``first:end`` of a step's rows of the cache (a slice stays a slice: a view)."""
+    if isinstance(rows_of, slice):
+        return slice(rows_of.start + first, rows_of.start + end)
+    return rows_of[first:end]
 
 
 def _run(slots: torch.Tensor) -> slice | None:
@@ -364,6 +380,11 @@ class CausalLM(nn.Module):
         slots = slots.to(device, non_blocking=True)
         if rows_of is None:
             rows_of = slots
+        # On CPU, a decode step's rows attend in runs of like length (attention_runs.py); a
+        # GPU's one kernel for all rows costs less than several calls would.
+        runs = None
+        if device.type == "cpu" and positions.shape[1] == 1:
+            runs = attention_runs([p + 1 for p in positions[:, 0].tolist()])
         rope = self.rotary(positions)
         span = torch.arange(longest, device=device)
         causal = span[None, None, :] <= positions[:, :, None]  # [rows, tokens, span]
@@ -378,7 +399,7 @@ class CausalLM(nn.Module):
                 x = layer(
                     x,
                     lambda attn, h, kv=kv, seen=seen: attn.step(
-                        h, rope, kv, slots, positions, seen, rows_of
+                        h, rope, kv, slots, positions, seen, rows_of, runs
                     ),
                 )
         return self.lm_head(self.model.norm(x))

@@ -9,6 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from asyncrl.actors.policy import attention_runs as runs_module
+from asyncrl.actors.policy.attention_runs import attention_runs
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 from asyncrl.actors.policy.decoder import PADDING_SLACK, Decoder, Request, like_width_runs
 from asyncrl.actors.policy.model import CausalLM
@@ -65,7 +67,7 @@ def test_running_sequences_hold_the_first_slots_and_keep_their_log_probs() -> No
         assert torch.allclose(torch.tensor(f.logprobs), again[row, : len(f.tokens)], atol=1e-4)
 
 
-def test_a_reload_lays_sequences_out_shortest_first_and_recomputes_them_exactly() -> None:
+def test_a_reload_lays_sequences_out_longest_first_and_recomputes_them_exactly() -> None:
     model, codec = load_model(MODEL)
     old_model, _ = load_model(MODEL)
     torch.manual_seed(1)
@@ -75,7 +77,7 @@ def test_a_reload_lays_sequences_out_shortest_first_and_recomputes_them_exactly(
     finished = d.step() + d.step() + d.step()
     d.load(after, version=1)
     lengths = [len(d.active[slot].tokens) for slot in sorted(d.active)]
-    assert lengths == sorted(lengths) and len(set(lengths)) > 1
+    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 1
     assert sorted(d.active) == list(range(len(d.active)))
     while d.busy:
         finished += d.step()
@@ -106,3 +108,44 @@ def test_runs_of_like_width_cover_every_slot_once_each_within_the_slack(rows) ->
 def test_rows_of_like_width_share_a_run() -> None:
     width = {0: 10, 1: 11, 2: 12, 3: 200, 4: 210, 5: 220}
     assert like_width_runs(list(width), width) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_decode_steps_attending_in_runs_keep_every_log_prob(monkeypatch) -> None:
+    """With runs free (no cost for a cut), every decode step of sequences of several
+    lengths splits its attention; the log-probs are still the model's own."""
+    made = []
+
+    def spied(spans, run_cost=None):
+        runs = attention_runs(spans, 0)
+        made.append(len(runs))
+        return runs
+
+    monkeypatch.setattr("asyncrl.actors.policy.model.attention_runs", spied)
+    model, codec = load_model(MODEL)
+    d = _decoder(model, codec, slots=6)
+    d.submit(_requests(codec, 12))
+    finished = []
+    while d.busy:
+        finished += d.step()
+    assert max(made) > 2, "no step attended in several runs"
+    finished.sort(key=lambda f: f.tag)
+    again = _recomputed(model, codec, finished)
+    for row, f in enumerate(finished):
+        assert torch.allclose(torch.tensor(f.logprobs), again[row, : len(f.tokens)], atol=1e-4)
+
+
+@given(st.lists(st.integers(1, 400), min_size=1, max_size=80), st.integers(0, 4096))
+def test_attention_runs_cover_rows_in_order_and_never_cost_more(spans, run_cost) -> None:
+    runs = attention_runs(spans, run_cost)
+    assert [r for first, end, _ in runs for r in range(first, end)] == list(range(len(spans)))
+    assert len(runs) <= 2**runs_module.MAX_DEPTH
+    for first, end, span in runs:
+        assert end > first and span == max(spans[first:end])
+    cost = sum((end - first) * span for first, end, span in runs) + run_cost * (len(runs) - 1)
+    assert cost <= len(spans) * max(spans)
+
+
+def test_short_rows_after_long_ones_get_their_own_run() -> None:
+    spans = [300] * 8 + [20] * 56
+    assert attention_runs(spans) == [(0, 8, 300), (8, 64, 20)]
+    assert attention_runs([20] * 64) == [(0, 64, 20)]
