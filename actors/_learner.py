@@ -37,11 +37,17 @@ from ._scorer import pack_rollouts
 from .engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
 from .payloads import LogprobsOut, RewardsOut, RolloutsOut
 from .policy.model import CausalLM
+from .policy.padding import like_width_runs
 from .policy.scoring import response_logprobs, response_positions
 from .policy.sharding import shard
 from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 
 __all__ = ["Group", "Learner", "StepStats"]
+
+
+# A micro-batch takes the next row (of the step's, longest first) while padding it to its
+# longest costs at most this many times its tokens (see _by_length).
+MICRO_BATCH_SLACK = 1.1
 
 
 @dataclass(frozen=True)
@@ -201,11 +207,11 @@ class Learner:
 
     def _passes(self, groups: list[Group], advantages: list[torch.Tensor]):
         """This rank's micro-batches: (row sets of groups, their advantages, real). The
-        step's rows are sorted by length and cut into as many micro-batches as
-        ``micro_batch_groups`` makes of the groups, so rows of like length are padded
-        together (the loss is normalised over the whole step, so how rows are split does
-        not change it). Micro-batch m goes to copy m mod copies; every rank makes as many
-        passes as the busiest, a pass beyond its own share repeating the last (shortest)
+        step's rows are sorted by length and cut into micro-batches of like length
+        (_by_length), no bigger than ``micro_batch_groups`` groups of the longest (the
+        loss is normalised over the whole step, so how rows are split does not change
+        it). Micro-batch m goes to copy m mod copies; every rank makes as many passes as
+        the busiest, a pass beyond its own share repeating the last (shortest)
         micro-batch and not real (its loss counts 0)."""
         batches = _by_length(groups, advantages, self.cfg.algorithm.micro_batch_groups)
         mine = batches[self.part :: self.parts]
@@ -381,8 +387,16 @@ class Learner:
 
 
 def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: int):
-    """The step's rows, longest first, in micro-batches of about as many rows as
-    ``per_micro`` groups hold, each a list of row sets of groups and their advantages."""
+    """The step's rows, longest first, in micro-batches of like length, each a list of row
+    sets of groups and their advantages.
+
+    A micro-batch is padded to its longest row; it takes the next row while that padding
+    stays within :data:`MICRO_BATCH_SLACK` of its tokens, and never holds more padded
+    tokens than ``per_micro`` groups' rows of the step's longest would (the memory the
+    setting asks for). Measured on one CPU thread with 6 steps of the long-tail task's
+    responses (64 rows of up to 320 tokens): 1.08 padded tokens a token in about 8
+    micro-batches and 0.54 s a step, against 1.45 in 4 of equal rows and 0.67 s.
+    """
     rows = [
         (len(g.rollouts.prompt_ids) + int(length), i, row)
         for i, g in enumerate(groups)
@@ -390,11 +404,11 @@ def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: i
     ]
     rows.sort(key=lambda r: (-r[0], r[1], r[2]))
     count = -(-len(groups) // per_micro)
-    size = -(-len(rows) // count)
+    most = -(-len(rows) // count) * rows[0][0]
     batches = []
-    for start in range(0, len(rows), size):
+    for run in like_width_runs([r[0] for r in rows], MICRO_BATCH_SLACK, most=most):
         taken: dict[int, list[int]] = {}
-        for _, i, row in rows[start : start + size]:
+        for _, i, row in (rows[k] for k in run):
             taken.setdefault(i, []).append(row)
         chosen = {i: np.array(sorted(r)) for i, r in sorted(taken.items())}
         parts = [groups[i].rows(c) for i, c in chosen.items()]

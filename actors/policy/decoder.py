@@ -38,8 +38,12 @@ import torch
 from .checkpoint import load_state
 from .graphs import GraphedSteps
 from .model import CausalLM
+from .padding import like_width_runs
 
-__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request", "like_width_runs"]
+__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
+
+# Sequences catching up are fed in runs padded to at most this many times their tokens.
+CATCH_UP_SLACK = 1.25
 
 
 @dataclass(frozen=True)
@@ -229,8 +233,10 @@ class Decoder:
         catching_up = [s for s in slots if unfed[s] > 1]
         current = [s for s in slots if unfed[s] == 1]
         finished: list[Finished] = []
-        for run in like_width_runs(catching_up, unfed):
-            finished += self._advance(run)
+        widths = [unfed[s] for s in catching_up]
+        apart = [i > 0 and s != catching_up[i - 1] + 1 for i, s in enumerate(catching_up)]
+        for run in like_width_runs(widths, CATCH_UP_SLACK, apart=apart):
+            finished += self._advance([catching_up[i] for i in run])
         if current:
             finished += self._advance(current)
         self._close_gaps()
@@ -329,28 +335,3 @@ class Decoder:
             truncated=not ended,
             stopped_by=response[-1] if ended else None,
         )
-
-
-# A run of catching-up rows is padded to its longest; a row joins the run while the run's
-# padded tokens stay within this factor of its real ones. Each run costs one more model
-# call (a few milliseconds of CPU for a small model), so runs are not cut finer than that.
-PADDING_SLACK = 1.25
-
-
-def like_width_runs(slots: list[int], width: Mapping[int, int]) -> list[list[int]]:
-    """``slots`` (ascending) cut into runs of consecutive slots whose ``width`` padded to
-    the run's widest costs at most :data:`PADDING_SLACK` times their sum."""
-    runs: list[list[int]] = []
-    run: list[int] = []
-    widest = total = 0
-    for slot in slots:
-        w = width[slot]
-        padded = (len(run) + 1) * max(widest, w)
-        if run and (slot != run[-1] + 1 or padded > PADDING_SLACK * (total + w)):
-            runs.append(run)
-            run, widest, total = [], 0, 0
-        run.append(slot)
-        widest, total = max(widest, w), total + w
-    if run:
-        runs.append(run)
-    return runs

@@ -239,7 +239,12 @@ class AlgorithmSection:
     # took 0.32 s in micro-batches of 4 groups (32 sequences), 0.26 s in 2 and 1 (their
     # activations stay in cache); the gradient is the same sum either way.
     micro_batch_groups: int = field(
-        default=2, metadata=doc("groups per micro-batch (gradient accumulation)", min=1)
+        default=2,
+        metadata=doc(
+            "most sequences per micro-batch (gradient accumulation), as this many groups "
+            "of the step's longest would pad to; rows of like length share one",
+            min=1,
+        ),
     )
     temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
 

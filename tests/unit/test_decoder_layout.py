@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from asyncrl.actors.policy import attention_runs as runs_module
 from asyncrl.actors.policy.attention_runs import attention_runs
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
-from asyncrl.actors.policy.decoder import PADDING_SLACK, Decoder, Request, like_width_runs
+from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.policy.model import CausalLM
+from asyncrl.actors.policy.padding import like_width_runs
 from asyncrl.actors.policy.scoring import pack, response_logprobs
 from asyncrl.actors.policy.tokenizer import TextCodec
 
@@ -90,24 +91,26 @@ def test_a_reload_lays_sequences_out_longest_first_and_recomputes_them_exactly()
             assert abs(f.logprobs[j] - expected.item()) < 1e-4
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 300)), min_size=0, max_size=40))
-def test_runs_of_like_width_cover_every_slot_once_each_within_the_slack(rows) -> None:
-    slots, width, slot = [], {}, 0
-    for gap, w in rows:
-        slot += 2 if gap else 1
-        slots.append(slot)
-        width[slot] = w
-    runs = like_width_runs(slots, width)
-    assert [s for run in runs for s in run] == slots
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(1, 300)), min_size=0, max_size=40),
+    st.sampled_from([1.0, 1.1, 1.25, 2.0]),
+    st.one_of(st.none(), st.integers(1, 2000)),
+)
+def test_runs_of_like_width_cover_every_row_once_within_the_slack(rows, slack, most) -> None:
+    widths = [w for _, w in rows]
+    apart = [gap for gap, _ in rows]
+    runs = like_width_runs(widths, slack, most=most, apart=apart)
+    assert [i for run in runs for i in run] == list(range(len(widths)))
     for run in runs:
-        assert run == list(range(run[0], run[0] + len(run))), "a run spans a gap"
-        widths = [width[s] for s in run]
-        assert len(run) == 1 or len(run) * max(widths) <= PADDING_SLACK * sum(widths)
+        assert not any(apart[i] for i in run[1:]), "a run spans a gap"
+        here = [widths[i] for i in run]
+        if len(run) > 1:
+            assert len(run) * max(here) <= slack * sum(here)
+            assert most is None or len(run) * max(here) <= most
 
 
 def test_rows_of_like_width_share_a_run() -> None:
-    width = {0: 10, 1: 11, 2: 12, 3: 200, 4: 210, 5: 220}
-    assert like_width_runs(list(width), width) == [[0, 1, 2], [3, 4, 5]]
+    assert like_width_runs([10, 11, 12, 200, 210, 220], 1.25) == [range(0, 3), range(3, 6)]
 
 
 def test_decode_steps_attending_in_runs_keep_every_log_prob(monkeypatch) -> None:

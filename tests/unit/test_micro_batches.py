@@ -7,7 +7,7 @@ import itertools
 
 import torch
 
-from asyncrl.actors._learner import Group, Learner, _by_length
+from asyncrl.actors._learner import MICRO_BATCH_SLACK, Group, Learner, _by_length
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.runtime.config import config_from_dict
 from tests.integration.test_train_group import _lease
@@ -17,11 +17,11 @@ def _groups() -> list[Group]:
     return [Group.of(item) for item in _lease(seed=3, groups=6, responses=4).items]
 
 
-def test_rows_are_cut_longest_first_into_as_many_micro_batches_as_the_groups_make() -> None:
+def test_rows_are_cut_longest_first_into_micro_batches_of_like_length() -> None:
     groups = _groups()
     advantages = [torch.arange(4.0) + 10 * i for i in range(len(groups))]
     batches = _by_length(groups, advantages, per_micro=2)
-    assert len(batches) == 3
+    longest = max(len(g.rollouts.prompt_ids) + int(g.rollouts.lengths.max()) for g in groups)
     lengths = []
     seen = []
     for parts, part_advantages in batches:
@@ -39,6 +39,19 @@ def test_rows_are_cut_longest_first_into_as_many_micro_batches_as_the_groups_mak
     assert sorted(seen) == [(g.gid, row) for g in groups for row in range(4)]
     for longer, shorter in itertools.pairwise(lengths):
         assert min(longer) >= max(shorter)
+    for here in lengths:
+        padded = len(here) * max(here)
+        # never more padded tokens than 2 groups (8 rows) of the step's longest
+        assert padded <= 8 * longest
+        assert len(here) == 1 or padded <= MICRO_BATCH_SLACK * sum(here)
+
+
+def test_a_step_of_one_length_is_cut_by_the_setting_alone() -> None:
+    groups = [Group.of(item) for item in _lease(seed=5, groups=6, responses=4).items]
+    for g in groups:  # every row 8 tokens, prompt and response
+        g.rollouts.lengths[:] = 8 - len(g.rollouts.prompt_ids)
+    batches = _by_length(groups, [torch.zeros(4)] * 6, per_micro=2)
+    assert [sum(len(part.rollouts.lengths) for part in parts) for parts, _ in batches] == [8] * 3
 
 
 def _step(per_micro: int):
