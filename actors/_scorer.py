@@ -41,6 +41,7 @@ from .gang import (
 )
 from .payloads import LogprobsOut, RolloutsOut
 from .policy.model import CausalLM
+from .policy.padding import like_width_runs
 from .policy.scoring import Packed, pack, response_logprobs
 from .preflight import check_device, check_engine, check_model
 
@@ -221,23 +222,28 @@ def _score_shared(
     return gathered[:rows].cpu().numpy()
 
 
-# Rows scored in one forward pass when a lease has more: sorted by length first, so a pass
-# pads its rows only to the longest of rows like them, not to the lease's longest.
+# A scoring pass holds at most this many rows of the lease's longest (its memory), and
+# takes the next row (sorted by length) while padding stays within SCORE_SLACK of its
+# tokens: a pass pads its rows only to the longest of rows like them.
 SCORE_ROWS = 16
+SCORE_SLACK = 1.1
 
 
 def _score_by_length(
     model: CausalLM | EngineModel, packed: Packed, temperature: float
 ) -> np.ndarray:
-    """Log-probs of every row of ``packed`` [rows, longest], ``SCORE_ROWS`` rows of like
-    length at a time."""
-    rows = packed.ids.shape[0]
-    if rows <= SCORE_ROWS:
+    """Log-probs of every row of ``packed`` [rows, longest], in passes of rows of like
+    length (see SCORE_ROWS)."""
+    widths = packed.starts + packed.lengths
+    order = torch.argsort(widths, descending=True, stable=True)
+    sorted_widths = widths[order].tolist()
+    most = SCORE_ROWS * sorted_widths[0]
+    runs = like_width_runs(sorted_widths, SCORE_SLACK, most=most)
+    if len(runs) == 1:
         return response_logprobs(model, packed, temperature).cpu().numpy()
-    order = torch.argsort(packed.starts + packed.lengths, descending=True, stable=True)
     out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
-    for first in range(0, rows, SCORE_ROWS):
-        chosen = order[first : first + SCORE_ROWS]
+    for run in runs:
+        chosen = order[run.start : run.stop]
         part = _chosen_rows(packed, chosen)
         if part.mask.shape[1] == 0:
             continue  # empty responses: nothing to score

@@ -16,8 +16,15 @@ def test_passes_by_length_score_as_one_pass_over_every_row(monkeypatch) -> None:
     model, codec = load_model("embedded")
     items = _lease(seed=5, groups=6, responses=4).items  # 24 rows, lengths 1..8
     torch.manual_seed(0)
+    passes = []
+    real_logprobs = _scorer.response_logprobs
+    monkeypatch.setattr(
+        _scorer, "response_logprobs", lambda *a: passes.append(1) or real_logprobs(*a)
+    )
     by_length = score_items(model, items, codec.pad_id, 1.0)
+    assert len(passes) > 1, "the lease was scored in one pass: nothing was cut"
     monkeypatch.setattr(_scorer, "SCORE_ROWS", 10_000)  # every row in one pass
+    monkeypatch.setattr(_scorer, "SCORE_SLACK", float("inf"))
     whole = score_items(model, items, codec.pad_id, 1.0)
     assert len(by_length) == len(whole) == 6
     for got, want in zip(by_length, whole, strict=True):
