@@ -370,7 +370,8 @@ class CausalLM(nn.Module):
         waiting for the device, which can go on with the previous step meanwhile.
         ``span`` fixes how many cache positions are attended over (masked beyond each
         row's own), so that nothing is read back from the device: a step captured in a
-        CUDA graph (graphs.py) passes the cache's length.
+        CUDA graph (graphs.py) passes the cache's length, the decoder its rows' longest
+        real prefix (padding tokens sit at the cache's last position, beyond it).
         """
         device = input_ids.device
         # Attend over the longest prefix any row needs, not the whole cache.
