@@ -44,7 +44,7 @@ from . import preflight
 from ._identity import worker_identity
 from ._payloads import WorkerPayloads, serving_host
 from .actor import Actor, ActorBroken
-from .gang import GangPlace
+from .gang import GangPlace, end_process
 from .worker import Worker, default_worker_name
 
 __all__ = ["main"]
@@ -69,10 +69,13 @@ def _serve(args: argparse.Namespace) -> int:
     index = place.rank if place is not None else args.index
     name = default_worker_name(args.role) if index is None else f"{args.role}-{index}"
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
-    if place is not None and not place.leads:
-        return _follow(actor_class(), cfg, place)
-    where = _endpoints(args, cfg)
-    return _run_worker(actor_class(), cfg, name, where, index)
+    if place is None:
+        return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
+    if place.leads:
+        code = _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
+    else:
+        code = _follow(actor_class(), cfg, place)
+    end_process(code)  # a rank's gloo threads must not meet the interpreter's teardown
 
 
 def _gang_place(args: argparse.Namespace) -> GangPlace | None:

@@ -34,6 +34,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 from tests.integration.test_train_group import _free_port
 from tests.support.hf_families import tiny_task_model
+from tests.support.ranks import run_rank
 
 PROMPT, RESPONSE, RESPONSES = 64, 128, 4
 
@@ -109,7 +110,9 @@ def main() -> None:
         results = context.Queue()
         port = _free_port()
         ranks = [
-            context.Process(target=rank_main, args=(r, port, str(directory), args, results))
+            context.Process(
+                target=run_rank, args=(rank_main, r, port, str(directory), args, results)
+            )
             for r in range(2)
         ]
         for process in ranks:

@@ -35,6 +35,8 @@ import socket
 import numpy as np
 import torch
 
+from tests.support.ranks import run_rank
+
 _BATCH_GROUPS, _RESPONSES = 4, 4
 
 
@@ -140,7 +142,8 @@ def _measure(size: int, shape: dict, batch: dict) -> list[tuple]:
     out = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=_rank, args=(r, size, port, shape, batch, out)) for r in range(size)
+        context.Process(target=run_rank, args=(_rank, r, size, port, shape, batch, out))
+        for r in range(size)
     ]
     for process in ranks:
         process.start()

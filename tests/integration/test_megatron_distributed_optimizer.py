@@ -18,6 +18,7 @@ from asyncrl.actors._learner import Group, Learner
 from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.runtime.config import MegatronSection
 from tests.integration.test_train_group import _config, _first_result, _free_port, _lease
+from tests.support.ranks import run_rank
 
 pytest.importorskip("megatron.core")
 
@@ -87,7 +88,8 @@ def test_copies_split_the_optimizer_state_and_train_like_one_torch_rank(
     results = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=_rank_main, args=(r, port, split, results)) for r in range(split[1])
+        context.Process(target=run_rank, args=(_rank_main, r, port, split, results))
+        for r in range(split[1])
     ]
     for process in ranks:
         process.start()

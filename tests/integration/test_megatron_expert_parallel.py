@@ -36,6 +36,7 @@ from tests.support.group_step import (
     step_and_reload,
 )
 from tests.support.hf_families import hf_model_dir
+from tests.support.ranks import run_rank
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -81,7 +82,7 @@ def _start(target, split: tuple[int, int, int], directory: str):
     results = context.Queue()
     port = _free_port()
     ranks = [
-        context.Process(target=target, args=(r, port, split, directory, results))
+        context.Process(target=run_rank, args=(target, r, port, split, directory, results))
         for r in range(split[2])
     ]
     for process in ranks:

@@ -32,6 +32,7 @@ from tests.support.group_step import (
     score_in_turn,
     step_and_reload,
 )
+from tests.support.ranks import run_rank
 
 pytest.importorskip("megatron.core")
 
@@ -99,7 +100,7 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
     results = context.Queue()
     port = _free_port()
     args = (port, split, results)
-    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(split[2])]
+    ranks = [context.Process(target=run_rank, args=(_rank_main, r, *args)) for r in range(split[2])]
     for process in ranks:
         process.start()
     metrics, grad_norm, weights, moment, same_weights, same_moments = _first_result(results, ranks)
@@ -154,7 +155,9 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
     results = context.Queue()
     port = _free_port()
     args = (port, split, results)
-    ranks = [context.Process(target=_scoring_rank, args=(r, *args)) for r in range(split[2])]
+    ranks = [
+        context.Process(target=run_rank, args=(_scoring_rank, r, *args)) for r in range(split[2])
+    ]
     for process in ranks:
         process.start()
     shared = [_first_result(results, ranks) for _ in range(3)]

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tests.integration.test_train_group import _first_result, _free_port
+from tests.support.ranks import run_rank
 
 pytest.importorskip("megatron.core")
 
@@ -57,7 +58,9 @@ def test_two_stages_run_1f1b_and_get_the_gradients_of_one_process() -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    ranks = [context.Process(target=_stage_main, args=(r, port, results)) for r in range(2)]
+    ranks = [
+        context.Process(target=run_rank, args=(_stage_main, r, port, results)) for r in range(2)
+    ]
     for process in ranks:
         process.start()
     got = dict((rank, rest) for rank, *rest in (_first_result(results, ranks) for _ in ranks))

@@ -19,6 +19,7 @@ from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 from tests.integration.test_train_group import _free_port, _lease
+from tests.support.ranks import run_rank
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,7 +54,7 @@ def _group(run_dir: Path, target: int | None) -> dict[int, Choice | None]:
     context = multiprocessing.get_context("spawn")
     results, port = context.Queue(), _free_port()
     ranks = [
-        context.Process(target=_rank_main, args=(r, port, run_dir, target, results))
+        context.Process(target=run_rank, args=(_rank_main, r, port, run_dir, target, results))
         for r in range(2)
     ]
     for process in ranks:

@@ -30,6 +30,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
+from tests.support.ranks import run_rank
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -145,7 +146,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     results = context.Queue()
     port = _free_port()
     args = (port, mode, path, results)
-    ranks = [context.Process(target=_rank_main, args=(r, *args)) for r in range(2)]
+    ranks = [context.Process(target=run_rank, args=(_rank_main, r, *args)) for r in range(2)]
     for process in ranks:
         process.start()
     metrics, grad_norm, tokens, weights = _first_result(results, ranks)
@@ -209,7 +210,9 @@ def test_a_scorer_sharded_over_two_ranks_scores_and_loads_versions_like_one_mode
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = _free_port()
-    ranks = [context.Process(target=_scoring_rank, args=(r, port, results)) for r in range(2)]
+    ranks = [
+        context.Process(target=run_rank, args=(_scoring_rank, r, port, results)) for r in range(2)
+    ]
     for process in ranks:
         process.start()
     shared = [_first_result(results, ranks) for _ in range(3)]

@@ -1,12 +1,17 @@
 """A group of ranks for a test: real processes on this host, spawned, each given its rank,
-a free rendezvous port and a queue for what it reports."""
+a free rendezvous port and a queue for what it reports, and ending the way a rank of a run
+ends (``end_process``), so that a test sees what a run would."""
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.queues
 import socket
+import traceback
 from collections.abc import Callable
 from typing import Any
+
+from asyncrl.actors.gang import end_process
 
 
 def free_port() -> int:
@@ -27,7 +32,9 @@ def run_ranks(
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
     port = free_port()
-    processes = [context.Process(target=target, args=(r, port, *args, out)) for r in range(ranks)]
+    processes = [
+        context.Process(target=run_rank, args=(target, r, port, *args, out)) for r in range(ranks)
+    ]
     for process in processes:
         process.start()
     got = [out.get(timeout=timeout) for _ in range(results)]
@@ -35,3 +42,19 @@ def run_ranks(
         process.join(timeout=60)
         assert process.exitcode == 0, f"a rank exited with {process.exitcode}"
     return got
+
+
+def run_rank(part: Callable[..., None], *args: Any) -> None:
+    """A rank's process target: ``part(*args)``; then what it put on a queue among ``args``
+    goes down the pipe, and the process ends with 0, or 1 after a traceback."""
+    code = 0
+    try:
+        part(*args)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    for arg in args:
+        if isinstance(arg, multiprocessing.queues.Queue):
+            arg.close()
+            arg.join_thread()  # the teardown that end_process skips would wait for it
+    end_process(code)
