@@ -2,10 +2,10 @@
 
 A scorer can be a group of ranks (``pipeline.workers.logp`` or ``.ref_logp`` > 1, for a
 model too large for one device): the model is sharded over the ranks (FSDP2), rank 0
-claims leases and orders the others to score with it; each rank runs the forward pass for
-its block of the lease's rows and the blocks are gathered on every rank. A new version
-(logp) reaches rank 0 whole through the weight plane and goes from there to every
-rank's shard.
+claims leases and orders the others to score with it; each rank scores its share of the
+lease's rows, in passes of rows of like length, and the shares are gathered on every rank.
+A new version (logp) reaches rank 0 whole through the weight plane and goes from there to
+every rank's shard.
 """
 
 from __future__ import annotations
@@ -194,32 +194,58 @@ def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int) -> Packed:
 def _score_shared(
     model: CausalLM | EngineModel, packed: Packed, temperature: float, gang: Gang
 ) -> np.ndarray:
-    """Each copy of the model scores one block of the rows; every rank gets every block
-    back. (A copy is one rank of a sharded model of ours, or the ranks that hold parts of
-    one copy of another engine's model.)"""
+    """Each copy of the model scores its share of the rows, and every rank gets every
+    score back. (A copy is one rank of a sharded model of ours, or the ranks that hold
+    parts of one copy of another engine's model.)
+
+    The rows are cut into passes of like length as one scorer cuts them (every rank
+    cuts the same), and pass m goes to copy m mod copies. Every rank makes as many passes
+    as the busiest copy: a sharded model's collectives pair up pass by pass, so a copy
+    out of passes scores the shortest row again and keeps nothing of it. The scores come
+    back as each row's response tokens only, without their padding."""
     part, parts = copy_of(model, gang.rank, gang.size)
-    rows = packed.ids.shape[0]
-    block = -(-rows // parts)
-    first = min(part * block, rows)
-    mine = _rows_of(packed, first, min(first + block, rows))
-    # A rank with no rows still runs a forward pass: the others' need its collectives.
-    real = mine.ids.shape[0]
-    if real == 0:
-        mine = _rows_of(packed, 0, 1)
+    passes = _passes_by_length(packed)
+    shares = [passes[copy::parts] for copy in range(parts)]
+    rounds = len(shares[0])  # the first copy is dealt the most
+    mine = shares[part]
+    pieces = []
     with torch.no_grad():  # not inference mode: the sharded parameters are gathered in it
-        scores = response_logprobs(model.eval(), mine, temperature)
+        model.eval()
+        for index in range(rounds):
+            chosen = mine[index] if index < len(mine) else passes[-1][:1]
+            # At least one column: a pass of empty responses still runs (and keeps nothing).
+            scores = response_logprobs(model, _chosen_rows(packed, chosen, 1), temperature)
+            if index < len(mine):
+                kept = _on_tokens(packed.lengths[chosen], scores.shape[1])
+                pieces.append(scores[kept.to(scores.device)])
     device = scores.device
-    out = torch.zeros(block, packed.mask.shape[1], device=device)
-    out[:real] = scores[:real]
-    gathered = torch.empty(gang.size * block, out.shape[1], device=device)
-    dist.all_gather_into_tensor(gathered, out)
-    if parts < gang.size:  # several ranks scored each block: one of them gives it
+    rows_of = [torch.cat(share) if share else torch.zeros(0, dtype=torch.long) for share in shares]
+    tokens = [int(packed.lengths[rows].sum()) for rows in rows_of]
+    flat = torch.zeros(max(*tokens, 1), device=device)
+    if pieces:
+        flat[: tokens[part]] = torch.cat(pieces)
+    gathered = torch.empty(gang.size * flat.shape[0], device=device)
+    dist.all_gather_into_tensor(gathered, flat)
+    gathered = gathered.view(gang.size, -1)
+    if parts < gang.size:  # several ranks scored each share: the first of them gives it
         owner = torch.tensor([part], device=device)
         owners = torch.empty(gang.size, dtype=owner.dtype, device=device)
         dist.all_gather_into_tensor(owners, owner)
-        first_rank = [owners.tolist().index(copy) for copy in range(parts)]
-        gathered = gathered.view(gang.size, block, -1)[first_rank].reshape(parts * block, -1)
-    return gathered[:rows].cpu().numpy()
+        gathered = gathered[[owners.tolist().index(copy) for copy in range(parts)]]
+    out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
+    for copy, rows in enumerate(rows_of):
+        lengths = packed.lengths[rows]
+        block = np.zeros((len(rows), out.shape[1]), dtype=np.float32)
+        block[_on_tokens(lengths, out.shape[1]).numpy()] = (
+            gathered[copy, : tokens[copy]].cpu().numpy()
+        )
+        out[rows.numpy()] = block
+    return out
+
+
+def _on_tokens(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, width] True on each row's first ``lengths`` columns."""
+    return torch.arange(width)[None, :] < lengths[:, None]
 
 
 # A scoring pass holds at most this many rows of the lease's longest (its memory), and
@@ -229,21 +255,26 @@ SCORE_ROWS = 16
 SCORE_SLACK = 1.1
 
 
+def _passes_by_length(packed: Packed) -> list[torch.Tensor]:
+    """The rows of ``packed`` (their indices), longest first, cut into passes of rows of
+    like length (see SCORE_ROWS)."""
+    widths = packed.starts + packed.lengths
+    order = torch.argsort(widths, descending=True, stable=True)
+    sorted_widths = widths[order].tolist()
+    runs = like_width_runs(sorted_widths, SCORE_SLACK, most=SCORE_ROWS * sorted_widths[0])
+    return [order[run.start : run.stop] for run in runs]
+
+
 def _score_by_length(
     model: CausalLM | EngineModel, packed: Packed, temperature: float
 ) -> np.ndarray:
     """Log-probs of every row of ``packed`` [rows, longest], in passes of rows of like
     length (see SCORE_ROWS)."""
-    widths = packed.starts + packed.lengths
-    order = torch.argsort(widths, descending=True, stable=True)
-    sorted_widths = widths[order].tolist()
-    most = SCORE_ROWS * sorted_widths[0]
-    runs = like_width_runs(sorted_widths, SCORE_SLACK, most=most)
-    if len(runs) == 1:
+    passes = _passes_by_length(packed)
+    if len(passes) == 1:
         return response_logprobs(model, packed, temperature).cpu().numpy()
     out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
-    for run in runs:
-        chosen = order[run.start : run.stop]
+    for chosen in passes:
         part = _chosen_rows(packed, chosen)
         if part.mask.shape[1] == 0:
             continue  # empty responses: nothing to score
@@ -252,18 +283,11 @@ def _score_by_length(
     return out
 
 
-def _chosen_rows(packed: Packed, chosen: torch.Tensor) -> Packed:
-    """Rows ``chosen`` of ``packed``, cut to the longest of them."""
+def _chosen_rows(packed: Packed, chosen: torch.Tensor, columns: int = 0) -> Packed:
+    """Rows ``chosen`` of ``packed``, cut to the longest of them (``columns`` at least)."""
     starts, lengths = packed.starts[chosen], packed.lengths[chosen]
     width = int((starts + lengths).max())
-    longest = int(lengths.max())
-    return Packed(packed.ids[chosen, :width], starts, lengths, packed.mask[chosen, :longest])
-
-
-def _rows_of(packed: Packed, start: int, stop: int) -> Packed:
-    return Packed(
-        packed.ids[start:stop],
-        packed.starts[start:stop],
-        packed.lengths[start:stop],
-        packed.mask[start:stop],
-    )
+    longest = max(int(lengths.max()), columns)
+    mask = packed.mask[chosen, :longest]
+    mask = torch.nn.functional.pad(mask, (0, longest - mask.shape[1]))
+    return Packed(packed.ids[chosen, :width], starts, lengths, mask)

@@ -21,6 +21,7 @@ from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.runtime.config import MegatronSection
 from tests.integration.test_train_group import (
     _SCORED,
+    _SCORES,
     _config,
     _first_result,
     _free_port,
@@ -160,7 +161,7 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
     ]
     for process in ranks:
         process.start()
-    shared = [_first_result(results, ranks) for _ in range(3)]
+    shared = [_first_result(results, ranks) for _ in range(_SCORES)]
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
