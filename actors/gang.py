@@ -225,10 +225,10 @@ def end_process(code: int) -> NoReturn:
     finished collective's tensors must take the GIL to free them. If it asks while the
     main thread holds the GIL and then starts finalizing, Python ends that worker thread
     by unwinding it through torch's C++ destructors, and the process aborts ("terminate
-    called without an active exception"). It took about one rank in fifty that exited
-    right after its last collective on a busy 2-core machine, and
-    tests/integration/test_gang_exit.py provokes it every time. Without the teardown
-    there is no finalizing interpreter for such a thread to meet.
+    called without an active exception"). It struck about one group in fifty whose
+    ranks exited right after their last collective, on a busy 2-core machine;
+    tests/integration/test_gang_exit.py provokes it (every time on an idle machine).
+    Without the teardown there is no finalizing interpreter for such a thread to meet.
     """
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # closed or gone: nothing to say
