@@ -32,9 +32,8 @@ from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.runtime.config import MegatronSection, config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
-from tests.integration.test_train_group import _free_port
 from tests.support.hf_families import tiny_task_model
-from tests.support.ranks import run_rank
+from tests.support.ranks import free_port, start_ranks
 
 PROMPT, RESPONSE, RESPONSES = 64, 128, 4
 
@@ -108,15 +107,8 @@ def main() -> None:
         )
         context = multiprocessing.get_context("spawn")
         results = context.Queue()
-        port = _free_port()
-        ranks = [
-            context.Process(
-                target=run_rank, args=(rank_main, r, port, str(directory), args, results)
-            )
-            for r in range(2)
-        ]
-        for process in ranks:
-            process.start()
+        port = free_port()
+        ranks = start_ranks(rank_main, 2, port, str(directory), args, results)
         took = results.get(timeout=3600)
         for process in ranks:
             process.join(60)

@@ -30,12 +30,11 @@ import argparse
 import ctypes
 import multiprocessing
 import os
-import socket
 
 import numpy as np
 import torch
 
-from tests.support.ranks import run_rank
+from tests.support.ranks import free_port, start_ranks
 
 _BATCH_GROUPS, _RESPONSES = 4, 4
 
@@ -131,22 +130,11 @@ def _state_bytes(learner) -> int:
     return total
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _measure(size: int, shape: dict, batch: dict) -> list[tuple]:
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(_rank, r, size, port, shape, batch, out))
-        for r in range(size)
-    ]
-    for process in ranks:
-        process.start()
+    port = free_port()
+    ranks = start_ranks(_rank, size, size, port, shape, batch, out)
     results = [out.get(timeout=1800) for _ in ranks]
     for process in ranks:
         process.join(60)

@@ -17,8 +17,8 @@ import torch
 from asyncrl.actors._learner import Group, Learner
 from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.runtime.config import MegatronSection
-from tests.integration.test_train_group import _config, _first_result, _free_port, _lease
-from tests.support.ranks import run_rank
+from tests.integration.test_train_group import _config, _first_result, _lease
+from tests.support.ranks import free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -86,13 +86,8 @@ def test_copies_split_the_optimizer_state_and_train_like_one_torch_rank(
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(_rank_main, r, port, split, results))
-        for r in range(split[1])
-    ]
-    for process in ranks:
-        process.start()
+    port = free_port()
+    ranks = start_ranks(_rank_main, split[1], port, split, results)
     shares, leader = {}, None
     while leader is None or len(shares) < split[1]:
         got = _first_result(results, ranks)

@@ -28,7 +28,6 @@ from tests.integration.test_train_group import (
     _SCORES,
     _config,
     _first_result,
-    _free_port,
     _lease,
 )
 from tests.support.group_step import (
@@ -37,7 +36,7 @@ from tests.support.group_step import (
     step_and_reload,
 )
 from tests.support.hf_families import hf_model_dir
-from tests.support.ranks import run_rank
+from tests.support.ranks import free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -81,13 +80,8 @@ def _section(split: tuple[int, int, int]) -> MegatronSection:
 def _start(target, split: tuple[int, int, int], directory: str):
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(target, r, port, split, directory, results))
-        for r in range(split[2])
-    ]
-    for process in ranks:
-        process.start()
+    port = free_port()
+    ranks = start_ranks(target, split[2], port, split, directory, results)
     return results, ranks
 
 

@@ -24,7 +24,6 @@ from tests.integration.test_train_group import (
     _SCORES,
     _config,
     _first_result,
-    _free_port,
     _lease,
     _next_version,
 )
@@ -33,7 +32,7 @@ from tests.support.group_step import (
     score_in_turn,
     step_and_reload,
 )
-from tests.support.ranks import run_rank
+from tests.support.ranks import free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -99,11 +98,9 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     args = (port, split, results)
-    ranks = [context.Process(target=run_rank, args=(_rank_main, r, *args)) for r in range(split[2])]
-    for process in ranks:
-        process.start()
+    ranks = start_ranks(_rank_main, split[2], *args)
     metrics, grad_norm, weights, moment, same_weights, same_moments = _first_result(results, ranks)
     for process in ranks:
         process.join(30)
@@ -154,13 +151,9 @@ def test_a_megatron_scorer_group_scores_and_loads_versions_like_one_torch_model(
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     args = (port, split, results)
-    ranks = [
-        context.Process(target=run_rank, args=(_scoring_rank, r, *args)) for r in range(split[2])
-    ]
-    for process in ranks:
-        process.start()
+    ranks = start_ranks(_scoring_rank, split[2], *args)
     shared = [_first_result(results, ranks) for _ in range(_SCORES)]
     for process in ranks:
         process.join(30)

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.integration.test_train_group import _first_result, _free_port
-from tests.support.ranks import run_rank
+from tests.integration.test_train_group import _first_result
+from tests.support.ranks import free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -57,12 +57,8 @@ def _stage_main(rank: int, port: int, results) -> None:
 def test_two_stages_run_1f1b_and_get_the_gradients_of_one_process() -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(_stage_main, r, port, results)) for r in range(2)
-    ]
-    for process in ranks:
-        process.start()
+    port = free_port()
+    ranks = start_ranks(_stage_main, 2, port, results)
     got = dict((rank, rest) for rank, *rest in (_first_result(results, ranks) for _ in ranks))
     for process in ranks:
         process.join(30)

@@ -18,8 +18,8 @@ from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
-from tests.integration.test_train_group import _free_port, _lease
-from tests.support.ranks import run_rank
+from tests.integration.test_train_group import _lease
+from tests.support.ranks import free_port, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -52,13 +52,8 @@ def _rank_main(rank: int, port: int, run_dir: Path, target: int | None, results)
 
 def _group(run_dir: Path, target: int | None) -> dict[int, Choice | None]:
     context = multiprocessing.get_context("spawn")
-    results, port = context.Queue(), _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(_rank_main, r, port, run_dir, target, results))
-        for r in range(2)
-    ]
-    for process in ranks:
-        process.start()
+    results, port = context.Queue(), free_port()
+    ranks = start_ranks(_rank_main, 2, port, run_dir, target, results)
     out = dict(results.get(timeout=120) for _ in ranks)
     for process in ranks:
         process.join(30)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-import socket
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
-from tests.support.ranks import run_rank
+from tests.support.ranks import free_port, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -118,12 +117,6 @@ def _first_result(results, ranks):
     raise AssertionError("no result from the group within 150 s")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 MODES = [
     "keep",
     "recompute-activations",
@@ -144,11 +137,9 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
         path = str(hf_model_dir(tmp_path / "untied", "qwen3-untied-bias"))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
+    port = free_port()
     args = (port, mode, path, results)
-    ranks = [context.Process(target=run_rank, args=(_rank_main, r, *args)) for r in range(2)]
-    for process in ranks:
-        process.start()
+    ranks = start_ranks(_rank_main, 2, *args)
     metrics, grad_norm, tokens, weights = _first_result(results, ranks)
     for process in ranks:
         process.join(30)
@@ -211,12 +202,8 @@ def test_a_scorer_sharded_over_two_ranks_scores_and_loads_versions_like_one_mode
     torch.set_num_threads(1)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = _free_port()
-    ranks = [
-        context.Process(target=run_rank, args=(_scoring_rank, r, port, results)) for r in range(2)
-    ]
-    for process in ranks:
-        process.start()
+    port = free_port()
+    ranks = start_ranks(_scoring_rank, 2, port, results)
     shared = [_first_result(results, ranks) for _ in range(_SCORES)]
     for process in ranks:
         process.join(30)

@@ -29,19 +29,23 @@ def run_ranks(
     Results cross the process boundary as numpy arrays or plain values: a queued tensor is
     shared by a handle that dies with the rank that sent it.
     """
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    port = free_port()
-    processes = [
-        context.Process(target=run_rank, args=(target, r, port, *args, out)) for r in range(ranks)
-    ]
-    for process in processes:
-        process.start()
+    out = multiprocessing.get_context("spawn").Queue()
+    processes = start_ranks(target, ranks, free_port(), *args, out)
     got = [out.get(timeout=timeout) for _ in range(results)]
     for process in processes:
         process.join(timeout=60)
         assert process.exitcode == 0, f"a rank exited with {process.exitcode}"
     return got
+
+
+def start_ranks(part: Callable[..., None], ranks: int, *args: Any) -> list[Any]:
+    """``ranks`` spawned processes, started, each running ``part(rank, *args)`` (see
+    :func:`run_rank`)."""
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=run_rank, args=(part, r, *args)) for r in range(ranks)]
+    for process in processes:
+        process.start()
+    return processes
 
 
 def run_rank(part: Callable[..., None], *args: Any) -> None:
