@@ -25,6 +25,7 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+import msgpack
 import msgspec
 import numpy as np
 
@@ -253,12 +254,8 @@ def decode_with_id(frames: Sequence[Any]) -> tuple[Message, int]:
         raise ProtocolError(f"unknown message kind {kind!r}", req_id)
     try:
         return _from_array_frames(decoder, body, frames[1:]), req_id
-    except ProtocolError as error:
-        raise ProtocolError(str(error), req_id) from None
-    except msgspec.ValidationError as error:
-        raise ProtocolError(_describe(_BY_KIND[kind], str(error)), req_id) from None
-    except (msgspec.DecodeError, RecursionError) as error:
-        raise ProtocolError(f"body is not MessagePack: {error}", req_id) from None
+    except Exception as error:  # whatever another process sent: an error that says what
+        raise ProtocolError(_what_is_wrong(_BY_KIND[kind], body, error), req_id) from None
 
 
 def request_id(frames: Sequence[Any]) -> int:
@@ -290,7 +287,7 @@ def _array(code: int, data: memoryview) -> np.ndarray:
     frames = _CODEC.frames
     if type(index) is not int or not 1 <= index <= len(frames):
         raise ProtocolError(f"array frame {index!r:.20} is missing ({len(frames)} sent)")
-    if dtype_name not in _DTYPES:
+    if type(dtype_name) is not str or dtype_name not in _DTYPES:
         raise ProtocolError(f"array {index}: dtype {dtype_name!r:.20} is not allowed")
     if not (
         isinstance(shape, list)
@@ -305,11 +302,65 @@ def _array(code: int, data: memoryview) -> np.ndarray:
         raise ProtocolError(
             f"array {index}: {buffer.nbytes} bytes for {dtype_name}{shape} (needs {expected})"
         )
+    try:  # numpy refuses sizes past its index type, even of an empty array
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    except ValueError:
+        raise ProtocolError(f"array {index}: shape {shape} is too large") from None
     _CODEC.unused.discard(index)
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return array
 
 
 # --- errors that name the field ---------------------------------------------------------
+
+
+def _what_is_wrong(cls: type, body: Any, error: Exception) -> str:
+    """What the ``error`` that decoding ``body`` as a ``cls`` raised says, naming the
+    message and, where msgspec says where, its field."""
+    if isinstance(error, msgspec.ValidationError):
+        return _describe(cls, str(error))
+    if isinstance(error, UnicodeDecodeError):  # msgspec says neither where nor in what
+        return _describe(cls, f"Invalid UTF-8 - at `{_bad_utf8_at(body)}`")
+    if isinstance(error, ProtocolError):  # an array reference, or an array frame unused
+        return f"{cls.__name__}: {error}"
+    if isinstance(error, msgspec.DecodeError | RecursionError):
+        return f"{cls.__name__}: body is not MessagePack: {error}"
+    # Not foreseen: msgspec or numpy refusing hostile input in a way of their own.
+    return f"{cls.__name__}: body does not decode: {type(error).__name__}: {error}"
+
+
+def _bad_utf8_at(packed: Any) -> str:
+    """msgspec's path (``$[0]``, ``key` in `$[2]``) to the first str in ``packed`` that
+    is not UTF-8, found by unpacking it again with bad bytes kept as lone surrogates;
+    ``$`` where that unpacking fails too."""
+    try:
+        value = msgpack.unpackb(
+            packed,
+            unicode_errors="surrogateescape",
+            strict_map_key=False,
+            ext_hook=lambda _code, _data: None,
+        )
+    except Exception:
+        return "$"
+    walk: list[tuple[Any, str, bool]] = [(value, "$", False)]  # value, path, is a map key
+    while walk:  # depth first, in the order msgspec reads, without recursion
+        value, path, is_key = walk.pop()
+        if isinstance(value, str) and not value.isascii() and not _utf8(value):
+            return f"key` in `{path}" if is_key else path
+        if isinstance(value, list):
+            walk.extend((v, f"{path}[{i}]", False) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, dict):
+            for key, item in reversed(value.items()):
+                walk += [(item, f"{path}[...]", False), (key, path, True)]
+    return "$"
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: bytes that were not UTF-8
+        return False
+    return True
+
 
 _PATH = re.compile(r"\[(\d+|\.\.\.)\]")
 _AT = re.compile(r"^(?P<what>.*?) - at `(?P<key>key` in `)?(?P<path>\$[^`]*)`$")
@@ -370,7 +421,12 @@ def payload_from_frames(frames: Sequence[Any]) -> Payload:
     ProtocolError if they are not one."""
     try:
         return _from_array_frames(_FRAMED_PAYLOAD, frames[0], frames[1:])
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as error:
+    except ProtocolError as error:  # an array reference, or an array frame unused
+        raise ProtocolError(f"payload: {error}") from None
+    except UnicodeDecodeError:
+        where = _bad_utf8_at(frames[0])
+        raise ProtocolError(f"payload is not a map of str: invalid UTF-8 - at `{where}`") from None
+    except Exception as error:  # whatever its holder sent: an error that says what
         raise ProtocolError(f"payload is not a map of str: {error}") from None
 
 

@@ -47,6 +47,7 @@ log = structlog.get_logger("asyncrl.scheduler")
 _BATCH = 512  # requests read per turn before the loop publishes and replies
 _POLLIN = int(zmq.POLLIN)
 _DETAIL = 200  # characters of a protocol error kept in its log line
+_FAILED = p.Error("internal", "the scheduler failed on this request")
 
 
 class SchedulerDaemon:
@@ -151,7 +152,7 @@ class SchedulerDaemon:
                 return
             identity, body = frames[0], [f.buffer for f in frames[1:]]
             reply, req_id, kind = self._answer(body, identity.bytes)
-            out = [identity, *p.encode(reply, req_id)]
+            out = [identity, *_encoded(reply, req_id, kind)]
             acknowledges = kind in ACKNOWLEDGES_DATA
             if acknowledges:
                 self.service.settle()  # its records reach the journal's buffer first
@@ -179,19 +180,23 @@ class SchedulerDaemon:
             detail = str(error)[:_DETAIL]
             log.warning("bad message", detail=detail)
             return self.service.protocol_error(detail), error.req_id, None
-        # The connection is the identity: a request about a worker (its registration, its
-        # leases, its reports, its goodbye) counts only from that worker's own connection.
-        refused = self.connections.refusal(message, sender)
-        if refused is not None:
-            return refused, req_id, None
+        except Exception:  # a bug in decoding, which should say ProtocolError
+            log.exception("request failed to decode")
+            return _FAILED, p.request_id(frames), None
         try:
+            # The connection is the identity: a request about a worker (its registration,
+            # its leases, its reports, its goodbye) counts only from that worker's own
+            # connection.
+            refused = self.connections.refusal(message, sender)
+            if refused is not None:
+                return refused, req_id, None
             reply = self.service.answer(message, self.clock())
             self.connections.answered(message, reply, sender)
             return reply, req_id, message.KIND
         except Exception:
             # A bug, not bad input: the request fails, the scheduler and the run go on.
             log.exception("request failed", kind=message.KIND.name)
-            return p.Error("internal", "the scheduler failed on this request"), req_id, None
+            return _FAILED, req_id, None
 
     def _confirmed(self) -> int:
         writer = self.service.durable.writer
@@ -213,7 +218,12 @@ class SchedulerDaemon:
 
     def _publish(self) -> None:
         for event in self.service.take_events():
-            send_frames(self.pub, [event.topic.encode(), *p.encode(event)])
+            try:
+                frames = p.encode(event)
+            except Exception:  # a bug: that event is lost, the loop and the run go on
+                log.exception("event failed to encode", topic=event.topic, seq=event.seq)
+                continue
+            send_frames(self.pub, [event.topic.encode(), *frames])
 
     def _log_auth_failures(self) -> None:
         if self.auth_failures is not None:
@@ -235,3 +245,13 @@ class SchedulerDaemon:
             return False
         workers_gone = not service.core.state.workers
         return workers_gone or now - self._draining_since >= self.exit_grace_s
+
+
+def _encoded(reply: p.Message, req_id: int, kind: p.Kind | None) -> list[bytes | memoryview]:
+    """``reply``'s frames; a reply that cannot be sent (a bug) is the request's Error."""
+    try:
+        return p.encode(reply, req_id)
+    except Exception:
+        request = None if kind is None else kind.name
+        log.exception("reply failed to encode", kind=request, reply=reply.KIND.name)
+        return p.encode(_FAILED, req_id)

@@ -20,7 +20,7 @@ import zmq
 
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.service.build import open_service
-from asyncrl.runtime.service.daemon import SchedulerDaemon
+from asyncrl.runtime.service.daemon import SchedulerDaemon, _encoded
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import bind_scheduler_sockets_at
 
@@ -171,3 +171,19 @@ def test_a_request_naming_another_worker_is_refused_and_changes_nothing(running:
     done = running.call(p.Complete("gen", lease.lease_id, lease.fence, (_result(lease),)))
     assert isinstance(done, p.Ack)
     assert running.daemon.service.core.rejections["wrong_sender"] == len(forged)
+
+
+def test_a_request_the_scheduler_fails_on_is_an_error_and_the_loop_serves_on(running: Running):
+    """A report whose value JSON cannot hold (bytes) makes its handler raise: that request
+    gets an internal Error, and the next requests are answered as before."""
+    running.gate.open.set()
+    failed = running.call(p.Report("gen", "validation", 0, {"raw": b"\x00"}))
+    assert isinstance(failed, p.Error) and failed.code == "internal", failed
+    assert isinstance(running.call(p.Claim("gen", "generate", 1)), p.Lease)
+    assert isinstance(running.call(p.Report("gen", "validation", 0, {"val_reward": 1.0})), p.Ack)
+
+
+def test_a_reply_that_cannot_be_encoded_is_sent_as_the_requests_error() -> None:
+    frames = _encoded(p.StatusReply({"path": Path("/")}), 9, p.Kind.STATUS)
+    reply, req_id = p.decode_with_id(frames)
+    assert req_id == 9 and isinstance(reply, p.Error) and reply.code == "internal"

@@ -9,6 +9,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+import zmq
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncrl.transport import protocol as p
 from asyncrl.transport.dataplane import (
@@ -18,7 +21,9 @@ from asyncrl.transport.dataplane import (
     PayloadsUnavailable,
 )
 from asyncrl.transport.dataplane.store import shared_path, sweep_stale
+from asyncrl.transport.dataplane.wire import REPLY, REQUEST, Code
 from asyncrl.transport.security import ClientKeys, keygen, load_client_keys
+from tests.support import hostile
 
 MAX_BYTES = 64 << 20
 
@@ -216,3 +221,57 @@ def test_a_sweep_keeps_this_processs_own_stores_unless_told_they_are_left_over(
     assert sweep_stale(tmp_path) == 0  # alive: this very process holds it
     assert sweep_stale(tmp_path, mine_too=True) == 1  # at the end of a test session
     assert not list(tmp_path.iterdir())
+
+
+# --- hostile requests and payloads ---------------------------------------------------------
+
+
+def test_a_server_answers_every_malformed_request_and_serves_on(
+    holder: PayloadStore, fetcher: PayloadFetcher
+) -> None:
+    ref = holder.put(payload(4))
+    asker = zmq.Context.instance().socket(zmq.DEALER)
+    asker.setsockopt(zmq.LINGER, 0)
+    asker.connect(ref.address)
+    u64 = st.integers(0, 2**64 - 1)
+    store_ids = st.sampled_from([ref.store.encode(), b"", hostile.BAD_UTF8, b"0" * 64, b"0" * 65])
+    requests = st.one_of(
+        st.lists(st.binary(max_size=90), min_size=1, max_size=3),
+        st.builds(lambda r, k, s: [REQUEST.pack(r, k) + s], u64, u64 | st.just(ref.key), store_ids),
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(frames=requests)
+    def answered(frames: list[bytes]) -> None:
+        asker.send_multipart(frames)
+        assert asker.poll(2000), frames
+        status, *blob = asker.recv_multipart()
+        _, code = REPLY.unpack(status)
+        assert code in set(Code) and (code == Code.OK) == bool(blob)
+
+    try:
+        answered()
+        assert fetcher.fetch([ref])[0]["n"] == 4
+    finally:
+        asker.close()
+
+
+def test_a_reader_given_hostile_payloads_reports_each_and_nothing_else(
+    holder: PayloadStore, fetcher: PayloadFetcher
+) -> None:
+    """Payloads whose bytes check out against their references, but are not payloads: a
+    str that is not UTF-8, a lying array reference... Each is a FetchFailure, and only
+    those that do not decode where they were made."""
+    frame_sets = [
+        [hostile.packed({"k": 1}, path, raw), *arrays]
+        for path in (("k",), (hostile.KEY,))
+        for raw in hostile.HOSTILE
+        for arrays in ((), (hostile.ARRAY_FRAME,))
+    ]
+    refs = [holder.put_frames(frames) for frames in frame_sets]
+    with pytest.raises(PayloadsUnavailable) as caught:
+        fetcher.fetch(refs)
+    failed = {f.index for f in caught.value.failures}
+    decoding = [hostile.decodes(p.payload_from_frames, frames) for frames in frame_sets]
+    assert failed == {i for i, decodes in enumerate(decoding) if not decodes}
+    assert all(f.reason.startswith("payload") for f in caught.value.failures)

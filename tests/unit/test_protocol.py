@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from msgspec import Struct, structs
 
 from asyncrl.transport import protocol as p
+from tests.support import hostile
 
 REF = p.PayloadRef("generate-0", "tcp://10.0.0.2:4000", "9f3a", 7, 1 << 20, 0xDEADBEEF)
 
@@ -251,3 +252,61 @@ def test_bodies_of_nearly_the_right_shape_decode_to_what_encodes_back(data: st.D
         return
     assert type(message) is cls
     assert repr(round_trip(message)) == repr(message)
+
+
+# --- every field of every message, hostile ------------------------------------------------
+
+
+def test_a_worker_name_that_is_not_utf8_is_a_protocol_error_naming_the_field() -> None:
+    """A Hello whose worker name holds the byte 0xb4: once a UnicodeDecodeError, which
+    ended the scheduler."""
+    body = b"\x94" + hostile.BAD_UTF8 + msgpack.packb("generate") + b"\x02\x01"
+    frame = bytes([0x94, p.PROTOCOL_VERSION, p.Kind.HELLO, 7]) + body  # all fixints
+    with pytest.raises(p.ProtocolError) as caught:
+        p.decode_with_id([frame])
+    assert str(caught.value) == "Hello.worker: invalid UTF-8"
+    assert caught.value.req_id == 7
+
+
+def decodes_or_says_what(cls: type, frames: list[bytes]) -> None:
+    """A ``cls`` that encodes again, or a ProtocolError naming the message (or, when the
+    bytes do not even delimit a body, the header); nothing else."""
+    try:
+        message = p.decode(frames)
+    except p.ProtocolError as error:
+        assert str(error).startswith((cls.__name__, "header ")), str(error)
+        return
+    assert type(message) is cls
+    p.encode(message)  # what is taken, a sender could build
+
+
+@pytest.mark.parametrize("cls", hostile.MESSAGES, ids=lambda cls: cls.__name__)
+def test_every_hostile_value_in_every_field_is_taken_or_a_protocol_error(cls: type) -> None:
+    for path, name, _ in hostile.fields(cls):
+        for raw in hostile.HOSTILE:
+            for arrays in ((), (hostile.ARRAY_FRAME,)):
+                try:
+                    decodes_or_says_what(cls, hostile.frames(cls, path, raw, arrays=arrays))
+                except Exception as error:
+                    raise AssertionError(f"{name} = {raw[:40]!r}, {len(arrays)} arrays") from error
+
+
+@pytest.mark.parametrize("cls", hostile.MESSAGES, ids=lambda cls: cls.__name__)
+def test_a_str_that_is_not_utf8_is_named_by_its_field(cls: type) -> None:
+    for path, name, hint in hostile.fields(cls):
+        if hostile.takes_text(hint):
+            with pytest.raises(p.ProtocolError) as caught:
+                p.decode(hostile.frames(cls, path, hostile.BAD_UTF8))
+            assert str(caught.value) == f"{name}: invalid UTF-8"
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_drawn_hostile_values_in_any_field_are_taken_or_a_protocol_error(
+    data: st.DataObject,
+) -> None:
+    cls = data.draw(st.sampled_from([cls for cls in hostile.MESSAGES if structs.fields(cls)]))
+    path, _, _ = data.draw(st.sampled_from(list(hostile.fields(cls))))
+    raw = data.draw(hostile.hostile_bytes())
+    arrays = data.draw(st.lists(st.binary(max_size=12), max_size=3))
+    decodes_or_says_what(cls, hostile.frames(cls, path, raw, arrays=tuple(arrays)))

@@ -84,7 +84,11 @@ class PayloadServer:
                     frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                reply = _answer(store, frames)
+                try:
+                    reply = _answer(store, frames)
+                except Exception:  # a bug: this request is refused, the server goes on
+                    log.exception("payload request failed", frames=len(frames))
+                    reply = [REPLY.pack(0, Code.MALFORMED)]
                 socket.send_multipart([frames[0].bytes, *reply], copy=False)
 
 
