@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import crc32c
 import msgpack
 import numpy as np
 import pytest
 import torch
 
+from asyncrl.transport import protocol as p
 from asyncrl.transport.weights.layout import (
     ALIGN,
     Manifest,
@@ -19,6 +22,7 @@ from asyncrl.transport.weights.layout import (
     stage,
     views,
 )
+from tests.support import hostile
 
 
 def mixed_state() -> dict[str, torch.Tensor]:
@@ -323,3 +327,22 @@ def test_a_manifest_for_another_version_than_planned_is_refused() -> None:
     assert Manifest.from_payload(payload, version=9).version == 9
     with pytest.raises(ManifestError, match="plan for version 10 carries manifest 9"):
         Manifest.from_payload(payload, version=10)
+
+
+def test_every_hostile_value_in_a_plans_manifest_is_a_protocol_or_manifest_error() -> None:
+    """The manifest as a generator gets it: in a WeightsPlan from the scheduler, decoded,
+    then parsed."""
+    good = payload()
+    rows = [("tensors", 0, i) for i in range(5)]
+    paths = [(key,) for key in good] + [("checksums", 0), ("tensors", 0), *rows]
+    known = {"manifest": good, "version": good["version"]}
+    for path in [*paths, ("tensors", 0, 2, 0)]:
+        for raw in hostile.HOSTILE:
+            for arrays in ((), (hostile.ARRAY_FRAME,)):
+                frames = hostile.frames(p.WeightsPlan, (1, *path), raw, known=known, arrays=arrays)
+                try:
+                    plan = p.decode(frames)
+                except p.ProtocolError:
+                    continue
+                with contextlib.suppress(ManifestError):
+                    Manifest.from_payload(plan.manifest, version=plan.version)

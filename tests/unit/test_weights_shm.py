@@ -3,6 +3,7 @@ refusals a receiver gives for plans it cannot use."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import time
@@ -24,6 +25,7 @@ from asyncrl.transport.weights.shm.slot_file import (
     decode_address,
     encode_address,
 )
+from tests.support import hostile
 
 
 @pytest.fixture
@@ -166,11 +168,20 @@ def test_a_plan_from_a_trainer_with_another_strategy_says_so(publisher: ShmPubli
         (msgpack.packb({"host": "h"}), "not a shared-memory weight address"),
         (msgpack.packb({"host": 1, "dir": "/x"}), "must be strings"),
         (msgpack.packb({"host": "h", "dir": "relative"}), "not absolute"),
+        (msgpack.packb({"host": "h", "dir": "/dev/shm/a\0b"}), "holds a NUL"),
     ],
 )
 def test_a_malformed_address_is_an_error_naming_the_problem(address: bytes, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         decode_address(address)
+
+
+def test_every_hostile_value_in_an_address_is_taken_or_a_value_error() -> None:
+    address = {"host": "h", "dir": "/dev/shm/x"}
+    for path in ((), ("host",), ("dir",)):
+        for raw in hostile.HOSTILE:
+            with contextlib.suppress(ValueError):
+                decode_address(hostile.packed(address, path, raw))
 
 
 def test_an_address_names_this_host_and_the_directory(directory: Path) -> None:

@@ -24,6 +24,7 @@ from asyncrl.transport.weights.ucx.wire import (
     encode_header,
     encode_request,
 )
+from tests.support import hostile
 
 U64 = st.integers(0, (1 << 64) - 1)
 
@@ -205,3 +206,22 @@ def test_a_tag_source_wraps_only_after_two_to_the_thirty_takes() -> None:
     last = source.take()
     assert last != first and last >> 32 == first >> 32
     assert source.take() == first  # then it wraps around to the first tag
+
+
+# --- every field hostile ---------------------------------------------------------------------
+
+REQUEST = [1, 0, 10, 2, b"addr", 0]  # version, start, end, reply_tag, address, generation
+HEADER = [0, "detail"]  # status, detail
+
+
+def test_every_hostile_value_in_every_field_is_taken_or_a_wire_error() -> None:
+    """Wrong types, invalid UTF-8, 64-bit edges, non-finite floats, nesting a thousand deep
+    (once a RecursionError from the error's own repr) and ten thousand deep, extensions."""
+    for body, size, decode in (
+        (REQUEST, CONTROL_BYTES, decode_request),
+        (HEADER, HEADER_BYTES, decode_header),
+    ):
+        for index in range(len(body)):
+            for raw in hostile.HOSTILE:
+                packed = hostile.packed(body, (index,), raw)
+                decodes_or_wire_error(decode, framed(packed, max(size, len(packed) + 4)))

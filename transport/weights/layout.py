@@ -98,7 +98,9 @@ class Manifest:
             bucket_bytes = _integer(payload["bucket_bytes"])
             checksums = tuple(_integer(c) for c in payload["checksums"])
             tensors = tuple(
-                TensorSpec(str(n), str(d), tuple(_integer(x) for x in s), _integer(o), _integer(b))
+                TensorSpec(
+                    _text(n), _text(d), tuple(_integer(x) for x in s), _integer(o), _integer(b)
+                )
                 for n, d, s, o, b in payload["tensors"]
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -140,6 +142,13 @@ class Manifest:
                     f"tensor {spec.name!r}: bytes [{spec.offset}, {spec.offset + size}) "
                     f"out of bounds of the {self.total}-byte buffer"
                 )
+
+
+def _text(value: object) -> str:
+    """A name as sent; anything but a string is malformed, not converted."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
 
 
 def _integer(value: object) -> int:

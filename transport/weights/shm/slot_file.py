@@ -88,7 +88,9 @@ def decode_address(address: bytes) -> tuple[str, Path]:
     if not isinstance(host, str) or not isinstance(directory, str):
         raise ValueError("shared-memory weight address: host and dir must be strings")
     if not os.path.isabs(directory):
-        raise ValueError(f"shared-memory weight address: {directory!r} is not absolute")
+        raise ValueError(f"shared-memory weight address: {directory!r:.120} is not absolute")
+    if "\0" in directory:
+        raise ValueError(f"shared-memory weight address: {directory!r:.120} holds a NUL")
     return host, Path(directory)
 
 

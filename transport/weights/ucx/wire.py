@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import random
+import reprlib
 from dataclasses import dataclass
 
 import msgpack
@@ -50,6 +51,9 @@ class Status(enum.IntEnum):
     OK = 0
     GONE = 1  # the source no longer holds (or never held) that version
     BAD_REQUEST = 2
+
+
+_STATUSES = frozenset(int(s) for s in Status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,16 +98,16 @@ def decode_request(frame: np.ndarray) -> RangeRequest:
     if not (isinstance(body, list) and len(body) == 6):
         raise WireError(
             "request must be [version, start, end, reply_tag, address, generation], "
-            f"got {body!r:.80}"
+            f"got {_shown(body)}"
         )
     version, start, end, reply_tag, address, generation = body
     numbers = (version, start, end, reply_tag, generation)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in numbers):
-        raise WireError(f"request fields must be non-negative integers: {numbers!r:.80}")
+        raise WireError(f"request fields must be non-negative integers: {_shown(numbers)}")
     if start > end:
         raise WireError(f"range [{start}, {end}) runs backwards")
     if not isinstance(address, bytes) or not address:
-        raise WireError(f"reply address must be non-empty bytes, got {address!r:.40}")
+        raise WireError(f"reply address must be non-empty bytes, got {_shown(address)}")
     return RangeRequest(version, start, end, reply_tag, address, generation)
 
 
@@ -116,11 +120,17 @@ def encode_header(status: Status, detail: str = "") -> np.ndarray:
 
 def decode_header(frame: np.ndarray) -> tuple[Status, str]:
     body = _unframed(frame)
-    try:
-        status, detail = body  # type: ignore[misc]
-        return Status(status), str(detail)
-    except (TypeError, ValueError):
-        raise WireError(f"header must be [status, detail], got {body!r:.80}") from None
+    if isinstance(body, list) and len(body) == 2:
+        status, detail = body
+        if type(status) is int and status in _STATUSES and type(detail) is str:
+            return Status(status), detail
+    raise WireError(f"header must be [status, detail], got {_shown(body)}")
+
+
+def _shown(value: object) -> str:
+    """``value`` for an error message, cut short: a few levels and items of it (a body
+    nested a thousand deep has no repr)."""
+    return reprlib.repr(value)[:80]
 
 
 class TagSource:
