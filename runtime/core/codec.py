@@ -57,6 +57,7 @@ def _dump_group(g: Group) -> list[Any]:
         None if g.behaviour is None else list(g.behaviour),
         g.reason,
         g.data,
+        sorted(g.suspects),
     ]
 
 
@@ -102,7 +103,8 @@ def load_state(
 
 
 def _load_group(state: CoreState, row: list[Any]) -> None:
-    gid, key, st, done, leases, attempts, train_by, behaviour, reason, data = row
+    gid, key, st, done, leases, attempts, train_by, behaviour, reason, data = row[:10]
+    suspects = row[10] if len(row) > 10 else []  # absent before deaths were attributed
     group = Group(
         gid,
         key,
@@ -114,6 +116,7 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         None if behaviour is None else tuple(behaviour),
         reason,
         data,
+        set(suspects),
     )
     state.groups[gid] = group
     state.counts[group.state] += 1

@@ -18,6 +18,13 @@ takes exactly one train batch at a time and advances the step counter. A branch 
 that ``reads_policy`` computes with the trainer's weights (``logp``): when training rolls
 back, its results made with weights that no longer exist are computed again.
 
+A stage names the payloads it ``reads``: the roles whose results its workers are handed
+with a lease (the entry role's prompt, the generator's rollouts). A lease carries those
+and nothing else, so no bytes move for nothing, and a worker can only report lost a
+payload it was given. A row that names none reads everything made before it (the safe
+choice for a stage added without thought for it); :data:`ENTRY` names the entry role's
+payload, whatever the table calls that role.
+
 A *serving* role takes no stage: its workers register, follow the policy versions and
 serve another role's work outside the table (generators answering a harness's model calls
 over HTTP while the ``harness`` role holds the admit stage; :meth:`Pipeline.admitting_with`).
@@ -26,11 +33,12 @@ over HTTP while the ``harness`` role holds the admit stage; :meth:`Pipeline.admi
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 __all__ = [
     "DEFAULT_PIPELINE",
+    "ENTRY",
     "Gate",
     "GroupState",
     "Pipeline",
@@ -62,6 +70,9 @@ class Role(StrEnum):
     HARNESS = "harness"  # agent harnesses, driving the generators over HTTP
 
 
+ENTRY = "@entry"  # in a stage's ``reads``: what the entry role added the group with
+
+
 class Gate(StrEnum):
     """What the core checks before it hands out work of a stage."""
 
@@ -82,6 +93,7 @@ class Stage:
     working: GroupState | None = None
     gate: Gate = Gate.FREE
     reads_policy: bool = False  # its result depends on the policy version it ran with
+    reads: tuple[str, ...] | None = None  # the roles' payloads it is handed; None: all before
 
     def __str__(self) -> str:
         via = f" → {self.working}" if self.working else ""
@@ -123,6 +135,29 @@ class Pipeline:
     def gated(self, gate: Gate) -> Stage:
         return next(s for s in self.stages if s.gate is gate)
 
+    def reads(self, stage: Stage) -> frozenset[str]:
+        """The roles whose payloads a lease of ``stage`` carries."""
+        if stage.reads is not None:
+            return frozenset(self.entry_role if r == ENTRY else str(r) for r in stage.reads)
+        return self._made_before(stage.source)
+
+    def _made_before(self, state: GroupState) -> frozenset[str]:
+        """The entry role and every role whose stage a group passes before ``state``."""
+        made = {str(self.entry_role)}
+        for stage in self.stages:
+            if state in self._reached_from(stage.target):
+                made.add(str(stage.role))
+        return frozenset(made)
+
+    def _reached_from(self, state: GroupState) -> set[GroupState]:
+        seen, frontier = set(), [state]
+        while frontier:
+            current = frontier.pop()
+            if current not in seen:
+                seen.add(current)
+                frontier.extend(s.target for s in self.consumers(current))
+        return seen
+
     @property
     def roles(self) -> tuple[str, ...]:
         """The roles of the stages, in table order (the entry role has no stage)."""
@@ -147,15 +182,27 @@ class Pipeline:
         for stage in dropped:
             if stage.working is not None or len(self.consumers(stage.source)) < 2:
                 raise PipelineError(f"{stage}: only a branch stage can be left out")
-        kept = tuple(s for s in self.stages if s.role != role)
+        kept = tuple(
+            s if s.reads is None else replace(s, reads=tuple(r for r in s.reads if r != role))
+            for s in self.stages
+            if s.role != role
+        )
         return Pipeline(kept, self.entry, self.entry_role, self.serving)
 
     def admitting_with(self, role: str) -> Pipeline:
         """This table with ``role`` doing the admit stage's work in its place; the role it
         replaces stays, as a serving role (the harness drives the generators)."""
         admit = self.gated(Gate.ADMIT)
-        swapped = Stage(role, admit.source, admit.target, admit.working, Gate.ADMIT)
-        stages = tuple(swapped if s is admit else s for s in self.stages)
+        swapped = replace(admit, role=role)
+
+        def renamed(stage: Stage) -> Stage:  # what the admit stage made is filed under role
+            if stage is admit:
+                return swapped
+            if stage.reads is None:
+                return stage
+            return replace(stage, reads=tuple(role if r == admit.role else r for r in stage.reads))
+
+        stages = tuple(renamed(s) for s in self.stages)
         return Pipeline(stages, self.entry, self.entry_role, (*self.serving, admit.role))
 
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
@@ -197,7 +244,7 @@ class Pipeline:
 
 
 def _validate(pipeline: Pipeline) -> None:
-    checks = (_check_rows, _check_sources, _check_gates, _check_acyclic)
+    checks = (_check_rows, _check_sources, _check_gates, _check_acyclic, _check_reads)
     for check in checks:
         check(pipeline)
 
@@ -268,13 +315,35 @@ def _check_acyclic(pipeline: Pipeline) -> None:
         visit(state, ())
 
 
+def _check_reads(pipeline: Pipeline) -> None:
+    for stage in pipeline.stages:
+        if stage.reads is None:
+            continue
+        before = pipeline._made_before(stage.source)
+        unknown = sorted(pipeline.reads(stage) - before)
+        if unknown:
+            raise PipelineError(
+                f"{stage}: reads {unknown}, which no stage makes before it "
+                f"(it may read {sorted(before)})"
+            )
+
+
 S = GroupState
+R = Role
 DEFAULT_PIPELINE = Pipeline(
     (
-        Stage(Role.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT),
-        Stage(Role.LOGP, S.GENERATED, S.READY, reads_policy=True),
-        Stage(Role.REF_LOGP, S.GENERATED, S.READY),
-        Stage(Role.REWARD, S.GENERATED, S.READY),
-        Stage(Role.TRAIN, S.READY, S.TRAINED, S.TRAINING, Gate.STEP),
+        Stage(R.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT, reads=(ENTRY,)),
+        Stage(R.LOGP, S.GENERATED, S.READY, reads_policy=True, reads=(R.GENERATE,)),
+        Stage(R.REF_LOGP, S.GENERATED, S.READY, reads=(R.GENERATE,)),
+        # the prompt's answer and the responses
+        Stage(R.REWARD, S.GENERATED, S.READY, reads=(ENTRY, R.GENERATE)),
+        Stage(
+            R.TRAIN,
+            S.READY,
+            S.TRAINED,
+            S.TRAINING,
+            Gate.STEP,
+            reads=(R.GENERATE, R.LOGP, R.REF_LOGP, R.REWARD),
+        ),
     )
 )

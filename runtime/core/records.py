@@ -126,12 +126,15 @@ class Completed(NamedTuple):
 
 class Failed(NamedTuple):
     """Back to the lease's source state; attempt + 1 unless the groups were given back
-    for another's fault (a payload lost upstream)."""
+    for another's fault (a payload lost upstream, a worker that died holding others too).
+    ``suspect``: the lease's worker died holding them, so each is suspected of the death
+    (``scheduler.py``: who is blamed for a death)."""
 
     lid: int
     gids: Sequence[int]
     reason: str
     counted: bool = True
+    suspect: bool = False
 
 
 class Killed(NamedTuple):
@@ -179,6 +182,7 @@ class Lost(NamedTuple):
     gid: int
     role: str
     reason: str
+    counted: bool = True  # False: its holder died, which is no fault of the group
 
 
 class Durable(NamedTuple):

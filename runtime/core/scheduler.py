@@ -8,13 +8,30 @@ notices onto the bus.
 
 Worker liveness (last heartbeat) and refusal counters are soft state: they are not
 journaled, since workers re-register and heartbeat after a restart anyway.
+
+Who is blamed when work ends badly (DESIGN: a group dies only when it is the likely
+cause). A group goes to ``dead`` after ``max_attempts`` tries of one role counted
+against it, and a try counts only when the group is the likely cause:
+
+- a worker *fails* groups (its actor raised on them): each named group is blamed;
+- a worker *dies* holding groups (it registered again as a new process, fell silent, or
+  let its leases run out while silent): if it held one group, that group is blamed; if it
+  held several, those already *suspected* by an earlier death are blamed and the others
+  become suspects, unblamed. A worker is leased at most one suspect at a time (the train
+  step excepted, whose batch is what it is), so a group that kills every worker taking
+  it is soon the one suspect of the deaths it causes, while a random kill costs the
+  groups it hit no try. A suspect that completes the role is cleared;
+- nobody is blamed when a worker leaves on purpose (Bye), when a lease runs out that
+  its live worker never named as held (the grant was lost on its way), when a payload's
+  holder dies (the payload is made again), or when the scheduler restarts (its leases
+  are renewed).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import records as r
@@ -71,7 +88,8 @@ class SchedulerCore:
             return self._reject(
                 Reason.WRONG_ROLE, f"role {role!r} is not one of {sorted(self._roles)}"
             )
-        self._revoke(worker, "worker registered again")  # a restarted process holds nothing
+        # a restarted process holds nothing: the old one died holding what it had
+        self._revoke(worker, "worker registered again", died=True)
         self._commit(r.Registered(worker, role))
         self.last_seen[worker] = now
         return Accepted()
@@ -96,11 +114,12 @@ class SchedulerCore:
             self._commit(r.Renewed(lids, now + self.settings.lease_timeout))
         return Accepted(len(lids))
 
-    def worker_lost(self, worker: str, reason: str) -> Accepted | Rejected:
-        """The worker is gone (timed out, or left): its work goes back, its locks go free."""
+    def worker_lost(self, worker: str, reason: str, died: bool = True) -> Accepted | Rejected:
+        """The worker is gone (timed out, or left): its work goes back, its locks go free.
+        ``died``: it did not leave on purpose, so its groups may be blamed (see above)."""
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        self._revoke(worker, reason)
+        self._revoke(worker, reason, died)
         self._commit(r.Left(worker))
         self.last_seen.pop(worker, None)
         self.state.notices.append(WorkerLost(worker, reason))
@@ -113,9 +132,16 @@ class SchedulerCore:
         while expiry and expiry[0][0] <= now:
             expires_at, lid = heapq.heappop(expiry)
             lease = self.state.leases.get(lid)
-            if lease is not None and lease.expires_at == expires_at:
-                self._fail_groups(lease, sorted(lease.gids), f"{lease.role}: lease expired")
-                ended += 1
+            if lease is None or lease.expires_at != expires_at:
+                continue
+            ended += 1
+            seen = self.last_seen.get(lease.worker)
+            if seen is None or seen + self.settings.lease_timeout <= now:
+                # silent as long as a lease lasts: it died, with everything it held
+                self._revoke(lease.worker, "lease expired", died=True)
+            else:  # alive, and never named it as held: the grant never reached it
+                reason = f"{lease.role}: lease expired unclaimed by its worker"
+                self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
         timeout = self.settings.worker_timeout
         for worker in [w for w, seen in self.last_seen.items() if seen + timeout <= now]:
             self.worker_lost(worker, f"no heartbeat for {timeout:g}s")
@@ -124,9 +150,23 @@ class SchedulerCore:
     def _leases_of(self, worker: str) -> list[Lease]:
         return [lease for lease in self.state.leases.values() if lease.worker == worker]
 
-    def _revoke(self, worker: str, reason: str) -> None:
-        for lease in self._leases_of(worker):
-            self._fail_groups(lease, sorted(lease.gids), f"{lease.role}: {reason}")
+    def _revoke(self, worker: str, reason: str, died: bool) -> None:
+        leases = self._leases_of(worker)
+        if not died:
+            for lease in leases:
+                self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
+            return
+        held = [(lease, gid) for lease in leases for gid in sorted(lease.gids)]
+        groups = self.state.groups
+        blamed = {gid for lease, gid in held if lease.role in groups[gid].suspects}
+        if not blamed and len(held) == 1:
+            blamed = {held[0][1]}
+        for lease in leases:
+            why = f"{lease.role}: {reason}"
+            spared = [g for g in sorted(lease.gids) if g not in blamed]
+            if spared:
+                self._commit(r.Failed(lease.lid, spared, why, counted=False, suspect=True))
+            self._fail_groups(lease, [g for g in sorted(lease.gids) if g in blamed], why, True)
 
     # --- data ------------------------------------------------------------------------
 
@@ -178,7 +218,7 @@ class SchedulerCore:
         elif stage.gate is Gate.STEP:
             n = self.settings.train_batch_groups if self._step_ready(stage) else 0
             version = self.state.steps_done  # the version this step trains from
-        gids = self._take(stage, n)
+        gids = self._take(stage, worker, n)
         if not gids:
             return None
         s = self.state
@@ -212,12 +252,19 @@ class SchedulerCore:
             s.due, s.due_ready, s.steps_done, batch
         )
 
-    def _take(self, stage: Stage, n: int) -> list[int]:
-        """Pop up to ``n`` takeable groups; entries that went stale are dropped lazily."""
+    def _take(self, stage: Stage, worker: str, n: int) -> list[int]:
+        """Pop up to ``n`` takeable groups; entries that went stale are dropped lazily.
+
+        At most one suspect (see above) per worker, so that its next death names it;
+        suspects passed over stay in the heap for another worker or a later claim."""
         heap, groups, taken = self.state.available(stage), self.state.groups, []
         source, role = stage.source, stage.role
+        isolate = stage.gate is not Gate.STEP
+        suspect_held = isolate and self._holds_suspect(worker, role)
+        passed: list[tuple[Any, int]] = []
         while heap and len(taken) < n:
-            gid = heapq.heappop(heap)[1]
+            entry = heapq.heappop(heap)
+            gid = entry[1]
             group = groups.get(gid)  # None once trained
             if (
                 group is None
@@ -227,8 +274,24 @@ class SchedulerCore:
                 or gid in taken
             ):
                 continue
+            if isolate and role in group.suspects:
+                if suspect_held:
+                    passed.append(entry)
+                    continue
+                suspect_held = True
             taken.append(gid)
+        for entry in passed:
+            heapq.heappush(heap, entry)
         return taken
+
+    def _holds_suspect(self, worker: str, role: str) -> bool:
+        groups = self.state.groups
+        return any(
+            role in groups[gid].suspects
+            for lease in self._leases_of(worker)
+            for gid in lease.gids
+            if lease.role == role
+        )
 
     def complete(
         self,
@@ -273,13 +336,15 @@ class SchedulerCore:
         gids: Sequence[int] | None,
         reason: str,
         lost: Sequence[tuple[int, str, str]] = (),
+        holder_gone: Collection[tuple[int, str]] = (),
     ) -> Accepted | Rejected:
         """Give groups back (all of the lease when ``gids`` is None) to be tried again.
 
         ``lost`` names payloads (gid, role, why) the worker could not fetch: each such
         group leaves the lease and goes back before the stage that made the payload,
         which runs again; the lease's other groups go back uncounted, since the worker
-        was not at fault.
+        was not at fault. A lost payload counts a try against its group unless its
+        (gid, role) is in ``holder_gone``: the process that kept it is no more.
         """
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
@@ -293,7 +358,8 @@ class SchedulerCore:
             return Accepted(len(gids))
         for gid, role, why in lost:
             if gid in lease.gids:  # its first lost payload takes the group out of the lease
-                self._lose(lease, gid, role, f"{role} payload lost: {why}")
+                counted = (gid, role) not in holder_gone
+                self._lose(lease, gid, role, f"{role} payload lost: {why}", counted)
         rest = [g for g in gids if g in lease.gids]
         if rest:
             self._commit(r.Failed(lease.lid, rest, f"{lease.role}: {reason}", counted=False))
@@ -303,25 +369,29 @@ class SchedulerCore:
         for gid, role, _ in lost:
             if gid not in lease.gids:
                 continue  # another reader reported it first: the group already went back
-            readers = self.state.derived.get(role, frozenset()) - {role}
-            if lease.role not in readers:
-                return Reason.BAD_REQUEST, f"a {lease.role} lease reads no {role} payload"
+            reads = self.pipeline.reads(self.pipeline.stage_at(lease.source, lease.role))
+            if role not in reads:
+                return Reason.BAD_REQUEST, f"a {lease.role} lease carries no {role} payload"
         return None
 
-    def _lose(self, lease: Lease, gid: int, role: str, reason: str) -> None:
+    def _lose(self, lease: Lease, gid: int, role: str, reason: str, counted: bool) -> None:
         """``role``'s payload of ``gid`` is gone: made again, or the group dies trying."""
-        if self.state.groups[gid].attempts.get(role, 0) + 1 >= self.settings.max_attempts:
+        tries = self.state.groups[gid].attempts.get(role, 0) + 1
+        if counted and tries >= self.settings.max_attempts:
             self._commit(r.Killed([gid], f"{reason} (attempt {self.settings.max_attempts})"))
         else:
-            self._commit(r.Lost(lease.lid, gid, role, reason))
+            self._commit(r.Lost(lease.lid, gid, role, reason, counted))
 
-    def _fail_groups(self, lease: Lease, gids: Sequence[int], reason: str) -> None:
+    def _fail_groups(
+        self, lease: Lease, gids: Sequence[int], reason: str, suspect: bool = False
+    ) -> None:
+        """Blame ``gids`` for a try of the lease's role: back to be tried again, or dead."""
         limit, role = self.settings.max_attempts, lease.role
         groups = self.state.groups
         last = [g for g in gids if groups[g].attempts.get(role, 0) + 1 >= limit]
         retry = [g for g in gids if g not in set(last)]
         if retry:
-            self._commit(r.Failed(lease.lid, retry, reason))
+            self._commit(r.Failed(lease.lid, retry, reason, suspect=suspect))
         if last:
             self._commit(r.Killed(last, f"{reason} (attempt {limit} of {limit})"))
 

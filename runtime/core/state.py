@@ -46,6 +46,9 @@ class Group:
     behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
     reason: str | None = None  # why it died
     data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
+    # roles whose worker died holding it (among others): it is leased alone to them, and
+    # the next such death counts against it
+    suspects: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -262,6 +265,7 @@ class CoreState:
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             del group.leases[lease.role]
+            group.suspects.discard(lease.role)  # whatever killed its workers, it was not this
             if behaviour is not None:
                 group.behaviour = (behaviour[i][0], behaviour[i][1])
             if data is not None:
@@ -290,13 +294,22 @@ class CoreState:
             lag = self.steps_done - 1 - group.behaviour[0]
             self.worst_staleness = max(self.worst_staleness, lag)
 
-    def _fail(self, lid: int, gids: Sequence[int], reason: str, counted: bool = True) -> None:
+    def _fail(
+        self,
+        lid: int,
+        gids: Sequence[int],
+        reason: str,
+        counted: bool = True,
+        suspect: bool = False,
+    ) -> None:
         lease = self.leases[lid]
         for gid in gids:
             group = self.groups[gid]
             del group.leases[lease.role]
             if counted:
                 group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
+            if suspect:
+                group.suspects.add(lease.role)
             if group.state != lease.source:
                 if group.state == self._admit_working:
                     self._forget_train_by(group)  # it will be admitted afresh
@@ -316,11 +329,12 @@ class CoreState:
             self._forget_train_by(group)
             self._move(group, DEAD, reason)
 
-    def _lose(self, lid: int, gid: int, role: str, reason: str) -> None:
+    def _lose(self, lid: int, gid: int, role: str, reason: str, counted: bool = True) -> None:
         # ``lid`` is the lease of the consumer that found the payload gone; it and every
         # other lease working from the payload, or from what was derived from it, let go.
         group = self.groups[gid]
-        group.attempts[role] = group.attempts.get(role, 0) + 1
+        if counted:
+            group.attempts[role] = group.attempts.get(role, 0) + 1
         self.regenerated[role] += 1
         self._redo(group, role, reason)
 

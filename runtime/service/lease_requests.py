@@ -18,10 +18,11 @@ import structlog
 from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
 from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.runtime.core.state import Group
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
-from .payload_refs import holder_of, lease_item, live_keys, stored
+from .payload_refs import holder_of, lease_item, live_keys, store_of, stored
 from .replies import error_of, reply_of
 from .reports import step_fields
 
@@ -56,7 +57,13 @@ def _want(service: SchedulerService, m: p.Claim) -> p.Message:
     counts = service.core.state.counts
     alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
     needed = service.plan.total_groups - counts[GroupState.TRAINED] - alive
-    room = service.plan.backlog - counts[service.core.pipeline.entry]
+    entry = service.core.pipeline.entry
+    # Suspects wait for a worker free of suspects (scheduler.py); fresh prompts keep the
+    # workers busy meanwhile, so they do not count against the backlog.
+    waiting = counts[entry] - sum(
+        1 for g in service.core.state.groups.values() if g.suspects and g.state == entry
+    )
+    room = service.plan.backlog - waiting
     return p.Want(max(0, min(m.n, needed, room)))
 
 
@@ -70,8 +77,12 @@ def _not_the_entry_role(service: SchedulerService, worker: str) -> p.Error | Non
 
 
 def _lease(service: SchedulerService, grant: Grant, now: float) -> p.Lease:
-    groups = service.core.state.groups
-    items = tuple(lease_item(g, groups[g].key, groups[g].data) for g in grant.groups)
+    """The lease's groups with the payloads its stage reads, and no others."""
+    state, pipeline = service.core.state, service.core.pipeline
+    reads = pipeline.reads(pipeline.stage_at(state.leases[grant.lease_id].source, grant.role))
+    items = tuple(
+        lease_item(g, state.groups[g].key, state.groups[g].data, reads) for g in grant.groups
+    )
     return p.Lease(
         grant.lease_id, grant.fence, grant.role, grant.expires_at - now, grant.version, items
     )
@@ -89,6 +100,9 @@ def complete(service: SchedulerService, m: p.Complete, now: float) -> p.Message:
     if foreign:
         return p.Error(Reason.BAD_RESULT, f"groups {foreign[:5]}: payloads held by another")
     data = [stored(r) for r in m.results]
+    for r in m.results:
+        if r.ref is not None:
+            service.live_stores[holder] = r.ref.store
     steps_before = service.core.state.steps_done
     reply = service.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
     if isinstance(reply, Rejected):
@@ -147,7 +161,8 @@ def fail(service: SchedulerService, m: p.Fail, now: float) -> p.Message:
             return p.Error(Reason.BAD_REQUEST, f"group {x.gid} has no {x.role} reference")
         lost.append((x, holder))
     triples = [(x.gid, x.role, x.reason) for x, _ in lost]
-    reply = service.core.fail(m.lease_id, m.fence, gids, m.reason, triples)
+    gone = [(x.gid, x.role) for x, holder in lost if _holder_gone(service, groups[x.gid], x.role)]
+    reply = service.core.fail(m.lease_id, m.fence, gids, m.reason, triples, gone)
     if isinstance(reply, Accepted):
         service.trace.settled(m.lease_id, "fail", service.core.state.leases, now)
         log.warning("work failed", worker=m.worker, lease=m.lease_id, reason=m.reason)
@@ -157,9 +172,17 @@ def fail(service: SchedulerService, m: p.Fail, now: float) -> p.Message:
     return reply_of(reply)
 
 
+def _holder_gone(service: SchedulerService, group: Group, role: str) -> bool:
+    """Whether the process that kept ``role``'s payload of ``group`` is no more (its
+    worker left, or runs as a new process with a new store): no fault of the group."""
+    kept = group.data.get(role)
+    return service.live_stores.get(holder_of(kept) or "") != store_of(kept)
+
+
 def held(service: SchedulerService, m: p.Held, _now: float) -> p.Message:
     """Which of a store's keys no live group refers to any more: the store frees them."""
     service.stores[m.worker] = {"payloads": len(m.keys), "bytes": m.bytes}
+    service.live_stores[m.worker] = m.store
     live = live_keys((g.data for g in service.core.state.groups.values()), m.store)
     return p.Drop(tuple(k for k in m.keys if k not in live))
 

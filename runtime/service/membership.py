@@ -33,6 +33,7 @@ def hello(service: SchedulerService, m: p.Hello, now: float) -> p.Message:
     reply = service.core.register(m.worker, m.role, now)
     if isinstance(reply, Rejected):
         return error_of(reply)
+    service.live_stores.pop(m.worker, None)  # a new process: its store is not known yet
     log.info("worker registered", worker=m.worker, role=m.role, pid=m.pid)
     settings = service.core.settings
     return p.Ready(
@@ -54,4 +55,5 @@ def heartbeat(service: SchedulerService, m: p.Heartbeat, now: float) -> p.Messag
 
 def bye(service: SchedulerService, m: p.Bye, _now: float) -> p.Message:
     log.info("worker left", worker=m.worker, reason=m.reason)
-    return reply_of(service.core.worker_lost(m.worker, f"left: {m.reason}"))
+    # on purpose: whatever it held goes back with no try counted against it
+    return reply_of(service.core.worker_lost(m.worker, f"left: {m.reason}", died=False))

@@ -9,12 +9,12 @@ its cost per group is the same for 1 KiB and 100 MiB.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from asyncrl.transport import protocol as p
 
-__all__ = ["holder_of", "is_ref", "lease_item", "live_keys", "stored"]
+__all__ = ["holder_of", "is_ref", "lease_item", "live_keys", "store_of", "stored"]
 
 _HOLDER, _STORE, _KEY = 0, 2, 3  # positions in a kept reference
 
@@ -36,10 +36,18 @@ def holder_of(kept: Any) -> str | None:
     return kept[_HOLDER] if is_ref(kept) else None
 
 
-def lease_item(gid: int, key: str, data: dict[str, Any]) -> p.Item:
-    """The leased form of a group: inline payloads unpacked, references passed on."""
+def store_of(kept: Any) -> str | None:
+    """The store keeping a referenced payload; None for an inline one, or none at all."""
+    return kept[_STORE] if is_ref(kept) else None
+
+
+def lease_item(gid: int, key: str, data: dict[str, Any], reads: Collection[str]) -> p.Item:
+    """The leased form of a group, the payloads of the roles in ``reads`` only: inline
+    payloads unpacked, references passed on."""
     inline, refs = {}, {}
     for role, kept in data.items():
+        if role not in reads:
+            continue
         if is_ref(kept):
             refs[role] = p.PayloadRef(*kept)
         else:

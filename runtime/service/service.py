@@ -125,6 +125,9 @@ class SchedulerService:
         self.protocol_errors = 0
         self.expired_leases = 0  # ended by the clock, since this process started
         self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
+        # worker -> the payload store of its live process, as its results and Held name it:
+        # a payload in any other store was kept by a process that is gone
+        self.live_stores: dict[str, str] = {}
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
@@ -228,6 +231,7 @@ class SchedulerService:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
                     self.routes.forget(notice.worker)
                     self.stores.pop(notice.worker, None)
+                    self.live_stores.pop(notice.worker, None)
                 elif isinstance(notice, RolledBackTo):
                     self._rolled_back(notice)
             self.outbox.extend(self.events.from_notices(notices))

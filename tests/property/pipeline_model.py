@@ -66,6 +66,7 @@ class ModelGroup:
     done: set[str] = field(default_factory=set)
     leased: set[str] = field(default_factory=set)
     attempts: dict[str, int] = field(default_factory=dict)
+    suspects: set[str] = field(default_factory=set)  # roles whose worker died holding it
     behaviour: tuple[int, int] | None = None
     admitted: int | None = None  # the version its generator had loaded when it started
     step: int | None = None
@@ -97,6 +98,36 @@ class PipelineModel:
             gid
             for gid, g in self.groups.items()
             if g.state == source and role not in g.done and role not in g.leased
+        )
+
+    def takeable_for(self, role: str, worker: str, n: int) -> list[int]:
+        """What a claim of ``n`` by ``worker`` gets: the oldest takeable groups, with at
+        most one suspect in the worker's hands (the train step takes its batch whole)."""
+        if role == TRAIN:
+            return self.takeable(role)[:n]
+        holds = any(
+            role in self.groups[gid].suspects
+            for lease in self.leases.values()
+            if lease.worker == worker
+            for gid in lease.gids
+        )
+        taken = []
+        for gid in self.takeable(role):
+            if len(taken) == n:
+                break
+            if role in self.groups[gid].suspects:
+                if holds:
+                    continue
+                holds = True
+            taken.append(gid)
+        return taken
+
+    def suspects_held(self, worker: str, role: str) -> int:
+        return sum(
+            role in self.groups[gid].suspects
+            for lease in self.leases.values()
+            if lease.worker == worker
+            for gid in lease.gids
         )
 
     def alive_untrained(self) -> list[int]:
@@ -142,6 +173,7 @@ class PipelineModel:
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             group.leased.discard(lease.role)
+            group.suspects.discard(lease.role)
             if behaviour is not None:
                 group.behaviour = behaviour[i]
             self._advance(gid, group, lease.role)
@@ -159,7 +191,8 @@ class PipelineModel:
             assert group.step is None, f"group {gid} trained twice"
             group.step = self.steps_done
 
-    def fail(self, lid: int, gids: list[int]) -> None:
+    def fail(self, lid: int, gids: list[int], suspect: bool = False) -> None:
+        """The groups are blamed for a try: back to the lease's source, or dead."""
         lease = self.leases[lid]
         source = ROWS[lease.role][0]
         for gid in gids:
@@ -172,16 +205,35 @@ class PipelineModel:
             else:
                 group.state = source
                 group.admitted = None if source == "pending" else group.admitted
+                if suspect:
+                    group.suspects.add(lease.role)
         self._drop(lease, gids)
 
-    def payload_lost(self, lid: int, gid: int, role: str) -> None:
+    def died(self, worker: str) -> None:
+        """The worker died holding what it held: a lone group, or the suspects among
+        several, are blamed; the rest become suspects, unblamed."""
+        leases = sorted((x for x in self.leases.values() if x.worker == worker), key=_lid)
+        held = [(x, gid) for x in leases for gid in sorted(x.gids)]
+        blamed = {gid for x, gid in held if x.role in self.groups[gid].suspects}
+        if not blamed and len(held) == 1:
+            blamed = {held[0][1]}
+        for lease in leases:
+            spared = [gid for gid in sorted(lease.gids) if gid not in blamed]
+            for gid in spared:
+                self.groups[gid].suspects.add(lease.role)
+            self._give_back(lease, spared)
+            if lease.lid in self.leases:
+                self.fail(lease.lid, sorted(lease.gids), suspect=True)
+
+    def payload_lost(self, lid: int, gid: int, role: str, counted: bool = True) -> None:
         """A reader of ``lid`` found ``role``'s payload of ``gid`` gone; the lease's other
-        groups go back uncounted."""
+        groups go back uncounted, and so does ``gid`` when its holder died."""
         lease = self.leases[lid]
         group = self.groups[gid]
-        tries = group.attempts.get(role, 0) + 1
-        group.attempts[role] = tries
-        if tries >= self.max_attempts:
+        tries = group.attempts.get(role, 0) + counted
+        if counted:
+            group.attempts[role] = tries
+        if counted and tries >= self.max_attempts:
             self._kill(gid)
         else:
             for other in list(self.leases.values()):
@@ -253,15 +305,16 @@ class PipelineModel:
         self.policy_version = min(self.policy_version, step)
         return len(again)
 
-    def _give_back(self, lease: ModelLease) -> None:
-        """Uncounted: the lease's groups go back to its source, nobody's fault."""
+    def _give_back(self, lease: ModelLease, gids: list[int] | None = None) -> None:
+        """Uncounted: the groups (all the lease's by default) go back to its source."""
         source = ROWS[lease.role][0]
-        for gid in sorted(lease.gids):
+        gids = sorted(lease.gids) if gids is None else gids
+        for gid in gids:
             group = self.groups[gid]
             group.leased.discard(lease.role)
             group.state = source
             group.admitted = None if source == "pending" else group.admitted
-        self._drop(lease, sorted(lease.gids))
+        self._drop(lease, gids)
 
     def _drop_readers(self, group: ModelGroup, roles: frozenset[str]) -> None:
         gid = next(g for g, x in self.groups.items() if x is group)
@@ -270,13 +323,12 @@ class PipelineModel:
                 group.leased.discard(lease.role)
                 self._drop(lease, [gid])
 
-    def revoke(self, worker: str) -> None:
+    def lose(self, worker: str, died: bool = True) -> None:
+        """The worker is gone: died (timed out, killed) or left on purpose (nobody blamed)."""
+        if died:
+            self.died(worker)
         for lease in [x for x in self.leases.values() if x.worker == worker]:
-            if lease.lid in self.leases:
-                self.fail(lease.lid, sorted(lease.gids))
-
-    def lose(self, worker: str) -> None:
-        self.revoke(worker)
+            self._give_back(lease)
         del self.workers[worker]
         self.loaded.pop(worker, None)
         self.last_seen.pop(worker, None)
@@ -284,7 +336,10 @@ class PipelineModel:
     def tick(self, now: float) -> None:
         for lease in sorted(self.leases.values(), key=lambda x: (x.expires_at, x.lid)):
             if lease.expires_at <= now and lease.lid in self.leases:
-                self.fail(lease.lid, sorted(lease.gids))
+                if self.last_seen[lease.worker] + self.lease_timeout <= now:
+                    self.died(lease.worker)  # silent as long as a lease lasts
+                else:  # alive, and never said it held the lease: its grant was lost
+                    self._give_back(lease)
         for worker, seen in list(self.last_seen.items()):
             if seen + self.worker_timeout <= now:
                 self.lose(worker)
@@ -294,3 +349,7 @@ class PipelineModel:
         for lease in self.leases.values():
             if lease.worker == worker:
                 lease.expires_at = now + self.lease_timeout
+
+
+def _lid(lease: ModelLease) -> int:
+    return lease.lid

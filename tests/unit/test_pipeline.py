@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from asyncrl.runtime.core.pipeline import (
@@ -57,6 +59,31 @@ def test_the_entry_role_is_declared_with_the_table() -> None:
     )
     renamed = Pipeline(DEFAULT_PIPELINE.stages, entry_role="loader")
     assert renamed.worker_roles[0] == "loader" and "dataloader" not in renamed.worker_roles
+    assert renamed.reads(renamed.stages[0]) == {"loader"}  # the entry's payload, by any name
+
+
+def test_a_lease_carries_what_its_stage_reads_and_nothing_else() -> None:
+    reads = {s.role: sorted(DEFAULT_PIPELINE.reads(s)) for s in DEFAULT_PIPELINE.stages}
+    assert reads == {
+        "generate": ["dataloader"],
+        "logp": ["generate"],
+        "ref_logp": ["generate"],
+        "reward": ["dataloader", "generate"],
+        "train": ["generate", "logp", "ref_logp", "reward"],
+    }
+    # harnesses make the rollouts in the generators' place; without a KL term no ref_logp
+    table = DEFAULT_PIPELINE.admitting_with(Role.HARNESS).without(Role.REF_LOGP)
+    reads = {s.role: sorted(table.reads(s)) for s in table.stages}
+    assert reads["logp"] == ["harness"]
+    assert reads["train"] == ["harness", "logp", "reward"]
+    # a row that names nothing reads everything made before its source
+    plain = Pipeline(tuple(replace(s, reads=None) for s in DEFAULT_PIPELINE.stages))
+    assert plain.reads(plain.stages[3]) == {"dataloader", "generate"}
+    assert plain.reads(plain.stages[4]) == {"dataloader", "generate", "logp", "ref_logp", "reward"}
+    # and a row may not read what is made only after it, or by nobody
+    early = replace(DEFAULT_PIPELINE.stages[1], reads=(Role.REWARD,))
+    with pytest.raises(PipelineError, match=r"logp.*reads \['reward'\].*may read"):
+        Pipeline((DEFAULT_PIPELINE.stages[0], early, *DEFAULT_PIPELINE.stages[2:]))
 
 
 @pytest.mark.parametrize(

@@ -40,14 +40,16 @@ def one_step(service: SchedulerService, key: str, metrics: dict | None = None) -
     gid = lease.items[0].gid
     done = (p.Result(gid, {"t": np.arange(3)}, (0, 0)),)
     assert service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
+    reads = {"logp": {"generate"}, "ref_logp": {"generate"}, "reward": {"dataloader", "generate"}}
     for role in ("logp", "ref_logp", "reward"):
         lease = service.handle(p.Claim(role, role, 1), 0.0)
+        assert set(lease.items[0].data) == reads[role]  # what the stage reads, no more
         results = (p.Result(gid, {role: 1.0}),)
         service.handle(p.Complete(role, lease.lease_id, lease.fence, results), 0.0)
     lease = service.handle(p.Claim("train", "train", 1), 0.0)
     assert isinstance(lease, p.Lease)
     assert lease.items[0].data["generate"]["t"].tolist() == [0, 1, 2]
-    assert set(lease.items[0].data) == set(ROLES) - {"train"}
+    assert set(lease.items[0].data) == set(ROLES) - {"train", "dataloader"}
     result = (p.Result(gid, {}),)
     reply = service.handle(p.Complete("train", lease.lease_id, lease.fence, result, metrics), 0.0)
     assert reply == p.StepDone(1, service.core.state.steps_done)  # the version to publish
@@ -74,7 +76,7 @@ def test_without_a_kl_penalty_no_ref_logp_stage_runs_and_groups_join_without_it(
         service.handle(p.Complete(role, lease.lease_id, lease.fence, results), 0.0)
     lease = service.handle(p.Claim("train", "train", 1), 0.0)
     assert isinstance(lease, p.Lease)
-    assert set(lease.items[0].data) == {"dataloader", "generate", "logp", "reward"}
+    assert set(lease.items[0].data) == {"generate", "logp", "reward"}
 
 
 def test_a_run_writes_one_metrics_line_per_step_and_then_shuts_workers_down(

@@ -30,7 +30,7 @@ def test_a_reference_is_kept_and_handed_on_never_the_bytes(tmp_path: Path) -> No
     lease = service.handle(p.Claim("logp", "logp", 2), 0.0)
     for item, gid in zip(lease.items, gids, strict=True):
         assert item.refs == {"generate": ref("generate", gid + 1)}
-        assert set(item.data) == {"dataloader"}  # the prompt came inline
+        assert item.data == {}  # logp reads no prompt: the lease does not carry it
     service.durable.writer.flush()
     journal = b"".join(f.read_bytes() for f in tmp_path.glob("journal/*") if f.is_file())
     assert b"store-generate" in journal and len(journal) < 64 << 10  # 16 MiB referenced
@@ -80,3 +80,41 @@ def test_held_keys_are_dropped_once_no_live_group_refers_to_them(tmp_path: Path)
     lease = service.handle(p.Claim("train", "train", 1), 0.0)
     service.handle(p.Complete("train", lease.lease_id, lease.fence, (p.Result(gid, {}),)), 0.0)
     assert service.handle(held, 0.0) == p.Drop((gid + 1, 999))  # trained: free it
+
+
+def test_a_lease_carries_only_what_its_stage_reads_and_a_loss_of_it_is_taken(
+    tmp_path: Path,
+) -> None:
+    service = make(tmp_path, train_batch_groups=2, max_attempts=3)
+    gids = generated(service, ["a", "b"])
+    lease = service.handle(p.Claim("logp", "logp", 2), 0.0)
+    results = tuple(p.Result(g, {}, None, ref("logp", 100 + g)) for g in gids)
+    service.handle(p.Complete("logp", lease.lease_id, lease.fence, results), 0.0)
+    reward = service.handle(p.Claim("reward", "reward", 2), 0.0)
+    for item in reward.items:  # the prompt and the rollouts; never logp's bytes
+        assert set(item.data) == {"dataloader"} and set(item.refs) == {"generate"}
+    named = (p.LostPayload(gids[0], "logp", "holder gone"),)
+    fail = p.Fail("reward", reward.lease_id, reward.fence, None, "fetch", named)
+    refused = service.handle(fail, 0.0)
+    assert isinstance(refused, p.Error) and "carries no logp payload" in refused.detail
+    carried = (p.LostPayload(gids[0], "generate", "holder gone"),)
+    fail = p.Fail("reward", reward.lease_id, reward.fence, None, "fetch", carried)
+    assert service.handle(fail, 0.0) == p.Ack(2)  # at once: no lease is left to run out
+    assert service.core.state.leases == {}
+
+
+def test_a_payload_kept_by_a_process_that_is_gone_is_made_again_uncounted(
+    tmp_path: Path,
+) -> None:
+    service = make(tmp_path, train_batch_groups=2, max_attempts=1)
+    gids = generated(service, ["a", "b"])
+    # the generator is killed and starts again: a new process, whose store is not the old
+    restarted = p.Hello("generate", "generate", p.PROTOCOL_VERSION, 2)
+    assert isinstance(service.handle(restarted, 0.0), p.Ready)
+    lease = service.handle(p.Claim("reward", "reward", 2), 0.0)
+    lost = (p.LostPayload(gids[0], "generate", "holder did not answer"),)
+    reply = service.handle(p.Fail("reward", lease.lease_id, lease.fence, None, "fetch", lost), 0.0)
+    assert reply == p.Ack(2)
+    group = service.core.state.groups[gids[0]]
+    assert group.state == "pending" and group.attempts == {}  # max_attempts 1, yet alive
+    assert service.status(0.0)["regenerated"] == {"generate": 1}
