@@ -1,7 +1,7 @@
 """The actor contract: what a role's code provides, and what it is given.
 
 A role subclasses :class:`Actor` (one lease at a time) or :class:`StreamingActor` (many
-leases at once, in small steps) and fills in the hooks it needs; :mod:`.worker` drives
+leases at once, in small steps) and fills in the hooks it needs; :mod:`.worker.loop` drives
 it over the bus. Nothing here sees a socket, a retry or a heartbeat.
 """
 
@@ -17,7 +17,7 @@ from asyncrl.transport import protocol as p
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
     from asyncrl.transport.weights.base import Announcement
 
-    from .gang import GangPlace
+    from .training.gang import GangPlace
 
 __all__ = ["Actor", "ActorBroken", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
 

@@ -40,12 +40,12 @@ from asyncrl.transport.security import KeyFileError, curve_required, load_client
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
-from . import preflight
-from ._identity import worker_identity
-from ._payloads import WorkerPayloads, serving_host
 from .actor import Actor, ActorBroken
-from .gang import GangPlace, end_process
-from .worker import Worker, default_worker_name
+from .training.gang import GangPlace, end_process
+from .worker import preflight
+from .worker.identity import worker_identity
+from .worker.loop import Worker, default_worker_name
+from .worker.payloads import WorkerPayloads, serving_host
 
 __all__ = ["main"]
 

@@ -40,7 +40,7 @@ class TimeBucket(IntEnum):
 
     A completion's activity carries the microseconds spent in each since the worker's
     previous completion, as a list in this order (the value is the index); metrics lines
-    name them in lower case. The worker's side is actors/_time_split.py.
+    name them in lower case. The worker's side is actors/worker/time_split.py.
     """
 
     COMPUTE = 0  # the role's own work: advance/process, feed, admitting a lease

@@ -20,10 +20,10 @@ import urllib.request
 
 import openai
 
-from asyncrl.actors._setup import load_policy
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.serving import Serving
+from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 

@@ -119,7 +119,7 @@ def _profile_decode(model, slots: int, graphs: bool) -> None:
 
 
 def _train(model, steps: int) -> tuple[list[float], int]:
-    from asyncrl.actors._learner import Group, Learner
+    from asyncrl.actors.training.learner import Group, Learner
     from asyncrl.runtime.config import config_from_dict
 
     cfg = config_from_dict(
@@ -243,8 +243,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("cuda_figures: torch sees no CUDA device")
-    from asyncrl.actors._learner import Learner
     from asyncrl.actors.policy.model import CausalLM, ModelConfig
+    from asyncrl.actors.training.learner import Learner
     from asyncrl.runtime.config import config_from_dict
 
     device = torch.device(args.device)

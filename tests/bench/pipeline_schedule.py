@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors.gang import Gang, GangPlace
+from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import MegatronSection, config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.actors._learner import Learner
-from asyncrl.actors._resume import restore, stage
-from asyncrl.actors._staged_state import StagedState
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.model import CausalLM, ModelConfig
+from asyncrl.actors.training.learner import Learner
+from asyncrl.actors.training.resume import restore, stage
+from asyncrl.actors.training.staged_state import StagedState
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 

@@ -225,8 +225,8 @@ class Evaluator:
     def __init__(self, cfg: RunConfig) -> None:
         import torch
 
-        from asyncrl.actors.generate import DEFAULT_SLOTS
         from asyncrl.actors.policy.checkpoint import load_model
+        from asyncrl.actors.roles.generate import DEFAULT_SLOTS
         from asyncrl.actors.tasks import RewardFunction, load_task
 
         # One thread: on a busy machine two threads of this small model took 15x as long.

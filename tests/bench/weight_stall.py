@@ -116,9 +116,9 @@ def _trainer(
 def _generator(
     layers: int, versions: int, strategy: str, workdir: str, plans: Any, results: Any
 ) -> None:
-    from asyncrl.actors._weights import WeightFollower
     from asyncrl.actors.policy.decoder import Decoder, Request
     from asyncrl.actors.policy.model import CausalLM
+    from asyncrl.actors.worker.weights import WeightFollower
 
     torch.set_num_threads(1)
     model = CausalLM(model_config(layers))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from asyncrl.actors.worker import Worker
+from asyncrl.actors.worker.loop import Worker
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.service.hub import InProcessHub
 from asyncrl.transport import protocol as p

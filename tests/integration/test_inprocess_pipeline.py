@@ -27,7 +27,7 @@ from asyncrl.actors.demo import (
     expected_value,
     prompt_key,
 )
-from asyncrl.actors.worker import Pacing, Worker
+from asyncrl.actors.worker.loop import Pacing, Worker
 from asyncrl.runtime.config import RunConfig, config_from_dict
 from asyncrl.runtime.service.hub import InProcessHub
 from asyncrl.transport import protocol as p

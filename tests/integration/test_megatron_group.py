@@ -16,8 +16,8 @@ import multiprocessing
 import pytest
 import torch
 
-from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors.gang import Gang, GangPlace
+from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import MegatronSection
 from tests.integration.test_train_group import (
     _SCORED,

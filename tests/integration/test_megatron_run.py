@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors._resume import TRAINER_STATE
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.training.resume import TRAINER_STATE
 from asyncrl.runtime.config import load_config
 from asyncrl.runtime.rundir import RunDir
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import openai
 import pytest
 
-from asyncrl.actors._setup import load_policy
 from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.policy.tokenizer import TextCodec
@@ -23,6 +22,7 @@ from asyncrl.actors.serving.records import CallRecord, decode_records
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
 from asyncrl.actors.tasks import Sample
+from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 from tests.support.cluster import wait_for

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import torch
 
-from asyncrl.actors import generate
 from asyncrl.actors.engines.sglang.buckets import Bucket, rebuild
 from asyncrl.actors.engines.sglang.runner import EngineRunner
 from asyncrl.actors.policy.checkpoint import load_model, load_state, model_dir
+from asyncrl.actors.roles import generate
 from asyncrl.runtime.config import RunConfig
 from tests.integration.test_rl_pipeline import STEPS, lines, rl_config, run
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors._learner import Group
-from asyncrl.actors._resume import Choice, Source
-from asyncrl.actors._train_rank import TrainRank
-from asyncrl.actors.gang import Gang, GangPlace
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.learner import Group
+from asyncrl.actors.training.rank import TrainRank
+from asyncrl.actors.training.resume import Choice, Source
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
 from tests.integration.test_train_group import _lease

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 from asyncrl.actors.policy.sharding import load_into_shards, shard
+from asyncrl.actors.training.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
+from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p

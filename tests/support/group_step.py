@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from asyncrl.actors._learner import Group, Learner, StepStats
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+from asyncrl.actors.training.learner import Group, Learner, StepStats
 from asyncrl.transport import protocol as p
 
 
@@ -64,7 +64,7 @@ def score_in_turn(
 ) -> None:
     """A scorer rank's part: each lease scored by the group (the leader queues the
     scores), and at each None a new version loaded by ``load_version`` (a collective)."""
-    from asyncrl.actors._scorer import score_items
+    from asyncrl.actors.training.scorer import score_items
 
     for lease in leases:
         if lease is None:
@@ -84,8 +84,8 @@ def assert_scores_like_one_model(
 ) -> None:
     """The group's scores (``shared``, in lease order) against one torch model scoring the
     same leases, the same new version loaded at each None."""
-    from asyncrl.actors._scorer import score_items
     from asyncrl.actors.policy.checkpoint import load_state
+    from asyncrl.actors.training.scorer import score_items
 
     model, codec = load_model(model_path)
     expected_all = []

@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.actors.gang import end_process
+from asyncrl.actors.training.gang import end_process
 
 
 def free_port() -> int:

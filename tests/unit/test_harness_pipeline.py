@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.preflight import check_harness
+from asyncrl.actors.worker.preflight import check_harness
 from asyncrl.runtime.config import config_from_dict, pipeline_for, workers_to_start
 from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.effects import Accepted, Grant, Reason, Rejected

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.actors._learner import Group, Learner
-from asyncrl.actors._setup import load_policy
+from asyncrl.actors.training.learner import Group, Learner
+from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.config import config_from_dict
 from tests.bench.train_memory import synthetic_lease
 

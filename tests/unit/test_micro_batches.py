@@ -7,8 +7,8 @@ import itertools
 
 import torch
 
-from asyncrl.actors._learner import MICRO_BATCH_SLACK, Group, Learner, _by_length
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.training.learner import MICRO_BATCH_SLACK, Group, Learner, _by_length
 from asyncrl.runtime.config import config_from_dict
 from tests.integration.test_train_group import _lease
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncrl.actors._scorer import score_items
-from asyncrl.actors.logp import Logp, reuses_generator_logprobs
 from asyncrl.actors.payloads import RolloutsOut
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.roles.logp import Logp, reuses_generator_logprobs
 from asyncrl.actors.tasks.arithmetic import task
+from asyncrl.actors.training.scorer import score_items
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.transport import protocol as p
 

@@ -8,9 +8,9 @@ import time
 import numpy as np
 import torch
 
-from asyncrl.actors._release import Releaser
 from asyncrl.actors.policy.checkpoint import load_state, state_for_saving
 from asyncrl.actors.policy.model import CausalLM, ModelConfig
+from asyncrl.actors.worker.release import Releaser
 from tests.support.models import TINY
 
 MiB = 1 << 20

@@ -13,7 +13,7 @@ from asyncrl.actors.actor import ActorBroken
 from asyncrl.actors.payloads import PromptIn, RolloutsOut
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR
 from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.reward import Reward
+from asyncrl.actors.roles.reward import Reward
 from asyncrl.actors.tasks import RewardFunction, Sample, TaskError
 from asyncrl.actors.tasks.arithmetic import task as arithmetic
 from asyncrl.actors.tasks.classifier import ClassifierReward

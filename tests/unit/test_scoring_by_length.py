@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from asyncrl.actors import _scorer
-from asyncrl.actors._scorer import score_items
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.training import scorer
+from asyncrl.actors.training.scorer import score_items
 from tests.integration.test_train_group import _lease
 
 
@@ -17,14 +17,14 @@ def test_passes_by_length_score_as_one_pass_over_every_row(monkeypatch) -> None:
     items = _lease(seed=5, groups=6, responses=4).items  # 24 rows, lengths 1..8
     torch.manual_seed(0)
     passes = []
-    real_logprobs = _scorer.response_logprobs
+    real_logprobs = scorer.response_logprobs
     monkeypatch.setattr(
-        _scorer, "response_logprobs", lambda *a: passes.append(1) or real_logprobs(*a)
+        scorer, "response_logprobs", lambda *a: passes.append(1) or real_logprobs(*a)
     )
     by_length = score_items(model, items, codec.pad_id, 1.0)
     assert len(passes) > 1, "the lease was scored in one pass: nothing was cut"
-    monkeypatch.setattr(_scorer, "SCORE_ROWS", 10_000)  # every row in one pass
-    monkeypatch.setattr(_scorer, "SCORE_SLACK", float("inf"))
+    monkeypatch.setattr(scorer, "SCORE_ROWS", 10_000)  # every row in one pass
+    monkeypatch.setattr(scorer, "SCORE_SLACK", float("inf"))
     whole = score_items(model, items, codec.pad_id, 1.0)
     assert len(by_length) == len(whole) == 6
     for got, want in zip(by_length, whole, strict=True):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors import _state_slot
-from asyncrl.actors._resume import Choice, Source, choose
-from asyncrl.actors._staged_state import StagedState
-from asyncrl.actors._state_slot import NoRoom
+from asyncrl.actors.training import state_slot
+from asyncrl.actors.training.resume import Choice, Source, choose
+from asyncrl.actors.training.staged_state import StagedState
+from asyncrl.actors.training.state_slot import NoRoom
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -117,7 +117,7 @@ def test_a_writer_killed_mid_write_never_leaves_a_torn_slot_that_looks_whole(
         f"""
         import sys, torch
         from pathlib import Path
-        from asyncrl.actors._staged_state import StagedState
+        from asyncrl.actors.training.staged_state import StagedState
         store = StagedState(Path({str(tmp_path)!r}), 0, {{"ranks": 1}})
         found = store.staged()
         step = max(found, default=0)
@@ -151,7 +151,7 @@ def test_a_slot_of_another_group_layout_is_ignored(tmp_path: Path) -> None:
 
 
 def test_a_slot_staged_under_another_split_of_the_model_is_ignored(tmp_path: Path) -> None:
-    from asyncrl.actors._train_rank import staged_identity
+    from asyncrl.actors.training.rank import staged_identity
     from asyncrl.runtime.config import config_from_dict
 
     def identity(**megatron) -> dict:
@@ -192,7 +192,7 @@ def test_no_room_says_how_much_was_needed(tmp_path: Path, monkeypatch) -> None:
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "no space")
 
-    monkeypatch.setattr(_state_slot.os, "posix_fallocate", full)
+    monkeypatch.setattr(state_slot.os, "posix_fallocate", full)
     with pytest.raises(NoRoom, match=r"needs 1 MiB per slot .* MiB free"):
         _store(tmp_path).save(1, {"param/w": torch.zeros(1000)})
 

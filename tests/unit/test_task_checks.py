@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.preflight import check_task
+from asyncrl.actors.worker.preflight import check_task
 from asyncrl.runtime.config import config_from_dict
 
 BROKEN = "tests.support.plugin_that_raises:task"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from asyncrl.actors._time_split import TimeSplit
+from asyncrl.actors.worker.time_split import TimeSplit
 from asyncrl.runtime.bus import TimeBucket as B
 
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.actors._scorer import pack_rollouts, score_rollouts
 from asyncrl.actors.payloads import RolloutsOut, Sampled
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.scoring import response_logprobs
 from asyncrl.actors.rl import LossConfig, policy_loss
+from asyncrl.actors.training.scorer import pack_rollouts, score_rollouts
 from asyncrl.transport import protocol as p
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import structlog
 
-from asyncrl.actors._versions import PolicyRolledBack, Versions
 from asyncrl.actors.actor import Actor
+from asyncrl.actors.worker.versions import PolicyRolledBack, Versions
 from asyncrl.transport import protocol as p
 
 

@@ -7,11 +7,11 @@ step: group-normalised advantages, then the decoupled PPO-clip loss over micro-b
 (gradients accumulated), gradient clipping, AdamW. Its metrics go with the completion
 into the run's ``metrics.jsonl``.
 
-Every rank stages its state after each step in host shared memory (:mod:`._staged_state`)
+Every rank stages its state after each step in host shared memory (:mod:`..training.staged_state`)
 before the step's completion goes out, so the scheduler never counts a step whose state
 could be lost with the trainer's process; a restarted trainer resumes at exactly the
 scheduler's step count, or has the scheduler roll back to the newest state left
-(:mod:`._resume`). A lease for another step than the trainer's is an error: two trainers.
+(:mod:`..training.resume`). A lease for another step than the trainer's is an error: two trainers.
 
 After each step the worker asks to publish the new version: ``on_publish`` hands the
 weights to the weight plane first, so a generator told of version v can fetch it. Every
@@ -39,12 +39,9 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, make_publisher
 
-from ._learner import Group, StepStats
-from ._resume import TRAINER_STATE
-from ._setup import load_policy
-from ._train_rank import TrainRank, restore_body
-from .actor import Actor, ActorBroken, Outcome, WorkerContext
-from .gang import (
+from ..actor import Actor, ActorBroken, Outcome, WorkerContext
+from ..policy.checkpoint import model_dir, save_state
+from ..training.gang import (
     GangPlace,
     Order,
     join_group,
@@ -52,8 +49,11 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
-from .policy.checkpoint import model_dir, save_state
-from .preflight import check_device, check_engine, check_model
+from ..training.learner import Group, StepStats
+from ..training.rank import TrainRank, restore_body
+from ..training.resume import TRAINER_STATE
+from ..worker.preflight import check_device, check_engine, check_model
+from ..worker.setup import load_policy
 
 __all__ = ["Train"]
 

@@ -37,7 +37,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
 from asyncrl.transport import protocol as p
 
-from .actor import ActorBroken
+from ..actor import ActorBroken
 
 __all__ = [
     "Gang",

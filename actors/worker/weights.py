@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 import structlog
 import torch
 
-from asyncrl.actors._release import Releaser
+from asyncrl.actors.worker.release import Releaser
 from asyncrl.transport.weights import NeedsPlan, Received, WeightReceiver, WeightsPlan
 
 __all__ = ["WeightFollower"]

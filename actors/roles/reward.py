@@ -4,7 +4,7 @@ Consumes ``transition.*.generated``; produces :class:`RewardsOut`. Trajectories 
 environment or a harness already paid (:attr:`RolloutsOut.rewards`) keep what they were
 paid. Otherwise the reward is
 ``data.reward`` (a plug-in's import path, ``math``, or ``model:DIR`` for a sequence
-classifier), or the task's own when that is empty (:mod:`.tasks.rewards`). If it raises,
+classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
 the lease fails with a reason naming the reward and the problem: that group is tried
 again and, after ``pipeline.max_attempts``, reported dead; the run goes on. A call past
@@ -22,16 +22,16 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from ._scorer import tokens_of
-from ._setup import threads_for
-from .actor import Actor, ActorBroken, Outcome, WorkerContext
-from .payloads import PromptIn, RewardsOut, RolloutsOut
-from .policy.checkpoint import model_dir
-from .policy.tokenizer import TextCodec
-from .preflight import check_task
-from .tasks import TaskError
-from .tasks.rewards import MODEL_PREFIX
-from .workload import reward_choice, reward_for
+from ..actor import Actor, ActorBroken, Outcome, WorkerContext
+from ..payloads import PromptIn, RewardsOut, RolloutsOut
+from ..policy.checkpoint import model_dir
+from ..policy.tokenizer import TextCodec
+from ..tasks import TaskError
+from ..tasks.rewards import MODEL_PREFIX
+from ..training.scorer import tokens_of
+from ..worker.preflight import check_task
+from ..worker.setup import threads_for
+from ..workload import reward_choice, reward_for
 
 __all__ = ["Reward"]
 

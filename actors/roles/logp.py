@@ -24,10 +24,10 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
-from ._scorer import ScoringActor
-from ._weights import WeightFollower
-from .actor import WorkerContext
-from .payloads import RolloutsOut
+from ..actor import WorkerContext
+from ..payloads import RolloutsOut
+from ..training.scorer import ScoringActor
+from ..worker.weights import WeightFollower
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 

@@ -2,7 +2,7 @@
 
 The task is ``data.task``'s plug-in, or the data files of ``data.train_files``, whose
 rows it takes in a seeded shuffled order that depends on the index alone
-(:mod:`.tasks.order`), so what follows holds for them too.
+(:mod:`..tasks.order`), so what follows holds for them too.
 
 Consumes the scheduler's Want (how many groups it can take); produces one
 :class:`PromptIn` per group, keyed ``train-{index:09d}``. It keeps no cursor worth saving:
@@ -20,11 +20,11 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from .actor import Actor, WorkerContext
-from .payloads import PromptIn
-from .preflight import check_task
-from .tasks import Task
-from .workload import load_workload
+from ..actor import Actor, WorkerContext
+from ..payloads import PromptIn
+from ..tasks import Task
+from ..worker.preflight import check_task
+from ..workload import load_workload
 
 __all__ = ["Dataloader", "group_key"]
 

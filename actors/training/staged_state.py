@@ -1,10 +1,10 @@
 """A trainer rank's state after each step, staged in host shared memory to outlive it.
 
-Two slot files per rank (:mod:`._state_slot`), written in turn: a step goes into the
+Two slot files per rank (:mod:`.state_slot`), written in turn: a step goes into the
 slot that does not hold the state the rank is at, so the newest staged state is never
 overwritten while it is the only one, and a kill during a write leaves the other slot
 whole. A trainer restarted on the same host (same run directory) finds both and
-restores the one its step count asks for (:mod:`._resume`).
+restores the one its step count asks for (:mod:`.resume`).
 
 The directory is the run's own, in RAM-backed /dev/shm (``RunDir.staged_state``), open to
 its owner only. Each rank stages its own shard (never a gather), so a group of N ranks
@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 import torch
 
-from ._state_slot import Entry, SlotFile, checksum, layout
+from .state_slot import Entry, SlotFile, checksum, layout
 
 __all__ = ["Staged", "StagedState"]
 

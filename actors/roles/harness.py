@@ -2,12 +2,12 @@
 
 With ``data.harness`` set, this role holds the generate stage (runtime/config/pipeline.py)
 and the generate workers serve an OpenAI-compatible API instead of claiming leases
-(:mod:`.serving`). Consumes ``transition.*.pending`` wake-ups; produces one
+(:mod:`..serving`). Consumes ``transition.*.pending`` wake-ups; produces one
 :class:`RolloutsOut` per group: each of ``data.group_size`` harness sessions is one
 trajectory, its calls merged into sequences exactly as the generators sampled them (loss
 mask, per-token log-probs and versions), with the reward its harness returned, which the
 reward role keeps. Sessions run on an asyncio loop of this worker's own
-(:mod:`.serving.sessions`), so a slow harness holds up neither the worker's talk with the
+(:mod:`..serving.sessions`), so a slow harness holds up neither the worker's talk with the
 scheduler nor any generator.
 
 Validation: every ``data.val_every_versions`` versions the harness worker with index 0 (or
@@ -26,7 +26,7 @@ its groups back and leaves, to be started afresh.
 
 Versions: the scheduler admits work under the staleness bound by the version its claimant
 has loaded; a harness loads no weights, its tokens come from the generators. It reports
-the oldest version the live generators run (their API entries, :mod:`.serving.directory`),
+the oldest version the live generators run (their API entries, :mod:`..serving.directory`),
 never going back, and sends sessions only to generators at least that new: every token of
 a group is at least as new as the version it was claimed under.
 """
@@ -48,13 +48,13 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 
-from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
-from .payloads import PromptIn, RolloutsOut
-from .preflight import check_harness
-from .serving.directory import ApiDirectory, ApiEntry
-from .serving.sessions import HarnessFailed, SessionRunner, load_harness
-from .tasks import validation_samples
-from .workload import load_workload
+from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from ..payloads import PromptIn, RolloutsOut
+from ..serving.directory import ApiDirectory, ApiEntry
+from ..serving.sessions import HarnessFailed, SessionRunner, load_harness
+from ..tasks import validation_samples
+from ..worker.preflight import check_harness
+from ..workload import load_workload
 
 __all__ = ["Harness"]
 

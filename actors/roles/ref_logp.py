@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from asyncrl.runtime.core.pipeline import Role
 
-from ._scorer import ScoringActor
+from ..training.scorer import ScoringActor
 
 __all__ = ["RefLogp"]
 

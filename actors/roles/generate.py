@@ -5,7 +5,7 @@ Consumes ``transition.*.pending`` wake-ups; produces one :class:`RolloutsOut` pe
 stream through one decoder: a group's sequences join the running batch as soon as there
 are free slots, and a lease is completed the moment its last trajectory ends, so a long
 response never keeps the others waiting. With ``data.environment`` a trajectory is an
-episode of turns (:mod:`.episodes`): the environment's observations go between the
+episode of turns (:mod:`..episodes`): the environment's observations go between the
 model's turns, untrained, and its step rewards are the trajectory's reward. An episode
 whose environment fails fails its group, with the reason; the lease's other groups
 complete.
@@ -14,7 +14,7 @@ New versions load between two decode steps (the worker calls ``on_version`` ther
 sequences in flight continue under the new weights and their tokens say so.
 
 With ``backends.generate: sglang`` an SGLang engine does the decoding instead of our own
-decoder (:mod:`.engines.sglang`): the same episodes, validation and served API drive it,
+decoder (:mod:`..engines.sglang`): the same episodes, validation and served API drive it,
 new versions go into it in flattened buckets, and it holds the only copy of the weights.
 
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
@@ -25,7 +25,7 @@ afterwards keeps the generator's time for training).
 
 With ``data.harness`` set, agent harnesses hold the generate stage: the generator takes
 no lease and serves their model calls instead, over an OpenAI-compatible API on a thread
-of its own (:mod:`.serving`), decoded by this loop and following versions the same.
+of its own (:mod:`..serving`), decoded by this loop and following versions the same.
 With a generative judge (``data.reward: judge:...``) it serves the same API beside its
 leases: the judge's calls join the batch, decoded greedily and never recorded, and
 validation scores with the task's own reward instead of the judge.
@@ -47,19 +47,19 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
-from ._setup import load_policy, start_sglang
-from ._weights import WeightFollower
-from .actor import ActorBroken, Outcome, StreamingActor, WorkerContext
-from .engines.sglang.engine import SGLangDecoder
-from .episodes import EpisodeDone, EpisodeLimits, Episodes
-from .payloads import PromptIn, RolloutsOut, Sampled
-from .policy.decoder import Decoder, Decoding, Finished
-from .policy.model import CausalLM
-from .preflight import check_device, check_engine, check_model, check_task
-from .serving.serving import Serving
-from .tasks import Sample, TaskError, validation_samples
-from .tasks.environment import load_environment, stop_ids
-from .workload import load_workload, serves_api, validation_reward_for
+from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from ..engines.sglang.engine import SGLangDecoder
+from ..episodes import EpisodeDone, EpisodeLimits, Episodes
+from ..payloads import PromptIn, RolloutsOut, Sampled
+from ..policy.decoder import Decoder, Decoding, Finished
+from ..policy.model import CausalLM
+from ..serving.serving import Serving
+from ..tasks import Sample, TaskError, validation_samples
+from ..tasks.environment import load_environment, stop_ids
+from ..worker.preflight import check_device, check_engine, check_model, check_task
+from ..worker.setup import load_policy, start_sglang
+from ..worker.weights import WeightFollower
+from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
 

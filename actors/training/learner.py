@@ -32,15 +32,15 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from ._host_copies import HostCopies
-from ._scorer import pack_rollouts
-from .engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
-from .payloads import LogprobsOut, RewardsOut, RolloutsOut
-from .policy.model import CausalLM
-from .policy.padding import like_width_runs
-from .policy.scoring import response_logprobs, response_positions
-from .policy.sharding import shard
-from .rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
+from ..engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
+from ..payloads import LogprobsOut, RewardsOut, RolloutsOut
+from ..policy.model import CausalLM
+from ..policy.padding import like_width_runs
+from ..policy.scoring import response_logprobs, response_positions
+from ..policy.sharding import shard
+from ..rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
+from .host_copies import HostCopies
+from .scorer import pack_rollouts
 
 __all__ = ["Group", "Learner", "StepStats"]
 

@@ -14,8 +14,8 @@ from typing import Any
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout
 
-from ._payloads import WorkerPayloads
-from ._versions import describe_reply as _describe
+from .payloads import WorkerPayloads
+from .versions import describe_reply as _describe
 
 __all__ = ["Heartbeats"]
 

@@ -20,7 +20,7 @@ from asyncrl.runtime.core.effects import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 
-from ._time_split import TimeSplit
+from .time_split import TimeSplit
 
 __all__ = ["Fatal", "GaveUp", "Requests", "is_error"]
 

@@ -10,13 +10,13 @@ import torch
 
 from asyncrl.runtime.config import RunConfig
 
-from .engines import EngineModel, train_engine_problems
-from .policy.checkpoint import load_model, model_dir
-from .policy.model import CausalLM, ModelConfig
-from .policy.tokenizer import TextCodec
+from ..engines import EngineModel, train_engine_problems
+from ..policy.checkpoint import load_model, model_dir
+from ..policy.model import CausalLM, ModelConfig
+from ..policy.tokenizer import TextCodec
 
 if TYPE_CHECKING:
-    from .engines.sglang.runner import EngineRunner
+    from ..engines.sglang.runner import EngineRunner
 
 __all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
 
@@ -82,7 +82,7 @@ def _load_megatron(
 ) -> tuple[EngineModel, TextCodec]:
     from asyncrl.runtime.config import MegatronSection
 
-    from .engines.megatron.model import load_megatron
+    from ..engines.megatron.model import load_megatron
 
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -96,7 +96,7 @@ def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextC
     """An SGLang engine serving ``model.path`` (``backends.generate: sglang``), with its
     tokenizer and config. SGLang loads the Hugging Face directory itself, on the GPU this
     worker's index picks; the packaged names (``embedded``) are directories too."""
-    from .engines.sglang.engine import start_engine
+    from ..engines.sglang.engine import start_engine
 
     directory = model_dir(cfg.model.path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))

@@ -1,6 +1,6 @@
 """Which state a starting trainer rank takes up, and taking it up.
 
-The candidates: the rank's staged states (at most two, :mod:`._staged_state`), the
+The candidates: the rank's staged states (at most two, :mod:`.staged_state`), the
 checkpoints on disk, and the base model (step 0). The target is the scheduler's step
 count. The exact step wins if any candidate has it (a staged state before a checkpoint:
 same bytes, read from memory); otherwise the newest candidate below the target, and the
@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 
 from asyncrl.runtime.rundir import RunDir
 
-from ._learner import Learner
-from ._staged_state import StagedState
+from .learner import Learner
+from .staged_state import StagedState
 
 __all__ = ["TRAINER_STATE", "Choice", "Source", "choose", "reserve", "restore", "stage"]
 

@@ -17,11 +17,11 @@ import torch
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
 
-from ._learner import Group, Learner, StepStats
-from ._resume import Choice, reserve, restore, stage
-from ._staged_state import StagedState
+from ..policy.model import CausalLM
 from .gang import Order
-from .policy.model import CausalLM
+from .learner import Group, Learner, StepStats
+from .resume import Choice, reserve, restore, stage
+from .staged_state import StagedState
 
 __all__ = ["TrainRank", "restore_body", "staged_identity"]
 

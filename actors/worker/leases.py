@@ -3,8 +3,8 @@
 Before the actor sees a lease its referenced payloads are fetched (a lease whose payloads
 cannot be is handed back naming them, for their makers to redo); when the actor is done,
 each failed group is handed back with a Fail and the results go out with a Complete,
-large payloads kept here and referenced (_payloads.py). A Complete carries where the
-loop's time went since the previous one (_time_split.py) and the tokens the work covered.
+large payloads kept here and referenced (payloads.py). A Complete carries where the
+loop's time went since the previous one (time_split.py) and the tokens the work covered.
 Heartbeats renew the leases :attr:`Leases.holding` names, and no others.
 """
 
@@ -19,11 +19,11 @@ from asyncrl.runtime.core.effects import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed
 
-from ._payloads import LostPayloads, WorkerPayloads
-from ._requests import GaveUp
-from ._time_split import TimeSplit
-from ._versions import describe_reply as _describe
-from .actor import Outcome, StreamingActor
+from ..actor import Outcome, StreamingActor
+from .payloads import LostPayloads, WorkerPayloads
+from .requests import GaveUp
+from .time_split import TimeSplit
+from .versions import describe_reply as _describe
 
 __all__ = ["MAX_REASON", "Leases"]
 

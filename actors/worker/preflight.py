@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from asyncrl.runtime.config import RunConfig, workers_to_start
 
-from .actor import Actor
+from ..actor import Actor
 
 __all__ = [
     "PreflightError",
@@ -71,7 +71,7 @@ def load_actor_class(module_name: str, role: str) -> type[Actor]:
 
 def check_model(cfg: RunConfig) -> list[str]:
     """``model.path`` is a directory this runtime can load, with room to generate."""
-    from .policy.preflight import ModelDirError, check_model_dir
+    from ..policy.preflight import ModelDirError, check_model_dir
 
     try:
         check_model_dir(cfg.model.path)
@@ -83,11 +83,11 @@ def check_model(cfg: RunConfig) -> list[str]:
 def check_task(cfg: RunConfig) -> list[str]:
     """The task (``data.task``, or ``data.train_files`` read and checked row by row) and
     the reward (``data.reward``) load, and are what they must be."""
-    from .policy.chat_template import ChatTemplateError
-    from .tasks import TaskError
-    from .tasks.rewards import check_reward_choice
-    from .tasks.rows import DataFileError
-    from .workload import load_workload, reward_choice, workload_name
+    from ..policy.chat_template import ChatTemplateError
+    from ..tasks import TaskError
+    from ..tasks.rewards import check_reward_choice
+    from ..tasks.rows import DataFileError
+    from ..workload import load_workload, reward_choice, workload_name
 
     data = cfg.data
     key = "data.train_files" if data.train_files else f"data.task={data.task!r}"
@@ -108,10 +108,10 @@ def check_task(cfg: RunConfig) -> list[str]:
 
 def check_environment(cfg: RunConfig) -> list[str]:
     """``data.environment`` makes environments whose stop texts are single tokens."""
-    from .policy.checkpoint import model_dir
-    from .policy.tokenizer import TextCodec
-    from .tasks import TaskError
-    from .tasks.environment import load_environment, stop_ids
+    from ..policy.checkpoint import model_dir
+    from ..policy.tokenizer import TextCodec
+    from ..tasks import TaskError
+    from ..tasks.environment import load_environment, stop_ids
 
     path = cfg.data.environment
     if not path:
@@ -132,7 +132,7 @@ def _one_line(text: str) -> str:
 
 def check_engine(cfg: RunConfig, role: str) -> list[str]:
     if role != "generate":
-        from .engines import train_engine_problems
+        from ..engines import train_engine_problems
 
         return train_engine_problems(cfg, role)
     if cfg.backends.generate == "sglang":
@@ -167,8 +167,8 @@ def check_device(cfg: RunConfig) -> list[str]:
 
 def check_harness(cfg: RunConfig) -> list[str]:
     """``data.harness`` is an async function, and nothing else claims the reward."""
-    from .serving.sessions import load_harness
-    from .tasks import TaskError
+    from ..serving.sessions import load_harness
+    from ..tasks import TaskError
 
     data = cfg.data
     problems = []

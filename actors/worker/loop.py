@@ -1,6 +1,6 @@
 """The worker: one role's code (an :class:`Actor`) driven over one SchedulerLink.
 
-A role subclasses :class:`~.actor.Actor` and fills in hooks; :class:`Worker` does the
+A role subclasses :class:`~..actor.Actor` and fills in hooks; :class:`Worker` does the
 talking. Role code never sees a socket, a retry or a heartbeat. The loop::
 
     Hello → Ready                      register (a protocol mismatch is fatal: exit 1)
@@ -10,26 +10,26 @@ talking. Role code never sees a socket, a retry or a heartbeat. The loop::
              → Shutdown                → Bye, exit 0
 
 One loop serves every actor: it claims while the actor has room, ``advance``s in between,
-and completes each lease as soon as it is done. A :class:`~.actor.StreamingActor` (the
+and completes each lease as soon as it is done. A :class:`~..actor.StreamingActor` (the
 generator) holds many leases at once; a plain actor is one of capacity one whose
 ``advance`` is its ``process``. Before the actor sees a lease its referenced payloads are
-fetched; its results' large payloads stay here, referenced (_payloads.py); how each lease
-ends, completed or handed back, is _leases.py. Beside the loop, a heartbeat thread renews
-the worker's leases and frees payloads nobody refers to any more (_heartbeats.py). A
+fetched; its results' large payloads stay here, referenced (payloads.py); how each lease
+ends, completed or handed back, is leases.py. Beside the loop, a heartbeat thread renews
+the worker's leases and frees payloads nobody refers to any more (heartbeats.py). A
 generator (an actor that overrides ``on_version``) loads each published version between
 leases and reports it with LoadedVersion; a trainer (``publishes_versions``) announces the
 version each step's reply (StepDone) names, with the weight plane's manifest and address
-when ``on_publish`` returns them (what to load and announce: _versions.py). An actor asks
+when ``on_publish`` returns them (what to load and announce: versions.py). An actor asks
 whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan),
 on the main thread.
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
 fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
-the worker (``unknown_worker``) gets a new Hello, then the request again (_requests.py).
+the worker (``unknown_worker``) gets a new Hello, then the request again (requests.py).
 
 Each Complete says where the loop's wall time went since the previous one (the role's
-work, waiting for work, the scheduler, payloads, weights: bus.TimeBucket, _time_split.py)
+work, waiting for work, the scheduler, payloads, weights: bus.TimeBucket, time_split.py)
 and how many tokens the work covered; the scheduler turns these into per-role shares.
 """
 
@@ -54,14 +54,14 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 from asyncrl.transport.topics import Topic, topic
 
-from ._heartbeats import Heartbeats
-from ._leases import MAX_REASON, Leases
-from ._payloads import WorkerPayloads
-from ._requests import Fatal, GaveUp, Requests, is_error
-from ._time_split import TimeSplit
-from ._versions import PolicyRolledBack, Versions
-from ._versions import describe_reply as _describe
-from .actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
+from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
+from .heartbeats import Heartbeats
+from .leases import MAX_REASON, Leases
+from .payloads import WorkerPayloads
+from .requests import Fatal, GaveUp, Requests, is_error
+from .time_split import TimeSplit
+from .versions import PolicyRolledBack, Versions
+from .versions import describe_reply as _describe
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 
@@ -317,7 +317,7 @@ class Worker:
         """Claim while there is room, advance between claims, complete leases as they end.
 
         A plain actor runs here too, as a streaming actor of capacity one whose ``advance``
-        is its whole ``process`` (:class:`~.actor.OneLeaseAtATime`).
+        is its whole ``process`` (:class:`~..actor.OneLeaseAtATime`).
         """
         actor = (
             self.actor if isinstance(self.actor, StreamingActor) else OneLeaseAtATime(self.actor)

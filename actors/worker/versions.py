@@ -5,7 +5,7 @@ between leases and reports it with LoadedVersion; events may drop, so an idle on
 asks the scheduler's status now and then. A trainer (``publishes_versions``) announces each
 version its steps make due, as the step's reply (StepDone) names it; at start or after
 registering again it asks the scheduler's status what is due (see
-_publishing.version_due), since only that says whether weights are still held. The worker does
+publishing.version_due), since only that says whether weights are still held. The worker does
 the talking: this keeps what was heard and loaded and decides what to send, through the
 two calls it is given. Loading a version and staging one to publish are the worker's
 weights time (bus.TimeBucket.WEIGHTS).
@@ -19,9 +19,9 @@ from typing import Any
 from asyncrl.runtime.bus import TimeBucket
 from asyncrl.transport import protocol as p
 
-from ._publishing import publication, version_due
-from ._time_split import TimeSplit
-from .actor import Actor
+from ..actor import Actor
+from .publishing import publication, version_due
+from .time_split import TimeSplit
 
 __all__ = ["PolicyRolledBack", "Versions", "describe_reply"]
 

@@ -20,15 +20,20 @@ import torch.distributed as dist
 from asyncrl.runtime.config import RunConfig
 from asyncrl.transport import protocol as p
 
-from ._setup import load_policy
-from .actor import Actor, Outcome, WorkerContext
-from .engines import (
+from ..actor import Actor, Outcome, WorkerContext
+from ..engines import (
     EngineModel,
     copy_of,
     load_group_weights,
     load_weights,
     split_over_group,
 )
+from ..payloads import LogprobsOut, RolloutsOut
+from ..policy.model import CausalLM
+from ..policy.padding import like_width_runs
+from ..policy.scoring import Packed, pack, response_logprobs
+from ..worker.preflight import check_device, check_engine, check_model
+from ..worker.setup import load_policy
 from .gang import (
     Gang,
     GangBroken,
@@ -39,11 +44,6 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
-from .payloads import LogprobsOut, RolloutsOut
-from .policy.model import CausalLM
-from .policy.padding import like_width_runs
-from .policy.scoring import Packed, pack, response_logprobs
-from .preflight import check_device, check_engine, check_model
 
 __all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts", "tokens_of"]
 

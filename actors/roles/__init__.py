@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .actor import Actor
+from ..actor import Actor
 from .dataloader import Dataloader
 from .generate import Generate
 from .harness import Harness
