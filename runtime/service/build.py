@@ -22,7 +22,8 @@ from asyncrl.runtime.rundir import RunDir
 
 from .metrics import MetricsLog
 from .reports import ReportLog
-from .service import RunPlan, SchedulerService
+from .run_plan import RunPlan
+from .service import SchedulerService
 from .sinks import open_sinks
 from .trace import NO_TRACE, Trace, TraceLog
 

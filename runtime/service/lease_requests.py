@@ -27,14 +27,14 @@ from .replies import error_of, reply_of
 from .reports import step_fields
 
 if TYPE_CHECKING:
-    from .service import SchedulerService
+    from .handler_context import HandlerContext
 
 __all__ = ["add_groups", "claim", "complete", "fail", "held", "lock", "unlock"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
 
-def claim(service: SchedulerService, m: p.Claim, now: float) -> p.Message:
+def claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
     if service.draining is not None:
         return p.Shutdown(service.draining)
     if m.role == service.core.pipeline.entry_role:
@@ -50,7 +50,7 @@ def claim(service: SchedulerService, m: p.Claim, now: float) -> p.Message:
     return _lease(service, grant, now)
 
 
-def _want(service: SchedulerService, m: p.Claim) -> p.Message:
+def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     refused = _not_the_entry_role(service, m.worker)
     if refused is not None:
         return refused
@@ -67,7 +67,7 @@ def _want(service: SchedulerService, m: p.Claim) -> p.Message:
     return p.Want(max(0, min(m.n, needed, room)))
 
 
-def _not_the_entry_role(service: SchedulerService, worker: str) -> p.Error | None:
+def _not_the_entry_role(service: HandlerContext, worker: str) -> p.Error | None:
     known = service.core.state.workers.get(worker)
     if known is None:  # its own code, so the worker knows to register again
         return p.Error(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
@@ -76,7 +76,7 @@ def _not_the_entry_role(service: SchedulerService, worker: str) -> p.Error | Non
     return None
 
 
-def _lease(service: SchedulerService, grant: Grant, now: float) -> p.Lease:
+def _lease(service: HandlerContext, grant: Grant, now: float) -> p.Lease:
     """The lease's groups with the payloads its stage reads, and no others."""
     state, pipeline = service.core.state, service.core.pipeline
     reads = pipeline.reads(pipeline.stage_at(state.leases[grant.lease_id].source, grant.role))
@@ -88,7 +88,7 @@ def _lease(service: SchedulerService, grant: Grant, now: float) -> p.Lease:
     )
 
 
-def complete(service: SchedulerService, m: p.Complete, now: float) -> p.Message:
+def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
     lease = service.core.state.leases.get(m.lease_id)
     gids = [r.gid for r in m.results]
     versions = [r.behaviour for r in m.results]
@@ -117,7 +117,7 @@ def complete(service: SchedulerService, m: p.Complete, now: float) -> p.Message:
 
 
 def _record_step(
-    service: SchedulerService, m: p.Complete, worker: str, gids: list[int], now: float
+    service: HandlerContext, m: p.Complete, worker: str, gids: list[int], now: float
 ) -> None:
     state = service.core.state
     service.progress_at, service.stall_warned_at = now, None
@@ -145,11 +145,11 @@ def _record_step(
         service.draining = "the run is finished"
 
 
-def _workers_per_role(service: SchedulerService) -> dict[str, int]:
+def _workers_per_role(service: HandlerContext) -> dict[str, int]:
     return dict(Counter(w.role for w in service.core.state.workers.values()))
 
 
-def fail(service: SchedulerService, m: p.Fail, now: float) -> p.Message:
+def fail(service: HandlerContext, m: p.Fail, now: float) -> p.Message:
     gids = None if m.gids is None else list(m.gids)
     groups, lease = service.core.state.groups, service.core.state.leases.get(m.lease_id)
     lost: list[tuple[p.LostPayload, str]] = []  # each report, with who held the payload
@@ -172,14 +172,14 @@ def fail(service: SchedulerService, m: p.Fail, now: float) -> p.Message:
     return reply_of(reply)
 
 
-def _holder_gone(service: SchedulerService, group: Group, role: str) -> bool:
+def _holder_gone(service: HandlerContext, group: Group, role: str) -> bool:
     """Whether the process that kept ``role``'s payload of ``group`` is no more (its
     worker left, or runs as a new process with a new store): no fault of the group."""
     kept = group.data.get(role)
     return service.live_stores.get(holder_of(kept) or "") != store_of(kept)
 
 
-def held(service: SchedulerService, m: p.Held, _now: float) -> p.Message:
+def held(service: HandlerContext, m: p.Held, _now: float) -> p.Message:
     """Which of a store's keys no live group refers to any more: the store frees them."""
     service.stores[m.worker] = {"payloads": len(m.keys), "bytes": m.bytes}
     service.live_stores[m.worker] = m.store
@@ -187,7 +187,7 @@ def held(service: SchedulerService, m: p.Held, _now: float) -> p.Message:
     return p.Drop(tuple(k for k in m.keys if k not in live))
 
 
-def lock(service: SchedulerService, m: p.Lock, _now: float) -> p.Message:
+def lock(service: HandlerContext, m: p.Lock, _now: float) -> p.Message:
     reply = service.core.acquire(m.resource, m.lease_id, m.fence)
     if isinstance(reply, LockGranted):
         return p.LockGranted(reply.resource, reply.lease_id, reply.token)
@@ -196,11 +196,11 @@ def lock(service: SchedulerService, m: p.Lock, _now: float) -> p.Message:
     return error_of(reply)
 
 
-def unlock(service: SchedulerService, m: p.Unlock, _now: float) -> p.Message:
+def unlock(service: HandlerContext, m: p.Unlock, _now: float) -> p.Message:
     return reply_of(service.core.release(m.resource, m.token))
 
 
-def add_groups(service: SchedulerService, m: p.AddGroups, _now: float) -> p.Message:
+def add_groups(service: HandlerContext, m: p.AddGroups, _now: float) -> p.Message:
     refused = _not_the_entry_role(service, m.worker)
     if refused is not None:
         return refused

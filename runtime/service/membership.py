@@ -16,14 +16,14 @@ from asyncrl.transport import protocol as p
 from .replies import error_of, reply_of
 
 if TYPE_CHECKING:
-    from .service import SchedulerService
+    from .handler_context import HandlerContext
 
 __all__ = ["bye", "heartbeat", "hello"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
 
-def hello(service: SchedulerService, m: p.Hello, now: float) -> p.Message:
+def hello(service: HandlerContext, m: p.Hello, now: float) -> p.Message:
     if m.protocol != p.PROTOCOL_VERSION:
         return p.Error(
             "protocol",
@@ -48,12 +48,12 @@ def hello(service: SchedulerService, m: p.Hello, now: float) -> p.Message:
     )
 
 
-def heartbeat(service: SchedulerService, m: p.Heartbeat, now: float) -> p.Message:
+def heartbeat(service: HandlerContext, m: p.Heartbeat, now: float) -> p.Message:
     held = None if m.leases is None else list(m.leases)
     return reply_of(service.core.heartbeat(m.worker, now, held))
 
 
-def bye(service: SchedulerService, m: p.Bye, _now: float) -> p.Message:
+def bye(service: HandlerContext, m: p.Bye, _now: float) -> p.Message:
     log.info("worker left", worker=m.worker, reason=m.reason)
     # on purpose: whatever it held goes back with no try counted against it
     return reply_of(service.core.worker_lost(m.worker, f"left: {m.reason}", died=False))

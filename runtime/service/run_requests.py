@@ -17,7 +17,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
 if TYPE_CHECKING:
-    from .service import SchedulerService
+    from .handler_context import HandlerContext
 
 __all__ = ["report", "status", "status_summary", "stop"]
 
@@ -26,7 +26,7 @@ log = structlog.get_logger("asyncrl.scheduler")
 _REPORT_FIELDS = frozenset({"version", "worker", "elapsed_s"})
 
 
-def report(service: SchedulerService, m: p.Report, now: float) -> p.Message:
+def report(service: HandlerContext, m: p.Report, now: float) -> p.Message:
     reports = service.reports.get(m.name)
     if reports is None:
         return p.Error(Reason.BAD_REQUEST, f"report {m.name!r} is not one this run keeps")
@@ -43,16 +43,16 @@ def report(service: SchedulerService, m: p.Report, now: float) -> p.Message:
     return p.Ack()
 
 
-def status(service: SchedulerService, _m: p.Status, now: float) -> p.Message:
+def status(service: HandlerContext, _m: p.Status, now: float) -> p.Message:
     return p.StatusReply(status_summary(service, now))
 
 
-def stop(service: SchedulerService, m: p.Stop, _now: float) -> p.Message:
+def stop(service: HandlerContext, m: p.Stop, _now: float) -> p.Message:
     service.drain(f"stop requested: {m.reason}")
     return p.Ack(len(service.core.state.leases))
 
 
-def status_summary(service: SchedulerService, now: float) -> dict[str, Any]:
+def status_summary(service: HandlerContext, now: float) -> dict[str, Any]:
     """The status reply's summary: the core's, with the run, the journal, the weights'
     routes, the payload stores and the requests answered."""
     core = service.core

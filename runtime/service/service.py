@@ -7,12 +7,12 @@ numbered event; it knows when the run is over.
 
 :class:`SchedulerService` holds the state (the core, the step path, the weights' routes,
 the files) and the loop's calls; the requests are answered by plain functions grouped by
-topic in the modules beside it, each taking the service (:data:`_HANDLERS` says which
-answers what): membership.py (Hello, Heartbeat, Bye), lease_requests.py (Claim, Complete,
-Fail, AddGroups, Held, Lock, Unlock; the metrics line of each train step, with where each
-role's time went, activity.py, and the step's critical path, step_path.py),
-weight_requests.py (PublishVersion, WantWeights, LoadedVersion, Rewind) and
-run_requests.py (Report, Status, Stop).
+topic in the modules beside it, each taking the service as the state handlers may use
+(handler_context.py; :data:`_HANDLERS` says which answers what): membership.py (Hello,
+Heartbeat, Bye), lease_requests.py (Claim, Complete, Fail, AddGroups, Held, Lock, Unlock;
+the metrics line of each train step, with where each role's time went, activity.py, and
+the step's critical path, step_path.py), weight_requests.py (PublishVersion, WantWeights,
+LoadedVersion, Rewind) and run_requests.py (Report, Status, Stop).
 
 Which replies must wait for the journal is said here, once (:data:`ACKNOWLEDGES_DATA`):
 a reply that lets a worker forget something (results, new groups, a version) is sent only
@@ -40,13 +40,15 @@ from asyncrl.transport.topics import Topic, topic
 from . import lease_requests, membership, run_requests, weight_requests
 from .activity import RoleActivity
 from .events import EventNumbering
+from .handler_context import HandlerContext
 from .metrics import MetricsLog
 from .reports import ReportLog
+from .run_plan import RunPlan
 from .step_path import StepPath
 from .trace import NO_TRACE, Trace
 from .weight_routes import WeightRoutes
 
-__all__ = ["ACKNOWLEDGES_DATA", "RunPlan", "SchedulerService"]
+__all__ = ["ACKNOWLEDGES_DATA", "SchedulerService"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
@@ -67,16 +69,6 @@ ACKNOWLEDGES_DATA = frozenset(
     }
 )
 """Requests whose reply is held until the journal holds what the request changed."""
-
-
-class RunPlan:
-    """How much work the run has and how much may wait in the entry state."""
-
-    def __init__(self, total_steps: int, batch_groups: int, max_staleness: int) -> None:
-        self.total_steps = total_steps
-        self.total_groups = total_steps * batch_groups
-        # Enough queued prompts for every generator to be busy up to the staleness bound.
-        self.backlog = batch_groups * (max_staleness + 2)
 
 
 class SchedulerService:
@@ -271,7 +263,7 @@ def _log_losses(notices: list[Notice]) -> None:
             )
 
 
-_HANDLERS: dict[type, Callable[[SchedulerService, Any, float], p.Message]] = {
+_HANDLERS: dict[type, Callable[[HandlerContext, Any, float], p.Message]] = {
     p.Hello: membership.hello,
     p.Heartbeat: membership.heartbeat,
     p.Claim: lease_requests.claim,

@@ -19,7 +19,7 @@ from .replies import reply_of
 from .weight_routes import NoRoute
 
 if TYPE_CHECKING:
-    from .service import SchedulerService
+    from .handler_context import HandlerContext
 
 __all__ = ["loaded", "publish", "rewind", "want_weights"]
 
@@ -28,7 +28,7 @@ log = structlog.get_logger("asyncrl.scheduler")
 _NAMES_LOGGED = 8  # manifest keys named in a log line; the manifest itself can be large
 
 
-def publish(service: SchedulerService, m: p.PublishVersion, now: float) -> p.Message:
+def publish(service: HandlerContext, m: p.PublishVersion, now: float) -> p.Message:
     bad = _bad_announcement(m)
     if bad is not None:
         log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
@@ -54,14 +54,14 @@ def publish(service: SchedulerService, m: p.PublishVersion, now: float) -> p.Mes
     return reply_of(reply)
 
 
-def rewind(service: SchedulerService, m: p.Rewind, _now: float) -> p.Message:
+def rewind(service: HandlerContext, m: p.Rewind, _now: float) -> p.Message:
     reply = service.core.rewind(m.worker, m.step)
     if isinstance(reply, Rejected):
         log.error("rollback refused", worker=m.worker, step=m.step, detail=reply.detail)
     return reply_of(reply)
 
 
-def want_weights(service: SchedulerService, m: p.WantWeights, _now: float) -> p.Message:
+def want_weights(service: HandlerContext, m: p.WantWeights, _now: float) -> p.Message:
     if m.worker not in service.core.state.workers:  # its own code: the worker registers again
         return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
     try:
@@ -80,7 +80,7 @@ def want_weights(service: SchedulerService, m: p.WantWeights, _now: float) -> p.
     return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
 
 
-def loaded(service: SchedulerService, m: p.LoadedVersion, now: float) -> p.Message:
+def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message:
     reply = service.core.loaded_version(m.worker, m.version)
     if isinstance(reply, Accepted):
         service.trace.loaded(m.worker, m.version, now)
@@ -90,7 +90,7 @@ def loaded(service: SchedulerService, m: p.LoadedVersion, now: float) -> p.Messa
     return reply_of(reply)
 
 
-def _loaded_by_every_generator(service: SchedulerService) -> int | None:
+def _loaded_by_every_generator(service: HandlerContext) -> int | None:
     """The newest version every registered generator runs (or a newer one), if any."""
     role = service.generator_role
     loaded = [w.loaded for w in service.core.state.workers.values() if w.role == role]
