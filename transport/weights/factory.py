@@ -9,16 +9,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 from .base import WeightPublisher, WeightReceiver
 
-if TYPE_CHECKING:
-    from asyncrl.runtime.config import WeightsSection
-
-__all__ = ["WeightDirs", "make_publisher", "make_receiver"]
+__all__ = ["WeightDirs", "WeightsChoice", "make_publisher", "make_receiver"]
 
 _STRATEGIES = "expected 'ucx', 'shm' or 'files'"
+
+
+class WeightsChoice(Protocol):
+    """What the factories read of the config's ``weights`` section (the runtime's
+    ``WeightsSection`` is one): the transport names no type of the layers above it."""
+
+    @property
+    def strategy(self) -> Literal["ucx", "shm", "files"]: ...
+    @property
+    def produce_bucket_mb(self) -> int: ...
+    @property
+    def consume_bucket_mb(self) -> int: ...
+    @property
+    def progress_mode(self) -> Literal["thread", "polling"]: ...
+    @property
+    def stall_timeout_s(self) -> float: ...
+    @property
+    def map_on_host(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +46,7 @@ class WeightDirs:
     shared: Path
 
 
-def make_publisher(weights: WeightsSection, dirs: WeightDirs) -> WeightPublisher:
+def make_publisher(weights: WeightsChoice, dirs: WeightDirs) -> WeightPublisher:
     """The trainer's side of the strategy named by ``weights.strategy``."""
     if weights.strategy == "ucx":
         from .ucx import UcxPublisher
@@ -54,7 +69,7 @@ def make_publisher(weights: WeightsSection, dirs: WeightDirs) -> WeightPublisher
 
 
 def make_receiver(
-    weights: WeightsSection, dirs: WeightDirs, *, relay: bool = True
+    weights: WeightsChoice, dirs: WeightDirs, *, relay: bool = True
 ) -> WeightReceiver:
     """A generator's side of the strategy named by ``weights.strategy``."""
     if weights.strategy == "ucx":
