@@ -15,9 +15,8 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.transport import protocol as p
 
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
+    from asyncrl.runtime.launch.gangs import GangPlace
     from asyncrl.transport.weights.base import Announcement
-
-    from .training.gang import GangPlace
 
 __all__ = ["Actor", "ActorBroken", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
 

@@ -32,7 +32,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
-from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
+from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
@@ -41,7 +41,7 @@ from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
 from .actor import Actor, ActorBroken
-from .training.gang import GangPlace, end_process
+from .training.gang import end_process
 from .worker import preflight
 from .worker.identity import worker_identity
 from .worker.loop import Worker, default_worker_name

@@ -35,6 +35,7 @@ import torch
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, make_publisher
@@ -42,7 +43,6 @@ from asyncrl.transport.weights import Announcement, make_publisher
 from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
 from ..training.gang import (
-    GangPlace,
     Order,
     join_group,
     join_group_at,

@@ -25,8 +25,7 @@ import enum
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
 from typing import NoReturn, TypeVar
 
@@ -34,7 +33,7 @@ import msgpack
 import structlog
 
 from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 
 from ..actor import ActorBroken
@@ -42,7 +41,6 @@ from ..actor import ActorBroken
 __all__ = [
     "Gang",
     "GangBroken",
-    "GangPlace",
     "Order",
     "end_process",
     "join_group",
@@ -55,7 +53,6 @@ log = structlog.get_logger("asyncrl.gang")
 
 T = TypeVar("T")
 _POLL_S = 1.0  # a follower waiting for an order checks this often that the leader lives
-_LEADER = 0
 
 
 class GangBroken(ActorBroken):
@@ -71,39 +68,6 @@ class Order(enum.StrEnum):
     LOAD = "load"  # take new weights, whole from the leader, each rank its shard
     GATHER = "gather"  # gather the full weights and optimizer state on the leader
     STOP = "stop"  # the leader is leaving; so do the followers, with exit status 0
-
-
-@dataclass(frozen=True, slots=True)
-class GangPlace:
-    """This process's place in its group and where the group meets."""
-
-    rank: int
-    size: int
-    host: str
-    port: int
-
-    @property
-    def leads(self) -> bool:
-        return self.rank == _LEADER
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> GangPlace | None:
-        """The place the environment gives, or None outside a group; bad values raise."""
-        env = os.environ if env is None else env
-        if ENV_SIZE not in env:
-            return None
-        try:
-            size, rank = int(env[ENV_SIZE]), int(env.get(ENV_RANK, ""))
-            host, _, port = env.get(ENV_ADDR, "").rpartition(":")
-            place = cls(rank, size, host.strip("[]"), int(port))
-        except ValueError:
-            raise ValueError(
-                f"{ENV_RANK}, {ENV_SIZE} and {ENV_ADDR} must be integers and HOST:PORT; got "
-                f"{env.get(ENV_RANK)!r}, {env.get(ENV_SIZE)!r}, {env.get(ENV_ADDR)!r}"
-            ) from None
-        if not (0 <= place.rank < place.size and place.host and 0 < place.port < 65536):
-            raise ValueError(f"{ENV_RANK}={rank} {ENV_SIZE}={size} {ENV_ADDR}={host}:{port}")
-        return place
 
 
 class Gang:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, Outcome, WorkerContext
@@ -37,7 +38,6 @@ from ..worker.setup import load_policy
 from .gang import (
     Gang,
     GangBroken,
-    GangPlace,
     Order,
     join_group,
     join_group_at,

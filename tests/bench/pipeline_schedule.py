@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import MegatronSection, config_from_dict
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 from tests.support.hf_families import tiny_task_model
 from tests.support.ranks import free_port, start_ranks

@@ -88,9 +88,10 @@ def synthetic_lease(
 def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> None:
     torch.set_num_threads(1)
     from asyncrl.actors.policy.model import CausalLM, ModelConfig
-    from asyncrl.actors.training.gang import Gang, GangPlace
+    from asyncrl.actors.training.gang import Gang
     from asyncrl.actors.training.learner import Group, Learner
     from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.launch.gangs import GangPlace
 
     gang = Gang(GangPlace(rank, size, "127.0.0.1", port)) if size > 1 else None
     baseline = _rss_kib("VmRSS")

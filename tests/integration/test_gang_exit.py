@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(120)
 _RANK = """
 import atexit, sys, time, torch
 import torch.distributed as dist
-from asyncrl.actors.training.gang import Gang, GangPlace, end_process
+from asyncrl.actors.training.gang import Gang, end_process
+from asyncrl.runtime.launch.gangs import GangPlace
 
 rank = {rank}
 gang = Gang(GangPlace(rank, 2, "127.0.0.1", {port}), timeout_s=30)

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import MegatronSection
+from asyncrl.runtime.launch.gangs import GangPlace
 from tests.integration.test_train_group import (
     _SCORED,
     _SCORES,

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.training.gang import Gang, GangPlace
+from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group
 from asyncrl.actors.training.rank import TrainRank
 from asyncrl.actors.training.resume import Choice, Source
 from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.runtime.rundir import RunDir
 from tests.integration.test_train_group import _lease
 from tests.support.ranks import free_port, start_ranks

@@ -22,10 +22,11 @@ import torch
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
 from asyncrl.actors.policy.sharding import load_into_shards, shard
-from asyncrl.actors.training.gang import Gang, GangPlace, Order, pack_lease, unpack_lease
+from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
