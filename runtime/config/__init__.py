@@ -1,5 +1,7 @@
 """Typed run configuration: one YAML file -> a frozen `RunConfig`."""
 
+from .engines import BackendsSection, MegatronSection, PayloadsSection, WeightsSection
+from .learning import AlgorithmSection, DataSection, ModelSection
 from .load import (
     ConfigError,
     config_from_dict,
@@ -11,18 +13,11 @@ from .load import (
 from .pipeline import pipeline_for, workers_to_start
 from .schema import (
     WORKER_ROLES,
-    AlgorithmSection,
-    BackendsSection,
-    DataSection,
     LoggingSection,
-    MegatronSection,
-    ModelSection,
-    PayloadsSection,
     PipelineSection,
     RunConfig,
     RunSection,
     SchedulerSection,
-    WeightsSection,
 )
 
 __all__ = [

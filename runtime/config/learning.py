@@ -1,0 +1,206 @@
+"""The sections that say what a run learns: its data, its model, its algorithm (the
+fields' metadata: fields.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .fields import doc
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSection:
+    task: str = field(
+        default="asyncrl.actors.tasks.arithmetic:task",
+        metadata=doc("task plug-in, as an import path module:attr"),
+    )
+    reward: str = field(
+        default="",
+        metadata=doc(
+            "reward: f(sample, response) -> float as module:attr, 'math' (math-verify), "
+            "'model:DIR' (a sequence classifier), or 'judge:module:attr' (an async judge "
+            "asking the policy through the generators' API); empty: the task's own (with "
+            "data files: math)"
+        ),
+    )
+    reward_timeout_s: float = field(
+        default=30.0,
+        metadata=doc(
+            "a reward call still running after this long fails its group; 0 = no limit", min=0
+        ),
+    )
+    train_files: list[str] = field(
+        default_factory=list,
+        metadata=doc(
+            "JSONL or Parquet files of chat prompts (verl's layout) to train on instead of "
+            "data.task; one path or a list",
+            one_or_list=True,
+        ),
+    )
+    val_files: list[str] = field(
+        default_factory=list,
+        metadata=doc("the validation rows that go with data.train_files", one_or_list=True),
+    )
+    environment: str = field(
+        default="",
+        metadata=doc(
+            "multi-turn environment plug-in (module:attr, a class with reset(sample) and "
+            "step(action)), one per trajectory; it pays the reward; empty: single-turn"
+        ),
+    )
+    max_turns: int = field(
+        default=4, metadata=doc("model turns per trajectory with an environment", min=1)
+    )
+    max_total_tokens: int = field(
+        default=0,
+        metadata=doc(
+            "tokens per trajectory with an environment: prompt, turns and observations; "
+            "0 = model.max_prompt_tokens + model.max_new_tokens",
+            min=0,
+        ),
+    )
+    env_step_timeout_s: float = field(
+        default=30.0,
+        metadata=doc(
+            "an environment's reset or step still running after this long fails its group; "
+            "0 = no limit",
+            min=0,
+        ),
+    )
+    group_size: int = field(
+        default=8, metadata=doc("responses sampled per prompt (one group)", min=1)
+    )
+    val_every_versions: int = field(
+        default=10,
+        metadata=doc("validate every this many weight versions; 0 = never validate", min=0),
+    )
+    val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
+    harness: str = field(
+        default="",
+        metadata=doc(
+            "agent harness as module:attr, an async function run(sample, client) -> reward "
+            "given an openai.AsyncOpenAI client bound to one rollout session; empty: none "
+            "(the generators sample the task's prompts themselves)"
+        ),
+    )
+    harness_concurrency: int = field(
+        default=32, metadata=doc("harness sessions in flight per harness worker", min=1)
+    )
+    harness_timeout_s: float = field(
+        default=300.0,
+        metadata=doc(
+            "a harness session still running after this long fails its group", exclusive_min=0
+        ),
+    )
+    harness_host: str = field(
+        default="127.0.0.1",
+        metadata=doc(
+            "address the generators serve the OpenAI-compatible API on for harnesses "
+            "(each on a free port)"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # Validation would otherwise quietly score prompts of data.task, another workload.
+        if self.train_files and not self.val_files and self.val_every_versions > 0:
+            raise ValueError(
+                "val_files: got none with data.train_files set; allowed: the validation "
+                "files, or data.val_every_versions=0"
+            )
+        # The environment pays the reward; a reward function too would be silently unused.
+        if self.environment and self.reward:
+            raise ValueError(
+                f"reward: got {self.reward!r} with data.environment set; allowed: empty "
+                "(the environment's step rewards are the reward)"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSection:
+    path: str = field(
+        default="embedded",
+        metadata=doc(
+            "model directory, or a packaged model: 'embedded' (the demo's), "
+            "'embedded-long' (up to 30 digits) or 'embedded-calculator' (the calculator "
+            "task's)"
+        ),
+    )
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32",
+        metadata=doc(
+            "compute dtype, and the weights of generate, logp and ref_logp, of what the "
+            "trainer publishes and of checkpoints; the trainer keeps float32 master weights"
+        ),
+    )
+    max_new_tokens: int = field(
+        default=80, metadata=doc("most tokens generated per response", min=1)
+    )
+    max_prompt_tokens: int = field(
+        default=512,
+        metadata=doc(
+            "longest prompt the generator takes (its KV cache holds this plus "
+            "max_new_tokens per sequence; at most the model's positions)",
+            min=1,
+        ),
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=doc(
+            "train: recompute each layer's activations in the backward pass instead of "
+            "keeping them (far less memory, about a third more compute)"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmSection:
+    estimator: Literal["grpo", "dr_grpo"] = field(
+        default="grpo", metadata=doc("group advantage estimator")
+    )
+    # Suits the small embedded model; billion-parameter models want about 1e-6.
+    lr: float = field(default=2e-4, metadata=doc("learning rate", exclusive_min=0))
+    clip_low: float = field(
+        default=0.2, metadata=doc("PPO ratio clip below 1 (1 - clip_low)", min=0)
+    )
+    clip_high: float = field(
+        default=0.28, metadata=doc("PPO ratio clip above 1 (1 + clip_high)", min=0)
+    )
+    kl_coef: float = field(
+        default=0.0,
+        metadata=doc(
+            "weight of the KL penalty to the reference model; 0: no penalty, and no "
+            "ref_logp stage runs",
+            min=0,
+        ),
+    )
+    kl_estimator: Literal["k1", "k3"] = field(default="k3", metadata=doc("KL estimator"))
+    loss_agg: Literal["token", "sequence"] = field(
+        default="token", metadata=doc("average the loss per token or per sequence")
+    )
+    is_cap: float = field(
+        default=5.0, metadata=doc("cap on the behaviour/proximal importance weight", min=1)
+    )
+    proximal_logp: Literal["auto", "recompute"] = field(
+        default="auto",
+        metadata=doc(
+            "auto: logp reuses the generator's log-probs for a group generated wholly by the "
+            "version it holds (same model code and weights: they agree to about 1e-7), and "
+            "scores the rest; with backends.generate or backends.train other than torch it "
+            "always scores; "
+            "recompute: always score"
+        ),
+    )
+    max_grad_norm: float = field(default=1.0, metadata=doc("gradient norm clip", exclusive_min=0))
+    # Measured for the embedded model on one CPU thread: a step's forward and backward
+    # took 0.32 s in micro-batches of 4 groups (32 sequences), 0.26 s in 2 and 1 (their
+    # activations stay in cache); the gradient is the same sum either way.
+    micro_batch_groups: int = field(
+        default=2,
+        metadata=doc(
+            "most sequences per micro-batch (gradient accumulation), as this many groups "
+            "of the step's longest would pad to; rows of like length share one",
+            min=1,
+        ),
+    )
+    temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
