@@ -9,22 +9,7 @@ notices onto the bus.
 Worker liveness (last heartbeat) and refusal counters are soft state: they are not
 journaled, since workers re-register and heartbeat after a restart anyway.
 
-Who is blamed when work ends badly (DESIGN: a group dies only when it is the likely
-cause). A group goes to ``dead`` after ``max_attempts`` tries of one role counted
-against it, and a try counts only when the group is the likely cause:
-
-- a worker *fails* groups (its actor raised on them): each named group is blamed;
-- a worker *dies* holding groups (it registered again as a new process, fell silent, or
-  let its leases run out while silent): if it held one group, that group is blamed; if it
-  held several, those already *suspected* by an earlier death are blamed and the others
-  become suspects, unblamed. A worker is leased at most one suspect at a time (the train
-  step excepted, whose batch is what it is), so a group that kills every worker taking
-  it is soon the one suspect of the deaths it causes, while a random kill costs the
-  groups it hit no try. A suspect that completes the role is cleared;
-- nobody is blamed when a worker leaves on purpose (Bye), when a lease runs out that
-  its live worker never named as held (the grant was lost on its way), when a payload's
-  holder dies (the payload is made again), or when the scheduler restarts (its leases
-  are renewed).
+Who is blamed when work ends badly, and when a group dies of it, is blame.py's.
 """
 
 from __future__ import annotations
@@ -35,6 +20,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from . import records as r
+from .blame import Blame
 from .checks import Problem, completion_problem, membership_problem
 from .codec import load_state
 from .effects import (
@@ -47,15 +33,16 @@ from .effects import (
     Rejected,
     WorkerLost,
 )
+from .entities import Lease
 from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Stage
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_keeps_promises, train_by_step
-from .state import CoreState, Lease
+from .state import CoreState
 
 __all__ = ["SchedulerCore"]
 
 
-class SchedulerCore:
+class SchedulerCore(Blame):
     def __init__(self, settings: CoreSettings, pipeline: Pipeline = DEFAULT_PIPELINE) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -116,7 +103,7 @@ class SchedulerCore:
 
     def worker_lost(self, worker: str, reason: str, died: bool = True) -> Accepted | Rejected:
         """The worker is gone (timed out, or left): its work goes back, its locks go free.
-        ``died``: it did not leave on purpose, so its groups may be blamed (see above)."""
+        ``died``: it did not leave on purpose, so its groups may be blamed (see blame.py)."""
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
         self._revoke(worker, reason, died)
@@ -146,27 +133,6 @@ class SchedulerCore:
         for worker in [w for w, seen in self.last_seen.items() if seen + timeout <= now]:
             self.worker_lost(worker, f"no heartbeat for {timeout:g}s")
         return ended
-
-    def _leases_of(self, worker: str) -> list[Lease]:
-        return [lease for lease in self.state.leases.values() if lease.worker == worker]
-
-    def _revoke(self, worker: str, reason: str, died: bool) -> None:
-        leases = self._leases_of(worker)
-        if not died:
-            for lease in leases:
-                self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
-            return
-        held = [(lease, gid) for lease in leases for gid in sorted(lease.gids)]
-        groups = self.state.groups
-        blamed = {gid for lease, gid in held if lease.role in groups[gid].suspects}
-        if not blamed and len(held) == 1:
-            blamed = {held[0][1]}
-        for lease in leases:
-            why = f"{lease.role}: {reason}"
-            spared = [g for g in sorted(lease.gids) if g not in blamed]
-            if spared:
-                self._commit(r.Failed(lease.lid, spared, why, counted=False, suspect=True))
-            self._fail_groups(lease, [g for g in sorted(lease.gids) if g in blamed], why, True)
 
     # --- data ------------------------------------------------------------------------
 
@@ -252,47 +218,6 @@ class SchedulerCore:
             s.due, s.due_ready, s.steps_done, batch
         )
 
-    def _take(self, stage: Stage, worker: str, n: int) -> list[int]:
-        """Pop up to ``n`` takeable groups; entries that went stale are dropped lazily.
-
-        At most one suspect (see above) per worker, so that its next death names it;
-        suspects passed over stay in the heap for another worker or a later claim."""
-        heap, groups, taken = self.state.available(stage), self.state.groups, []
-        source, role = stage.source, stage.role
-        isolate = stage.gate is not Gate.STEP
-        suspect_held = isolate and self._holds_suspect(worker, role)
-        passed: list[tuple[Any, int]] = []
-        while heap and len(taken) < n:
-            entry = heapq.heappop(heap)
-            gid = entry[1]
-            group = groups.get(gid)  # None once trained
-            if (
-                group is None
-                or group.state != source
-                or role in group.done
-                or role in group.leases
-                or gid in taken
-            ):
-                continue
-            if isolate and role in group.suspects:
-                if suspect_held:
-                    passed.append(entry)
-                    continue
-                suspect_held = True
-            taken.append(gid)
-        for entry in passed:
-            heapq.heappush(heap, entry)
-        return taken
-
-    def _holds_suspect(self, worker: str, role: str) -> bool:
-        groups = self.state.groups
-        return any(
-            role in groups[gid].suspects
-            for lease in self._leases_of(worker)
-            for gid in lease.gids
-            if lease.role == role
-        )
-
     def complete(
         self,
         lease_id: int,
@@ -373,27 +298,6 @@ class SchedulerCore:
             if role not in reads:
                 return Reason.BAD_REQUEST, f"a {lease.role} lease carries no {role} payload"
         return None
-
-    def _lose(self, lease: Lease, gid: int, role: str, reason: str, counted: bool) -> None:
-        """``role``'s payload of ``gid`` is gone: made again, or the group dies trying."""
-        tries = self.state.groups[gid].attempts.get(role, 0) + 1
-        if counted and tries >= self.settings.max_attempts:
-            self._commit(r.Killed([gid], f"{reason} (attempt {self.settings.max_attempts})"))
-        else:
-            self._commit(r.Lost(lease.lid, gid, role, reason, counted))
-
-    def _fail_groups(
-        self, lease: Lease, gids: Sequence[int], reason: str, suspect: bool = False
-    ) -> None:
-        """Blame ``gids`` for a try of the lease's role: back to be tried again, or dead."""
-        limit, role = self.settings.max_attempts, lease.role
-        groups = self.state.groups
-        last = [g for g in gids if groups[g].attempts.get(role, 0) + 1 >= limit]
-        retry = [g for g in gids if g not in set(last)]
-        if retry:
-            self._commit(r.Failed(lease.lid, retry, reason, suspect=suspect))
-        if last:
-            self._commit(r.Killed(last, f"{reason} (attempt {limit} of {limit})"))
 
     def _held(self, lease_id: int, fence: int) -> Lease | Rejected:
         lease = self.state.leases.get(lease_id)
