@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .effects import Reason
+from .entities import Lease
 from .pipeline import Gate, Stage
-from .state import Lease
 
 __all__ = ["Problem", "completion_problem", "membership_problem"]
 

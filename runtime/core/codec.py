@@ -10,9 +10,10 @@ import heapq
 from collections import deque
 from typing import Any
 
+from .entities import Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .pipeline import GroupState, Pipeline
-from .state import CoreState, Group, Lease, Resource, Worker
+from .state import CoreState
 
 __all__ = ["dump_state", "load_state"]
 

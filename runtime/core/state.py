@@ -9,12 +9,12 @@ next, which leases expire first) are derived and rebuilt on restore, never journ
 from __future__ import annotations
 
 import heapq
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import records as r
+from .downstream import derived_roles, states_after
 from .effects import (
     GroupsAdded,
     LockGranted,
@@ -25,56 +25,14 @@ from .effects import (
     VersionPublished,
     WorkerLost,
 )
+from .entities import Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
-__all__ = ["CoreState", "Group", "Lease", "Worker"]
+__all__ = ["CoreState"]
 
 DEAD = GroupState.DEAD
 EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
-
-
-@dataclass(slots=True)
-class Group:
-    gid: int
-    key: str
-    state: GroupState
-    done: set[str] = field(default_factory=set)  # branches finished at the current state
-    leases: dict[str, int] = field(default_factory=dict)  # role -> lease now working on it
-    attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
-    train_by: int | None = None  # the last train step the staleness bound allows
-    behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
-    reason: str | None = None  # why it died
-    data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
-    # roles whose worker died holding it (among others): it is leased alone to them, and
-    # the next such death counts against it
-    suspects: set[str] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class Lease:
-    lid: int
-    fence: int
-    role: str
-    source: GroupState
-    worker: str
-    expires_at: float  # runs out then unless renewed, on the scheduler's clock
-    gids: set[int]
-    version: int | None = None  # admitted work: the version the generator had loaded
-    locks: dict[int, str] = field(default_factory=dict)  # token -> resource
-
-
-@dataclass(slots=True)
-class Worker:
-    role: str
-    loaded: int | None = None  # the policy version a generator has loaded
-
-
-@dataclass(slots=True)
-class Resource:
-    capacity: int
-    holders: dict[int, int] = field(default_factory=dict)  # token -> lid
-    waiting: deque[int] = field(default_factory=deque)  # lids, first come first served
 
 
 class CoreState:
@@ -142,10 +100,10 @@ class CoreState:
             raise TypeError(f"no handler for {sorted(kind.__name__ for kind in unhandled)}")
         # per role: the roles whose payloads derive from its own (itself included), which a
         # lost payload of that role takes down with it
-        self.derived = {s.role: _derived_roles(pipeline, s) for s in pipeline.stages}
+        self.derived = {s.role: derived_roles(pipeline, s) for s in pipeline.stages}
         # per stage that reads the policy: the states a group is in once that stage is done
         self._policy_readers = {
-            s.role: _states_after(pipeline, s) for s in pipeline.stages if s.reads_policy
+            s.role: states_after(pipeline, s) for s in pipeline.stages if s.reads_policy
         }
         self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
 
@@ -470,32 +428,6 @@ class CoreState:
             del self.leases[lid].locks[token]
         if held.waiting:  # the next in line takes the freed slot under a new fence
             self._grant(resource, held.waiting.popleft(), self.next_fence())
-
-
-def _derived_roles(pipeline: Pipeline, stage: Stage) -> frozenset[str]:
-    """``stage``'s role and the roles of every stage downstream of its target."""
-    return frozenset({stage.role, *(later.role for later in _after(pipeline, stage))})
-
-
-def _states_after(pipeline: Pipeline, stage: Stage) -> frozenset[GroupState]:
-    """The states a group can be in once ``stage`` has finished with it."""
-    reached = (x for later in _after(pipeline, stage) for x in (later.working, later.target))
-    return frozenset({stage.target, *(x for x in reached if x is not None)})
-
-
-def _after(pipeline: Pipeline, stage: Stage) -> list[Stage]:
-    """Every stage a group may pass through after ``stage``."""
-    found: list[Stage] = []
-    seen, frontier = set(), [stage.target]
-    while frontier:
-        state = frontier.pop()
-        if state in seen:
-            continue
-        seen.add(state)
-        for later in pipeline.consumers(state):
-            found.append(later)
-            frontier.append(later.target)
-    return found
 
 
 def _bump(counter: Counter[int], key: int, delta: int) -> None:

@@ -17,8 +17,8 @@ import structlog
 
 from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
+from asyncrl.runtime.core.entities import Group
 from asyncrl.runtime.core.pipeline import GroupState
-from asyncrl.runtime.core.state import Group
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 

@@ -1,0 +1,58 @@
+"""What the core's state is made of: groups, leases, workers and lockable resources.
+
+Plain records with no behaviour: ``CoreState.apply`` (state.py) is the only code that
+changes them, and codec.py writes and reads them in snapshots.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .pipeline import GroupState
+
+__all__ = ["Group", "Lease", "Resource", "Worker"]
+
+
+@dataclass(slots=True)
+class Group:
+    gid: int
+    key: str
+    state: GroupState
+    done: set[str] = field(default_factory=set)  # branches finished at the current state
+    leases: dict[str, int] = field(default_factory=dict)  # role -> lease now working on it
+    attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
+    train_by: int | None = None  # the last train step the staleness bound allows
+    behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
+    reason: str | None = None  # why it died
+    data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
+    # roles whose worker died holding it (among others): it is leased alone to them, and
+    # the next such death counts against it
+    suspects: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Lease:
+    lid: int
+    fence: int
+    role: str
+    source: GroupState
+    worker: str
+    expires_at: float  # runs out then unless renewed, on the scheduler's clock
+    gids: set[int]
+    version: int | None = None  # admitted work: the version the generator had loaded
+    locks: dict[int, str] = field(default_factory=dict)  # token -> resource
+
+
+@dataclass(slots=True)
+class Worker:
+    role: str
+    loaded: int | None = None  # the policy version a generator has loaded
+
+
+@dataclass(slots=True)
+class Resource:
+    capacity: int
+    holders: dict[int, int] = field(default_factory=dict)  # token -> lid
+    waiting: deque[int] = field(default_factory=deque)  # lids, first come first served
