@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from asyncrl.actors.engines.megatron import mapping as m
+from asyncrl.actors.engines.megatron import parallel as par
 from tests.support.hf_families import hf_model
 
 pytest.importorskip("transformers")
@@ -84,8 +85,8 @@ def test_a_tensor_parallel_split_merges_back_and_each_rank_has_whole_groups(save
     config, hf = saved
     layout = m.Layout.from_hf(config).padded_for(ranks)
     whole = m.hf_to_megatron(hf, layout)
-    shards = m.split_tensor_parallel(whole, ranks)
-    assert_same(m.megatron_to_hf(m.merge_tensor_parallel(shards), layout), hf)
+    shards = par.split_tensor_parallel(whole, ranks)
+    assert_same(m.megatron_to_hf(par.merge_tensor_parallel(shards), layout), hf)
     # Rank r's fc1 shard is [its gate rows; its up rows], its qkv its query groups whole.
     gate = hf["model.layers.0.mlp.gate_proj.weight"] if not layout.experts else None
     d, groups = layout.head_dim, layout.kv_heads // ranks
@@ -109,7 +110,7 @@ def test_an_odd_vocabulary_is_padded_for_the_split_and_unpadded_back(saved) -> N
     whole = m.hf_to_megatron(hf, layout)
     assert whole[m.EMBEDDING].shape[0] == layout.vocab + 1
     assert not whole[m.EMBEDDING][-1].any()  # padding rows are zeros
-    merged = m.merge_tensor_parallel(m.split_tensor_parallel(whole, 2))
+    merged = par.merge_tensor_parallel(par.split_tensor_parallel(whole, 2))
     assert_same(m.megatron_to_hf(merged, layout), hf)
 
 
@@ -117,15 +118,15 @@ def test_expert_and_pipeline_splits_merge_back(saved) -> None:
     config, hf = saved
     layout = m.Layout.from_hf(config)
     whole = m.hf_to_megatron(hf, layout)
-    stages = m.split_pipeline_parallel(whole, layout, 2)
+    stages = par.split_pipeline_parallel(whole, layout, 2)
     assert "decoder.layers.0.input_layernorm.weight" in stages[1]  # layer 1, numbered 0
     assert m.EMBEDDING in stages[0] and m.FINAL_NORM in stages[1]
-    assert_same(m.merge_pipeline_parallel(stages, layout), whole)
+    assert_same(par.merge_pipeline_parallel(stages, layout), whole)
     if layout.experts:
-        parts = m.split_expert_parallel(whole, 2)
+        parts = par.split_expert_parallel(whole, 2)
         assert "decoder.layers.0.mlp.experts.local_experts.1.linear_fc1.weight" in parts[1]
         assert "decoder.layers.0.mlp.experts.local_experts.2.linear_fc1.weight" not in parts[1]
-        assert_same(m.merge_expert_parallel(parts), whole)
+        assert_same(par.merge_expert_parallel(parts), whole)
 
 
 def test_transformer_engine_names_convert_both_ways(saved) -> None:

@@ -1,7 +1,9 @@
 """megatron-core as the engine of train, logp and ref_logp (``backends.train=megatron``).
 
-- ``mapping``: weights between Hugging Face's layout and megatron's, whole and split over
-  tensor-, expert- and pipeline-parallel ranks (pure tensor code, no megatron import);
+- ``mapping``: weights between Hugging Face's layout and megatron's (pure tensor code, no
+  megatron import);
+- ``parallel``: megatron's weights split over tensor-, expert- and pipeline-parallel ranks,
+  and merged back (pure tensor code too);
 - ``build``: megatron's ``GPTModel`` of a model configuration, and its process groups;
 - ``model``: that model as the learner and the scorers use one (token ids in, logits or
   log-probs out, weights and optimizer state by Hugging Face name), loaded from a model

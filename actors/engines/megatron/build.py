@@ -32,7 +32,8 @@ from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
 from asyncrl.runtime.config import MegatronSection
 
 from .experts import moe_fields, use_our_dispatchers, use_our_router
-from .mapping import Layout, tensor_parallel_dim
+from .mapping import Layout
+from .parallel import tensor_parallel_dim
 
 __all__ = [
     "ParallelSizes",
@@ -270,7 +271,7 @@ def build_gpt(
         max_sequence_length=config.max_position_embeddings,
         # megatron numbers a stage's layers from 0 in its state and offsets them by
         # stage * (layers / stages) in layer_number (get_transformer_layer_offset), as
-        # mapping.split_pipeline_parallel does.
+        # parallel.split_pipeline_parallel does.
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,

@@ -11,7 +11,7 @@ that it computes on CPU and over expert-parallel ranks holding different micro-b
   scores its own micro-batch, whose shape is its own.
 
 Expert-parallel ranks are carved out of the data-parallel ones: each holds a contiguous
-block of the experts (megatron's local numbering, as ``mapping.split_expert_parallel``)
+block of the experts (megatron's local numbering, as ``parallel.split_expert_parallel``)
 and computes them on the tokens of every rank in its expert-parallel group.
 """
 
@@ -32,7 +32,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 
 from asyncrl.actors.policy.config import ModelConfig
 
-from .mapping import merge_expert_parallel
+from .parallel import merge_expert_parallel
 
 __all__ = ["gather_experts", "is_expert", "moe_fields", "use_our_dispatchers", "use_our_router"]
 

@@ -28,18 +28,15 @@ from .build import ParallelSizes, build_gpt, layout_of, te_available
 from .experts import gather_experts, is_expert
 from .gathers import every_stage, every_tensor_parallel_rank
 from .logprobs import gather_vocab, vocab_parallel_logprobs
-from .mapping import (
-    from_te_names,
-    hf_to_megatron,
-    megatron_to_hf,
+from .mapping import from_te_names, hf_to_megatron, megatron_to_hf, to_te_names
+from .optimizer import DistributedOptimizer, Share
+from .parallel import (
     merge_pipeline_parallel,
     merge_tensor_parallel,
     split_expert_parallel,
     split_pipeline_parallel,
     split_tensor_parallel,
-    to_te_names,
 )
-from .optimizer import DistributedOptimizer, Share
 from .schedule import one_forward_one_backward
 from .stages import Stages
 
