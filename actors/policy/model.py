@@ -7,6 +7,7 @@ trainer's recomputed ones come from the same arithmetic. Parameter names match
 ``Qwen3ForCausalLM`` and the checkpoints of ``Qwen3MoeForCausalLM`` (one module per
 expert, as those files name them) exactly, so a checkpoint loads in either direction
 without renaming. The families' differences are switches of :class:`ModelConfig` (config.py).
+Rotary positions are rotary.py's, the MLP and the mixture of experts feed_forward.py's.
 
 Two ways in:
 
@@ -17,7 +18,6 @@ Two ways in:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -27,9 +27,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from .attention_runs import attention_runs
-from .config import SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from .config import SUPPORTED_ARCHITECTURES, ModelConfig
+from .feed_forward import MLP, MixtureOfExperts
+from .rotary import Rotary, rotate
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig", "rotary_frequencies"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig"]
 
 
 class KVCache:
@@ -64,59 +66,6 @@ class _RMSNorm(nn.Module):
         return self.weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
 
 
-class _Rotary(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.register_buffer("inv_freq", rotary_frequencies(config), persistent=False)
-
-    def _apply(self, fn, recurse: bool = True):
-        # The frequencies stay float32 whatever dtype the model is cast to, as transformers
-        # keeps them: in bfloat16, position x frequency drifts by radians at long positions.
-        # Only the device follows the model.
-        inv_freq = self.inv_freq
-        super()._apply(fn, recurse)
-        self.inv_freq = inv_freq.to(self.inv_freq.device)
-        return self
-
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin shaped [batch, 1, tokens, head_dim] for ``positions`` [batch, tokens]."""
-        angles = positions.float()[..., None] * self.inv_freq
-        angles = torch.cat((angles, angles), dim=-1)[:, None]
-        return angles.cos(), angles.sin()
-
-
-def rotary_frequencies(config: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies, with the same float32 operations as transformers."""
-    half = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
-    inv_freq = 1.0 / (config.rope_theta**half)
-    scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    return _llama3(inv_freq, scaling)
-
-
-def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    """Llama 3.1's scaling: long wavelengths slowed by ``factor``, short ones kept, and
-    those between blended smoothly (transformers' ``_compute_llama3_parameters``)."""
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return x * cos.to(x.dtype) + torch.cat((-second, first), dim=-1) * sin.to(x.dtype)
-
-
 class _Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -141,7 +90,7 @@ class _Attention(nn.Module):
         v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        return _rotate(q.transpose(1, 2), *rope), _rotate(k.transpose(1, 2), *rope), v
+        return rotate(q.transpose(1, 2), *rope), rotate(k.transpose(1, 2), *rope), v
 
     def _out(self, attended: torch.Tensor) -> torch.Tensor:
         batch, _, tokens, _ = attended.shape
@@ -220,59 +169,11 @@ def _run(slots: torch.Tensor) -> slice | None:
     return None
 
 
-class _MLP(nn.Module):
-    def __init__(self, config: ModelConfig, inner: int | None = None) -> None:
-        super().__init__()
-        hidden, bias = config.hidden_size, config.mlp_bias
-        inner = inner or config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, inner, bias=bias)
-        self.up_proj = nn.Linear(hidden, inner, bias=bias)
-        self.down_proj = nn.Linear(inner, hidden, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class _Experts(nn.Module):
-    """A mixture of experts (:class:`~.config.Experts`) in place of the MLP: each token goes
-    to its ``per_token`` best-scored experts, their outputs summed by the router's weights.
-    Every expert computes only the tokens routed to it."""
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        assert config.experts is not None
-        self.spec = config.experts
-        self.gate = nn.Linear(config.hidden_size, self.spec.count, bias=False)
-        self.experts = nn.ModuleList(
-            _MLP(config, self.spec.intermediate_size) for _ in range(self.spec.count)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        tokens = x.reshape(-1, shape[-1])
-        logits = self.gate(tokens)
-        # The softmax in float32 and the chosen weights back in the activations' dtype, as
-        # transformers computes them: the trainer's log-probs match the checkpoint's own.
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.spec.per_token, dim=-1)
-        if self.spec.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(logits.dtype)
-        out = torch.zeros_like(tokens)
-        # One host sync per layer for the experts that got tokens: an expert nobody chose
-        # costs nothing.
-        for e in torch.unique(chosen).tolist():
-            token, slot = torch.where(chosen == e)
-            y = self.experts[e](tokens[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out.reshape(shape)
-
-
 class _Layer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.self_attn = _Attention(config)
-        self.mlp = _MLP(config) if config.experts is None else _Experts(config)
+        self.mlp = MLP(config) if config.experts is None else MixtureOfExperts(config)
         self.input_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -298,7 +199,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = _Backbone(config)
-        self.rotary = _Rotary(config)
+        self.rotary = Rotary(config)
         self.lm_head = _OutputLayer(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

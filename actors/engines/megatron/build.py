@@ -5,7 +5,7 @@ The layer spec is megatron's local one (Transformer Engine's when ``transformer_
 imports), with the core attention replaced by :class:`SdpaAttention`: torch's
 ``scaled_dot_product_attention`` runs on CPU and picks a fused kernel on GPU, where the
 local spec's own attention needs a CUDA buffer and materialises every score. Rotary
-frequencies are ours (``asyncrl.actors.policy.model.rotary_frequencies``): the same
+frequencies are ours (``asyncrl.actors.policy.rotary.rotary_frequencies``): the same
 float32 arithmetic as the torch engine and transformers, every scaling they support.
 
 Parallel sizes come from ``backends.megatron``; megatron's process groups are made over
@@ -28,7 +28,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from asyncrl.actors.policy.model import ModelConfig, rotary_frequencies
+from asyncrl.actors.policy.model import ModelConfig
+from asyncrl.actors.policy.rotary import rotary_frequencies
 from asyncrl.runtime.config import MegatronSection
 
 from .experts import moe_fields, use_our_dispatchers, use_our_router
