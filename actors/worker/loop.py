@@ -21,7 +21,7 @@ leases and reports it with LoadedVersion; a trainer (``publishes_versions``) ann
 version each step's reply (StepDone) names, with the weight plane's manifest and address
 when ``on_publish`` returns them (what to load and announce: versions.py). An actor asks
 whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan),
-on the main thread.
+on the main thread (questions.py).
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
@@ -42,7 +42,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
@@ -58,6 +57,7 @@ from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerC
 from .heartbeats import Heartbeats
 from .leases import MAX_REASON, Leases
 from .payloads import WorkerPayloads
+from .questions import SchedulerQuestions
 from .requests import Fatal, GaveUp, Requests, is_error
 from .time_split import TimeSplit
 from .versions import PolicyRolledBack, Versions
@@ -87,7 +87,7 @@ def default_worker_name(role: str) -> str:
     return f"{role}-{socket.gethostname()}-{os.getpid()}"
 
 
-class Worker:
+class Worker(SchedulerQuestions):
     """Runs one Actor on one link until the run ends or ``stop()`` is called."""
 
     def __init__(
@@ -438,33 +438,3 @@ class Worker:
                     self.payloads.finished(event.body.get("groups", ()))
             event = self.link.next_event(0)
         return self._versions.load_newest() or woken
-
-    # --- what the actor and the versions ask the scheduler ---------------------------
-
-    def _ask_weights(self, version: int, address: bytes, failed: str) -> p.WeightsPlan | None:
-        """WorkerContext.ask_weights: the scheduler's plan for fetching ``version``."""
-        if threading.current_thread() is not self._main:
-            raise RuntimeError("ask_weights is for the worker's main thread only")
-        reply = self._requests.call(p.WantWeights(self.name, version, address, failed))
-        if isinstance(reply, p.WeightsPlan):
-            return reply
-        self._log.info("no weights plan", version=version, reply=_describe(reply))
-        return None
-
-    def _rewind(self, step: int) -> None:
-        """WorkerContext.rewind: roll the run back to the trainer's ``step``."""
-        if threading.current_thread() is not self._main:
-            raise RuntimeError("rewind is for the worker's main thread only")
-        reply = self._requests.call(p.Rewind(self.name, step))
-        if not isinstance(reply, p.Ack):
-            raise RuntimeError(
-                f"the scheduler refused to roll back to step {step}: {_describe(reply)}"
-            )
-        self._log.warning("training rolled back", step=step)
-
-    def _status(self) -> dict[str, Any] | None:
-        reply = self._requests.retry(p.Status())
-        if isinstance(reply, p.StatusReply):
-            return reply.summary
-        self._log.warning("status not answered", reply=_describe(reply))
-        return None
