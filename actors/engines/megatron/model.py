@@ -4,13 +4,14 @@ to the learner and the scorers as a model of Hugging Face weights.
 How the model is built (layer spec, attention, rotary frequencies, process groups) is in
 :mod:`.build`. Pipeline stages pass activations through :mod:`.stages`; a mixture of
 experts (its router, token dispatcher and expert-parallel weights) is in :mod:`.experts`;
-the distributed optimizer's split of AdamW's state in :mod:`.optimizer`.
+the distributed optimizer's split of AdamW's state in :mod:`.optimizer`; the weights by
+Hugging Face name, whole, to and from this rank's part of them in :mod:`.hf_weights`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
@@ -25,25 +26,17 @@ from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.config import MegatronSection
 
 from .build import ParallelSizes, build_gpt, layout_of, te_available
-from .experts import gather_experts, is_expert
-from .gathers import every_stage, every_tensor_parallel_rank
+from .experts import is_expert
+from .hf_weights import HfWeights
 from .logprobs import gather_vocab, vocab_parallel_logprobs
-from .mapping import from_te_names, hf_to_megatron, megatron_to_hf, to_te_names
 from .optimizer import DistributedOptimizer, Share
-from .parallel import (
-    merge_pipeline_parallel,
-    merge_tensor_parallel,
-    split_expert_parallel,
-    split_pipeline_parallel,
-    split_tensor_parallel,
-)
 from .schedule import one_forward_one_backward
 from .stages import Stages
 
 __all__ = ["MegatronLM", "load_megatron"]
 
 
-class MegatronLM(nn.Module):
+class MegatronLM(HfWeights, nn.Module):
     """A ``GPTModel`` as the learner and the scorers use a model: token ids in, logits out;
     weights in and out by Hugging Face name."""
 
@@ -196,31 +189,6 @@ class MegatronLM(nn.Module):
             out = _at(out, columns)
         result = head(out).to(dtype)
         return result if stages is None else stages.from_last(result, None, shape, dtype)
-
-    def hf_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter by Hugging Face name, whole; a tied output layer once. With
-        tensor- or expert-parallel ranks or pipeline stages a collective over them (every
-        rank gets the whole)."""
-        return self._whole(
-            {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
-        )
-
-    def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
-        """Whole Hugging Face weights into the model (each stage takes its layers, each
-        tensor-parallel rank its part of them, each expert-parallel rank its experts); a
-        missing or unexpected tensor is named."""
-        state = self._mine(hf)
-        params = dict(self.gpt.named_parameters())
-        missing = set(params) - set(state)
-        unexpected = set(state) - set(params)
-        if missing or unexpected:
-            raise ValueError(
-                f"weights do not fit the megatron model: missing {sorted(missing)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]}"
-            )
-        with torch.no_grad():
-            for name, tensor in state.items():
-                params[name].copy_(tensor)
 
     # --- training in a group ------------------------------------------------------------
 
@@ -393,35 +361,6 @@ class MegatronLM(nn.Module):
         for group, saved in zip(optimizer.param_groups, whole["param_groups"], strict=True):
             group.update({k: v for k, v in saved.items() if k != "params"})  # ours stay
 
-    def _whole(self, local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Tensors shaped like this rank's parameters, whole and by Hugging Face name."""
-        state = dict(local)
-        if self.te:
-            state = from_te_names(state, self.layout)
-        if self.sizes.tensor > 1:
-            state = merge_tensor_parallel(every_tensor_parallel_rank(state, self.sizes.tensor))
-        if self.sizes.expert > 1:
-            group = parallel_state.get_expert_model_parallel_group()
-            state = gather_experts(state, group, self.sizes.expert)
-        if self.stages is not None:
-            every = every_stage(state, self.stages, self.device)
-            state = merge_pipeline_parallel(every, self.layout)
-        return megatron_to_hf(state, self.layout)
-
-    def _mine(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's part of whole tensors named by Hugging Face, by parameter name."""
-        state = hf_to_megatron(hf, self.layout)
-        if self.stages is not None:
-            state = split_pipeline_parallel(state, self.layout, self.stages.count)
-            state = state[self.stages.stage]
-        if self.sizes.expert > 1:
-            rank = parallel_state.get_expert_model_parallel_rank()
-            state = split_expert_parallel(state, self.sizes.expert)[rank]
-        if self.sizes.tensor > 1:
-            rank = parallel_state.get_tensor_model_parallel_rank()
-            state = split_tensor_parallel(state, self.sizes.tensor)[rank]
-        return to_te_names(state, self.layout) if self.te else state
-
 
 def _summed(squares: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     return torch.stack(squares).sum() if squares else torch.zeros((), device=device)
@@ -430,10 +369,6 @@ def _summed(squares: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 def _at(out: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     """Rows of ``out`` [batch, tokens, ...] at ``columns`` [batch, k] of each row."""
     return out[torch.arange(out.shape[0], device=out.device)[:, None], columns]
-
-
-def _is_tensor(value: object) -> bool:
-    return isinstance(value, torch.Tensor)  # megatron's _extra_state entries are not
 
 
 def load_megatron(
