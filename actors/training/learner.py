@@ -20,19 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.transport import protocol as p
 
-from ..engines import EngineModel, device_of, load_group_weights, load_weights, weights_of
+from ..engines import EngineModel, device_of
 from ..payloads import LogprobsOut, RewardsOut, RolloutsOut
 from ..policy.model import CausalLM
 from ..policy.padding import like_width_runs
@@ -40,6 +34,7 @@ from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
 from .host_copies import HostCopies
+from .learner_state import LearnerState
 from .scorer import pack_rollouts
 
 __all__ = ["Group", "Learner", "StepStats"]
@@ -104,7 +99,7 @@ class StepStats:
     tokens: int
 
 
-class Learner:
+class Learner(LearnerState):
     """A model and its optimizer on this rank of a group of ``group_size`` (1: alone)."""
 
     def __init__(
@@ -302,89 +297,6 @@ class Learner:
             max_len=self.cfg.model.max_new_tokens,
         )
 
-    # --- state -----------------------------------------------------------------------
-
-    def full_weights(self) -> dict[str, torch.Tensor]:
-        """Every parameter whole, by Hugging Face name, a tied output layer once (as a
-        checkpoint stores it), in ``model.dtype`` (what generators run: the float32
-        master weights rounded); on the leader (the others get nothing).
-
-        With a group this is a collective: every rank must call it at the same point.
-        """
-        dtype = self.compute_dtype
-        if self.size == 1 or self.engine is not None:
-            # With another engine's group, a collective; only the leader keeps the result.
-            weights = weights_of(self.model)
-            if self.rank != 0:
-                return {}
-            weights = {name: t.to(dtype) for name, t in weights.items()}
-            if self.device.type == "cuda":  # the weight plane stages from CPU memory
-                weights = self._host.copy(weights)
-            return weights
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.model, options=options)
-        if self.model.config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        return {name: t.to(dtype) for name, t in weights.items()}
-
-    def full_optimizer_state(self) -> dict[str, Any]:
-        """AdamW's state keyed by parameter name, whole; a collective with a group."""
-        if self.engine is not None:
-            return self.engine.optimizer_state(self.optimizer)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
-
-    def load_optimizer_state(self, state: dict[str, Any]) -> None:
-        """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
-        if self.engine is not None:
-            self.engine.load_optimizer_state(self.optimizer, state)
-            return
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
-
-    def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
-        """Whole weights (a checkpoint's) into the model; with a group rank 0 passes them
-        and the others None, and each rank keeps its shard (a collective)."""
-        if self.size == 1:
-            assert whole is not None
-            load_weights(self.model, whole)
-        else:
-            load_group_weights(self.model, whole)
-
-    def local_state(self) -> dict[str, torch.Tensor]:
-        """This rank's part of the state, as it is (no copy, no collective): its shard of
-        every parameter and of AdamW's state, by name. What staging a step copies."""
-        out: dict[str, torch.Tensor] = {}
-        for name, param in self.model.named_parameters():
-            out[f"param/{name}"] = _local(param.detach())
-            for key, value in sorted(self.optimizer.state.get(param, {}).items()):
-                out[f"adam/{name}/{key}"] = _local(value)
-        return out
-
-    def load_local_state(self, state: dict[str, torch.Tensor]) -> None:
-        """Put back what :meth:`local_state` gave (on a learner of the same layout)."""
-        names = {f"param/{name}" for name, _ in self.model.named_parameters()}
-        missing = names - set(state)
-        if missing:
-            raise ValueError(f"a staged state without parameters {sorted(missing)[:3]}")
-        with torch.no_grad():
-            for name, param in self.model.named_parameters():
-                _local(param).copy_(state[f"param/{name}"])
-                adam = {k.split("/")[-1]: t for k, t in state.items() if _of(k, name)}
-                if adam:
-                    self.optimizer.state[param] = {
-                        key: self._like(param, value) for key, value in adam.items()
-                    }
-
-    def _like(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """A staged optimizer tensor as AdamW keeps it: a moment shaped (and sharded) like
-        its parameter, or a scalar (the step) on the device it was staged from."""
-        if value.shape == _local(param).shape and value.dim() > 0:
-            out = torch.zeros_like(param)  # a DTensor with the parameter's sharding
-            _local(out).copy_(value)
-            return out
-        return value.clone()
-
 
 def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: int):
     """The step's rows, longest first, in micro-batches of like length, each a list of row
@@ -414,15 +326,6 @@ def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: i
         parts = [groups[i].rows(c) for i, c in chosen.items()]
         batches.append((parts, [advantages[i][torch.from_numpy(c)] for i, c in chosen.items()]))
     return batches
-
-
-def _local(value: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a sharded tensor; a plain tensor as it is."""
-    return value.to_local() if isinstance(value, DTensor) else value
-
-
-def _of(key: str, param: str) -> bool:
-    return key.startswith(f"adam/{param}/") and "/" not in key[len(f"adam/{param}/") :]
 
 
 def _whole(value: torch.Tensor) -> torch.Tensor:
