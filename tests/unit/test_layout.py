@@ -1,0 +1,145 @@
+"""The source tree keeps the shape a newcomer can walk.
+
+- No circle of imports among the source modules, at any depth: imports inside functions
+  and under ``if TYPE_CHECKING:`` count too (a circle of types is still a circle).
+- The three folders are a stack, transport <- runtime <- actors: each imports only from
+  the folders below it.
+- No source module is longer than 450 lines: past that it is split by concern.
+- actors/ has no private module at its top: its machinery lives in folders by subsystem,
+  and README's layout names every one of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = ("transport", "runtime", "actors")  # each may import only from those before it
+MOST_LINES = 450
+
+
+def source_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every source module by its dotted name under ``asyncrl``."""
+    found: dict[str, Path] = {}
+    for folder in STACK:
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(("asyncrl", *parts))] = path
+    return found
+
+
+def imported(name: str, path: Path, known: Mapping[str, Path]) -> set[str]:
+    """The modules of ``known`` that module ``name`` imports, wherever the import stands.
+
+    ``from X import y`` imports X.y when that is a module of its own, else X.
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            origin = node.module or ""
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                origin = ".".join([*base, node.module] if node.module else base)
+            for alias in node.names:
+                whole = f"{origin}.{alias.name}"
+                found.add(whole if whole in known else origin)
+    return {module for module in found if module in known and module != name}
+
+
+def import_graph(known: Mapping[str, Path]) -> dict[str, set[str]]:
+    return {name: imported(name, path, known) for name, path in known.items()}
+
+
+def a_circle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """One circle of the graph, its first node repeated at the end; None if there is none.
+
+    A depth-first walk without recursion: meeting a node still on the path closes one.
+    """
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path: list[str] = [start]
+        ahead: list[Iterator[str]] = [iter(sorted(graph[start]))]
+        while path:
+            following = next(ahead[-1], None)
+            if following is None:
+                done.add(path.pop())
+                ahead.pop()
+            elif following in path:
+                return [*path[path.index(following) :], following]
+            elif following not in done:
+                path.append(following)
+                ahead.append(iter(sorted(graph[following])))
+    return None
+
+
+def folder_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_no_source_modules_import_each_other_in_a_circle() -> None:
+    circle = a_circle(import_graph(source_modules()))
+    assert circle is None, "import circle: " + " -> ".join(circle or ())
+
+
+def test_imports_go_down_the_stack_transport_runtime_actors() -> None:
+    graph = import_graph(source_modules())
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if STACK.index(folder_of(target)) > STACK.index(folder_of(name))
+    )
+    assert not upward, "imports against the stack:\n" + "\n".join(upward)
+
+
+def test_no_source_module_is_longer_than_450_lines() -> None:
+    long = sorted(
+        f"{path.relative_to(ROOT)}: {lines} lines"
+        for path in source_modules().values()
+        if (lines := len(path.read_text().splitlines())) > MOST_LINES
+    )
+    assert not long, f"past {MOST_LINES} lines, split by concern:\n" + "\n".join(long)
+
+
+def test_actors_has_no_private_module_at_its_top() -> None:
+    private = sorted(p.name for p in (ROOT / "actors").glob("_*.py") if p.name != "__init__.py")
+    assert not private, f"private modules at the top of actors/: {private}"
+
+
+def test_readme_layout_names_every_folder_of_actors() -> None:
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    folders = sorted(p.parent.name for p in (ROOT / "actors").glob("*/__init__.py"))
+    named = set(re.findall(r"^\s+([a-z_]+)/ ", layout, re.MULTILINE))
+    assert folders and not set(folders) - named, f"not in README's layout: {set(folders) - named}"
+
+
+def test_the_check_sees_a_circle_of_types_through_relative_imports(tmp_path: Path) -> None:
+    package = tmp_path / "actors"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "contract.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .group import Place\n"
+    )
+    (package / "group.py").write_text("def f():\n    from . import contract\n")
+    for folder in ("transport", "runtime"):
+        (tmp_path / folder).mkdir()
+    graph = import_graph(source_modules(tmp_path))
+    assert graph["asyncrl.actors.contract"] == {"asyncrl.actors.group"}
+    assert graph["asyncrl.actors.group"] == {"asyncrl.actors.contract"}
+    assert a_circle(graph) == [
+        "asyncrl.actors.contract",
+        "asyncrl.actors.group",
+        "asyncrl.actors.contract",
+    ]
+    assert a_circle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
