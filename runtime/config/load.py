@@ -1,6 +1,6 @@
 """Load a run's configuration: one YAML file plus `key=value` overrides -> frozen RunConfig.
 
-Generic machinery: it walks the dataclasses' type hints and field metadata (see schema.py)
+Generic machinery: it walks the dataclasses' type hints and field metadata (see fields.py)
 and knows nothing of particular sections. Every error is a one-line ConfigError naming the
 dotted key, the value given and what is allowed.
 """
