@@ -7,34 +7,6 @@ from typing import Any, ClassVar
 from .base import Kind, Payload, WireStruct, check_finite
 from .data import Item, LostPayload, Result
 
-__all__ = [
-    "Ack",
-    "AddGroups",
-    "Added",
-    "Bye",
-    "Claim",
-    "Complete",
-    "Error",
-    "Event",
-    "Fail",
-    "Heartbeat",
-    "Hello",
-    "Lease",
-    "Lock",
-    "LockGranted",
-    "LockQueued",
-    "NewGroup",
-    "NoWork",
-    "Ready",
-    "Report",
-    "Shutdown",
-    "Status",
-    "StatusReply",
-    "Stop",
-    "Unlock",
-    "Want",
-]
-
 # --- requests ---------------------------------------------------------------------------
 
 

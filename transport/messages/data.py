@@ -8,8 +8,6 @@ from msgspec import field
 
 from .base import Kind, Payload, WireStruct
 
-__all__ = ["Drop", "Held", "Item", "LostPayload", "PayloadRef", "Result"]
-
 # --- requests ---------------------------------------------------------------------------
 
 

@@ -6,8 +6,6 @@ from typing import ClassVar
 
 from .base import Kind, Payload, WireStruct
 
-__all__ = ["LoadedVersion", "PublishVersion", "Rewind", "StepDone", "WantWeights", "WeightsPlan"]
-
 # --- requests ---------------------------------------------------------------------------
 
 
