@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -85,9 +86,24 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
 
 def preflight(config_args: Sequence[str]) -> int:
     """``asyncrl-worker check`` on the same config: what the roles can see is wrong now
-    (a model directory, a plug-in path, a device), each a line on stderr; 0 if nothing."""
+    (a model directory, a plug-in path, a device), each a line on stderr; 0 if nothing.
+
+    A check ended by a signal (killed, say) said nothing about the config: it runs
+    again, ``_PREFLIGHT_TRIES`` times at most."""
     argv = [sys.executable, "-m", WORKER_MODULE, "check", *config_args]
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, check=False).returncode
+    for _ in range(_PREFLIGHT_TRIES):
+        code = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False).returncode
+        if code >= 0:
+            return code
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
+        print(f"asyncrl run: the check before the start ended by {name}; checking again",
+              file=sys.stderr)  # fmt: skip
+    print(f"asyncrl run: the check before the start never finished ({_PREFLIGHT_TRIES} tries)",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+_PREFLIGHT_TRIES = 3
 
 
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:
