@@ -8,13 +8,12 @@ scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 
-from asyncrl.runtime.bus import read_endpoints
+from asyncrl.runtime.bus import read_endpoints, serves_ipc
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.host import process_alive
@@ -44,7 +43,7 @@ def local_specs(
     """
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
-    if cfg.scheduler.local_ipc and _loopback(cfg.scheduler.host):
+    if serves_ipc(cfg.scheduler):
         start.append("--ipc")  # every process is on this host: no TCP port for others
     # A scheduler that dies resumes from its journal; its workers find it again.
     resumed = [*start, "--resume"]
@@ -64,13 +63,6 @@ def local_specs(
             name, full = f"{role}-{index}", [*argv, *config_args]
             specs.append(ChildSpec(name, full, True, env=env or None, gang=gang))
     return specs
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _forget_dead_scheduler(cfg: RunConfig) -> None:
