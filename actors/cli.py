@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from asyncrl.runtime.bus import Endpoints, next_port, read_endpoints
+from asyncrl.runtime.bus import Endpoints, next_port, read_endpoints, serves_ipc
 from asyncrl.runtime.cli.common import (
     UsageError,
     add_config_arguments,
@@ -205,7 +205,7 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
         found = read_endpoints(run)
         if found is not None:
             return found
-        if sched.control_port and sched.events_port:
+        if sched.control_port and sched.events_port and not serves_ipc(sched):
             # Fixed ports: dial them now; the link connects once the scheduler is up.
             return Endpoints(
                 tcp_endpoint(sched.host, sched.control_port),

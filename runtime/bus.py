@@ -2,7 +2,9 @@
 
 - where the scheduler listens: it announces its endpoints in the run directory while it
   runs (:func:`announce_endpoints`), and workers and tools read them there
-  (:func:`read_endpoints`); the events port is the control port + 1 by convention;
+  (:func:`read_endpoints`); the events port is the control port + 1 by convention; a
+  local run's scheduler serves private ipc:// sockets, never its configured ports
+  (:func:`serves_ipc`);
 - which events wake which role (:func:`wakeup_topics`), derived from the pipeline table;
 - the key under which a completion reports where its worker's time went
   (:data:`ACTIVITY_KEY`), and the buckets it is split into (:class:`TimeBucket`).
@@ -12,11 +14,13 @@ Which role adds groups is the pipeline's ``entry_role``; both sides read it ther
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
+from asyncrl.runtime.config.schema import SchedulerSection
 from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.topics import Topic, topic
@@ -29,6 +33,7 @@ __all__ = [
     "finished_topics",
     "next_port",
     "read_endpoints",
+    "serves_ipc",
     "wakeup_topics",
 ]
 
@@ -70,6 +75,20 @@ def announce_endpoints(run: RunDir, where: Endpoints) -> None:
     tmp = run.endpoints.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(where)), encoding="utf-8")
     os.replace(tmp, run.endpoints)
+
+
+def serves_ipc(sched: SchedulerSection) -> bool:
+    """Whether ``asyncrl run`` starts this scheduler on ipc:// sockets only: every process
+    is on its loopback host, so no TCP port is opened for others. Its workers must wait
+    for its announcement: the configured ports are never bound."""
+    return sched.local_ipc and _loopback(sched.host)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def read_endpoints(run: RunDir) -> Endpoints | None:

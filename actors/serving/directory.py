@@ -67,7 +67,7 @@ class ApiDirectory:
         for path in sorted(self.path.glob("*.json")):
             try:
                 entry = _DECODER.decode(path.read_bytes())
-            except (OSError, msgspec.ValidationError, msgspec.DecodeError):
+            except (OSError, ValueError, msgspec.DecodeError):  # ValueError: not UTF-8
                 continue  # removed meanwhile, or not ours
             if entry.host == socket.gethostname() and not process_alive(entry.pid):
                 continue

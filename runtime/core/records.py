@@ -128,7 +128,7 @@ class Failed(NamedTuple):
     """Back to the lease's source state; attempt + 1 unless the groups were given back
     for another's fault (a payload lost upstream, a worker that died holding others too).
     ``suspect``: the lease's worker died holding them, so each is suspected of the death
-    (``scheduler.py``: who is blamed for a death)."""
+    (``blame.py``: who is blamed for a death)."""
 
     lid: int
     gids: Sequence[int]

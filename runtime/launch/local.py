@@ -8,12 +8,12 @@ scheduler through ``<run.dir>/endpoints.json`` (ports may be 0: picked by the OS
 from __future__ import annotations
 
 import contextlib
-import ipaddress
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 
-from asyncrl.runtime.bus import read_endpoints
+from asyncrl.runtime.bus import read_endpoints, serves_ipc
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.host import process_alive
@@ -43,7 +43,7 @@ def local_specs(
     """
     python = [sys.executable, "-m"]
     start = [*python, "asyncrl.runtime.cli.scheduler", "start", *config_args]
-    if cfg.scheduler.local_ipc and _loopback(cfg.scheduler.host):
+    if serves_ipc(cfg.scheduler):
         start.append("--ipc")  # every process is on this host: no TCP port for others
     # A scheduler that dies resumes from its journal; its workers find it again.
     resumed = [*start, "--resume"]
@@ -65,13 +65,6 @@ def local_specs(
     return specs
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 def _forget_dead_scheduler(cfg: RunConfig) -> None:
     """A scheduler killed outright leaves its endpoints behind; workers must not dial them."""
     run = RunDir.of(cfg)
@@ -85,9 +78,24 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
 
 def preflight(config_args: Sequence[str]) -> int:
     """``asyncrl-worker check`` on the same config: what the roles can see is wrong now
-    (a model directory, a plug-in path, a device), each a line on stderr; 0 if nothing."""
+    (a model directory, a plug-in path, a device), each a line on stderr; 0 if nothing.
+
+    A check ended by a signal (killed, say) said nothing about the config: it runs
+    again, ``_PREFLIGHT_TRIES`` times at most."""
     argv = [sys.executable, "-m", WORKER_MODULE, "check", *config_args]
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, check=False).returncode
+    for _ in range(_PREFLIGHT_TRIES):
+        code = subprocess.run(argv, stdin=subprocess.DEVNULL, check=False).returncode
+        if code >= 0:
+            return code
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else -code
+        print(f"asyncrl run: the check before the start ended by {name}; checking again",
+              file=sys.stderr)  # fmt: skip
+    print(f"asyncrl run: the check before the start never finished ({_PREFLIGHT_TRIES} tries)",
+          file=sys.stderr)  # fmt: skip
+    return 1
+
+
+_PREFLIGHT_TRIES = 3
 
 
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:

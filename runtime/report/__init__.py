@@ -6,7 +6,8 @@ Reads the run's files (data.py), draws each plot (plots.py) and the lease timeli
 Works on a run still going (it draws what is there) and on one from an earlier version
 (each missing file is named, with what it would have shown).
 
-Needs matplotlib (``pip install 'asyncrl[report]'``); nothing else of the run is imported.
+Draws with matplotlib, which every install of asyncrl brings; nothing else of the run is
+imported.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
         import matplotlib  # noqa: F401 - only to say what to install
     except ImportError:
         raise MissingExtra(
-            "asyncrl report draws with matplotlib: pip install 'asyncrl[report]'"
+            "asyncrl report draws with matplotlib, which this environment lacks: "
+            "pip install matplotlib (or install asyncrl again)"
         ) from None
     from .data import load_run
     from .gantt import draw_gantt

@@ -58,7 +58,7 @@ def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
     needed = service.plan.total_groups - counts[GroupState.TRAINED] - alive
     entry = service.core.pipeline.entry
-    # Suspects wait for a worker free of suspects (scheduler.py); fresh prompts keep the
+    # Suspects wait for a worker free of suspects (core/blame.py); fresh prompts keep the
     # workers busy meanwhile, so they do not count against the backlog.
     waiting = counts[entry] - sum(
         1 for g in service.core.state.groups.values() if g.suspects and g.state == entry

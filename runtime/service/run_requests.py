@@ -7,6 +7,7 @@ state and says which handler answers which message).
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -15,6 +16,8 @@ from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.status import summarize
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
+
+from .metrics import plain
 
 if TYPE_CHECKING:
     from .handler_context import HandlerContext
@@ -34,6 +37,9 @@ def report(service: HandlerContext, m: p.Report, now: float) -> p.Message:
         return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
     # The line's own fields win over a report's keys of the same name.
     data = {k: v for k, v in m.data.items() if k not in _REPORT_FIELDS}
+    unwritable = _not_json(data)
+    if unwritable is not None:
+        return p.Error(Reason.BAD_REQUEST, f"report {m.name!r}: {unwritable}")
     line = {"elapsed_s": round(now - service.started_at, 3), "worker": m.worker, **data}
     if reports.record(m.version, line):
         log.info(m.name, worker=m.worker, version=m.version, **_scalars(data))
@@ -41,6 +47,16 @@ def report(service: HandlerContext, m: p.Report, now: float) -> p.Message:
             service.trace.weights_report(m.worker, m.version, data, now)
         service.emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})
     return p.Ack()
+
+
+def _not_json(data: dict[str, Any]) -> str | None:
+    """What in a report's data its JSON-lines file cannot hold (bytes, say); None if all."""
+    for key, value in data.items():
+        try:
+            json.dumps(value, default=plain)
+        except (TypeError, ValueError) as error:
+            return f"field {key!r}: {error}"
+    return None
 
 
 def status(service: HandlerContext, _m: p.Status, now: float) -> p.Message:

@@ -1,7 +1,7 @@
 """Kill anything, lose nothing: the default run with ``kill -9`` of a random process every
 few seconds, beside the same run undisturbed.
 
-    python -m tests.bench.kill_anything [--steps 200] [--every 2 6] [--seed 0]
+    python -m tests.bench.kill_anything [--steps 200] [--every 2 6] [--seed 0] [--max-gap 30]
         [--no-baseline | --baseline-val V] [--work DIR] [section.key=value ...]
 
 Both are real ``asyncrl run`` invocations of ``deploy/configs/default.yaml`` (the embedded
@@ -18,6 +18,10 @@ Printed, and checked (exit status 1 if any fails):
   once (the steps' ``keys``), none retrained by a rollback;
 - every trainer restart resumed at the scheduler's step count: a restart that found only
   an older state would roll training back, and no log says "training rolled back";
+- no group died: groups created, trained and dead are counted from the journal, and a
+  dead one means a kill that had nothing to do with it was blamed on it;
+- no stretch without a step is longer than ``--max-gap`` seconds (30), counted from the
+  first step, by the wall clock of this bench (it watches metrics.jsonl);
 - the final validation reward is within 0.05 of the undisturbed run's;
 - no process of the run is left, and nothing of it in shared memory.
 """
@@ -39,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.runtime.cli._runs import replay_journal
 from asyncrl.runtime.rundir import RunDir
 
 CONFIG = Path("deploy/configs/default.yaml")
@@ -60,6 +65,16 @@ class Outcome:
     wall_s: float
     run_dir: Path
     kills: list[Kill] = field(default_factory=list)
+    step_times: list[tuple[float, int]] = field(default_factory=list)  # (s, steps) seen
+
+    def first_step_s(self) -> float | None:
+        return self.step_times[0][0] if self.step_times else None
+
+    def longest_gap(self) -> tuple[float, int]:
+        """The longest wall time between two new steps, from the first on, and the step
+        the stretch ended at."""
+        pairs = zip(self.step_times, self.step_times[1:], strict=False)
+        return max(((b[0] - a[0], b[1]) for a, b in pairs), default=(0.0, 0))
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -111,11 +126,29 @@ def run(name: str, work: Path, steps: int, overrides: list[str], kill: tuple[flo
     if kill is not None:
         killer = threading.Thread(target=_kill_loop, args=(proc, outcome, kill, rng, started))
         killer.start()
+    watcher = threading.Thread(target=_watch_steps, args=(proc, outcome, started))
+    watcher.start()
     outcome.returncode = proc.wait()
     outcome.wall_s = time.monotonic() - started
+    watcher.join()
     if killer is not None:
         killer.join()
     return outcome
+
+
+def _watch_steps(proc: subprocess.Popen[bytes], outcome: Outcome, started: float) -> None:
+    """When each new step shows in metrics.jsonl, by this process's clock: the scheduler's
+    own elapsed_s starts over with each scheduler it restarts."""
+    path, seen = outcome.run_dir / "metrics.jsonl", 0
+    while proc.poll() is None:
+        try:
+            count = path.read_bytes().count(b"\n")
+        except FileNotFoundError:
+            count = 0
+        if count > seen:
+            seen = count
+            outcome.step_times.append((time.monotonic() - started, count))
+        time.sleep(0.2)
 
 
 def _kill_loop(proc: subprocess.Popen[bytes], outcome: Outcome, every: tuple[float, float],
@@ -141,8 +174,30 @@ def final_val(run_dir: Path) -> float | None:
     return vals[-1]["val_reward"] if vals else None
 
 
-def check(outcome: Outcome, steps: int, baseline: float | None) -> list[str]:
+def group_fates(run_dir: Path) -> dict[str, Any]:
+    """Groups created, trained and dead, and why each died, from the run's journal."""
+    summary = replay_journal(RunDir(run_dir))
+    groups = summary["groups"]
+    return {
+        "created": summary["created"],
+        "trained": groups.get("trained", 0),
+        "dead": groups.get("dead", 0),
+        "why_dead": summary["dead"],
+    }
+
+
+def check(outcome: Outcome, steps: int, baseline: float | None, max_gap: float) -> list[str]:
     problems = []
+    fates = group_fates(outcome.run_dir)
+    print(f"  groups: {fates['created']} created, {fates['trained']} trained, "
+          f"{fates['dead']} dead")  # fmt: skip
+    if fates["dead"]:
+        problems.append(f"groups died: {fates['why_dead']}")
+    gap, at_step = outcome.longest_gap()
+    print(f"  first step after {outcome.first_step_s() or 0:.1f} s; longest stretch without "
+          f"a step after it: {gap:.1f} s (ending at step {at_step})")  # fmt: skip
+    if gap > max_gap:
+        problems.append(f"{gap:.1f} s without a step (at step {at_step}), over {max_gap:g} s")
     if outcome.returncode != 0:
         problems.append(f"asyncrl run exited {outcome.returncode}")
     metrics = lines(outcome.run_dir / "metrics.jsonl")
@@ -208,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=float, nargs=2, default=(2.0, 6.0))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-gap", type=float, default=30.0, help="seconds allowed without a new step"
+    )
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument(
         "--baseline-val",
@@ -234,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{name} {n}" for name, n in sorted(by_role.items())))  # fmt: skip
     print(f"  final validation {final_val(wild.run_dir)} (undisturbed {baseline})")
     (work / "kills.json").write_text(json.dumps([k.__dict__ for k in wild.kills], indent=1))
-    problems = check(wild, args.steps, baseline)
+    problems = check(wild, args.steps, baseline, args.max_gap)
     for problem in problems:
         print(f"FAILED: {problem}")
     if not problems:
-        print("every step once, every group trained once, no trainer step lost")
+        print("every step once, every group trained once, no group dead, no trainer step lost")
     print(f"(runs kept in {work})")
     return 1 if problems else 0
 

@@ -154,3 +154,27 @@ def test_a_bad_environment_stops_the_run_before_anything_starts(tmp_path: Path) 
     ]
     assert seconds < 20
     assert not (tmp_path / "run" / "journal").exists()
+
+
+def test_a_check_killed_before_the_start_runs_again_and_the_run_goes_on(tmp_path: Path) -> None:
+    # kill -9 of anything: the check `asyncrl run` makes first is a child too, and its
+    # death says nothing about the config.
+    c = Cluster(tmp_path, run={"total_steps": 2})
+    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    with open(c.logs / "asyncrl-run.log", "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+    def the_check() -> int | None:
+        checking = set(processes_mentioning(" check ")) & set(processes_mentioning(str(tmp_path)))
+        return min(checking) if checking else None
+
+    try:
+        os.kill(wait_for(the_check, 60, "the check before the start"), signal.SIGKILL)
+        assert proc.wait(120) == 0, c.log_text("asyncrl-run")[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    c.check_exactly_once()
+    assert "the check before the start ended by SIGKILL; checking again" in c.log_text(
+        "asyncrl-run"
+    )

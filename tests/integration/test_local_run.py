@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
+from tests.support.cluster import ROLES, Cluster, free_port, processes_mentioning, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -47,6 +47,19 @@ def test_one_command_runs_the_pipeline_to_the_end(tmp_path: Path) -> None:
     assert control.startswith("ipc://"), control
     bus = Path(control.removeprefix("ipc://")).parent
     assert bus.stat().st_mode & 0o777 == 0o700 and bus.parent.stat().st_mode & 0o077 == 0
+
+
+def test_configured_ports_of_a_local_run_are_not_dialled_its_workers_find_the_ipc_bus(
+    tmp_path: Path,
+) -> None:
+    # The scheduler of a local run serves ipc:// only; a worker that started before it
+    # announced itself used to dial the configured TCP ports, where nothing listens.
+    control, events = free_port(), free_port()
+    c = Cluster(tmp_path, run={"total_steps": 4},
+                scheduler={"control_port": control, "events_port": events})  # fmt: skip
+    proc = asyncrl_run(c)
+    assert proc.wait(90) == 0, c.log_text("asyncrl-run")[-3000:]
+    c.check_exactly_once()
 
 
 def test_ctrl_c_stops_everything_and_resume_finishes_the_run_exactly(tmp_path: Path) -> None:

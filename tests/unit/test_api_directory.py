@@ -38,5 +38,6 @@ def test_an_entry_of_a_dead_process_on_this_host_is_skipped(tmp_path: Path) -> N
     elsewhere = ApiEntry("generate-2", "http://10.0.0.2:1", "k", 0, 1, "another-host")
     directory.publish(elsewhere)  # found out only when its connection fails
     (tmp_path / "notes.json").write_text("not an entry")
+    (tmp_path / "torn.json").write_bytes(b'{"worker": "\xb4"}')  # not even UTF-8
     assert [e.worker for e in directory.live()] == ["generate-1", "generate-2"]
     assert entry("x").session_url("s1") == "http://127.0.0.1:1/sessions/s1/v1"

@@ -1,6 +1,6 @@
 """Who is blamed when work ends badly: a group dies only when it is the likely cause.
 
-The rule (scheduler.py's docstring, the README's "What survives what"): a worker's own
+The rule (runtime/core/blame.py's docstring, the README's "What survives what"): a worker's own
 failure of a group blames it; a worker's death blames a lone group, or the suspects among
 several, and makes the rest suspects; suspects go to a worker one at a time; leaving on
 purpose, a grant lost on its way, a dead payload holder and a scheduler restart blame

@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.service import service as service_module
 from asyncrl.runtime.service.build import open_service
 from asyncrl.runtime.service.daemon import SchedulerDaemon, _encoded
 from asyncrl.transport import protocol as p
@@ -173,14 +174,31 @@ def test_a_request_naming_another_worker_is_refused_and_changes_nothing(running:
     assert running.daemon.service.core.rejections["wrong_sender"] == len(forged)
 
 
-def test_a_request_the_scheduler_fails_on_is_an_error_and_the_loop_serves_on(running: Running):
-    """A report whose value JSON cannot hold (bytes) makes its handler raise: that request
-    gets an internal Error, and the next requests are answered as before."""
+def test_a_request_the_scheduler_fails_on_is_an_error_and_the_loop_serves_on(
+    running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler with a bug (planted here: it raises) fails its own request with an
+    internal Error; the loop answers the next requests as before."""
+
+    def planted_bug(*_args: object) -> p.Message:
+        raise RuntimeError("a planted bug in the report handler")
+
+    handlers = service_module._HANDLERS
+    original = handlers[p.Report]
+    monkeypatch.setitem(handlers, p.Report, planted_bug)
     running.gate.open.set()
-    failed = running.call(p.Report("gen", "validation", 0, {"raw": b"\x00"}))
+    failed = running.call(p.Report("gen", "validation", 0, {"val_reward": 1.0}))
     assert isinstance(failed, p.Error) and failed.code == "internal", failed
     assert isinstance(running.call(p.Claim("gen", "generate", 1)), p.Lease)
+    monkeypatch.setitem(handlers, p.Report, original)  # the bug mended, the same loop
     assert isinstance(running.call(p.Report("gen", "validation", 0, {"val_reward": 1.0})), p.Ack)
+
+
+def test_a_report_whose_data_json_cannot_hold_is_refused_naming_the_field(running: Running):
+    running.gate.open.set()
+    refused = running.call(p.Report("gen", "validation", 0, {"raw": b"\x00"}))
+    assert isinstance(refused, p.Error) and refused.code == "bad_request", refused
+    assert "field 'raw'" in refused.detail and "bytes" in refused.detail
 
 
 def test_a_reply_that_cannot_be_encoded_is_sent_as_the_requests_error() -> None:

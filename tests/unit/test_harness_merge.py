@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
+import pytest
 
 from asyncrl.actors.payloads import RolloutsOut
 from asyncrl.actors.serving.merge import merge_calls
-from asyncrl.actors.serving.records import CallRecord, SessionRecords
+from asyncrl.actors.serving.records import (
+    CallRecord,
+    SessionRecords,
+    decode_records,
+    encode_records,
+)
 
 
 def call(prompt: list[int], completion: list[int], version: int = 1) -> CallRecord:
@@ -77,3 +84,11 @@ def test_session_records_are_taken_once_and_dropped_when_nobody_collects_them() 
     records.add("c", call([1], [2]))  # any call sweeps what is past its time
     assert records.take("b") == [] and records.dropped == 1
     assert len(records) == 1
+
+
+def test_records_torn_on_their_way_are_a_decode_error_not_a_crash() -> None:
+    good = encode_records([CallRecord([1], [2], [-0.5], [0], False)])
+    assert decode_records(good) == [CallRecord([1], [2], [-0.5], [0], False)]
+    torn = good.replace(b"prompt_ids", b"prompt_i\xb4s")  # a field name that is not UTF-8
+    with pytest.raises(msgspec.DecodeError, match="missing required field"):
+        decode_records(torn)
