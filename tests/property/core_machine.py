@@ -160,12 +160,14 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if role == TRAIN:
                 assert len(gids) == self.model.batch, f"train batch of {len(gids)}"
                 assert not self.model.train_leased(), "two train steps at once"
-                if sync:  # the oldest groups, but for suspects that waited to go alone
-                    older = [g for g in self.model.alive_untrained() if g < max(gids)]
-                    skipped = [g for g in older if g not in gids]
-                    assert all(GENERATE in self.model.groups[g].suspects for g in skipped), (
-                        f"sync batch {gids} passed over {skipped}"
-                    )
+                # The batch is the ready groups due soonest: none due earlier waits. (Not
+                # the oldest groups: suspects and payloads made again change the order in
+                # which groups are admitted.)
+                due = {g: self.model.groups[g].admitted + self.model.max_staleness + 1
+                       for g in self.model.takeable(TRAIN)}  # fmt: skip
+                latest = max(due[g] for g in gids)
+                waiting = sorted(g for g, d in due.items() if g not in gids and d < latest)
+                assert not waiting, f"batch {gids} (due {latest}) left {waiting} due sooner"
             else:
                 assert 1 <= len(gids) <= n
             if role == GENERATE:
