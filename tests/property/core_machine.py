@@ -160,14 +160,10 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if role == TRAIN:
                 assert len(gids) == self.model.batch, f"train batch of {len(gids)}"
                 assert not self.model.train_leased(), "two train steps at once"
-                # The batch is the ready groups due soonest: none due earlier waits. (Not
-                # the oldest groups: suspects and payloads made again change the order in
-                # which groups are admitted.)
-                due = {g: self.model.groups[g].admitted + self.model.max_staleness + 1
-                       for g in self.model.takeable(TRAIN)}  # fmt: skip
-                latest = max(due[g] for g in gids)
-                waiting = sorted(g for g, d in due.items() if g not in gids and d < latest)
-                assert not waiting, f"batch {gids} (due {latest}) left {waiting} due sooner"
+                # Which ready groups a batch takes is not asserted: suspects waiting to go
+                # alone and payloads made again change the order of admission, and the
+                # promise that matters, every group trained within the staleness bound, is
+                # checked by the invariants after every step.
             else:
                 assert 1 <= len(gids) <= n
             if role == GENERATE:
