@@ -36,6 +36,7 @@ __all__ = [
     "Mailbox",
     "Subscribe",
     "Wire",
+    "no_reply",
 ]
 
 # The link's own logger: what its I/O thread logs reads as the link's.
@@ -48,17 +49,42 @@ BATCH = 256
 
 
 class Wire:
-    """The DEALER, replaced by a fresh one after a timeout; used only by the turn's holder."""
+    """The DEALER, replaced by a fresh one after a timeout; used only by the turn's holder.
+
+    ``monitor`` is readable when the DEALER's connection closed (``dropped`` says so): a
+    scheduler that was killed answers nothing sent to it, and its successor is up in a
+    second or two, so a call in flight gives up then instead of at its deadline (seconds
+    later), and is sent again to the new scheduler as after a timeout.
+    """
 
     def __init__(self, dealer: zmq.Socket, dial: Callable[[], zmq.Socket]) -> None:
         self.dealer = dealer
         self._dial = dial
+        self.monitor = _disconnections(dealer)
 
     def redial(self) -> None:
         # Lazy Pirate: whatever the old socket still holds is dropped with it (linger 0).
         # Calls already sent stay pending: their replies reach the new socket by identity.
-        self.dealer.close(linger=0)
+        self.close()
         self.dealer = self._dial()
+        self.monitor = _disconnections(self.dealer)
+
+    def dropped(self) -> bool:
+        """Whether the DEALER's connection closed since the last look."""
+        dropped = False
+        while recv_waiting(self.monitor) is not None:
+            dropped = True  # the monitor reports disconnections only
+        return dropped
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.dealer.disable_monitor()
+        self.monitor.close(linger=0)
+        self.dealer.close(linger=0)
+
+
+def _disconnections(dealer: zmq.Socket) -> zmq.Socket:
+    return dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
 
 
 # --- what callers hand the I/O thread ---------------------------------------------------
@@ -220,7 +246,7 @@ class IoLoop:
         self._late = late
         self._pending: dict[int, Call] = {}
         self._outbox: collections.deque[Call] = collections.deque()
-        self._watched: zmq.Socket | None = None  # the DEALER, while in the poller
+        self._watched: tuple[zmq.Socket, zmq.Socket] | None = None  # DEALER and monitor
         self._poller = zmq.Poller()
         self._poller.register(self._sub, zmq.POLLIN)
         self._poller.register(mailbox.fileno(), zmq.POLLIN)
@@ -240,27 +266,34 @@ class IoLoop:
         if self._mailbox.fileno() in ready:
             self._take_commands()
         holds = self._turn.io_settle()
-        if holds and self._watched is not None and ready.get(self._watched, 0) & zmq.POLLIN:
+        watched = self._watched if holds else None
+        if watched is not None and ready.get(watched[0], 0) & zmq.POLLIN:
             self._receive_replies()
+        # Read before sending: a drop noticed now is of the connection the sent calls took.
+        dropped = watched is not None and watched[1] in ready and self._wire.dropped()
         if self._sub in ready:
             self._receive_events()
+        if dropped:
+            self._give_up_sent()
         if holds:
             self._send_outbox()
         self._expire(holds)
 
     def _watch(self, holds: bool) -> None:
-        """Poll the DEALER while the turn is held; POLLOUT only while something waits to be
-        sent (with IMMEDIATE it means "connected")."""
-        if self._watched is not None and (not holds or self._watched is not self._wire.dealer):
+        """Poll the DEALER and its monitor while the turn is held; POLLOUT only while
+        something waits to be sent (with IMMEDIATE it means "connected")."""
+        if self._watched is not None and (not holds or self._watched[0] is not self._wire.dealer):
             # Not ours any more, or closed by a caller's redial (a closed socket may not be
             # unregistered; the poller holds it by reference only).
-            with contextlib.suppress(zmq.ZMQError, KeyError):
-                self._poller.unregister(self._watched)
+            for socket in self._watched:
+                with contextlib.suppress(zmq.ZMQError, KeyError):
+                    self._poller.unregister(socket)
             self._watched = None
         if holds:
-            self._watched = self._wire.dealer
+            self._watched = (self._wire.dealer, self._wire.monitor)
             flags = zmq.POLLIN | (zmq.POLLOUT if self._outbox else 0)
-            self._poller.register(self._watched, flags)
+            self._poller.register(self._wire.dealer, flags)
+            self._poller.register(self._wire.monitor, zmq.POLLIN)
 
     def _poll_timeout_ms(self) -> int | None:
         if not self._pending:
@@ -322,6 +355,11 @@ class IoLoop:
             else:
                 log.warning("dropped a %s published as an event", type(event).__name__)
 
+    def _give_up_sent(self) -> None:
+        """The connection closed: what was sent on it gets no reply (see Wire)."""
+        for call in [call for call in self._pending.values() if call.sent]:
+            call.deadline = 0.0  # _expire ends it now, as a timeout
+
     def _expire(self, holds: bool) -> None:
         now = time.monotonic()
         expired = [call for call in self._pending.values() if call.deadline <= now]
@@ -330,9 +368,7 @@ class IoLoop:
             if not call.sent:
                 self._outbox.remove(call)
             self._turn.expired(call)
-            call.future.set_exception(
-                LinkTimeout(f"{call.what}: no reply from the scheduler in {call.timeout_s:g} s")
-            )
+            call.future.set_exception(LinkTimeout(no_reply(call)))
         if expired:
             self._turn.io_done(len(expired))
             # Without the turn only unsent calls can expire here (sent ones were sent by
@@ -353,7 +389,14 @@ class IoLoop:
         self._outbox.clear()
         self._watch(False)
         if self._turn.io_final(STUCK_GRACE_S):
-            self._wire.dealer.close(linger=0)
+            self._wire.close()
             self._turn.finished = True
         self._sub.close(linger=0)
         self._events.close()
+
+
+def no_reply(call: Call) -> str:
+    """Why ``call`` ended without a reply: its deadline passed, or its connection closed."""
+    if call.deadline == 0.0:
+        return f"{call.what}: the connection to the scheduler closed before the reply"
+    return f"{call.what}: no reply from the scheduler in {call.timeout_s:g} s"

@@ -52,6 +52,7 @@ from ._link_io import (
     Mailbox,
     Subscribe,
     Wire,
+    no_reply,
 )
 from ._turn import Turn
 from .identity import name_of
@@ -198,36 +199,41 @@ class ZmqLink:
             self._turn.give_back(self._mailbox.wake)
 
     def _exchange(self, call: Call) -> Message:
-        dealer = self._wire.dealer
+        wire = self._wire
+        dealer = wire.dealer
         frames, call.frames = call.frames, []
         while True:
             if not call.sent:
                 try:
+                    wire.dropped()  # a drop before this send is not this call's
                     send_frames(dealer, frames, noblock=True)
                     self._turn.sending(call)
                 except zmq.Again:
                     pass  # not connected (IMMEDIATE) or the queue is full: POLLOUT says when
             left_ms = math.ceil((call.deadline - time.monotonic()) * 1000)
-            readable = False
+            readable = dropped = False
             if left_ms > 0:
                 flags = zmq.POLLIN if call.sent else zmq.POLLIN | zmq.POLLOUT
                 items = [(dealer, flags), (self._turn.closed_fd, zmq.POLLIN)]
+                if call.sent:
+                    items.append((wire.monitor, zmq.POLLIN))
                 spin = self._busy_poll_s if call.sent else 0.0
                 ready = busy_poll(items, spin) or zmq.zmq_poll(items, left_ms)
                 for which, events in ready:
                     readable = readable or (which is dealer and bool(events & zmq.POLLIN))
+                    dropped = dropped or which is wire.monitor
             if self._turn.closed:
                 raise LinkClosed("the link was closed while the request waited")
             if call.sent:
                 reply = self._read_replies(dealer, call, readable)
                 if reply is not None:
                     return reply
+                if dropped and wire.dropped():
+                    call.deadline = 0.0  # no reply comes over a closed connection (Wire)
             if time.monotonic() >= call.deadline:
                 self._turn.expired(call)
-                self._wire.redial()
-                raise LinkTimeout(
-                    f"{call.what}: no reply from the scheduler in {call.timeout_s:g} s"
-                )
+                wire.redial()
+                raise LinkTimeout(no_reply(call))
 
     def _read_replies(self, dealer: zmq.Socket, call: Call, polled: bool) -> Message | None:
         """Read what has come: ``call``'s reply, or late ones (delivered) before it.
