@@ -6,7 +6,6 @@ Derived indexes are not stored; ``load_state`` rebuilds them from the groups.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from typing import Any
 
@@ -125,12 +124,12 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         state.due[train_by] += 1
         if group.state == state.step_source:
             state.due_ready[train_by] += 1
-    state.offer(group)
+    state.indexes.loaded(group)
 
 
 def _load_lease(state: CoreState, row: list[Any]) -> None:
     lid, fence, role, source, worker, expires_at, gids, version, locks = row
-    state.leases[lid] = Lease(
+    lease = state.leases[lid] = Lease(
         lid,
         fence,
         role,
@@ -141,4 +140,4 @@ def _load_lease(state: CoreState, row: list[Any]) -> None:
         version,
         dict(map(tuple, locks)),
     )
-    heapq.heappush(state.expiry_heap(), (expires_at, lid))
+    state.indexes.leased(lease)

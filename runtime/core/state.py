@@ -2,13 +2,13 @@
 
 ``CoreState.apply(record)`` is a pure function of the state and one record (see
 ``records.py``): the live core and a replay of its journal call the same code with the
-same records, so they end in the same state. Indexes (which groups each stage may take
-next, which leases expire first) are derived and rebuilt on restore, never journaled.
+same records, so they end in the same state. Indexes (indexes.py: which groups each stage
+may take next, which leases expire first, each worker's leases) are derived and rebuilt
+on restore, never journaled.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -27,6 +27,7 @@ from .effects import (
 )
 from .entities import Group, Lease, Resource, Worker
 from .fences import FenceCipher
+from .indexes import Indexes
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["CoreState"]
@@ -66,14 +67,9 @@ class CoreState:
         self.rollbacks = 0
         self.notices: list[Notice] = []
         self._moves: dict[tuple[GroupState, GroupState, str | None], list[int]] = {}
-        self._available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
-        # per state: the heaps a group entering it joins, and how many branches it waits for
-        self._fanout = {
-            state: [(self._available[s], s.gate is Gate.STEP) for s in pipeline.consumers(state)]
-            for state in GroupState
-        }
+        self.indexes = Indexes(pipeline)
+        # per state: how many branches a group entering it waits for
         self._branches = {state: len(pipeline.consumers(state)) for state in GroupState}
-        self._expiry: list[tuple[float, int]] = []
         self.step_source = pipeline.gated(Gate.STEP).source
         self._admit_working = pipeline.gated(Gate.ADMIT).working
         self._handlers: dict[type, Callable[..., None]] = {
@@ -126,15 +122,17 @@ class CoreState:
 
     def available(self, stage: Stage) -> list[tuple[Any, int]]:
         """Heap of (order key, gid) that *may* be takeable; stale entries are skipped."""
-        return self._available[stage]
+        return self.indexes.available[stage]
 
     def expiry_heap(self) -> list[tuple[float, int]]:
-        return self._expiry
+        return self.indexes.expiry
 
     def offer(self, group: Group) -> None:
-        gid = group.gid
-        for heap, by_train_by in self._fanout[group.state]:
-            heapq.heappush(heap, ((group.train_by, gid) if by_train_by else gid, gid))
+        self.indexes.offer(group)
+
+    def leases_of(self, worker: str) -> list[Lease]:
+        """The worker's live leases, in the order they were granted."""
+        return self.indexes.leases_of(worker)
 
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
         source, train_by = group.state, group.train_by
@@ -147,6 +145,7 @@ class CoreState:
         counts[source] -= 1
         counts[target] += 1
         group.state = target
+        self.indexes.moved(group, source)
         key = (source, target, reason)
         moved = self._moves.get(key)
         if moved is None:
@@ -198,7 +197,7 @@ class CoreState:
         self.leases[lid] = lease
         self.next_lid = lid + 1
         self.fence += 1  # the record carries the token; the count moves on by one
-        heapq.heappush(self._expiry, (expires_at, lid))
+        self.indexes.leased(lease)
         for gid in gids:
             group = self.groups[gid]
             group.leases[role] = lid
@@ -210,8 +209,9 @@ class CoreState:
 
     def _renew(self, lids: Sequence[int], expires_at: float) -> None:
         for lid in lids:
-            self.leases[lid].expires_at = expires_at
-            heapq.heappush(self._expiry, (expires_at, lid))
+            lease = self.leases[lid]
+            lease.expires_at = expires_at
+            self.indexes.renewed(lease)
 
     def _complete(
         self, lid: int, gids: Sequence[int], behaviour: Sequence | None, data: Sequence | None
@@ -223,7 +223,8 @@ class CoreState:
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             del group.leases[lease.role]
-            group.suspects.discard(lease.role)  # whatever killed its workers, it was not this
+            # whatever killed its workers, it was not this
+            self.indexes.suspect_cleared(group, lease.role)
             if behaviour is not None:
                 group.behaviour = (behaviour[i][0], behaviour[i][1])
             if data is not None:
@@ -247,6 +248,7 @@ class CoreState:
             self.retained.setdefault(self.steps_done, []).append([group.key, entry])
         # Trained groups leave the table (their transition was journaled and published):
         # snapshots then hold the work in flight, however long the run.
+        self.indexes.forgotten(group)
         del self.groups[group.gid]
         if group.behaviour is not None:
             lag = self.steps_done - 1 - group.behaviour[0]
@@ -267,7 +269,7 @@ class CoreState:
             if counted:
                 group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
             if suspect:
-                group.suspects.add(lease.role)
+                self.indexes.suspect_added(group, lease.role)
             if group.state != lease.source:
                 if group.state == self._admit_working:
                     self._forget_train_by(group)  # it will be admitted afresh
@@ -405,6 +407,7 @@ class CoreState:
         lease.gids.difference_update(gids)
         if lease.gids:
             return
+        self.indexes.ended(lease)
         del self.leases[lease.lid]
         for resource in self.resources.values():
             if lease.lid in resource.waiting:

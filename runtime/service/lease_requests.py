@@ -60,9 +60,7 @@ def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     entry = service.core.pipeline.entry
     # Suspects wait for a worker free of suspects (core/blame.py); fresh prompts keep the
     # workers busy meanwhile, so they do not count against the backlog.
-    waiting = counts[entry] - sum(
-        1 for g in service.core.state.groups.values() if g.suspects and g.state == entry
-    )
+    waiting = counts[entry] - service.core.state.indexes.suspected[entry]
     room = service.plan.backlog - waiting
     return p.Want(max(0, min(m.n, needed, room)))
 
