@@ -6,20 +6,22 @@
 The real scheduler daemon (journal on, the default pipeline's stage table) serves N
 simulated workers that speak the real protocol over real ZeroMQ sockets, one DEALER each
 under its worker key: Hello, heartbeats naming the leases held, claims, completions
-carrying data-plane references, the trainer's PublishVersion, each generator's
-WantWeights and LoadedVersion for every new version; a dataloader answering Want with
-AddGroups. They are hosted many to a process (asyncio, ``--hosts`` processes). Idle
-workers wait for the wake-up events of their role (one SUB per host process stands in
-for each worker's own) or a slow poll, as real ones do.
+carrying data-plane references and Held for them, the trainer's PublishVersion, each
+generator's WantWeights and LoadedVersion for every new version; a dataloader answering
+Want with AddGroups. They are hosted many to a process (asyncio, ``--hosts``
+processes). Idle workers wait for the wake-up events of their role (one SUB per host
+process stands in for each worker's own) or a slow poll, as real ones do.
 
 Each lease takes a time drawn like a real run's, scaled: generation long-tailed
 (log-normal, mean ``--mean-lease``), scoring and reward a fifth of that, a train step
-the mean lease. Per N, two phases: heartbeats only (every worker registered, idle), then
-work. Printed per N: leases granted/s, claim-to-lease latency p50/p99 (the worker's
-clock, from sending the Claim to reading the Lease), the scheduler's CPU seconds per
-lease and per heartbeat (from its own /proc/PID/stat, so the load generator beside it
-does not blur them), its RSS, journal bytes per group, and the share of ideal work:
-the time generators held leases over the time they ran.
+the mean lease. Per N, the scheduler alone first (its floor: ticks, flushes), then two
+phases: heartbeats only (every worker registered, idle), then work. Printed per N:
+leases granted/s, claim-to-lease latency p50/p99 (the worker's clock, from sending the
+Claim to reading the Lease), the scheduler's CPU per lease and per heartbeat (from its
+own threads' schedstat, so the load generator beside it does not blur them; its floor
+taken off; Held and version requests count with the leases), its RSS, journal bytes per
+group, and the share of ideal work: the time generators held leases over the time they
+ran (an infinitely fast scheduler keeps them at 100%).
 """
 
 from __future__ import annotations
@@ -104,9 +106,11 @@ class SimWorker:
         self.pending: dict[int, asyncio.Future[p.Message]] = {}
         self.next_id = 0
         self.held: set[int] = set()
+        self.kept: set[int] = set()  # payload keys acknowledged, asked about with heartbeats
         self.version = 0
         self.wake = asyncio.Event()
         self.rng = random.Random(name)
+        self.store = f"store-{name}"
 
     async def read(self) -> None:
         while True:
@@ -128,6 +132,11 @@ class SimWorker:
         while True:
             await self.ask(p.Heartbeat(self.name, tuple(sorted(self.held))))
             tally.heartbeats += 1
+            if self.kept:  # as a real holder does: which of mine may I free?
+                keys = tuple(sorted(self.kept))
+                drop = await self.ask(p.Held(self.name, self.store, keys, 65536 * len(keys)))
+                if isinstance(drop, p.Drop):
+                    self.kept.difference_update(drop.keys)
             await asyncio.sleep(HEARTBEAT_S)
 
     async def hello(self) -> None:
@@ -185,7 +194,7 @@ class SimWorker:
     async def complete(self, lease: p.Lease, tally: Tally) -> None:
         results = []
         for item in lease.items:
-            ref = p.PayloadRef(self.name, "tcp://127.0.0.1:1", f"store-{self.name}", item.gid,
+            ref = p.PayloadRef(self.name, "tcp://127.0.0.1:1", self.store, item.gid,
                                65536, 0, "bench")  # fmt: skip
             behaviour = (lease.version, lease.version) if self.role == "generate" else None
             kept = None if self.role == "train" else ref  # a train step leaves nothing
@@ -196,6 +205,8 @@ class SimWorker:
         reply = await self.ask(
             p.Complete(self.name, lease.lease_id, lease.fence, tuple(results), None, durable)
         )
+        if isinstance(reply, p.Ack) and self.role != "train":
+            self.kept.update(item.gid for item in lease.items)
         if isinstance(reply, p.StepDone):
             await self.ask(p.PublishVersion(self.name, reply.version, {"bench": 1}, b"bench"))
         elif not isinstance(reply, p.Ack):
