@@ -97,6 +97,8 @@ def load_state(
     for row in snap["leases"]:
         _load_lease(state, row)
     state.workers = {name: Worker(role, loaded) for name, (role, loaded) in snap["workers"].items()}
+    for worker in state.workers.values():
+        state.indexes.joined(worker)
     for name, (capacity, holders, waiting) in snap["resources"].items():
         state.resources[name] = Resource(capacity, dict(map(tuple, holders)), deque(waiting))
     return state

@@ -13,7 +13,7 @@ import heapq
 from collections import Counter
 from typing import Any
 
-from .entities import Group, Lease
+from .entities import Group, Lease, Worker
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["Indexes"]
@@ -25,7 +25,8 @@ class Indexes:
     - ``expiry``: a heap of (expires_at, lid); stale once a lease ended or was renewed;
     - ``by_worker``: each worker's live leases, in the order they were granted;
     - ``by_role``: how many live leases each role holds;
-    - ``suspected``: per state, how many groups are suspected by some role (blame.py).
+    - ``suspected``: per state, how many groups are suspected by some role (blame.py);
+    - ``versions``: per role, how many workers run each policy version (None: none yet).
     """
 
     def __init__(self, pipeline: Pipeline) -> None:
@@ -39,6 +40,7 @@ class Indexes:
         self.by_worker: dict[str, dict[int, Lease]] = {}
         self.by_role: Counter[str] = Counter()
         self.suspected: Counter[GroupState] = Counter()
+        self.versions: dict[str, Counter[int | None]] = {}
 
     def offer(self, group: Group) -> None:
         gid = group.gid
@@ -64,6 +66,14 @@ class Indexes:
 
     def leases_of(self, worker: str) -> list[Lease]:
         return list(self.by_worker.get(worker, {}).values())
+
+    # --- workers -----------------------------------------------------------------------
+
+    def joined(self, worker: Worker) -> None:
+        self.versions.setdefault(worker.role, Counter())[worker.loaded] += 1
+
+    def left(self, worker: Worker) -> None:
+        _less(self.versions[worker.role], worker.loaded)
 
     # --- suspects ----------------------------------------------------------------------
 

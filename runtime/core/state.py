@@ -158,13 +158,18 @@ class CoreState:
 
     def _register(self, worker: str, role: str) -> None:
         # A (re)started worker process holds no weights yet: it reports what it loads.
+        if worker in self.workers:
+            self.indexes.left(self.workers[worker])
         self.workers[worker] = Worker(role)
+        self.indexes.joined(self.workers[worker])
 
     def _leave(self, worker: str) -> None:
-        del self.workers[worker]
+        self.indexes.left(self.workers.pop(worker))
 
     def _loaded(self, worker: str, version: int) -> None:
+        self.indexes.left(self.workers[worker])
         self.workers[worker].loaded = version
+        self.indexes.joined(self.workers[worker])
         self.notices.append(VersionLoaded(worker, version))
 
     def _add(self, first_gid: int, keys: Sequence[str], data: Sequence[Any] | None) -> None:
@@ -347,7 +352,7 @@ class CoreState:
             if lease.worker in lost or lease.role == step_role:
                 self._fail(lease.lid, sorted(lease.gids), reason, counted=False)
         for worker in lost:
-            del self.workers[worker]
+            self.indexes.left(self.workers.pop(worker))
             self.notices.append(WorkerLost(worker, reason))
         admit_role = self.pipeline.gated(Gate.ADMIT).role
         for gid in sorted(self.groups):

@@ -31,6 +31,11 @@ def index_mismatches(core: SchedulerCore, now: float) -> list[str]:
     suspected = Counter(g.state for g in state.groups.values() if g.suspects)
     if indexes.suspected != suspected:
         found.append(f"suspected {dict(indexes.suspected)} != scan {dict(suspected)}")
+    loaded: dict[str, Counter[int | None]] = {}
+    for worker in state.workers.values():
+        loaded.setdefault(worker.role, Counter())[worker.loaded] += 1
+    if {r: c for r, c in indexes.versions.items() if c} != loaded:
+        found.append(f"versions loaded {indexes.versions} != scan {loaded}")
     expiring = set(indexes.expiry)
     for lease in state.leases.values():
         if (lease.expires_at, lease.lid) not in expiring:
