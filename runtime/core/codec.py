@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .entities import Group, Lease, Resource, Worker
+from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .pipeline import GroupState, Pipeline
 from .state import CoreState
@@ -111,14 +111,14 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         gid,
         key,
         GroupState(st),
-        set(done),
+        frozenset(done) or NONE,
         dict(map(tuple, leases)),
         dict(map(tuple, attempts)),
         train_by,
         None if behaviour is None else tuple(behaviour),
         reason,
         data,
-        set(suspects),
+        frozenset(suspects) or NONE,
     )
     state.groups[gid] = group
     state.counts[group.state] += 1

@@ -13,7 +13,7 @@ import heapq
 from collections import Counter
 from typing import Any
 
-from .entities import Group, Lease, Worker
+from .entities import NONE, Group, Lease, Worker
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["Indexes"]
@@ -81,11 +81,11 @@ class Indexes:
         """Before ``role`` joins ``group.suspects``."""
         if not group.suspects:
             self.suspected[group.state] += 1
-        group.suspects.add(role)
+        group.suspects |= {role}
 
     def suspect_cleared(self, group: Group, role: str) -> None:
         if role in group.suspects:
-            group.suspects.discard(role)
+            group.suspects = group.suspects - {role} or NONE
             if not group.suspects:
                 _less(self.suspected, group.state)
 

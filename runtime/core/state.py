@@ -25,7 +25,7 @@ from .effects import (
     VersionPublished,
     WorkerLost,
 )
-from .entities import Group, Lease, Resource, Worker
+from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .indexes import Indexes
 from .pipeline import Gate, GroupState, Pipeline, Stage
@@ -239,10 +239,10 @@ class CoreState:
 
     def _finish_branch(self, group: Group, stage: Stage) -> None:
         if self._branches[stage.source] > 1:
-            group.done.add(stage.role)
+            group.done |= {stage.role}
             if len(group.done) < self._branches[stage.source]:
                 return
-            group.done.clear()
+            group.done = NONE
         if stage.gate is not Gate.STEP:
             self._move(group, stage.target)
             return
@@ -289,7 +289,7 @@ class CoreState:
             for lid in set(group.leases.values()):
                 self._release_groups(self.leases[lid], (gid,))
             group.leases.clear()
-            group.done.clear()
+            group.done = NONE
             group.reason = reason
             self._forget_train_by(group)
             self._move(group, DEAD, reason)
@@ -314,16 +314,16 @@ class CoreState:
         for kept in derived:
             group.data.pop(kept, None)
         if stage.working is not None:  # made again from its source state, admitted afresh
-            group.done.clear()
+            group.done = NONE
             group.behaviour = None
             self._forget_train_by(group)
             self._move(group, stage.source, reason)
         elif group.state == stage.source:  # its sibling branches are still running
-            group.done.discard(role)
+            group.done = group.done - {role} or NONE
             self.offer(group)
         else:  # joined or further on: back to wait for this branch alone
             siblings = {s.role for s in self.pipeline.consumers(stage.source)}
-            group.done = siblings - derived
+            group.done = frozenset(siblings - derived) or NONE
             self._move(group, stage.source, reason)
 
     def _durable(self, step: int) -> None:
