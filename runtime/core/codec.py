@@ -32,7 +32,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.worst_staleness,
             state.epoch,
         ],
-        "keys": sorted(state.keys),
+        "keys": list(state.keys),  # in the order added: the same live and replayed
         "regenerated": dict(state.regenerated),
         "training": [state.durable_step, state.rollbacks, sorted(state.retained.items())],
         "groups": [_dump_group(g) for g in state.groups.values()],
@@ -87,7 +87,7 @@ def load_state(
     (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version,
      trained, state.worst_staleness, state.epoch) = snap["counters"]  # fmt: skip
     state.counts[GroupState.TRAINED] = trained
-    state.keys = set(snap["keys"])
+    state.keys = dict.fromkeys(snap["keys"])
     state.regenerated.update(snap.get("regenerated", {}))  # absent before the data plane
     # absent before training could roll back
     state.durable_step, state.rollbacks, retained = snap.get("training", [0, 0, []])

@@ -45,7 +45,8 @@ class CoreState:
         self.pipeline = pipeline
         self.fences = fences or FenceCipher()
         self.groups: dict[int, Group] = {}
-        self.keys: set[str] = set()
+        # every key ever added, in order (a snapshot needs no sort of them all)
+        self.keys: dict[str, None] = {}
         self.leases: dict[int, Lease] = {}
         self.workers: dict[str, Worker] = {}
         self.resources = {name: Resource(cap) for name, cap in sorted(resources.items())}
@@ -179,7 +180,7 @@ class CoreState:
             if data is not None:
                 group.data[self.pipeline.entry_role] = data[gid - first_gid]
             self.groups[gid] = group
-            self.keys.add(key)
+            self.keys[key] = None
             self.offer(group)
         self.next_gid = first_gid + len(keys)
         self.counts[entry] += len(keys)

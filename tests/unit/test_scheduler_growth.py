@@ -22,7 +22,7 @@ GROUPS = 10_000
 
 
 def test_a_group_the_core_knows_costs_it_under_1_5_kib() -> None:
-    # Measured: about 760 bytes a group (a fifth of them leased, half of those generated
+    # Measured: about 730 bytes a group (a fifth of them leased, half of those generated
     # with a data-plane reference), on CPython 3.11; 1,190 while every group had two
     # empty sets of its own.
     core, used = footprint(lambda: known_groups(GROUPS))
@@ -31,7 +31,7 @@ def test_a_group_the_core_knows_costs_it_under_1_5_kib() -> None:
 
 
 def test_a_trained_group_leaves_under_300_bytes_behind() -> None:
-    # Measured: about 150 bytes a group, mostly its key, kept to refuse it if offered again.
+    # Measured: about 120 bytes a group, mostly its key, kept to refuse it if offered again.
     core, used = footprint(lambda: trained_run(GROUPS))
     assert core.state.steps_done * 16 >= GROUPS - 32  # type: ignore[attr-defined]
     assert len(core.state.groups) < 100  # type: ignore[attr-defined]
