@@ -14,8 +14,10 @@ process stands in for each worker's own) or a slow poll, as real ones do.
 
 Each lease takes a time drawn like a real run's, scaled: generation long-tailed
 (log-normal, mean ``--mean-lease``), scoring and reward a fifth of that, a train step
-the mean lease. Per N, the scheduler alone first (its floor: ticks, flushes), then two
-phases: heartbeats only (every worker registered, idle), then work. Printed per N:
+half of it (a step trains what the generators made in a mean lease, so the trainer keeps
+up and the staleness bound never holds generation back). Per N, the scheduler alone
+first (its floor: ticks, flushes), then two phases: heartbeats only (every worker
+registered, idle), then work. Printed per N:
 leases granted/s, claim-to-lease latency p50/p99 (the worker's clock, from sending the
 Claim to reading the Lease), the scheduler's CPU per lease and per heartbeat (from its
 own threads' schedstat, so the load generator beside it does not blur them; its floor
@@ -187,8 +189,8 @@ class SimWorker:
         mean = self.host.mean_lease
         if self.role == "generate":  # long-tailed: log-normal with sigma 1
             return self.rng.lognormvariate(math.log(mean) - 0.5, 1.0)
-        if self.role == "train":
-            return mean
+        if self.role == "train":  # faster than generation, so staleness never holds it back
+            return mean / 2
         return self.rng.expovariate(5.0 / mean)
 
     async def complete(self, lease: p.Lease, tally: Tally) -> None:
