@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,12 +378,12 @@ def measure(n: int, seconds: float, hosts: int, mean_lease: float, root: Path) -
         cpu0 = cpu_s(sched.pid)
         _sleep_until(phases["work_from"] - 0.2)
         cpu1 = cpu_s(sched.pid)
-        journal0 = _journal_bytes(run_dir)
+        journal = JournalGrowth(RunDir(run_dir).journal)
         _sleep_until(phases["work_from"])
         cpu2 = cpu_s(sched.pid)
         _sleep_until(phases["work_until"])
         cpu3, rss = cpu_s(sched.pid), rss_mb(sched.pid)
-        journal1 = _journal_bytes(run_dir)
+        journal_bytes = journal.stop()
         results = []
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
@@ -410,14 +411,42 @@ def measure(n: int, seconds: float, hosts: int, mean_lease: float, root: Path) -
         cpu_per_lease_ms=1e3 * work_cpu / max(1, leases),
         cpu_per_heartbeat_us=1e6 * per_beat,
         rss_mb=rss,
-        journal_bytes_per_group=(journal1 - journal0) / groups,
+        journal_bytes_per_group=journal_bytes / groups,
         ideal_share=gen_busy / (generators * seconds),
         errors=[e for b in busy for e in b["errors"]][:3],
     )
 
 
-def _journal_bytes(run_dir: Path) -> int:
-    return sum(f.stat().st_size for f in RunDir(run_dir).journal.glob("journal-*.log"))
+class JournalGrowth:
+    """Bytes appended to the journal's segments while it runs: their sizes polled, since a
+    snapshot retires old segments (the last writes before a retirement may be missed)."""
+
+    def __init__(self, journal: Path) -> None:
+        self._journal = journal
+        self._start = self._sizes()
+        self._most = dict(self._start)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _sizes(self) -> dict[str, int]:
+        found = {}
+        for f in self._journal.glob("journal-*.log"):
+            with contextlib.suppress(FileNotFoundError):
+                found[f.name] = f.stat().st_size
+        return found
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            for name, size in self._sizes().items():
+                self._most[name] = max(size, self._most.get(name, 0))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        for name, size in self._sizes().items():
+            self._most[name] = max(size, self._most.get(name, 0))
+        return sum(size - self._start.get(name, 0) for name, size in self._most.items())
 
 
 def _sleep_until(when: float) -> None:
