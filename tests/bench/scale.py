@@ -73,13 +73,16 @@ def roles_for(n: int) -> list[str]:
     )
 
 
-def scheduler_config(run_dir: Path, generators: int, mean_lease: float) -> dict:
+def scheduler_config(
+    run_dir: Path, generators: int, mean_lease: float, busy_poll_us: int | None = None
+) -> dict:
     # A step trains what the generators make in about a step's time, so the trainer keeps up.
     batch = max(8, int(generators / mean_lease))
     return {
         "run": {"dir": str(run_dir), "total_steps": 1_000_000_000},
         "pipeline": {"max_staleness": 2, "train_batch_groups": batch, "lease_timeout_s": 60.0},
-        "scheduler": {"worker_timeout_s": 60.0},
+        "scheduler": {"worker_timeout_s": 60.0}
+        | ({} if busy_poll_us is None else {"busy_poll_us": busy_poll_us}),
         "logging": {"level": "warning"},
     }
 
@@ -340,12 +343,14 @@ class Point:
     errors: list[str]
 
 
-def measure(n: int, seconds: float, hosts: int, mean_lease: float, root: Path) -> Point:
+def measure(
+    n: int, seconds: float, hosts: int, mean_lease: float, root: Path, busy_poll_us: int | None
+) -> Point:
     run_dir = root / f"n{n}"
     roles = roles_for(n)
     generators = roles.count("generate")
     cfg_path = root / f"n{n}.yaml"
-    cfg = config_from_dict(scheduler_config(run_dir, generators, mean_lease))
+    cfg = config_from_dict(scheduler_config(run_dir, generators, mean_lease, busy_poll_us))
     cfg_path.write_text(dump_config(cfg))
     control, events = f"ipc://{root}/n{n}-control.sock", f"ipc://{root}/n{n}-events.sock"
     serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
@@ -459,6 +464,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--mean-lease", type=float, default=1.0)
+    parser.add_argument(
+        "--busy-poll-us", type=int, help="scheduler.busy_poll_us (default: the config's)"
+    )
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
     parser.add_argument("--host", metavar="SPEC")
     args = parser.parse_args()
@@ -479,7 +487,7 @@ def main() -> None:
     print(header)
     with tempfile.TemporaryDirectory(prefix="asyncrl-scale-") as tmp:
         for n in (int(x) for x in args.workers.split(",")):
-            pt = measure(n, args.seconds, args.hosts, args.mean_lease, Path(tmp))
+            pt = measure(n, args.seconds, args.hosts, args.mean_lease, Path(tmp), args.busy_poll_us)
             print(f"{pt.workers:>5} {pt.leases_per_s:>9.1f} {pt.p50_ms:>7.2f} {pt.p99_ms:>7.2f} "
                   f"{pt.cpu_per_lease_ms:>7.3f} ms {pt.cpu_per_heartbeat_us:>6.0f} us "
                   f"{pt.rss_mb:>4.0f} MB {pt.journal_bytes_per_group:>11.0f} B "
