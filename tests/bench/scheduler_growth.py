@@ -89,10 +89,19 @@ class Footprint:
     rss: int  # the process's RSS growth, bytes (0 where /proc is missing)
 
 
-def footprint(build: Callable[[], object]) -> tuple[object, Footprint]:
-    """What ``build()``'s result holds, while it is kept alive."""
-    gc.collect()
-    rss_before = rss_bytes()
+def footprint(build: Callable[[], object], rss: bool = False) -> tuple[object, Footprint]:
+    """What ``build()``'s result holds, while it is kept alive; with ``rss``, also the
+    process's RSS growth, from a first build without tracemalloc (whose own bookkeeping
+    would count), let go before the traced one."""
+    grown = 0
+    if rss:
+        gc.collect()
+        before = rss_bytes()
+        first = build()
+        gc.collect()
+        grown = max(0, rss_bytes() - before)
+        del first
+        gc.collect()
     tracemalloc.start()
     try:
         built = build()
@@ -100,7 +109,7 @@ def footprint(build: Callable[[], object]) -> tuple[object, Footprint]:
         traced = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    return built, Footprint(traced, max(0, rss_bytes() - rss_before))
+    return built, Footprint(traced, grown)
 
 
 def rss_bytes() -> int:
@@ -154,18 +163,19 @@ def restart(directory: Path) -> Restart:
 def memory_table(groups: int) -> None:
     print(f"scheduler core memory ({groups:,} groups)")
     print(f"  {'what':<44} {'traced':>10} {'per group':>10} {'RSS growth':>11}")
-    held, known = footprint(lambda: known_groups(groups))
-    counts = {s.value: n for s, n in held.state.counts.items() if n}  # type: ignore[attr-defined]
-    _memory_row(f"{groups:,} known {counts}", known, groups)
+    held, known = footprint(lambda: known_groups(groups), rss=True)
+    counts = held.state.counts  # type: ignore[attr-defined]
+    _memory_row(f"{groups:,} known", known, groups)
+    print("  " + ", ".join(f"{n:,} {s.value}" for s, n in counts.items() if n))
     del held
-    ran, trained = footprint(lambda: trained_run(groups))
+    ran, trained = footprint(lambda: trained_run(groups), rss=True)
     steps = ran.state.steps_done  # type: ignore[attr-defined]
     _memory_row(f"after {groups:,} trained ({steps:,} steps)", trained, groups)
+    print()
 
 
 def _memory_row(what: str, f: Footprint, groups: int) -> None:
     print(f"  {what:<44} {_mb(f.traced):>10} {f.traced / groups:>8,.0f} B {_mb(f.rss):>11}")
-    print()
 
 
 def replay_table(sizes: list[int]) -> None:
