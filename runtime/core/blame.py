@@ -55,11 +55,11 @@ class Blame:
         if not blamed and len(held) == 1:
             blamed = {held[0][1]}
         for lease in leases:
-            why = f"{lease.role}: {reason}"
-            spared = [g for g in sorted(lease.gids) if g not in blamed]
+            why, gids = f"{lease.role}: {reason}", sorted(lease.gids)
+            spared = [g for g in gids if g not in blamed]
             if spared:
                 self._commit(r.Failed(lease.lid, spared, why, counted=False, suspect=True))
-            self._fail_groups(lease, [g for g in sorted(lease.gids) if g in blamed], why, True)
+            self._fail_groups(lease, [g for g in gids if g in blamed], why, True)
 
     def _holds_suspect(self, worker: str, role: str) -> bool:
         groups = self.state.groups

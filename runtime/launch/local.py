@@ -95,7 +95,11 @@ def preflight(config_args: Sequence[str]) -> int:
     return 1
 
 
-_PREFLIGHT_TRIES = 3
+# A check ended by a signal is no verdict on the config, and it loads no model that could
+# run a machine out of memory every time: it is tried again more often than a worker start
+# (three), so that kill -9 of anything every few seconds cannot stop the run before it
+# starts.
+_PREFLIGHT_TRIES = 10
 
 
 def run_locally(cfg: RunConfig, config_args: Sequence[str], *, resume: bool) -> int:

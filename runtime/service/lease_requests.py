@@ -98,9 +98,9 @@ def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
     if foreign:
         return p.Error(Reason.BAD_RESULT, f"groups {foreign[:5]}: payloads held by another")
     data = [stored(r) for r in m.results]
-    for r in m.results:
-        if r.ref is not None:
-            service.live_stores[holder] = r.ref.store
+    stores = {r.ref.store for r in m.results if r.ref is not None}
+    if stores:  # a live process keeps its results in one store
+        service.live_stores[holder] = stores.pop()
     steps_before = service.core.state.steps_done
     reply = service.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
     if isinstance(reply, Rejected):

@@ -30,7 +30,7 @@ from asyncrl.runtime.rundir import RunDir
 from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
 from tests.support.poison_roles import POISON_ENV
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(120)]
 
 POISON = prompt_key(1)
 GENERATOR = "--role generate"

@@ -137,6 +137,7 @@ def test_a_bad_harness_stops_the_run_before_anything_starts(
     assert not (run_dir / "journal").exists()
 
 
+@pytest.mark.heavy  # 35 s of kill -9 and restarts: CI's stage of heavy tests
 def test_a_generator_and_then_the_harness_worker_killed_mid_run_lose_nothing(
     tmp_path: Path,
 ) -> None:

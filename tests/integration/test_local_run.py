@@ -58,7 +58,12 @@ def test_configured_ports_of_a_local_run_are_not_dialled_its_workers_find_the_ip
     c = Cluster(tmp_path, run={"total_steps": 4},
                 scheduler={"control_port": control, "events_port": events})  # fmt: skip
     proc = asyncrl_run(c)
-    assert proc.wait(90) == 0, c.log_text("asyncrl-run")[-3000:]
+    try:
+        assert proc.wait(90) == 0, c.log_text("asyncrl-run")[-3000:]
+    finally:
+        if proc.poll() is None:  # stalled: nothing of it may outlive the test
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
     c.check_exactly_once()
 
 

@@ -114,6 +114,7 @@ def test_a_megatron_trainer_group_stopped_resumes_from_its_staged_state(
     _stopped_and_resumed(tmp_path, split)
 
 
+@pytest.mark.heavy  # 40 s; the tensor-parallel group's resume runs by default
 def test_an_expert_parallel_trainer_group_stopped_resumes_from_its_staged_state(
     tmp_path: Path,
 ) -> None:

