@@ -14,7 +14,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
 
 from .policy.chat_template import ChatTemplate
-from .policy.checkpoint import model_dir
+from .policy.directories import model_dir
 from .policy.tokenizer import TextCodec
 from .tasks import RewardFunction, Task, load_task
 from .tasks.datafiles import DataFiles

@@ -93,8 +93,8 @@ def _experts_of(path: str) -> tuple[bool, Experts | None]:
     """(whether ``model.path``'s config.json reads as a model of ours, its experts)."""
     import json
 
-    from ..policy.checkpoint import packaged_or_path
     from ..policy.config import ModelConfig
+    from ..policy.directories import packaged_or_path
 
     try:
         config = json.loads((packaged_or_path(path) / "config.json").read_text())

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .directories import EMBEDDED, EMBEDDED_DIR, PACKAGED, model_dir, packaged_or_path
 from .model import CausalLM, ModelConfig
 from .tokenizer import TextCodec
 
@@ -39,14 +40,6 @@ __all__ = [
     "weight_files",
 ]
 
-EMBEDDED = "embedded"
-EMBEDDED_DIR = Path(__file__).parent / "embedded"
-# Models that ship inside the package, by the name model.path gives them.
-PACKAGED = {
-    EMBEDDED: EMBEDDED_DIR,
-    "embedded-calculator": Path(__file__).parent / "embedded_calculator",
-    "embedded-long": Path(__file__).parent / "embedded_long",
-}
 # Copied from the base model into every checkpoint: what encodes text and says when a
 # response ends (generation_config.json may list several end-of-sequence ids).
 _COPIED_FILES = (
@@ -59,19 +52,6 @@ _COPIED_FILES = (
 # Buffers that some older checkpoints saved beside the parameters; recomputed, not loaded
 # (transformers skips them too).
 _NOT_WEIGHTS = ("rotary_emb.inv_freq",)
-
-
-def model_dir(path: str) -> Path:
-    """The directory ``model.path`` names; a clear error if it is not a model directory."""
-    directory = packaged_or_path(path)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(f"model.path={path!r}: {directory} holds no config.json")
-    return directory
-
-
-def packaged_or_path(path: str) -> Path:
-    """The directory of a packaged model's name, else ``path`` itself."""
-    return PACKAGED.get(path) or Path(path).expanduser()
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[CausalLM, TextCodec]:

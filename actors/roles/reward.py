@@ -24,13 +24,12 @@ from asyncrl.transport import protocol as p
 
 from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..payloads import PromptIn, RewardsOut, RolloutsOut
-from ..policy.checkpoint import model_dir
+from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
 from ..tasks import TaskError
 from ..tasks.rewards import MODEL_PREFIX
-from ..training.scorer import tokens_of
 from ..worker.preflight import check_task
-from ..worker.setup import threads_for
+from ..worker.threads import threads_for
 from ..workload import reward_choice, reward_for
 
 __all__ = ["Reward"]
@@ -57,7 +56,8 @@ class Reward(Actor):
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
 
     def process(self, lease: p.Lease) -> Outcome:
-        return Outcome(tuple(self._score(item) for item in lease.items), tokens=tokens_of(lease))
+        tokens = sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
+        return Outcome(tuple(self._score(item) for item in lease.items), tokens=tokens)
 
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)

@@ -19,8 +19,8 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError
-from ..policy.checkpoint import model_dir
 from ..policy.decoder import Decoding, Finished
+from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge, ServeTag
 from .directory import ApiDirectory, ApiEntry

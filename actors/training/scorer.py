@@ -45,7 +45,7 @@ from .gang import (
     unpack_lease,
 )
 
-__all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts", "tokens_of"]
+__all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts"]
 
 
 class ScoringActor(Actor):
@@ -135,11 +135,6 @@ class ScoringActor(Actor):
                     raise GangBroken(f"a scoring rank got the order {order}")
         finally:
             gang.close()
-
-
-def tokens_of(lease: p.Lease) -> int:
-    """Tokens the model sampled in a lease's groups."""
-    return sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
 
 
 def score_items(

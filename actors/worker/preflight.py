@@ -9,7 +9,7 @@ does not have. Each role declares what it needs (``Actor.check``); these are the
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from asyncrl.runtime.config import RunConfig, workers_to_start
 
@@ -53,14 +53,17 @@ def load_actor_class(module_name: str, role: str) -> type[Actor]:
     except ImportError as error:
         raise PreflightError(f"pipeline.actors: cannot import {module_name!r}: {error}") from None
     roles = getattr(module, "ROLES", None)
-    if not isinstance(roles, dict):
+    if not isinstance(roles, Mapping):
         raise PreflightError(
             f"pipeline.actors: {module_name} has no ROLES mapping of role to class"
         )
     if role not in roles:
         known = ", ".join(sorted(roles))
         raise PreflightError(f"{module_name}.ROLES has no role {role!r}; it has: {known}")
-    actor_class = roles[role]
+    try:
+        actor_class = roles[role]  # a lazy table imports the role's module only now
+    except ImportError as error:
+        raise PreflightError(f"pipeline.actors: {module_name}.ROLES[{role!r}]: {error}") from None
     if getattr(actor_class, "role", None) != role:
         raise PreflightError(f"{module_name}.ROLES[{role!r}] is a class whose role is not {role!r}")
     return actor_class
@@ -108,7 +111,7 @@ def check_task(cfg: RunConfig) -> list[str]:
 
 def check_environment(cfg: RunConfig) -> list[str]:
     """``data.environment`` makes environments whose stop texts are single tokens."""
-    from ..policy.checkpoint import model_dir
+    from ..policy.directories import model_dir
     from ..policy.tokenizer import TextCodec
     from ..tasks import TaskError
     from ..tasks.environment import load_environment, stop_ids

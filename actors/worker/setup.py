@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -14,6 +13,7 @@ from ..engines import EngineModel, train_engine_problems
 from ..policy.checkpoint import load_model, model_dir
 from ..policy.model import CausalLM, ModelConfig
 from ..policy.tokenizer import TextCodec
+from .threads import threads_for
 
 if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
@@ -23,19 +23,6 @@ __all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
 SGLANG_SHARED_MEM_FRACTION = 0.5
-
-# The roles whose compute takes turns in a synchronous run: a step generates, then trains.
-_TAKING_TURNS = ("generate", "train")
-
-
-def threads_for(cfg: RunConfig, role: str, cores: int | None = None) -> int:
-    """torch threads for a worker of ``role`` (``backends.cpu_threads``, 0: automatic)."""
-    if cfg.backends.cpu_threads > 0:
-        return cfg.backends.cpu_threads
-    if cfg.pipeline.max_staleness > 0 or role not in _TAKING_TURNS:
-        return 1  # running side by side, each compute role keeps to a core
-    cores = cores or len(os.sched_getaffinity(0))
-    return max(1, cores // max(1, cfg.pipeline.workers.get(role, 1)))
 
 
 def device_for(cfg: RunConfig, index: int | None) -> torch.device:

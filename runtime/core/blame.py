@@ -43,11 +43,8 @@ class Blame:
     state: CoreState
     _commit: Callable[[r.Record], None]
 
-    def _leases_of(self, worker: str) -> list[Lease]:
-        return [lease for lease in self.state.leases.values() if lease.worker == worker]
-
     def _revoke(self, worker: str, reason: str, died: bool) -> None:
-        leases = self._leases_of(worker)
+        leases = self.state.leases_of(worker)
         if not died:
             for lease in leases:
                 self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
@@ -68,7 +65,7 @@ class Blame:
         groups = self.state.groups
         return any(
             role in groups[gid].suspects
-            for lease in self._leases_of(worker)
+            for lease in self.state.leases_of(worker)
             for gid in lease.gids
             if lease.role == role
         )

@@ -6,11 +6,10 @@ Derived indexes are not stored; ``load_state`` rebuilds them from the groups.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from typing import Any
 
-from .entities import Group, Lease, Resource, Worker
+from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .pipeline import GroupState, Pipeline
 from .state import CoreState
@@ -33,7 +32,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.worst_staleness,
             state.epoch,
         ],
-        "keys": sorted(state.keys),
+        "keys": list(state.keys),  # in the order added: the same live and replayed
         "regenerated": dict(state.regenerated),
         "training": [state.durable_step, state.rollbacks, sorted(state.retained.items())],
         "groups": [_dump_group(g) for g in state.groups.values()],
@@ -88,7 +87,7 @@ def load_state(
     (state.next_gid, state.next_lid, state.fence, state.steps_done, state.policy_version,
      trained, state.worst_staleness, state.epoch) = snap["counters"]  # fmt: skip
     state.counts[GroupState.TRAINED] = trained
-    state.keys = set(snap["keys"])
+    state.keys = dict.fromkeys(snap["keys"])
     state.regenerated.update(snap.get("regenerated", {}))  # absent before the data plane
     # absent before training could roll back
     state.durable_step, state.rollbacks, retained = snap.get("training", [0, 0, []])
@@ -98,6 +97,8 @@ def load_state(
     for row in snap["leases"]:
         _load_lease(state, row)
     state.workers = {name: Worker(role, loaded) for name, (role, loaded) in snap["workers"].items()}
+    for worker in state.workers.values():
+        state.indexes.joined(worker)
     for name, (capacity, holders, waiting) in snap["resources"].items():
         state.resources[name] = Resource(capacity, dict(map(tuple, holders)), deque(waiting))
     return state
@@ -110,14 +111,14 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         gid,
         key,
         GroupState(st),
-        set(done),
+        frozenset(done) or NONE,
         dict(map(tuple, leases)),
         dict(map(tuple, attempts)),
         train_by,
         None if behaviour is None else tuple(behaviour),
         reason,
         data,
-        set(suspects),
+        frozenset(suspects) or NONE,
     )
     state.groups[gid] = group
     state.counts[group.state] += 1
@@ -125,12 +126,12 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         state.due[train_by] += 1
         if group.state == state.step_source:
             state.due_ready[train_by] += 1
-    state.offer(group)
+    state.indexes.loaded(group)
 
 
 def _load_lease(state: CoreState, row: list[Any]) -> None:
     lid, fence, role, source, worker, expires_at, gids, version, locks = row
-    state.leases[lid] = Lease(
+    lease = state.leases[lid] = Lease(
         lid,
         fence,
         role,
@@ -141,4 +142,4 @@ def _load_lease(state: CoreState, row: list[Any]) -> None:
         version,
         dict(map(tuple, locks)),
     )
-    heapq.heappush(state.expiry_heap(), (expires_at, lid))
+    state.indexes.leased(lease)

@@ -12,7 +12,11 @@ from typing import Any
 
 from .pipeline import GroupState
 
-__all__ = ["Group", "Lease", "Resource", "Worker"]
+__all__ = ["NONE", "Group", "Lease", "Resource", "Worker"]
+
+# What a group has done or is suspected of is a frozenset, replaced whole when it changes:
+# most groups have none, and one shared empty value spares each an empty set (216 bytes).
+NONE: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True)
@@ -20,7 +24,7 @@ class Group:
     gid: int
     key: str
     state: GroupState
-    done: set[str] = field(default_factory=set)  # branches finished at the current state
+    done: frozenset[str] = NONE  # branches finished at the current state
     leases: dict[str, int] = field(default_factory=dict)  # role -> lease now working on it
     attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
     train_by: int | None = None  # the last train step the staleness bound allows
@@ -29,7 +33,7 @@ class Group:
     data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
     # roles whose worker died holding it (among others): it is leased alone to them, and
     # the next such death counts against it
-    suspects: set[str] = field(default_factory=set)
+    suspects: frozenset[str] = NONE
 
 
 @dataclass(slots=True)

@@ -34,6 +34,7 @@ from .effects import (
     WorkerLost,
 )
 from .entities import Lease
+from .liveness import Liveness
 from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Stage
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_keeps_promises, train_by_step
@@ -47,7 +48,7 @@ class SchedulerCore(Blame):
         self.settings = settings
         self.pipeline = pipeline
         self.state = CoreState(pipeline, dict(settings.resources), settings.fences())
-        self.last_seen: dict[str, float] = {}
+        self.last_seen = Liveness(settings.worker_timeout)
         self.rejections: Counter[Reason] = Counter()
         self._records: list[tuple[Any, ...]] = []
         self._roles = set(pipeline.worker_roles)
@@ -78,7 +79,7 @@ class SchedulerCore(Blame):
         # a restarted process holds nothing: the old one died holding what it had
         self._revoke(worker, "worker registered again", died=True)
         self._commit(r.Registered(worker, role))
-        self.last_seen[worker] = now
+        self.last_seen.saw(worker, now)
         return Accepted()
 
     def heartbeat(
@@ -92,8 +93,8 @@ class SchedulerCore(Blame):
         """
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        self.last_seen[worker] = now
-        lids = [lease.lid for lease in self._leases_of(worker)]
+        self.last_seen.saw(worker, now)
+        lids = [lease.lid for lease in self.state.leases_of(worker)]
         if held is not None:
             wanted = set(held)
             lids = [lid for lid in lids if lid in wanted]
@@ -108,7 +109,7 @@ class SchedulerCore(Blame):
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
         self._revoke(worker, reason, died)
         self._commit(r.Left(worker))
-        self.last_seen.pop(worker, None)
+        self.last_seen.forget(worker)
         self.state.notices.append(WorkerLost(worker, reason))
         return Accepted()
 
@@ -130,8 +131,11 @@ class SchedulerCore(Blame):
                 reason = f"{lease.role}: lease expired unclaimed by its worker"
                 self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
         timeout = self.settings.worker_timeout
-        for worker in [w for w, seen in self.last_seen.items() if seen + timeout <= now]:
-            self.worker_lost(worker, f"no heartbeat for {timeout:g}s")
+        for worker in self.last_seen.silent(now):
+            if worker in self.state.workers:
+                self.worker_lost(worker, f"no heartbeat for {timeout:g}s")
+            else:  # no longer registered (a roll back let it go): nothing to take back
+                self.last_seen.forget(worker)
         return ended
 
     # --- data ------------------------------------------------------------------------
@@ -211,7 +215,7 @@ class SchedulerCore(Blame):
     def _step_ready(self, stage: Stage) -> bool:
         """One batch at a time, and only one that leaves every admitted group trainable."""
         s = self.state
-        if any(lease.role == stage.role for lease in s.leases.values()):
+        if s.indexes.by_role[stage.role]:
             return False
         batch = self.settings.train_batch_groups
         return s.counts[stage.source] >= batch and step_keeps_promises(
@@ -418,7 +422,7 @@ class SchedulerCore(Blame):
         """After a restart: a new fence epoch, and grace for workers that could not renew."""
         self._commit(r.Resumed(self.state.epoch + 1))
         for worker in self.state.workers:
-            self.last_seen[worker] = now
+            self.last_seen.saw(worker, now)
         lids = sorted(self.state.leases)
         if lids:
             self._commit(r.Renewed(lids, now + self.settings.lease_timeout))

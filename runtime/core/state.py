@@ -2,13 +2,13 @@
 
 ``CoreState.apply(record)`` is a pure function of the state and one record (see
 ``records.py``): the live core and a replay of its journal call the same code with the
-same records, so they end in the same state. Indexes (which groups each stage may take
-next, which leases expire first) are derived and rebuilt on restore, never journaled.
+same records, so they end in the same state. Indexes (indexes.py: which groups each stage
+may take next, which leases expire first, each worker's leases) are derived and rebuilt
+on restore, never journaled.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,8 +25,9 @@ from .effects import (
     VersionPublished,
     WorkerLost,
 )
-from .entities import Group, Lease, Resource, Worker
+from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
+from .indexes import Indexes
 from .pipeline import Gate, GroupState, Pipeline, Stage
 
 __all__ = ["CoreState"]
@@ -44,7 +45,8 @@ class CoreState:
         self.pipeline = pipeline
         self.fences = fences or FenceCipher()
         self.groups: dict[int, Group] = {}
-        self.keys: set[str] = set()
+        # every key ever added, in order (a snapshot needs no sort of them all)
+        self.keys: dict[str, None] = {}
         self.leases: dict[int, Lease] = {}
         self.workers: dict[str, Worker] = {}
         self.resources = {name: Resource(cap) for name, cap in sorted(resources.items())}
@@ -66,14 +68,9 @@ class CoreState:
         self.rollbacks = 0
         self.notices: list[Notice] = []
         self._moves: dict[tuple[GroupState, GroupState, str | None], list[int]] = {}
-        self._available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
-        # per state: the heaps a group entering it joins, and how many branches it waits for
-        self._fanout = {
-            state: [(self._available[s], s.gate is Gate.STEP) for s in pipeline.consumers(state)]
-            for state in GroupState
-        }
+        self.indexes = Indexes(pipeline)
+        # per state: how many branches a group entering it waits for
         self._branches = {state: len(pipeline.consumers(state)) for state in GroupState}
-        self._expiry: list[tuple[float, int]] = []
         self.step_source = pipeline.gated(Gate.STEP).source
         self._admit_working = pipeline.gated(Gate.ADMIT).working
         self._handlers: dict[type, Callable[..., None]] = {
@@ -126,15 +123,17 @@ class CoreState:
 
     def available(self, stage: Stage) -> list[tuple[Any, int]]:
         """Heap of (order key, gid) that *may* be takeable; stale entries are skipped."""
-        return self._available[stage]
+        return self.indexes.available[stage]
 
     def expiry_heap(self) -> list[tuple[float, int]]:
-        return self._expiry
+        return self.indexes.expiry
 
     def offer(self, group: Group) -> None:
-        gid = group.gid
-        for heap, by_train_by in self._fanout[group.state]:
-            heapq.heappush(heap, ((group.train_by, gid) if by_train_by else gid, gid))
+        self.indexes.offer(group)
+
+    def leases_of(self, worker: str) -> list[Lease]:
+        """The worker's live leases, in the order they were granted."""
+        return self.indexes.leases_of(worker)
 
     def _move(self, group: Group, target: GroupState, reason: str | None = None) -> None:
         source, train_by = group.state, group.train_by
@@ -147,6 +146,7 @@ class CoreState:
         counts[source] -= 1
         counts[target] += 1
         group.state = target
+        self.indexes.moved(group, source)
         key = (source, target, reason)
         moved = self._moves.get(key)
         if moved is None:
@@ -159,13 +159,18 @@ class CoreState:
 
     def _register(self, worker: str, role: str) -> None:
         # A (re)started worker process holds no weights yet: it reports what it loads.
+        if worker in self.workers:
+            self.indexes.left(self.workers[worker])
         self.workers[worker] = Worker(role)
+        self.indexes.joined(self.workers[worker])
 
     def _leave(self, worker: str) -> None:
-        del self.workers[worker]
+        self.indexes.left(self.workers.pop(worker))
 
     def _loaded(self, worker: str, version: int) -> None:
+        self.indexes.left(self.workers[worker])
         self.workers[worker].loaded = version
+        self.indexes.joined(self.workers[worker])
         self.notices.append(VersionLoaded(worker, version))
 
     def _add(self, first_gid: int, keys: Sequence[str], data: Sequence[Any] | None) -> None:
@@ -175,7 +180,7 @@ class CoreState:
             if data is not None:
                 group.data[self.pipeline.entry_role] = data[gid - first_gid]
             self.groups[gid] = group
-            self.keys.add(key)
+            self.keys[key] = None
             self.offer(group)
         self.next_gid = first_gid + len(keys)
         self.counts[entry] += len(keys)
@@ -198,7 +203,7 @@ class CoreState:
         self.leases[lid] = lease
         self.next_lid = lid + 1
         self.fence += 1  # the record carries the token; the count moves on by one
-        heapq.heappush(self._expiry, (expires_at, lid))
+        self.indexes.leased(lease)
         for gid in gids:
             group = self.groups[gid]
             group.leases[role] = lid
@@ -210,8 +215,9 @@ class CoreState:
 
     def _renew(self, lids: Sequence[int], expires_at: float) -> None:
         for lid in lids:
-            self.leases[lid].expires_at = expires_at
-            heapq.heappush(self._expiry, (expires_at, lid))
+            lease = self.leases[lid]
+            lease.expires_at = expires_at
+            self.indexes.renewed(lease)
 
     def _complete(
         self, lid: int, gids: Sequence[int], behaviour: Sequence | None, data: Sequence | None
@@ -223,7 +229,8 @@ class CoreState:
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             del group.leases[lease.role]
-            group.suspects.discard(lease.role)  # whatever killed its workers, it was not this
+            # whatever killed its workers, it was not this
+            self.indexes.suspect_cleared(group, lease.role)
             if behaviour is not None:
                 group.behaviour = (behaviour[i][0], behaviour[i][1])
             if data is not None:
@@ -233,10 +240,10 @@ class CoreState:
 
     def _finish_branch(self, group: Group, stage: Stage) -> None:
         if self._branches[stage.source] > 1:
-            group.done.add(stage.role)
+            group.done |= {stage.role}
             if len(group.done) < self._branches[stage.source]:
                 return
-            group.done.clear()
+            group.done = NONE
         if stage.gate is not Gate.STEP:
             self._move(group, stage.target)
             return
@@ -247,6 +254,7 @@ class CoreState:
             self.retained.setdefault(self.steps_done, []).append([group.key, entry])
         # Trained groups leave the table (their transition was journaled and published):
         # snapshots then hold the work in flight, however long the run.
+        self.indexes.forgotten(group)
         del self.groups[group.gid]
         if group.behaviour is not None:
             lag = self.steps_done - 1 - group.behaviour[0]
@@ -267,7 +275,7 @@ class CoreState:
             if counted:
                 group.attempts[lease.role] = group.attempts.get(lease.role, 0) + 1
             if suspect:
-                group.suspects.add(lease.role)
+                self.indexes.suspect_added(group, lease.role)
             if group.state != lease.source:
                 if group.state == self._admit_working:
                     self._forget_train_by(group)  # it will be admitted afresh
@@ -282,7 +290,7 @@ class CoreState:
             for lid in set(group.leases.values()):
                 self._release_groups(self.leases[lid], (gid,))
             group.leases.clear()
-            group.done.clear()
+            group.done = NONE
             group.reason = reason
             self._forget_train_by(group)
             self._move(group, DEAD, reason)
@@ -307,16 +315,16 @@ class CoreState:
         for kept in derived:
             group.data.pop(kept, None)
         if stage.working is not None:  # made again from its source state, admitted afresh
-            group.done.clear()
+            group.done = NONE
             group.behaviour = None
             self._forget_train_by(group)
             self._move(group, stage.source, reason)
         elif group.state == stage.source:  # its sibling branches are still running
-            group.done.discard(role)
+            group.done = group.done - {role} or NONE
             self.offer(group)
         else:  # joined or further on: back to wait for this branch alone
             siblings = {s.role for s in self.pipeline.consumers(stage.source)}
-            group.done = siblings - derived
+            group.done = frozenset(siblings - derived) or NONE
             self._move(group, stage.source, reason)
 
     def _durable(self, step: int) -> None:
@@ -345,7 +353,7 @@ class CoreState:
             if lease.worker in lost or lease.role == step_role:
                 self._fail(lease.lid, sorted(lease.gids), reason, counted=False)
         for worker in lost:
-            del self.workers[worker]
+            self.indexes.left(self.workers.pop(worker))
             self.notices.append(WorkerLost(worker, reason))
         admit_role = self.pipeline.gated(Gate.ADMIT).role
         for gid in sorted(self.groups):
@@ -405,6 +413,7 @@ class CoreState:
         lease.gids.difference_update(gids)
         if lease.gids:
             return
+        self.indexes.ended(lease)
         del self.leases[lease.lid]
         for resource in self.resources.values():
             if lease.lid in resource.waiting:

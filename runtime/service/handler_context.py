@@ -17,6 +17,7 @@ from asyncrl.runtime.durable import JournaledCore
 
 from .activity import RoleActivity
 from .metrics import MetricsLog
+from .payload_refs import RefIndex
 from .reports import ReportLog
 from .run_plan import RunPlan
 from .step_path import StepPath
@@ -50,6 +51,7 @@ class HandlerContext(Protocol):
     protocol_errors: int
     stores: dict[str, dict[str, int]]
     live_stores: dict[str, str]
+    refs: RefIndex
     requests: Counter[str]
 
     @property

@@ -22,7 +22,7 @@ from asyncrl.runtime.core.pipeline import GroupState
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
-from .payload_refs import holder_of, lease_item, live_keys, store_of, stored
+from .payload_refs import holder_of, lease_item, store_of, stored
 from .replies import error_of, reply_of
 from .reports import step_fields
 
@@ -60,9 +60,7 @@ def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     entry = service.core.pipeline.entry
     # Suspects wait for a worker free of suspects (core/blame.py); fresh prompts keep the
     # workers busy meanwhile, so they do not count against the backlog.
-    waiting = counts[entry] - sum(
-        1 for g in service.core.state.groups.values() if g.suspects and g.state == entry
-    )
+    waiting = counts[entry] - service.core.state.indexes.suspected[entry]
     room = service.plan.backlog - waiting
     return p.Want(max(0, min(m.n, needed, room)))
 
@@ -108,6 +106,9 @@ def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
     if isinstance(reply, Rejected):
         return error_of(reply)
     if lease is not None:
+        for r in m.results:
+            if r.ref is not None:
+                service.refs.noted(r.ref.store, r.ref.key, r.gid, lease.role)
         service.activity.add(lease.role, (m.metrics or {}).get(ACTIVITY_KEY), now)
     service.trace.settled(m.lease_id, "complete", service.core.state.leases, now)
     if service.core.state.steps_done > steps_before:
@@ -183,7 +184,7 @@ def held(service: HandlerContext, m: p.Held, _now: float) -> p.Message:
     """Which of a store's keys no live group refers to any more: the store frees them."""
     service.stores[m.worker] = {"payloads": len(m.keys), "bytes": m.bytes}
     service.live_stores[m.worker] = m.store
-    live = live_keys((g.data for g in service.core.state.groups.values()), m.store)
+    live = service.refs.live(service.core.state.groups, m.store, m.keys)
     return p.Drop(tuple(k for k in m.keys if k not in live))
 
 

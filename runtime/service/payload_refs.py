@@ -9,12 +9,19 @@ its cost per group is the same for 1 KiB and 100 MiB.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol
 
 from asyncrl.transport import protocol as p
 
-__all__ = ["holder_of", "is_ref", "lease_item", "live_keys", "store_of", "stored"]
+__all__ = [
+    "RefIndex",
+    "holder_of",
+    "is_ref",
+    "lease_item",
+    "store_of",
+    "stored",
+]
 
 _HOLDER, _STORE, _KEY = 0, 2, 3  # positions in a kept reference
 
@@ -55,11 +62,56 @@ def lease_item(gid: int, key: str, data: dict[str, Any], reads: Collection[str])
     return p.Item(gid, key, inline, refs)
 
 
-def live_keys(datas: Iterable[dict[str, Any]], store: str) -> set[int]:
-    """The keys of ``store`` that some live group still refers to."""
+class _WithData(Protocol):
+    data: dict[str, Any]
+
+
+class RefIndex:
+    """Which group and role each referenced payload belongs to, by (store, key), so that a
+    holder's Held costs the keys it asks about, not a scan of every live group.
+
+    Built by one scan on first use (after a start or a restart, or after ``forget``),
+    then told of each reference the core keeps (``noted``). An entry is checked against
+    its group when asked about, so one gone stale (the group trained, died, or had the
+    payload made again) answers "not live" and leaves; entries nobody asks about again
+    (a dead holder's) are dropped by a fresh scan once they outnumber the live ones.
+    """
+
+    def __init__(self) -> None:
+        self._where: dict[tuple[str, int], tuple[int, str]] | None = None
+        self._built_with = 0  # entries at the last scan
+
+    def noted(self, store: str, key: int, gid: int, role: str) -> None:
+        if self._where is not None:
+            self._where[(store, key)] = (gid, role)
+
+    def forget(self) -> None:
+        self._where = None
+
+    def live(self, groups: Mapping[int, _WithData], store: str, keys: Sequence[int]) -> set[int]:
+        """The ``keys`` of ``store`` that some live group still refers to."""
+        where = self._where
+        if where is None or len(where) > 4 * self._built_with + 4096:
+            where = self._where = _scan(groups)
+            self._built_with = len(where)
+        found = set()
+        for key in keys:
+            at = where.get((store, key))
+            if at is None:
+                continue
+            group = groups.get(at[0])
+            kept = group.data.get(at[1]) if group is not None else None
+            if is_ref(kept) and kept[_STORE] == store and kept[_KEY] == key:
+                found.add(key)
+            else:
+                del where[(store, key)]
+        return found
+
+
+def _scan(groups: Mapping[int, _WithData]) -> dict[tuple[str, int], tuple[int, str]]:
     return {
-        kept[_KEY]
-        for data in datas
-        for kept in data.values()
-        if is_ref(kept) and kept[_STORE] == store
+        (kept[_STORE], kept[_KEY]): (gid, role)
+        for gid, group in groups.items()
+        for role, kept in group.data.items()
+        if is_ref(kept)
     }

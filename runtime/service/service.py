@@ -42,6 +42,7 @@ from .activity import RoleActivity
 from .events import EventNumbering
 from .handler_context import HandlerContext
 from .metrics import MetricsLog
+from .payload_refs import RefIndex
 from .reports import ReportLog
 from .run_plan import RunPlan
 from .step_path import StepPath
@@ -120,6 +121,7 @@ class SchedulerService:
         # worker -> the payload store of its live process, as its results and Held name it:
         # a payload in any other store was kept by a process that is gone
         self.live_stores: dict[str, str] = {}
+        self.refs = RefIndex()  # which group refers to each kept payload, for Held
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
@@ -226,6 +228,7 @@ class SchedulerService:
                     self.live_stores.pop(notice.worker, None)
                 elif isinstance(notice, RolledBackTo):
                     self._rolled_back(notice)
+                    self.refs.forget()  # groups came back under new ids
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))

@@ -92,8 +92,7 @@ def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message
 
 def _loaded_by_every_generator(service: HandlerContext) -> int | None:
     """The newest version every registered generator runs (or a newer one), if any."""
-    role = service.generator_role
-    loaded = [w.loaded for w in service.core.state.workers.values() if w.role == role]
+    loaded = service.core.state.indexes.versions.get(service.generator_role)
     if not loaded or None in loaded:
         return None
     return min(v for v in loaded if v is not None)

@@ -26,6 +26,7 @@ from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import Grant, LockGranted, LockQueued, Rejected, Transition
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from tests.support.core_indexes import index_mismatches
 
 from .pipeline_model import (
     EDGES,
@@ -438,12 +439,20 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                 assert len(resource.holders) == resource.capacity, "a waiter left behind"
 
         @invariant()
+        def indexes_match_a_scan(self) -> None:
+            assert index_mismatches(self.core, self.now) == []
+
+        @invariant()
         def replay_equals_live(self) -> None:
             self._sync_journal()
             live = dump_state(self.core.state)
-            assert dump_state(self._replayed(use_snapshot=False).state) == live
+            replayed = self._replayed(use_snapshot=False)
+            assert dump_state(replayed.state) == live
+            assert index_mismatches(replayed, self.now) == []
             if self.snapshot is not None:
-                assert dump_state(self._replayed().state) == live
+                replayed = self._replayed()
+                assert dump_state(replayed.state) == live
+                assert index_mismatches(replayed, self.now) == []
 
         def teardown(self) -> None:
             if hasattr(self, "core"):

@@ -21,9 +21,16 @@ class Sim:
     """
 
     def __init__(
-        self, core: SchedulerCore, commit: Callable[[], list[Notice]], groups: int
+        self,
+        core: SchedulerCore,
+        commit: Callable[[], list[Notice]],
+        groups: int,
+        durable_every: int = 0,
     ) -> None:
         self.core, self.commit, self.total = core, commit, groups
+        # the trainer reports its state durable every this many steps, as a checkpoint
+        # would (0: never, and the core keeps every trained group's prompt)
+        self.durable_every = durable_every
         self.rng = random.Random(0)
         self.transitions = 0
         self.rounds = 0
@@ -82,7 +89,11 @@ class Sim:
                 versions = [(grant.version, core.state.policy_version)] * len(gids)
                 core.complete(grant.lease_id, grant.fence, gids, versions)
             return
-        core.complete(grant.lease_id, grant.fence, gids)
+        durable = None
+        if role == "train" and self.durable_every:
+            step = core.state.steps_done + 1
+            durable = step if step % self.durable_every == 0 else None
+        core.complete(grant.lease_id, grant.fence, gids, durable=durable)
         if role == "train":
             core.publish_version(worker, core.state.steps_done)
             for gen in (w for w, r in WORKERS.items() if r == "generate"):

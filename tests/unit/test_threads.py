@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.worker.setup import threads_for
+from asyncrl.actors.worker.threads import threads_for
 from asyncrl.runtime.config import config_from_dict
 
 

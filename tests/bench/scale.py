@@ -1,0 +1,500 @@
+"""Benchmark: one scheduler under N simulated workers, the growth curve.
+
+    python -m tests.bench.scale [--workers 16,64,256,1024] [--seconds 20] [--hosts 2]
+                                [--mean-lease 1.0]
+
+The real scheduler daemon (journal on, the default pipeline's stage table) serves N
+simulated workers that speak the real protocol over real ZeroMQ sockets, one DEALER each
+under its worker key: Hello, heartbeats naming the leases held, claims, completions
+carrying data-plane references and Held for them, the trainer's PublishVersion, each
+generator's WantWeights and LoadedVersion for every new version; a dataloader answering
+Want with AddGroups. They are hosted many to a process (asyncio, ``--hosts``
+processes). Idle workers wait for the wake-up events of their role (one SUB per host
+process stands in for each worker's own) or a slow poll, as real ones do.
+
+Each lease takes a time drawn like a real run's, scaled: generation long-tailed
+(log-normal, mean ``--mean-lease``), scoring and reward a fifth of that, a train step
+half of it (a step trains what the generators made in a mean lease, so the trainer keeps
+up and the staleness bound never holds generation back). Per N, the scheduler alone
+first (its floor: ticks, flushes), then two phases: heartbeats only (every worker
+registered, idle), then work. Printed per N:
+leases granted/s, claim-to-lease latency p50/p99 (the worker's clock, from sending the
+Claim to reading the Lease), the scheduler's CPU per lease and per heartbeat (from its
+own threads' schedstat, so the load generator beside it does not blur them; its floor
+taken off; Held and version requests count with the leases), its RSS, journal bytes per
+group, and the share of ideal work: the time generators held leases over the time they
+ran (an infinitely fast scheduler keeps them at 100%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from asyncrl.runtime.bus import wakeup_topics
+from asyncrl.runtime.config import config_from_dict, dump_config, load_config
+from asyncrl.runtime.config.pipeline import pipeline_for
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport import protocol as p
+from asyncrl.transport.identity import connection_identity, load_run_secret, worker_key
+
+HEARTBEAT_S = 2.0  # scheduler.heartbeat_interval_s's default
+SLOW_POLL_S = 1.0  # an idle worker claims again after this long without a wake-up
+
+
+def roles_for(n: int) -> list[str]:
+    """The role of each of ``n`` workers: one dataloader and one trainer, the rest half
+    generators and half scorers (logp) and reward workers (the default pipeline has no
+    ref_logp stage: no KL penalty)."""
+    rest = max(3, n - 2)
+    gen = max(1, rest // 2)
+    logp = max(1, (rest - gen) // 2)
+    return (
+        ["dataloader", "train"]
+        + ["generate"] * gen
+        + ["logp"] * logp
+        + ["reward"] * (rest - gen - logp)
+    )
+
+
+def scheduler_config(
+    run_dir: Path, generators: int, mean_lease: float, busy_poll_us: int | None = None
+) -> dict:
+    # A step trains what the generators make in about a step's time, so the trainer keeps up.
+    batch = max(8, int(generators / mean_lease))
+    return {
+        "run": {"dir": str(run_dir), "total_steps": 1_000_000_000},
+        "pipeline": {"max_staleness": 2, "train_batch_groups": batch, "lease_timeout_s": 60.0},
+        "scheduler": {"worker_timeout_s": 60.0}
+        | ({} if busy_poll_us is None else {"busy_poll_us": busy_poll_us}),
+        "logging": {"level": "warning"},
+    }
+
+
+# --- one simulated worker ------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    leases: int = 0
+    heartbeats: int = 0
+    claims: int = 0
+    busy_s: float = 0.0  # generators: time holding leases
+    latencies: list[float] = field(default_factory=list)  # claim -> lease, seconds
+    errors: list[str] = field(default_factory=list)
+
+
+class SimWorker:
+    def __init__(self, host: Host, name: str, role: str) -> None:
+        self.host, self.name, self.role = host, name, role
+        secret = load_run_secret(RunDir(host.run_dir).secret)
+        identity = connection_identity(name, worker_key(secret, name))
+        self.sock = host.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, identity.encode())
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(host.control)
+        self.pending: dict[int, asyncio.Future[p.Message]] = {}
+        self.next_id = 0
+        self.held: set[int] = set()
+        self.kept: set[int] = set()  # payload keys acknowledged, asked about with heartbeats
+        self.version = 0
+        self.wake = asyncio.Event()
+        self.rng = random.Random(name)
+        self.store = f"store-{name}"
+
+    async def read(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart(copy=False)
+            reply, req_id = p.decode_with_id([f.buffer for f in frames])
+            future = self.pending.pop(req_id, None)
+            if future is not None and not future.done():
+                future.set_result(reply)
+
+    async def ask(self, message: p.Message) -> p.Message:
+        self.next_id += 1
+        future: asyncio.Future[p.Message] = asyncio.get_running_loop().create_future()
+        self.pending[self.next_id] = future
+        await self.sock.send_multipart(p.encode(message, self.next_id), copy=False)
+        return await asyncio.wait_for(future, 60)
+
+    async def heartbeats(self, tally: Tally) -> None:
+        await asyncio.sleep(self.rng.uniform(0, HEARTBEAT_S))
+        while True:
+            await self.ask(p.Heartbeat(self.name, tuple(sorted(self.held))))
+            tally.heartbeats += 1
+            if self.kept:  # as a real holder does: which of mine may I free?
+                keys = tuple(sorted(self.kept))
+                drop = await self.ask(p.Held(self.name, self.store, keys, 65536 * len(keys)))
+                if isinstance(drop, p.Drop):
+                    self.kept.difference_update(drop.keys)
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def hello(self) -> None:
+        ready = await self.ask(p.Hello(self.name, self.role, p.PROTOCOL_VERSION, os.getpid()))
+        assert isinstance(ready, p.Ready), ready
+        if self.role == "generate":
+            await self.load(ready.policy_version)
+
+    async def load(self, version: int) -> None:
+        if version > 0:
+            await self.ask(p.WantWeights(self.name, version))  # a plan, or nothing held yet
+        await self.ask(p.LoadedVersion(self.name, version))
+        self.version = version
+
+    async def idle(self) -> None:
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), SLOW_POLL_S)
+
+    async def work(self, tally: Tally, until: float) -> None:
+        host = self.host
+        self.since = time.time()
+        while time.time() < until:
+            if self.role == "generate" and host.version > self.version:
+                await self.load(host.version)
+            if self.role == "dataloader":
+                await self.feed()
+                continue
+            sent = time.perf_counter()
+            reply = await self.ask(p.Claim(self.name, self.role, 1))
+            tally.claims += 1
+            if not isinstance(reply, p.Lease):
+                if isinstance(reply, p.Error):
+                    tally.errors.append(reply.detail)
+                await self.idle()
+                continue
+            tally.latencies.append(time.perf_counter() - sent)
+            tally.leases += 1
+            self.held.add(reply.lease_id)
+            began = time.time()
+            await asyncio.sleep(self.duration())
+            if self.role == "generate":  # the part of the lease inside the window
+                tally.busy_s += max(0.0, min(time.time(), until) - max(began, self.since))
+            await self.complete(reply, tally)
+            self.held.discard(reply.lease_id)
+
+    def duration(self) -> float:
+        mean = self.host.mean_lease
+        if self.role == "generate":  # long-tailed: log-normal with sigma 1
+            return self.rng.lognormvariate(math.log(mean) - 0.5, 1.0)
+        if self.role == "train":  # faster than generation, so staleness never holds it back
+            return mean / 2
+        return self.rng.expovariate(5.0 / mean)
+
+    async def complete(self, lease: p.Lease, tally: Tally) -> None:
+        results = []
+        for item in lease.items:
+            ref = p.PayloadRef(self.name, "tcp://127.0.0.1:1", self.store, item.gid,
+                               65536, 0, "bench")  # fmt: skip
+            behaviour = (lease.version, lease.version) if self.role == "generate" else None
+            kept = None if self.role == "train" else ref  # a train step leaves nothing
+            results.append(p.Result(item.gid, {}, behaviour, kept))
+        durable = None
+        if self.role == "train":
+            durable = (lease.version or 0) + 1
+        reply = await self.ask(
+            p.Complete(self.name, lease.lease_id, lease.fence, tuple(results), None, durable)
+        )
+        if isinstance(reply, p.Ack) and self.role != "train":
+            self.kept.update(item.gid for item in lease.items)
+        if isinstance(reply, p.StepDone):
+            await self.ask(p.PublishVersion(self.name, reply.version, {"bench": 1}, b"bench"))
+        elif not isinstance(reply, p.Ack):
+            tally.errors.append(str(reply))
+
+    async def feed(self) -> None:
+        reply = await self.ask(p.Claim(self.name, self.role, 4096))
+        if isinstance(reply, p.Want) and reply.count:
+            first = self.host.added
+            self.host.added += reply.count
+            groups = tuple(
+                p.NewGroup(f"g{i}", {"prompt": i}) for i in range(first, first + reply.count)
+            )
+            await self.ask(p.AddGroups(self.name, groups))
+        else:
+            await self.idle()
+
+
+# --- a host process of simulated workers ----------------------------------------------
+
+
+class Host:
+    def __init__(self, spec: dict) -> None:
+        self.run_dir = Path(spec["run_dir"])
+        self.control, self.events = spec["control"], spec["events"]
+        self.mean_lease = spec["mean_lease"]
+        self.pipeline = pipeline_for(load_config(Path(spec["config"])))
+        self.ctx = zmq.asyncio.Context()
+        self.version = 0
+        self.added = spec["index"] * 10**9  # dataloader keys, apart per host
+        self.workers = [SimWorker(self, name, role) for name, role in spec["workers"]]
+
+    async def listen(self) -> None:
+        """One SUB for the host's workers: a wake-up for a role wakes its idle workers."""
+        sub = self.ctx.socket(zmq.SUB)
+        sub.connect(self.events)
+        by_prefix: dict[str, list[SimWorker]] = {}
+        for w in self.workers:
+            for prefix in wakeup_topics(w.role, self.pipeline):
+                by_prefix.setdefault(prefix, []).append(w)
+        for prefix in by_prefix:
+            sub.setsockopt(zmq.SUBSCRIBE, prefix.encode())
+        sub.setsockopt(zmq.SUBSCRIBE, b"version.published")
+        while True:
+            frames = await sub.recv_multipart(copy=False)
+            event = p.decode([f.buffer for f in frames[1:]])
+            if not isinstance(event, p.Event):
+                continue
+            if event.topic == "version.published":
+                self.version = max(self.version, int(event.body["version"]))
+            for prefix, woken in by_prefix.items():
+                if event.topic.startswith(prefix):
+                    for w in woken:
+                        w.wake.set()
+
+    async def run(self, phases: dict) -> dict:
+        readers = [asyncio.create_task(w.read()) for w in self.workers]
+        listener = asyncio.create_task(self.listen())
+        for w in self.workers:
+            await w.hello()
+        quiet, busy = Tally(), Tally()
+        await _until(phases["heartbeats_from"])
+        beating = [asyncio.create_task(w.heartbeats(quiet)) for w in self.workers]
+        await _until(phases["work_from"])
+        for task in beating:
+            task.cancel()
+        beating = [asyncio.create_task(w.heartbeats(busy)) for w in self.workers]
+        until = phases["work_until"]
+        await asyncio.gather(*(w.work(busy, until) for w in self.workers))
+        for task in [*beating, *readers, listener]:
+            task.cancel()
+        generators = sum(1 for w in self.workers if w.role == "generate")
+        return {
+            "quiet": _summary(quiet),
+            "busy": _summary(busy),
+            "generators": generators,
+        }
+
+
+def _summary(t: Tally) -> dict:
+    return {"leases": t.leases, "heartbeats": t.heartbeats, "claims": t.claims,
+            "busy_s": t.busy_s, "latencies": t.latencies, "errors": t.errors[:5]}  # fmt: skip
+
+
+async def _until(when: float) -> None:
+    await asyncio.sleep(max(0.0, when - time.time()))
+
+
+def host_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    result = asyncio.run(Host(spec).run(spec["phases"]))
+    print(json.dumps(result))
+
+
+# --- the driver ----------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds of every thread of ``pid`` so far, to the nanosecond (schedstat; the
+    clock ticks of /proc/PID/stat are 10 ms, coarser than a few heartbeats)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that just ended
+    return total / 1e9
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Point:
+    workers: int
+    leases_per_s: float
+    p50_ms: float
+    p99_ms: float
+    cpu_per_lease_ms: float
+    cpu_per_heartbeat_us: float
+    rss_mb: float
+    journal_bytes_per_group: float
+    ideal_share: float
+    errors: list[str]
+
+
+def measure(
+    n: int, seconds: float, hosts: int, mean_lease: float, root: Path, busy_poll_us: int | None
+) -> Point:
+    run_dir = root / f"n{n}"
+    roles = roles_for(n)
+    generators = roles.count("generate")
+    cfg_path = root / f"n{n}.yaml"
+    cfg = config_from_dict(scheduler_config(run_dir, generators, mean_lease, busy_poll_us))
+    cfg_path.write_text(dump_config(cfg))
+    control, events = f"ipc://{root}/n{n}-control.sock", f"ipc://{root}/n{n}-events.sock"
+    serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
+    sched = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "endpoints.json").exists():
+            if sched.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the scheduler did not start")
+            time.sleep(0.05)
+        idle_from, idle_cpu = time.time(), cpu_s(sched.pid)
+        time.sleep(2.0)  # the scheduler alone, no worker yet: its floor (ticks, flushes)
+        idle_rate = (cpu_s(sched.pid) - idle_cpu) / (time.time() - idle_from)
+        names = [(f"{role}-{i}", role) for i, role in enumerate(roles)]
+        start = time.time() + 5 + n / 200  # time for every host to connect and say Hello
+        quiet_s = 2 * HEARTBEAT_S + 1
+        phases = {"heartbeats_from": start, "work_from": start + quiet_s,
+                  "work_until": start + quiet_s + seconds}  # fmt: skip
+        procs = []
+        for h in range(hosts):
+            spec = {"run_dir": str(run_dir), "control": control, "events": events,
+                    "config": str(cfg_path),
+                    "mean_lease": mean_lease, "index": h, "phases": phases,
+                    "workers": names[h::hosts]}  # fmt: skip
+            path = root / f"n{n}-host{h}.json"
+            path.write_text(json.dumps(spec))
+            host = [sys.executable, "-m", __spec__.name, "--host", str(path)]
+            procs.append(subprocess.Popen(host, stdout=subprocess.PIPE))
+        _sleep_until(phases["heartbeats_from"] + 0.2)
+        cpu0 = cpu_s(sched.pid)
+        _sleep_until(phases["work_from"] - 0.2)
+        cpu1 = cpu_s(sched.pid)
+        journal = JournalGrowth(RunDir(run_dir).journal)
+        _sleep_until(phases["work_from"])
+        cpu2 = cpu_s(sched.pid)
+        _sleep_until(phases["work_until"])
+        cpu3, rss = cpu_s(sched.pid), rss_mb(sched.pid)
+        journal_bytes = journal.stop()
+        results = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=120)
+            results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    finally:
+        sched.terminate()
+        sched.wait(30)
+    quiet_beats = sum(r["quiet"]["heartbeats"] for r in results)
+    quiet_window = phases["work_from"] - 0.2 - (phases["heartbeats_from"] + 0.2)
+    beats_in_window = quiet_beats * quiet_window / quiet_s
+    per_beat = max(0.0, cpu1 - cpu0 - idle_rate * quiet_window) / max(1.0, beats_in_window)
+    busy = [r["busy"] for r in results]
+    leases = sum(b["leases"] for b in busy)
+    beats = sum(b["heartbeats"] for b in busy)
+    work_cpu = (cpu3 - cpu2) - per_beat * beats - idle_rate * seconds
+    latencies = sorted(x for b in busy for x in b["latencies"])
+    cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
+    groups = max(1, leases // 3)  # a group takes three leases (generate, logp, reward)
+    gen_busy = sum(b["busy_s"] for b in busy)
+    return Point(
+        workers=n,
+        leases_per_s=leases / seconds,
+        p50_ms=cuts[49] * 1e3,
+        p99_ms=cuts[98] * 1e3,
+        cpu_per_lease_ms=1e3 * work_cpu / max(1, leases),
+        cpu_per_heartbeat_us=1e6 * per_beat,
+        rss_mb=rss,
+        journal_bytes_per_group=journal_bytes / groups,
+        ideal_share=gen_busy / (generators * seconds),
+        errors=[e for b in busy for e in b["errors"]][:3],
+    )
+
+
+class JournalGrowth:
+    """Bytes appended to the journal's segments while it runs: their sizes polled, since a
+    snapshot retires old segments (the last writes before a retirement may be missed)."""
+
+    def __init__(self, journal: Path) -> None:
+        self._journal = journal
+        self._start = self._sizes()
+        self._most = dict(self._start)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _sizes(self) -> dict[str, int]:
+        found = {}
+        for f in self._journal.glob("journal-*.log"):
+            with contextlib.suppress(FileNotFoundError):
+                found[f.name] = f.stat().st_size
+        return found
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            for name, size in self._sizes().items():
+                self._most[name] = max(size, self._most.get(name, 0))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        for name, size in self._sizes().items():
+            self._most[name] = max(size, self._most.get(name, 0))
+        return sum(size - self._start.get(name, 0) for name, size in self._most.items())
+
+
+def _sleep_until(when: float) -> None:
+    time.sleep(max(0.0, when - time.time()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="16,64,256,1024")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--mean-lease", type=float, default=1.0)
+    parser.add_argument(
+        "--busy-poll-us", type=int, help="scheduler.busy_poll_us (default: the config's)"
+    )
+    parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
+    parser.add_argument("--host", metavar="SPEC")
+    args = parser.parse_args()
+    if args.serve:
+        from asyncrl.runtime.logs import configure_logging
+        from asyncrl.runtime.service.process import serve
+
+        configure_logging(process="scheduler", level="warning")
+        raise SystemExit(serve(load_config(Path(args.serve[0])), resume=False,
+                               endpoints=(args.serve[1], args.serve[2])))  # fmt: skip
+    if args.host:
+        return host_main(args.host)
+    print(f"{args.seconds:g} s of work per N after {2 * HEARTBEAT_S + 1:g} s of heartbeats "
+          f"only; mean lease {args.mean_lease:g} s; {args.hosts} host processes; "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    header = (f"{'N':>5} {'leases/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'CPU/lease':>10} "
+              f"{'CPU/beat':>9} {'RSS':>7} {'journal/group':>13} {'ideal':>6}")  # fmt: skip
+    print(header)
+    with tempfile.TemporaryDirectory(prefix="asyncrl-scale-") as tmp:
+        for n in (int(x) for x in args.workers.split(",")):
+            pt = measure(n, args.seconds, args.hosts, args.mean_lease, Path(tmp), args.busy_poll_us)
+            print(f"{pt.workers:>5} {pt.leases_per_s:>9.1f} {pt.p50_ms:>7.2f} {pt.p99_ms:>7.2f} "
+                  f"{pt.cpu_per_lease_ms:>7.3f} ms {pt.cpu_per_heartbeat_us:>6.0f} us "
+                  f"{pt.rss_mb:>4.0f} MB {pt.journal_bytes_per_group:>11.0f} B "
+                  f"{pt.ideal_share:>6.0%}", flush=True)  # fmt: skip
+            if pt.errors:
+                print(f"      errors: {pt.errors}")
+
+
+if __name__ == "__main__":
+    main()
