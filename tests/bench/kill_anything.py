@@ -73,8 +73,19 @@ class Outcome:
     def longest_gap(self) -> tuple[float, int]:
         """The longest wall time between two new steps, from the first on, and the step
         the stretch ended at."""
+        start, end, at_step = self.longest_stretch()
+        return end - start, at_step
+
+    def longest_stretch(self) -> tuple[float, float, int]:
+        """When the longest stretch without a new step began and ended, and its last step."""
         pairs = zip(self.step_times, self.step_times[1:], strict=False)
-        return max(((b[0] - a[0], b[1]) for a, b in pairs), default=(0.0, 0))
+        return max(((a[0], b[0], b[1]) for a, b in pairs), key=lambda s: s[1] - s[0],
+                   default=(0.0, 0.0, 0))  # fmt: skip
+
+    def kills_between(self, start: float, end: float) -> str:
+        """The kills from ``start`` to ``end``, each with its time after ``start``."""
+        inside = [k for k in self.kills if start <= k.at_s <= end]
+        return ", ".join(f"{k.name} +{k.at_s - start:.1f}" for k in inside) or "none"
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -166,7 +177,8 @@ def _kill_loop(proc: subprocess.Popen[bytes], outcome: Outcome, every: tuple[flo
         steps = lines(outcome.run_dir / "metrics.jsonl")
         done = steps[-1]["step"] if steps else 0
         outcome.kills.append(Kill(round(time.monotonic() - started, 1), live[pid], pid, done))
-        print(f"  kill -9 {live[pid]:>10} (pid {pid}) at step {done}", flush=True)
+        print(f"  kill -9 {live[pid]:>10} (pid {pid}) at step {done}, "
+              f"{outcome.kills[-1].at_s:.1f} s", flush=True)  # fmt: skip
 
 
 def final_val(run_dir: Path) -> float | None:
@@ -196,6 +208,8 @@ def check(outcome: Outcome, steps: int, baseline: float | None, max_gap: float) 
     gap, at_step = outcome.longest_gap()
     print(f"  first step after {outcome.first_step_s() or 0:.1f} s; longest stretch without "
           f"a step after it: {gap:.1f} s (ending at step {at_step})")  # fmt: skip
+    start, end, _ = outcome.longest_stretch()
+    print(f"  kills in that stretch (s after its start): {outcome.kills_between(start, end)}")
     if gap > max_gap:
         problems.append(f"{gap:.1f} s without a step (at step {at_step}), over {max_gap:g} s")
     if outcome.returncode != 0:
