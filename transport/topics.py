@@ -2,7 +2,8 @@
 
 Topics are dotted: ``transition.<from>.<to>`` for every move of a group between states,
 ``groups.added``, ``version.published``, ``version.loaded``, ``version.rolled_back``,
-``lock.granted``, ``worker.lost``, ``metrics.step``, ``run.finished``, ``run.draining``.
+``version.wanted``, ``lock.granted``, ``worker.lost``, ``metrics.step``, ``run.finished``,
+``run.draining``.
 ZeroMQ matches subscriptions by prefix, so ``transition.`` gets every move and
 ``version.`` every version event.
 """

@@ -68,6 +68,7 @@ __all__ = ["Pacing", "Worker", "default_worker_name"]
 log = structlog.get_logger("asyncrl.worker")
 
 VERSION_PUBLISHED = topic(Topic.VERSION, "published")
+VERSION_WANTED = topic(Topic.VERSION, "wanted")
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 
 
@@ -231,6 +232,7 @@ class Worker(SchedulerQuestions):
             self.link.subscribe([VERSION_PUBLISHED])
             self._versions.load_newest()
         if self.actor.publishes_versions:
+            self.link.subscribe([VERSION_WANTED])
             self._versions.publish_trained()
 
     def _context(self, ready: p.Ready) -> WorkerContext:
@@ -267,7 +269,7 @@ class Worker(SchedulerQuestions):
     def _register_again(self) -> None:
         """The scheduler forgot this worker: Hello again, and the versions know it."""
         self._register()
-        self._versions.registered_again = True
+        self._versions.must_announce = True
 
     def _heartbeat_interval(self) -> float:
         assert self._ready is not None
@@ -431,6 +433,8 @@ class Worker(SchedulerQuestions):
         while event is not None:
             if event.topic == VERSION_PUBLISHED:
                 self._versions.heard_of(event.body.get("version"))
+            elif event.topic == VERSION_WANTED:
+                self._versions.wanted()
             elif event.topic.startswith(self._wakeups):
                 woken = True
             if event.topic in self._finished:

@@ -62,9 +62,10 @@ class Versions:
         self.loaded: int | None = None
         self._newest = 0  # the newest published version this worker has heard of
         self._checked = clock()
-        # The scheduler forgot this worker and it registered again: a trainer must check
-        # that its current version's weights are still announced (a lost worker's are not).
-        self.registered_again = False
+        # A trainer must check that its current version's weights are still announced:
+        # the scheduler forgot this worker and it registered again (a lost worker's are
+        # dropped), or a receiver found none (the scheduler restarted since).
+        self.must_announce = False
 
     def registered(self, ready: p.Ready, first: bool) -> None:
         """After a Ready: a new registration starts with nothing loaded, so say it again.
@@ -87,8 +88,16 @@ class Versions:
             self._checked = self._clock()
 
     def check_if_due(self) -> None:
-        """For an idle generator: ask for the newest version if no event said it lately."""
-        if not self.tracks or self._clock() - self._checked < self._check_every_s:
+        """For an idle generator: ask for the newest version if no event said it lately.
+        For an idle trainer: announce its version again if the scheduler holds none (see
+        :meth:`wanted`; the event may have dropped)."""
+        if self._clock() - self._checked < self._check_every_s:
+            return
+        if self.actor.publishes_versions:
+            self._checked = self._clock()
+            self.publish_trained()
+            return
+        if not self.tracks:
             return
         summary = self._status()
         if summary is not None:
@@ -124,6 +133,12 @@ class Versions:
         if not isinstance(reply, p.Ack):
             self._log.warning("loaded version not taken", reply=describe_reply(reply))
 
+    def wanted(self) -> None:
+        """A receiver asked for weights the scheduler holds no announcement of (it was
+        restarted since this trainer announced): announce again at the next turn."""
+        if self.actor.publishes_versions:
+            self.must_announce = True
+
     def announce_again_if_forgotten(self) -> None:
         """After registering again, a trainer publishes its version again if it must.
 
@@ -131,8 +146,8 @@ class Versions:
         without this, a trainer declared lost while alive would wait for work that needs
         generators to load weights nobody announces any more.
         """
-        if self.registered_again:
-            self.registered_again = False
+        if self.must_announce:
+            self.must_announce = False
             if self.actor.publishes_versions:
                 self.publish_trained()
 

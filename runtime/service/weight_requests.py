@@ -14,6 +14,7 @@ import structlog
 
 from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
 from asyncrl.transport import protocol as p
+from asyncrl.transport.topics import Topic, topic
 
 from .replies import reply_of
 from .weight_routes import NoRoute
@@ -73,11 +74,21 @@ def want_weights(service: HandlerContext, m: p.WantWeights, _now: float) -> p.Me
         return p.Error(Reason.BAD_REQUEST, str(bad))
     except NoRoute as none:
         log.info("no weights route", worker=m.worker, version=m.version, detail=none.detail)
+        _want_announcement(service)
         return p.Error(none.code, none.detail)
     if m.failed:
         log.warning("weights source failed", worker=m.worker, failed=m.failed)
     log.info("weights route", worker=m.worker, version=route.version, source=route.source)
     return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
+
+
+def _want_announcement(service: HandlerContext) -> None:
+    """A receiver found no weights for the published version: this scheduler was restarted
+    since the trainer announced them (announcements are not journaled). The trainer hears
+    this event and announces them again; it also checks now and then, as events may drop."""
+    published = service.core.state.policy_version
+    if published > 0 and service.routes.newest != published:
+        service.emit(topic(Topic.VERSION, "wanted"), {"version": published})
 
 
 def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message:

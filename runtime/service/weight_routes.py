@@ -9,7 +9,8 @@ node (the publisher first, then relays in order of arrival) that serves fewer th
 pulls from the publisher.
 
 Only the newest version's tree is kept, and nothing here is journaled: after a scheduler
-restart receivers are told no announcement is held, and wait for the next version.
+restart receivers are told no announcement is held, and the trainer is asked to announce
+its version again (the ``version.wanted`` event, weight_requests.py).
 """
 
 from __future__ import annotations

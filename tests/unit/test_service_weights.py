@@ -171,3 +171,32 @@ def test_a_report_carries_only_what_it_measured(tmp_path: Path, service: Schedul
     step = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
     weights = {k: v for k, v in step.items() if k.startswith("weights_")}
     assert weights == {"weights_version": 2, "weights_load_s": 0.1}
+
+
+def test_a_restarted_scheduler_asks_the_trainer_to_announce_its_weights_again(
+    tmp_path: Path,
+) -> None:
+    # Announcements are not journaled: without this a generator started after the
+    # restart waits for weights until the trainer itself restarts or trains a step.
+    first = make(tmp_path)
+    first.handle(p.Hello("gen-a", "generate", p.PROTOCOL_VERSION, 1), 0.0)
+    published(first)
+    first.durable.close()
+    first.close_files()
+    again = make(tmp_path, resume=True)
+    again.handle(p.Hello("gen-a", "generate", p.PROTOCOL_VERSION, 1), 0.0)
+    again.take_events()
+    refused = again.handle(p.WantWeights("gen-a", 0), 0.0)
+    assert isinstance(refused, p.Error) and refused.code == "bad_version"
+    wanted = [e for e in again.take_events() if e.topic == "version.wanted"]
+    assert [e.body for e in wanted] == [{"version": 1}]
+    assert again.handle(p.PublishVersion("train", 1, MANIFEST, b"tcp://trainer"), 0.0) == p.Ack()
+    assert isinstance(again.handle(p.WantWeights("gen-a", 0), 0.0), p.WeightsPlan)
+    assert not [e for e in again.take_events() if e.topic == "version.wanted"]
+    again.durable.close()
+    again.close_files()
+
+
+def test_before_any_step_nobody_is_asked_for_weights(service: SchedulerService) -> None:
+    assert isinstance(service.handle(p.WantWeights("gen-a", 0), 0.0), p.Error)
+    assert not [e for e in service.take_events() if e.topic == "version.wanted"]

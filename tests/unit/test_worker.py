@@ -383,6 +383,40 @@ def test_a_trainer_registered_again_announces_its_version_again(cfg: RunConfig) 
     ]
 
 
+def test_a_trainer_announces_again_when_a_receiver_found_no_weights(cfg: RunConfig) -> None:
+    # A restarted scheduler knows the trainer (it is journaled) but not its announcement:
+    # a generator started since finds no weights, and the scheduler says so on the bus.
+    announced = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": {"version": 3}})
+    forgot = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": None})
+    link = ScriptedLink({p.Claim: [p.NoWork("idle")], p.Status: [announced, forgot]})
+    wanted = p.Event(1, "version.wanted", {"version": 3})
+    told: list[p.Event] = []
+
+    def on_request(message: p.Message) -> None:  # after the first claim, once
+        if isinstance(message, p.Claim) and not told:
+            told.append(wanted)
+            link.events.put(wanted)
+
+    link.on_request = on_request
+    pacing = Pacing(poll_s=0.01, max_backoff_s=0.01, version_check_s=60.0)  # no polling
+    assert Worker(AnnouncingTrain(), link, cfg, name="train-0", pacing=pacing).run() == 0
+    assert "version.wanted" in link.prefixes
+    assert link.kinds() == "Hello Status Claim Status PublishVersion Claim Bye"
+
+
+def test_an_idle_trainer_checks_now_and_then_that_its_weights_are_held(cfg: RunConfig) -> None:
+    # The event may drop: an idle trainer asks the status itself.
+    announced = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": {"version": 3}})
+    forgot = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": None})
+    idle: list[Answer] = [p.NoWork("idle")] * 20
+    link = ScriptedLink({p.Claim: idle, p.Status: [announced, forgot]})
+    link.script[p.Status] += [announced] * 100
+    assert make_worker(AnnouncingTrain(), link, cfg).run() == 0
+    assert link.of(p.PublishVersion) == [
+        p.PublishVersion("train-0", 3, {"buckets": [[0, 8]]}, b"@t")
+    ]
+
+
 class SlowStart(Logp):
     def on_start(self, ctx: WorkerContext) -> None:
         super().on_start(ctx)
