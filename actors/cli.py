@@ -37,6 +37,7 @@ from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
+from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
@@ -211,8 +212,10 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
         found = read_endpoints(run)
         if found is not None:
             return found
-        if sched.control_port and sched.events_port and not serves_ipc(sched):
-            # Fixed ports: dial them now; the link connects once the scheduler is up.
+        fixed = sched.control_port and sched.events_port and sched.host not in WILDCARD_HOSTS
+        if fixed and not serves_ipc(sched):
+            # Fixed ports on a host to dial (not 0.0.0.0, which is every machine's own):
+            # dial them now; the link connects once the scheduler is up.
             return Endpoints(
                 tcp_endpoint(sched.host, sched.control_port),
                 tcp_endpoint(sched.host, sched.events_port),

@@ -168,8 +168,9 @@ def _make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
 def _wait_for_the_run(
     cfg: RunConfig, plan: NodePlan, wait_s: float, say: Callable[[str], None]
 ) -> bytes:
-    """The run secret (and client keys, for an encrypted bus), once the scheduler's
-    machine has made them in the shared run directory; NodeError after ``wait_s``."""
+    """The run secret, once the scheduler's machine has made it in the shared run
+    directory, the scheduler has announced where it listens (unless ``plan.dial`` says),
+    and, for an encrypted bus, the keys are there; NodeError after ``wait_s``."""
     run = RunDir.of(cfg)
     deadline = time.monotonic() + wait_s
     waited_for = None
@@ -184,7 +185,7 @@ def _wait_for_the_run(
                 "machine of the run shares"
             )
         if missing != waited_for:
-            say(f"waiting for {missing} (the machine with the scheduler makes it)")
+            say(f"waiting for {missing} (from the machine with the scheduler)")
             waited_for = missing
         time.sleep(0.5)
 
@@ -197,6 +198,8 @@ def _what_is_missing(cfg: RunConfig, plan: NodePlan) -> tuple[str | None, bytes]
         return f"run secret {run.secret}", b""
     except RunSecretError as error:
         raise NodeError(str(error)) from None
+    if plan.dial is None and read_endpoints(run) is None:
+        return f"scheduler's endpoints {run.endpoints}", b""
     if _encrypted(cfg, plan):
         try:
             load_client_keys(run.keys)
@@ -211,9 +214,7 @@ def _encrypted(cfg: RunConfig, plan: NodePlan) -> bool:
         host = plan.dial.removeprefix("tcp://").rpartition(":")[0].strip("[]")
         return plan.dial.startswith("tcp://") and curve_required(host, cfg.scheduler.curve)
     found = read_endpoints(RunDir.of(cfg))
-    if found is not None:
-        return found.curve
-    return not serves_ipc(cfg.scheduler) and curve_required(cfg.scheduler.host, cfg.scheduler.curve)
+    return found is not None and found.curve
 
 
 @contextlib.contextmanager
