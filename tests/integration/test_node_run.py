@@ -120,6 +120,25 @@ def test_a_scheduler_killed_under_the_first_node_resumes_and_the_run_ends(tmp_pa
     assert "restarting" not in b, b
 
 
+def test_a_worker_failing_on_every_start_stops_its_node_with_the_reason(tmp_path: Path) -> None:
+    tcp = {"host": "127.0.0.1", "local_ipc": False}
+    failing = {"actors": "tests.support.failing_roles"}  # its reward worker cannot start
+    c = Cluster(tmp_path, run={"total_steps": 4}, scheduler=tcp, pipeline=failing)
+    first = node(c, "a", "scheduler")
+    try:
+        second = node(c, "b", "reward")
+        assert second.wait(120) == 1, c.log_text("node-b")[-3000:]
+        text = c.log_text("node-b")
+        assert text.count("started reward-b-0") == 3  # never a fourth time
+        reason = [line for line in text.splitlines() if "starts in a row" in line]
+        assert len(reason) == 1 and "reward-b-0 failed the same way on 3 starts" in reason[0]
+        assert "the reward model's server at 127.0.0.1:9 refused" in reason[0]
+    finally:
+        first.send_signal(signal.SIGINT)  # Ctrl-C: the scheduler's node stops its child
+        assert first.wait(60) == 130
+    assert wait_for(lambda: not processes_mentioning(str(c.config_path)), 10, "no process left")
+
+
 def asyncrl_node(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "node", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=cwd, check=False)
