@@ -105,7 +105,7 @@ def _what(plan: NodePlan, specs: Sequence[ChildSpec]) -> str:
     if plan.node is None:
         return f"scheduler and {workers} workers"
     names = ", ".join(spec.name for spec in specs)
-    return f"{names} ({workers} workers)"
+    return f"{names} ({workers} worker{'' if workers == 1 else 's'})"
 
 
 def _loopback(cfg: RunConfig) -> bool:

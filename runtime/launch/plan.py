@@ -130,7 +130,7 @@ def node_specs(
     dial = ["--scheduler", plan.dial] if plan.dial else []
     for name, role, index, ranks in workers:
         argv = [sys.executable, "-m", WORKER_MODULE, "--role", role, "--index", str(index)]
-        if plan.node is not None and ranks is None:
+        if plan.node is not None and role not in GROUPED_ROLES:
             argv += ["--name", name]
         env: dict[str, str] = {}
         if run_secret:
