@@ -1,15 +1,16 @@
 """``asyncrl-worker``: one stateless worker process for one role of a run.
 
     asyncrl-worker --role generate --scheduler tcp://HOST:PORT [--events tcp://HOST:PORT]
-                   [-c run.yaml] [--index N] [section.key=value ...]
+                   [-c run.yaml] [--index N] [--name NAME] [section.key=value ...]
     asyncrl-worker roles       # each role's stages: what it consumes and what it produces
-    asyncrl-worker check [-c run.yaml] [section.key=value ...]   # what would stop a run
+    asyncrl-worker check [-c run.yaml] [--roles R,R] [section.key=value ...]   # what would
+                               # stop a run (of those roles)
 
 The role's code is ``ROLES[role]`` of the module ``pipeline.actors`` names. The events
 endpoint defaults to the control port + 1. Without ``--scheduler`` the worker dials the
 scheduler serving ``run.dir`` (its ``endpoints.json``; else the configured host and ports).
-The name is ``ROLE-N`` with ``--index N``, else ``ROLE-HOST-PID``. SIGTERM or Ctrl-C: the
-current lease is finished first; a second one hurries.
+The name is ``--name``, else ``ROLE-N`` with ``--index N``, else ``ROLE-HOST-PID``. SIGTERM
+or Ctrl-C: the current lease is finished first; a second one hurries.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
+from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
@@ -67,7 +69,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError("; ".join(found))
     place = _gang_place(args)
     index = place.rank if place is not None else args.index
-    name = default_worker_name(args.role) if index is None else f"{args.role}-{index}"
+    name = args.name or (
+        default_worker_name(args.role) if index is None else f"{args.role}-{index}"
+    )
+    if "/" in name:
+        raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
     if place is None:
         return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
@@ -165,7 +171,8 @@ def load_actor_class(module_name: str, role: str) -> type[Actor]:
 
 def _check(args: argparse.Namespace) -> int:
     """Every problem the run's roles can see before starting, one line each."""
-    found = preflight.problems(config_from_args(args))
+    roles = [role for role in args.roles.split(",") if role] if args.roles else None
+    found = preflight.problems(config_from_args(args), roles)
     for problem in found:
         print(f"asyncrl: {problem}", file=sys.stderr)
     return 2 if found else 0
@@ -205,8 +212,10 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
         found = read_endpoints(run)
         if found is not None:
             return found
-        if sched.control_port and sched.events_port and not serves_ipc(sched):
-            # Fixed ports: dial them now; the link connects once the scheduler is up.
+        fixed = sched.control_port and sched.events_port and sched.host not in WILDCARD_HOSTS
+        if fixed and not serves_ipc(sched):
+            # Fixed ports on a host to dial (not 0.0.0.0, which is every machine's own):
+            # dial them now; the link connects once the scheduler is up.
             return Endpoints(
                 tcp_endpoint(sched.host, sched.control_port),
                 tcp_endpoint(sched.host, sched.events_port),
@@ -231,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="the control endpoint")
     parser.add_argument("--events", metavar="tcp://HOST:PORT", help="the events endpoint")
     parser.add_argument("--index", type=int, help="this worker's number within its role")
+    parser.add_argument("--name", help="this worker's name in the run (default ROLE-INDEX)")
     group = parser.add_argument_group(
         "a group of ranks (train with pipeline.workers.train > 1, across hosts)"
     )
@@ -255,6 +265,7 @@ def build_check_parser() -> argparse.ArgumentParser:
         prog="asyncrl-worker check",
         description="check what the run's roles need before starting any process",
     )
+    parser.add_argument("--roles", metavar="R,R", help="only these roles (default: every one)")
     add_config_arguments(parser)
     parser.set_defaults(handler=_check)
     return parser

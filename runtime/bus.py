@@ -1,10 +1,13 @@
 """What the scheduler and its workers agree on about the bus, beyond the messages.
 
 - where the scheduler listens: it announces its endpoints in the run directory while it
-  runs (:func:`announce_endpoints`), and workers and tools read them there
-  (:func:`read_endpoints`); the events port is the control port + 1 by convention; a
-  local run's scheduler serves private ipc:// sockets, never its configured ports
-  (:func:`serves_ipc`);
+  runs (:func:`announce_endpoints`), as other machines dial them (:func:`dialable`), and
+  workers and tools read them there (:func:`read_endpoints`); the events port is the
+  control port + 1 by convention; a local run's scheduler serves private ipc:// sockets,
+  never its configured ports (:func:`serves_ipc`);
+- that the run is finished: the scheduler says so in the run directory as it exits
+  (:func:`announce_finished`), for the machines whose workers it no longer reaches
+  (:func:`finished_steps`);
 - which events wake which role (:func:`wakeup_topics`), derived from the pipeline table;
 - the key under which a completion reports where its worker's time went
   (:data:`ACTIVITY_KEY`), and the buckets it is split into (:class:`TimeBucket`).
@@ -23,6 +26,7 @@ from enum import IntEnum
 from asyncrl.runtime.config.schema import SchedulerSection
 from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.host import WILDCARD_HOSTS, machine_address
 from asyncrl.transport.topics import Topic, topic
 
 __all__ = [
@@ -30,6 +34,9 @@ __all__ = [
     "Endpoints",
     "TimeBucket",
     "announce_endpoints",
+    "announce_finished",
+    "dialable",
+    "finished_steps",
     "finished_topics",
     "next_port",
     "read_endpoints",
@@ -75,6 +82,35 @@ def announce_endpoints(run: RunDir, where: Endpoints) -> None:
     tmp = run.endpoints.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(where)), encoding="utf-8")
     os.replace(tmp, run.endpoints)
+
+
+def dialable(endpoint: str) -> str:
+    """``endpoint`` as another machine dials it: the wildcard host a socket bound to every
+    interface reports (``tcp://0.0.0.0:5555``) becomes this machine's address."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    host = host.strip("[]")
+    if host not in WILDCARD_HOSTS or not port.isdigit():
+        return endpoint
+    address = machine_address(ipv6_first=host == "::")
+    return f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
+
+
+def announce_finished(run: RunDir, steps: int) -> None:
+    """Say in the run directory that the run finished after ``steps`` steps."""
+    tmp = run.finished.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"steps": steps}), encoding="utf-8")
+    os.replace(tmp, run.finished)
+
+
+def finished_steps(run: RunDir) -> int | None:
+    """The steps of the run as it last finished; None if it never did. A run resumed
+    with more ``run.total_steps`` is not finished until that many: compare."""
+    try:
+        return int(json.loads(run.finished.read_text(encoding="utf-8"))["steps"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
 
 
 def serves_ipc(sched: SchedulerSection) -> bool:

@@ -36,6 +36,11 @@ class RunDir:
         return self.root / "endpoints.json"
 
     @property
+    def finished(self) -> Path:
+        """Written by the scheduler as it exits with the run finished: its step count."""
+        return self.root / "finished.json"
+
+    @property
     def bus_sockets(self) -> Path:
         """Where a local run's ipc:// bus sockets live: a directory only this user may open.
 

@@ -1,16 +1,32 @@
 """This host: who shares its RAM-backed memory (the weight plane and the data plane map
-each other's files only when this identity matches), taking room in it, and whether a
-process on it is alive (a file a dead process left is stale)."""
+each other's files only when this identity matches), taking room in it, whether a
+process on it is alive (a file a dead process left is stale), and the address other
+machines reach it by."""
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 from functools import cache
 from pathlib import Path
 
-__all__ = ["NoPages", "host_identity", "process_alive", "reserve_pages"]
+__all__ = [
+    "WILDCARD_HOSTS",
+    "NoPages",
+    "host_identity",
+    "machine_address",
+    "process_alive",
+    "reserve_pages",
+]
+
+
+# What a socket bound to every interface reports as its host: nobody can dial it.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*"})
+# Documentation addresses (RFC 5737, RFC 3849): a UDP socket "connected" to one picks the
+# route a packet would leave by, and sends nothing.
+_ROUTE_PROBES = ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1"))
 
 
 class NoPages(Exception):
@@ -54,3 +70,19 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def machine_address(ipv6_first: bool = False) -> str:
+    """The address other machines reach this one by: the one its default route leaves
+    from (IPv4 first, unless ``ipv6_first``), else its fully qualified host name."""
+    probes = reversed(_ROUTE_PROBES) if ipv6_first else _ROUTE_PROBES
+    for family, probe in probes:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as udp:
+                udp.connect((probe, 9))
+                address = udp.getsockname()[0]
+        except OSError:  # no route of this family
+            continue
+        if not ipaddress.ip_address(address).is_loopback:
+            return address
+    return socket.getfqdn()

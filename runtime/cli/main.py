@@ -1,6 +1,8 @@
 """``asyncrl``: the user's entry point.
 
 asyncrl run -c run.yaml [--resume]        # scheduler + every worker on this machine
+asyncrl node -c run.yaml --roles generate=2,logp [--with-scheduler] [--resume]
+                                          # this machine's share of a run on several
 asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
+from ._node import add_node_parser
 from .common import (
     UsageError,
     add_config_arguments,
@@ -108,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(run)
     run.add_argument("--resume", action="store_true", help="continue the run in run.dir")
     run.set_defaults(handler=_run)
+    add_node_parser(commands)
     config = commands.add_parser("config", help="validate and show run configurations")
     actions = config.add_subparsers(title="actions")
     for name, handler, text in (

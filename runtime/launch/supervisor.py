@@ -3,6 +3,8 @@
 The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
 over, and `run()` returns its exit status; unless it failed and has a `resume_argv`, which
 starts it again (the scheduler resuming from its journal) with the workers left running.
+Without a primary (a machine of a run whose scheduler is elsewhere) the run is over for the
+supervisor when every child has left on purpose, or when `finish()` says so.
 A child with `restart=True` (a worker) is started again whenever it fails (exits non-zero
 or by a signal), after a delay that doubles from `backoff_initial_s` up to `backoff_max_s`
 and starts over once the child has lived `healthy_after_s` or said it came up (a crash or a
@@ -177,10 +179,19 @@ class Supervisor:
         """Begin an orderly stop; safe from any thread or a signal handler."""
         self._begin_stop("stop requested")
 
+    def finish(self, reason: str) -> None:
+        """The run is over (found elsewhere): workers leave by themselves, as after the
+        primary's exit 0, and then the rest are stopped; safe from any thread."""
+        if self._stop_reason is None and self._primary_status is None:
+            self._primary_status = 0
+        self._begin_stop(reason)
+
     def _supervise(self) -> None:
         while True:
             for child in self._children:
                 self._reap(child)
+            if self._stop_reason is None and self._all_left():
+                self.finish("every worker has left")
             if self._stop_reason is not None:
                 return
             now = time.monotonic()
@@ -188,6 +199,13 @@ class Supervisor:
                 if child.restart_at is not None and child.restart_at <= now:
                     self._start(child)
             time.sleep(self._pause_s())
+
+    def _all_left(self) -> bool:
+        """No primary, and no child running or due to start again."""
+        children = self._children
+        if any(child.primary for child in children):
+            return False
+        return all(child.proc is None and child.restart_at is None for child in children)
 
     def _stop_all(self) -> None:
         self._emit(EventKind.STOPPING, reason=self._stop_reason)

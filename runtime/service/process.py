@@ -17,7 +17,13 @@ from typing import Any
 import structlog
 import zmq
 
-from asyncrl.runtime.bus import Endpoints, announce_endpoints, read_endpoints
+from asyncrl.runtime.bus import (
+    Endpoints,
+    announce_endpoints,
+    announce_finished,
+    dialable,
+    read_endpoints,
+)
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
@@ -100,6 +106,8 @@ def serve(
             on_listening()
         with _stop_signals(daemon):
             code = daemon.run()
+        if service.finished:  # for machines whose workers missed the end on the bus
+            announce_finished(RunDir.of(cfg), service.core.state.steps_done)
         RunDir.of(cfg).endpoints.unlink(missing_ok=True)  # finished or stopped: nobody dials
         return code
     finally:
@@ -138,7 +146,9 @@ def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any
 
 
 def _announce(cfg: RunConfig, sockets: BoundSockets, curve: bool, resume: bool, steps: int) -> None:
-    where = Endpoints(sockets.control_endpoint, sockets.events_endpoint, curve, os.getpid())
+    # Bound to every interface (scheduler.host 0.0.0.0), it announces an address to dial.
+    control, events = dialable(sockets.control_endpoint), dialable(sockets.events_endpoint)
+    where = Endpoints(control, events, curve, os.getpid())
     announce_endpoints(RunDir.of(cfg), where)
     log.info(
         "scheduler listening",

@@ -631,3 +631,36 @@ def test_a_gang_member_failing_restarts_the_whole_gang_at_a_new_address(tmp_path
     assert len(set(first.values())) == 1 and len(set(again.values())) == 1  # one leader each
     assert first["0"] != again["0"]  # a fresh rendezvous address for the new start
     assert len(recorder.of("started", "generate-0")) == 1  # outside the gang: left running
+
+
+def test_without_a_primary_the_run_is_over_once_every_worker_has_left(tmp_path: Path) -> None:
+    # A machine whose scheduler runs elsewhere: its workers leave (exit 0) at the run's end.
+    specs = [
+        ChildSpec("generate-a-0", py("import sys; sys.exit(0)"), restart=True),
+        ChildSpec("logp-0", py("import time; time.sleep(0.5)"), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, stop_grace_s=5)
+    assert status == 0
+    assert events.of("stopping") == [{"reason": "every worker has left"}]
+    assert events.of("restarting") == [] and events.of("killed") == []
+
+
+def test_finish_lets_workers_leave_by_themselves_then_stops_the_rest(tmp_path: Path) -> None:
+    go, pid_file = tmp_path / "go", tmp_path / "b.pid"
+    specs = [
+        ChildSpec("generate-a-0", py(LEAVER, go), restart=True),
+        ChildSpec("reward-a-0", py(SLEEPER, pid_file), restart=True),
+    ]
+    recorder = Recorder()
+    supervisor = Supervisor(specs, tmp_path / "logs", on_event=recorder, stop_grace_s=2)
+
+    def the_run_ends() -> None:
+        pid_of(pid_file)
+        go.touch()
+        supervisor.finish("the run is finished (4 steps)")
+
+    threading.Thread(target=the_run_ends).start()
+    assert supervisor.run() == 0
+    assert recorder.of("stopping") == [{"reason": "the run is finished (4 steps)"}]
+    assert [f.get("code") for f in recorder.of("exited", "generate-a-0")] == [0]
+    assert [f.get("signal") for f in recorder.of("exited", "reward-a-0")] == ["SIGTERM"]
