@@ -22,7 +22,7 @@ Printed, and checked (exit status 1 if any fails):
   dead one means a kill that had nothing to do with it was blamed on it;
 - no stretch without a step is longer than ``--max-gap`` seconds (30), counted from the
   first step, by the wall clock of this bench (it watches metrics.jsonl);
-- the final validation reward is within 0.05 of the undisturbed run's;
+- the final validation reward is at most 0.05 below the undisturbed run's;
 - no process of the run is left, and nothing of it in shared memory.
 """
 
@@ -234,9 +234,10 @@ def check(outcome: Outcome, steps: int, baseline: float | None, max_gap: float) 
     if rolled:  # a restart that resumed below the step count: steps were lost
         problems.append(f"training rolled back: {rolled[:3]}")
     val = final_val(outcome.run_dir)
-    if baseline is not None and (val is None or abs(val - baseline) > VAL_TOLERANCE):
+    # One-sided: the kills must not cost learning; ending higher is the validation's noise.
+    if baseline is not None and (val is None or val < baseline - VAL_TOLERANCE):
         problems.append(
-            f"final validation reward {val} is not within {VAL_TOLERANCE} of {baseline}"
+            f"final validation reward {val} is more than {VAL_TOLERANCE} below {baseline}"
         )
     left = _pids_mentioning(str(outcome.run_dir))
     if left:
