@@ -40,3 +40,26 @@ def test_the_default_run_across_three_hosts_with_curve(tmp_path: Path) -> None:
     assert traffic["h3"].sent > sent and traffic["h2"].received > sent
     # The keys the scheduler's node made reached every host through the shared directory.
     assert (run.run_dir / "keys").is_dir()
+
+
+# Two generator hosts, each with its own number (and seed); the relay tree's fan-out 1, so
+# the trainer sends a version to one receiver and the first generator relays it on. More
+# steps than above: the first version can keep a generator waiting about 5 s (README,
+# "Measured over hosts on one machine"), and both must load some.
+FOUR = {**PLACEMENT, "h4": "generate=1"}
+FOUR_STEPS = 30
+
+
+def test_two_generator_hosts_one_relaying_to_the_other(tmp_path: Path) -> None:
+    with Hosts(4, shared=[tmp_path]) as hosts:
+        overrides = [f"run.total_steps={FOUR_STEPS}", "weights.relay_fanout=1"]
+        run = HostRun(hosts, tmp_path, overrides=overrides)
+        run.start(FOUR, first_index={"h4": 1})
+        run.finish()
+    run.check_exactly_once(FOUR_STEPS)
+    loads = lines(run.run_dir / "weights.jsonl")
+    generators = {"generate-h2-0", "generate-h4-1"}
+    by = {g: [m for m in loads if m["worker"] == g] for g in generators}
+    assert all(by.values()), f"a generator loaded no version: {loads}\n{run.tails()}"
+    relayed = [m for g in generators for m in by[g] if m["source"] in generators - {g}]
+    assert relayed, f"no version went from one generator to the other: {loads}"

@@ -61,17 +61,22 @@ class HostRun:
         ]  # fmt: skip
         self.nodes: dict[str, HostProcess] = {}
 
-    def start(self, placement: Mapping[str, str], *, resume: bool = False) -> None:
+    def start(self, placement: Mapping[str, str], *, resume: bool = False,
+              first_index: Mapping[str, int] | None = None) -> None:  # fmt: skip
         """One node per host of ``placement`` (host -> its ``--roles``), the scheduler's
-        first; a host named twice is started again (after a kill)."""
+        first; a host named twice is started again (after a kill). ``first_index``: a
+        host's ``--first-index`` (0 where not named), so that generators on several hosts
+        get their own seeds and only the one numbered 0 validates."""
         for host in sorted(placement, key=lambda h: h != self.scheduler_host):
-            self.start_node(host, placement[host], resume=resume)
+            index = (first_index or {}).get(host, 0)
+            self.start_node(host, placement[host], resume=resume, first_index=index)
 
-    def start_node(self, host: str, roles: str, *, resume: bool = False) -> HostProcess:
+    def start_node(self, host: str, roles: str, *, resume: bool = False,
+                   first_index: int = 0) -> HostProcess:  # fmt: skip
         if host == self.scheduler_host and "scheduler" not in roles.split(","):
             roles = f"scheduler,{roles}" if roles else "scheduler"
         argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "node", *self.config]
-        argv += ["--roles", roles, "--node", host]
+        argv += ["--roles", roles, "--node", host, "--first-index", str(first_index)]
         if resume and host == self.scheduler_host:
             argv.append("--resume")
         self.nodes[host] = self.hosts.start(host, argv, log=self.node_log(host))
