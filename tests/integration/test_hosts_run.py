@@ -50,6 +50,7 @@ FOUR = {**PLACEMENT, "h4": "generate=1"}
 FOUR_STEPS = 30
 
 
+@pytest.mark.heavy  # 30 steps over four hosts: about half a minute idle, a minute loaded
 def test_two_generator_hosts_one_relaying_to_the_other(tmp_path: Path) -> None:
     with Hosts(4, shared=[tmp_path]) as hosts:
         overrides = [f"run.total_steps={FOUR_STEPS}", "weights.relay_fanout=1"]
