@@ -98,12 +98,14 @@ class UcxNode:
         """The peer at ``address`` talks to us over its endpoint ``generation``.
 
         When it made a new one, ours to it is stale (it delivers no rendezvous message any
-        more): close it, so the next send makes a fresh one.
+        more): close it, so the next send makes a fresh one. Ours may be gone already
+        (dropped after a send to the peer timed out, as when its link was cut).
         """
         with self._lock:
             known = self._peer_generations.get(address)
             self._peer_generations[address] = generation
-            ep = self._endpoints.pop(address) if known not in (None, generation) else None
+            stale = known not in (None, generation)
+            ep = self._endpoints.pop(address, None) if stale else None
         if ep is not None:
             ep.close()
 

@@ -75,21 +75,31 @@ class Server:
         frame = np.zeros(CONTROL_BYTES, np.uint8)
         incoming = self.node.recv_any(frame, REQUEST_TAG)
         while not self._stop.is_set():
-            busy = False
-            if incoming.completed:
-                busy = True
-                self._take(incoming, frame)
-                frame = np.zeros(CONTROL_BYTES, np.uint8)
-                incoming = self.node.recv_any(frame, REQUEST_TAG)
-            with self.store.changed:
-                busy |= self._step(time.monotonic())
-                if not busy:
-                    # Sends in flight and new requests complete inside UCX, which cannot
-                    # notify this condition: poll sends fast, and otherwise slowly, since
-                    # this thread shares its process's GIL and cores with decoding or
-                    # training (a fetch asks for four ranges at once, so one slow first
-                    # answer costs little).
-                    self.store.changed.wait(_SENDING_POLL_S if self._sending else _IDLE_POLL_S)
+            try:
+                incoming, frame = self._turn(incoming, frame)
+            except Exception:
+                # This thread answers every receiver of this node: were it to end, each of
+                # them would wait out its stall timeout against it, again and again, for
+                # as long as the process lives. One request's error costs only that one.
+                log.exception("weight server error; serving on")
+                time.sleep(_IDLE_POLL_S)
+
+    def _turn(self, incoming: Request, frame: np.ndarray) -> tuple[Request, np.ndarray]:
+        busy = False
+        if incoming.completed:
+            busy = True
+            taken, frame = (incoming, frame), np.zeros(CONTROL_BYTES, np.uint8)
+            incoming = self.node.recv_any(frame, REQUEST_TAG)  # first: a bad one is dropped
+            self._take(*taken)
+        with self.store.changed:
+            busy |= self._step(time.monotonic())
+            if not busy:
+                # Sends in flight and new requests complete inside UCX, which cannot
+                # notify this condition: poll sends fast, and otherwise slowly, since this
+                # thread shares its process's GIL and cores with decoding or training (a
+                # fetch asks for four ranges at once, so one slow first answer costs little).
+                self.store.changed.wait(_SENDING_POLL_S if self._sending else _IDLE_POLL_S)
+        return incoming, frame
 
     def _take(self, incoming: Request, frame: np.ndarray) -> None:
         try:
