@@ -12,6 +12,7 @@ import torch
 
 from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
+from asyncrl.transport.weights.ucx.node import UcxNode
 from asyncrl.transport.weights.ucx.server import Server
 from tests.unit.test_weights_shm import receive, state
 
@@ -29,7 +30,8 @@ def ends() -> Iterator[tuple[UcxPublisher, UcxReceiver]]:
 
 def fetched(publisher: UcxPublisher, receiver: UcxReceiver, version: int) -> Received:
     announcement = publisher.publish(version, state(version))
-    got = receive(receiver, WeightsPlan(version, announcement.manifest, "trainer", publisher.address))  # type: ignore[arg-type]
+    plan = WeightsPlan(version, announcement.manifest, "trainer", publisher.address)
+    got = receive(receiver, plan)  # type: ignore[arg-type]
     assert isinstance(got, Received), got
     assert all(torch.equal(got.state[n], t) for n, t in state(version).items())
     receiver.loaded(got)
@@ -68,3 +70,19 @@ def test_the_server_serves_on_after_a_request_it_failed_on(
     # ... which still serves the next attempt.
     got = receive(receiver, plan)  # type: ignore[arg-type]
     assert isinstance(got, Received), got
+
+
+def test_dropping_a_replaced_endpoint_leaves_its_successor_alone() -> None:
+    a, b = UcxNode(), UcxNode()
+    try:
+        a.endpoint(b.address)
+        a.drop(b.address)  # a fetch gave up
+        successor = a.endpoint(b.address)
+        assert a.generation(b.address) == 1
+        a.drop(b.address, generation=0)  # a late failure of a send on the first one
+        assert a.endpoint(b.address) is successor
+        a.drop(b.address, generation=1)
+        assert a.endpoint(b.address) is not successor and a.generation(b.address) == 2
+    finally:
+        a.close()
+        b.close()

@@ -109,9 +109,15 @@ class UcxNode:
         if ep is not None:
             ep.close()
 
-    def drop(self, address: bytes) -> None:
-        """Close the endpoint to ``address``: its requests in flight are cancelled."""
+    def drop(self, address: bytes, generation: int | None = None) -> None:
+        """Close the endpoint to ``address``: its requests in flight are cancelled.
+
+        With ``generation``, only if the endpoint is still that one: a request that failed
+        on an endpoint since replaced must not take its successor down with it.
+        """
         with self._lock:
+            if generation is not None and self._generations.get(address) != generation:
+                return
             ep = self._endpoints.pop(address, None)
             if ep is not None:
                 ep.close()

@@ -49,6 +49,7 @@ class _Sending:
     slot: int | None  # None: a header with no bytes behind it
     pending: list[Request]
     deadline: float
+    generation: int  # of our endpoint to the receiver that the sends went on
 
 
 class Server:
@@ -165,6 +166,9 @@ class Server:
             if all(r.completed for r in s.pending):
                 failed = _failed(s.pending)
                 if failed:
+                    # A failed endpoint stays failed (UCX reports nothing without error
+                    # handling): the next answer to this receiver goes on a new one.
+                    self.node.drop(s.request.address, s.generation)
                     log.info("weight send failed", reason=failed)
                 elif s.slot is not None:
                     self.served_bytes += s.request.end - s.request.start
@@ -172,7 +176,7 @@ class Server:
                 progressed = True
             elif now >= s.deadline or s.slot in revoked:
                 # Closing the endpoint cancels the send; the receiver's deadline finds out.
-                self.node.drop(s.request.address)
+                self.node.drop(s.request.address, s.generation)
                 log.info(
                     "weight send cancelled",
                     version=s.request.version,
@@ -198,9 +202,9 @@ class Server:
             log.warning("weight send not started", reason=str(error)[:200])
             self.store.pool.close_read(w.slot)
             return
-        self._sending.append(
-            _Sending(r, w.slot, [header, data], time.monotonic() + self.send_timeout_s)
-        )
+        deadline = time.monotonic() + self.send_timeout_s
+        generation = self.node.generation(r.address)
+        self._sending.append(_Sending(r, w.slot, [header, data], deadline, generation))
 
     def _reply(self, request: RangeRequest, status: Status, detail: str) -> None:
         try:
@@ -210,9 +214,9 @@ class Server:
         except Exception as error:
             log.warning("weight reply not sent", reason=str(error)[:200])
             return
-        self._sending.append(
-            _Sending(request, None, [header], time.monotonic() + self.send_timeout_s)
-        )
+        deadline = time.monotonic() + self.send_timeout_s
+        generation = self.node.generation(request.address)
+        self._sending.append(_Sending(request, None, [header], deadline, generation))
 
     def _release(self, s: _Sending) -> None:
         if s.slot is not None:
