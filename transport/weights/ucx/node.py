@@ -98,18 +98,26 @@ class UcxNode:
         """The peer at ``address`` talks to us over its endpoint ``generation``.
 
         When it made a new one, ours to it is stale (it delivers no rendezvous message any
-        more): close it, so the next send makes a fresh one.
+        more): close it, so the next send makes a fresh one. Ours may be gone already
+        (dropped after a send to the peer timed out, as when its link was cut).
         """
         with self._lock:
             known = self._peer_generations.get(address)
             self._peer_generations[address] = generation
-            ep = self._endpoints.pop(address) if known not in (None, generation) else None
+            stale = known not in (None, generation)
+            ep = self._endpoints.pop(address, None) if stale else None
         if ep is not None:
             ep.close()
 
-    def drop(self, address: bytes) -> None:
-        """Close the endpoint to ``address``: its requests in flight are cancelled."""
+    def drop(self, address: bytes, generation: int | None = None) -> None:
+        """Close the endpoint to ``address``: its requests in flight are cancelled.
+
+        With ``generation``, only if the endpoint is still that one: a request that failed
+        on an endpoint since replaced must not take its successor down with it.
+        """
         with self._lock:
+            if generation is not None and self._generations.get(address) != generation:
+                return
             ep = self._endpoints.pop(address, None)
             if ep is not None:
                 ep.close()

@@ -49,6 +49,7 @@ class _Sending:
     slot: int | None  # None: a header with no bytes behind it
     pending: list[Request]
     deadline: float
+    generation: int  # of our endpoint to the receiver that the sends went on
 
 
 class Server:
@@ -75,21 +76,31 @@ class Server:
         frame = np.zeros(CONTROL_BYTES, np.uint8)
         incoming = self.node.recv_any(frame, REQUEST_TAG)
         while not self._stop.is_set():
-            busy = False
-            if incoming.completed:
-                busy = True
-                self._take(incoming, frame)
-                frame = np.zeros(CONTROL_BYTES, np.uint8)
-                incoming = self.node.recv_any(frame, REQUEST_TAG)
-            with self.store.changed:
-                busy |= self._step(time.monotonic())
-                if not busy:
-                    # Sends in flight and new requests complete inside UCX, which cannot
-                    # notify this condition: poll sends fast, and otherwise slowly, since
-                    # this thread shares its process's GIL and cores with decoding or
-                    # training (a fetch asks for four ranges at once, so one slow first
-                    # answer costs little).
-                    self.store.changed.wait(_SENDING_POLL_S if self._sending else _IDLE_POLL_S)
+            try:
+                incoming, frame = self._turn(incoming, frame)
+            except Exception:
+                # This thread answers every receiver of this node: were it to end, each of
+                # them would wait out its stall timeout against it, again and again, for
+                # as long as the process lives. One request's error costs only that one.
+                log.exception("weight server error; serving on")
+                time.sleep(_IDLE_POLL_S)
+
+    def _turn(self, incoming: Request, frame: np.ndarray) -> tuple[Request, np.ndarray]:
+        busy = False
+        if incoming.completed:
+            busy = True
+            taken, frame = (incoming, frame), np.zeros(CONTROL_BYTES, np.uint8)
+            incoming = self.node.recv_any(frame, REQUEST_TAG)  # first: a bad one is dropped
+            self._take(*taken)
+        with self.store.changed:
+            busy |= self._step(time.monotonic())
+            if not busy:
+                # Sends in flight and new requests complete inside UCX, which cannot
+                # notify this condition: poll sends fast, and otherwise slowly, since this
+                # thread shares its process's GIL and cores with decoding or training (a
+                # fetch asks for four ranges at once, so one slow first answer costs little).
+                self.store.changed.wait(_SENDING_POLL_S if self._sending else _IDLE_POLL_S)
+        return incoming, frame
 
     def _take(self, incoming: Request, frame: np.ndarray) -> None:
         try:
@@ -155,6 +166,9 @@ class Server:
             if all(r.completed for r in s.pending):
                 failed = _failed(s.pending)
                 if failed:
+                    # A failed endpoint stays failed (UCX reports nothing without error
+                    # handling): the next answer to this receiver goes on a new one.
+                    self.node.drop(s.request.address, s.generation)
                     log.info("weight send failed", reason=failed)
                 elif s.slot is not None:
                     self.served_bytes += s.request.end - s.request.start
@@ -162,7 +176,7 @@ class Server:
                 progressed = True
             elif now >= s.deadline or s.slot in revoked:
                 # Closing the endpoint cancels the send; the receiver's deadline finds out.
-                self.node.drop(s.request.address)
+                self.node.drop(s.request.address, s.generation)
                 log.info(
                     "weight send cancelled",
                     version=s.request.version,
@@ -188,9 +202,9 @@ class Server:
             log.warning("weight send not started", reason=str(error)[:200])
             self.store.pool.close_read(w.slot)
             return
-        self._sending.append(
-            _Sending(r, w.slot, [header, data], time.monotonic() + self.send_timeout_s)
-        )
+        deadline = time.monotonic() + self.send_timeout_s
+        generation = self.node.generation(r.address)
+        self._sending.append(_Sending(r, w.slot, [header, data], deadline, generation))
 
     def _reply(self, request: RangeRequest, status: Status, detail: str) -> None:
         try:
@@ -200,9 +214,9 @@ class Server:
         except Exception as error:
             log.warning("weight reply not sent", reason=str(error)[:200])
             return
-        self._sending.append(
-            _Sending(request, None, [header], time.monotonic() + self.send_timeout_s)
-        )
+        deadline = time.monotonic() + self.send_timeout_s
+        generation = self.node.generation(request.address)
+        self._sending.append(_Sending(request, None, [header], deadline, generation))
 
     def _release(self, s: _Sending) -> None:
         if s.slot is not None:
