@@ -106,6 +106,19 @@ def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetch
     assert ref.address not in fetcher._sockets
 
 
+def test_a_dead_holder_of_several_payloads_is_waited_for_once(fetcher: PayloadFetcher) -> None:
+    store = PayloadStore("generate-1")
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    refs = [store.put(payload(i)) for i in range(4)]
+    server.close()
+    fetcher.connect_timeout_s = 0.5
+    started = time.monotonic()
+    with pytest.raises(PayloadsUnavailable) as caught:
+        fetcher.fetch(refs)
+    assert [f.index for f in caught.value.failures] == [0, 1, 2, 3]
+    assert time.monotonic() - started < 2 * fetcher.connect_timeout_s  # not once per payload
+
+
 class _ConnectionLostAfterFirstSend(zmq.Socket):
     """A holder's connection that is up for the first request and gone for the next, as
     when the holder's host died silently and the connection is reset once it boots."""

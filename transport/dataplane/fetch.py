@@ -89,14 +89,18 @@ class PayloadFetcher:
         blobs: list[memoryview | None] = [None] * len(refs)
         failures: list[FetchFailure] = []
         pending: dict[int, _Pending] = {}
+        unreachable: set[str] = set()  # each waited for once, not once per payload it held
         for index, ref in enumerate(refs):
             local = self._mapped(ref)
             if isinstance(local, memoryview):
                 blobs[index] = local
             elif local is not None:  # on this host, and gone: no need to ask anyone
                 failures.append(FetchFailure(index, ref, local))
-            else:
-                failures.extend(self._ask(pending, _Pending(index, ref)))
+            elif ref.address in unreachable:
+                failures.append(FetchFailure(index, ref, self._unreachable(ref.address)))
+            elif lost := self._ask(pending, _Pending(index, ref)):
+                failures.extend(lost)
+                unreachable.add(ref.address)
         deadline = time.monotonic() + self.timeout_s
         while pending:
             left_ms = int((deadline - time.monotonic()) * 1000)
