@@ -43,16 +43,25 @@ def boot(hosts: Hosts, run: HostRun, host: str) -> None:
     run.start_node(host, PLACEMENT[host], resume=host == run.scheduler_host)
 
 
+def waiting_for_training(run: HostRun) -> int:
+    """Groups generated and not yet taken by the trainer, as the journal has it now."""
+    groups = replay_journal(RunDir(run.run_dir))["groups"]
+    return groups.get("generated", 0) + groups.get("ready", 0)
+
+
 def records(run: HostRun, name: str, event: str) -> list[dict]:
     return [r for r in lines(run.run_dir / "logs" / f"{name}.log") if r.get("event") == event]
 
 
+@pytest.mark.heavy  # 30-50 s on 2 cores: a reboot, and readers waiting out a silent holder
 def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
     steps = 12
     with Hosts(3, shared=[tmp_path]) as hosts:
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
-        run.wait_for_steps(3, 120)
+        # Once groups wait for training whose rollouts are kept only on h2.
+        run.wait_for(lambda: len(run.steps()) >= 3 and waiting_for_training(run), 120,
+                     "three steps and rollouts waiting for training")  # fmt: skip
         reboot(hosts, run, "h2")
         run.finish()
     run.check_exactly_once(steps)
@@ -70,6 +79,7 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
     assert loads[-1]["version"] >= steps - 2, loads  # it kept up to the end
 
 
+@pytest.mark.heavy  # 55 s: a reboot and a rollback
 def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -111,6 +121,7 @@ def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
         assert f"rolled back to version {newest}" in record["error"], record
 
 
+# In the default suite (~30 s alone, beside the 3-host run): no reboot, only a slower run.
 def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path) -> None:
     steps, rate_bits = 6, 16_000_000  # a version of ~3.2 MB takes ~1.6 s to cross it
     with Hosts(3, shared=[tmp_path]) as hosts:
@@ -128,6 +139,7 @@ def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path)
     assert received > sum(m["bytes"] for m in loads)
 
 
+@pytest.mark.heavy  # 40 s: a reboot and a resume
 def test_the_schedulers_host_dies_and_the_run_resumes_from_its_journal(tmp_path: Path) -> None:
     steps = 12
     with Hosts(3, shared=[tmp_path]) as hosts:
