@@ -43,6 +43,15 @@ def boot(hosts: Hosts, run: HostRun, host: str) -> None:
     run.start_node(host, PLACEMENT[host], resume=host == run.scheduler_host)
 
 
+def finish(hosts: Hosts, run: HostRun) -> None:
+    """Every node ends by itself with 0, and nothing of the run is left on any host."""
+    run.finish()
+    for host in hosts.names():
+        listed = hosts.run(host, ["ps", "-e", "-o", "pid=,args="]).stdout.splitlines()
+        left = [line for line in listed if line.split()[0] != "1" and " ps -e " not in f"{line} "]
+        assert not left, f"left running on {host}: {left}"
+
+
 def waiting_for_training(run: HostRun) -> int:
     """Groups generated and not yet taken by the trainer, as the journal has it now."""
     groups = replay_journal(RunDir(run.run_dir))["groups"]
@@ -53,7 +62,7 @@ def records(run: HostRun, name: str, event: str) -> list[dict]:
     return [r for r in lines(run.run_dir / "logs" / f"{name}.log") if r.get("event") == event]
 
 
-@pytest.mark.heavy  # 30-50 s on 2 cores: a reboot, and readers waiting out a silent holder
+@pytest.mark.heavy  # 30-95 s on 2 busy cores: a reboot, readers waiting out a silent holder
 def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
     steps = 12
     with Hosts(3, shared=[tmp_path]) as hosts:
@@ -63,7 +72,7 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
         run.wait_for(lambda: len(run.steps()) >= 3 and waiting_for_training(run), 120,
                      "three steps and rollouts waiting for training")  # fmt: skip
         reboot(hosts, run, "h2")
-        run.finish()
+        finish(hosts, run)
     run.check_exactly_once(steps)
     # Its workers came back with the host, under a new node; nothing elsewhere restarted
     # (a reader whose holder vanished reports the payloads, it does not crash).
@@ -79,7 +88,7 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
     assert loads[-1]["version"] >= steps - 2, loads  # it kept up to the end
 
 
-@pytest.mark.heavy  # 55 s: a reboot and a rollback
+@pytest.mark.heavy  # 55-80 s: a reboot and a rollback
 def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -95,7 +104,7 @@ def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
         time.sleep(DOWN_S)
         done = len(run.steps())  # every step the trainer completed is counted by now
         boot(hosts, run, "h3")
-        run.finish()
+        finish(hosts, run)
     newest = done // every * every  # the newest checkpoint on the shared directory
     assert done > newest, f"the host died at a checkpoint ({done}): nothing to roll back"
     restored = records(run, "train-0", "trainer state restored")
@@ -128,7 +137,7 @@ def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path)
         hosts.limit_rate("h2", f"{rate_bits // 1_000_000}mbit")
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
-        run.finish()
+        finish(hosts, run)
         received = hosts.counters("h2").received
     run.check_exactly_once(steps)
     # The limit bit: every version the generator loaded crossed the link at its rate.
@@ -139,7 +148,7 @@ def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path)
     assert received > sum(m["bytes"] for m in loads)
 
 
-@pytest.mark.heavy  # 40 s: a reboot and a resume
+@pytest.mark.heavy  # 40-55 s: a reboot and a resume
 def test_the_schedulers_host_dies_and_the_run_resumes_from_its_journal(tmp_path: Path) -> None:
     steps = 12
     with Hosts(3, shared=[tmp_path]) as hosts:
@@ -147,7 +156,7 @@ def test_the_schedulers_host_dies_and_the_run_resumes_from_its_journal(tmp_path:
         run.start(PLACEMENT)
         run.wait_for_steps(3, 120)
         reboot(hosts, run, "h1")  # its node started with --resume
-        run.finish()
+        finish(hosts, run)
     run.check_exactly_once(steps)
     # The other hosts' workers went on and registered again by themselves: none restarted.
     for host in ("h2", "h3"):
