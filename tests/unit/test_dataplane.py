@@ -106,6 +106,77 @@ def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetch
     assert ref.address not in fetcher._sockets
 
 
+def test_a_dead_holder_of_several_payloads_is_waited_for_once(fetcher: PayloadFetcher) -> None:
+    store = PayloadStore("generate-1")
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    refs = [store.put(payload(i)) for i in range(4)]
+    server.close()
+    fetcher.connect_timeout_s = 0.5
+    started = time.monotonic()
+    with pytest.raises(PayloadsUnavailable) as caught:
+        fetcher.fetch(refs)
+    assert [f.index for f in caught.value.failures] == [0, 1, 2, 3]
+    assert time.monotonic() - started < 2 * fetcher.connect_timeout_s  # not once per payload
+
+
+class _ConnectionLostAfterFirstSend(zmq.Socket):
+    """A holder's connection that is up for the first request and gone for the next, as
+    when the holder's host died silently and the connection is reset once it boots."""
+
+    sends = 0
+
+    def poll(self, timeout: int | None = None, flags: int = zmq.POLLIN) -> int:
+        if flags == zmq.POLLOUT and _ConnectionLostAfterFirstSend.sends >= 1:
+            return 0
+        return super().poll(timeout, flags)
+
+    def send(self, data: object, *args: object, **kwargs: object) -> object:
+        _ConnectionLostAfterFirstSend.sends += 1
+        return super().send(data, *args, **kwargs)
+
+
+class _LosingContext(zmq.Context):
+    _socket_class = _ConnectionLostAfterFirstSend
+
+
+def _losing_fetcher() -> PayloadFetcher:
+    fetcher = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES)
+    fetcher._ctx.term()
+    fetcher._ctx = _LosingContext()
+    fetcher.connect_timeout_s = 0.3
+    _ConnectionLostAfterFirstSend.sends = 0
+    return fetcher
+
+
+def _failures(fetcher: PayloadFetcher, refs: list[p.PayloadRef]) -> list:
+    try:
+        with pytest.raises(PayloadsUnavailable) as caught:
+            fetcher.fetch(refs)
+    finally:
+        fetcher.close()
+    return sorted(caught.value.failures, key=lambda f: f.index)
+
+
+def test_a_connection_lost_between_two_requests_fails_both(holder: PayloadStore) -> None:
+    fetcher = _losing_fetcher()
+    failures = _failures(fetcher, [holder.put(payload(1)), holder.put(payload(2))])
+    # The first request went with the socket: reported, not waited for on a closed one.
+    assert [f.index for f in failures] == [0, 1]
+    assert all("no connection to its holder" in f.reason for f in failures)
+    assert _ConnectionLostAfterFirstSend.sends == 1
+
+
+def test_a_corrupt_payload_whose_holder_is_gone_for_the_second_ask_is_reported(
+    holder: PayloadStore,
+) -> None:
+    ref = holder.put(payload(7))
+    holder._images[ref.key][-200] ^= 0xFF
+    fetcher = _losing_fetcher()
+    failures = _failures(fetcher, [ref])  # never a payload of None, returned as fetched
+    assert len(failures) == 1 and "no connection to its holder" in failures[0].reason
+    assert fetcher.refetched == 1
+
+
 def test_store_reports_only_acknowledged_keys_and_tracks_bytes() -> None:
     store = PayloadStore("w")
     a, b = store.put(payload(1, 100)), store.put(payload(2, 50))

@@ -89,14 +89,18 @@ class PayloadFetcher:
         blobs: list[memoryview | None] = [None] * len(refs)
         failures: list[FetchFailure] = []
         pending: dict[int, _Pending] = {}
+        unreachable: set[str] = set()  # each waited for once, not once per payload it held
         for index, ref in enumerate(refs):
             local = self._mapped(ref)
             if isinstance(local, memoryview):
                 blobs[index] = local
             elif local is not None:  # on this host, and gone: no need to ask anyone
                 failures.append(FetchFailure(index, ref, local))
-            elif not self._ask(pending, _Pending(index, ref)):
+            elif ref.address in unreachable:
                 failures.append(FetchFailure(index, ref, self._unreachable(ref.address)))
+            elif lost := self._ask(pending, _Pending(index, ref)):
+                failures.extend(lost)
+                unreachable.add(ref.address)
         deadline = time.monotonic() + self.timeout_s
         while pending:
             left_ms = int((deadline - time.monotonic()) * 1000)
@@ -152,20 +156,26 @@ class PayloadFetcher:
 
     # --- one request, one reply ------------------------------------------------------
 
-    def _ask(self, pending: dict[int, _Pending], want: _Pending) -> bool:
-        """Send the request; False if no connection to the holder came up in time."""
-        socket = self._socket(want.ref.address)
+    def _ask(self, pending: dict[int, _Pending], want: _Pending) -> list[FetchFailure]:
+        """Send the request; if no connection to the holder came up in time, it fails,
+        and so do the requests sent to the holder before, which go with its socket."""
+        address = want.ref.address
+        socket = self._socket(address)
         # Only a connected holder is sent to (IMMEDIATE): a dead address is known within
         # the connect timeout, not the whole fetch timeout. Connections come up in
         # parallel, so only the first wait on a run of new holders is a real one.
-        if not socket.poll(int(self.connect_timeout_s * 1000), zmq.POLLOUT):
-            self._sockets.pop(want.ref.address).close(linger=0)
-            return False
-        req_id = next(self._req_ids)
-        header = REQUEST.pack(req_id, want.ref.key) + want.ref.store.encode()
-        socket.send(header, copy=False)
-        pending[req_id] = want
-        return True
+        if socket.poll(int(self.connect_timeout_s * 1000), zmq.POLLOUT):
+            req_id = next(self._req_ids)
+            socket.send(REQUEST.pack(req_id, want.ref.key) + want.ref.store.encode(), copy=False)
+            pending[req_id] = want
+            return []
+        # A connection that seemed up for an earlier request can be gone by now: a host
+        # that died silently and booted again at the same address resets it.
+        self._sockets.pop(address).close(linger=0)
+        sent = [req_id for req_id, w in pending.items() if w.ref.address == address]
+        failed = [want, *(pending.pop(req_id) for req_id in sent)]
+        reason = self._unreachable(address)
+        return [FetchFailure(w.index, w.ref, reason) for w in failed]
 
     def _unreachable(self, address: str) -> str:
         return f"no connection to its holder at {address} in {self.connect_timeout_s:g}s"
@@ -204,7 +214,10 @@ class PayloadFetcher:
                 self.fetched_bytes += len(blob)
             elif want.tries < _TRIES_WHEN_CORRUPT:
                 self.refetched += 1
-                self._ask(pending, _Pending(want.index, want.ref, want.tries + 1))
+                lost = self._ask(pending, _Pending(want.index, want.ref, want.tries + 1))
+                if lost:  # the socket is closed, with whatever else it was to answer
+                    failures.extend(lost)
+                    return
             else:
                 failures.append(FetchFailure(want.index, want.ref, problem))
 
