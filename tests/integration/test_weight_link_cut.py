@@ -23,6 +23,7 @@ from tests.support.hosts import Hosts, hosts_available, why_no_hosts
 pytestmark = [
     pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts())),
     pytest.mark.timeout(180),
+    pytest.mark.heavy,  # a 12 s cut and the waits around it: its own CI stage
 ]
 
 CUT_S = 12.0  # the receiver gives up on the source (2 s, and 5 s for its requests to end)
