@@ -10,8 +10,8 @@ the machine's own /etc/slurm is never read or written.
 What makes it run in namespaces: ``proctrack/linuxproc`` and ``task/none`` (no cgroup
 confinement of the jobs' processes: a host's /sys, from ``ip netns exec``, has no cgroup
 file system) and ``CgroupPlugin=cgroup/v1`` named (its autodetection fails on a machine
-with both cgroup versions mounted). A host's /run is its own, so each host runs its own ``munged`` with
-the cluster's one key, as every machine of a cluster does.
+with both cgroup versions mounted). A host's /run is its own, so each host runs its own
+``munged`` with the cluster's one key, as every machine of a cluster does.
 
 The fake GPUs are character devices ``gpu0``, ``gpu1``... (major 195, as /dev/nvidiaN;
 Slurm stats them, nothing opens them): Slurm hands them to jobs by ``--gres=gpu:K`` and
@@ -135,9 +135,12 @@ class Slurm:
             states = self.node_states()
             if all(states.get(node, "").rstrip("*~#") == state for node in nodes):
                 return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nodes not {state} after {timeout_s:g} s: {states}\n"
-                                     f"{self.tails()}")  # fmt: skip
+            dead = [f"{d} on {h}" for (d, h), p in self.daemons.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{', '.join(dead) or 'nothing'} exited; nodes not {state} after "
+                    f"{timeout_s:g} s: {states}\n{self.tails()}"
+                )
             time.sleep(0.5)
 
     def job(self, job_id: str) -> dict[str, str]:
@@ -212,7 +215,7 @@ class Slurm:
             f"StateSaveLocation={r}/state\nSlurmdSpoolDir={r}/spool/%n\n"
             f"SlurmctldPidFile={r}/state/slurmctld.pid\nSlurmdPidFile={r}/spool/slurmd-%n.pid\n"
             f"SlurmctldLogFile={r}/log/slurmctld.log\nSlurmdLogFile={r}/log/slurmd-%n.log\n"
-            "SlurmctldDebug=info\nSlurmdDebug=debug\nDebugFlags=Gres\n"
+            "SlurmctldDebug=info\nSlurmdDebug=info\n"
             f"{node_lines}"
             f"PartitionName={PARTITION} Nodes={','.join(self.nodes)} Default=YES "
             "MaxTime=INFINITE State=UP\n"
@@ -223,4 +226,3 @@ class Slurm:
         ) if self.gpus else ""  # fmt: skip
         (self.root / "gres.conf").write_text("AutoDetect=off\n" + gres)
         (self.root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nCgroupAutomount=no\n")
-
