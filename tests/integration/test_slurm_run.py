@@ -110,3 +110,31 @@ def test_the_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> No
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert "#SBATCH --nodes=2" in out and "#SBATCH --requeue" in out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_node_killed_mid_run_the_job_is_requeued_and_the_run_ends_exactly_once(
+    tmp_path: Path,
+) -> None:
+    steps = 30
+    with (
+        Hosts(4, shared=[tmp_path]) as hosts,
+        Slurm(hosts, tmp_path, controller="h1", nodes=NODES) as slurm,
+    ):
+        job, run_dir = _launch(slurm, tmp_path, steps)
+        deadline = time.monotonic() + 180
+        while len(lines(run_dir / "metrics.jsonl")) < 5:
+            assert time.monotonic() < deadline, _tails(slurm, run_dir)
+            time.sleep(0.5)
+        fields = slurm.job(job)
+        (generators_node,) = set(slurm.hostnames(fields["NodeList"])) - {fields["BatchHost"]}
+        # The generator's machine dies: its slurmd and every process on it, off the network.
+        hosts.kill_host(generators_node)
+        fields = _wait_for_job(slurm, job, run_dir, 300)
+        assert fields["JobState"] == "COMPLETED", f"{fields}\n{_tails(slurm, run_dir)}"
+        assert slurm.node_states()[generators_node].startswith("down"), slurm.node_states()
+        last_nodes = slurm.hostnames(fields["NodeList"])
+    # Slurm started the job again on the nodes left, and it resumed from the journal.
+    assert int(fields["Restarts"]) >= 1 and generators_node not in last_nodes, fields
+    output = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "(resumed)" in output, output
+    _check_exactly_once(run_dir, steps)

@@ -153,6 +153,10 @@ class Slurm:
                 fields.setdefault(key, value)
         return fields
 
+    def hostnames(self, nodelist: str) -> list[str]:
+        """``h[2-3]`` -> ``[h2, h3]``, as Slurm expands it."""
+        return self.run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+
     def tails(self, chars: int = 2000) -> str:
         paths = sorted((self.root / "log").glob("*.log"))
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in paths)
@@ -203,7 +207,8 @@ class Slurm:
             f"ClusterName=asyncrl\n"
             f"SlurmctldHost={self.controller}({addresses[self.controller]})\n"
             "SlurmUser=root\nSlurmdUser=root\n"
-            "AuthType=auth/munge\nCryptoType=crypto/munge\n"
+            # A requeued job waits out the credentials' lifetime (120 s by default).
+            "AuthType=auth/munge\nAuthInfo=cred_expire=10\nCryptoType=crypto/munge\n"
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
             "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
