@@ -50,7 +50,8 @@ def _launch(args: argparse.Namespace) -> int:
     done = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True,
                           check=False)  # fmt: skip
     if done.returncode != 0:
-        raise UsageError(f"sbatch {path} failed: {done.stderr.strip() or done.returncode}")
+        said = done.stderr.strip().splitlines()  # its last line is the reason it gave up
+        raise UsageError(f"sbatch {path} failed: {said[-1] if said else done.returncode}")
     job = done.stdout.strip().split(";")[0]
     output = str(job_output(cfg, cwd)).replace("%j", job)
     print(f"submitted job {job} ({path}); its output: {output}; workers' logs: {run.logs}")
