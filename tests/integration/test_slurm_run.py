@@ -5,6 +5,7 @@ the batch host, the generator on the other with its GPUs from --gres."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -137,4 +138,6 @@ def test_a_node_killed_mid_run_the_job_is_requeued_and_the_run_ends_exactly_once
     assert int(fields["Restarts"]) >= 1 and generators_node not in last_nodes, fields
     output = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     assert "(resumed)" in output, output
+    # Started with --resume at once: no scheduler refused the journal there (exit 2).
+    assert not re.search(r"scheduler \(pid \d+[^)]*\) exited with code [1-9]", output), output
     _check_exactly_once(run_dir, steps)
