@@ -3,6 +3,7 @@
 asyncrl run -c run.yaml [--resume]        # scheduler + every worker on this machine
 asyncrl node -c run.yaml --roles generate=2,logp [--with-scheduler] [--resume]
                                           # this machine's share of a run on several
+asyncrl launch --on slurm -c run.yaml [--dry-run]  # on a cluster, as placement says
 asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
+from ._launch import add_launch_parser
 from ._node import add_node_parser
 from .common import (
     UsageError,
@@ -112,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue the run in run.dir")
     run.set_defaults(handler=_run)
     add_node_parser(commands)
+    add_launch_parser(commands)
     config = commands.add_parser("config", help="validate and show run configurations")
     actions = config.add_subparsers(title="actions")
     for name, handler, text in (

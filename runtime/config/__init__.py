@@ -11,6 +11,7 @@ from .load import (
     load_config,
 )
 from .pipeline import pipeline_for, workers_to_start
+from .placement import NodeGroup, PlacementSection
 from .schema import (
     WORKER_ROLES,
     LoggingSection,
@@ -29,8 +30,10 @@ __all__ = [
     "LoggingSection",
     "MegatronSection",
     "ModelSection",
+    "NodeGroup",
     "PayloadsSection",
     "PipelineSection",
+    "PlacementSection",
     "RunConfig",
     "RunSection",
     "SchedulerSection",

@@ -17,6 +17,7 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
 from .engines import BackendsSection, PayloadsSection, WeightsSection
 from .fields import doc
 from .learning import AlgorithmSection, DataSection, ModelSection
+from .placement import PlacementSection
 
 # Every role a derived pipeline may have, in data-flow order (the harness role last: only
 # runs with data.harness have it); `pipeline.workers` may name only these.
@@ -209,6 +210,10 @@ class RunConfig:
         default_factory=SchedulerSection, metadata=doc("scheduler service and journal")
     )
     logging: LoggingSection = field(default_factory=LoggingSection, metadata=doc("log output"))
+    placement: PlacementSection = field(
+        default_factory=PlacementSection,
+        metadata=doc("what runs where on a cluster (asyncrl launch)"),
+    )
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)

@@ -1,0 +1,78 @@
+"""Where a run's processes go on a cluster: the ``placement`` section.
+
+One placement for every engine (``asyncrl launch --on ENGINE``): nodes in groups of
+alike nodes, each group with the roles every one of its nodes runs (workers per node;
+for a grouped role, its ranks, the whole group on one node), the scheduler on the first
+node, and the GPUs each node is given. Roles in one group share its nodes. The checks
+against the run (every role of its pipeline placed; a grouped role's ranks equal to its
+``pipeline.workers``) are the launcher's, which knows the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
+
+from .fields import doc
+
+__all__ = ["SCHEDULER", "NodeGroup", "PlacementSection"]
+
+SCHEDULER = "scheduler"
+_ROLES = (*DEFAULT_PIPELINE.worker_roles, Role.HARNESS.value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeGroup:
+    count: int = field(default=1, metadata=doc("nodes alike in this group", min=1))
+    roles: dict[str, int] = field(
+        default_factory=dict,
+        metadata=doc(
+            "workers of each role on every node of the group (a grouped role: its ranks); "
+            "scheduler: 1 puts the scheduler on the group's one node",
+            min=1,
+            keys=(SCHEDULER, *_ROLES),
+        ),
+    )
+    gpus: int | None = field(
+        default=None,
+        metadata=doc("GPUs per node; default one per GPU worker of the node", min=0),
+    )
+
+    def __post_init__(self) -> None:
+        if not self.roles:
+            raise ValueError("roles: got none; allowed: the roles each node of the group runs")
+        if self.roles.get(SCHEDULER, 1) != 1:
+            raise ValueError(f"roles: got scheduler: {self.roles[SCHEDULER]}; allowed: 1")
+        if SCHEDULER in self.roles and self.count != 1:
+            raise ValueError(
+                f"count: got {self.count} with the scheduler; allowed: 1 (a run has one "
+                "scheduler: give it a group of one node)"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementSection:
+    nodes: tuple[NodeGroup, ...] = field(
+        default=(),
+        metadata=doc("groups of nodes, the scheduler's first; none: one node runs the whole run"),
+    )
+    sbatch: tuple[str, ...] = field(
+        default=(),
+        metadata=doc("more sbatch options for --on slurm, e.g. --partition=gpu, --time=4:00:00"),
+    )
+
+    def __post_init__(self) -> None:
+        holders = [i for i, group in enumerate(self.nodes) if SCHEDULER in group.roles]
+        if self.nodes and holders != [0]:
+            where = f"groups {holders}" if holders else "no group"
+            raise ValueError(
+                f"nodes: got the scheduler in {where}; allowed: scheduler: 1 in the first "
+                "group only (its node is the one the others find the scheduler on)"
+            )
+        for option in self.sbatch:
+            if not option.startswith("--") or "\n" in option:
+                raise ValueError(
+                    f"sbatch: got {option!r}; allowed: long options on one line, e.g. "
+                    "--partition=gpu"
+                )
