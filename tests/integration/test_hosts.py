@@ -141,7 +141,8 @@ def test_each_host_has_its_own_name_identity_memory_and_tmp(hosts: Hosts, tmp_pa
 def test_a_killed_host_loses_every_process_and_its_memory(hosts: Hosts, tmp_path: Path) -> None:
     serve(hosts, "h1", tmp_path)
     hosts.run("h1", ["sh", "-c", "echo kept > /dev/shm/staged"])
-    forked = hosts.start("h1", ["sh", "-c", "sleep 300 & sleep 300 & wait"])
+    sleep = f"sleep 300.{os.getpid()}"  # this test's own: another run may sleep 300 too
+    forked = hosts.start("h1", ["sh", "-c", f"{sleep} & {sleep} & wait"])
     who = "from asyncrl.transport.host import host_identity as h; print(h())"
     before = python(hosts, "h1", who)
     assert fetch(hosts, "h2", "h1")["bytes"] == 1 << 20
@@ -149,7 +150,7 @@ def test_a_killed_host_loses_every_process_and_its_memory(hosts: Hosts, tmp_path
     hosts.kill_host("h1")
     assert forked.returncode == -signal.SIGKILL
     assert not hosts.is_up("h1")
-    assert processes_mentioning("sleep 300") == []
+    assert processes_mentioning(sleep) == []
     with pytest.raises(HostDown):
         hosts.counters("h1")
     # A dead host does not answer: no refusal, no reset, as from a machine without power.

@@ -308,6 +308,26 @@ def test_a_request_that_timed_out_is_never_delivered_to_a_later_server(serve, li
     assert server.received == [Claim("fresh", "generate", 1)]
 
 
+def closed_under(serve, server: AnswerServer, link: ZmqLink, claim: Claim) -> AnswerServer:
+    """Send ``claim`` (held by ``server``) on another thread, restart ``server`` under it,
+    and check that the call ended at once because its connection closed; the new server."""
+    ended: list[float] = []
+
+    def call() -> None:
+        started = time.monotonic()
+        with pytest.raises(LinkTimeout, match="connection to the scheduler closed"):
+            link.request(claim, 60.0)
+        ended.append(time.monotonic() - started)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_for(lambda: server.received[-1:] == [claim])
+    second = restart(serve, server)  # closes the first server's sockets: the connection
+    caller.join(LONG_S)
+    assert ended and ended[0] < LONG_S
+    return second
+
+
 def test_a_call_whose_connection_closes_ends_at_once_not_at_its_deadline(serve, links):
     """A scheduler killed with a request in hand never answers it; its successor is up
     in a second or two, so waiting out a 5 s timeout per request stalls the whole run."""
@@ -315,20 +335,7 @@ def test_a_call_whose_connection_closes_ends_at_once_not_at_its_deadline(serve, 
     link = links(server)
     assert link.request(Heartbeat("w1"), LONG_S) == Ack()
     server.hold.set()
-    ended: list[float] = []
-
-    def call() -> None:
-        started = time.monotonic()
-        with pytest.raises(LinkTimeout, match="connection to the scheduler closed"):
-            link.request(Claim("w1", "generate", 1), 60.0)
-        ended.append(time.monotonic() - started)
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    wait_for(lambda: server.received[-1:] == [Claim("w1", "generate", 1)])
-    second = restart(serve, server)  # closes the first server's sockets: the connection
-    caller.join(LONG_S)
-    assert ended and ended[0] < LONG_S
+    second = closed_under(serve, server, link, Claim("w1", "generate", 1))
     assert request_eventually(link, Claim("w1", "generate", 2)) == NoWork("w1")
     assert Claim("w1", "generate", 1) not in second.received
 
@@ -339,20 +346,7 @@ def test_a_call_on_the_io_thread_ends_at_once_when_its_connection_closes(serve, 
     server.hold.set()
     with pytest.raises(LinkTimeout):  # a late reply may come now: the I/O thread holds on
         link.request(Claim("w1", "generate", 1), SHORT_S)
-    ended: list[float] = []
-
-    def call() -> None:
-        started = time.monotonic()
-        with pytest.raises(LinkTimeout, match="connection to the scheduler closed"):
-            link.request(Claim("w1", "generate", 2), 60.0)
-        ended.append(time.monotonic() - started)
-
-    caller = threading.Thread(target=call)
-    caller.start()
-    wait_for(lambda: server.received[-1:] == [Claim("w1", "generate", 2)])
-    restart(serve, server)
-    caller.join(LONG_S)
-    assert ended and ended[0] < LONG_S
+    closed_under(serve, server, link, Claim("w1", "generate", 2))
 
 
 def request_eventually(link: ZmqLink, message: Message, attempts: int = 3) -> Message:

@@ -509,11 +509,14 @@ def hosts_available() -> bool:
 
 def sweep_stale() -> None:
     """Remove the namespaces (and what still runs in them) of owners no longer alive."""
+    # Here, not at the top: a host's init runs this file too and needs none of asyncrl.
+    from asyncrl.transport.host import process_alive
+
     listed = _run(["ip", "-j", "netns", "list"]).stdout.strip()
     for entry in json.loads(listed or "[]"):
         netns = entry["name"]
         owner = netns.removeprefix(PREFIX).split("-")[0]
-        if netns.startswith(PREFIX) and owner.isdigit() and not _alive(int(owner)):
+        if netns.startswith(PREFIX) and owner.isdigit() and not process_alive(int(owner)):
             _remove_netns(netns)
 
 
@@ -607,16 +610,6 @@ def _only_child(pid: int, popen: subprocess.Popen[bytes] | None = None) -> int:
             return pid
         time.sleep(0.002)
     raise RuntimeError(f"process {pid} started no child")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _members(netns: str) -> Iterator[int]:
