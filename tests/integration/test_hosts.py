@@ -213,12 +213,13 @@ def test_hosts_leave_nothing_behind(tmp_path: Path) -> None:
 
 
 def test_the_hosts_of_a_killed_owner_die_with_it_and_are_swept(tmp_path: Path) -> None:
+    sleep = f"301.{os.getpid()}"  # this test's own: another run may sleep 301 too
     owner = f"""
 import sys, time
 sys.path.insert(0, {str(Path.cwd())!r})
 from tests.support.hosts import Hosts
 hosts = Hosts(2).__enter__()
-print(hosts.start("h1", ["sleep", "301"]).pid, hosts.prefix, flush=True)
+print(hosts.start("h1", ["sleep", {sleep!r}]).pid, hosts.prefix, flush=True)
 time.sleep(300)
 """
     proc = subprocess.Popen([sys.executable, "-c", owner], stdout=subprocess.PIPE, text=True)
@@ -227,7 +228,7 @@ time.sleep(300)
     assert os.path.exists(f"/proc/{pid}")
     proc.kill()
     proc.wait(10)
-    wait_for(lambda: processes_mentioning("sleep 301") == [], 10, "the host's processes to die")
+    wait_for(lambda: processes_mentioning(f"sleep {sleep}") == [], 10, "the host's processes to die")
     assert {f"{prefix}sw", f"{prefix}h1", f"{prefix}h2"} <= set(netns_names())
     sweep_stale()
     assert not [ns for ns in netns_names() if ns.startswith(prefix)]
