@@ -228,7 +228,8 @@ time.sleep(300)
     assert os.path.exists(f"/proc/{pid}")
     proc.kill()
     proc.wait(10)
-    wait_for(lambda: processes_mentioning(f"sleep {sleep}") == [], 10, "the host's processes to die")
+    gone = lambda: processes_mentioning(f"sleep {sleep}") == []  # noqa: E731
+    wait_for(gone, 10, "the host's processes to die")
     assert {f"{prefix}sw", f"{prefix}h1", f"{prefix}h2"} <= set(netns_names())
     sweep_stale()
     assert not [ns for ns in netns_names() if ns.startswith(prefix)]
