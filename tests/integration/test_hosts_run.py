@@ -35,7 +35,8 @@ def test_the_default_run_across_three_hosts_with_curve(tmp_path: Path) -> None:
     loads = lines(run.run_dir / "weights.jsonl")
     across = [m for m in loads if m["worker"].startswith("generate-h2")]
     assert across and all(m["source"] == "train-0" for m in across), loads
-    assert any(m["worker"].startswith("logp") for m in loads)
+    beside = [m for m in loads if m["worker"].startswith("logp")]
+    assert beside and all(m["source"] == "mapped" for m in beside), loads
     sent = sum(m["bytes"] for m in across)
     assert traffic["h3"].sent > sent and traffic["h2"].received > sent
     # The keys the scheduler's node made reached every host through the shared directory.
