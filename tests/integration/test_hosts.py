@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -185,6 +186,23 @@ def test_a_limited_link_is_slow_until_cleared(hosts: Hosts, tmp_path: Path) -> N
     assert fetch(hosts, "h3", "h1")["seconds"] < 1.0  # others' links are not limited
     hosts.clear_limit("h2")
     assert fetch(hosts, "h2", "h1")["seconds"] < 1.0
+
+
+def test_a_fast_limit_gets_a_bucket_for_its_rate_unless_told_otherwise(hosts: Hosts) -> None:
+    def burst() -> int:  # as tc reports it, rounded to its clock: "32Kb", "1250000b"
+        shown = hosts.run("h1", ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+        found = re.search(r"burst (\d+)(b|Kb|Mb)", shown)
+        assert found, shown
+        number, unit = found.groups()
+        return int(number) * {"b": 1, "Kb": 1024, "Mb": 1024 * 1024}[unit]
+
+    hosts.limit_rate("h1", "1gbit", direction="out")
+    assert burst() == 1_250_000  # 10 ms at 1 gbit/s, not 32 kB
+    hosts.limit_rate("h1", "4mbit", direction="out")
+    assert burst() == 32 * 1024
+    hosts.limit_rate("h1", "1gbit", burst="32kb", direction="out")
+    assert 32_000 < burst() <= 32 * 1024
+    hosts.clear_limit("h1")
 
 
 def test_counters_count_each_hosts_traffic(hosts: Hosts, tmp_path: Path) -> None:

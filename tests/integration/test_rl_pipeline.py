@@ -90,7 +90,7 @@ def test_generate_and_logp_run_on_weights_mapped_from_shared_memory(tmp_path: Pa
     assert len(lines(run_dir / "metrics.jsonl")) == STEPS
     loads = lines(run_dir / "weights.jsonl")
     assert {x["worker"] for x in loads} == {"generate-0", "logp-0"}
-    assert all(x["source"] == "train-0" and x["attempts"] == 1 for x in loads)
+    assert all(x["source"] == "mapped" and x["attempts"] == 1 for x in loads)
     assert not list(shm_dir.glob("*.weights"))  # the trainer removed its files on the way out
 
 

@@ -53,7 +53,7 @@ def test_generators_here_map_and_generators_elsewhere_fetch_the_same_bytes(shm_d
             assert "file" in manifest and "shm" in manifest
             before = served(trainer)
             for node in here:
-                take(node, announcement, trainer, version)
+                assert take(node, announcement, trainer, version).source == "mapped"
             assert served(trainer) == before, "a generator on the host fetched over UCX"
             take(away[0], announcement, trainer, version)
             total = manifest["total"]

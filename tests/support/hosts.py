@@ -53,7 +53,9 @@ import ctypes
 import functools
 import ipaddress
 import json
+import math
 import os
+import re
 import select
 import shutil
 import signal
@@ -75,6 +77,7 @@ __all__ = [
     "Hosts",
     "Traffic",
     "hosts_available",
+    "tbf_burst",
     "why_no_hosts",
 ]
 
@@ -359,16 +362,18 @@ class Hosts:
         name: str,
         rate: str,
         *,
-        burst: str = "32kb",
+        burst: str | None = None,
         latency: str = "200ms",
         direction: Literal["both", "out", "in"] = "both",
     ) -> None:
         """Limit host ``name``'s link to ``rate`` (tc units: ``1mbit``, ``100mbit``,
         ``1gbit``) with a token bucket (``tc qdisc ... tbf``): what it sends (``out``,
         queued at its ``eth0``), receives (``in``, queued at its switch port) or both.
-        ``burst`` is the bucket's size, ``latency`` how long a packet may wait in the
-        queue before it is dropped. Replaces an earlier limit."""
+        ``burst`` is the bucket's size (tc units; default: :func:`tbf_burst`, which
+        follows the rate), ``latency`` how long a packet may wait in the queue before it
+        is dropped. Replaces an earlier limit."""
         self._running(name).limited = True
+        burst = burst or f"{tbf_burst(rate)}b"
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
         for netns, dev in self._sides(name, direction):
             _run(["tc", "-n", netns, "qdisc", "replace", "dev", dev, *tbf])
@@ -461,6 +466,31 @@ class Hosts:
         process = HostProcess(name, _only_child(popen.pid, popen), popen)
         running.processes = [p for p in running.processes if p.poll() is None] + [process]
         return process
+
+
+# --- the token bucket of a limited link ----------------------------------------------
+
+
+_MIN_BURST = 32 * 1024  # tc's "32kb": plenty for a slow link
+# tc's rate prefixes: decimal, and binary with an "i" (kibit, mibps...)
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+_SCALE.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
+
+
+def tbf_burst(rate: str) -> int:
+    """The bucket ``Hosts.limit_rate`` gives tbf for ``rate`` (tc units), in bytes: what
+    the link carries in 10 ms, or 32 KiB if that is more.
+
+    tbf refills its bucket once a kernel tick, so a bucket under rate/HZ bytes holds the
+    link below ``rate``: 32 KiB at HZ 1000 caps it near 260 mbit/s, whatever the rate
+    says. 10 ms covers HZ 100 and up (HZ is 100 to 1000, and not known from here).
+    """
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmgt]i?)?(bit|bps)?", rate.strip().lower())
+    if match is None:
+        raise ValueError(f"rate {rate!r}: expected tc's units (8000, 4mbit, 1gbit, 10mbps)")
+    number, prefix, unit = match.groups()
+    bits_per_s = float(number) * _SCALE[prefix or ""] * (8 if unit == "bps" else 1)
+    return max(_MIN_BURST, math.ceil(bits_per_s / 8 / 100))
 
 
 # --- whether hosts can be made here ----------------------------------------------------

@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import torch
 
-from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
+from asyncrl.transport.weights.base import MAPPED, NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver, ram_directory, sweep
 from asyncrl.transport.weights.shm.slot_file import (
     Gone,
@@ -64,6 +64,17 @@ def test_a_version_round_trips_through_a_slot_file(publisher: ShmPublisher) -> N
     assert isinstance(got, Received)
     for name, tensor in state(1).items():
         assert torch.equal(got.state[name], tensor)
+    receiver.close()
+
+
+def test_a_mapped_version_says_it_was_mapped_whichever_source_the_plan_named(
+    publisher: ShmPublisher,
+) -> None:
+    receiver = ShmReceiver()
+    announcement = publisher.publish(1, state(1))
+    plan = WeightsPlan(1, announcement.manifest, "generate-1", announcement.address)  # a relay
+    got = receive(receiver, plan)
+    assert isinstance(got, Received) and got.source == MAPPED
     receiver.close()
 
 

@@ -21,6 +21,7 @@ import torch
 from ..messages import WeightsPlan
 
 __all__ = [
+    "MAPPED",
     "Announcement",
     "NeedsPlan",
     "Received",
@@ -44,6 +45,12 @@ class Announcement:
     address: bytes = b""
 
 
+MAPPED = "mapped"
+"""The source of a version mapped from its publisher's files on this host: the bytes came
+from no worker, whichever one the plan named (a relay, for a receiver that asked before it
+knew it would map)."""
+
+
 @dataclass(frozen=True)
 class Received:
     """A whole, checked version, ready for a model to run on."""
@@ -52,7 +59,7 @@ class Received:
     state: dict[str, torch.Tensor]  # may be views of the receiver's buffer: see loaded()
     nbytes: int
     transfer_s: float  # from the first plan to the last checked byte
-    source: str
+    source: str  # the worker the bytes came from, or MAPPED
     attempts: int = 1  # sources tried: more than 1 when one failed mid-way
     retried_buckets: int = 0  # buckets fetched again after failing their checksum
     slot: int = -1  # the receiver's buffer holding it, if it has buffers

@@ -32,7 +32,7 @@ import structlog
 import torch
 
 from .._background import Ahead, JobThread
-from ..base import Announcement, NeedsPlan, Received, WeightsPlan
+from ..base import MAPPED, Announcement, NeedsPlan, Received, WeightsPlan
 from ..layout import Manifest, Stager, plan, views
 from .slot_file import (
     Gone,
@@ -231,7 +231,7 @@ class ShmReceiver:
                     state,
                     manifest.total,
                     time.monotonic() - started,
-                    source,
+                    MAPPED,  # not the plan's source: a failure still names that one
                 )
                 with self._lock:
                     self._mapped[manifest.version] = mapped

@@ -33,7 +33,7 @@ from .wire import (
     encode_request,
 )
 
-__all__ = ["Fetch", "SourceFailed"]
+__all__ = ["Declined", "Fetch", "SourceFailed"]
 
 _SETTLE_S = 5.0  # how long cancelled requests get to end before they are freed
 
@@ -50,6 +50,10 @@ class _Range:
 
 class SourceFailed(Exception):
     """The source did not deliver: dead, too slow, gone, or its bytes were corrupt."""
+
+
+class Declined(SourceFailed):
+    """The source answered that it does not serve a range (it holds no such version)."""
 
 
 @dataclass
@@ -100,6 +104,12 @@ class Fetch:
                         self._finish(pending)
                     in_flight.clear()
                     asked = again
+        except Declined as error:
+            # The source answers every range asked for, on both tags: no receive of ours
+            # is left to cancel once those answers are in (waited for below). Closing the
+            # endpoint instead cancels them only after seconds over TCP.
+            self.error = str(error)
+            return False
         except (SourceFailed, TransferError, WireError) as error:
             self._drop_all(in_flight)  # no late bytes land after we move on
             self.error = str(error)
@@ -150,7 +160,7 @@ class Fetch:
                 self._give_up(f"no {what} in {self.stall_timeout_s:g} s")
         status, detail = decode_header(r.header)
         if status is not Status.OK:
-            self._give_up(f"{status.name.lower()}: {detail}")
+            raise Declined(f"{self.source}: {status.name.lower()}: {detail}")
         if not wait(r.got_data, time.monotonic() + self.stall_timeout_s, self.source, "range"):
             self._give_up(f"range [{r.start}, {r.end}) not in after {self.stall_timeout_s:g} s")
 

@@ -2,7 +2,8 @@
 
 One thread per node. A request names a version and a range; it is answered from the
 slot holding that version as soon as the range is there (a relay may still be receiving
-it), or answered GONE if the version is no longer held. A send that does not complete by
+it), or answered GONE if the version is no longer held (a header and an empty body, so
+the asker is left waiting on nothing). A send that does not complete by
 its deadline, or that reads a slot the writer revoked, is cancelled by closing its
 endpoint; the receiver notices by its own deadline and asks elsewhere.
 """
@@ -46,7 +47,7 @@ class _Waiting:
 @dataclass(slots=True)
 class _Sending:
     request: RangeRequest
-    slot: int | None  # None: a header with no bytes behind it
+    slot: int | None  # None: an answer without bytes
     pending: list[Request]
     deadline: float
     generation: int  # of our endpoint to the receiver that the sends went on
@@ -207,16 +208,20 @@ class Server:
         self._sending.append(_Sending(r, w.slot, [header, data], deadline, generation))
 
     def _reply(self, request: RangeRequest, status: Status, detail: str) -> None:
+        """A header that says no, and an empty body: the asker posted a receive for the
+        bytes, and only an answer ends it at once, so it moves on at once (wire.py)."""
+        pending: list[Request] = []
         try:
-            header = self.node.send(
-                request.address, encode_header(status, detail), request.reply_tag
-            )
+            header = encode_header(status, detail)
+            pending.append(self.node.send(request.address, header, request.reply_tag))
+            empty = np.zeros(0, np.uint8)
+            pending.append(self.node.send(request.address, empty, request.reply_tag + 1))
         except Exception as error:
             log.warning("weight reply not sent", reason=str(error)[:200])
-            return
-        deadline = time.monotonic() + self.send_timeout_s
-        generation = self.node.generation(request.address)
-        self._sending.append(_Sending(request, None, [header], deadline, generation))
+        if pending:
+            deadline = time.monotonic() + self.send_timeout_s
+            generation = self.node.generation(request.address)
+            self._sending.append(_Sending(request, None, pending, deadline, generation))
 
     def _release(self, s: _Sending) -> None:
         if s.slot is not None:

@@ -2,9 +2,11 @@
 
 A receiver asks its source for one byte range of one version with a *request* (sent on
 ``REQUEST_TAG`` to the source's worker, which receives from anyone). The source answers
-on the receiver's endpoint with a *header* on ``reply_tag`` and, if the header says OK,
-the bytes themselves on ``reply_tag + 1``. The receiver posts both receives before it
-asks, so the bytes land straight in its buffer.
+on the receiver's endpoint with a *header* on ``reply_tag`` and the *body* on
+``reply_tag + 1``: the bytes themselves if the header says OK, else nothing (an empty
+message). The receiver posts both receives before it asks, so the bytes land straight in
+its buffer; every request is answered on both tags, so a source that says no leaves no
+receive posted (closing an endpoint over TCP takes seconds to cancel one).
 
 A request also carries the receiver's endpoint *generation* for that source: it goes up
 each time the receiver closes its endpoint and makes a new one (after a failed fetch).
