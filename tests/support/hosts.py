@@ -14,7 +14,8 @@ A host is
   of one, as a reboot's would. The caller's shared directories (the cluster's shared
   filesystem: a run directory, say a pytest ``tmp_path``, under ``/tmp`` or not) are seen
   on every host at the same path. The rest of the file system (the code, the virtual
-  environment) is shared too, as software on a cluster's shared filesystem is;
+  environment: brought back too where they live under ``/tmp``) is shared too, as
+  software on a cluster's shared filesystem is;
 - a PID namespace (whose init is the host's holder process, below) and an IPC namespace,
   so a process sees and can signal only its own host's processes, and killing the init
   kills every process on the host at once, as the kernel does for a PID namespace whose
@@ -87,6 +88,22 @@ PREFIX = "asyncrl-hosts-"
 TOOLS = ("ip", "tc", "unshare", "nsenter", "setpriv")
 BRIDGE = "br0"  # in the switch's namespace: no name a host or the machine could clash with
 PRIVATE = ("/dev/shm", "/tmp", "/run")  # each host's own tmpfs mounts
+# What every host runs: this repository and the Python environment. A clean checkout (a
+# CI's, say) may live under /tmp, which each host hides behind its own tmpfs.
+SOFTWARE = (Path(__file__).resolve().parents[2], Path(sys.prefix).resolve())
+
+
+def _with_software(shared: list[Path]) -> list[Path]:
+    """``shared``, and the software where a private mount would hide it; outermost
+    directories only, so that none is bound over one already bound."""
+    hidden = [p for p in SOFTWARE if any(p.is_relative_to(root) for root in PRIVATE)]
+    wanted = sorted(set(shared + hidden), key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in wanted:
+        if not any(path.is_relative_to(outer) for outer in kept):
+            kept.append(path)
+    return kept
+
 
 _instances = count()
 
@@ -175,7 +192,7 @@ class Hosts:
         network = ipaddress.ip_network(subnet)
         if network.num_addresses - 2 < count:
             raise ValueError(f"{subnet} has no room for {count} hosts")
-        self.shared = [Path(path).resolve() for path in shared]
+        self.shared = _with_software([Path(path).resolve() for path in shared])
         self.prefix = f"{PREFIX}{os.getpid()}-{next(_instances)}-"
         self.switch = f"{self.prefix}sw"
         self.prefixlen = network.prefixlen
