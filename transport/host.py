@@ -19,6 +19,7 @@ __all__ = [
     "machine_address",
     "process_alive",
     "reserve_pages",
+    "route_source",
 ]
 
 
@@ -78,11 +79,19 @@ def machine_address(ipv6_first: bool = False) -> str:
     probes = reversed(_ROUTE_PROBES) if ipv6_first else _ROUTE_PROBES
     for family, probe in probes:
         try:
-            with socket.socket(family, socket.SOCK_DGRAM) as udp:
-                udp.connect((probe, 9))
-                address = udp.getsockname()[0]
+            address = route_source(probe, family=family)
         except OSError:  # no route of this family
             continue
         if not ipaddress.ip_address(address).is_loopback:
             return address
     return socket.getfqdn()
+
+
+def route_source(host: str, port: int = 9, *, family: int | None = None) -> str:
+    """This machine's address that packets to ``host`` leave from. A UDP socket
+    "connected" there picks the route and sends nothing; OSError when there is none."""
+    if family is None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as udp:
+        udp.connect((host, port))
+        return udp.getsockname()[0]

@@ -13,7 +13,6 @@ Held (Drop) names the keys no live group refers to, a refused completion's among
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from asyncrl.transport.dataplane import (
     image,
 )
 from asyncrl.transport.dataplane.store import default_shared_dir
+from asyncrl.transport.host import route_source
 from asyncrl.transport.security import ClientKeys
 from asyncrl.transport.sockets import tcp_endpoint
 
@@ -175,7 +175,4 @@ def serving_host(scheduler_endpoint: str, configured: str = "") -> str:
     parts = urlsplit(scheduler_endpoint)
     if parts.scheme != "tcp" or not parts.hostname:
         return "127.0.0.1"  # ipc:// and inproc:// schedulers live on this host
-    family = socket.AF_INET6 if ":" in parts.hostname else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((parts.hostname, parts.port or 1))  # UDP: no packet is sent
-        return probe.getsockname()[0]
+    return route_source(parts.hostname, parts.port or 1)
