@@ -17,7 +17,6 @@ Which role adds groups is the pipeline's ``entry_role``; both sides read it ther
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -27,6 +26,7 @@ from asyncrl.runtime.config.schema import SchedulerSection
 from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.host import WILDCARD_HOSTS, machine_address
+from asyncrl.transport.security import is_loopback
 from asyncrl.transport.topics import Topic, topic
 
 __all__ = [
@@ -117,14 +117,7 @@ def serves_ipc(sched: SchedulerSection) -> bool:
     """Whether ``asyncrl run`` starts this scheduler on ipc:// sockets only: every process
     is on its loopback host, so no TCP port is opened for others. Its workers must wait
     for its announcement: the configured ports are never bound."""
-    return sched.local_ipc and _loopback(sched.host)
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    return sched.local_ipc and is_loopback(sched.host)
 
 
 def read_endpoints(run: RunDir) -> Endpoints | None:

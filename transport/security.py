@@ -35,6 +35,7 @@ __all__ = [
     "KeyFileError",
     "ServerKeys",
     "curve_required",
+    "is_loopback",
     "keygen",
     "load_client_keys",
     "load_server_keys",
@@ -129,10 +130,11 @@ def curve_required(host: str, mode: CurveMode) -> bool:
         return False
     if mode != "auto":
         raise ValueError(f"curve: got {mode!r}; allowed: 'auto', 'on', 'off'")
-    return not _is_loopback(host)
+    return not is_loopback(host)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address, ``[v6]``, or ``localhost``) never leaves this machine."""
     name = host.strip().removeprefix("[").removesuffix("]")
     if name.lower() == "localhost":
         return True

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from asyncrl.runtime.config import RunConfig, workers_to_start
 from asyncrl.runtime.config.placement import SCHEDULER
-from asyncrl.transport.security import curve_required
+from asyncrl.transport.security import is_loopback
 
 from .gpus import gpu_roles
 from .plan import GROUPED_ROLES
@@ -53,7 +53,7 @@ def cluster_nodes(cfg: RunConfig) -> list[NodeShare]:
         for _ in range(group.count):
             shares.append(_share(cfg, roles, SCHEDULER in group.roles, generators, group.gpus))
             generators += roles.get("generate", 0)
-    if len(shares) > 1 and not curve_required(cfg.scheduler.host, "auto"):
+    if len(shares) > 1 and is_loopback(cfg.scheduler.host):
         raise ValueError(
             f"scheduler.host: got {cfg.scheduler.host}, loopback, but the placement has "
             f"{len(shares)} nodes; allowed: 0.0.0.0 or an address the other nodes reach"

@@ -30,6 +30,7 @@ from asyncrl.transport.security import (
     SERVER_SECRET,
     KeyFileError,
     curve_required,
+    is_loopback,
     keygen,
     load_client_keys,
 )
@@ -70,7 +71,8 @@ def run_node(
         _forget_dead_scheduler(cfg)
         _make_keys(cfg, say)
         secret = ensure_run_secret(run.secret)  # the scheduler reads the same one
-        if plan.node is not None and not serves_ipc(cfg.scheduler) and _loopback(cfg):
+        local_only = not serves_ipc(cfg.scheduler) and is_loopback(cfg.scheduler.host)
+        if plan.node is not None and local_only:
             say(f"scheduler.host={cfg.scheduler.host} is loopback: only this machine's "
                 "workers reach it (set it to this machine's address, or 0.0.0.0)")  # fmt: skip
     else:
@@ -106,10 +108,6 @@ def _what(plan: NodePlan, specs: Sequence[ChildSpec]) -> str:
         return f"scheduler and {workers} workers"
     names = ", ".join(spec.name for spec in specs)
     return f"{names} ({workers} worker{'' if workers == 1 else 's'})"
-
-
-def _loopback(cfg: RunConfig) -> bool:
-    return not curve_required(cfg.scheduler.host, "auto")
 
 
 def preflight(config_args: Sequence[str], roles: Sequence[str] | None, prog: str) -> int:
