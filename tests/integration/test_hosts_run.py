@@ -53,7 +53,7 @@ FOUR = {**PLACEMENT, "h4": "generate=1"}
 FIRST_VERSION_S = 2.0  # from the first version's publication to both generators running it
 
 
-@pytest.mark.heavy  # four hosts: about half a minute idle, a minute loaded
+@pytest.mark.heavy  # four hosts: 17 s in CI on 2 idle cores, about a minute on busy ones
 def test_two_generator_hosts_one_relaying_to_the_other(tmp_path: Path) -> None:
     with Hosts(4, shared=[tmp_path]) as hosts:
         overrides = [f"run.total_steps={STEPS}", "weights.relay_fanout=1"]
