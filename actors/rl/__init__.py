@@ -1,14 +1,26 @@
-"""The GRPO objective as pure torch functions: group advantages and the policy loss."""
+"""The RL objectives as pure torch functions: advantage estimators, returns and losses."""
 
-from .advantages import ESTIMATORS, group_advantages
-from .loss import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from .advantages import ESTIMATORS, GROUP_ESTIMATORS, group_advantages
+from .estimate import Estimate, estimate_advantages
+from .loss import RATIOS, LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from .returns import discounted_returns, gae, last_token_rewards, masked_whiten
+from .value_loss import value_loss
 
 __all__ = [
     "ESTIMATORS",
+    "GROUP_ESTIMATORS",
+    "RATIOS",
+    "Estimate",
     "LossConfig",
     "LossStats",
+    "discounted_returns",
+    "estimate_advantages",
+    "gae",
     "group_advantages",
+    "last_token_rewards",
     "loss_metrics",
+    "masked_whiten",
     "merge_stats",
     "policy_loss",
+    "value_loss",
 ]

@@ -1,30 +1,43 @@
 """Group-relative advantages: each response is scored against its siblings.
 
-GRPO needs no value network: the ``n`` responses sampled for one prompt form a group, and a
-response's advantage is how much better its reward was than the group's. The baseline is the
-group mean; the estimators differ in whether they also divide by the group's spread.
+These estimators need no value network: the ``n`` responses sampled for one prompt form a
+group, and a response's advantage is how much better its reward was than a baseline made of
+the group's. GRPO's baseline is the group mean (scaled by the group's spread), Dr. GRPO's
+the mean alone, RLOO's the mean of the *other* responses.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 
-__all__ = ["ESTIMATORS", "STD_EPS", "Estimator", "group_advantages"]
+from asyncrl.runtime.config.learning import Estimator
 
-Estimator = Literal["grpo", "dr_grpo"]
+__all__ = [
+    "ESTIMATORS",
+    "GROUP_ESTIMATORS",
+    "STD_EPS",
+    "Estimator",
+    "check_estimator",
+    "group_advantages",
+]
+
+# Every advantage estimator of the runtime (declared with the config): the group ones
+# below, the token-level ones (REINFORCE++ and its group baseline, GAE) in returns.py.
 ESTIMATORS: tuple[str, ...] = get_args(Estimator)
+# The estimators whose advantage is one number per response, computed from rewards alone.
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
 
 # Keeps the division finite for a group whose rewards are all equal (std 0); its centred
 # rewards are then exactly 0, so its advantages are exactly 0 whatever the epsilon.
 STD_EPS = 1e-6
 
 
-def check_estimator(estimator: str) -> None:
-    """Raise a ValueError naming ``estimator`` when it is not one of :data:`ESTIMATORS`."""
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+def check_estimator(estimator: str, allowed: tuple[str, ...] = ESTIMATORS) -> None:
+    """Raise a ValueError naming ``estimator`` when it is not one of ``allowed``."""
+    if estimator not in allowed:
+        raise ValueError(f"estimator must be one of {allowed}, got {estimator!r}")
 
 
 def group_advantages(rewards: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -38,10 +51,36 @@ def group_advantages(rewards: torch.Tensor, estimator: str) -> torch.Tensor:
     spread), a difficulty bias that Dr. GRPO removes; the loss side of Dr. GRPO (a constant
     normaliser) lives in :func:`asyncrl.actors.rl.loss.policy_loss`.
 
+    ``"rloo"`` (REINFORCE leave-one-out): ``r_i - mean_{j != i} r_j``, which is
+    ``n / (n - 1) * (r_i - mean)``. The baseline leaves out the response it scores, so it
+    does not depend on that response's own reward and the estimate is unbiased. Needs
+    ``n >= 2``.
+
     A group whose rewards are all equal carries no learning signal and gets zeros under
-    both. Integer rewards are promoted to float32; float inputs keep their dtype.
+    each. Integer rewards are promoted to float32; float inputs keep their dtype.
     """
-    check_estimator(estimator)
+    check_estimator(estimator, GROUP_ESTIMATORS)
+    rewards = checked_rewards(rewards)
+    n = rewards.shape[1]
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if estimator == "dr_grpo":
+        return centred
+    if estimator == "rloo":
+        if n < 2:
+            raise ValueError(f"rloo needs at least 2 responses per group, got n={n}")
+        return centred * (n / (n - 1))
+    # Population std (correction=0, i.e. unbiased=False): the group is the whole set being
+    # standardised, not a sample from which to estimate a wider spread. It is defined for
+    # n == 1 (Bessel's n - 1 would divide by zero and give NaN), and Bessel's factor would
+    # only rescale every advantage by the same sqrt((n - 1) / n), which the learning rate
+    # absorbs anyway.
+    std = rewards.std(dim=1, keepdim=True, correction=0)
+    return centred / (std + STD_EPS)
+
+
+def checked_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    """``rewards`` as a floating ``[groups, n]`` tensor; ValueError if it is not one or
+    holds a non-finite value."""
     if not isinstance(rewards, torch.Tensor) or rewards.ndim != 2 or rewards.shape[1] == 0:
         shape = tuple(rewards.shape) if isinstance(rewards, torch.Tensor) else type(rewards)
         raise ValueError(f"rewards must be a [groups, n] tensor with n >= 1, got {shape}")
@@ -50,13 +89,4 @@ def group_advantages(rewards: torch.Tensor, estimator: str) -> torch.Tensor:
     if not bool(torch.isfinite(rewards).all()):
         # One NaN reward would turn its whole group's advantages, and so the step, into NaN.
         raise ValueError("rewards must all be finite")
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
-    if estimator == "dr_grpo":
-        return centred
-    # Population std (correction=0, i.e. unbiased=False): the group is the whole set being
-    # standardised, not a sample from which to estimate a wider spread. It is defined for
-    # n == 1 (Bessel's n - 1 would divide by zero and give NaN), and Bessel's factor would
-    # only rescale every advantage by the same sqrt((n - 1) / n), which the learning rate
-    # absorbs anyway.
-    std = rewards.std(dim=1, keepdim=True, correction=0)
-    return centred / (std + STD_EPS)
+    return rewards

@@ -20,15 +20,19 @@ from typing import Literal, get_args
 
 import torch
 
-from .advantages import Estimator, check_estimator
+from asyncrl.runtime.config.learning import Estimator, Ratio
+
+from .advantages import check_estimator
 
 __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGS",
+    "RATIOS",
     "KLEstimator",
     "LossAgg",
     "LossConfig",
     "LossStats",
+    "Ratio",
     "loss_metrics",
     "merge_stats",
     "policy_loss",
@@ -38,6 +42,7 @@ KLEstimator = Literal["k1", "k3"]
 LossAgg = Literal["token", "sequence"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
+RATIOS: tuple[str, ...] = get_args(Ratio)
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,10 @@ class LossConfig:
     ``kl_estimator``: ``"k1"`` (``log p - log ref``) or ``"k3"`` (non-negative, low variance).
     ``loss_agg``: ``"token"`` (every token in the step weighs the same) or ``"sequence"``
     (every sequence weighs the same, its tokens share its weight).
-    ``estimator``: ``"grpo"`` or ``"dr_grpo"``; must match the one used for the advantages,
-    since ``"dr_grpo"`` also fixes the loss normaliser (see :func:`policy_loss`).
+    ``estimator``: the one used for the advantages, since ``"dr_grpo"`` also fixes the
+    loss normaliser (see :func:`policy_loss`).
+    ``ratio``: ``"token"`` (PPO's per-token ratio) or ``"sequence"`` (GSPO's: the geometric
+    mean of the sequence's token ratios, one trust region per sequence).
     """
 
     clip_low: float = 0.2
@@ -64,6 +71,7 @@ class LossConfig:
     kl_estimator: KLEstimator = "k3"
     loss_agg: LossAgg = "token"
     estimator: Estimator = "grpo"
+    ratio: Ratio = "token"
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low < 1.0:
@@ -82,6 +90,8 @@ class LossConfig:
         if self.loss_agg not in LOSS_AGGS:
             raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {self.loss_agg!r}")
         check_estimator(self.estimator)
+        if self.ratio not in RATIOS:
+            raise ValueError(f"ratio must be one of {RATIOS}, got {self.ratio!r}")
 
 
 @dataclass(frozen=True)
@@ -125,17 +135,20 @@ def policy_loss(
 
     Shapes: every log-prob tensor and ``mask`` are ``[B, T]`` (B sequences, T response
     positions; ``mask`` is bool or 0/1, true on real response tokens); ``advantages`` is
-    ``[B]``, one per sequence, shared by its tokens. Only ``logp`` gets a gradient; the others
-    are detached here whatever the caller passes. Padded positions may hold any value,
-    even inf or NaN: they are zeroed before any arithmetic so they cannot leak into the loss
-    or its gradient.
+    ``[B]``, one per sequence shared by its tokens, or ``[B, T]``, one per token. Only
+    ``logp`` gets a gradient; the others are detached here whatever the caller passes.
+    Padded positions may hold any value, even inf or NaN: they are zeroed before any
+    arithmetic so they cannot leak into the loss or its gradient.
 
     Per token, with ``r = exp(logp - proximal_logp)`` and
     ``w = min(exp(proximal_logp - behaviour_logp), is_cap)``::
 
         loss_t = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * kl_t
 
-    where ``kl_t`` is k1 ``logp - ref`` or k3 ``exp(ref - logp) - (ref - logp) - 1``. The KL
+    where ``kl_t`` is k1 ``logp - ref`` or k3 ``exp(ref - logp) - (ref - logp) - 1``. With
+    ``ratio="sequence"`` (GSPO), ``r`` is ``s_i = exp(mean_t(logp - proximal_logp))`` on
+    every token of sequence ``i``, written ``sg(s_i) * exp(logp_t - sg(logp_t))`` so that its
+    value is ``s_i`` and each token's gradient is its own log-prob's times ``s_i``. The KL
     term is added when ``kl_coef > 0`` (which then requires ``ref_logp``); given a
     ``ref_logp`` with ``kl_coef == 0``, the KL is still measured for the stats only.
 
@@ -165,11 +178,16 @@ def policy_loss(
     proximal, behaviour = (t.detach().to(dtype) for t in (proximal_logp, behaviour_logp))
     ref = None if ref_logp is None else ref_logp.detach().to(dtype)
 
-    ratio = _masked(logp - proximal, real).exp()
+    ratio = _ratio(logp, proximal, real, cfg.ratio)
     proximal_minus_behaviour = _masked(proximal - behaviour, real)
     raw_weight = proximal_minus_behaviour.exp()
     weight = raw_weight.clamp(max=cfg.is_cap)
-    surrogate, clipped = _clipped_surrogate(ratio, advantages.detach().to(dtype), cfg)
+    per_token_advantages = advantages.detach().to(dtype)
+    if per_token_advantages.ndim == 1:
+        per_token_advantages = per_token_advantages[:, None]
+    else:  # padding may hold anything, and NaN * 0 in the backward pass is NaN
+        per_token_advantages = _masked(per_token_advantages, real)
+    surrogate, clipped = _clipped_surrogate(ratio, per_token_advantages, cfg)
     per_token = -weight * surrogate
 
     kl = None if ref is None else _kl(logp, ref, real, cfg.kl_estimator)
@@ -187,6 +205,19 @@ def _masked(values: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return torch.where(real, values, 0.0)
 
 
+def _ratio(
+    logp: torch.Tensor, proximal: torch.Tensor, real: torch.Tensor, kind: str
+) -> torch.Tensor:
+    """The current/proximal ratio per token: PPO's own, or GSPO's sequence-level one."""
+    log_ratio = _masked(logp - proximal, real)
+    if kind == "token":
+        return log_ratio.exp()
+    lengths = real.sum(dim=1, keepdim=True).clamp(min=1)  # empty rows: 0 / 1, not 0 / 0
+    sequence = (log_ratio.sum(dim=1, keepdim=True) / lengths).detach()
+    own = _masked(logp, real)
+    return _masked(sequence + own - own.detach(), real).exp()
+
+
 def _clipped_surrogate(
     ratio: torch.Tensor, advantages: torch.Tensor, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +227,7 @@ def _clipped_surrogate(
     trust region in the direction the advantage pushes it. There ``clip(r)`` is a constant,
     so those tokens give no gradient: that is the trust region at work.
     """
-    adv = advantages[:, None]
+    adv = advantages  # [B, 1] or [B, T]: broadcasts over the tokens either way
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     took_clipped = clipped < unclipped
@@ -330,9 +361,13 @@ def _check_inputs(
             raise ValueError(
                 f"{name} must have logp's shape {tuple(logp.shape)}, got {_describe(tensor)}"
             )
-    if not isinstance(advantages, torch.Tensor) or advantages.shape != logp.shape[:1]:
+    if not isinstance(advantages, torch.Tensor) or advantages.shape not in (
+        logp.shape[:1],
+        logp.shape,
+    ):
         raise ValueError(
-            f"advantages must have shape [B] = {tuple(logp.shape[:1])}, got {_describe(advantages)}"
+            f"advantages must have shape [B] = {tuple(logp.shape[:1])} or [B, T] = "
+            f"{tuple(logp.shape)}, got {_describe(advantages)}"
         )
     if cfg.kl_coef > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when kl_coef > 0 (kl_coef={cfg.kl_coef})")

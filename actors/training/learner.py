@@ -32,10 +32,11 @@ from ..policy.model import CausalLM
 from ..policy.padding import like_width_runs
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
-from ..rl import LossConfig, LossStats, group_advantages, loss_metrics, merge_stats, policy_loss
+from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
 from .host_copies import HostCopies
 from .learner_state import LearnerState
 from .scorer import pack_rollouts
+from .step_advantages import step_advantages
 
 __all__ = ["Group", "Learner", "StepStats"]
 
@@ -140,6 +141,7 @@ class Learner(LearnerState):
             kl_estimator=a.kl_estimator,
             loss_agg=a.loss_agg,
             estimator=a.estimator,
+            ratio=a.ratio,
         )
         params = model.parameters() if self.engine is None else self.engine.optimized_parameters()
         self.optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -151,13 +153,11 @@ class Learner(LearnerState):
 
     def step(self, groups: list[Group]) -> StepStats:
         """One optimizer step on ``groups`` (every rank passes the same list)."""
-        rewards = torch.from_numpy(np.stack([g.rewards for g in groups])).to(self.device)
-        per_trajectory = group_advantages(rewards, self.cfg.algorithm.estimator)
-        # Each sequence takes its trajectory's advantage (a harness session's several).
-        advantages = [
-            per_trajectory[i, torch.from_numpy(g.rollouts.owners).long().to(self.device)]
-            for i, g in enumerate(groups)
-        ]
+        # Per group and token; each sequence takes its trajectory's (a harness session's
+        # several sequences share one).
+        advantages, _ = step_advantages(
+            [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm
+        )
         loss, stats, tokens = self._accumulate(groups, advantages)
         max_norm = self.cfg.algorithm.max_grad_norm
         if self.engine is not None:
@@ -172,7 +172,7 @@ class Learner(LearnerState):
         metrics = {"loss": loss, **loss_metrics(stats)}
         return StepStats(metrics, float(_whole(grad_norm)), tokens)
 
-    def _accumulate(self, groups: list[Group], advantages: list[torch.Tensor]):
+    def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
         self.model.train()
         total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
         total_sequences = sum(len(g.rollouts.lengths) for g in groups)
@@ -200,7 +200,7 @@ class Learner(LearnerState):
                 total_loss += loss.detach()
         return (*self._summed(total_loss, parts), total_tokens)
 
-    def _passes(self, groups: list[Group], advantages: list[torch.Tensor]):
+    def _passes(self, groups: list[Group], advantages: list[np.ndarray]):
         """This rank's micro-batches: (row sets of groups, their advantages, real). The
         step's rows are sorted by length and cut into micro-batches of like length
         (_by_length), no bigger than ``micro_batch_groups`` groups of the longest (the
@@ -288,7 +288,7 @@ class Learner(LearnerState):
             logp,
             _rows(groups, lambda g: g.proximal.logprobs, width).to(d),
             _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
-            torch.cat(advantages),
+            _stacked(advantages, width).to(d),
             packed.mask.to(d),
             self.loss_config,
             ref_logp=None if reference is None else reference.to(d),
@@ -298,9 +298,9 @@ class Learner(LearnerState):
         )
 
 
-def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: int):
+def _by_length(groups: list[Group], advantages: list[np.ndarray], per_micro: int):
     """The step's rows, longest first, in micro-batches of like length, each a list of row
-    sets of groups and their advantages.
+    sets of groups and their ``[rows, longest]`` advantages.
 
     A micro-batch is padded to its longest row; it takes the next row while that padding
     stays within :data:`MICRO_BATCH_SLACK` of its tokens, and never holds more padded
@@ -324,7 +324,11 @@ def _by_length(groups: list[Group], advantages: list[torch.Tensor], per_micro: i
             taken.setdefault(i, []).append(row)
         chosen = {i: np.array(sorted(r)) for i, r in sorted(taken.items())}
         parts = [groups[i].rows(c) for i, c in chosen.items()]
-        batches.append((parts, [advantages[i][torch.from_numpy(c)] for i, c in chosen.items()]))
+        cut = [
+            advantages[i][c, : part.rollouts.response_ids.shape[1]]
+            for (i, c), part in zip(chosen.items(), parts, strict=True)
+        ]
+        batches.append((parts, cut))
     return batches
 
 
@@ -339,7 +343,11 @@ def _value(stats: LossStats | None, name: str, device: torch.device) -> torch.Te
 
 def _rows(groups: list[Group], pick, width: int) -> torch.Tensor:
     """One ``[n, longest]`` array per group, stacked into ``[rows, width]`` (zero padded)."""
-    arrays = [pick(g) for g in groups]
+    return _stacked([pick(g) for g in groups], width)
+
+
+def _stacked(arrays: list[np.ndarray], width: int) -> torch.Tensor:
+    """``[n, longest]`` arrays stacked into ``[rows, width]`` (zero padded)."""
     out = torch.zeros(sum(a.shape[0] for a in arrays), width)
     row = 0
     for a in arrays:

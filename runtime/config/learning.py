@@ -8,6 +8,13 @@ from typing import Literal
 
 from .fields import doc
 
+__all__ = ["AlgorithmSection", "DataSection", "Estimator", "ModelSection", "Ratio"]
+
+# The advantage estimators and importance ratios a run may select, declared once: the
+# loss functions (actors/rl) take their names from here.
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
+Ratio = Literal["token", "sequence"]
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataSection:
@@ -155,8 +162,25 @@ class ModelSection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmSection:
-    estimator: Literal["grpo", "dr_grpo"] = field(
-        default="grpo", metadata=doc("group advantage estimator")
+    estimator: Estimator = field(
+        default="grpo",
+        metadata=doc(
+            "advantage estimator: grpo, dr_grpo, rloo (group baselines), reinforce_pp, "
+            "reinforce_pp_baseline (discounted returns, batch-whitened), gae (a learned "
+            "critic); README's table gives each formula"
+        ),
+    )
+    gamma: float = field(
+        default=1.0,
+        metadata=doc("discount per model token (reinforce_pp*, gae)", min=0, max=1),
+    )
+    lam: float = field(default=0.95, metadata=doc("GAE's lambda (gae)", min=0, max=1))
+    ratio: Ratio = field(
+        default="token",
+        metadata=doc(
+            "importance ratio the clip acts on: token (PPO) or sequence (GSPO: the "
+            "geometric mean of the sequence's token ratios)"
+        ),
     )
     # Suits the small embedded model; billion-parameter models want about 1e-6.
     lr: float = field(default=2e-4, metadata=doc("learning rate", exclusive_min=0))

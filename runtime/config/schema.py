@@ -217,6 +217,22 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
+        _check_estimator(self.algorithm, self.data)
+
+
+def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
+    """An estimator's needs that another section decides."""
+    if algorithm.estimator == "rloo" and data.group_size < 2:
+        # The leave-one-out baseline of a group of one is the mean of no response.
+        raise ValueError(
+            f"algorithm.estimator: got 'rloo' with data.group_size={data.group_size}; "
+            "allowed: data.group_size >= 2, or another estimator"
+        )
+    if algorithm.estimator == "gae":
+        raise ValueError(
+            "algorithm.estimator: got 'gae', which needs the critic's values stage; allowed: "
+            "grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline"
+        )
 
 
 def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:

@@ -140,6 +140,18 @@ def test_overrides_scalar_dict_and_nested_key(tmp_path: Path) -> None:
     assert cfg.algorithm.estimator == "dr_grpo"
 
 
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_the_critic_free_estimators_and_their_knobs_load(estimator: str) -> None:
+    overrides = [
+        f"algorithm.estimator={estimator}",
+        "algorithm.gamma=0.99",
+        "algorithm.ratio=sequence",
+    ]
+    cfg = load_config(None, overrides)
+    assert (cfg.algorithm.estimator, cfg.algorithm.gamma) == (estimator, 0.99)
+    assert cfg.algorithm.ratio == "sequence"
+
+
 def test_later_override_wins() -> None:
     cfg = load_config(None, ["data.group_size=4", "data.group_size=16"])
     assert cfg.data.group_size == 16
@@ -228,12 +240,19 @@ def test_input_mapping_is_not_modified() -> None:
             {"algorithm": {"estimator": "ppo"}},
             ["algorithm.estimator: got 'ppo'; allowed: one of 'grpo', 'dr_grpo'"],
         ),
+        ({"algorithm": {"ratio": "group"}}, ["algorithm.ratio: got 'group'", "'sequence'"]),
+        ({"algorithm": {"gamma": 1.5}}, ["algorithm.gamma: got 1.5", "0..1"]),
+        ({"algorithm": {"lam": -0.5}}, ["algorithm.lam: got -0.5", "0..1"]),
         ({"logging": {"level": 3}}, ["logging.level: got 3 (int)", "'debug'"]),
         ({"scheduler": {"curve": True}}, ["scheduler.curve: got True (bool)", "quote"]),
         # cross-field
         (
             {"scheduler": {"control_port": 7000, "events_port": 7000}},
             ["scheduler.events_port: got 7000", "control_port"],
+        ),
+        (
+            {"algorithm": {"estimator": "rloo"}, "data": {"group_size": 1}},
+            ["algorithm.estimator: got 'rloo' with data.group_size=1", ">= 2"],
         ),
     ],
 )

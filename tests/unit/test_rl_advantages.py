@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from asyncrl.actors.rl import ESTIMATORS, group_advantages
+from asyncrl.actors.rl import GROUP_ESTIMATORS, group_advantages
 
 EPS = 1e-6
 
@@ -59,7 +59,7 @@ def test_dr_grpo_only_centres() -> None:
     assert_close(group_advantages(REWARDS, "dr_grpo"), expected)
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", GROUP_ESTIMATORS)
 def test_all_equal_rewards_give_exact_zeros(estimator: str) -> None:
     advantages = group_advantages(torch.full((2, 5), 0.7), estimator)
     assert torch.equal(advantages, torch.zeros(2, 5))
