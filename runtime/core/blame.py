@@ -27,7 +27,7 @@ from typing import Any
 
 from . import records as r
 from .entities import Lease
-from .pipeline import Gate, Stage
+from .pipeline import Stage
 from .settings import CoreSettings
 from .state import CoreState
 
@@ -98,7 +98,7 @@ class Blame:
         suspects passed over stay in the heap for another worker or a later claim."""
         heap, groups, taken = self.state.available(stage), self.state.groups, []
         source, role = stage.source, stage.role
-        isolate = stage.gate is not Gate.STEP
+        isolate = not stage.gate.batched
         suspect_held = isolate and self._holds_suspect(worker, role)
         passed: list[tuple[Any, int]] = []
         while heap and len(taken) < n:

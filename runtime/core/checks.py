@@ -32,8 +32,8 @@ def completion_problem(
     problem = membership_problem(lease, gids)
     if problem is not None:
         return problem
-    if stage.gate is Gate.STEP and set(gids) != lease.gids:
-        return Reason.INCOMPLETE_STEP, "a train step completes its whole batch"
+    if stage.gate.batched and set(gids) != lease.gids:
+        return Reason.INCOMPLETE_STEP, f"a {stage.role} step completes its whole batch"
     if (behaviour is not None) != (stage.gate is Gate.ADMIT):
         want = "needs" if stage.gate is Gate.ADMIT else "takes no"
         return Reason.BAD_RESULT, f"a {stage.role} completion {want} behaviour versions"

@@ -35,6 +35,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
         "keys": list(state.keys),  # in the order added: the same live and replayed
         "regenerated": dict(state.regenerated),
         "training": [state.durable_step, state.rollbacks, sorted(state.retained.items())],
+        "critic": [state.critic_steps_done, state.critic_version, state.worst_critic_staleness],
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
         "workers": {name: [w.role, w.loaded] for name, w in sorted(state.workers.items())},
@@ -58,6 +59,7 @@ def _dump_group(g: Group) -> list[Any]:
         g.reason,
         g.data,
         sorted(g.suspects),
+        g.critic_version,
     ]
 
 
@@ -92,6 +94,10 @@ def load_state(
     # absent before training could roll back
     state.durable_step, state.rollbacks, retained = snap.get("training", [0, 0, []])
     state.retained = {step: kept for step, kept in retained}
+    # absent before a critic could be trained
+    (state.critic_steps_done, state.critic_version, state.worst_critic_staleness) = snap.get(
+        "critic", [0, 0, -1]
+    )
     for row in snap["groups"]:
         _load_group(state, row)
     for row in snap["leases"]:
@@ -107,6 +113,7 @@ def load_state(
 def _load_group(state: CoreState, row: list[Any]) -> None:
     gid, key, st, done, leases, attempts, train_by, behaviour, reason, data = row[:10]
     suspects = row[10] if len(row) > 10 else []  # absent before deaths were attributed
+    critic_version = row[11] if len(row) > 11 else None  # absent before the critic
     group = Group(
         gid,
         key,
@@ -116,6 +123,7 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
         dict(map(tuple, attempts)),
         train_by,
         None if behaviour is None else tuple(behaviour),
+        critic_version,
         reason,
         data,
         frozenset(suspects) or NONE,

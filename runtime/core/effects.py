@@ -108,6 +108,7 @@ class GroupsAdded:
 @dataclass(frozen=True, slots=True)
 class VersionPublished:
     version: int
+    critic: bool = False  # a version of the critic, not of the policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ class Group:
     attempts: dict[str, int] = field(default_factory=dict)  # role -> failed tries
     train_by: int | None = None  # the last train step the staleness bound allows
     behaviour: tuple[int, int] | None = None  # (min, max) policy version over its tokens
+    critic_version: int | None = None  # the critic version its values were made with
     reason: str | None = None  # why it died
     data: dict[str, Any] = field(default_factory=dict)  # role -> its payload for this group
     # roles whose worker died holding it (among others): it is leased alone to them, and
@@ -52,7 +53,8 @@ class Lease:
 @dataclass(slots=True)
 class Worker:
     role: str
-    loaded: int | None = None  # the policy version a generator has loaded
+    # the version a generator has loaded (of the critic, for a worker that reads it)
+    loaded: int | None = None
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from .entities import NONE, Group, Lease, Worker
-from .pipeline import Gate, GroupState, Pipeline, Stage
+from .pipeline import GroupState, Pipeline, Stage
 
 __all__ = ["Indexes"]
 
@@ -33,7 +33,7 @@ class Indexes:
         self.available: dict[Stage, list[tuple[Any, int]]] = {s: [] for s in pipeline.stages}
         # per state: the heaps a group entering it joins, and whether they order by train_by
         self._fanout = {
-            state: [(self.available[s], s.gate is Gate.STEP) for s in pipeline.consumers(state)]
+            state: [(self.available[s], s.gate.batched) for s in pipeline.consumers(state)]
             for state in GroupState
         }
         self.expiry: list[tuple[float, int]] = []

@@ -18,6 +18,11 @@ takes exactly one train batch at a time and advances the step counter. A branch 
 that ``reads_policy`` computes with the trainer's weights (``logp``): when training rolls
 back, its results made with weights that no longer exist are computed again.
 
+A learned critic (PPO's, :meth:`Pipeline.with_critic`) adds two rows: ``values``, a branch
+that ``reads_critic`` (the critic's forward, at the critic version its worker holds), and
+the ``CRITIC_STEP`` stage, the critic's update, which takes one batch at a time like the
+train step, counts its own steps and versions, and hands its groups on to the train step.
+
 A stage names the payloads it ``reads``: the roles whose results its workers are handed
 with a lease (the entry role's prompt, the generator's rollouts). A lease carries those
 and nothing else, so no bytes move for nothing, and a worker can only report lost a
@@ -53,6 +58,8 @@ class GroupState(StrEnum):
     GENERATING = "generating"
     GENERATED = "generated"
     READY = "ready"
+    CRITIC_TRAINING = "critic_training"
+    CRITIC_TRAINED = "critic_trained"
     TRAINING = "training"
     TRAINED = "trained"
     DEAD = "dead"
@@ -66,6 +73,8 @@ class Role(StrEnum):
     LOGP = "logp"
     REF_LOGP = "ref_logp"
     REWARD = "reward"
+    VALUES = "values"  # the critic's forward over a trajectory
+    CRITIC = "critic"  # the critic's update
     TRAIN = "train"
     HARNESS = "harness"  # agent harnesses, driving the generators over HTTP
 
@@ -79,6 +88,13 @@ class Gate(StrEnum):
     FREE = "free"  # any available group, as many as asked for
     ADMIT = "admit"  # released under the staleness bound; completion carries versions
     STEP = "step"  # exactly one train batch at a time; completion is a train step
+    # the same for the critic: one batch at a time, completion is a step of the critic
+    CRITIC_STEP = "critic_step"
+
+    @property
+    def batched(self) -> bool:
+        """Takes one whole batch at a time, in train-by order, and completes it whole."""
+        return self in (Gate.STEP, Gate.CRITIC_STEP)
 
 
 class PipelineError(ValueError):
@@ -93,6 +109,7 @@ class Stage:
     working: GroupState | None = None
     gate: Gate = Gate.FREE
     reads_policy: bool = False  # its result depends on the policy version it ran with
+    reads_critic: bool = False  # its result depends on the critic version its worker holds
     reads: tuple[str, ...] | None = None  # the roles' payloads it is handed; None: all before
 
     def __str__(self) -> str:
@@ -205,6 +222,35 @@ class Pipeline:
         stages = tuple(renamed(s) for s in self.stages)
         return Pipeline(stages, self.entry, self.entry_role, (*self.serving, admit.role))
 
+    def with_critic(self) -> Pipeline:
+        """This table with a learned critic: a ``values`` branch beside the stage that
+        reads the policy, and the critic's step between the branches' join and the train
+        step, which then reads the values too (for its advantages)."""
+        if self.for_role(Role.VALUES) or self.for_role(Role.CRITIC):
+            raise PipelineError("the table has a critic already")
+        scorer = next((s for s in self.stages if s.reads_policy), None)
+        if scorer is None:
+            raise PipelineError("no stage reads the policy: nowhere to put the values branch")
+        admit, step = self.gated(Gate.ADMIT), self.gated(Gate.STEP)
+        if scorer.target != step.source:
+            raise PipelineError(f"{scorer}: its branches do not join where the train step reads")
+        values = Stage(
+            Role.VALUES, scorer.source, scorer.target, reads_critic=True, reads=(admit.role,)
+        )
+        critic = Stage(
+            Role.CRITIC,
+            step.source,
+            GroupState.CRITIC_TRAINED,
+            GroupState.CRITIC_TRAINING,
+            Gate.CRITIC_STEP,
+            reads=(admit.role, Role.REWARD, Role.VALUES),
+        )
+        reads = None if step.reads is None else (*step.reads, Role.VALUES)
+        train = replace(step, source=GroupState.CRITIC_TRAINED, reads=reads)
+        stages = [s for s in self.stages if s is not step]
+        stages.insert(stages.index(scorer) + 1, values)
+        return Pipeline((*stages, critic, train), self.entry, self.entry_role, self.serving)
+
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:
         """Every (from, to) move a group may make, failures and deaths included."""
         for stage in self.stages:
@@ -261,8 +307,8 @@ def _check_rows(pipeline: Pipeline) -> None:
             raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
         if stage.source == stage.target:
             raise PipelineError(f"{stage}: source and target are the same state")
-        if stage.reads_policy and stage.working is not None:
-            raise PipelineError(f"{stage}: only a branch stage is marked reads_policy")
+        if (stage.reads_policy or stage.reads_critic) and stage.working is not None:
+            raise PipelineError(f"{stage}: only a branch stage reads a model's versions")
         if stage.working is None:
             continue
         if stage.working in working_of:
@@ -293,9 +339,15 @@ def _check_gates(pipeline: Pipeline) -> None:
     admit = pipeline.gated(Gate.ADMIT)
     if admit.source != pipeline.entry:
         raise PipelineError(f"{admit}: the admit stage must read the entry state {pipeline.entry}")
-    for stage in (admit, pipeline.gated(Gate.STEP)):
+    critic = [s for s in pipeline.stages if s.gate is Gate.CRITIC_STEP]
+    if len(critic) > 1:
+        raise PipelineError(f"the table has {len(critic)} {Gate.CRITIC_STEP} stages, at most 1")
+    for stage in (admit, pipeline.gated(Gate.STEP), *critic):
         if stage.working is None:
             raise PipelineError(f"{stage}: a gated stage must be exclusive (name a working state)")
+    readers = [s for s in pipeline.stages if s.reads_critic]
+    if readers and not critic:
+        raise PipelineError(f"{readers[0]}: reads the critic, but no stage trains one")
 
 
 def _check_acyclic(pipeline: Pipeline) -> None:

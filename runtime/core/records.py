@@ -45,6 +45,7 @@ __all__ = [
     "Op",
     "Published",
     "Record",
+    "Redone",
     "Registered",
     "Renewed",
     "Resumed",
@@ -74,6 +75,7 @@ class Op(IntEnum):
     LOSE = 15
     DURABLE = 16
     ROLL_BACK = 17
+    REDO = 18
 
 
 class Registered(NamedTuple):
@@ -146,6 +148,16 @@ class Killed(NamedTuple):
 
 class Published(NamedTuple):
     version: int
+    critic: bool = False  # a version of the critic (its step), not of the policy
+
+
+class Redone(NamedTuple):
+    """``role``'s payloads of ``gids`` are made again: they were made with a critic version
+    the staleness bound no longer allows (the groups go back to wait for that stage)."""
+
+    gids: Sequence[int]
+    role: str
+    reason: str
 
 
 class Granted(NamedTuple):
@@ -218,6 +230,7 @@ Record = (
     | Lost
     | Durable
     | RolledBack
+    | Redone
 )
 
 OPS: dict[type, Op] = {
@@ -238,6 +251,7 @@ OPS: dict[type, Op] = {
     Lost: Op.LOSE,
     Durable: Op.DURABLE,
     RolledBack: Op.ROLL_BACK,
+    Redone: Op.REDO,
 }
 _BY_OP: dict[int, type] = {op: kind for kind, op in OPS.items()}
 assert len(_BY_OP) == len(Op), "every opcode has one record type"

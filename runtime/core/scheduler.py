@@ -23,6 +23,7 @@ from . import records as r
 from .blame import Blame
 from .checks import Problem, completion_problem, membership_problem
 from .codec import load_state
+from .critic import CriticSteps
 from .effects import (
     Accepted,
     Grant,
@@ -39,11 +40,12 @@ from .pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Stage
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_keeps_promises, train_by_step
 from .state import CoreState
+from .versions import VersionCommands
 
 __all__ = ["SchedulerCore"]
 
 
-class SchedulerCore(Blame):
+class SchedulerCore(Blame, CriticSteps, VersionCommands):
     def __init__(self, settings: CoreSettings, pipeline: Pipeline = DEFAULT_PIPELINE) -> None:
         self.settings = settings
         self.pipeline = pipeline
@@ -188,6 +190,18 @@ class SchedulerCore(Blame):
         elif stage.gate is Gate.STEP:
             n = self.settings.train_batch_groups if self._step_ready(stage) else 0
             version = self.state.steps_done  # the version this step trains from
+        elif stage.gate is Gate.CRITIC_STEP:
+            self._redo_stale_values(stage)
+            n = self._critic_batch(stage)
+            version = self.state.critic_steps_done  # the critic version this step trains from
+        elif stage.reads_critic:
+            version = self.state.workers[worker].loaded
+            if version is None:
+                return self._reject(
+                    Reason.BAD_VERSION, f"{worker!r} has not reported a loaded critic version"
+                )
+            if version < self._oldest_critic_allowed():
+                return None  # what it made now would be too stale for the next critic step
         gids = self._take(stage, worker, n)
         if not gids:
             return None
@@ -312,60 +326,6 @@ class SchedulerCore(Blame):
         if lease.fence != fence:
             return self._reject(Reason.STALE_FENCE, f"lease {lease_id}: fence {fence} is stale")
         return lease
-
-    # --- versions --------------------------------------------------------------------
-
-    def publish_version(self, worker: str, version: int) -> Accepted | Rejected:
-        """The trainer made ``version``'s weights available to generators."""
-        trainer = self.pipeline.gated(Gate.STEP).role
-        known = self.state.workers.get(worker)
-        if known is None:  # e.g. declared lost while it started: it registers again
-            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        if known.role != trainer:
-            return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker publishes versions")
-        s = self.state
-        if not s.policy_version < version <= s.steps_done:
-            allowed = f"({s.policy_version}, {s.steps_done}]"
-            return self._reject(Reason.BAD_VERSION, f"version {version} outside {allowed}")
-        self._commit(r.Published(version))
-        return Accepted()
-
-    def rewind(self, worker: str, step: int) -> Accepted | Rejected:
-        """The trainer's state is at ``step``, behind the step count (its host was lost
-        and only an older checkpoint survived): roll back exactly to it (``_roll_back``)."""
-        trainer = self.pipeline.gated(Gate.STEP).role
-        known = self.state.workers.get(worker)
-        if known is None:
-            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        if known.role != trainer:
-            return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker rolls training back")
-        s = self.state
-        if not 0 <= step < s.steps_done:
-            return self._reject(
-                Reason.BAD_VERSION, f"step {step} is not behind the step count {s.steps_done}"
-            )
-        if step < s.durable_step:
-            return self._reject(
-                Reason.BAD_VERSION,
-                f"step {s.durable_step} was reported durable and the groups trained up to it "
-                f"are no longer kept; resume from a checkpoint at step {s.durable_step} or later",
-            )
-        if any(lease.role == trainer and lease.worker != worker for lease in s.leases.values()):
-            return self._reject(Reason.BAD_REQUEST, "another trainer holds a step in flight")
-        self._commit(r.RolledBack(step, f"training rolled back from step {s.steps_done} to {step}"))
-        return Accepted()
-
-    def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:
-        known = self.state.workers.get(worker)
-        if known is None:
-            return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        floor = -1 if known.loaded is None else known.loaded
-        if not floor <= version <= self.state.policy_version:
-            allowed = f"[{max(floor, 0)}, {self.state.policy_version}]"
-            return self._reject(Reason.BAD_VERSION, f"loaded version {version} outside {allowed}")
-        if version != known.loaded:
-            self._commit(r.Loaded(worker, version))
-        return Accepted()
 
     # --- locks -----------------------------------------------------------------------
 

@@ -19,16 +19,15 @@ from .effects import (
     GroupsAdded,
     LockGranted,
     Notice,
-    RolledBackTo,
     Transition,
     VersionLoaded,
     VersionPublished,
-    WorkerLost,
 )
 from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
 from .indexes import Indexes
 from .pipeline import Gate, GroupState, Pipeline, Stage
+from .rollback import RollBack
 
 __all__ = ["CoreState"]
 
@@ -36,7 +35,7 @@ DEAD = GroupState.DEAD
 EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
 
 
-class CoreState:
+class CoreState(RollBack):
     """Everything the scheduler must not forget, plus indexes derived from it."""
 
     def __init__(
@@ -60,6 +59,10 @@ class CoreState:
         self.counts: Counter[GroupState] = Counter()
         self.epoch = 0  # restarts so far: the high bits of every fence and lease id
         self.worst_staleness = -1  # the most versions a trained group lagged its step
+        # The critic's own count, version and worst lag (values' version behind its step).
+        self.critic_steps_done = 0
+        self.critic_version = 0
+        self.worst_critic_staleness = -1
         # Training that a lost trainer could not keep is done again from what is kept here:
         # the newest step whose state survives the trainer's host, and per step after it
         # the [key, entry payload] of each group it trained.
@@ -91,6 +94,7 @@ class CoreState:
             r.Lost: self._lose,
             r.Durable: self._durable,
             r.RolledBack: self._roll_back,
+            r.Redone: self._redone,
         }
         unhandled = set(r.OPS) - self._handlers.keys()
         if unhandled:  # the core could journal them, and nothing here would apply them
@@ -103,6 +107,8 @@ class CoreState:
             s.role: states_after(pipeline, s) for s in pipeline.stages if s.reads_policy
         }
         self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
+        # roles whose workers load the critic's versions, not the policy's
+        self.critic_followers = frozenset(s.role for s in pipeline.stages if s.reads_critic)
 
     def apply(self, record: r.Record | Sequence[Any]) -> None:
         """Apply one record: a named one, or a journal entry ``[opcode, *fields]``."""
@@ -226,9 +232,16 @@ class CoreState:
         stage = self.pipeline.stage_at(lease.source, lease.role)
         if stage.gate is Gate.STEP:
             self.steps_done += 1
+        elif stage.gate is Gate.CRITIC_STEP:
+            self.critic_steps_done += 1
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             del group.leases[lease.role]
+            if stage.reads_critic:
+                group.critic_version = lease.version
+            elif stage.gate is Gate.CRITIC_STEP and group.critic_version is not None:
+                lag = self.critic_steps_done - 1 - group.critic_version
+                self.worst_critic_staleness = max(self.worst_critic_staleness, lag)
             # whatever killed its workers, it was not this
             self.indexes.suspect_cleared(group, lease.role)
             if behaviour is not None:
@@ -314,6 +327,8 @@ class CoreState:
                 self._release_groups(self.leases[held], (group.gid,))
         for kept in derived:
             group.data.pop(kept, None)
+        if derived & self.critic_followers:
+            group.critic_version = None
         if stage.working is not None:  # made again from its source state, admitted afresh
             group.done = NONE
             group.behaviour = None
@@ -332,60 +347,6 @@ class CoreState:
         for kept in [k for k in self.retained if k <= self.durable_step]:
             del self.retained[kept]
 
-    def _roll_back(self, step: int, reason: str) -> None:
-        """Training is back at ``step``: the versions after it are lost, and so is all
-        work that used their weights. The rule (DESIGN: durability of training):
-
-        - workers running on a lost version leave (their leases go back uncounted); they
-          register again and load a version that exists;
-        - a step in flight is given back;
-        - a group with tokens of a lost version is generated again; one generated under
-          kept versions keeps its tokens, but what stages that read the policy made for
-          it (proximal log-probs) is computed again;
-        - the groups the lost steps trained are trained again: their prompts (kept until
-          their step was durable) come back as new groups, keyed ``<key>#rollback<n>``;
-        - the step count and the published version return to ``step``.
-        """
-        self.rollbacks += 1
-        lost = sorted(w for w, known in self.workers.items() if (known.loaded or 0) > step)
-        step_role = self.pipeline.gated(Gate.STEP).role
-        for lease in sorted(self.leases.values(), key=lambda lease: lease.lid):
-            if lease.worker in lost or lease.role == step_role:
-                self._fail(lease.lid, sorted(lease.gids), reason, counted=False)
-        for worker in lost:
-            self.indexes.left(self.workers.pop(worker))
-            self.notices.append(WorkerLost(worker, reason))
-        admit_role = self.pipeline.gated(Gate.ADMIT).role
-        for gid in sorted(self.groups):
-            group = self.groups[gid]
-            if group.state is DEAD or group.behaviour is None:
-                continue
-            if group.behaviour[1] > step:
-                self.regenerated[admit_role] += 1
-                self._redo(group, admit_role, reason)
-                continue
-            for role, after in self._policy_readers.items():
-                if role in group.done or group.state in after:
-                    self._redo(group, role, reason)
-        again = [kept for k in sorted(self.retained) if k > step for kept in self.retained[k]]
-        self.retained = {k: kept for k, kept in self.retained.items() if k <= step}
-        self._train_again(again)
-        self.steps_done = step
-        self.policy_version = min(self.policy_version, step)
-        self.notices.append(RolledBackTo(step, len(again), reason))
-
-    def _train_again(self, trained: Sequence[Sequence[Any]]) -> None:
-        """Groups a lost step trained, back as new groups with their prompts."""
-        if not trained:
-            return
-        first = self.next_gid
-        keys = [f"{key}#rollback{self.rollbacks}" for key, _ in trained]
-        self._add(first, keys, [entry for _, entry in trained])
-        for gid, (_, entry) in enumerate(trained, first):
-            if entry is None:  # added without a payload the first time
-                del self.groups[gid].data[self.pipeline.entry_role]
-        self.counts[GroupState.TRAINED] -= len(trained)
-
     def _forget_train_by(self, group: Group) -> None:
         if group.train_by is None:
             return
@@ -403,9 +364,17 @@ class CoreState:
         self.fence = max(self.fence, base)
         self.next_lid = max(self.next_lid, base + 1)
 
-    def _publish(self, version: int) -> None:
-        self.policy_version = version
-        self.notices.append(VersionPublished(version))
+    def _redone(self, gids: Sequence[int], role: str, reason: str) -> None:
+        for gid in gids:
+            self.regenerated[role] += 1
+            self._redo(self.groups[gid], role, reason)
+
+    def _publish(self, version: int, critic: bool = False) -> None:
+        if critic:
+            self.critic_version = version
+        else:
+            self.policy_version = version
+        self.notices.append(VersionPublished(version, critic))
 
     # --- leases end, locks follow ----------------------------------------------------
 

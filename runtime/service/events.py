@@ -37,6 +37,8 @@ def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
             return _transition_topic(source, target), body
         case GroupsAdded(groups):
             return topic(Topic.GROUPS, "added"), {"groups": list(groups)}
+        case VersionPublished(version, critic=True):
+            return topic(Topic.VERSION, "critic_published"), {"version": version}
         case VersionPublished(version):
             return topic(Topic.VERSION, "published"), {"version": version}
         case VersionLoaded(worker, version):

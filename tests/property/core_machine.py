@@ -29,10 +29,12 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
 from tests.support.core_indexes import index_mismatches
 
 from .pipeline_model import (
-    EDGES,
+    CRITIC,
+    CRITIC_TABLE,
+    DEFAULT_TABLE,
     GENERATE,
-    READERS,
     TRAIN,
+    VALUES,
     ModelLease,
     PipelineModel,
 )
@@ -40,13 +42,22 @@ from .pipeline_model import (
 GENERATORS = ("gen0", "gen1")
 WORKERS = {"gen0": GENERATE, "gen1": GENERATE, "logp0": "logp", "ref0": "ref_logp",
            "rew0": "reward", "train0": TRAIN}  # fmt: skip
+# with a critic (Pipeline.with_critic): its values scorer and its step, each a worker
+CRITIC_WORKERS = {**WORKERS, "val0": VALUES, "critic0": CRITIC}
+# roles whose workers report the version they loaded (of the policy; values: of the critic)
+LOADING = (GENERATE, VALUES)
 LEASE_TIMEOUT, WORKER_TIMEOUT = 10.0, 25.0
 GPU = "gpu"
 
 
 def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -> type:
+    critic = bool(pipeline.for_role(CRITIC))
+    table = CRITIC_TABLE if critic else DEFAULT_TABLE
+    workers = CRITIC_WORKERS if critic else WORKERS
+
     class CoreMachine(RuleBasedStateMachine):
         keys = Bundle("keys")
+        roles = workers
 
         def __init__(self) -> None:
             super().__init__()
@@ -68,10 +79,12 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             self.settings = CoreSettings(staleness, batch, attempts, LEASE_TIMEOUT,
                                          WORKER_TIMEOUT, {GPU: capacity}, fence_key)  # fmt: skip
             self.core = SchedulerCore(self.settings, pipeline)
-            self.model = PipelineModel(staleness, batch, attempts, LEASE_TIMEOUT, WORKER_TIMEOUT)
-            for worker in WORKERS:
+            self.model = PipelineModel(
+                staleness, batch, attempts, LEASE_TIMEOUT, WORKER_TIMEOUT, table=table
+            )
+            for worker in workers:
                 self._register(worker)
-                if WORKERS[worker] == GENERATE:
+                if workers[worker] in LOADING:
                     self._ok(self.core.loaded_version(worker, 0))
                     self.model.loaded[worker] = 0
             self.seen = (0, 0, dict(self.model.loaded))
@@ -89,7 +102,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         def _follow(self, move: Transition) -> None:
             """Every move the core announces is an edge of the pipeline, from where it was."""
             edge = (move.source.value, move.target.value)
-            assert edge in EDGES, f"groups {move.groups} moved {edge[0]}→{edge[1]}"
+            assert edge in table.edges, f"groups {move.groups} moved {edge[0]}→{edge[1]}"
             for gid in move.groups:
                 was = self.last_state.get(gid, "pending")
                 assert was == move.source, f"group {gid} left {move.source} but was in {was}"
@@ -100,12 +113,12 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             self._sync_journal()
 
         def _register(self, worker: str) -> None:
-            self._ok(self.core.register(worker, WORKERS[worker], self.now))
+            self._ok(self.core.register(worker, workers[worker], self.now))
             if worker in self.model.workers:
                 self.model.died(worker)  # a new process: the old one died holding its work
-            self.model.workers[worker] = WORKERS[worker]
+            self.model.workers[worker] = workers[worker]
             self.model.last_seen[worker] = self.now
-            if WORKERS[worker] == GENERATE:
+            if workers[worker] in LOADING:
                 self.model.loaded[worker] = None
 
         def _unchanged(self, action) -> None:
@@ -132,15 +145,17 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
 
         # --- leases --------------------------------------------------------------------
 
-        @rule(worker=st.sampled_from(sorted(WORKERS)), n=st.integers(1, 5), lock=st.booleans())
+        @rule(worker=st.sampled_from(sorted(workers)), n=st.integers(1, 5), lock=st.booleans())
         def claim(self, worker: str, n: int, lock: bool) -> None:
-            role = WORKERS[worker]
+            role = workers[worker]
             if worker not in self.model.workers:
                 return self._unchanged(lambda: self.core.claim(role, worker, n, self.now))
-            if role == GENERATE and self.model.loaded[worker] is None:
+            if role in LOADING and self.model.loaded[worker] is None:
                 return self._unchanged(lambda: self.core.claim(role, worker, n, self.now))
             reply = self.core.claim(role, worker, n, self.now)
             self._ok(reply)
+            if role == CRITIC:
+                self.model.redo_stale_values()
             if reply is None:
                 return self._check_idle(role, worker)
             assert isinstance(reply, Grant)
@@ -149,13 +164,16 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                 self._ok(self.core.acquire(GPU, reply.lease_id, reply.fence))
 
         def _check_idle(self, role: str, worker: str) -> None:
-            if role not in (GENERATE, TRAIN):
-                takeable = self.model.takeable_for(role, worker, 1)
-                assert takeable == [], f"{role} had work but got none"
+            if role in (GENERATE, TRAIN, CRITIC):
+                return
+            if role == VALUES and self.model.loaded[worker] < self.model.oldest_critic_allowed():
+                return  # its values would be too stale for the next critic step
+            takeable = self.model.takeable_for(role, worker, 1)
+            assert takeable == [], f"{role} had work but got none"
 
         def _check_grant(self, role: str, worker: str, n: int, grant: Grant) -> None:
             gids = list(grant.groups)
-            if role not in (GENERATE, TRAIN):
+            if role not in (GENERATE, TRAIN, CRITIC):
                 oldest = self.model.takeable_for(role, worker, n)
                 assert gids == oldest, f"{role} got {gids}, oldest takeable {oldest}"
             if role == TRAIN:
@@ -165,15 +183,21 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                 # alone and payloads made again change the order of admission, and the
                 # promise that matters, every group trained within the staleness bound, is
                 # checked by the invariants after every step.
+            elif role == CRITIC:
+                assert 1 <= len(gids) <= self.model.batch, f"critic batch of {len(gids)}"
+                assert not self.model.leased(CRITIC), "two critic steps at once"
+                # less than a batch only for a train step that waits for them
+                assert len(gids) == self.model.batch or not self.model.train_leased()
+                assert grant.version == self.model.critic_steps_done
             else:
                 assert 1 <= len(gids) <= n
-            if role == GENERATE:
+            if role in LOADING:
                 assert grant.version == self.model.loaded[worker]
             lease = ModelLease(grant.lease_id, grant.fence, role, worker, grant.expires_at,
                                set(gids), grant.version)  # fmt: skip
             assert grant.expires_at == self.now + LEASE_TIMEOUT
             self.model.lease(lease)
-            if role != TRAIN:  # so that the worker's next death names the suspect it held
+            if role not in (TRAIN, CRITIC):  # so that its next death names the suspect it held
                 held = self.model.suspects_held(worker, role)
                 assert held <= 1, f"{worker} holds {held} suspects"
 
@@ -183,7 +207,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
 
         def _pick_groups(self, data: st.DataObject, lease: ModelLease) -> list[int]:
             gids = sorted(lease.gids)
-            if lease.role == TRAIN:
+            if lease.role in (TRAIN, CRITIC):
                 return gids
             chosen = data.draw(st.lists(st.sampled_from(gids), min_size=1, unique=True))
             return sorted(chosen)
@@ -213,15 +237,25 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if lease.role == TRAIN:
                 self._check_step(gids)
                 self.model.durable_step = max(self.model.durable_step, durable or 0)
+            if lease.role == CRITIC:
+                self._check_critic_step(gids)
 
         def _draw_versions(self, data: st.DataObject, floor: int) -> tuple[int, int]:
             top = self.model.policy_version
             low = data.draw(st.one_of(st.just(floor), st.integers(floor, top)))
             return low, data.draw(st.integers(low, top))
 
+        def _check_critic_step(self, gids: list[int]) -> None:
+            step, bound = self.model.critic_steps_done, self.model.max_staleness
+            for gid in gids:
+                made = self.model.groups[gid].critic_version
+                assert step - 1 - made <= bound, f"group {gid}: values of v{made} at step {step}"
+
         def _check_step(self, gids: list[int]) -> None:
             step, bound = self.model.steps_done, self.model.max_staleness
             for gid in gids:
+                if critic:
+                    assert self.model.groups[gid].critic_step is not None, f"{gid}: no critic"
                 low, high = self.model.groups[gid].behaviour
                 assert step - 1 - low <= bound, f"group {gid} of v{low} trained at step {step}"
                 if sync:
@@ -242,7 +276,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             readers = [x for x in self.model.leases.values() if x.role != GENERATE]
             lease = data.draw(st.sampled_from(sorted(readers, key=lambda x: x.lid)))
             gid = data.draw(st.sampled_from(sorted(lease.gids)))
-            made_by = sorted(r for r, readers in READERS.items() if lease.role in readers)
+            made_by = sorted(table.reads[lease.role])
             role = data.draw(st.sampled_from(made_by))
             lost = [(gid, role, "holder gone")]
             gone = data.draw(st.booleans())  # its holder died, or the bytes are bad
@@ -275,21 +309,21 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             self._sync_journal()
             self.model.tick(self.now)
 
-        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        @rule(worker=st.sampled_from(sorted(workers)))
         def heartbeat(self, worker: str) -> None:
             if worker not in self.model.workers:
                 return self._unchanged(lambda: self.core.heartbeat(worker, self.now))
             self._ok(self.core.heartbeat(worker, self.now))
             self.model.heartbeat(worker, self.now)
 
-        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        @rule(worker=st.sampled_from(sorted(workers)))
         def worker_dies(self, worker: str) -> None:
             if worker not in self.model.workers:
                 return
             self._ok(self.core.worker_lost(worker, "killed"))
             self.model.lose(worker)
 
-        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        @rule(worker=st.sampled_from(sorted(workers)))
         def worker_leaves(self, worker: str) -> None:
             """A Bye: it leaves on purpose, and what it held goes back unblamed."""
             if worker not in self.model.workers:
@@ -297,7 +331,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             self._ok(self.core.worker_lost(worker, "left: stopping", died=False))
             self.model.lose(worker, died=False)
 
-        @rule(worker=st.sampled_from(sorted(WORKERS)))
+        @rule(worker=st.sampled_from(sorted(workers)))
         def worker_restarts(self, worker: str) -> None:
             self._register(worker)
 
@@ -311,6 +345,28 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                 return self._unchanged(lambda: self.core.publish_version("train0", version))
             self._ok(self.core.publish_version("train0", version))
             self.model.policy_version = version
+
+        @precondition(lambda self: self.model.critic_steps_done > self.model.critic_version)
+        @rule(data=st.data())
+        def publish_critic(self, data: st.DataObject) -> None:
+            model = self.model
+            version = data.draw(st.integers(model.critic_version + 1, model.critic_steps_done))
+            if "critic0" not in model.workers:
+                return self._unchanged(lambda: self.core.publish_version("critic0", version))
+            self._ok(self.core.publish_version("critic0", version))
+            model.critic_version = version
+
+        @precondition(lambda self: critic)
+        @rule(data=st.data())
+        def load_critic(self, data: st.DataObject) -> None:
+            if "val0" not in self.model.workers:
+                return
+            floor = self.model.loaded["val0"] or 0
+            version = data.draw(st.integers(floor, self.model.critic_version + 1))
+            if version > self.model.critic_version:
+                return self._unchanged(lambda: self.core.loaded_version("val0", version))
+            self._ok(self.core.loaded_version("val0", version))
+            self.model.loaded["val0"] = version
 
         @precondition(lambda self: self.model.steps_done > 0)
         @rule(data=st.data())
@@ -403,10 +459,12 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             assert len(self.model.groups) == self.core.state.next_gid
             batches = [gid for batch in self.model.batches for gid in batch]
             assert counts["trained"] == len(batches) == len(set(batches))
+            assert self.core.state.critic_steps_done == len(self.model.critic_batches)
 
         @invariant()
         def trained_groups_are_fresh_enough(self) -> None:
             assert self.core.state.worst_staleness <= self.model.max_staleness
+            assert self.core.state.worst_critic_staleness <= self.model.max_staleness
             assert self.model.overdue() == [], "a started group can no longer be trained in time"
 
         @invariant()
@@ -415,6 +473,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             steps, policy, loaded = self.seen
             assert state.steps_done >= steps and state.policy_version >= policy
             assert state.policy_version <= state.steps_done
+            assert state.critic_version <= state.critic_steps_done
             for worker, info in state.workers.items():
                 if info.loaded is not None and loaded.get(worker) is not None:
                     assert info.loaded >= loaded[worker], f"{worker} loaded went back"
@@ -464,7 +523,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
 def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
     """Liveness: with every worker healthy, the pipeline trains everything it can."""
     core, model = machine.core, machine.model
-    for worker in WORKERS:
+    for worker in machine.roles:
         if worker not in model.workers:
             machine._register(worker)
     for lease in list(model.leases.values()):
@@ -476,7 +535,9 @@ def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
         progressed = _one_round(machine, None)
         if not progressed and not model.leases:
             break
-    left = [g for g in model.alive_untrained() if model.groups[g].state != "ready"]
+    # what no step can take: fewer than a batch, ready or through the critic's step
+    waiting = ("ready", "critic_trained")
+    left = [g for g in model.alive_untrained() if model.groups[g].state not in waiting]
     stuck = {g: (core.state.groups[g].state.value, core.state.groups[g].train_by) for g in left}
     assert not left, f"groups stuck short of ready: {stuck}; {_pipeline_view(core)}"
     assert len(model.alive_untrained()) < model.batch, "a full batch was never trained"
@@ -485,8 +546,9 @@ def drain_to_the_end(machine: RuleBasedStateMachine) -> None:
 
 def _pipeline_view(core: SchedulerCore) -> str:
     s = core.state
-    loaded = {w: i.loaded for w, i in s.workers.items() if i.role == GENERATE}
-    return f"step {s.steps_done}, due {dict(s.due)}, ready {dict(s.due_ready)}, loaded {loaded}"
+    loaded = {w: i.loaded for w, i in s.workers.items() if i.role in LOADING}
+    steps = f"step {s.steps_done}, critic step {s.critic_steps_done}"
+    return f"{steps}, due {dict(s.due)}, ready {dict(s.due_ready)}, loaded {loaded}"
 
 
 def _one_round(machine: RuleBasedStateMachine, rng: random.Random | None) -> bool:
@@ -496,17 +558,28 @@ def _one_round(machine: RuleBasedStateMachine, rng: random.Random | None) -> boo
     if model.steps_done > model.policy_version and "train0" in model.workers:
         machine._ok(core.publish_version("train0", model.steps_done))  # a step left unpublished
         model.policy_version = model.steps_done
+    if model.critic_steps_done > model.critic_version and "critic0" in model.workers:
+        machine._ok(core.publish_version("critic0", model.critic_steps_done))
+        model.critic_version = model.critic_steps_done
     for worker in GENERATORS:
         if worker in model.workers and model.loaded[worker] != model.policy_version:
             machine._ok(core.loaded_version(worker, model.policy_version))
             model.loaded[worker] = model.policy_version
-    for worker, role in WORKERS.items():
+    if "val0" in model.workers and model.loaded["val0"] != model.critic_version:
+        machine._ok(core.loaded_version("val0", model.critic_version))
+        model.loaded["val0"] = model.critic_version
+    for worker, role in machine.roles.items():
         if worker not in model.workers:
             continue
         machine._ok(core.heartbeat(worker, machine.now))
         model.heartbeat(worker, machine.now)
+        redone = core.state.regenerated[VALUES]
         reply = core.claim(role, worker, 8, machine.now)
         machine._ok(reply)
+        if role == CRITIC:
+            model.redo_stale_values()
+            # values made again are work for the next round
+            progressed |= core.state.regenerated[VALUES] > redone
         if reply is None:
             continue
         machine._check_grant(role, worker, 8, reply)
@@ -524,4 +597,6 @@ def _one_round(machine: RuleBasedStateMachine, rng: random.Random | None) -> boo
             machine._check_step(gids)
             machine._ok(core.publish_version(worker, model.steps_done))
             model.policy_version = model.steps_done
+        if role == CRITIC:
+            machine._check_critic_step(gids)
     return progressed

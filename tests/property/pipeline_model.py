@@ -10,43 +10,117 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 GENERATE, LOGP, REF_LOGP, REWARD, TRAIN = "generate", "logp", "ref_logp", "reward", "train"
-BRANCHES = frozenset({LOGP, REF_LOGP, REWARD})
-# role -> (source, working state or None, target)
-ROWS = {
-    GENERATE: ("pending", "generating", "generated"),
-    LOGP: ("generated", None, "ready"),
-    REF_LOGP: ("generated", None, "ready"),
-    REWARD: ("generated", None, "ready"),
-    TRAIN: ("ready", "training", "trained"),
-}
-# every move a group may make: forward, back after a lost lease, and into dead
-EDGES = frozenset(
-    {
-        ("pending", "generating"),
-        ("generating", "generated"),
-        ("generating", "pending"),
-        ("generated", "ready"),
-        ("ready", "training"),
-        ("training", "trained"),
-        ("training", "ready"),
-        # a payload lost with its holder: back to the stage that made it
-        ("generated", "pending"),
-        ("ready", "pending"),
-        ("training", "pending"),
-        ("ready", "generated"),
-        ("training", "generated"),
-    }
-    | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
-)
+VALUES, CRITIC = "values", "critic"
 # "rolled_back": trained by a step that training rolled back; trained again as a new group
 FINAL = frozenset({"trained", "dead", "rolled_back"})
-# role -> the roles that read its payload, directly or through what they made from it
-READERS = {
-    GENERATE: frozenset({LOGP, REF_LOGP, REWARD, TRAIN}),
-    LOGP: frozenset({TRAIN}),
-    REF_LOGP: frozenset({TRAIN}),
-    REWARD: frozenset({TRAIN}),
-}
+
+
+@dataclass(frozen=True)
+class Table:
+    """One pipeline, by heart: its rows, its moves, and who reads what."""
+
+    rows: dict[str, tuple[str, str | None, str]]  # role -> (source, working or None, target)
+    branches: frozenset[str]
+    # every move a group may make: forward, back after a lost lease, and into dead
+    edges: frozenset[tuple[str, str]]
+    # role -> the roles downstream of it: a lost payload of its takes their work down too
+    readers: dict[str, frozenset[str]]
+    reads: dict[str, frozenset[str]]  # role -> the roles whose payloads its lease carries
+    after_logp: frozenset[str]  # where a group is once logp is done with it (joined)
+
+
+_SCORERS = frozenset({LOGP, REF_LOGP, REWARD})
+DEFAULT_TABLE = Table(
+    rows={
+        GENERATE: ("pending", "generating", "generated"),
+        LOGP: ("generated", None, "ready"),
+        REF_LOGP: ("generated", None, "ready"),
+        REWARD: ("generated", None, "ready"),
+        TRAIN: ("ready", "training", "trained"),
+    },
+    branches=_SCORERS,
+    edges=frozenset(
+        {
+            ("pending", "generating"),
+            ("generating", "generated"),
+            ("generating", "pending"),
+            ("generated", "ready"),
+            ("ready", "training"),
+            ("training", "trained"),
+            ("training", "ready"),
+            # a payload lost with its holder: back to the stage that made it
+            ("generated", "pending"),
+            ("ready", "pending"),
+            ("training", "pending"),
+            ("ready", "generated"),
+            ("training", "generated"),
+        }
+        | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
+    ),
+    readers={
+        GENERATE: frozenset({LOGP, REF_LOGP, REWARD, TRAIN}),
+        LOGP: frozenset({TRAIN}),
+        REF_LOGP: frozenset({TRAIN}),
+        REWARD: frozenset({TRAIN}),
+    },
+    reads={
+        LOGP: frozenset({GENERATE}),
+        REF_LOGP: frozenset({GENERATE}),
+        REWARD: frozenset({GENERATE}),
+        TRAIN: frozenset({GENERATE, LOGP, REF_LOGP, REWARD}),
+    },
+    after_logp=frozenset({"ready", "training"}),
+)
+
+# PPO's: a values branch beside the scorers, the critic's step between ready and train.
+_CRITIC_ALIVE = (
+    "pending", "generating", "generated", "ready", "critic_training", "critic_trained", "training"
+)  # fmt: skip
+CRITIC_TABLE = Table(
+    rows={
+        GENERATE: ("pending", "generating", "generated"),
+        LOGP: ("generated", None, "ready"),
+        REF_LOGP: ("generated", None, "ready"),
+        REWARD: ("generated", None, "ready"),
+        VALUES: ("generated", None, "ready"),
+        CRITIC: ("ready", "critic_training", "critic_trained"),
+        TRAIN: ("critic_trained", "training", "trained"),
+    },
+    branches=_SCORERS | {VALUES},
+    edges=frozenset(
+        {
+            ("pending", "generating"),
+            ("generating", "generated"),
+            ("generating", "pending"),
+            ("generated", "ready"),
+            ("ready", "critic_training"),
+            ("critic_training", "critic_trained"),
+            ("critic_training", "ready"),
+            ("critic_trained", "training"),
+            ("training", "trained"),
+            ("training", "critic_trained"),
+        }
+        # a payload lost with its holder: back to the stage that made it
+        | {(s, "pending") for s in _CRITIC_ALIVE[2:]}
+        | {(s, "generated") for s in _CRITIC_ALIVE[3:]}
+        | {(s, "ready") for s in ("critic_trained", "training")}
+        | {(s, "dead") for s in _CRITIC_ALIVE}
+    ),
+    readers={
+        GENERATE: frozenset({LOGP, REF_LOGP, REWARD, VALUES, CRITIC, TRAIN}),
+        **{scorer: frozenset({CRITIC, TRAIN}) for scorer in (LOGP, REF_LOGP, REWARD, VALUES)},
+        CRITIC: frozenset({TRAIN}),
+    },
+    reads={
+        LOGP: frozenset({GENERATE}),
+        REF_LOGP: frozenset({GENERATE}),
+        REWARD: frozenset({GENERATE}),
+        VALUES: frozenset({GENERATE}),
+        CRITIC: frozenset({GENERATE, REWARD, VALUES}),
+        TRAIN: frozenset({GENERATE, LOGP, REF_LOGP, REWARD, VALUES}),
+    },
+    after_logp=frozenset({"ready", "critic_training", "critic_trained", "training"}),
+)
 
 
 @dataclass
@@ -70,6 +144,8 @@ class ModelGroup:
     behaviour: tuple[int, int] | None = None
     admitted: int | None = None  # the version its generator had loaded when it started
     step: int | None = None
+    critic_version: int | None = None  # the critic version its values were made with
+    critic_step: int | None = None  # the critic's step that trained on it
 
 
 @dataclass
@@ -89,11 +165,15 @@ class PipelineModel:
     policy_version: int = 0
     batches: list[list[int]] = field(default_factory=list)  # the groups of steps 1, 2, ...
     durable_step: int = 0
+    table: Table = DEFAULT_TABLE
+    critic_steps_done: int = 0
+    critic_version: int = 0
+    critic_batches: list[list[int]] = field(default_factory=list)
 
     # --- questions -------------------------------------------------------------------
 
     def takeable(self, role: str) -> list[int]:
-        source = ROWS[role][0]
+        source = self.table.rows[role][0]
         return sorted(
             gid
             for gid, g in self.groups.items()
@@ -102,8 +182,8 @@ class PipelineModel:
 
     def takeable_for(self, role: str, worker: str, n: int) -> list[int]:
         """What a claim of ``n`` by ``worker`` gets: the oldest takeable groups, with at
-        most one suspect in the worker's hands (the train step takes its batch whole)."""
-        if role == TRAIN:
+        most one suspect in the worker's hands (a step takes its batch whole)."""
+        if role in (TRAIN, CRITIC):
             return self.takeable(role)[:n]
         holds = any(
             role in self.groups[gid].suspects
@@ -144,7 +224,13 @@ class PipelineModel:
         ]
 
     def train_leased(self) -> bool:
-        return any(lease.role == TRAIN for lease in self.leases.values())
+        return self.leased(TRAIN)
+
+    def leased(self, role: str) -> bool:
+        return any(lease.role == role for lease in self.leases.values())
+
+    def oldest_critic_allowed(self) -> int:
+        return self.critic_steps_done - self.max_staleness
 
     # --- what happens ----------------------------------------------------------------
 
@@ -153,7 +239,7 @@ class PipelineModel:
             self.groups[gid] = ModelGroup()
 
     def lease(self, lease: ModelLease) -> None:
-        source, working, _ = ROWS[lease.role]
+        source, working, _ = self.table.rows[lease.role]
         for gid in lease.gids:
             group = self.groups[gid]
             assert group.state == source, f"{lease.role} leased group {gid} in {group.state}"
@@ -170,23 +256,30 @@ class PipelineModel:
         if lease.role == TRAIN:
             self.steps_done += 1
             self.batches.append(sorted(gids))
+        if lease.role == CRITIC:
+            self.critic_steps_done += 1
+            self.critic_batches.append(sorted(gids))
         for i, gid in enumerate(gids):
             group = self.groups[gid]
             group.leased.discard(lease.role)
             group.suspects.discard(lease.role)
             if behaviour is not None:
                 group.behaviour = behaviour[i]
+            if lease.role == VALUES:
+                group.critic_version = lease.version
             self._advance(gid, group, lease.role)
         self._drop(lease, gids)
 
     def _advance(self, gid: int, group: ModelGroup, role: str) -> None:
-        if role in BRANCHES:
+        if role in self.table.branches:
             group.done.add(role)
-            if group.done == BRANCHES:
+            if group.done == self.table.branches:
                 group.done.clear()
                 group.state = "ready"
             return
-        group.state = ROWS[role][2]
+        group.state = self.table.rows[role][2]
+        if role == CRITIC:  # again after a roll back made its proximal log-probs again
+            group.critic_step = self.critic_steps_done
         if role == TRAIN:
             assert group.step is None, f"group {gid} trained twice"
             group.step = self.steps_done
@@ -194,7 +287,7 @@ class PipelineModel:
     def fail(self, lid: int, gids: list[int], suspect: bool = False) -> None:
         """The groups are blamed for a try: back to the lease's source, or dead."""
         lease = self.leases[lid]
-        source = ROWS[lease.role][0]
+        source = self.table.rows[lease.role][0]
         for gid in gids:
             group = self.groups[gid]
             group.leased.discard(lease.role)
@@ -237,17 +330,19 @@ class PipelineModel:
             self._kill(gid)
         else:
             for other in list(self.leases.values()):
-                if gid in other.gids and other.role in READERS[role]:
+                if gid in other.gids and other.role in self.table.readers[role]:
                     group.leased.discard(other.role)
                     self._drop(other, [gid])
+            if role in (GENERATE, VALUES):
+                group.critic_version = None
             if role == GENERATE:
                 group.state, group.done, group.admitted = "pending", set(), None
             elif group.state == "generated":
                 group.done.discard(role)
             else:
-                group.state, group.done = "generated", set(BRANCHES - {role})
+                group.state, group.done = "generated", set(self.table.branches - {role})
         rest = sorted(lease.gids)
-        source = ROWS[lease.role][0]
+        source = self.table.rows[lease.role][0]
         for other_gid in rest:
             other = self.groups[other_gid]
             other.leased.discard(lease.role)
@@ -271,9 +366,12 @@ class PipelineModel:
     def roll_back(self, step: int) -> int:
         """Training returns to ``step`` (see CoreState._roll_back); the first new gid is
         next, one per group the lost steps trained. Returns how many were added."""
-        lost = sorted(w for w, v in self.loaded.items() if (v or 0) > step)
+        # a values worker follows the critic's versions, which stay
+        lost = sorted(
+            w for w, v in self.loaded.items() if (v or 0) > step and self.workers[w] != VALUES
+        )
         for lease in sorted(self.leases.values(), key=lambda x: x.lid):
-            if lease.lid in self.leases and (lease.worker in lost or lease.role == TRAIN):
+            if lease.lid in self.leases and (lease.worker in lost or lease.role in (TRAIN, CRITIC)):
                 self._give_back(lease)
         for worker in lost:
             del self.workers[worker]
@@ -283,19 +381,20 @@ class PipelineModel:
             if group.state in FINAL or group.behaviour is None:
                 continue
             if group.behaviour[1] > step:
-                self._drop_readers(group, READERS[GENERATE] | {GENERATE})
+                self._drop_readers(group, self.table.readers[GENERATE] | {GENERATE})
                 group.state, group.done, group.admitted, group.behaviour = (
                     "pending",
                     set(),
                     None,
                     None,
                 )
-            elif LOGP in group.done or group.state in ("ready", "training"):
-                self._drop_readers(group, READERS[LOGP] | {LOGP})
+                group.critic_version = None
+            elif LOGP in group.done or group.state in self.table.after_logp:
+                self._drop_readers(group, self.table.readers[LOGP] | {LOGP})
                 if group.state == "generated":
                     group.done.discard(LOGP)
                 else:
-                    group.state, group.done = "generated", set(BRANCHES - {LOGP})
+                    group.state, group.done = "generated", set(self.table.branches - {LOGP})
         lost_batches, self.batches = self.batches[step:], self.batches[:step]
         again = [gid for batch in lost_batches for gid in batch]
         for gid in again:
@@ -307,7 +406,7 @@ class PipelineModel:
 
     def _give_back(self, lease: ModelLease, gids: list[int] | None = None) -> None:
         """Uncounted: the groups (all the lease's by default) go back to its source."""
-        source = ROWS[lease.role][0]
+        source = self.table.rows[lease.role][0]
         gids = sorted(lease.gids) if gids is None else gids
         for gid in gids:
             group = self.groups[gid]
@@ -322,6 +421,16 @@ class PipelineModel:
             if gid in lease.gids and lease.role in roles:
                 group.leased.discard(lease.role)
                 self._drop(lease, [gid])
+
+    def redo_stale_values(self) -> None:
+        """A critic claim: values made with a critic older than the bound allows are made
+        again (the group waits for its values branch alone)."""
+        oldest = self.oldest_critic_allowed()
+        for group in self.groups.values():
+            version = group.critic_version
+            if group.state == "ready" and version is not None and version < oldest:
+                group.state, group.done = "generated", set(self.table.branches - {VALUES})
+                group.critic_version = None
 
     def lose(self, worker: str, died: bool = True) -> None:
         """The worker is gone: died (timed out, killed) or left on purpose (nobody blamed)."""

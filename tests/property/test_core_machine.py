@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+
 from .core_machine import make_machine
 
 TestAsyncPipeline = make_machine().TestCase
 TestSyncPipeline = make_machine(sync=True).TestCase
+# PPO's table: a values branch and the critic's step before the train step
+TestCriticPipeline = make_machine(DEFAULT_PIPELINE.with_critic()).TestCase
+TestSyncCriticPipeline = make_machine(DEFAULT_PIPELINE.with_critic(), sync=True).TestCase

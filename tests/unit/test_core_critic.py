@@ -1,0 +1,200 @@
+"""The scheduler core with a learned critic (Pipeline.with_critic), scenario by scenario:
+the values branch, the critic's step and its own versions, and its staleness bound (the
+property tests in tests/property cover the interleavings)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.runtime.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.core.codec import dump_state
+from asyncrl.runtime.core.effects import Accepted, Grant, Reason, Rejected, VersionPublished
+from asyncrl.runtime.core.pipeline import (
+    DEFAULT_PIPELINE,
+    Gate,
+    GroupState,
+    Pipeline,
+    PipelineError,
+    Role,
+    Stage,
+)
+
+PPO = DEFAULT_PIPELINE.with_critic().without(Role.REF_LOGP)
+ROLES = {"gen": "generate", "lp": "logp", "rw": "reward", "val": "values", "cr": "critic",
+         "tr": "train"}  # fmt: skip
+
+
+def make_core(**overrides: object) -> SchedulerCore:
+    settings = {"max_staleness": 1, "train_batch_groups": 2, "max_attempts": 2,
+                "lease_timeout": 10.0, "worker_timeout": 30.0, "resources": {}}  # fmt: skip
+    core = SchedulerCore(CoreSettings(**{**settings, **overrides}), PPO)
+    for worker, role in ROLES.items():
+        assert isinstance(core.register(worker, role, 0.0), Accepted)
+    assert isinstance(core.loaded_version("gen", 0), Accepted)
+    assert isinstance(core.loaded_version("val", 0), Accepted)
+    return core
+
+
+def grant(reply: object) -> Grant:
+    assert isinstance(reply, Grant), reply
+    return reply
+
+
+def done(core: SchedulerCore, lease: Grant, behaviour: bool = False) -> None:
+    gids = list(lease.groups)
+    versions = [(lease.version, lease.version)] * len(gids) if behaviour else None
+    assert isinstance(core.complete(lease.lease_id, lease.fence, gids, versions), Accepted)
+
+
+def to_ready(core: SchedulerCore, n: int) -> list[int]:
+    """``n`` new groups generated and scored by every branch: ready for the critic."""
+    first = core.state.next_gid
+    core.add_groups([f"g{first + i}" for i in range(n)])
+    done(core, grant(core.claim("generate", "gen", n, 0.0)), behaviour=True)
+    for worker in ("lp", "rw", "val"):
+        done(core, grant(core.claim(ROLES[worker], worker, n, 0.0)))
+    gids = list(range(first, first + n))
+    assert {core.state.groups[g].state for g in gids} == {GroupState.READY}
+    return gids
+
+
+def test_the_table_puts_values_beside_logp_and_the_critic_before_the_train_step() -> None:
+    rows = {s.role: (s.source, s.working, s.target, s.gate) for s in PPO.stages}
+    assert rows["values"] == (GroupState.GENERATED, None, GroupState.READY, Gate.FREE)
+    assert rows["critic"] == (
+        GroupState.READY,
+        GroupState.CRITIC_TRAINING,
+        GroupState.CRITIC_TRAINED,
+        Gate.CRITIC_STEP,
+    )
+    assert rows["train"][0] == GroupState.CRITIC_TRAINED
+    assert PPO.reads(PPO.stage_at(GroupState.READY, "critic")) == {"generate", "reward", "values"}
+    assert "values" in PPO.reads(PPO.gated(Gate.STEP))
+
+
+def test_a_table_that_reads_the_critic_needs_one_that_trains_it() -> None:
+    values = Stage("values", GroupState.GENERATED, GroupState.READY, reads_critic=True)
+    with pytest.raises(PipelineError, match="reads the critic, but no stage trains one"):
+        Pipeline((*DEFAULT_PIPELINE.stages, values))
+    with pytest.raises(PipelineError, match="a critic already"):
+        PPO.with_critic()
+
+
+def test_the_values_lease_carries_the_critic_version_its_worker_loaded() -> None:
+    core = make_core()
+    core.add_groups(["a"])
+    done(core, grant(core.claim("generate", "gen", 1, 0.0)), behaviour=True)
+    lease = grant(core.claim("values", "val", 1, 0.0))
+    assert lease.version == 0
+    done(core, lease)
+    assert core.state.groups[0].critic_version == 0
+
+
+def test_the_critic_steps_on_a_batch_and_counts_its_own_versions() -> None:
+    core = make_core()
+    to_ready(core, 3)
+    step = grant(core.claim("critic", "cr", 99, 0.0))
+    assert step.groups == (0, 1) and step.version == 0  # a batch, earliest due first
+    assert core.claim("critic", "cr", 99, 0.0) is None  # one step at a time
+    partial = core.complete(step.lease_id, step.fence, [0], None)
+    assert isinstance(partial, Rejected) and partial.reason is Reason.INCOMPLETE_STEP
+    done(core, step)
+    s = core.state
+    assert (s.critic_steps_done, s.steps_done) == (1, 0)
+    assert s.counts[GroupState.CRITIC_TRAINED] == 2
+    train = grant(core.claim("train", "tr", 99, 0.0))
+    assert train.groups == (0, 1)
+    assert s.worst_critic_staleness == 0  # values of v0 at the step from v0
+
+
+def test_only_the_critic_publishes_critic_versions_and_only_values_workers_load_them() -> None:
+    core = make_core()
+    assert isinstance(core.publish_version("cr", 1), Rejected)  # no critic step yet
+    to_ready(core, 2)
+    done(core, grant(core.claim("critic", "cr", 99, 0.0)))
+    assert isinstance(core.loaded_version("val", 1), Rejected)  # not published yet
+    assert isinstance(core.publish_version("cr", 1), Accepted)
+    assert core.state.critic_version == 1 and core.state.policy_version == 0
+    assert VersionPublished(1, critic=True) in core.drain()[1]
+    assert isinstance(core.loaded_version("val", 1), Accepted)
+    assert isinstance(core.loaded_version("gen", 1), Rejected)  # the policy has no v1
+    refused = core.publish_version("val", 1)
+    assert isinstance(refused, Rejected) and refused.reason is Reason.WRONG_ROLE
+
+
+def run(core: SchedulerCore, worker: str, n: int = 1) -> Grant:
+    """``worker`` claims ``n`` and completes what it got."""
+    lease = grant(core.claim(ROLES[worker], worker, n, 0.0))
+    done(core, lease, behaviour=worker == "gen")
+    return lease
+
+
+def stale_values(core: SchedulerCore) -> None:
+    """Group 1's values made with critic v0, then two critic steps before it is ready.
+
+    With max_staleness 1 and a batch of 1, the critic step from version 2 may use values
+    of version 1 or 2, not 0.
+    """
+    core.add_groups(["a", "b", "c"])
+    run(core, "gen", 2)  # groups 0, 1 (the bound admits two at v0)
+    for worker in ("lp", "rw", "val", "cr"):
+        run(core, worker)  # group 0 through the critic: step 1
+    core.publish_version("cr", 1)
+    assert run(core, "val").groups == (1,)  # made with v0 (still loaded), within the bound
+    run(core, "lp")
+    reward = grant(core.claim("reward", "rw", 1, 0.0))  # group 1's reward, still running
+    run(core, "tr")  # the policy's step 1 on group 0 admits group 2
+    core.publish_version("tr", 1)
+    core.loaded_version("gen", 1)
+    run(core, "gen")
+    core.loaded_version("val", 1)
+    for worker in ("lp", "rw", "val", "cr"):
+        assert run(core, worker).groups == (2,)  # group 2: critic step 2, from v1
+    core.publish_version("cr", 2)
+    done(core, reward)  # group 1 ready, with values of critic v0
+
+
+def test_values_older_than_the_bound_are_made_again_before_the_critic_takes_them() -> None:
+    core = make_core(max_staleness=1, train_batch_groups=1)
+    stale_values(core)
+    s = core.state
+    assert s.groups[1].state == GroupState.READY and s.groups[1].critic_version == 0
+    assert core.claim("critic", "cr", 99, 0.0) is None
+    assert s.groups[1].state == GroupState.GENERATED
+    assert s.groups[1].done == {"logp", "reward"}  # waiting for its values alone
+    assert s.groups[1].critic_version is None and s.regenerated["values"] == 1
+    # A values worker on v0 would make values too stale for the next critic step.
+    core.register("val", "values", 0.0)
+    core.loaded_version("val", 0)
+    assert core.claim("values", "val", 99, 0.0) is None
+    core.loaded_version("val", 2)
+    assert run(core, "val").version == 2
+    step = run(core, "cr")
+    assert step.groups == (1,) and step.version == 2
+    assert s.worst_critic_staleness == 0  # every step used values of its own version
+
+
+def test_the_critic_takes_fewer_than_a_batch_only_for_a_train_step_that_waits() -> None:
+    core = make_core(max_staleness=3)
+    to_ready(core, 3)
+    done(core, grant(core.claim("critic", "cr", 99, 0.0)))  # 0, 1 critic-trained
+    train = grant(core.claim("train", "tr", 99, 0.0))
+    assert core.claim("critic", "cr", 99, 0.0) is None  # group 2 alone, a step in flight
+    done(core, train)
+    core.publish_version("tr", 1)
+    # No step in flight and none possible: 0 critic-trained groups of a batch of 2.
+    assert grant(core.claim("critic", "cr", 99, 0.0)).groups == (2,)
+
+
+def test_replay_and_snapshot_rebuild_the_critic_state() -> None:
+    core = make_core(max_staleness=1, train_batch_groups=1)
+    journal: list = []
+    stale_values(core)
+    core.claim("critic", "cr", 99, 0.0)  # group 1's values made again
+    records, _ = core.drain()
+    journal.extend(records)
+    replayed = SchedulerCore.restore(core.settings, journal, PPO)
+    assert dump_state(replayed.state) == dump_state(core.state)
+    restored = SchedulerCore.restore(core.settings, [], PPO, dump_state(core.state))
+    assert dump_state(restored.state) == dump_state(core.state)
+    assert (restored.state.critic_steps_done, restored.state.critic_version) == (2, 2)
