@@ -22,7 +22,7 @@ from asyncrl.runtime.config import MegatronSection, RunConfig
 
 if TYPE_CHECKING:
     from ..policy.config import Experts
-    from ..policy.model import CausalLM, ModelConfig
+    from ..policy.model import CausalLM, Decoder, ModelConfig
 
 __all__ = [
     "MEGATRON_MISSING",
@@ -197,11 +197,11 @@ class EngineModel(Protocol):
         ...
 
 
-def device_of(model: CausalLM | EngineModel) -> torch.device:
+def device_of(model: Decoder | EngineModel) -> torch.device:
     """Where ``model`` computes: its inputs go there."""
     if isinstance(model, EngineModel):
         return model.device
-    return model.lm_head.weight.device
+    return model.model.embed_tokens.weight.device
 
 
 def weights_of(model: CausalLM | EngineModel) -> dict[str, torch.Tensor]:

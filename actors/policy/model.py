@@ -31,7 +31,7 @@ from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .feed_forward import MLP, MixtureOfExperts
 from .rotary import Rotary, rotate
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "Decoder", "KVCache", "ModelConfig"]
 
 
 class KVCache:
@@ -192,40 +192,24 @@ class _Backbone(nn.Module):
         self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class CausalLM(nn.Module):
-    """The model: token ids in, next-token logits out."""
+class Decoder(nn.Module):
+    """The decoder stack a head reads: token ids in, final-normed hidden states out. The
+    language model (:class:`CausalLM`) and the critic's value model share it, so any
+    family the policy runs in also gives a critic."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.model = _Backbone(config)
         self.rotary = Rotary(config)
-        self.lm_head = _OutputLayer(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
         self.windows = [config.window(i) for i in range(config.num_hidden_layers)]
         # Training only: recompute each layer in backward instead of keeping its activations
         # (model.gradient_checkpointing), about a third more compute for far less memory.
         self.gradient_checkpointing = False
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        columns: torch.Tensor | None = None,
-        targets: torch.Tensor | None = None,
-        temperature: float = 1.0,
-    ) -> torch.Tensor:
-        """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
-
-        ``columns`` [batch, k]: only the logits at those positions of each row, [batch, k,
-        vocab]. Scoring a response needs none of its prompt's, and at a vocabulary of
-        tens of thousands the logits are most of a step's activations.
-
-        ``targets`` [batch, k] (with ``columns``): instead of logits, the float32
-        log-probability of each target token at its column under the logits divided by
-        ``temperature``. Then no more than :data:`HEAD_CHUNK_ELEMENTS` logits exist at once
-        (see :class:`_OutputLayer`).
-        """
+    def hidden(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-normed hidden states [batch, tokens, hidden] of right-padded sequences
+        (padding never leaks back); ``columns`` [batch, k]: only those positions' states."""
         batch, tokens = input_ids.shape
         device = input_ids.device
         positions = torch.arange(tokens, device=device).expand(batch, tokens)
@@ -246,9 +230,40 @@ class CausalLM(nn.Module):
             x = checkpoint(layer, x, attend, use_reentrant=False) if recompute else layer(x, attend)
         if columns is not None:
             x = x[torch.arange(batch, device=device)[:, None], columns]
+        return self.model.norm(x)
+
+
+class CausalLM(Decoder):
+    """The model: token ids in, next-token logits out."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.lm_head = _OutputLayer(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
+
+        ``columns`` [batch, k]: only the logits at those positions of each row, [batch, k,
+        vocab]. Scoring a response needs none of its prompt's, and at a vocabulary of
+        tens of thousands the logits are most of a step's activations.
+
+        ``targets`` [batch, k] (with ``columns``): instead of logits, the float32
+        log-probability of each target token at its column under the logits divided by
+        ``temperature``. Then no more than :data:`HEAD_CHUNK_ELEMENTS` logits exist at once
+        (see :class:`_OutputLayer`).
+        """
+        h = self.hidden(input_ids, columns)
         if targets is not None:
-            return self.lm_head(self.model.norm(x), targets, temperature)
-        return self.lm_head(self.model.norm(x))
+            return self.lm_head(h, targets, temperature)
+        return self.lm_head(h)
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
         weight = self.lm_head.weight

@@ -1,0 +1,67 @@
+"""The critic's model: the policy's decoder stack with a scalar value head.
+
+Any family the policy runs in (actors/policy/model.py) gives a critic, started from a
+model directory (``critic.path``, by default the policy's): its decoder weights are
+taken as they are, its output layer is left out, and the value head, ``score``, starts
+at zero (every value 0: the first advantages are the plain returns) unless the directory
+is a critic's own. The names are those of Hugging Face's ``*ForTokenClassification`` with
+one label (``model.*`` and ``score.*``), so a critic checkpoint loads there too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+from ..engines import device_of
+from ..policy.checkpoint import model_dir, read_weights
+from ..policy.model import Decoder, ModelConfig
+from ..policy.scoring import Packed, response_positions
+from ..policy.tokenizer import TextCodec
+
+__all__ = ["ValueModel", "load_value_model", "response_values"]
+
+HEAD = "score."  # the value head's parameters' prefix
+
+
+class ValueModel(Decoder):
+    """Token ids in, one value per position out."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.score = nn.Linear(config.hidden_size, 1)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 values [batch, tokens] (or [batch, k] at ``columns``)."""
+        return self.score(self.hidden(input_ids, columns)).squeeze(-1).float()
+
+
+def response_values(model: ValueModel, packed: Packed) -> torch.Tensor:
+    """The value of the state before each response token, ``[rows, longest response]``
+    (where that token's log-prob is read), 0 off the mask (padding, observation tokens)."""
+    device = device_of(model)
+    inputs, columns, _ = response_positions(packed, device)
+    return model(inputs, columns) * packed.mask.to(device)
+
+
+def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[ValueModel, TextCodec]:
+    """The critic from model directory ``path`` (or ``embedded``), and its tokenizer."""
+    directory = model_dir(path)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    model = ValueModel(config)
+    stored = read_weights(directory)
+    params = dict(model.named_parameters())
+    wanted = {n for n in params if not n.startswith(HEAD)}
+    if any(name.startswith(HEAD) for name in stored):  # a critic's own checkpoint
+        wanted = set(params)
+    missing = sorted(wanted - set(stored))
+    if missing:
+        raise ValueError(f"{directory}: no weights for the critic's {missing[:5]}")
+    with torch.no_grad():
+        for name in wanted:
+            params[name].copy_(stored[name])
+    return model.to(dtype), TextCodec.from_dir(directory)
