@@ -21,7 +21,15 @@ from asyncrl.transport import protocol as p
 
 from .tasks.base import Sample
 
-__all__ = ["LogprobsOut", "PayloadError", "PromptIn", "RewardsOut", "RolloutsOut", "Sampled"]
+__all__ = [
+    "LogprobsOut",
+    "PayloadError",
+    "PromptIn",
+    "RewardsOut",
+    "RolloutsOut",
+    "Sampled",
+    "ValuesOut",
+]
 
 
 class PayloadError(ValueError):
@@ -299,3 +307,20 @@ class RewardsOut:
     @classmethod
     def of(cls, item: p.Item) -> RewardsOut:
         return cls(_array(item, Role.REWARD, "rewards", "float32", 1))
+
+
+@dataclass(frozen=True)
+class ValuesOut:
+    """values': the critic's value of the state before each response token, [n, longest],
+    under critic ``version``."""
+
+    values: np.ndarray  # float32
+    version: int
+
+    def to_payload(self) -> p.Payload:
+        return {"values": self.values, "version": self.version}
+
+    @classmethod
+    def of(cls, item: p.Item) -> ValuesOut:
+        version = int(_field(item, Role.VALUES, "version"))  # type: ignore[call-overload]
+        return cls(_array(item, Role.VALUES, "values", "float32", 2), version)

@@ -16,17 +16,20 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from .model import CausalLM
+from .model import Decoder
 
 __all__ = ["load_into_shards", "shard"]
 
 
-def shard(model: CausalLM, device: torch.device, ranks: int) -> None:
-    """Shard ``model`` in place over the ``ranks`` of the default process group."""
+def shard(model: Decoder, device: torch.device, ranks: int) -> None:
+    """Shard ``model`` (a language model, or the critic's) in place over the ``ranks`` of
+    the default process group."""
     mesh = init_device_mesh(device.type, (ranks,))
     units = list(model.model.layers)
     if not model.config.tie_word_embeddings:
-        units += [model.model.embed_tokens, model.lm_head]
+        # the critic has no output layer: its value head is one row, left to the root
+        head = getattr(model, "lm_head", None)
+        units += [model.model.embed_tokens, *([] if head is None else [head])]
     for unit in units:
         fully_shard(unit, mesh=mesh)
     # The root too gives back its gathered weights after forward: a scorer runs no
@@ -62,7 +65,7 @@ def _reduce_by_all_reduce(unit: torch.nn.Module) -> None:
         unit.set_custom_reduce_scatter(_AllReduceScatter())
 
 
-def load_into_shards(model: CausalLM, whole: Mapping[str, torch.Tensor] | None) -> None:
+def load_into_shards(model: Decoder, whole: Mapping[str, torch.Tensor] | None) -> None:
     """New weights into a sharded ``model``: rank 0 passes them whole (as the weight plane
     delivers them), the others None; each rank keeps its shard. A collective."""
     state: dict[str, torch.Tensor] = {}

@@ -14,7 +14,7 @@ up); a rank with fewer micro-batches than the others repeats one with its loss t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -23,72 +23,20 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.transport import protocol as p
 
 from ..engines import EngineModel, device_of
-from ..payloads import LogprobsOut, RewardsOut, RolloutsOut
 from ..policy.model import CausalLM
-from ..policy.padding import like_width_runs
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState
+from .micro_batches import MICRO_BATCH_SLACK, by_length, rank_passes, stacked
 from .scorer import pack_rollouts
 from .step_advantages import step_advantages
 
-__all__ = ["Group", "Learner", "StepStats"]
-
-
-# A micro-batch takes the next row (of the step's, longest first) while padding it to its
-# longest costs at most this many times its tokens (see _by_length).
-MICRO_BATCH_SLACK = 1.1
-
-
-@dataclass(frozen=True)
-class Group:
-    """What the trainer reads of one leased group."""
-
-    gid: int
-    rollouts: RolloutsOut
-    proximal: LogprobsOut
-    reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
-    rewards: np.ndarray
-
-    @classmethod
-    def of(cls, item: p.Item) -> Group:
-        return cls(
-            gid=item.gid,
-            rollouts=RolloutsOut.of(item),
-            proximal=LogprobsOut.of(item, Role.LOGP),
-            reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
-            rewards=RewardsOut.of(item).rewards,
-        )
-
-    def rows(self, chosen: np.ndarray) -> Group:
-        """This group's rows ``chosen`` alone, every array cut to the longest of them."""
-        r = self.rollouts
-        width = max(1, int(r.lengths[chosen].max()))
-
-        def cut(a: np.ndarray) -> np.ndarray:
-            return a[chosen, :width]
-
-        rollouts = replace(
-            r,
-            response_ids=cut(r.response_ids),
-            lengths=r.lengths[chosen],
-            logprobs=cut(r.logprobs),
-            versions=cut(r.versions),
-            truncated=r.truncated[chosen],
-            loss_mask=cut(r.loss_mask),
-            owners=r.owners[chosen],
-        )
-        proximal = LogprobsOut(cut(self.proximal.logprobs), self.proximal.version)
-        reference = self.reference
-        if reference is not None:
-            reference = LogprobsOut(cut(reference.logprobs), reference.version)
-        return Group(self.gid, rollouts, proximal, reference, self.rewards)
+__all__ = ["MICRO_BATCH_SLACK", "Group", "Learner", "StepStats"]
 
 
 @dataclass(frozen=True)
@@ -203,18 +151,13 @@ class Learner(LearnerState):
     def _passes(self, groups: list[Group], advantages: list[np.ndarray]):
         """This rank's micro-batches: (row sets of groups, their advantages, real). The
         step's rows are sorted by length and cut into micro-batches of like length
-        (_by_length), no bigger than ``micro_batch_groups`` groups of the longest (the
+        (by_length), no bigger than ``micro_batch_groups`` groups of the longest (the
         loss is normalised over the whole step, so how rows are split does not change
         it). Micro-batch m goes to copy m mod copies; every rank makes as many passes as
         the busiest, a pass beyond its own share repeating the last (shortest)
         micro-batch and not real (its loss counts 0)."""
-        batches = _by_length(groups, advantages, self.cfg.algorithm.micro_batch_groups)
-        mine = batches[self.part :: self.parts]
-        passes = -(-len(batches) // self.parts)
-        return [
-            (*mine[index], True) if index < len(mine) else (*batches[-1], False)
-            for index in range(passes)
-        ]
+        batches = by_length(groups, advantages, self.cfg.algorithm.micro_batch_groups)
+        return rank_passes(batches, self.part, self.parts)
 
     def _accumulate_in_stages(self, passes, totals: tuple[int, int]):
         """The passes through the engine's pipeline stages, which overlap on different
@@ -288,7 +231,7 @@ class Learner(LearnerState):
             logp,
             _rows(groups, lambda g: g.proximal.logprobs, width).to(d),
             _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
-            _stacked(advantages, width).to(d),
+            stacked(advantages, width).to(d),
             packed.mask.to(d),
             self.loss_config,
             ref_logp=None if reference is None else reference.to(d),
@@ -296,40 +239,6 @@ class Learner(LearnerState):
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,
         )
-
-
-def _by_length(groups: list[Group], advantages: list[np.ndarray], per_micro: int):
-    """The step's rows, longest first, in micro-batches of like length, each a list of row
-    sets of groups and their ``[rows, longest]`` advantages.
-
-    A micro-batch is padded to its longest row; it takes the next row while that padding
-    stays within :data:`MICRO_BATCH_SLACK` of its tokens, and never holds more padded
-    tokens than ``per_micro`` groups' rows of the step's longest would (the memory the
-    setting asks for). Measured on one CPU thread with 6 steps of the long-tail task's
-    responses (64 rows of up to 320 tokens): 1.08 padded tokens a token in about 8
-    micro-batches and 0.54 s a step, against 1.45 in 4 of equal rows and 0.67 s.
-    """
-    rows = [
-        (len(g.rollouts.prompt_ids) + int(length), i, row)
-        for i, g in enumerate(groups)
-        for row, length in enumerate(g.rollouts.lengths)
-    ]
-    rows.sort(key=lambda r: (-r[0], r[1], r[2]))
-    count = -(-len(groups) // per_micro)
-    most = -(-len(rows) // count) * rows[0][0]
-    batches = []
-    for run in like_width_runs([r[0] for r in rows], MICRO_BATCH_SLACK, most=most):
-        taken: dict[int, list[int]] = {}
-        for _, i, row in (rows[k] for k in run):
-            taken.setdefault(i, []).append(row)
-        chosen = {i: np.array(sorted(r)) for i, r in sorted(taken.items())}
-        parts = [groups[i].rows(c) for i, c in chosen.items()]
-        cut = [
-            advantages[i][c, : part.rollouts.response_ids.shape[1]]
-            for (i, c), part in zip(chosen.items(), parts, strict=True)
-        ]
-        batches.append((parts, cut))
-    return batches
 
 
 def _whole(value: torch.Tensor) -> torch.Tensor:
@@ -343,17 +252,7 @@ def _value(stats: LossStats | None, name: str, device: torch.device) -> torch.Te
 
 def _rows(groups: list[Group], pick, width: int) -> torch.Tensor:
     """One ``[n, longest]`` array per group, stacked into ``[rows, width]`` (zero padded)."""
-    return _stacked([pick(g) for g in groups], width)
-
-
-def _stacked(arrays: list[np.ndarray], width: int) -> torch.Tensor:
-    """``[n, longest]`` arrays stacked into ``[rows, width]`` (zero padded)."""
-    out = torch.zeros(sum(a.shape[0] for a in arrays), width)
-    row = 0
-    for a in arrays:
-        out[row : row + a.shape[0], : a.shape[1]] = torch.tensor(a)  # a copy: frames are read-only
-        row += a.shape[0]
-    return out
+    return stacked([pick(g) for g in groups], width)
 
 
 def _reference_rows(groups: list[Group], width: int) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""Which state a starting trainer rank takes up, and taking it up.
+"""Which state a starting trainer (or critic) rank takes up, and taking it up.
 
 The candidates: the rank's staged states (at most two, :mod:`.staged_state`), the
 checkpoints on disk, and the base model (step 0). The target is the scheduler's step
@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from asyncrl.runtime.rundir import RunDir
 
-from .learner import Learner
+from .learner_state import LearnerState
 from .staged_state import StagedState
 
 __all__ = ["TRAINER_STATE", "Choice", "Source", "choose", "reserve", "restore", "stage"]
@@ -59,13 +59,13 @@ def choose(target: int, staged: Iterable[int], checkpoints: Iterable[int]) -> Ch
     return Choice(0, Source.BASE)
 
 
-def stage(learner: Learner, store: StagedState, step: int) -> int:
+def stage(learner: LearnerState, store: StagedState, step: int) -> int:
     """Stage this rank's state after ``step`` (its shard, the optimizer's, the RNG); its
     checksum."""
     return store.save(step, _with_rng(learner, learner.local_state()))
 
 
-def reserve(learner: Learner, store: StagedState) -> None:
+def reserve(learner: LearnerState, store: StagedState) -> None:
     """Size the staging files before the first step, so a lack of room stops the trainer
     at start with how much it needs. Before its first step AdamW has no state yet: its
     two moments per parameter it updates are counted as the parameter's shape."""
@@ -81,7 +81,7 @@ def reserve(learner: Learner, store: StagedState) -> None:
     store.reserve(_with_rng(learner, state))
 
 
-def _with_rng(learner: Learner, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _with_rng(learner: LearnerState, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     state[_RNG] = torch.get_rng_state()
     if learner.device.type == "cuda":
         state[_CUDA_RNG] = torch.cuda.get_rng_state(learner.device)
@@ -89,7 +89,7 @@ def _with_rng(learner: Learner, state: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def restore(
-    learner: Learner, store: StagedState, run: RunDir, target: int, ranks: int = 1
+    learner: LearnerState, store: StagedState, run: RunDir, target: int, ranks: int = 1
 ) -> Choice:
     """Take up the state :func:`choose` picks for ``target`` on this rank, and say which.
 
@@ -120,7 +120,7 @@ def restore(
     return choice
 
 
-def _from_checkpoint(learner: Learner, run: RunDir, step: int) -> None:
+def _from_checkpoint(learner: LearnerState, run: RunDir, step: int) -> None:
     path = run.checkpoint(step)
     whole = load_file(str(path / "model.safetensors")) if learner.rank == 0 else None
     learner.load_full_weights(whole)

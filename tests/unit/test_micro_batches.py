@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.training.learner import MICRO_BATCH_SLACK, Group, Learner, _by_length
+from asyncrl.actors.training.learner import MICRO_BATCH_SLACK, Group, Learner
+from asyncrl.actors.training.micro_batches import by_length
 from asyncrl.runtime.config import config_from_dict
 from tests.integration.test_train_group import _lease
 
@@ -26,7 +27,7 @@ def test_rows_are_cut_longest_first_into_micro_batches_of_like_length() -> None:
         np.broadcast_to(np.arange(4.0)[:, None] + 10 * i, g.rollouts.response_ids.shape).copy()
         for i, g in enumerate(groups)
     ]
-    batches = _by_length(groups, advantages, per_micro=2)
+    batches = by_length(groups, advantages, per_micro=2)
     longest = max(len(g.rollouts.prompt_ids) + int(g.rollouts.lengths.max()) for g in groups)
     lengths = []
     seen = []
@@ -58,7 +59,7 @@ def test_a_step_of_one_length_is_cut_by_the_setting_alone() -> None:
     for g in groups:  # every row 8 tokens, prompt and response
         g.rollouts.lengths[:] = 8 - len(g.rollouts.prompt_ids)
     advantages = [np.zeros(g.rollouts.response_ids.shape) for g in groups]
-    batches = _by_length(groups, advantages, per_micro=2)
+    batches = by_length(groups, advantages, per_micro=2)
     assert [sum(len(part.rollouts.lengths) for part in parts) for parts, _ in batches] == [8] * 3
 
 

@@ -1,0 +1,112 @@
+"""The critic's update on one rank: a step of the clipped value loss over a batch.
+
+The targets are GAE's returns (``R_t = A_t + V_t``) computed from the batch's rewards and
+the values the ``values`` stage made for it (the *old* values, which also anchor the
+clip). Micro-batches and their split over a group of ranks are the trainer's
+(:mod:`..training.micro_batches`); the state's ins and outs (staging, checkpoints,
+publishing) are :class:`~..training.learner_state.LearnerState`'s, as for the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+
+from asyncrl.runtime.config import RunConfig
+
+from ..policy.sharding import shard
+from ..rl import value_loss
+from ..training.group import Group
+from ..training.host_copies import HostCopies
+from ..training.learner_state import LearnerState
+from ..training.micro_batches import by_length, rank_passes, stacked
+from ..training.scorer import pack_rollouts
+from ..training.step_advantages import step_advantages
+from .model import ValueModel, response_values
+
+__all__ = ["CriticLearner", "CriticStats"]
+
+
+@dataclass(frozen=True)
+class CriticStats:
+    """One critic step's numbers, the same on every rank."""
+
+    value_loss: float
+    value_clip_frac: float  # model tokens whose clipped error was the larger
+    grad_norm: float
+    tokens: int
+
+
+class CriticLearner(LearnerState):
+    """The value model and its optimizer on this rank of a group of ``group_size``."""
+
+    def __init__(
+        self,
+        model: ValueModel,
+        cfg: RunConfig,
+        pad_id: int,
+        *,
+        lr: float,
+        clip: float,
+        group_size: int = 1,
+    ) -> None:
+        self.cfg, self.pad_id, self.clip = cfg, pad_id, clip
+        self.size = group_size
+        self.rank = dist.get_rank() if group_size > 1 else 0
+        self.model = model
+        self.engine = None  # the critic runs on the torch engine
+        self.device = next(model.parameters()).device
+        self.compute_dtype = next(model.parameters()).dtype
+        self._host = HostCopies()
+        if group_size > 1:
+            shard(model, self.device, group_size)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0
+        )
+        self.optimized = {name for name, _ in model.named_parameters()}
+
+    def step(self, groups: list[Group]) -> CriticStats:
+        """One optimizer step towards the batch's returns (every rank the same list)."""
+        if any(g.values is None for g in groups):
+            raise ValueError("a critic step needs every group's values (the values stage's)")
+        _, returns = step_advantages(
+            [g.rollouts for g in groups],
+            [g.rewards for g in groups],
+            replace(self.cfg.algorithm, estimator="gae"),  # its targets are GAE's returns
+            [g.values.values for g in groups],  # type: ignore[union-attr]
+        )
+        assert returns is not None
+        self.model.train()
+        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        batches = by_length(groups, returns, self.cfg.algorithm.micro_batch_groups)
+        sums = torch.zeros(2, device=self.device)  # loss, clipped tokens
+        for chunk, chunk_returns, real in rank_passes(batches, self.rank, self.size):
+            packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
+            width = packed.mask.shape[1]
+            old = stacked([g.values.values for g in chunk], width)
+            loss, clipped = value_loss(
+                response_values(self.model, packed),
+                old.to(self.device),
+                stacked(chunk_returns, width).to(self.device),
+                packed.mask.to(self.device),
+                clip=self.clip,
+                total_tokens=float(tokens),
+            )
+            if not real:
+                loss = loss * 0.0  # a pass only to pair up the group's collectives
+            # FSDP averages gradients over ranks; the loss is normalised over the step.
+            (loss * self.size).backward()
+            if real:
+                sums += torch.stack([loss.detach(), clipped.to(sums.dtype)])
+        if self.size > 1:
+            dist.all_reduce(sums)
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.algorithm.max_grad_norm
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, clipped = sums.tolist()
+        grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+        return CriticStats(loss, clipped / max(tokens, 1), float(grad), tokens)

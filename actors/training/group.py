@@ -1,0 +1,64 @@
+"""What the trainer and the critic read of one leased group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from asyncrl.runtime.core.pipeline import Role
+from asyncrl.transport import protocol as p
+
+from ..payloads import LogprobsOut, RewardsOut, RolloutsOut, ValuesOut
+
+__all__ = ["Group"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """What the trainer reads of one leased group."""
+
+    gid: int
+    rollouts: RolloutsOut
+    proximal: LogprobsOut
+    reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
+    rewards: np.ndarray
+    values: ValuesOut | None = None  # the critic's (PPO's values stage); None: no critic
+
+    @classmethod
+    def of(cls, item: p.Item) -> Group:
+        return cls(
+            gid=item.gid,
+            rollouts=RolloutsOut.of(item),
+            proximal=LogprobsOut.of(item, Role.LOGP),
+            reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
+            rewards=RewardsOut.of(item).rewards,
+            values=ValuesOut.of(item) if Role.VALUES in item.data else None,
+        )
+
+    def rows(self, chosen: np.ndarray) -> Group:
+        """This group's rows ``chosen`` alone, every array cut to the longest of them."""
+        r = self.rollouts
+        width = max(1, int(r.lengths[chosen].max()))
+
+        def cut(a: np.ndarray) -> np.ndarray:
+            return a[chosen, :width]
+
+        rollouts = replace(
+            r,
+            response_ids=cut(r.response_ids),
+            lengths=r.lengths[chosen],
+            logprobs=cut(r.logprobs),
+            versions=cut(r.versions),
+            truncated=r.truncated[chosen],
+            loss_mask=cut(r.loss_mask),
+            owners=r.owners[chosen],
+        )
+        proximal = LogprobsOut(cut(self.proximal.logprobs), self.proximal.version)
+        reference = self.reference
+        if reference is not None:
+            reference = LogprobsOut(cut(reference.logprobs), reference.version)
+        values = self.values
+        if values is not None:
+            values = ValuesOut(cut(values.values), values.version)
+        return Group(self.gid, rollouts, proximal, reference, self.rewards, values)

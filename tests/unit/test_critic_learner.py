@@ -1,0 +1,80 @@
+"""The critic's step: towards GAE's returns, the same however its rows are cut."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.actors.critic import load_value_model
+from asyncrl.actors.critic.learner import CriticLearner
+from asyncrl.actors.payloads import ValuesOut
+from asyncrl.actors.training.group import Group
+from asyncrl.actors.training.resume import Source, restore, stage
+from asyncrl.actors.training.staged_state import StagedState
+from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.rundir import RunDir
+from tests.integration.test_train_group import _lease
+
+
+def _groups(values: float | None = 0.0) -> list[Group]:
+    groups = [Group.of(item) for item in _lease(seed=3, groups=4, responses=4).items]
+    if values is None:
+        return groups
+    return [
+        dataclasses.replace(
+            g, values=ValuesOut(np.full(g.rollouts.response_ids.shape, values, np.float32), 0)
+        )
+        for g in groups
+    ]
+
+
+def _learner(per_micro: int) -> CriticLearner:
+    torch.manual_seed(0)
+    model, codec = load_value_model("embedded")
+    cfg = config_from_dict({"algorithm": {"micro_batch_groups": per_micro, "lam": 0.9}})
+    return CriticLearner(model, cfg, codec.pad_id, lr=1e-3, clip=0.5)
+
+
+def test_the_values_move_towards_the_returns() -> None:
+    learner, groups = _learner(2), _groups()
+    first = learner.step(groups)
+    for _ in range(4):
+        last = learner.step(groups)  # the old values stay the batch's: the clip holds
+    assert first.tokens == sum(g.rollouts.trained_tokens() for g in groups)
+    assert last.value_loss < first.value_loss, (first, last)
+    assert 0.0 <= last.value_clip_frac <= 1.0 and first.grad_norm > 0
+
+
+def test_the_step_is_the_same_however_its_rows_are_cut() -> None:
+    cut, whole = _learner(1), _learner(4)
+    a, b = cut.step(_groups(0.3)), whole.step(_groups(0.3))
+    assert abs(a.value_loss - b.value_loss) <= 1e-6 * b.value_loss
+    assert abs(a.grad_norm - b.grad_norm) <= 1e-5 * b.grad_norm
+    for p, q in zip(cut.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-7)
+
+
+def test_a_group_without_values_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs every group's values"):
+        _learner(2).step(_groups(None))
+
+
+def test_a_staged_critic_step_is_taken_up_bit_for_bit(tmp_path) -> None:
+    """The trainer's staging and resume serve the critic: a critic killed after step 2
+    comes back on its staged state and goes on exactly as if it had not died."""
+    groups = _groups(0.1)
+    first = _learner(2)
+    first.step(groups)
+    first.step(groups)
+    store = StagedState(tmp_path / "staged", 0, {"ranks": 1})
+    stage(first, store, 2)
+    cfg = config_from_dict({"run": {"dir": str(tmp_path / "run")}})
+    again = _learner(2)
+    choice = restore(again, StagedState(tmp_path / "staged", 0, {"ranks": 1}), RunDir.of(cfg), 2)
+    assert (choice.step, choice.source) == (2, Source.STAGED)
+    for p, q in zip(first.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert first.step(groups) == again.step(groups)
