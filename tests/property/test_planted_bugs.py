@@ -6,11 +6,13 @@ checks (the model and the invariants) can find it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from asyncrl.runtime.core.pipeline import Gate, Pipeline, Role, Stage
+from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
 from asyncrl.runtime.core.pipeline import GroupState as S
 
 from .core_machine import make_machine
@@ -33,6 +35,32 @@ PLANTED = {
             *SCORING,
             Stage(Role.REWARD, S.GENERATED, S.READY),
             TRAIN,
+        )
+    ),
+}
+
+PPO = DEFAULT_PIPELINE.with_critic()
+
+
+def _ppo(change) -> Pipeline:
+    """PPO's table with each row passed through ``change`` (None drops the row)."""
+    rows = (change(stage) for stage in PPO.stages)
+    return Pipeline(tuple(row for row in rows if row is not None))
+
+
+def _unread(stage: Stage) -> Stage:
+    return replace(stage, reads=None)
+
+
+PLANTED |= {
+    # no values branch: groups reach the critic (and the train step) without values
+    "no values branch": _ppo(lambda s: None if s.role == Role.VALUES else _unread(s)),
+    # the critic's row is a plain stage: any number of groups, no step or version counted
+    "critic step ungated": _ppo(
+        lambda s: (
+            replace(s, gate=Gate.FREE)
+            if s.gate is Gate.CRITIC_STEP
+            else replace(s, reads_critic=False)
         )
     ),
 }
