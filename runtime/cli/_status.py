@@ -17,6 +17,13 @@ def render_status(s: dict[str, Any]) -> str:
         f"max staleness {stale['max_staleness']}, worst trained lag {stale['worst_trained']}",
         "leases    " + (_pairs(s["leases"]) or "none"),
     ]
+    if "critic" in s:
+        c = s["critic"]
+        lines.insert(
+            3,
+            f"critic    version {c['version']}, steps done {c['steps_done']}, "
+            f"worst trained lag {c['worst_trained']}",
+        )
     if s["locks"]:
         locks = {
             k: f"{v['held']}/{v['capacity']} (+{v['waiting']} waiting)"

@@ -30,4 +30,19 @@ def summarize(state: CoreState) -> dict[str, Any]:
         "worst_staleness_trained": None if state.worst_staleness < 0 else state.worst_staleness,
         "dead": dict(Counter(g.reason for g in groups if g.state is GroupState.DEAD)),
         "regenerated": dict(state.regenerated),  # payloads lost with their holder, by role
+        **_critic(state),
+    }
+
+
+def _critic(state: CoreState) -> dict[str, Any]:
+    """A PPO table's critic: its steps, published version and worst lag (none without one)."""
+    if not state.critic_followers:
+        return {}
+    worst = state.worst_critic_staleness
+    return {
+        "critic": {
+            "steps_done": state.critic_steps_done,
+            "version": state.critic_version,
+            "worst_trained": None if worst < 0 else worst,
+        }
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.runtime.cli._status import render_status
 from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import Accepted, Grant, Reason, Rejected, VersionPublished
@@ -18,6 +19,7 @@ from asyncrl.runtime.core.pipeline import (
     Role,
     Stage,
 )
+from asyncrl.runtime.core.status import summarize
 
 PPO = DEFAULT_PIPELINE.with_critic().without(Role.REF_LOGP)
 ROLES = {"gen": "generate", "lp": "logp", "rw": "reward", "val": "values", "cr": "critic",
@@ -198,3 +200,32 @@ def test_replay_and_snapshot_rebuild_the_critic_state() -> None:
     restored = SchedulerCore.restore(core.settings, [], PPO, dump_state(core.state))
     assert dump_state(restored.state) == dump_state(core.state)
     assert (restored.state.critic_steps_done, restored.state.critic_version) == (2, 2)
+
+
+def test_the_status_names_the_critic_only_where_the_table_has_one() -> None:
+    core = make_core()
+    to_ready(core, 2)
+    done(core, grant(core.claim("critic", "cr", 99, 0.0)))
+    core.publish_version("cr", 1)
+    critic = summarize(core.state)["critic"]
+    assert critic == {"steps_done": 1, "version": 1, "worst_trained": 0}
+    plain = SchedulerCore(core.settings)
+    assert "critic" not in summarize(plain.state)
+
+
+def test_the_status_screen_has_a_critic_line() -> None:
+    core = make_core()
+    to_ready(core, 2)
+    done(core, grant(core.claim("critic", "cr", 99, 0.0)))
+    summary = summarize(core.state)
+    for worker in summary["workers"].values():
+        worker["last_heartbeat_s_ago"] = 0.5
+    summary |= {
+        "run": {"name": "ppo", "steps": "0/10", "uptime_s": 1.0, "draining": None},
+        "staleness": {"max_staleness": 1, "worst_trained": summary["worst_staleness_trained"]},
+        "refused": {},
+        "protocol_errors": 0,
+        "journal": {"records": 1, "durable": 1},
+    }
+    lines = render_status(summary).splitlines()
+    assert lines[3] == "critic    version 0, steps done 1, worst trained lag 0"
