@@ -75,6 +75,8 @@ class Actor:
     role: ClassVar[str]
     claim_size: ClassVar[int] = 1  # groups asked for per claim (the dataloader: per AddGroups)
     publishes_versions: ClassVar[bool] = False  # the trainer: announce each trained step
+    # the versions it loads or publishes are the learned critic's, not the policy's
+    follows_critic: ClassVar[bool] = False
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:

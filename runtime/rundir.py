@@ -129,11 +129,20 @@ class RunDir:
 
         Named from the run directory's real path, so a restarted trainer finds it and
         another run never does."""
+        return self._staged("trainer")
+
+    @property
+    def critic_staged_state(self) -> Path:
+        """Where the critic stages its state after each step (as the trainer does), and
+        where the values workers of its host read its versions from."""
+        return self._staged("critic")
+
+    def _staged(self, learner: str) -> Path:
         digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
         shm = Path("/dev/shm")
         if shm.is_dir() and os.access(shm, os.W_OK):
-            return shm / f"asyncrl-{os.getuid()}-{digest}-trainer"
-        return self.root / "trainer-state"
+            return shm / f"asyncrl-{os.getuid()}-{digest}-{learner}"
+        return self.root / f"{learner}-state"
 
     @property
     def final_model(self) -> Path:

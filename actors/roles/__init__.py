@@ -43,6 +43,8 @@ ROLES = RoleTable(
         "ref_logp": f"{__name__}.ref_logp:RefLogp",
         "reward": f"{__name__}.reward:Reward",
         "train": f"{__name__}.train:Train",
+        "values": f"{__name__}.values:Values",
+        "critic": f"{__name__}.critic:Critic",
         "harness": f"{__name__}.harness:Harness",
     }
 )

@@ -20,7 +20,7 @@ class Group:
 
     gid: int
     rollouts: RolloutsOut
-    proximal: LogprobsOut
+    proximal: LogprobsOut | None  # None: a lease that carries no logp (the critic's)
     reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
     rewards: np.ndarray
     values: ValuesOut | None = None  # the critic's (PPO's values stage); None: no critic
@@ -30,7 +30,7 @@ class Group:
         return cls(
             gid=item.gid,
             rollouts=RolloutsOut.of(item),
-            proximal=LogprobsOut.of(item, Role.LOGP),
+            proximal=LogprobsOut.of(item, Role.LOGP) if Role.LOGP in item.data else None,
             reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
             rewards=RewardsOut.of(item).rewards,
             values=ValuesOut.of(item) if Role.VALUES in item.data else None,
@@ -54,7 +54,9 @@ class Group:
             loss_mask=cut(r.loss_mask),
             owners=r.owners[chosen],
         )
-        proximal = LogprobsOut(cut(self.proximal.logprobs), self.proximal.version)
+        proximal = self.proximal
+        if proximal is not None:
+            proximal = LogprobsOut(cut(proximal.logprobs), proximal.version)
         reference = self.reference
         if reference is not None:
             reference = LogprobsOut(cut(reference.logprobs), reference.version)

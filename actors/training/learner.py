@@ -102,9 +102,10 @@ class Learner(LearnerState):
     def step(self, groups: list[Group]) -> StepStats:
         """One optimizer step on ``groups`` (every rank passes the same list)."""
         # Per group and token; each sequence takes its trajectory's (a harness session's
-        # several sequences share one).
+        # several sequences share one). GAE reads the critic's values (the values stage's).
+        values = None if groups[0].values is None else [g.values.values for g in groups]
         advantages, _ = step_advantages(
-            [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm
+            [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm, values
         )
         loss, stats, tokens = self._accumulate(groups, advantages)
         max_norm = self.cfg.algorithm.max_grad_norm
@@ -119,6 +120,12 @@ class Learner(LearnerState):
         self.optimizer.zero_grad(set_to_none=True)
         metrics = {"loss": loss, **loss_metrics(stats)}
         return StepStats(metrics, float(_whole(grad_norm)), tokens)
+
+    def skip(self, groups: list[Group]) -> StepStats:
+        """A step that takes its batch without an update: the policy waits while the
+        critic warms up (``critic.warmup_steps``)."""
+        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        return StepStats({"warmup": 1.0}, 0.0, tokens)
 
     def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
         self.model.train()

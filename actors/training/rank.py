@@ -19,7 +19,8 @@ from asyncrl.runtime.rundir import RunDir
 
 from ..policy.model import CausalLM
 from .gang import Order
-from .learner import Group, Learner, StepStats
+from .learner import Group, Learner
+from .learner_state import LearnerState
 from .resume import Choice, reserve, restore, stage
 from .staged_state import StagedState
 
@@ -41,15 +42,28 @@ def staged_identity(cfg: RunConfig, ranks: int) -> dict[str, object]:
 
 
 class TrainRank:
-    """This process's share of the trainer. Starts from the base model; :meth:`restore`
-    takes up the state to resume from."""
+    """This process's share of the trainer (or of the critic: ``learner`` says which).
+    Starts from the base model; :meth:`restore` takes up the state to resume from.
 
-    def __init__(self, cfg: RunConfig, model: CausalLM, pad_id: int, rank: int, ranks: int):
+    The critic stages in its own directory, keeps no checkpoints and publishes no weights
+    (``critic``): its values workers read its staged state."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        model: CausalLM,
+        pad_id: int,
+        rank: int,
+        ranks: int,
+        learner: LearnerState | None = None,
+    ):
         self.cfg = cfg
         self.run = RunDir.of(cfg)
         self.ranks = ranks
-        self.learner = Learner(model, cfg, pad_id, ranks)
-        self.store = StagedState(self.run.staged_state, rank, staged_identity(cfg, ranks))
+        self.critic = learner is not None
+        self.learner = learner if learner is not None else Learner(model, cfg, pad_id, ranks)
+        directory = self.run.critic_staged_state if self.critic else self.run.staged_state
+        self.store = StagedState(directory, rank, staged_identity(cfg, ranks))
         self.step = 0
 
     def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:
@@ -66,7 +80,8 @@ class TrainRank:
     def restore(self, target: int) -> tuple[Choice, dict[str, torch.Tensor]]:
         """Take up the state for the scheduler's count ``target``; the choice, and the
         whole weights (on the leader) to publish."""
-        choice = restore(self.learner, self.store, self.run, target, self.ranks)
+        checkpoints = not self.critic
+        choice = restore(self.learner, self.store, self.run, target, self.ranks, checkpoints)
         self.step = choice.step
         log.info(
             "trainer state restored",
@@ -74,16 +89,18 @@ class TrainRank:
             source=str(choice.source),
             **({} if choice.checksum is None else {"checksum": choice.checksum}),
         )
-        return choice, self.learner.full_weights()
+        return choice, {} if self.critic else self.learner.full_weights()
 
-    def train(self, groups: list[Group]) -> tuple[StepStats, dict[str, torch.Tensor]]:
-        stats = self.learner.step(groups)
+    def train(self, groups: list[Group]) -> tuple[Any, dict[str, torch.Tensor]]:
+        # The policy's first steps in a run with a critic's warmup: the critic learns alone.
+        update = self.critic or self.step >= self.cfg.critic.warmup_steps
+        stats = self.learner.step(groups) if update else self.learner.skip(groups)
         self.step += 1
         started = time.perf_counter()
         crc = stage(self.learner, self.store, self.step)
         seconds = round(time.perf_counter() - started, 4)
         log.info("state staged", step=self.step, checksum=crc, seconds=seconds)
-        return stats, self.learner.full_weights()
+        return stats, {} if self.critic else self.learner.full_weights()
 
     def reserve(self) -> None:
         """Size the staging files now: a lack of room is an error at start, not mid-run."""
@@ -93,6 +110,8 @@ class TrainRank:
         """Leaving: remove the staged state if the run's last step is done, else keep it."""
         if ended and self.step >= self.cfg.run.total_steps:
             self.store.remove()
+            if self.cfg.algorithm.estimator == "gae":  # the critic's too: the run is done
+                StagedState(self.run.critic_staged_state, 0, staged_identity(self.cfg, 1)).remove()
         else:
             self.store.close()
 

@@ -89,15 +89,22 @@ def _with_rng(learner: LearnerState, state: dict[str, torch.Tensor]) -> dict[str
 
 
 def restore(
-    learner: LearnerState, store: StagedState, run: RunDir, target: int, ranks: int = 1
+    learner: LearnerState,
+    store: StagedState,
+    run: RunDir,
+    target: int,
+    ranks: int = 1,
+    checkpoints: bool = True,
 ) -> Choice:
     """Take up the state :func:`choose` picks for ``target`` on this rank, and say which.
 
     ``learner`` must still hold the base model. With ``ranks`` > 1 a collective: every
-    rank of the group calls it with the same target and they take up the same step."""
+    rank of the group calls it with the same target and they take up the same step.
+    ``checkpoints``: whether the run's checkpoints are this learner's (the critic's are not).
+    """
     staged = store.staged()
     common = _on_every_rank(set(staged), ranks)
-    choice = choose(target, common, run.checkpoint_steps())
+    choice = choose(target, common, run.checkpoint_steps() if checkpoints else ())
     if choice.source is Source.STAGED:
         found = staged[choice.step]
         state = found.tensors()

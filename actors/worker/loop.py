@@ -68,6 +68,7 @@ __all__ = ["Pacing", "Worker", "default_worker_name"]
 log = structlog.get_logger("asyncrl.worker")
 
 VERSION_PUBLISHED = topic(Topic.VERSION, "published")
+CRITIC_PUBLISHED = topic(Topic.VERSION, "critic_published")
 VERSION_WANTED = topic(Topic.VERSION, "wanted")
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 
@@ -229,13 +230,16 @@ class Worker(SchedulerQuestions):
             self._log.exception("the actor failed to start")
             raise Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
         if self._versions.tracks:
-            self.link.subscribe([VERSION_PUBLISHED])
+            # the event that announces a version this worker follows
+            published = CRITIC_PUBLISHED if self.actor.follows_critic else VERSION_PUBLISHED
+            self.link.subscribe([published])
             self._versions.load_newest()
         if self.actor.publishes_versions:
             self.link.subscribe([VERSION_WANTED])
             self._versions.publish_trained()
 
     def _context(self, ready: p.Ready) -> WorkerContext:
+        critic = self.actor.follows_critic  # its versions and steps are the critic's
         return WorkerContext(
             worker=self.name,
             role=self.role,
@@ -244,10 +248,10 @@ class Worker(SchedulerQuestions):
             heartbeat_interval_s=ready.heartbeat_interval_s,
             lease_timeout_s=ready.lease_timeout_s,
             max_message_bytes=ready.max_message_bytes,
-            policy_version=ready.policy_version,
+            policy_version=ready.critic_version if critic else ready.policy_version,
             index=self.index,
             ask_weights=self._ask_weights,
-            steps_done=ready.steps_done,
+            steps_done=ready.critic_steps_done if critic else ready.steps_done,
             rewind=self._rewind,
         )
 
@@ -431,7 +435,7 @@ class Worker(SchedulerQuestions):
         woken = False
         event = self.link.next_event(timeout_s)
         while event is not None:
-            if event.topic == VERSION_PUBLISHED:
+            if event.topic in (VERSION_PUBLISHED, CRITIC_PUBLISHED):  # subscribed to one
                 self._versions.heard_of(event.body.get("version"))
             elif event.topic == VERSION_WANTED:
                 self._versions.wanted()

@@ -13,17 +13,31 @@ from asyncrl.transport import protocol as p
 if TYPE_CHECKING:
     from asyncrl.transport.weights.base import Announcement
 
-__all__ = ["publication", "version_due"]
+__all__ = ["publication", "published_version", "version_due"]
 
 
-def version_due(summary: dict[str, Any]) -> int | None:
+def published_version(summary: dict[str, Any], critic: bool = False) -> int | None:
+    """The newest published version in the scheduler's status: the policy's, or the
+    learned critic's."""
+    if critic:
+        return (summary.get("critic") or {}).get("version")
+    return summary.get("policy_version")
+
+
+def version_due(summary: dict[str, Any], critic: bool = False) -> int | None:
     """The version to publish given the scheduler's status, or None if none is due.
 
     The step count, when it is ahead of the published version; also the current version
     again when the scheduler holds no weights for it (it or the trainer restarted, or it
     declared the trainer lost): generators could otherwise never load it, and without
     loading it they may be too stale to generate what the next step needs.
+
+    The critic's (``critic``): its step count when ahead of its published version; its
+    weights travel in no announcement (its values workers read its staged state).
     """
+    if critic:
+        done = (summary.get("critic") or {}).get("steps_done", 0)
+        return done if done > (published_version(summary, critic=True) or 0) else None
     steps, published = summary.get("steps_done", 0), summary.get("policy_version", 0)
     held = (summary.get("weights") or {}).get("version")
     if steps < published or (steps == published and (steps == 0 or held == steps)):

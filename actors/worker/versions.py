@@ -1,4 +1,4 @@
-"""The policy versions one worker follows or publishes.
+"""The policy versions (or a learned critic's) one worker follows or publishes.
 
 A generator (an actor that overrides ``on_version``) loads the newest published version
 between leases and reports it with LoadedVersion; events may drop, so an idle one also
@@ -20,7 +20,7 @@ from asyncrl.runtime.bus import TimeBucket
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor
-from .publishing import publication, version_due
+from .publishing import publication, published_version, version_due
 from .time_split import TimeSplit
 
 __all__ = ["PolicyRolledBack", "Versions", "describe_reply"]
@@ -73,6 +73,11 @@ class Versions:
         A published version behind the one loaded means training rolled back past it: the
         loaded weights belong to no version any more (PolicyRolledBack).
         """
+        if self.actor.follows_critic:  # the critic's versions are never rolled back
+            self._newest = max(self._newest, ready.critic_version)
+            if not first and self.loaded is not None:
+                self.report_loaded()
+            return
         if self.loaded is not None and ready.policy_version < self.loaded:
             raise PolicyRolledBack(
                 f"training rolled back to version {ready.policy_version}; this worker ran on "
@@ -101,7 +106,7 @@ class Versions:
             return
         summary = self._status()
         if summary is not None:
-            self.heard_of(summary.get("policy_version"))
+            self.heard_of(published_version(summary, self.actor.follows_critic))
         self._checked = self._clock()
         self.load_newest()
 
@@ -123,7 +128,7 @@ class Versions:
         if loaded is None or loaded == self.loaded:
             return False
         self.loaded = loaded
-        self._log.info("loaded a policy version", version=loaded)
+        self._log.info("loaded a version", version=loaded, critic=self.actor.follows_critic)
         self.report_loaded()
         return True
 
@@ -159,7 +164,7 @@ class Versions:
         reply says what is due (:meth:`publish`).
         """
         summary = self._status()
-        steps = None if summary is None else version_due(summary)
+        steps = None if summary is None else version_due(summary, self.actor.follows_critic)
         if steps is not None:
             self.publish(steps)
 
@@ -175,7 +180,8 @@ class Versions:
         reply = self._call(message)
         if isinstance(reply, p.Ack):
             weights = message.weights is not None
-            self._log.info("published a policy version", version=steps, weights=weights)
+            critic = self.actor.follows_critic
+            self._log.info("published a version", version=steps, weights=weights, critic=critic)
         else:  # another trainer published first, or a step landed meanwhile: the next one will
             self._log.info("version not published", version=steps, reply=describe_reply(reply))
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from .fields import doc
 
-__all__ = ["AlgorithmSection", "DataSection", "Estimator", "ModelSection", "Ratio"]
+__all__ = ["AlgorithmSection", "CriticSection", "DataSection", "Estimator", "ModelSection", "Ratio"]
 
 # The advantage estimators and importance ratios a run may select, declared once: the
 # loss functions (actors/rl) take their names from here.
@@ -228,3 +228,31 @@ class AlgorithmSection:
         ),
     )
     temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CriticSection:
+    path: str = field(
+        default="",
+        metadata=doc(
+            "model directory the critic starts from (its decoder; a value head is added), "
+            "or a critic checkpoint; empty: model.path"
+        ),
+    )
+    lr: float = field(default=1e-4, metadata=doc("the critic's learning rate", exclusive_min=0))
+    clip: float = field(
+        default=0.2,
+        metadata=doc(
+            "the value loss's clip: a value moves at most this far from the one the "
+            "advantages were estimated with",
+            exclusive_min=0,
+        ),
+    )
+    warmup_steps: int = field(
+        default=0,
+        metadata=doc(
+            "steps in which only the critic learns: the policy's first steps take their "
+            "batch without an update",
+            min=0,
+        ),
+    )

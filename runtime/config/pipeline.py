@@ -7,6 +7,9 @@ computes a forward pass whose result is thrown away.
 With ``data.harness`` set, agent harnesses (the ``harness`` role) take the generate stage's
 place: they drive the generators through the API those serve, and the generate workers
 stay registered to serve and follow versions, and are leased nothing.
+
+With ``algorithm.estimator: gae`` the table has a learned critic (``Pipeline.with_critic``):
+a ``values`` branch and the ``critic``'s step before the train step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ def pipeline_for(cfg: RunConfig) -> Pipeline:
     table = DEFAULT_PIPELINE
     if cfg.data.harness:
         table = table.admitting_with(Role.HARNESS)
+    if cfg.algorithm.estimator == "gae":  # PPO: a learned critic's values and steps
+        table = table.with_critic()
     if cfg.algorithm.kl_coef == 0:
         table = table.without(Role.REF_LOGP)
     return table

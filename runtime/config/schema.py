@@ -16,12 +16,17 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
 
 from .engines import BackendsSection, PayloadsSection, WeightsSection
 from .fields import doc
-from .learning import AlgorithmSection, DataSection, ModelSection
+from .learning import AlgorithmSection, CriticSection, DataSection, ModelSection
 from .placement import PlacementSection
 
 # Every role a derived pipeline may have, in data-flow order (the harness role last: only
 # runs with data.harness have it); `pipeline.workers` may name only these.
-WORKER_ROLES = (*DEFAULT_PIPELINE.worker_roles, Role.HARNESS.value)
+WORKER_ROLES = (
+    *DEFAULT_PIPELINE.worker_roles,
+    Role.VALUES.value,
+    Role.CRITIC.value,
+    Role.HARNESS.value,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +198,10 @@ class RunConfig:
     algorithm: AlgorithmSection = field(
         default_factory=AlgorithmSection, metadata=doc("loss and optimizer")
     )
+    critic: CriticSection = field(
+        default_factory=CriticSection,
+        metadata=doc("the learned critic of algorithm.estimator=gae (PPO)"),
+    )
     pipeline: PipelineSection = field(
         default_factory=PipelineSection, metadata=doc("asynchronous pipeline and workers")
     )
@@ -217,10 +226,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
-        _check_estimator(self.algorithm, self.data)
+        _check_estimator(self.algorithm, self.data, self.pipeline)
 
 
-def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
+def _check_estimator(
+    algorithm: AlgorithmSection, data: DataSection, pipeline: PipelineSection
+) -> None:
     """An estimator's needs that another section decides."""
     if algorithm.estimator == "rloo" and data.group_size < 2:
         # The leave-one-out baseline of a group of one is the mean of no response.
@@ -228,11 +239,11 @@ def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
             f"algorithm.estimator: got 'rloo' with data.group_size={data.group_size}; "
             "allowed: data.group_size >= 2, or another estimator"
         )
-    if algorithm.estimator == "gae":
-        raise ValueError(
-            "algorithm.estimator: got 'gae', which needs the critic's values stage; allowed: "
-            "grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline"
-        )
+    ranks = pipeline.workers.get("critic", 1)
+    if algorithm.estimator == "gae" and ranks != 1:
+        # The critic's value model is small beside the policy; a group of critic ranks
+        # (sharded like the trainer's) is not wired to the worker yet.
+        raise ValueError(f"pipeline.workers.critic: got {ranks}; allowed: 1 (one critic process)")
 
 
 def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:

@@ -53,6 +53,7 @@ class HandlerContext(Protocol):
     live_stores: dict[str, str]
     refs: RefIndex
     requests: Counter[str]
+    critic_step: dict[str, Any]  # the critic's newest step's metrics, for the next step line
 
     @property
     def finished(self) -> bool:

@@ -102,6 +102,7 @@ def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
     if stores:  # a live process keeps its results in one store
         service.live_stores[holder] = stores.pop()
     steps_before = service.core.state.steps_done
+    critic_before = service.core.state.critic_steps_done
     reply = service.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
     if isinstance(reply, Rejected):
         return error_of(reply)
@@ -114,6 +115,11 @@ def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
     if service.core.state.steps_done > steps_before:
         _record_step(service, m, lease.worker if lease else m.worker, gids, now)
         return p.StepDone(reply.count, service.core.state.steps_done)
+    if service.core.state.critic_steps_done > critic_before:
+        # The critic's step goes into the next policy step's line of metrics.jsonl.
+        metrics = {k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY}
+        service.critic_step = {"critic_step": service.core.state.critic_steps_done, **metrics}
+        return p.StepDone(reply.count, service.core.state.critic_steps_done)
     return p.Ack(reply.count)
 
 
@@ -129,6 +135,8 @@ def _record_step(
         "policy_version": state.policy_version,
         "worker": worker,
         **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
+        **service.critic_step,
+        **({"critic_version": state.critic_version} if state.critic_followers else {}),
         **step_fields(service.reports),
         "roles": service.activity.rates(now, _workers_per_role(service)),
         "critical_path": path,

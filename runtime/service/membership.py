@@ -45,6 +45,8 @@ def hello(service: HandlerContext, m: p.Hello, now: float) -> p.Message:
         service.max_message_bytes,
         service.core.state.policy_version,
         service.core.state.steps_done,
+        service.core.state.critic_version,
+        service.core.state.critic_steps_done,
     )
 
 

@@ -111,6 +111,7 @@ class SchedulerService:
         self.stall_warning_s = stall_warning_s
         self.progress_at = started_at  # the last step, or the start
         self.stall_warned_at: float | None = None
+        self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
         self.events = EventNumbering()
         self.outbox: list[p.Event] = []
         self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's

@@ -35,6 +35,11 @@ def publish(service: HandlerContext, m: p.PublishVersion, now: float) -> p.Messa
         log.warning("bad publication", worker=m.worker, version=m.version, detail=bad)
         return p.Error(Reason.BAD_REQUEST, bad)
     reply = service.core.publish_version(m.worker, m.version)
+    known = service.core.state.workers.get(m.worker)
+    if known is not None and known.role != service.step_role:
+        # The critic's version: no weights announced (its values workers read its staged
+        # state), no policy route or critical path.
+        return reply_of(reply)
     if _announces_again(m, service.core.state.policy_version, reply):
         # The current version's weights, offered again after a restart: nothing for the
         # core (versions only go forward), the routes take the new announcement.

@@ -138,6 +138,8 @@ class Ready(WireStruct):
     max_message_bytes: int
     policy_version: int  # the newest published weights, for a generator to load first
     steps_done: int = 0  # train steps done: where a restarted trainer must resume
+    critic_version: int = 0  # the same two for a learned critic (PPO's), if the run has one
+    critic_steps_done: int = 0
 
     def __post_init__(self) -> None:
         check_finite("Ready", "heartbeat_interval_s", self.heartbeat_interval_s)
