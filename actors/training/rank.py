@@ -84,7 +84,7 @@ class TrainRank:
         choice = restore(self.learner, self.store, self.run, target, self.ranks, checkpoints)
         self.step = choice.step
         log.info(
-            "trainer state restored",
+            f"{'critic' if self.critic else 'trainer'} state restored",
             step=choice.step,
             source=str(choice.source),
             **({} if choice.checksum is None else {"checksum": choice.checksum}),
