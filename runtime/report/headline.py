@@ -28,6 +28,8 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
         _mean_of(out, "reward, last 10 steps", steps[-_LAST:], "reward_mean")
         _mean_of(out, "reward, first 10 steps", steps[:_LAST], "reward_mean")
         _mean_of(out, "staleness, mean", steps, "staleness_mean")
+        # a learned critic's: critic versions its values lagged its steps (PPO's runs)
+        _mean_of(out, "critic staleness, mean", steps, "critic_staleness_mean")
         for role, r in sorted((last.get("roles") or {}).items()):
             if isinstance(r, dict) and isinstance(r.get("waiting_for_work"), int | float):
                 out[f"{role}: waiting for work"] = f"{r['waiting_for_work']:.0%}"

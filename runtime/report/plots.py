@@ -86,6 +86,9 @@ def staleness(data: RunData) -> Figure:
     trend.plot(steps, means, label="mean", color="#9467bd")
     if worst:
         trend.plot(steps[: len(worst)], worst, label="max", color="0.5", linewidth=0.8)
+    critic_steps, critic = _series(data.steps, "step", "critic_staleness_mean")
+    if critic:  # a learned critic's values, in critic versions behind its step
+        trend.plot(critic_steps, critic, label="critic (mean)", color="#2ca02c")
     limit = data.config.get("pipeline", {}).get("max_staleness")
     if isinstance(limit, int):
         trend.axhline(limit, color="#d62728", linestyle="--", linewidth=0.8, label="bound")
@@ -194,7 +197,8 @@ PLOTS = (
     Plot("reward", "Reward", "Train batch reward (grey, smoothed in blue) and validation "
          "reward (red), against wall time and against the policy version.", reward),
     Plot("staleness", "Staleness", "How many versions behind the trainer the trained tokens "
-         "were: per-step mean as a histogram, and its trend with the configured bound.",
+         "were: per-step mean as a histogram, and its trend with the configured bound (and, "
+         "with a learned critic, how many critic versions its values lagged its steps).",
          staleness),
     Plot("roles", "Throughput and idle time per role", "Tokens per second and the share of "
          "time each role's workers waited for work, over a sliding 30 s window.", roles),

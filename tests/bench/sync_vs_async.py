@@ -1,15 +1,17 @@
 """The same RL run synchronously (``max_staleness=0``) and asynchronously, one after the other.
 
-    python -m tests.bench.sync_vs_async [-c deploy/configs/default.yaml] [--target 0.8]
-        [section.key=value ...]
+    python -m tests.bench.sync_vs_async [-c CONFIG ...] [--target 0.8] [section.key=value ...]
 
-Both runs use one config and differ only in ``pipeline.max_staleness`` (0, then the
-config's value, or 1 if it says 0). Each is a real ``asyncrl run`` (scheduler and six
-worker processes) into its own run directory. Printed: for each, the wall-clock seconds
+For each config (by default deploy/configs/default.yaml, GRPO, then
+deploy/configs/ppo.yaml, PPO with a learned critic), two runs that differ only in
+``pipeline.max_staleness`` (0, then the config's value, or 1 if it says 0). Each is a
+real ``asyncrl run`` (a scheduler and a worker process per role) into its own run
+directory. Printed: for each, the wall-clock seconds
 until the mean of the last three validation rewards first reached ``--target`` (from
 ``validation.jsonl``, the scheduler's clock), the whole run's seconds, the final
 validation reward and the final train reward; then the ratio sync/async of the time to
-the target.
+the target and of the whole run's wall-clock time, and whether the asynchronous run's
+final train reward is within 0.05 of the synchronous one's.
 
 The two runs take turns on the machine, never overlap, so neither slows the other.
 """
@@ -27,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.runtime.config import load_config
+
+CONFIGS = (Path("deploy/configs/default.yaml"), Path("deploy/configs/ppo.yaml"))
+REWARD_GAP = 0.05  # asynchronous training must end as well as synchronous, to this much
 
 
 @dataclass(frozen=True)
@@ -126,36 +131,39 @@ def report(outcomes: list[Outcome], target: float) -> None:
         print(f"\n{' and '.join(missed)} never reached val >= {target}: no ratio")
     if sync.final_val is not None and asyn.final_val is not None:
         print(f"final validation rewards differ by {abs(sync.final_val - asyn.final_val):.3f}")
+    print(f"wall-clock sync/async: {sync.wall_s / asyn.wall_s:.2f}")
+    if sync.final_reward is not None and asyn.final_reward is not None:
+        gap = abs(sync.final_reward - asyn.final_reward)
+        within = "within" if gap <= REWARD_GAP else "NOT within"
+        print(f"final train rewards differ by {gap:.3f}: {within} {REWARD_GAP}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-c", "--config", type=Path, default=Path("deploy/configs/default.yaml"))
+    default = ", ".join(map(str, CONFIGS))
+    parser.add_argument(
+        "-c", "--config", type=Path, action="append", help=f"repeatable; default: {default}"
+    )
     parser.add_argument("--target", type=float, default=0.8)
-    parser.add_argument("overrides", nargs="*", help="section.key=value, for both runs")
+    parser.add_argument("overrides", nargs="*", help="section.key=value, for every run")
     args = parser.parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
-    staleness = cfg.pipeline.max_staleness or 1
+    for config in args.config or CONFIGS:
+        print(f"\n#### {config}", flush=True)
+        report(compare(config, args.overrides, args.target), args.target)
+    return 0
+
+
+def compare(config: Path, overrides: list[str], target: float) -> list[Outcome]:
+    """``config`` synchronously, then asynchronously."""
+    staleness = load_config(config, overrides).pipeline.max_staleness or 1
     with tempfile.TemporaryDirectory(prefix="asyncrl-sync-vs-async-") as tmp:
         work = Path(tmp)
-        outcomes = [
+        return [
+            run_once("sync", config, [*overrides, "pipeline.max_staleness=0"], work, target),
             run_once(
-                "sync",
-                args.config,
-                [*args.overrides, "pipeline.max_staleness=0"],
-                work,
-                args.target,
-            ),
-            run_once(
-                "async",
-                args.config,
-                [*args.overrides, f"pipeline.max_staleness={staleness}"],
-                work,
-                args.target,
+                "async", config, [*overrides, f"pipeline.max_staleness={staleness}"], work, target
             ),
         ]
-    report(outcomes, args.target)
-    return 0
 
 
 if __name__ == "__main__":

@@ -118,3 +118,16 @@ def test_asyncrl_run_refuses_at_once_with_one_line(
         "pip install 'asyncrl[wandb]'\n"
     )
     assert not run_dir.exists()  # nothing was started
+
+
+def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp_path) -> None:
+    from asyncrl.runtime.report.data import RunData
+    from asyncrl.runtime.report.headline import headline
+    from asyncrl.runtime.rundir import RunDir
+
+    lines = [{"step": 1, "staleness_mean": 1.0}, {"step": 2, "staleness_mean": 2.0}]
+    plain = headline(RunData(RunDir(tmp_path), steps=lines), None)
+    assert "critic staleness, mean" not in plain
+    with_critic = [{**line, "critic_staleness_mean": line["step"] * 1.0} for line in lines]
+    out = headline(RunData(RunDir(tmp_path), steps=with_critic), None)
+    assert out["critic staleness, mean"] == "1.500"
