@@ -58,7 +58,7 @@ class Critic(Actor):
         model, codec = load_value_model(critic_path(cfg))
         c = cfg.critic
         learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip)
-        self.rank = TrainRank(cfg, None, codec.pad_id, 0, 1, learner=learner)  # type: ignore[arg-type]
+        self.rank = TrainRank(cfg, learner, 0, 1)
         self.rank.reserve()
         choice, _ = self.rank.restore(ctx.steps_done)
         if choice.step != ctx.steps_done:

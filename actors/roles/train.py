@@ -49,7 +49,7 @@ from ..training.gang import (
     pack_lease,
     unpack_lease,
 )
-from ..training.learner import Group, StepStats
+from ..training.learner import Group, Learner, StepStats
 from ..training.rank import TrainRank, restore_body
 from ..training.resume import TRAINER_STATE
 from ..worker.preflight import check_device, check_engine, check_model
@@ -77,7 +77,7 @@ class Train(Actor):
         rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
         model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
         self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
-        self.rank = TrainRank(cfg, model, self.codec.pad_id, rank, ranks)
+        self.rank = TrainRank(cfg, Learner(model, cfg, self.codec.pad_id, ranks), rank, ranks)
         self.rank.reserve()
         self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
         self.resumed = False
@@ -226,7 +226,8 @@ class Train(Actor):
         gang = join_group_at(cfg, place)
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
-            rank = TrainRank(cfg, model, codec.pad_id, place.rank, place.size)
+            learner = Learner(model, cfg, codec.pad_id, place.size)
+            rank = TrainRank(cfg, learner, place.rank, place.size)
             rank.reserve()
             while True:
                 order, body = gang.next_order()

@@ -17,7 +17,6 @@ import torch
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
 
-from ..policy.model import CausalLM
 from .gang import Order
 from .learner import Group, Learner
 from .learner_state import LearnerState
@@ -48,20 +47,12 @@ class TrainRank:
     The critic stages in its own directory, keeps no checkpoints and publishes no weights
     (``critic``): its values workers read its staged state."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        model: CausalLM,
-        pad_id: int,
-        rank: int,
-        ranks: int,
-        learner: LearnerState | None = None,
-    ):
+    def __init__(self, cfg: RunConfig, learner: LearnerState, rank: int, ranks: int):
         self.cfg = cfg
         self.run = RunDir.of(cfg)
         self.ranks = ranks
-        self.critic = learner is not None
-        self.learner = learner if learner is not None else Learner(model, cfg, pad_id, ranks)
+        self.learner = learner
+        self.critic = not isinstance(learner, Learner)
         directory = self.run.critic_staged_state if self.critic else self.run.staged_state
         self.store = StagedState(directory, rank, staged_identity(cfg, ranks))
         self.step = 0

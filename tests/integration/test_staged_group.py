@@ -13,7 +13,7 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.training.gang import Gang
-from asyncrl.actors.training.learner import Group
+from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.actors.training.rank import TrainRank
 from asyncrl.actors.training.resume import Choice, Source
 from asyncrl.runtime.config import config_from_dict
@@ -37,7 +37,8 @@ def _rank_main(rank: int, port: int, run_dir: Path, target: int | None, results)
     gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
     try:
         model, codec = load_model("embedded")
-        trainer = TrainRank(_config(run_dir), model, codec.pad_id, rank, 2)
+        cfg = _config(run_dir)
+        trainer = TrainRank(cfg, Learner(model, cfg, codec.pad_id, 2), rank, 2)
         if target is None:
             trainer.restore(0)
             for seed in (0, 1):
