@@ -18,6 +18,8 @@ from asyncrl.runtime.config import (
     describe_fields,
     dump_config,
     load_config,
+    pipeline_for,
+    workers_to_start,
 )
 
 DEFAULT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "default.yaml"
@@ -363,3 +365,18 @@ def test_describe_fields_covers_every_leaf_with_help() -> None:
     assert "an integer >= 0" in described["pipeline.max_staleness"][1]
     assert described["run.dir"][0] == "runs/{name}"
     assert "one of 'grpo', 'dr_grpo'" in described["algorithm.estimator"][1]
+
+
+def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
+    cfg = load_config(DEFAULT_YAML.with_name("ppo.yaml"))
+    assert cfg.algorithm.estimator == "gae" and cfg.critic.warmup_steps == 5
+    roles = workers_to_start(cfg)
+    assert roles["values"] == roles["critic"] == 1
+    rows = {s.role: (s.source.value, s.target.value) for s in pipeline_for(cfg).stages}
+    assert rows["critic"] == ("ready", "critic_trained")
+    assert "values" not in workers_to_start(load_config(None))  # GRPO runs no critic
+
+
+def test_a_group_of_critic_ranks_is_refused_with_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"pipeline\.workers\.critic: got 2; allowed: 1"):
+        load_config(None, ["algorithm.estimator=gae", "pipeline.workers.critic=2"])
