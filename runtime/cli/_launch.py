@@ -1,10 +1,10 @@
 """``asyncrl launch``: a run on a cluster, placed by the cluster's own engine.
 
-    asyncrl launch --on slurm -c run.yaml [overrides] [--dry-run]
+    asyncrl launch --on slurm|kubernetes -c run.yaml [overrides] [--dry-run]
 
 The config's ``placement`` says what runs where (runtime/config/placement.py); the
-engine's renderer turns it into its script (runtime/launch/slurm.py), printed by
-``--dry-run``, submitted otherwise.
+engine's renderer turns it into its script (runtime/launch/slurm.py) or its objects
+(runtime/launch/kubernetes.py), printed by ``--dry-run``, submitted otherwise.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ def _launch(args: argparse.Namespace) -> int:
     from asyncrl.runtime.launch.slurm import job_output, render_sbatch
     from asyncrl.runtime.rundir import RunDir
 
+    if args.on == "kubernetes":
+        return _on_kubernetes(args)
     if args.on != "slurm":
-        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm")
+        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm, kubernetes")
     cfg = config_from_args(args)
     cwd = Path.cwd()
     config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
@@ -56,6 +58,16 @@ def _launch(args: argparse.Namespace) -> int:
     output = str(job_output(cfg, cwd)).replace("%j", job)
     print(f"submitted job {job} ({path}); its output: {output}; workers' logs: {run.logs}")
     return 0
+
+
+def _on_kubernetes(args: argparse.Namespace) -> int:
+    from asyncrl.runtime.launch.kubectl import KubectlError, launch_on_kubernetes
+
+    cfg = config_from_args(args)
+    try:
+        return launch_on_kubernetes(cfg, Path.cwd(), dry_run=args.dry_run)
+    except (ValueError, KubectlError) as error:
+        raise UsageError(str(error)) from None
 
 
 def add_launch_parser(commands: argparse._SubParsersAction) -> None:
