@@ -72,10 +72,11 @@ def _on_kubernetes(args: argparse.Namespace) -> int:
 
 def add_launch_parser(commands: argparse._SubParsersAction) -> None:
     launch = commands.add_parser(
-        "launch", help="run on a cluster as its placement says (Slurm)",
+        "launch", help="run on a cluster as its placement says (Slurm, Kubernetes)",
         description="Render the config's placement for a cluster's engine and start it: "
         "for slurm, an sbatch script with one srun step per node running that node's "
-        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal.",
+        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal; for "
+        "kubernetes, a pod per node (kubectl apply) and the run's keys as a Secret.",
     )  # fmt: skip
     launch.add_argument("--on", required=True, choices=ENGINES, help="the cluster's engine")
     add_config_arguments(launch)
