@@ -222,8 +222,9 @@ def _container(cfg: RunConfig, node: str, share: NodeShare, dial: str | None) ->
         args += ["--gpus", ",".join(str(gpu) for gpu in range(share.gpus))]
     if dial is not None and not share.scheduler:
         args += ["--scheduler", dial]
-    # Each worker serves its payloads on its pod's address, which Kubernetes gives.
-    args.append("payloads.host=$(POD_IP)")
+    if dial is not None:  # one pod alone keeps its payloads on loopback, as asyncrl run
+        # Each worker serves its payloads on its pod's address, which Kubernetes gives.
+        args.append("payloads.host=$(POD_IP)")
     container: dict[str, Any] = {"name": "node", "image": cfg.placement.kubernetes.image}
     container["workingDir"] = WORKDIR
     if share.scheduler:
@@ -237,8 +238,9 @@ def _container(cfg: RunConfig, node: str, share: NodeShare, dial: str | None) ->
             {"name": "control", "containerPort": sched.control_port},
             {"name": "events", "containerPort": sched.events_port},
         ]
-    pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
-    container["env"] = [{"name": "POD_IP", "valueFrom": pod_ip}]
+    if dial is not None:
+        pod_ip = {"fieldRef": {"fieldPath": "status.podIP"}}
+        container["env"] = [{"name": "POD_IP", "valueFrom": pod_ip}]
     if share.gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": share.gpus}}
     container["volumeMounts"] = _mounts(str(run.root), share.scheduler)

@@ -208,7 +208,10 @@ def test_one_node_is_one_pod_and_its_bus_stays_inside() -> None:
         _validate(obj)
     assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "StatefulSet"]
     assert "ports" not in objects[1]["spec"] and "ports" not in _container(objects[2])
-    assert "--scheduler" not in _container(objects[2])["command"]
+    command = _container(objects[2])["command"]
+    assert "--scheduler" not in command
+    # Its payloads stay on loopback: a bus without CURVE serves nothing on the pod's address.
+    assert not [arg for arg in command if arg.startswith("payloads.host")]
 
 
 def test_the_keys_secret_validates_and_holds_keys_the_run_loads(tmp_path: Path) -> None:
