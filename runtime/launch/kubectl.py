@@ -78,9 +78,10 @@ def new_run_keys() -> dict[str, bytes]:
         root = Path(tmp)
         ensure_run_secret(root / RUN_SECRET)
         keygen(root / "keys")
-        files = {RUN_SECRET: (root / RUN_SECRET).read_bytes()}
-        files.update({name: (root / "keys" / name).read_bytes() for name in KEY_FILES[1:]})
-        return files
+        return {
+            name: (root / name if name == RUN_SECRET else root / "keys" / name).read_bytes()
+            for name in KEY_FILES
+        }
 
 
 def _kubectl(kubectl: str, args: list[str], stdin: str | None = None) -> None:
