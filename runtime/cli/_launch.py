@@ -1,10 +1,10 @@
 """``asyncrl launch``: a run on a cluster, placed by the cluster's own engine.
 
-    asyncrl launch --on slurm -c run.yaml [overrides] [--dry-run]
+    asyncrl launch --on slurm|kubernetes -c run.yaml [overrides] [--dry-run]
 
 The config's ``placement`` says what runs where (runtime/config/placement.py); the
-engine's renderer turns it into its script (runtime/launch/slurm.py), printed by
-``--dry-run``, submitted otherwise.
+engine's renderer turns it into its script (runtime/launch/slurm.py) or its objects
+(runtime/launch/kubernetes.py), printed by ``--dry-run``, submitted otherwise.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ def _launch(args: argparse.Namespace) -> int:
     from asyncrl.runtime.launch.slurm import job_output, render_sbatch
     from asyncrl.runtime.rundir import RunDir
 
+    if args.on == "kubernetes":
+        return _on_kubernetes(args)
     if args.on != "slurm":
-        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm")
+        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm, kubernetes")
     cfg = config_from_args(args)
     cwd = Path.cwd()
     config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
@@ -58,12 +60,23 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_kubernetes(args: argparse.Namespace) -> int:
+    from asyncrl.runtime.launch.kubectl import KubectlError, launch_on_kubernetes
+
+    cfg = config_from_args(args)
+    try:
+        return launch_on_kubernetes(cfg, Path.cwd(), dry_run=args.dry_run)
+    except (ValueError, KubectlError) as error:
+        raise UsageError(str(error)) from None
+
+
 def add_launch_parser(commands: argparse._SubParsersAction) -> None:
     launch = commands.add_parser(
-        "launch", help="run on a cluster as its placement says (Slurm)",
+        "launch", help="run on a cluster as its placement says (Slurm, Kubernetes)",
         description="Render the config's placement for a cluster's engine and start it: "
         "for slurm, an sbatch script with one srun step per node running that node's "
-        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal.",
+        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal; for "
+        "kubernetes, a pod per node (kubectl apply) and the run's keys as a Secret.",
     )  # fmt: skip
     launch.add_argument("--on", required=True, choices=ENGINES, help="the cluster's engine")
     add_config_arguments(launch)
