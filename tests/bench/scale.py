@@ -505,6 +505,7 @@ def main() -> None:
         help=f"pipeline.max_staleness (default {LOOSE_STALENESS}: so loose that only the "
         "scheduler holds generators back)",
     )  # fmt: skip
+    parser.add_argument("--plot", type=Path, help="draw the curve to this PNG")
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
     parser.add_argument("--host", metavar="SPEC")
     args = parser.parse_args()
@@ -527,9 +528,11 @@ def main() -> None:
               f"{'CPU/beat':>9} {'RSS':>7} {'journal/group':>13} {'ideal':>6} "
               f"{'sched cores':>11} {'load cores':>10} {'claims/lease':>12}")  # fmt: skip
     print(header)
+    points = []
     with tempfile.TemporaryDirectory(prefix="asyncrl-scale-") as tmp:
         for n in (int(x) for x in args.workers.split(",")):
             pt = measure(n, setting, Path(tmp))
+            points.append(pt)
             print(f"{pt.workers:>5} {pt.leases_per_s:>9.1f} {pt.p50_ms:>7.2f} {pt.p99_ms:>7.2f} "
                   f"{pt.cpu_per_lease_ms:>7.3f} ms {pt.cpu_per_heartbeat_us:>6.0f} us "
                   f"{pt.rss_mb:>4.0f} MB {pt.journal_bytes_per_group:>11.0f} B "
@@ -538,6 +541,11 @@ def main() -> None:
                   flush=True)  # fmt: skip
             if pt.errors:
                 print(f"      errors: {pt.errors}")
+    if args.plot:
+        from .scale_plot import plot
+
+        plot(points, args.plot, setting.mean_lease)
+        print(f"curve drawn to {args.plot}")
 
 
 if __name__ == "__main__":
