@@ -166,3 +166,12 @@ def test_final_loads_with_peft_and_as_a_merged_model_with_the_trainers_logits(tm
             logits = model(_TOKENS).logits
             # Padding aside (each row's real tokens are causal prefixes), the same logits.
             torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+
+
+def test_without_peft_the_trainer_says_how_to_install_it(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft now raises ImportError
+    model, _ = load_model("embedded")
+    with pytest.raises(RuntimeError, match=r"pip install 'asyncrl\[lora\]'"):
+        add_adapters(model, _config().model.lora)
