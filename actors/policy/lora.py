@@ -27,6 +27,7 @@ __all__ = [
     "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
     "FINAL_ADAPTER",
+    "PEFT_MISSING",
     "add_adapters",
     "is_adapter",
     "merged_state",
@@ -41,6 +42,7 @@ __all__ = [
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FINAL_ADAPTER = "adapter"  # final/adapter: the peft directory beside the merged model
+PEFT_MISSING = "model.lora.rank > 0 needs peft, which is not installed: pip install 'asyncrl[lora]'"
 _SAVED_PREFIX = "base_model.model."  # what PeftModel's own save puts before each name
 _ADAPTER = "default"  # the one adapter, under peft's default name
 
@@ -49,9 +51,7 @@ def _lora_config(spec: LoraSection, base: str = ""):
     try:
         from peft import LoraConfig
     except ImportError as error:
-        raise RuntimeError(
-            "model.lora.rank > 0 needs peft, which is not installed: pip install 'asyncrl[lora]'"
-        ) from error
+        raise RuntimeError(PEFT_MISSING) from error
     return LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,

@@ -53,7 +53,7 @@ from ..training.gang import (
 from ..training.learner import Group, StepStats
 from ..training.rank import TrainRank, restore_body
 from ..training.resume import TRAINER_STATE
-from ..worker.preflight import check_device, check_engine, check_model
+from ..worker.preflight import check_device, check_engine, check_lora, check_model
 from ..worker.setup import load_policy
 
 __all__ = ["Train"]
@@ -67,7 +67,8 @@ class Train(Actor):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        problems = [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        return problems or check_lora(cfg)  # the targets are checked on a model that loads
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config

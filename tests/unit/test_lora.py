@@ -175,3 +175,13 @@ def test_without_peft_the_trainer_says_how_to_install_it(monkeypatch):
     model, _ = load_model("embedded")
     with pytest.raises(RuntimeError, match=r"pip install 'asyncrl\[lora\]'"):
         add_adapters(model, _config().model.lora)
+
+
+def test_the_trainers_preflight_names_a_target_that_matches_nothing():
+    from asyncrl.actors.worker.preflight import check_lora
+
+    assert check_lora(_config()) == []
+    assert check_lora(_config(target_modules=["q_proj", "qproj"])) == [
+        "model.lora.target_modules: ['qproj'] match no linear layer; allowed: ['down_proj', "
+        "'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"
+    ]
