@@ -14,6 +14,11 @@ receiver and applies it (full: runs on the received buffers; LoRA: merges the ad
 onto the base it keeps). Then the next step, ``--versions`` times; the first version is
 not counted (the plane sizes its buffers then).
 
+Then, in this process on one thread, decode steps of 4 sequences (``--decode-steps``)
+on the base with the adapters merged against peft's separate low-rank products on every
+token: where merging a version costs less than the steps decoded under it would lose,
+merging is the faster way to apply a version.
+
 Printed side by side, all measured in this run (medians, with min-max over the versions
 and repeats): bytes per version; gather s (the version taken from the learner), publish s
 (staged into the plane's buffer), transfer s (at the generator, plan to last checked
@@ -148,6 +153,34 @@ def _measure(shape: dict, lora: dict | None, args: dict) -> tuple[list, float, i
     return rows[1:], peak, params  # the first version sizes the plane's buffers
 
 
+def _decode_step_s(shape: dict, lora: dict | None, steps: int) -> list[float]:
+    """Seconds per decode step (4 sequences, one token each) of the base model with the
+    adapters merged (``lora`` None: what a generator merging them runs) or kept apart as
+    peft's low-rank products on every token."""
+    from asyncrl.actors.policy.decoder import Decoder, Request
+    from asyncrl.actors.policy.lora import add_adapters
+    from asyncrl.actors.policy.model import CausalLM, ModelConfig
+
+    torch.manual_seed(0)
+    model = CausalLM(ModelConfig(**shape))
+    if lora:
+        add_adapters(model, _config(lora).model.lora)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # nonzero, as after training: every product is computed
+                param.data.normal_(0, 0.01)
+    model.requires_grad_(False).eval()
+    decoder = Decoder(model, slots=4, max_new_tokens=steps + 8, max_prompt_tokens=16,
+                      eos_id=-1, pad_id=0, seed=1)  # fmt: skip
+    decoder.submit([Request(tag, tuple(range(1, 17))) for tag in range(4)])
+    decoder.step()  # the prompts: not a decode step
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        decoder.step()
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def _spread(values: list[float], scale: float = 1.0, digits: int = 4) -> str:
     v = [x * scale for x in values]
     return f"{statistics.median(v):.{digits}f} [{min(v):.{digits}f}-{max(v):.{digits}f}]"
@@ -163,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--targets", default=_ALL_LINEARS)
     parser.add_argument("--strategy", choices=("ucx", "ucx-map", "shm"), default="ucx-map")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--decode-steps", type=int, default=64)
     args = parser.parse_args(argv)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # RSS = memory in use
@@ -177,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
             results[name][0].extend(rows)
             results[name][1].append(peak)
             results[name] = (*results[name][:2], params)
+    torch.set_num_threads(1)
+    merged_steps = _decode_step_s(shape, None, args.decode_steps)
+    apart_steps = _decode_step_s(shape, lora, args.decode_steps)
     print(
         f"lora_versions: {os.cpu_count()} CPUs; a {args.layers}-layer, {args.hidden}-wide "
         f"model, vocabulary {args.vocab}; weights.strategy={args.strategy}; "
@@ -189,6 +226,18 @@ def main(argv: list[str] | None = None) -> None:
         cells += [_spread([r[i] for r in rows]) for i in (1, 2, 3, 4)]
         cells.append(_spread(peaks, digits=0))
         print(" | ".join(cells))
+    merge_s = statistics.median(r[4] for r in results[f"lora r={args.rank}"][0])
+    merged, apart = statistics.median(merged_steps), statistics.median(apart_steps)
+    print(
+        f"decode step, 4 sequences, one thread ({args.decode_steps} steps): adapters merged "
+        f"{_spread(merged_steps, 1e3, 2)} ms, as separate low-rank products "
+        f"{_spread(apart_steps, 1e3, 2)} ms"
+    )
+    if apart > merged:
+        print(
+            f"merging a version ({merge_s * 1e3:.1f} ms) pays for itself after "
+            f"{merge_s / (apart - merged):.0f} decode steps under that version"
+        )
 
 
 if __name__ == "__main__":
