@@ -113,6 +113,10 @@ def test_a_version_that_is_not_the_adapters_is_refused_not_run_as_the_base():
     whole = load_model("embedded")[0].state_dict()
     with pytest.raises(ValueError, match="unexpected"):
         load_state(generator, whole)
+    last = sorted(version)[-1]  # the last layer's B of another rank, found after the rest
+    wrong = version | {last: torch.zeros(version[last].shape[0], 3)}
+    with pytest.raises(ValueError, match=r"expected A \[rank, \d+\], B \[\d+, rank\]"):
+        load_state(generator, wrong)
     assert torch.equal(_logits(generator), before)
 
 
