@@ -97,12 +97,9 @@ def test_a_killed_trainer_resumes_at_the_scheduler_step_with_the_staged_state(
     _check_no_step_lost(run_dir, 1)
 
 
-# Adapters on two kinds of layer: the staged state is theirs and their optimizer's alone.
-_LORA = ("model.lora.rank=4", "model.lora.target_modules=[q_proj,down_proj]", "algorithm.lr=1e-3")
-
-
 def test_a_killed_lora_trainer_resumes_from_its_staged_adapters(tmp_path: Path) -> None:
-    run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0", *_LORA)
+    # The staged state is the adapters' and their optimizer's alone.
+    run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0", *default_run.LORA)
     _check_no_step_lost(run_dir, 1)
     final = RunDir(run_dir).final_model
     assert (final / "adapter" / "adapter_model.safetensors").is_file()
