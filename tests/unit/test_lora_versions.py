@@ -7,7 +7,8 @@ which reports what it loaded to a real scheduler core (synchronous: max_stalenes
 Version 2 reaches it torn (an adapter tensor missing, as when a bucket never arrives):
 it is not applied, the decoder keeps version 1's weights and number, the scheduler keeps
 the generator at version 1 and gives it no group to generate for step 3; when version 2
-arrives whole the generator loads it and gets work again.
+arrives whole the generator loads it and gets work again, and the scheduler refuses
+tokens that claim any version but those between the one it reported and the newest.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from asyncrl.actors.policy.adapters import MergedAdapters
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.worker.versions import Versions
-from asyncrl.runtime.core.effects import Accepted
+from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
 from asyncrl.transport import protocol as p
 from tests.unit.test_core import generate, grant, make_core, score
 
@@ -108,4 +109,11 @@ def test_a_generator_that_misses_an_adapter_version_is_detected_not_run_on_the_b
     assert versions.load_newest() and versions.loaded == 2 == actor.decoder.version
     assert [m.version for m in sent] == [1, 2]
     assert not torch.allclose(actor.logits(), first_logits)
-    assert grant(core.claim("generate", "gen", 1, 0.0)).version == 2
+    lease = grant(core.claim("generate", "gen", 1, 0.0))
+    assert lease.version == 2
+    # Tokens that said they came from an older version than the one reported loaded (a
+    # generator that fell back) are refused, and so are ones of a version not published.
+    for versions in ([(1, 1)], [(2, 3)]):
+        refused = core.complete(lease.lease_id, lease.fence, list(lease.groups), versions)
+        assert isinstance(refused, Rejected) and refused.reason == Reason.BAD_VERSION
+    assert core.complete(lease.lease_id, lease.fence, list(lease.groups), [(2, 2)])
