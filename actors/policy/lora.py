@@ -24,7 +24,6 @@ from .checkpoint import read_weights, write_directory, write_extra, write_model_
 from .model import CausalLM, ModelConfig
 
 __all__ = [
-    "ADAPTER_CONFIG",
     "ADAPTER_WEIGHTS",
     "FINAL_ADAPTER",
     "PEFT_MISSING",
@@ -39,7 +38,6 @@ __all__ = [
     "trainer_name",
 ]
 
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FINAL_ADAPTER = "adapter"  # final/adapter: the peft directory beside the merged model
 PEFT_MISSING = "model.lora.rank > 0 needs peft, which is not installed: pip install 'asyncrl[lora]'"
