@@ -19,6 +19,7 @@ Two ways in:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from .attention_runs import attention_runs
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .feed_forward import MLP, MixtureOfExperts
 from .rotary import Rotary, rotate
+
+if TYPE_CHECKING:
+    from .adapters import MergedAdapters
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "KVCache", "ModelConfig"]
 
@@ -207,6 +211,9 @@ class CausalLM(nn.Module):
         # Training only: recompute each layer in backward instead of keeping its activations
         # (model.gradient_checkpointing), about a third more compute for far less memory.
         self.gradient_checkpointing = False
+        # A LoRA run's generators and scorers: versions are adapters, merged onto the base
+        # weights these keep (adapters.py); None: versions are whole weights.
+        self.adapters: MergedAdapters | None = None
 
     def forward(
         self,
