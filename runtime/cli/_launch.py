@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .common import UsageError, add_config_arguments, config_from_args
+from .common import UsageError, add_config_arguments, config_from_args, require_extras
 
 __all__ = ["add_launch_parser"]
 
@@ -26,8 +26,10 @@ def _launch(args: argparse.Namespace) -> int:
     from asyncrl.runtime.launch.slurm import job_output, render_sbatch
     from asyncrl.runtime.rundir import RunDir
 
+    if args.on == "ray":
+        return _launch_on_ray(args)
     if args.on != "slurm":
-        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm")
+        raise UsageError(f"--on {args.on}: not rendered yet; the engines ready: slurm, ray")
     cfg = config_from_args(args)
     cwd = Path.cwd()
     config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
@@ -58,6 +60,24 @@ def _launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch_on_ray(args: argparse.Namespace) -> int:
+    from asyncrl.runtime.launch.ray import RayLaunchError, launch_on_ray
+    from asyncrl.runtime.launch.ray_plan import describe_plan, ray_plan
+
+    try:
+        plan = ray_plan(args.config, args.overrides, Path.cwd(), sys.executable)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.dry_run:
+        print(describe_plan(plan), end="")
+        return 0
+    require_extras(plan.cfg)  # before any process starts
+    try:
+        return launch_on_ray(plan, args.address)
+    except RayLaunchError as error:
+        raise UsageError(str(error)) from None
+
+
 def add_launch_parser(commands: argparse._SubParsersAction) -> None:
     launch = commands.add_parser(
         "launch", help="run on a cluster as its placement says (Slurm)",
@@ -69,4 +89,7 @@ def add_launch_parser(commands: argparse._SubParsersAction) -> None:
     add_config_arguments(launch)
     launch.add_argument("--dry-run", action="store_true",
                         help="print what would be submitted, and submit nothing")  # fmt: skip
+    launch.add_argument("--address", metavar="HOST:PORT",
+                        help="ray: the cluster's address (default: RAY_ADDRESS, else the "
+                        "cluster this machine is in)")  # fmt: skip
     launch.set_defaults(handler=_launch)
