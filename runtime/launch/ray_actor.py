@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -140,10 +141,9 @@ class ProcessActor:
         if code == 0:
             self._end("exited 0")
             return
-        how = f"exit code {code}" if code > 0 else f"signal {-code}"
         status = read_status(self._status)
-        reason = status.reason or last_words(self._log, since=self._offset) or how
-        self._say(f"exited ({how}) after {lived_s:.1f}s: {reason}")
+        reason = status.reason or _how_it_ended(code, self._log, self._offset)
+        self._say(f"exited after {lived_s:.1f}s: {reason}")
         record = _read_record(self._plan.run_dir, self._process.name)
         failures = StartFailures(_CRASH_LOOP_STARTS, _HEALTHY_AFTER_S, record.get("reason"),
                                  int(record.get("count", 0)))  # fmt: skip
@@ -161,7 +161,10 @@ class ProcessActor:
 
     def _restart_gang(self) -> None:
         """The group cannot go on without this rank: Ray starts every rank again."""
-        for other in self._gang_others():
+        others = self._gang_others()
+        if others:
+            self._say(f"its group {self._process.gang} starts again, every rank")
+        for other in others:
             self._ray.kill(other, no_restart=False)
 
     def _end_gang(self) -> None:
@@ -200,6 +203,15 @@ class ProcessActor:
         print(text, flush=True)  # to the launcher's terminal, through Ray's log forwarding
         with self._log.open("a") as log:
             log.write(text + "\n")
+
+
+def _how_it_ended(code: int, log: Path, offset: int) -> str:
+    """Why a process that gave no reason failed: its signal, else its last words."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"ended by {signal.Signals(-code).name}"
+        return f"ended by signal {-code}"
+    return last_words(log, since=offset) or f"exit code {code}"
 
 
 def _record_path(run_dir: Path, name: str) -> Path:

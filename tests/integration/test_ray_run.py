@@ -5,7 +5,9 @@ actor; the generator's actor asks for the two GPUs of a node."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import free_port
+from tests.support.cluster import free_port, processes_mentioning
 from tests.support.host_run import GROUPS_PER_STEP, lines
 
 ray = pytest.importorskip("ray", reason="the Ray tests need Ray: pip install 'asyncrl[ray]'")
@@ -152,5 +154,32 @@ def test_a_node_removed_mid_run_its_workers_come_back_elsewhere_exactly_once(
     starts = _starts(run_dir, GENERATOR)
     assert len(starts) >= 2 and all(n != node for n, _ in starts[1:]), starts
     assert all(gpus in ("0,1", "1,0") for _, gpus in starts), starts
+    _check_exactly_once(run_dir, steps)
+    _no_actor_left(cluster)
+
+
+def test_a_training_group_on_one_node_restarts_whole_when_a_rank_dies(
+    cluster: Any, tmp_path: Path
+) -> None:
+    steps = 12
+    placement = (
+        "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 2, logp: 1, "
+        "generate: 1}, gpus: 4}]"
+    )
+    launcher, run_dir = _launch(cluster, tmp_path, steps, "pipeline.workers.train=2", placement)
+    deadline = time.monotonic() + 180
+    while len(lines(run_dir / "metrics.jsonl")) < 3:
+        assert launcher.poll() is None and time.monotonic() < deadline, _tails(tmp_path, run_dir)
+        time.sleep(0.5)
+    # Rank 1's process dies: its group cannot go on without it, and Ray starts both ranks.
+    (pid,) = processes_mentioning("--role train --index 1 -c ")
+    os.kill(pid, signal.SIGKILL)
+    output = _wait(launcher, tmp_path, run_dir, 300)
+    assert f"the run is finished ({steps} steps)" in output, output
+    leader, member = _starts(run_dir, "train-0"), _starts(run_dir, "train-1")
+    assert len(leader) == 2 and len(member) == 2, (leader, member)
+    # Each start of the group on one node (STRICT_PACK), each rank with a GPU of its own.
+    for (node0, gpu0), (node1, gpu1) in zip(leader, member, strict=True):
+        assert node0 == node1 and {gpu0, gpu1} == {"0", "1"}, (leader, member)
     _check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
