@@ -17,6 +17,7 @@ Ctrl-C stops the run: every actor is killed, workers first.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from .ray_plan import RayPlan, RayProcess
 __all__ = ["RayLaunchError", "launch_on_ray"]
 
 _POLL_S = 1.0
+_DIAL_S = 5.0
+_HEAD = "node:__internal_head__"  # a resource only the head node has
 _LEAVE_S = 30.0  # for workers to leave by themselves once the scheduler has ended the run
 
 
@@ -69,12 +72,25 @@ def _import_ray() -> ModuleType:
 
 def _connect(ray: ModuleType, plan: RayPlan, address: str) -> None:
     try:
+        _reachable(address)
         ray.init(address=address, namespace=plan.namespace, logging_level="WARNING")
     except ConnectionError as error:
         raise RayLaunchError(
             f"no Ray cluster at {address} ({error}): start one (ray start --head) on the "
             "cluster's head node, or give its address in RAY_ADDRESS"
         ) from None
+
+
+def _reachable(address: str) -> None:
+    """ConnectionError at once if nothing listens at a HOST:PORT given: Ray would retry
+    for minutes before it says so."""
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit()) or "://" in address:
+        return  # "auto", or a ray:// client address: Ray finds it itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_DIAL_S).close()
+    except OSError as error:
+        raise ConnectionError(error.strerror or str(error)) from None
 
 
 def _start(ray: ModuleType, plan: RayPlan) -> list[Any]:
@@ -92,6 +108,10 @@ def _start(ray: ModuleType, plan: RayPlan) -> list[Any]:
     actors = []
     for process in plan.processes:
         options: dict[str, Any] = {}
+        if process.scheduler:
+            # On the head node: its address stays the one the workers dial (they read the
+            # run's endpoints once), and a Ray cluster does not outlive its head anyway.
+            options["resources"] = {_HEAD: 0.001}
         if process.gang is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=groups[process.gang],

@@ -13,6 +13,9 @@ Pure (no Ray here): what the launcher asks Ray for, and what ``--dry-run`` print
 - A grouped role with several ranks (a training group) gets a placement group of one
   bundle per rank, STRICT_PACK: its ranks meet on one machine (cluster.py keeps a group on
   one node), and Ray moves the group whole when its node goes.
+- The scheduler runs on the head node: its address stays the one its workers dial,
+  and a Ray cluster does not outlive its head anyway. Ray starts it again there, from
+  its journal, if it dies.
 - Names are the run's, not the nodes': ``ROLE-ray-I`` for workers of independent roles,
   ``ROLE-RANK`` for the ranks of a group, numbered over the whole run as ``asyncrl
   node`` numbers a node's. An actor restarted on another node starts its process under
@@ -165,6 +168,7 @@ def describe_plan(plan: RayPlan) -> str:
         lines.append(f"placement group {gang}: STRICT_PACK, {ranks} bundles of {bundle}")
     for process in plan.processes:
         where = f" in placement group {process.gang} bundle {process.rank}" if process.gang else ""
+        where += " on the head node" if process.scheduler else ""
         lines.append(f"actor {process.name}: num_gpus={process.num_gpus:g}{where}")
         lines.append(f"  {shlex.join(process.argv)}")
         if process.resume_argv is not None:

@@ -127,6 +127,9 @@ def test_a_run_launched_on_ray_learns_and_finishes(cluster: Any, tmp_path: Path)
     ((node, gpus),) = _starts(run_dir, GENERATOR)
     assert gpus == "0,1" and not cluster.head_node.node_id.startswith(node), (node, gpus)
     assert _starts(run_dir, "train-0")[0][1] == "none"
+    # The scheduler on the head node, whose address the workers keep.
+    ((node, _),) = _starts(run_dir, "scheduler")
+    assert cluster.head_node.node_id.startswith(node), node
     # It learns: the model of step 10 scores well above the untrained one.
     validation = lines(run_dir / "validation.jsonl")
     assert [v["version"] for v in validation] == [0, 10], validation
@@ -183,3 +186,16 @@ def test_a_training_group_on_one_node_restarts_whole_when_a_rank_dies(
         assert node0 == node1 and {gpu0, gpu1} == {"0", "1"}, (leader, member)
     _check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
+
+
+def test_no_cluster_at_the_address_given_is_one_line(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray",
+        "--address", f"127.0.0.1:{free_port()}", f"run.dir={tmp_path / 'run'}",
+        "scheduler.host=0.0.0.0",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("asyncrl: error: no Ray cluster at 127.0.0.1:"), line
+    assert "start one (ray start --head)" in line, line
