@@ -1,10 +1,12 @@
 """``asyncrl launch``: a run on a cluster, placed by the cluster's own engine.
 
     asyncrl launch --on slurm -c run.yaml [overrides] [--dry-run]
+    asyncrl launch --on ray -c run.yaml [overrides] [--address HOST:PORT] [--dry-run]
 
 The config's ``placement`` says what runs where (runtime/config/placement.py); the
 engine's renderer turns it into its script (runtime/launch/slurm.py), printed by
-``--dry-run``, submitted otherwise.
+``--dry-run``, submitted otherwise. On Ray it becomes actors (runtime/launch/ray_plan.py),
+which the launcher starts and follows to the run's end (runtime/launch/ray.py).
 """
 
 from __future__ import annotations
@@ -80,10 +82,12 @@ def _launch_on_ray(args: argparse.Namespace) -> int:
 
 def add_launch_parser(commands: argparse._SubParsersAction) -> None:
     launch = commands.add_parser(
-        "launch", help="run on a cluster as its placement says (Slurm)",
+        "launch", help="run on a cluster as its placement says (Slurm, Ray)",
         description="Render the config's placement for a cluster's engine and start it: "
         "for slurm, an sbatch script with one srun step per node running that node's "
-        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal.",
+        "asyncrl node, the scheduler on the batch host, --requeue resuming the journal; "
+        "for ray, every process a Ray actor (the scheduler on the head node), followed "
+        "to the run's end.",
     )  # fmt: skip
     launch.add_argument("--on", required=True, choices=ENGINES, help="the cluster's engine")
     add_config_arguments(launch)
