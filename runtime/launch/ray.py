@@ -175,7 +175,8 @@ def _gave_up(ray: ModuleType, plan: RayPlan, processes: Sequence[RayProcess]) ->
     for process in processes:
         reason = gave_up_reason(plan.run_dir, process.name)
         if reason is not None and not _alive(ray, plan, process.name):
-            _say(f"{process.name} {reason}; its log: {RunDir.of(plan.cfg).logs}")
+            log = RunDir.of(plan.cfg).logs / f"{process.name}.log"
+            _say(f"{process.name} {reason}; its log: {log}")
             found = True
     return found
 

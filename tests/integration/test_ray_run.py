@@ -199,3 +199,20 @@ def test_no_cluster_at_the_address_given_is_one_line(tmp_path: Path) -> None:
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("asyncrl: error: no Ray cluster at 127.0.0.1:"), line
     assert "start one (ray start --head)" in line, line
+
+
+def test_a_worker_failing_on_every_start_stops_the_run_with_its_reason(
+    cluster: Any, tmp_path: Path
+) -> None:
+    # Its reward worker fails at every start, as a plug-in whose service is down.
+    launcher, run_dir = _launch(cluster, tmp_path, 5, "pipeline.actors=tests.support.failing_roles")
+    try:
+        code = launcher.wait(240)
+    finally:
+        launcher.kill()
+    output = (tmp_path / "launch.out").read_text(errors="replace")
+    assert code == 1, f"{code}\n{_tails(tmp_path, run_dir)}"
+    reason = "reward-ray-0 fails on every start (3 in a row): on_start failed: "
+    assert f"asyncrl launch: {reason}ConnectionRefusedError: the reward model's" in output, output
+    assert f"its log: {run_dir / 'logs' / 'reward-ray-0.log'}" in output, output
+    _no_actor_left(cluster)
