@@ -82,10 +82,11 @@ class ProcessActor:
         except Exception as error:
             self._give_up(f"could not start: {error}")
             raise
-        context = ray.get_runtime_context()
-        gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "none")
-        self._say(f"starting on node {context.get_node_id()[:12]} "
-                  f"({ray.util.get_node_ip_address()}), GPUs {gpus or 'none'}")  # fmt: skip
+        node = ray.get_runtime_context().get_node_id()[:12]
+        gpus = os.environ.get("CUDA_VISIBLE_DEVICES") or "none"  # Ray's, for num_gpus
+        resuming = " (resuming from the journal)" if "--resume" in argv else ""
+        self._say(f"starting on node {node} ({ray.util.get_node_ip_address()}), GPUs "
+                  f"{gpus}{resuming}")  # fmt: skip
         self._status.unlink(missing_ok=True)  # what it says is about this start only
         self._offset = self._log.stat().st_size if self._log.exists() else 0
         os.chdir(plan.cwd)
@@ -110,8 +111,8 @@ class ProcessActor:
             self._run.endpoints.unlink(missing_ok=True)
             make_keys(cfg, self._say)
             ensure_run_secret(self._run.secret)
-            resume = self._run.journal.is_dir()
-            return list(process.resume_argv if resume else process.argv), env  # type: ignore[arg-type]
+            resume = self._run.journal.is_dir() and process.resume_argv is not None
+            return list(process.resume_argv if resume else process.argv), env
         secret = wait_for_the_run(cfg, NodePlan({}, node="ray"), 300.0, self._say)
         env[WORKER_KEY_ENV] = worker_key(secret, process.name).hex()
         if process.gang is not None:

@@ -142,10 +142,7 @@ def test_a_node_removed_mid_run_its_workers_come_back_elsewhere_exactly_once(
 ) -> None:
     steps = 30
     launcher, run_dir = _launch(cluster, tmp_path, steps)
-    deadline = time.monotonic() + 180
-    while len(lines(run_dir / "metrics.jsonl")) < 5:
-        assert launcher.poll() is None and time.monotonic() < deadline, _tails(tmp_path, run_dir)
-        time.sleep(0.5)
+    _wait_for_steps(launcher, tmp_path, run_dir, 5)
     ((node, _),) = _starts(run_dir, GENERATOR)
     (lost,) = [n for n in cluster.worker_nodes if n.node_id.startswith(node)]
     # The generator's node dies: its raylet and every process on it, at once.
@@ -161,22 +158,21 @@ def test_a_node_removed_mid_run_its_workers_come_back_elsewhere_exactly_once(
     _no_actor_left(cluster)
 
 
-def test_a_training_group_on_one_node_restarts_whole_when_a_rank_dies(
+def test_a_rank_and_the_scheduler_killed_ray_starts_them_again_and_the_run_ends_exactly(
     cluster: Any, tmp_path: Path
 ) -> None:
-    steps = 12
+    steps = 16
     placement = (
         "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 2, logp: 1, "
         "generate: 1}, gpus: 4}]"
     )
     launcher, run_dir = _launch(cluster, tmp_path, steps, "pipeline.workers.train=2", placement)
-    deadline = time.monotonic() + 180
-    while len(lines(run_dir / "metrics.jsonl")) < 3:
-        assert launcher.poll() is None and time.monotonic() < deadline, _tails(tmp_path, run_dir)
-        time.sleep(0.5)
+    _wait_for_steps(launcher, tmp_path, run_dir, 3)
     # Rank 1's process dies: its group cannot go on without it, and Ray starts both ranks.
-    (pid,) = processes_mentioning("--role train --index 1 -c ")
-    os.kill(pid, signal.SIGKILL)
+    os.kill(_pid_of(run_dir, "--role train --index 1 "), signal.SIGKILL)
+    _wait_for_steps(launcher, tmp_path, run_dir, 7)
+    # The scheduler's process dies: Ray starts its actor again, which resumes the journal.
+    os.kill(_pid_of(run_dir, "asyncrl.runtime.cli.scheduler start "), signal.SIGKILL)
     output = _wait(launcher, tmp_path, run_dir, 300)
     assert f"the run is finished ({steps} steps)" in output, output
     leader, member = _starts(run_dir, "train-0"), _starts(run_dir, "train-1")
@@ -184,8 +180,24 @@ def test_a_training_group_on_one_node_restarts_whole_when_a_rank_dies(
     # Each start of the group on one node (STRICT_PACK), each rank with a GPU of its own.
     for (node0, gpu0), (node1, gpu1) in zip(leader, member, strict=True):
         assert node0 == node1 and {gpu0, gpu1} == {"0", "1"}, (leader, member)
+    log = (run_dir / "logs" / "scheduler.log").read_text(errors="replace")
+    assert log.count("asyncrl ray: scheduler: starting on node") == 2, log
+    assert "(resuming from the journal)" in log, log
     _check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
+
+
+def _wait_for_steps(launcher: subprocess.Popen, root: Path, run_dir: Path, steps: int) -> None:
+    deadline = time.monotonic() + 180
+    while len(lines(run_dir / "metrics.jsonl")) < steps:
+        assert launcher.poll() is None and time.monotonic() < deadline, _tails(root, run_dir)
+        time.sleep(0.5)
+
+
+def _pid_of(run_dir: Path, command: str) -> int:
+    """The pid of this run's process whose command line has ``command``."""
+    (pid,) = set(processes_mentioning(command)) & set(processes_mentioning(f"run.dir={run_dir}"))
+    return pid
 
 
 def test_no_cluster_at_the_address_given_is_one_line(tmp_path: Path) -> None:
