@@ -49,6 +49,7 @@ __all__ = ["ProcessActor", "forget_failures", "gave_up_reason"]
 _CRASH_LOOP_STARTS = 3  # failures to start in a row, the same way: a crash loop
 _HEALTHY_AFTER_S = 30.0  # a process that says nothing about its start came up after this
 _MAX_DELAY_S = 10.0
+_WAIT_S = 300.0  # for the scheduler's actor to set the run up, as asyncrl node waits
 
 
 def gave_up_reason(run_dir: Path, name: str) -> str | None:
@@ -107,13 +108,14 @@ class ProcessActor:
         process, cfg = self._process, self._plan.cfg
         env = dict(process.env)
         if process.scheduler:
-            # Its node may be gone: the endpoints it announced name an address nobody serves.
+            # A scheduler before this one died: workers must not dial the address it
+            # announced until this one announces its own.
             self._run.endpoints.unlink(missing_ok=True)
             make_keys(cfg, self._say)
             ensure_run_secret(self._run.secret)
             resume = self._run.journal.is_dir() and process.resume_argv is not None
             return list(process.resume_argv if resume else process.argv), env
-        secret = wait_for_the_run(cfg, NodePlan({}, node="ray"), 300.0, self._say)
+        secret = wait_for_the_run(cfg, NodePlan({}, node="ray"), _WAIT_S, self._say)
         env[WORKER_KEY_ENV] = worker_key(secret, process.name).hex()
         if process.gang is not None:
             env[ENV_ADDR] = self._gang_address()
@@ -124,7 +126,10 @@ class ProcessActor:
         if self._process.rank == 0:
             self._address = free_local_address()  # the group is on this one node
             return self._address
-        name, deadline = f"{self._process.gang}-0", time.monotonic() + 300.0
+        # Asked after the rank that failed had Ray start rank 0 again (it kills the others
+        # before its own actor ends): the answer is the new start's. Should an old one
+        # answer, this rank fails to meet it and the group starts again.
+        name, deadline = f"{self._process.gang}-0", time.monotonic() + _WAIT_S
         while time.monotonic() < deadline:
             with contextlib.suppress(ValueError):  # not created yet
                 leader = self._ray.get_actor(name, namespace=self._plan.namespace)
