@@ -52,6 +52,9 @@ def cluster() -> Iterator[Any]:
         made.wait_for_nodes()
         yield made
     finally:
+        # A launcher a failed test left running would wait on a cluster that is gone.
+        for pid in processes_mentioning(f"launch --on ray --address {made.address} "):
+            os.kill(pid, signal.SIGKILL)
         made.shutdown()
 
 
