@@ -97,7 +97,9 @@ def _start(ray: ModuleType, plan: RayPlan) -> list[Any]:
     """Every actor of the plan, made now or found running."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if not _alive(ray, plan, "scheduler"):
+    if _alive(ray, plan, "scheduler"):
+        _say("the run goes on already: following its actors")
+    else:
         # A new start: endpoints left by an earlier one name a scheduler nobody serves,
         # and the failures its actors counted are not this start's.
         RunDir.of(plan.cfg).endpoints.unlink(missing_ok=True)

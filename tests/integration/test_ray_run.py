@@ -69,7 +69,7 @@ def _launch(cluster: Any, root: Path, steps: int, *more: str) -> tuple[subproces
         f"scheduler.control_port={control}", f"scheduler.events_port={free_port()}",
         PLACEMENT, *more,
     ]  # fmt: skip
-    output = (root / "launch.out").open("wb")
+    output = (root / "launch.out").open("ab")  # a launch again goes on after the first
     return subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT), run_dir
 
 
@@ -201,6 +201,35 @@ def _pid_of(run_dir: Path, command: str) -> int:
     """The pid of this run's process whose command line has ``command``."""
     (pid,) = set(processes_mentioning(command)) & set(processes_mentioning(f"run.dir={run_dir}"))
     return pid
+
+
+def test_the_run_outlives_its_launcher_ctrl_c_stops_it_and_a_new_launch_resumes_it(
+    cluster: Any, tmp_path: Path
+) -> None:
+    steps = 14
+    first, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    _wait_for_steps(first, tmp_path, run_dir, 3)
+    first.kill()  # the launcher only: the actors are detached, the run goes on
+    first.wait()
+    second, _ = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    _wait_for_steps(second, tmp_path, run_dir, 7)
+    second.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, every actor killed
+    assert second.wait(60) == 130, _tails(tmp_path, run_dir)
+    _no_actor_left(cluster)
+    stopped_at = len(lines(run_dir / "metrics.jsonl"))
+    assert stopped_at < steps, stopped_at
+    third, _ = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    output = _wait(third, tmp_path, run_dir, 300)
+    assert f"the run is finished ({steps} steps)" in output, output
+    # One scheduler ran until the Ctrl-C (the second launch found the first's actors), and
+    # the third launch's resumed from the journal.
+    log = (run_dir / "logs" / "scheduler.log").read_text(errors="replace")
+    starts = re.findall(r"asyncrl ray: scheduler: starting on node .*", log)
+    assert len(starts) == 2 and starts[1].endswith("(resuming from the journal)"), starts
+    assert output.count("asyncrl launch: the run goes on already: following its actors") == 1
+    assert "stopped: every actor killed; launch again to resume from the journal" in output
+    _check_exactly_once(run_dir, steps)
+    _no_actor_left(cluster)
 
 
 def test_no_cluster_at_the_address_given_is_one_line(tmp_path: Path) -> None:
