@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cluster import free_port, processes_mentioning
+from tests.support.cluster import free_port, listening_port, processes_mentioning
 from tests.support.host_run import GROUPS_PER_STEP, lines
 
 ray = pytest.importorskip("ray", reason="the Ray tests need Ray: pip install 'asyncrl[ray]'")
@@ -61,12 +61,14 @@ def cluster() -> Iterator[Any]:
 def _launch(cluster: Any, root: Path, steps: int, *more: str) -> tuple[subprocess.Popen, Path]:
     """``asyncrl launch --on ray`` with the default run; the launcher and the run dir."""
     run_dir = root / "run"
-    control = free_port()
+    # Ports a restarted scheduler gets again: not the kernel's ephemeral ones, which any
+    # of Ray's own connections may take while the scheduler is down.
+    control, events = listening_port(), listening_port()
     argv = [
         sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray",
         "--address", cluster.address, "-c", str(Path("deploy/configs/default.yaml").resolve()),
         f"run.dir={run_dir}", f"run.total_steps={steps}", "scheduler.host=0.0.0.0",
-        f"scheduler.control_port={control}", f"scheduler.events_port={free_port()}",
+        f"scheduler.control_port={control}", f"scheduler.events_port={events}",
         PLACEMENT, *more,
     ]  # fmt: skip
     output = (root / "launch.out").open("ab")  # a launch again goes on after the first
