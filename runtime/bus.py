@@ -8,7 +8,8 @@
 - that the run is finished: the scheduler says so in the run directory as it exits
   (:func:`announce_finished`), for the machines whose workers it no longer reaches
   (:func:`finished_steps`);
-- which events wake which role (:func:`wakeup_topics`), derived from the pipeline table;
+- which moves may mean work for which role (:func:`wakeup_topics`), derived from the
+  pipeline table: the scheduler wakes its waiting workers by them (service/waiting.py);
 - the key under which a completion reports where its worker's time went
   (:data:`ACTIVITY_KEY`), and the buckets it is split into (:class:`TimeBucket`).
 
@@ -160,6 +161,9 @@ def wakeup_topics(role: str, pipeline: Pipeline) -> list[str]:
         if stage.gate is Gate.STEP:
             # A step may wait for stragglers; their arrival or death unblocks it.
             topics.update(died)
+        if stage.gate is Gate.CRITIC_STEP:
+            # Fewer than a batch goes to the critic once the train step waits for it.
+            topics.update(trained + died)
     return sorted(topics)
 
 

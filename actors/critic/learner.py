@@ -57,6 +57,7 @@ class CriticLearner(LearnerState):
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
         self.engine = None  # the critic runs on the torch engine
+        self.lora = False  # it trains its whole model, whatever model.lora says
         self.device = next(model.parameters()).device
         self.compute_dtype = next(model.parameters()).dtype
         self._host = HostCopies()

@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -38,6 +38,9 @@ __all__ = [
     "save_state",
     "state_for_saving",
     "weight_files",
+    "write_directory",
+    "write_extra",
+    "write_model_files",
 ]
 
 # Copied from the base model into every checkpoint: what encodes text and says when a
@@ -71,7 +74,13 @@ def load_state(
     ``copy=False`` makes the model run on ``state``'s tensors themselves (a weight
     receiver's checked buffer), which then must not change while the model uses them, and
     returns the tensors the model ran on before (for the caller to free where it suits).
+
+    On a model whose versions are adapters (``model.adapters``), ``state`` is a version's
+    adapters, merged onto the base weights (always a copy).
     """
+    if model.adapters is not None:  # a LoRA run's version: merged, nothing superseded
+        model.adapters.apply(model, state)
+        return []
     # One walk over the modules: a generator switches versions between decode steps.
     params = dict(model.named_parameters())
     expected = set(params)
@@ -129,19 +138,43 @@ def save_state(
     extra: dict | None = None,
 ) -> None:
     """:func:`save_model` for weights held apart from a model (gathered from a group)."""
+    write_directory(
+        target, lambda staging: write_model_files(config, state, source, staging, extra)
+    )
+
+
+def write_model_files(
+    config: ModelConfig,
+    state: Mapping[str, torch.Tensor],
+    source: Path,
+    directory: Path,
+    extra: dict | None = None,
+) -> None:
+    """A Hugging Face model's files into ``directory``: weights, config, ``source``'s
+    tokenizer, and ``extra`` files (name → bytes)."""
+    tensors = {name: t.contiguous() for name, t in state.items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    hf_config = config.to_hf() | _token_ids(source) | {"torch_dtype": dtype}
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    for name in _COPIED_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, directory / name)
+    write_extra(directory, extra)
+
+
+def write_extra(directory: Path, extra: dict | None) -> None:
+    for name, data in (extra or {}).items():
+        (directory / name).write_bytes(data)
+
+
+def write_directory(target: Path, fill: Callable[[Path], None]) -> None:
+    """Make the directory ``target`` whole or not at all: ``fill`` writes a temporary
+    directory beside it, which then replaces ``target``."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        tensors = {name: t.contiguous() for name, t in state.items()}
-        save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
-        dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-        hf_config = config.to_hf() | _token_ids(source) | {"torch_dtype": dtype}
-        (staging / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-        for name in _COPIED_FILES:
-            if (source / name).is_file():
-                shutil.copyfile(source / name, staging / name)
-        for name, data in (extra or {}).items():
-            (staging / name).write_bytes(data)
+        fill(staging)
         _fsync_dir(staging)
         _readable(staging)
         if target.exists():
@@ -193,10 +226,16 @@ def _readable(directory: Path) -> None:
     """Like any model directory: readable by all (a temporary directory starts private)."""
     directory.chmod(0o755)
     for path in directory.iterdir():
-        path.chmod(0o644)
+        if path.is_dir():  # final/adapter beside a LoRA run's merged model
+            _readable(path)
+        else:
+            path.chmod(0o644)
 
 
 def _fsync_dir(directory: Path) -> None:
     for path in directory.iterdir():
+        if path.is_dir():
+            _fsync_dir(path)
+            continue
         with open(path, "rb") as handle:
             os.fsync(handle.fileno())

@@ -19,6 +19,7 @@ Two ways in:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,9 @@ from .attention_runs import attention_runs
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .feed_forward import MLP, MixtureOfExperts
 from .rotary import Rotary, rotate
+
+if TYPE_CHECKING:
+    from .adapters import MergedAdapters
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "Decoder", "KVCache", "ModelConfig"]
 
@@ -241,6 +245,9 @@ class CausalLM(Decoder):
         self.lm_head = _OutputLayer(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        # A LoRA run's generators and scorers: versions are adapters, merged onto the base
+        # weights these keep (adapters.py); None: versions are whole weights.
+        self.adapters: MergedAdapters | None = None
 
     def forward(
         self,

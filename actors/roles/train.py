@@ -42,6 +42,7 @@ from asyncrl.transport.weights import Announcement, make_publisher
 
 from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
+from ..policy.lora import save_adapter_checkpoint, save_final
 from ..training.gang import (
     Order,
     join_group,
@@ -52,7 +53,7 @@ from ..training.gang import (
 from ..training.learner import Group, Learner, StepStats
 from ..training.rank import TrainRank, restore_body
 from ..training.resume import TRAINER_STATE
-from ..worker.preflight import check_device, check_engine, check_model
+from ..worker.preflight import check_device, check_engine, check_lora, check_model
 from ..worker.setup import load_policy
 
 __all__ = ["Train"]
@@ -66,7 +67,8 @@ class Train(Actor):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        problems = [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        return problems or check_lora(cfg)  # the targets are checked on a model that loads
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = self.cfg = ctx.config
@@ -203,20 +205,22 @@ class Train(Actor):
             buffer,
         )
         counters = json.dumps({"step": self.step, "policy_version": self.step}).encode()
-        save_state(
-            self.rank.learner.model.config,
-            weights,
-            self.source,
-            target,
-            extra={TRAINER_STATE: buffer.getvalue(), "counters.json": counters},
-        )
+        extra = {TRAINER_STATE: buffer.getvalue(), "counters.json": counters}
+        if self.cfg.model.lora.enabled:  # the adapters alone: the base is model.path's
+            save_adapter_checkpoint(self.cfg.model.lora, weights, self.source, target, extra)
+        else:
+            save_state(self.rank.learner.model.config, weights, self.source, target, extra)
         self.saved_step = self.durable = self.step
         log.info("checkpoint written", step=self.step, path=str(target))
         return target
 
     def _save_final(self) -> None:
-        config = self.rank.learner.model.config
-        save_state(config, self.newest, self.source, self.run.final_model)
+        learner = self.rank.learner
+        config, lora, final = learner.model.config, self.cfg.model.lora, self.run.final_model
+        if lora.enabled:
+            save_final(config, lora, self.newest, self.source, final, learner.compute_dtype)
+        else:
+            save_state(config, self.newest, self.source, final)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
 
     # --- the other ranks of a group -----------------------------------------------------

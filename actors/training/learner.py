@@ -91,7 +91,14 @@ class Learner(LearnerState):
             estimator=a.estimator,
             ratio=a.ratio,
         )
-        params = model.parameters() if self.engine is None else self.engine.optimized_parameters()
+        # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
+        # clipping and the staged state cover them and not the frozen base.
+        self.lora = cfg.model.lora.enabled
+        params = (
+            [p for p in model.parameters() if p.requires_grad]
+            if self.engine is None
+            else self.engine.optimized_parameters()
+        )
         self.optimizer = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.99), weight_decay=0.0)
         optimized = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         # What this rank's optimizer keeps state for (all, unless the engine splits it).
@@ -113,7 +120,8 @@ class Learner(LearnerState):
             self.engine.finish_gradients()
             grad_norm = self.engine.clip_grad_norm(max_norm)
         else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            trained = [p for p in self.model.parameters() if p.requires_grad]
+            grad_norm = torch.nn.utils.clip_grad_norm_(trained, max_norm)
         self.optimizer.step()
         if self.engine is not None:
             self.engine.finish_step()

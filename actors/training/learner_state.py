@@ -11,11 +11,13 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
     set_optimizer_state_dict,
 )
 from torch.distributed.tensor import DTensor
 
 from ..engines import EngineModel, load_group_weights, load_weights, weights_of
+from ..policy.lora import is_adapter, published_name, trainer_name
 from ..policy.model import CausalLM
 from .host_copies import HostCopies
 
@@ -32,6 +34,7 @@ class LearnerState:
     device: torch.device
     size: int
     rank: int
+    lora: bool  # versions and checkpoints are the adapters alone (model.lora)
     _host: HostCopies
 
     def full_weights(self) -> dict[str, torch.Tensor]:
@@ -42,6 +45,8 @@ class LearnerState:
         With a group this is a collective: every rank must call it at the same point.
         """
         dtype = self.compute_dtype
+        if self.lora:
+            return self._full_adapters()
         if self.size == 1 or self.engine is not None:
             # With another engine's group, a collective; only the leader keeps the result.
             weights = weights_of(self.model)
@@ -56,6 +61,20 @@ class LearnerState:
         if self.model.config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
         return {name: t.to(dtype) for name, t in weights.items()}
+
+    def _full_adapters(self) -> dict[str, torch.Tensor]:
+        """A LoRA run's version: the adapters alone, whole, by published name (lora.py),
+        on the leader. Each is gathered by itself: the frozen base is never gathered."""
+        adapters = {}
+        for name, param in self.model.named_parameters():
+            if is_adapter(name):
+                whole = param.detach().full_tensor() if isinstance(param, DTensor) else param
+                adapters[published_name(name)] = whole.detach().to(self.compute_dtype)
+        if self.rank != 0:
+            return {}
+        if self.device.type == "cuda":  # the weight plane stages from CPU memory
+            return self._host.copy(adapters)
+        return {name: t.clone() for name, t in adapters.items()}
 
     def full_optimizer_state(self) -> dict[str, Any]:
         """AdamW's state keyed by parameter name, whole; a collective with a group."""
@@ -74,18 +93,45 @@ class LearnerState:
 
     def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
         """Whole weights (a checkpoint's) into the model; with a group rank 0 passes them
-        and the others None, and each rank keeps its shard (a collective)."""
-        if self.size == 1:
+        and the others None, and each rank keeps its shard (a collective). A LoRA run's
+        checkpoint holds the adapters alone (published names): the base stays as loaded."""
+        if self.lora:
+            self._load_adapters(whole)
+        elif self.size == 1:
             assert whole is not None
             load_weights(self.model, whole)
         else:
             load_group_weights(self.model, whole)
 
+    def _load_adapters(self, whole: dict[str, torch.Tensor] | None) -> None:
+        if self.size == 1:
+            assert whole is not None
+            whole = {trainer_name(name): t for name, t in whole.items()}
+            params = dict(self._trained())
+            if whole.keys() != params.keys():
+                raise ValueError(
+                    f"a checkpoint's adapters do not fit the model's: "
+                    f"{sorted(whole.keys() ^ params.keys())[:3]}"
+                )
+            with torch.no_grad():
+                for name, param in params.items():
+                    param.copy_(whole[name])
+            return
+        state = {} if whole is None else {trainer_name(n): t for n, t in whole.items()}
+        # strict=False: the state names the adapters alone, the base is not touched.
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(self.model, state, options=options)
+
+    def _trained(self):
+        """(name, parameter) of what the optimizer updates: every parameter, or with
+        LoRA the adapters (the frozen base is the base model's, reloaded at start)."""
+        return ((n, p) for n, p in self.model.named_parameters() if p.requires_grad)
+
     def local_state(self) -> dict[str, torch.Tensor]:
         """This rank's part of the state, as it is (no copy, no collective): its shard of
-        every parameter and of AdamW's state, by name. What staging a step copies."""
+        every trained parameter and of AdamW's state, by name. What staging a step copies."""
         out: dict[str, torch.Tensor] = {}
-        for name, param in self.model.named_parameters():
+        for name, param in self._trained():
             out[f"param/{name}"] = _local(param.detach())
             for key, value in sorted(self.optimizer.state.get(param, {}).items()):
                 out[f"adam/{name}/{key}"] = _local(value)
@@ -93,12 +139,12 @@ class LearnerState:
 
     def load_local_state(self, state: dict[str, torch.Tensor]) -> None:
         """Put back what :meth:`local_state` gave (on a learner of the same layout)."""
-        names = {f"param/{name}" for name, _ in self.model.named_parameters()}
+        names = {f"param/{name}" for name, _ in self._trained()}
         missing = names - set(state)
         if missing:
             raise ValueError(f"a staged state without parameters {sorted(missing)[:3]}")
         with torch.no_grad():
-            for name, param in self.model.named_parameters():
+            for name, param in self._trained():
                 _local(param).copy_(state[f"param/{name}"])
                 adam = {k.split("/")[-1]: t for k, t in state.items() if _of(k, name)}
                 if adam:

@@ -33,6 +33,9 @@ def staged_identity(cfg: RunConfig, ranks: int) -> dict[str, object]:
     model (rank count, engine, megatron's parallel sizes, the optimizer's split) is
     ignored on resume, which then starts from a checkpoint."""
     identity: dict[str, object] = {"ranks": ranks, "engine": cfg.backends.train}
+    if cfg.model.lora.enabled:  # the adapters' shapes and what they adapt
+        lora = cfg.model.lora
+        identity["lora"] = [lora.rank, sorted(lora.target_modules)]
     if cfg.backends.train == "megatron":
         m = cfg.backends.megatron
         split = [m.tensor_parallel, m.pipeline_parallel, m.expert_parallel]

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 
 from asyncrl.runtime.rundir import RunDir
 
+from ..policy.lora import read_adapters
 from .learner_state import LearnerState
 from .staged_state import StagedState
 
@@ -129,7 +130,9 @@ def restore(
 
 def _from_checkpoint(learner: LearnerState, run: RunDir, step: int) -> None:
     path = run.checkpoint(step)
-    whole = load_file(str(path / "model.safetensors")) if learner.rank == 0 else None
+    whole = None
+    if learner.rank == 0:  # a LoRA run's checkpoints hold its adapters alone
+        whole = read_adapters(path) if learner.lora else load_file(str(path / "model.safetensors"))
     learner.load_full_weights(whole)
     state = torch.load(path / TRAINER_STATE, weights_only=True)
     learner.load_optimizer_state(state["optimizer"])  # every rank reads it whole

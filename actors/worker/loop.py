@@ -45,13 +45,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from asyncrl.runtime.bus import TimeBucket, finished_topics, wakeup_topics
+from asyncrl.runtime.bus import TimeBucket, finished_topics
 from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import Pipeline
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
-from asyncrl.transport.topics import Topic, topic
+from asyncrl.transport.topics import Topic, topic, wake_topic
 
 from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
 from .heartbeats import Heartbeats
@@ -217,7 +217,10 @@ class Worker(SchedulerQuestions):
     # --- start and end ---------------------------------------------------------------
 
     def _start(self) -> None:
-        self._wakeups = tuple(wakeup_topics(self.role, self.pipeline))
+        # The scheduler wakes this worker by name when work comes for its role (one
+        # wake-up per new piece of work: runtime/service/waiting.py), and every worker
+        # when the run drains or ends.
+        self._wakeups = (topic(Topic.RUN), wake_topic(self.name))
         self._finished = frozenset(finished_topics(self.pipeline))
         self.link.subscribe([*self._wakeups, *self._finished])
         ready = self._register()
@@ -230,9 +233,8 @@ class Worker(SchedulerQuestions):
             self._log.exception("the actor failed to start")
             raise Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
         if self._versions.tracks:
-            # the event that announces a version this worker follows
-            published = CRITIC_PUBLISHED if self.actor.follows_critic else VERSION_PUBLISHED
-            self.link.subscribe([published])
+            critic = self.actor.follows_critic  # it follows the critic's versions
+            self.link.subscribe([CRITIC_PUBLISHED if critic else VERSION_PUBLISHED])
             self._versions.load_newest()
         if self.actor.publishes_versions:
             self.link.subscribe([VERSION_WANTED])

@@ -20,6 +20,7 @@ __all__ = [
     "check_device",
     "check_engine",
     "check_harness",
+    "check_lora",
     "check_model",
     "check_task",
     "load_actor_class",
@@ -80,6 +81,33 @@ def check_model(cfg: RunConfig) -> list[str]:
         check_model_dir(cfg.model.path)
     except ModelDirError as error:
         return [str(error)]
+    return []
+
+
+def check_lora(cfg: RunConfig) -> list[str]:
+    """With ``model.lora``, peft is installed and every target picks a linear layer of
+    ``model.path``'s architecture (built without memory: on the meta device)."""
+    if not cfg.model.lora.enabled:
+        return []
+    import importlib.util
+    import json
+
+    import torch
+
+    from ..policy.adapters import adapted_modules
+    from ..policy.checkpoint import model_dir
+    from ..policy.lora import PEFT_MISSING
+    from ..policy.model import CausalLM, ModelConfig
+
+    if importlib.util.find_spec("peft") is None:
+        return [PEFT_MISSING]
+    try:
+        raw = json.loads((model_dir(cfg.model.path) / "config.json").read_text())
+        with torch.device("meta"):
+            model = CausalLM(ModelConfig.from_hf(raw))
+        adapted_modules(model, cfg.model.lora.target_modules)
+    except (OSError, ValueError) as error:
+        return [_one_line(str(error))]
     return []
 
 

@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config import LoraSection, RunConfig
 
 from ..engines import EngineModel, train_engine_problems
+from ..policy.adapters import MergedAdapters
 from ..policy.checkpoint import load_model, model_dir
+from ..policy.lora import add_adapters
 from ..policy.model import CausalLM, ModelConfig
 from ..policy.tokenizer import TextCodec
 from .threads import threads_for
@@ -61,7 +63,18 @@ def load_policy(
     if device.type == "cuda":
         torch.cuda.set_device(device)
         model = model.to(device)
+    if cfg.model.lora.enabled:
+        _with_adapters(model, cfg.model.lora, role)
     return model, codec
+
+
+def _with_adapters(model: CausalLM, spec: LoraSection, role: str) -> None:
+    """A LoRA run: the trainer trains adapters on the frozen base; generate and logp take
+    versions that are adapters, merged onto the base they keep; ref_logp is the base."""
+    if role == "train":
+        add_adapters(model, spec)
+    elif role in ("generate", "logp"):
+        model.adapters = MergedAdapters(model, spec.target_modules, spec.scale)
 
 
 def _load_megatron(

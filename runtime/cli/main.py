@@ -3,7 +3,7 @@
 asyncrl run -c run.yaml [--resume]        # scheduler + every worker on this machine
 asyncrl node -c run.yaml --roles generate=2,logp [--with-scheduler] [--resume]
                                           # this machine's share of a run on several
-asyncrl launch --on slurm -c run.yaml [--dry-run]  # on a cluster, as placement says
+asyncrl launch --on slurm|ray -c run.yaml [--dry-run]  # on a cluster, as placement says
 asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning

@@ -1,7 +1,7 @@
 """Typed run configuration: one YAML file -> a frozen `RunConfig`."""
 
 from .engines import BackendsSection, MegatronSection, PayloadsSection, WeightsSection
-from .learning import AlgorithmSection, DataSection, ModelSection
+from .learning import AlgorithmSection, DataSection, LoraSection, ModelSection
 from .load import (
     ConfigError,
     config_from_dict,
@@ -28,6 +28,7 @@ __all__ = [
     "ConfigError",
     "DataSection",
     "LoggingSection",
+    "LoraSection",
     "MegatronSection",
     "ModelSection",
     "NodeGroup",

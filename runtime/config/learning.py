@@ -124,6 +124,51 @@ class DataSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LoraSection:
+    rank: int = field(
+        default=0,
+        metadata=doc(
+            "rank of the low-rank adapters the trainer trains on a frozen base (versions "
+            "are then the adapters alone); 0 = full fine-tuning",
+            min=0,
+        ),
+    )
+    alpha: float = field(
+        default=16.0,
+        metadata=doc(
+            "adapter scale numerator: an adapter adds alpha / rank * B @ A", exclusive_min=0
+        ),
+    )
+    dropout: float = field(
+        default=0.0, metadata=doc("dropout on an adapter's input while training", min=0, max=1)
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata=doc(
+            "linear layers that get adapters, by name suffix (e.g. q_proj, gate_proj); "
+            "one name or a list",
+            one_or_list=True,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.rank and not self.target_modules:
+            raise ValueError("target_modules: got none with model.lora.rank set; allowed: names")
+        # The output layer's forward also scores chosen tokens in chunks (model.py), which
+        # an adapter's wrapper would not pass through.
+        if "lm_head" in self.target_modules:
+            raise ValueError("target_modules: got 'lm_head'; allowed: the decoder layers' linears")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSection:
     path: str = field(
         default="embedded",
@@ -157,6 +202,10 @@ class ModelSection:
             "train: recompute each layer's activations in the backward pass instead of "
             "keeping them (far less memory, about a third more compute)"
         ),
+    )
+    lora: LoraSection = field(
+        default_factory=LoraSection,
+        metadata=doc("train low-rank adapters on a frozen base instead of every weight"),
     )
 
 

@@ -10,16 +10,23 @@ against the run (every role of its pipeline placed; a grouped role's ranks equal
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Role
 
 from .fields import doc
 
-__all__ = ["SCHEDULER", "NodeGroup", "PlacementSection"]
+__all__ = ["SCHEDULER", "KubernetesSection", "NodeGroup", "PlacementSection"]
 
 SCHEDULER = "scheduler"
 _ROLES = (*DEFAULT_PIPELINE.worker_roles, Role.HARNESS.value)
+# Kubernetes' own rules for the names and sizes given here (RFC 1123 names, quantities).
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_NAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +59,52 @@ class NodeGroup:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KubernetesSection:
+    """For ``asyncrl launch --on kubernetes``; image and run_claim are needed there only."""
+
+    image: str = field(
+        default="",
+        metadata=doc("container image with asyncrl and the run's code (needed to launch)"),
+    )
+    namespace: str = field(default="default", metadata=doc("namespace of the run's objects"))
+    run_claim: str = field(
+        default="",
+        metadata=doc(
+            "ReadWriteMany PersistentVolumeClaim (made beforehand, it outlives the run) "
+            "mounted at /asyncrl in every pod, their working directory: run.dir is on it "
+            "(needed to launch)"
+        ),
+    )
+    journal_size: str = field(
+        default="10Gi", metadata=doc("the scheduler's journal volume (a quantity: 10Gi)")
+    )
+    journal_storage_class: str = field(
+        default="", metadata=doc("storage class of the journal volume; none: the default")
+    )
+    service_account: str = field(
+        default="", metadata=doc("the pods' service account; none: the namespace's default")
+    )
+
+    def __post_init__(self) -> None:
+        if any(c.isspace() for c in self.image):
+            raise ValueError(f"image: got {self.image!r}; allowed: an image reference")
+        if not _DNS_LABEL.match(self.namespace):
+            raise ValueError(f"namespace: got {self.namespace!r}; allowed: {_LABEL_RULE}")
+        for key in ("run_claim", "journal_storage_class", "service_account"):
+            value = getattr(self, key)
+            if value and not _DNS_NAME.match(value):
+                raise ValueError(f"{key}: got {value!r}; allowed: {_NAME_RULE}")
+        if not _QUANTITY.match(self.journal_size):
+            raise ValueError(
+                f"journal_size: got {self.journal_size!r}; allowed: a quantity, e.g. 10Gi"
+            )
+
+
+_LABEL_RULE = "lower-case letters, digits and '-', at most 63, a letter or digit at each end"
+_NAME_RULE = f"{_LABEL_RULE}; '.' between such parts"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementSection:
     nodes: tuple[NodeGroup, ...] = field(
         default=(),
@@ -60,6 +113,10 @@ class PlacementSection:
     sbatch: tuple[str, ...] = field(
         default=(),
         metadata=doc("more sbatch options for --on slurm, e.g. --partition=gpu, --time=4:00:00"),
+    )
+
+    kubernetes: KubernetesSection = field(
+        default_factory=KubernetesSection, metadata=doc("for --on kubernetes")
     )
 
     def __post_init__(self) -> None:

@@ -227,6 +227,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data, self.pipeline)
+        _check_lora_engines(self)
 
 
 def _check_estimator(
@@ -244,6 +245,23 @@ def _check_estimator(
         # The critic's value model is small beside the policy; a group of critic ranks
         # (sharded like the trainer's) is not wired to the worker yet.
         raise ValueError(f"pipeline.workers.critic: got {ranks}; allowed: 1 (one critic process)")
+
+
+def _check_lora_engines(cfg: RunConfig) -> None:
+    """Adapters are trained by the torch engine and merged by the torch generator and
+    scorer, each holding the whole model (a scorer group would have to merge shards)."""
+    if not cfg.model.lora.enabled:
+        return
+    if cfg.backends.train != "torch" or cfg.backends.generate != "torch":
+        raise ValueError(
+            f"model.lora: got backends.train={cfg.backends.train!r}, backends.generate="
+            f"{cfg.backends.generate!r}; allowed: 'torch' for both with adapters"
+        )
+    if cfg.pipeline.workers.get("logp", 1) > 1:
+        raise ValueError(
+            f"model.lora: got pipeline.workers.logp={cfg.pipeline.workers['logp']}; allowed: "
+            "1 with adapters (each logp worker merges a version onto its whole base)"
+        )
 
 
 def _check_megatron_group(backends: BackendsSection, pipeline: PipelineSection) -> None:

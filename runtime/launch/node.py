@@ -41,7 +41,7 @@ from .plan import WORKER_MODULE, NodePlan, node_specs
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
 
-__all__ = ["NodeError", "preflight", "run_node"]
+__all__ = ["NodeError", "make_keys", "preflight", "run_node", "wait_for_the_run"]
 
 _WAIT_S = 300.0  # how long a machine waits for the scheduler's machine to set the run up
 
@@ -69,14 +69,14 @@ def run_node(
     say = _printer(prog)
     if plan.scheduler:
         _forget_dead_scheduler(cfg)
-        _make_keys(cfg, say)
+        make_keys(cfg, say)
         secret = ensure_run_secret(run.secret)  # the scheduler reads the same one
         local_only = not serves_ipc(cfg.scheduler) and is_loopback(cfg.scheduler.host)
         if plan.node is not None and local_only:
             say(f"scheduler.host={cfg.scheduler.host} is loopback: only this machine's "
                 "workers reach it (set it to this machine's address, or 0.0.0.0)")  # fmt: skip
     else:
-        secret = _wait_for_the_run(cfg, plan, wait_s, say)
+        secret = wait_for_the_run(cfg, plan, wait_s, say)
     specs = node_specs(cfg, config_args, plan, resume=resume, run_secret=secret)
     say(f"{cfg.run.name} in {run.root}: {_what(plan, specs)}; logs in {run.logs}")
     gpus = {s.name: s.env[VISIBLE_ENV] for s in specs if s.env and VISIBLE_ENV in s.env}
@@ -151,7 +151,7 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
         run.endpoints.unlink(missing_ok=True)
 
 
-def _make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
+def make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
     """CurveZMQ keys in ``scheduler.keys_dir`` when the bus needs them and has none."""
     if serves_ipc(cfg.scheduler) or not curve_required(cfg.scheduler.host, cfg.scheduler.curve):
         return
@@ -163,7 +163,7 @@ def _make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
         say(f"made CurveZMQ keys in {keys} (0600): every machine's workers read them there")
 
 
-def _wait_for_the_run(
+def wait_for_the_run(
     cfg: RunConfig, plan: NodePlan, wait_s: float, say: Callable[[str], None]
 ) -> bytes:
     """The run secret, once the scheduler's machine has made it in the shared run

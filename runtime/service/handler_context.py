@@ -22,6 +22,7 @@ from .reports import ReportLog
 from .run_plan import RunPlan
 from .step_path import StepPath
 from .trace import Trace
+from .waiting import WaitingWorkers
 from .weight_routes import WeightRoutes
 
 __all__ = ["HandlerContext"]
@@ -52,6 +53,7 @@ class HandlerContext(Protocol):
     stores: dict[str, dict[str, int]]
     live_stores: dict[str, str]
     refs: RefIndex
+    waiting: WaitingWorkers
     requests: Counter[str]
     critic_step: dict[str, Any]  # the critic's newest step's metrics, for the next step line
 

@@ -35,6 +35,15 @@ log = structlog.get_logger("asyncrl.scheduler")
 
 
 def claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
+    reply = _claim(service, m, now)
+    if isinstance(reply, p.NoWork) or (isinstance(reply, p.Want) and not reply.count):
+        service.waiting.found_nothing(m.role, m.worker)  # the next work for m.role wakes it
+    else:
+        service.waiting.claimed(m.worker)
+    return reply
+
+
+def _claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
     if service.draining is not None:
         return p.Shutdown(service.draining)
     if m.role == service.core.pipeline.entry_role:

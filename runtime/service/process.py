@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,23 @@ __all__ = ["serve"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
+_FILES_PER_WORKER = 2  # its DEALER's connection and its SUB's
+
+
+def _allow_many_connections() -> None:
+    """Every worker holds two connections to the scheduler, each an open file: at the
+    common soft limit of 1,024 open files a scheduler would refuse its 500th worker. The
+    soft limit is raised to the hard one, as a server's is; a low hard limit is said."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    workers = soft // _FILES_PER_WORKER - 64  # a few for the journal, logs and sockets
+    if workers < 4096:
+        log.info("open files limit the workers", open_files=soft, workers_at_most=workers)
+
 
 def serve(
     cfg: RunConfig,
@@ -59,6 +77,7 @@ def serve(
     journal is replayed and the endpoints are announced: the scheduler is up.
     """
     sched = cfg.scheduler
+    _allow_many_connections()
     # Made by the launcher already under asyncrl run; resuming, the one the journal's
     # fences were keyed with.
     secret = ensure_run_secret(RunDir.of(cfg).secret)

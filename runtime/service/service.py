@@ -47,6 +47,7 @@ from .reports import ReportLog
 from .run_plan import RunPlan
 from .step_path import StepPath
 from .trace import NO_TRACE, Trace
+from .waiting import WaitingWorkers
 from .weight_routes import WeightRoutes
 
 __all__ = ["ACKNOWLEDGES_DATA", "SchedulerService"]
@@ -123,6 +124,7 @@ class SchedulerService:
         # a payload in any other store was kept by a process that is gone
         self.live_stores: dict[str, str] = {}
         self.refs = RefIndex()  # which group refers to each kept payload, for Held
+        self.waiting = WaitingWorkers(self.core.pipeline)  # whom the next work wakes
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
@@ -219,11 +221,13 @@ class SchedulerService:
         """Journal what changed since the last call (requests answered, a tick); queue
         events announcing the core's moves, then what followed from them."""
         notices = self.durable.commit()
+        first = len(self.outbox)
         if notices:
             _log_losses(notices)
             self.path.moved((n for n in notices if isinstance(n, Transition)), self._now)
             for notice in notices:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
+                    self.waiting.claimed(notice.worker)
                     self.routes.forget(notice.worker)
                     self.stores.pop(notice.worker, None)
                     self.live_stores.pop(notice.worker, None)
@@ -234,6 +238,9 @@ class SchedulerService:
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))
         self._followers.clear()
+        if len(self.outbox) > first:
+            moves = [(e.topic, e.body) for e in self.outbox[first:]]
+            self.outbox.extend(self.events.make(t, {}) for t in self.waiting.to_wake(moves))
 
     def _rolled_back(self, notice: RolledBackTo) -> None:
         """Nothing of the lost steps may be offered again: their weights and their lines."""

@@ -24,8 +24,10 @@ pytestmark = pytest.mark.timeout(300)
 _STEPS, _BATCH, _EVERY = 8, 4, 2
 
 
+# With LoRA the checkpoint is the adapters and their optimizer state, on the base.
+@pytest.mark.parametrize("more", [(), default_run.LORA], ids=["full", "lora"])
 def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, more: tuple[str, ...]
 ) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
     proc = default_run.start(
@@ -35,6 +37,7 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
         f"pipeline.train_batch_groups={_BATCH}",
         f"pipeline.checkpoint_every={_EVERY}",
         "data.val_every_versions=0",
+        *more,
     )
     staged = RunDir(run_dir).staged_state
     try:

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(300)
 _STEPS, _BATCH, _KILL_AFTER = 8, 4, 3
 
 
-def _start(run_dir: Path, log: Path, ranks: int) -> subprocess.Popen[bytes]:
+def _start(run_dir: Path, log: Path, ranks: int, *more: str) -> subprocess.Popen[bytes]:
     return default_run.start(
         run_dir,
         log,
@@ -36,15 +36,16 @@ def _start(run_dir: Path, log: Path, ranks: int) -> subprocess.Popen[bytes]:
         f"pipeline.workers.train={ranks}",
         "pipeline.checkpoint_every=1000",
         "data.val_every_versions=0",
+        *more,
     )
 
 
 _steps, _records, _pid_of = default_run.steps, default_run.records, default_run.pid_of
 
 
-def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str) -> Path:
+def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str, *more: str) -> Path:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
-    proc = _start(run_dir, log, ranks)
+    proc = _start(run_dir, log, ranks, *more)
     try:
         deadline = time.monotonic() + 150
         while len(_steps(run_dir)) < _KILL_AFTER:
@@ -94,6 +95,14 @@ def test_a_killed_trainer_resumes_at_the_scheduler_step_with_the_staged_state(
 ) -> None:
     run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0")
     _check_no_step_lost(run_dir, 1)
+
+
+def test_a_killed_lora_trainer_resumes_from_its_staged_adapters(tmp_path: Path) -> None:
+    # The staged state is the adapters' and their optimizer's alone.
+    run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0", *default_run.LORA)
+    _check_no_step_lost(run_dir, 1)
+    final = RunDir(run_dir).final_model
+    assert (final / "adapter" / "adapter_model.safetensors").is_file()
 
 
 @pytest.mark.slow

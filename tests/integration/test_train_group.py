@@ -21,6 +21,7 @@ import torch
 
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+from asyncrl.actors.policy.lora import add_adapters
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
 from asyncrl.actors.training.learner import Group, Learner
@@ -37,8 +38,12 @@ pytestmark = pytest.mark.timeout(180)
 _GROUPS, _RESPONSES = 5, 4
 
 
-def _config():
-    return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}})
+_LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
+
+
+def _config(lora: bool = False):
+    model = {"lora": _LORA} if lora else {}
+    return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}, "model": model})
 
 
 def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) -> p.Lease:
@@ -65,11 +70,14 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
 
 
-def _one_rank(lease: p.Lease, recompute: bool, path: str = "embedded"):
+def _one_rank(lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False):
     torch.manual_seed(0)
     model, codec = load_model(path)
     model.gradient_checkpointing = recompute
-    learner = Learner(model, _config(), codec.pad_id)
+    if lora:
+        torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
+        add_adapters(model, _config(lora).model.lora)
+    learner = Learner(model, _config(lora), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -85,7 +93,11 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
         model, codec = load_model(path)
         assert not mode.startswith("chunked") or model.config.vocab_size <= 64
         model.gradient_checkpointing = mode == "recompute-activations"
-        learner = Learner(model, _config(), codec.pad_id, group_size=2)
+        lora = mode == "lora"
+        if lora:  # adapters made the same on every rank (seeded), as in a run's load_policy
+            torch.manual_seed(0)
+            add_adapters(model, _config(lora).model.lora)
+        learner = Learner(model, _config(lora), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
             gang.order(Order.STEP, pack_lease(lease))
@@ -125,6 +137,7 @@ MODES = [
     # for the whole forward; the untied case, a unit of its own, is the one that can break.
     pytest.param("chunked-output-layer", marks=pytest.mark.slow),
     "chunked-output-layer-untied",
+    "lora",  # adapters trained on a frozen base in the same units: the adapters published
 ]
 
 
@@ -146,7 +159,8 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
         process.join(30)
         assert process.exitcode == 0
 
-    expected, expected_weights = _one_rank(_lease(), recompute=False, path=path)
+    lora = mode == "lora"
+    expected, expected_weights = _one_rank(_lease(), recompute=False, path=path, lora=lora)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     for name in ("clip_frac", "ratio_mean", "is_weight_max"):
@@ -156,10 +170,9 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     assert set(weights) == set(expected_weights)
     worst = max(float((weights[n] - expected_weights[n]).abs().max()) for n in weights)
     assert worst <= 1e-5, f"updated weights differ by {worst}"
-    moved = max(
-        float((expected_weights[n] - load_model(path)[0].state_dict()[n]).abs().max())
-        for n in ("model.layers.0.mlp.up_proj.weight",)
-    )
+    name = "model.layers.0.mlp.up_proj." + ("lora_B.weight" if lora else "weight")
+    before = torch.zeros(()) if lora else load_model(path)[0].state_dict()[name]  # B starts 0
+    moved = float((expected_weights[name] - before).abs().max())
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
 
 

@@ -6,8 +6,10 @@ kept in ``<tmp>/logs/<name>.log``, and killed when the test ends, however it end
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,6 +31,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def listening_port() -> int:
+    """A free port for a server that must get it again on a restart (the scheduler's,
+    under Ray). Not from the kernel's ephemeral range, as :func:`free_port`'s are: there,
+    any outgoing connection (Ray makes many) may take it meanwhile. Below it, and above
+    Ray's worker ports (10002-19999)."""
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, max(20_001, min(low, 32_768)))
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("0.0.0.0", port))
+            return port
+    raise RuntimeError("no free port between 20000 and the ephemeral range")
 
 
 class Cluster:

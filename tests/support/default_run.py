@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The same run training adapters (model.lora) on two kinds of layer.
+LORA = ("model.lora.rank=4", "model.lora.target_modules=[q_proj,down_proj]", "algorithm.lr=1e-3")
+
 
 def start(run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
     """``asyncrl run`` of deploy/configs/default.yaml into ``run_dir``, output to ``log``."""

@@ -195,3 +195,20 @@ def test_a_rollback_cuts_the_lost_steps_lines_and_weights_and_says_so(tmp_path: 
     assert keys == ["a#rollback1", "b#rollback1"]
     refused = service.handle(p.Rewind("generate", 0), 0.0)
     assert isinstance(refused, p.Error) and refused.code == "wrong_role"
+
+
+def test_a_claim_that_finds_nothing_is_woken_by_name_when_its_work_comes(
+    tmp_path: Path,
+) -> None:
+    service = make(tmp_path)
+    for role in ("logp", "reward"):  # nothing generated yet: both wait
+        assert isinstance(service.handle(p.Claim(role, role, 1), 0.0), p.NoWork)
+    service.take_events()
+    service.handle(p.AddGroups("dataloader", (p.NewGroup("a", {}),)), 0.0)
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    assert not [e for e in service.take_events() if e.topic.startswith("wake.")]
+    done = (p.Result(lease.items[0].gid, {"t": np.arange(3)}, (0, 0)),)
+    service.handle(p.Complete("generate", lease.lease_id, lease.fence, done), 0.0)
+    woken = [e.topic for e in service.take_events() if e.topic.startswith("wake.")]
+    assert woken == ["wake.logp/", "wake.reward/"]  # the one group wakes each role once
+    service.durable.close()

@@ -1,0 +1,103 @@
+"""``asyncrl launch --on ray``: the plan of actors (pure, no Ray needed) and its one-line
+refusals; the run itself on a Ray cluster is tests/integration/test_ray_run.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.runtime.launch.gangs import ENV_RANK, ENV_SIZE
+from asyncrl.runtime.launch.ray_plan import describe_plan, ray_plan
+
+PYTHON = "/opt/env/bin/python"
+HOST = "scheduler.host=0.0.0.0"
+TWO_NODES = (
+    "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 2, logp: 1}, "
+    "gpus: 3}, {count: 2, roles: {generate: 2}, gpus: 2}]"
+)
+
+
+def _plan(tmp_path: Path, *overrides: str):
+    return ray_plan(None, [HOST, *overrides], tmp_path, PYTHON)
+
+
+def test_every_process_is_an_actor_named_by_the_run_the_scheduler_first(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "pipeline.workers.train=2", TWO_NODES)
+    names = [p.name for p in plan.processes]
+    assert names == [
+        "scheduler", "dataloader-ray-0", "reward-ray-0", "train-0", "train-1", "logp-0",
+        "generate-ray-0", "generate-ray-1", "generate-ray-2", "generate-ray-3",
+    ]  # fmt: skip
+    scheduler = plan.processes[0]
+    assert scheduler.scheduler and scheduler.resume_argv is not None
+    assert scheduler.resume_argv[-1] == "--resume" and "--resume" not in scheduler.argv
+    # Every command names the run directory absolute (Ray's actors work elsewhere) and the
+    # Python the launcher was told of.
+    run_dir = f"run.dir={tmp_path / 'runs' / 'arithmetic'}"
+    assert all(p.argv[0] == PYTHON and run_dir in p.argv for p in plan.processes)
+    assert plan.run_dir == tmp_path / "runs" / "arithmetic" and plan.cwd == tmp_path
+
+
+def test_gpus_are_shared_by_each_node_groups_gpu_workers(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "pipeline.workers.train=2", TWO_NODES)
+    gpus = {p.name: p.num_gpus for p in plan.processes}
+    # The first group's 3 over train's two ranks and logp; each generator node's 2 over
+    # its two generators; CPU roles and the scheduler none.
+    assert gpus["train-0"] == gpus["train-1"] == gpus["logp-0"] == 1.0
+    assert {gpus[f"generate-ray-{i}"] for i in range(4)} == {1.0}
+    assert gpus["scheduler"] == gpus["dataloader-ray-0"] == gpus["reward-ray-0"] == 0.0
+
+
+def test_a_run_on_cpu_asks_for_no_gpu_unless_its_placement_gives_some(tmp_path: Path) -> None:
+    assert {p.num_gpus for p in _plan(tmp_path).processes} == {0.0}
+    plan = _plan(tmp_path, "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, "
+                 "train: 1, logp: 1}}, {roles: {generate: 1}, gpus: 2}]")  # fmt: skip
+    assert {p.name: p.num_gpus for p in plan.processes if p.num_gpus} == {"generate-ray-0": 2.0}
+
+
+def test_a_training_group_is_one_placement_group_of_a_bundle_per_rank(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, "pipeline.workers.train=2", TWO_NODES)
+    assert dict(plan.gangs) == {"train": (1.0, 2)}
+    assert plan.bundles("train") == [{"GPU": 1.0}, {"GPU": 1.0}]
+    ranks = [p for p in plan.processes if p.gang == "train"]
+    assert [(p.rank, p.env[ENV_RANK], p.env[ENV_SIZE]) for p in ranks] == [
+        (0, "0", "2"),
+        (1, "1", "2"),
+    ]
+    # On CPU a bundle still holds something, so that the ranks are packed together.
+    assert _plan(tmp_path, "pipeline.workers.train=2").bundles("train") == [{"CPU": 0.01}] * 2
+    text = describe_plan(plan)
+    assert "placement group train: STRICT_PACK, 2 bundles of {'GPU': 1.0}" in text
+    assert "actor train-1: num_gpus=1 in placement group train bundle 1" in text
+
+
+def test_runs_ray_cannot_place_are_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"scheduler.host: got 127.0.0.1, loopback"):
+        ray_plan(None, [], tmp_path, PYTHON)
+    bad_split = "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 1, " \
+        "logp: 1, generate: 2}, gpus: 5}]"  # fmt: skip
+    with pytest.raises(ValueError, match=r"placement.nodes\[0\].gpus: got 5 for 4 GPU workers"):
+        _plan(tmp_path, bad_split)
+
+
+def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> None:
+    argv = [
+        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray", "--dry-run",
+        f"run.dir={tmp_path / 'run'}", HOST, TWO_NODES, "pipeline.workers.train=2",
+    ]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    assert out.count("\nactor ") == 10 and "actor generate-ray-3: num_gpus=1\n" in out, out
+    assert "once the journal exists: " in out and not (tmp_path / "run").exists()
+
+
+def test_without_ray_the_launch_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncrl.runtime.launch.ray import RayLaunchError, launch_on_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as on an install without the extra
+    with pytest.raises(RayLaunchError, match=r"pip install 'asyncrl\[ray\]'"):
+        launch_on_ray(_plan(tmp_path))
