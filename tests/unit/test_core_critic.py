@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.runtime.bus import wakeup_topics
 from asyncrl.runtime.cli._status import render_status
 from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
@@ -229,3 +230,11 @@ def test_the_status_screen_has_a_critic_line() -> None:
     }
     lines = render_status(summary).splitlines()
     assert lines[3] == "critic    version 0, steps done 1, worst trained lag 0"
+
+
+def test_the_critic_is_woken_by_ready_groups_and_by_a_train_step_that_may_wait() -> None:
+    topics = wakeup_topics("critic", PPO)
+    assert "transition.generated.ready" in topics  # groups it may take
+    assert "transition.training.trained" in topics  # the train step may now wait for it
+    assert "transition.generated.ready" in wakeup_topics("train", DEFAULT_PIPELINE)
+    assert "transition.critic_training.critic_trained" in wakeup_topics("train", PPO)
