@@ -255,6 +255,8 @@ class Host:
         self.control, self.events = spec["control"], spec["events"]
         self.mean_lease = spec["mean_lease"]
         self.ctx = zmq.asyncio.Context()
+        # One DEALER per worker: past libzmq's 1,023 sockets a context refuses more.
+        self.ctx.set(zmq.MAX_SOCKETS, len(spec["workers"]) + 64)
         self.version = 0
         self.added = spec["index"] * 10**9  # dataloader keys, apart per host
         self.workers = [SimWorker(self, name, role) for name, role in spec["workers"]]
@@ -276,9 +278,10 @@ class Host:
             if event.topic == "version.published":
                 self.version = max(self.version, int(event.body["version"]))
                 woken = self.workers  # the staleness bound may admit more now
-            else:
-                named = by_topic.get(event.topic)
-                woken = self.workers if named is None else [named]
+            elif event.topic.startswith(topic(Topic.RUN)):
+                woken = self.workers
+            else:  # another host's worker, if not one of these
+                woken = [by_topic[event.topic]] if event.topic in by_topic else []
             for w in woken:
                 w.wake.set()
 
