@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import free_port, listening_port, processes_mentioning
-from tests.support.host_run import GROUPS_PER_STEP, lines
+from tests.support.host_run import check_exactly_once, lines
 
 ray = pytest.importorskip("ray", reason="the Ray tests need Ray: pip install 'asyncrl[ray]'")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
@@ -99,20 +99,6 @@ def _starts(run_dir: Path, name: str) -> list[tuple[str, str]]:
     return re.findall(rf"asyncrl ray: {name}: starting on node (\w+) \([^)]*\), GPUs (\S+)", text)
 
 
-def _check_exactly_once(run_dir: Path, steps: int) -> None:
-    from collections import Counter
-
-    from asyncrl.runtime.cli._runs import replay_journal
-    from asyncrl.runtime.rundir import RunDir
-
-    metrics = lines(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    trained = Counter(key for m in metrics for key in m["keys"])
-    assert len(trained) == steps * GROUPS_PER_STEP and set(trained.values()) == {1}
-    groups = replay_journal(RunDir(run_dir))["groups"]
-    assert groups.get("trained") == steps * GROUPS_PER_STEP and not groups.get("dead"), groups
-
-
 def _no_actor_left(cluster: Any) -> None:
     """Every actor of the run ended with it: none holds a node's GPUs after the run."""
     ray.init(address=cluster.address)
@@ -127,7 +113,7 @@ def test_a_run_launched_on_ray_learns_and_finishes(cluster: Any, tmp_path: Path)
     launcher, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=10")
     output = _wait(launcher, tmp_path, run_dir, 300)
     assert "the run is finished (20 steps)" in output, output
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)
     # The generator asked for a node's two GPUs: Ray gave it both of a node with GPUs.
     ((node, gpus),) = _starts(run_dir, GENERATOR)
     assert gpus == "0,1" and not cluster.head_node.node_id.startswith(node), (node, gpus)
@@ -159,7 +145,7 @@ def test_a_node_removed_mid_run_its_workers_come_back_elsewhere_exactly_once(
     starts = _starts(run_dir, GENERATOR)
     assert len(starts) >= 2 and all(n != node for n, _ in starts[1:]), starts
     assert all(gpus in ("0,1", "1,0") for _, gpus in starts), starts
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
 
 
@@ -188,7 +174,7 @@ def test_a_rank_and_the_scheduler_killed_ray_starts_them_again_and_the_run_ends_
     log = (run_dir / "logs" / "scheduler.log").read_text(errors="replace")
     assert log.count("asyncrl ray: scheduler: starting on node") == 2, log
     assert "(resuming from the journal)" in log, log
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
 
 
@@ -230,7 +216,7 @@ def test_the_run_outlives_its_launcher_ctrl_c_stops_it_and_a_new_launch_resumes_
     assert len(starts) == 2 and starts[1].endswith("(resuming from the journal)"), starts
     assert output.count("asyncrl launch: the run goes on already: following its actors") == 1
     assert "stopped: every actor killed; launch again to resume from the journal" in output
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)
     _no_actor_left(cluster)
 
 

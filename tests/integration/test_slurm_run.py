@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.host_run import CONTROL_PORT, GROUPS_PER_STEP, lines
+from tests.support.host_run import CONTROL_PORT, check_exactly_once, lines
 from tests.support.hosts import Hosts
 from tests.support.slurm import Slurm, why_no_slurm
 
@@ -63,20 +63,6 @@ def _tails(slurm: Slurm, run_dir: Path, chars: int = 2500) -> str:
     return f"{logs}\n{slurm.tails()}"
 
 
-def _check_exactly_once(run_dir: Path, steps: int) -> None:
-    from collections import Counter
-
-    from asyncrl.runtime.cli._runs import replay_journal
-    from asyncrl.runtime.rundir import RunDir
-
-    metrics = lines(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    trained = Counter(key for m in metrics for key in m["keys"])
-    assert len(trained) == steps * GROUPS_PER_STEP and set(trained.values()) == {1}
-    groups = replay_journal(RunDir(run_dir))["groups"]
-    assert groups.get("trained") == steps * GROUPS_PER_STEP and not groups.get("dead"), groups
-
-
 def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
     steps = 20
     with (
@@ -88,7 +74,7 @@ def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
         assert fields["JobState"] == "COMPLETED", f"{fields}\n{_tails(slurm, run_dir)}"
         # Two GPUs per node from --gres, as the placement says of the generator's node.
         assert fields["TresPerNode"] == "gres:gpu:2", fields
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)
     output = (run_dir / "logs" / f"slurm-{job}.out").read_text()
     # The scheduler ran on the batch host, the generator on the job's other node.
     batch_host = fields["BatchHost"]
@@ -140,4 +126,4 @@ def test_a_node_killed_mid_run_the_job_is_requeued_and_the_run_ends_exactly_once
     assert "(resumed)" in output, output
     # Started with --resume at once: no scheduler refused the journal there (exit 2).
     assert not re.search(r"scheduler \(pid \d+[^)]*\) exited with code [1-9]", output), output
-    _check_exactly_once(run_dir, steps)
+    check_exactly_once(run_dir, steps)

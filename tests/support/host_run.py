@@ -29,6 +29,20 @@ CONTROL_PORT = 5555  # fixed: a restarted scheduler serves where the workers dia
 GROUPS_PER_STEP = 8  # the default config's train batch
 
 
+def check_exactly_once(
+    run_dir: Path, steps: int, tails: Callable[[], str] = lambda: ""
+) -> dict[str, int]:
+    """A run's every step 1..steps once, every group trained once, none dead (from its
+    metrics and its journal, whatever engine ran it); the journal's group counts."""
+    metrics = lines(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, steps + 1)), tails()
+    trained = Counter(key for m in metrics for key in m["keys"])
+    assert len(trained) == steps * GROUPS_PER_STEP and set(trained.values()) == {1}
+    groups = replay_journal(RunDir(run_dir))["groups"]
+    assert groups.get("trained") == steps * GROUPS_PER_STEP and not groups.get("dead"), groups
+    return dict(groups)
+
+
 def lines(path: Path) -> list[dict[str, Any]]:
     """The whole JSON lines of ``path`` so far (a line being written is left out)."""
     text = path.read_text() if path.is_file() else ""
@@ -139,13 +153,7 @@ class HostRun:
     def check_exactly_once(self, steps: int) -> dict[str, int]:
         """Every step 1..steps once, every group trained once, none dead; the journal's
         group counts."""
-        metrics = self.steps()
-        assert [m["step"] for m in metrics] == list(range(1, steps + 1)), self.tails()
-        trained = Counter(key for m in metrics for key in m["keys"])
-        assert len(trained) == steps * GROUPS_PER_STEP and set(trained.values()) == {1}
-        groups = replay_journal(RunDir(self.run_dir))["groups"]
-        assert groups.get("trained") == steps * GROUPS_PER_STEP and not groups.get("dead"), groups
-        return dict(groups)
+        return check_exactly_once(self.run_dir, steps, self.tails)
 
     def tails(self, chars: int = 2500) -> str:
         """The end of every node's output and every worker's log, for a failure message."""
