@@ -128,7 +128,8 @@ class Versions:
         if loaded is None or loaded == self.loaded:
             return False
         self.loaded = loaded
-        self._log.info("loaded a version", version=loaded, critic=self.actor.follows_critic)
+        which = "critic" if self.actor.follows_critic else "policy"  # logs are read by this
+        self._log.info(f"loaded a {which} version", version=loaded)
         self.report_loaded()
         return True
 

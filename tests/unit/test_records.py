@@ -24,6 +24,8 @@ def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:
         r.Failed(1, [0], "boom", counted=False),
         r.Killed([0], "dead"),
         r.Published(4),
+        r.Published(2, critic=True),
+        r.Redone([3], "values", "critic version 1 is past the bound"),
         r.Granted("gpu", 1, 9),
         r.Waiting("gpu", 2),
         r.Unlocked("gpu", 9),
@@ -46,6 +48,8 @@ def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:
 def test_entries_written_before_a_field_was_added_still_read() -> None:
     """A FAIL from before ``counted`` existed: counted, as every failure was then."""
     assert r.from_journal([r.Op.FAIL, 5, [1, 2], "oom"]) == r.Failed(5, [1, 2], "oom", True)
+    # A PUBLISH from before the critic: the policy's version.
+    assert r.from_journal([r.Op.PUBLISH, 4]) == r.Published(4, critic=False)
 
 
 def test_opcodes_never_move() -> None:
@@ -54,7 +58,7 @@ def test_opcodes_never_move() -> None:
         ("REGISTER", 1), ("LOADED", 2), ("ADD", 3), ("LEASE", 4), ("RENEW", 5),
         ("COMPLETE", 6), ("FAIL", 7), ("KILL", 8), ("PUBLISH", 9), ("GRANT", 10),
         ("WAIT", 11), ("UNLOCK", 12), ("LEAVE", 13), ("RESUME", 14), ("LOSE", 15),
-        ("DURABLE", 16), ("ROLL_BACK", 17),
+        ("DURABLE", 16), ("ROLL_BACK", 17), ("REDO", 18),
     ]  # fmt: skip
 
 
@@ -71,7 +75,7 @@ def test_fields_keep_their_journal_order() -> None:
         "COMPLETE": ("lid", "gids", "behaviour", "data"),
         "FAIL": ("lid", "gids", "reason", "counted", "suspect"),
         "KILL": ("gids", "reason"),
-        "PUBLISH": ("version",),
+        "PUBLISH": ("version", "critic"),
         "GRANT": ("resource", "lid", "token"),
         "WAIT": ("resource", "lid"),
         "UNLOCK": ("resource", "token"),
@@ -79,6 +83,7 @@ def test_fields_keep_their_journal_order() -> None:
         "LOSE": ("lid", "gid", "role", "reason", "counted"),
         "DURABLE": ("step",),
         "ROLL_BACK": ("step", "reason"),
+        "REDO": ("gids", "role", "reason"),
     }  # fmt: skip
 
 
