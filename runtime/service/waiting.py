@@ -19,6 +19,7 @@ poll finds its way back in. An event may drop too; the poll covers that as well.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 from asyncrl.runtime.bus import wakeup_topics
@@ -74,7 +75,7 @@ class WaitingWorkers:
                     wanted[role] = wanted.get(role, 0) + max(1, len(body.get("groups", ())))
         for role, count in wanted.items():
             workers = self._waiting[role]
-            for worker in list(workers)[:count]:
+            for worker in list(islice(workers, count)):  # not the whole queue: a hot path
                 self.claimed(worker)
                 yield wake_topic(worker)
 

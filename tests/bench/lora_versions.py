@@ -37,29 +37,10 @@ import time
 
 import torch
 
-from tests.bench.train_memory import _reset_peak, _rss_kib, synthetic_lease
+from tests.bench.train_memory import _reset_peak, _rss_kib, llama_shape, synthetic_lease
 from tests.bench.weight_stall import _publisher, _receiver
 
 _ALL_LINEARS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-
-
-def _shape(layers: int, hidden: int, vocab: int) -> dict:
-    heads = hidden // 64
-    return dict(
-        architecture="LlamaForCausalLM",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=hidden * 8 // 3 // 64 * 64,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        attention_bias=False,
-    )
 
 
 def _config(lora: dict | None):
@@ -200,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))  # RSS = memory in use
-    shape = _shape(args.layers, args.hidden, args.vocab)
+    shape = llama_shape(args.layers, args.hidden, args.vocab)
     lora = {"rank": args.rank, "alpha": 2.0 * args.rank, "target_modules": args.targets.split(",")}
     settings = {"versions": args.versions + 1, "strategy": args.strategy}
     modes = {"full": None, f"lora r={args.rank}": lora}

@@ -144,6 +144,27 @@ def _measure(size: int, shape: dict, batch: dict) -> list[tuple]:
     return sorted(results)
 
 
+def llama_shape(layers: int, hidden: int, vocab: int) -> dict:
+    """A Llama-family model's config, sized by ``layers``, ``hidden`` and ``vocab`` (64-wide
+    heads, the MLP 8/3 of ``hidden``): the shape the memory benches build."""
+    heads = hidden // 64
+    return dict(
+        architecture="LlamaForCausalLM",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attention_bias=False,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -162,22 +183,7 @@ def main() -> None:
         "response_tokens": args.response_tokens,
         "gradient_checkpointing": args.gradient_checkpointing,
     }
-    heads = args.hidden // 64
-    shape = dict(
-        architecture="LlamaForCausalLM",
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 8 // 3 // 64 * 64,
-        num_hidden_layers=args.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        attention_bias=False,
-    )
+    shape = llama_shape(args.layers, args.hidden, args.vocab)
     # Large blocks straight from and back to the kernel, so that resident memory is memory
     # in use, not blocks glibc keeps cached after torch freed them (children inherit it).
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
