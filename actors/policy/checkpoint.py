@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ __all__ = [
     "PACKAGED",
     "is_weight",
     "load_model",
+    "load_parameters",
     "load_state",
     "model_dir",
     "packaged_or_path",
@@ -81,19 +82,33 @@ def load_state(
     if model.adapters is not None:  # a LoRA run's version: merged, nothing superseded
         model.adapters.apply(model, state)
         return []
-    # One walk over the modules: a generator switches versions between decode steps.
-    params = dict(model.named_parameters())
-    expected = set(params)
+    tied: tuple[str, ...] = ()
     if model.config.tie_word_embeddings:
         state = {name: t for name, t in state.items() if name != "lm_head.weight"}
-        expected.discard("lm_head.weight")  # stored once, as state_for_saving does
+        tied = ("lm_head.weight",)  # stored once, as state_for_saving does
+    return load_parameters(model, state, copy=copy, tied=tied)
+
+
+def load_parameters(
+    module: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    copy: bool = True,
+    tied: Collection[str] = (),
+) -> list[torch.Tensor]:
+    """Put ``state`` into ``module``'s parameters by name (any model: the policy's, the
+    critic's); ``tied`` parameters are another's and absent from ``state``. A missing or
+    unexpected tensor is an error naming it; ``copy`` is :func:`load_state`'s."""
+    # One walk over the modules: a generator switches versions between decode steps.
+    params = dict(module.named_parameters())
+    expected = set(params).difference(tied)
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise ValueError(
             f"weights do not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
-    if not copy and model.lm_head.weight.device.type != "cpu":
+    if not copy and any(param.device.type != "cpu" for param in params.values()):
         copy = True  # CPU buffers cannot be a GPU model's weights: copy them over
     if not copy:
         for name, tensor in state.items():

@@ -216,14 +216,13 @@ class Generate(StreamingActor):
     # --- versions ------------------------------------------------------------------------
 
     def on_version(self, version: int) -> int | None:
-        received = self.weights.step(version, self.loaded)
-        if received is not None:
-            started = time.perf_counter()
-            # The model runs on the receiver's checked buffer itself (no copy); in-flight
-            # sequences carry on, their caches recomputed at the next step.
-            superseded = self.decoder.load(received.state, received.version, copy=False)
-            cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
-            self.loaded = received.version
+        # The model runs on the receiver's checked buffer itself (no copy); in-flight
+        # sequences carry on, their caches recomputed at the next step.
+        moved = self.weights.follow(
+            version, self.loaded, lambda got: self.decoder.load(got.state, got.version, copy=False)
+        )
+        if moved is not None:
+            self.loaded, cost = moved
             self.reports.append(p.Report(self.ctx.worker, "weights", self.loaded, cost))
             if self.serving is not None:
                 self.serving.loaded(self.loaded)

@@ -13,7 +13,6 @@ test checks 1e-4). In a synchronous run that is every group.
 
 from __future__ import annotations
 
-import time
 from typing import ClassVar
 
 import numpy as np
@@ -69,12 +68,9 @@ class Logp(ScoringActor):
         return None
 
     def on_version(self, version: int) -> int | None:
-        received = self.weights.step(version, self.loaded)
-        if received is not None:
-            started = time.perf_counter()
-            superseded = self.load_weights(received.state)
-            cost = self.weights.loaded(received, time.perf_counter() - started, superseded)
-            self.loaded = received.version
+        moved = self.weights.follow(version, self.loaded, lambda got: self.load_weights(got.state))
+        if moved is not None:
+            self.loaded, cost = moved
             self.reports.append(p.Report(self.worker, "weights", self.loaded, cost))
         return self.loaded
 

@@ -49,6 +49,19 @@ class WeightFollower:
         finally:
             self._main_thread_s += time.perf_counter() - started
 
+    def follow(
+        self, newest: int, loaded: int, load: Callable[[Received], Iterable[torch.Tensor]]
+    ) -> tuple[int, dict[str, object]] | None:
+        """Advance towards ``newest``; a version that is ready goes into the model with
+        ``load`` (which returns the tensors the model ran on before): that version and
+        what moving it cost (for the weights report), or None if none was ready."""
+        received = self.step(newest, loaded)
+        if received is None:
+            return None
+        started = time.perf_counter()
+        superseded = load(received)
+        return received.version, self.loaded(received, time.perf_counter() - started, superseded)
+
     def loaded(
         self, received: Received, load_s: float, superseded: Iterable[torch.Tensor] = ()
     ) -> dict[str, object]:
