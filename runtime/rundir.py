@@ -133,8 +133,7 @@ class RunDir:
 
     @property
     def critic_staged_state(self) -> Path:
-        """Where the critic stages its state after each step (as the trainer does), and
-        where the values workers of its host read its versions from."""
+        """Where the critic stages its state after each step (as the trainer does)."""
         return self._staged("critic")
 
     def _staged(self, learner: str) -> Path:
@@ -162,3 +161,10 @@ class RunDir:
             # On disk the slot files are still shared, through the page cache.
             shared = ram_directory(self.root) or self.root / "weights-shm"
         return WeightDirs(files=self.root / "weights", shared=shared)
+
+    def critic_weight_dirs(self, weights: WeightsSection) -> WeightDirs:
+        """Where the weight plane keeps the learned critic's versions: inside the policy's
+        directories, never in them, since a publisher starting on a directory removes the
+        slot files nobody holds (the trainer's would go)."""
+        policy = self.weight_dirs(weights)
+        return type(policy)(files=policy.files / "critic", shared=policy.shared / "critic")

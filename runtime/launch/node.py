@@ -246,13 +246,16 @@ def _release_shared_payloads() -> None:
 
 
 def _release_shared_weights(cfg: RunConfig) -> None:
-    """Every process has ended: staged weights a killed trainer left in RAM go too."""
+    """Every process has ended: staged weights a killed trainer (or critic) left in RAM go
+    too."""
     weights = cfg.weights
     if not (weights.strategy == "shm" or (weights.strategy == "ucx" and weights.map_on_host)):
         return
     from asyncrl.transport.weights.shm import sweep
 
-    directory = RunDir.of(cfg).weight_dirs(weights).shared
-    sweep(directory)
-    with contextlib.suppress(OSError):  # gone already, or holding files not ours
-        directory.rmdir()
+    run = RunDir.of(cfg)
+    # The critic's first: its directory is inside the policy's.
+    for directory in (run.critic_weight_dirs(weights).shared, run.weight_dirs(weights).shared):
+        sweep(directory)
+        with contextlib.suppress(OSError):  # gone already, or holding files not ours
+            directory.rmdir()

@@ -37,7 +37,8 @@ class HandlerContext(Protocol):
     metrics: MetricsLog
     reports: Mapping[str, ReportLog]
     trace: Trace
-    routes: WeightRoutes
+    routes: WeightRoutes  # the policy's versions
+    critic_routes: WeightRoutes  # the learned critic's (PPO's), for the workers that follow it
     activity: RoleActivity
     path: StepPath
     step_role: str

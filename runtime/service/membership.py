@@ -34,6 +34,10 @@ def hello(service: HandlerContext, m: p.Hello, now: float) -> p.Message:
     if isinstance(reply, Rejected):
         return error_of(reply)
     service.live_stores.pop(m.worker, None)  # a new process: its store is not known yet
+    # Nor does it serve what its predecessor announced or relayed (that address may be
+    # dead): a publisher that registers announces its version again (worker/versions.py).
+    service.routes.forget(m.worker)
+    service.critic_routes.forget(m.worker)
     log.info("worker registered", worker=m.worker, role=m.role, pid=m.pid)
     settings = service.core.settings
     return p.Ready(

@@ -94,6 +94,8 @@ def status_summary(service: HandlerContext, now: float) -> dict[str, Any]:
     writer = service.durable.writer
     summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
     summary["weights"] = service.routes.summary()
+    if "critic" in summary:
+        summary["critic"]["weights"] = service.critic_routes.summary()
     summary["payload_stores"] = dict(service.stores)  # as each holder last reported
     summary["requests"] = dict(service.requests)
     return summary

@@ -98,6 +98,7 @@ class SchedulerService:
         self.reports: Mapping[str, ReportLog] = reports or {}
         self.trace = trace  # trace.json: leases, versions, steps (see trace.py)
         self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
+        self.critic_routes = WeightRoutes(relay_fanout)  # the learned critic's versions
         self.activity = RoleActivity(started_at)
         step, admit = self.core.pipeline.gated(Gate.STEP), self.core.pipeline.gated(Gate.ADMIT)
         self.path = StepPath(step.source, step.working)
@@ -229,6 +230,7 @@ class SchedulerService:
                 if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
                     self.waiting.claimed(notice.worker)
                     self.routes.forget(notice.worker)
+                    self.critic_routes.forget(notice.worker)
                     self.stores.pop(notice.worker, None)
                     self.live_stores.pop(notice.worker, None)
                 elif isinstance(notice, RolledBackTo):
@@ -243,7 +245,8 @@ class SchedulerService:
             self.outbox.extend(self.events.make(t, {}) for t in self.waiting.to_wake(moves))
 
     def _rolled_back(self, notice: RolledBackTo) -> None:
-        """Nothing of the lost steps may be offered again: their weights and their lines."""
+        """Nothing of the lost steps may be offered again: their weights and their lines.
+        (The critic's versions are never rolled back: its routes stay.)"""
         self.routes.forget_after(notice.step)
         cut = self.metrics.reconcile(notice.step)
         log.warning(

@@ -1,6 +1,11 @@
-"""The version and weights requests: PublishVersion (a trainer announces a version, and
-the weights to route), WantWeights (whom a receiver fetches from: weight_routes.py),
-LoadedVersion (a generator runs a version), Rewind (training rolls back to a step).
+"""The version and weights requests: PublishVersion (a trainer, or PPO's critic, announces
+a version, and the weights to route), WantWeights (whom a receiver fetches from:
+weight_routes.py; a values worker fetches the critic's), LoadedVersion (a generator runs
+a version), Rewind (training rolls back to a step).
+
+The policy's versions and the critic's each have their own routes (``service.routes``,
+``service.critic_routes``): the publisher's role says which a publication goes to, the
+asker's role which a WantWeights is answered from.
 
 Each handler takes the service whose state it reads and changes (service.py holds the
 state and says which handler answers which message).
@@ -17,7 +22,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
 from .replies import reply_of
-from .weight_routes import NoRoute
+from .weight_routes import NoRoute, WeightRoutes
 
 if TYPE_CHECKING:
     from .handler_context import HandlerContext
@@ -36,23 +41,23 @@ def publish(service: HandlerContext, m: p.PublishVersion, now: float) -> p.Messa
         return p.Error(Reason.BAD_REQUEST, bad)
     reply = service.core.publish_version(m.worker, m.version)
     known = service.core.state.workers.get(m.worker)
-    if known is not None and known.role != service.step_role:
-        # The critic's version: no weights announced (its values workers read its staged
-        # state), no policy route or critical path.
-        return reply_of(reply)
-    if _announces_again(m, service.core.state.policy_version, reply):
+    # The core took it from a publisher: the trainer, or (any other role) the critic.
+    critic = known is not None and known.role != service.step_role
+    if _announces_again(m, _published(service, critic), reply):
         # The current version's weights, offered again after a restart: nothing for the
         # core (versions only go forward), the routes take the new announcement.
         reply = Accepted()
     if isinstance(reply, Accepted):
-        service.path.published(m.version, now)
-        service.trace.published(m.worker, m.version, now)
-        service.routes.announce(m.version, m.worker, m.weights, m.address)
+        if not critic:  # the critic's versions are on no train step's critical path
+            service.path.published(m.version, now)
+            service.trace.published(m.worker, m.version, now)
+        _routes(service, critic).announce(m.version, m.worker, m.weights, m.address)
         if m.weights is not None:
             log.info(
                 "weights announced",
                 version=m.version,
                 publisher=m.worker,
+                critic=critic,
                 manifest_bytes=len(p.pack_payload(m.weights)),
                 manifest_keys=sorted(m.weights)[:_NAMES_LOGGED],
                 address_bytes=len(m.address),
@@ -70,16 +75,18 @@ def rewind(service: HandlerContext, m: p.Rewind, _now: float) -> p.Message:
 def want_weights(service: HandlerContext, m: p.WantWeights, _now: float) -> p.Message:
     if m.worker not in service.core.state.workers:  # its own code: the worker registers again
         return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
+    # A worker that follows the critic's versions (values) fetches the critic's weights.
+    critic = service.core.state.workers[m.worker].role in service.core.state.critic_followers
     try:
         if m.version < 0:
             raise ValueError(f"version {m.version} is negative (0 asks for the newest)")
-        route = service.routes.route(m.worker, m.version, m.address, m.failed)
+        route = _routes(service, critic).route(m.worker, m.version, m.address, m.failed)
     except ValueError as bad:
         log.warning("bad weights request", worker=m.worker, version=m.version, detail=str(bad))
         return p.Error(Reason.BAD_REQUEST, str(bad))
     except NoRoute as none:
         log.info("no weights route", worker=m.worker, version=m.version, detail=none.detail)
-        _want_announcement(service)
+        _want_announcement(service, critic)
         return p.Error(none.code, none.detail)
     if m.failed:
         log.warning("weights source failed", worker=m.worker, failed=m.failed)
@@ -87,13 +94,25 @@ def want_weights(service: HandlerContext, m: p.WantWeights, _now: float) -> p.Me
     return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
 
 
-def _want_announcement(service: HandlerContext) -> None:
+def _want_announcement(service: HandlerContext, critic: bool) -> None:
     """A receiver found no weights for the published version: this scheduler was restarted
-    since the trainer announced them (announcements are not journaled). The trainer hears
-    this event and announces them again; it also checks now and then, as events may drop."""
-    published = service.core.state.policy_version
-    if published > 0 and service.routes.newest != published:
-        service.emit(topic(Topic.VERSION, "wanted"), {"version": published})
+    since the trainer (or the critic) announced them (announcements are not journaled).
+    The publisher hears this event and announces them again; it also checks now and then,
+    as events may drop."""
+    published = _published(service, critic)
+    if published > 0 and _routes(service, critic).newest != published:
+        name = topic(Topic.VERSION, "critic_wanted" if critic else "wanted")
+        service.emit(name, {"version": published})
+
+
+def _routes(service: HandlerContext, critic: bool) -> WeightRoutes:
+    """The routes of the policy's versions, or of the learned critic's."""
+    return service.critic_routes if critic else service.routes
+
+
+def _published(service: HandlerContext, critic: bool) -> int:
+    state = service.core.state
+    return state.critic_version if critic else state.policy_version
 
 
 def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message:
@@ -114,13 +133,13 @@ def _loaded_by_every_generator(service: HandlerContext) -> int | None:
     return min(v for v in loaded if v is not None)
 
 
-def _announces_again(m: p.PublishVersion, policy_version: int, reply: object) -> bool:
-    """A trainer's repeat of the current version, carrying its weights: welcome."""
+def _announces_again(m: p.PublishVersion, published: int, reply: object) -> bool:
+    """A publisher's repeat of its current version, carrying its weights: welcome."""
     return (
         isinstance(reply, Rejected)
         and reply.reason == Reason.BAD_VERSION
         and m.weights is not None
-        and m.version == policy_version
+        and m.version == published
     )
 
 
