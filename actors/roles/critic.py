@@ -11,8 +11,9 @@ line of ``metrics.jsonl``.
 The critic stages its state after every step before the step's completion goes out, as
 the trainer does (:class:`~..training.rank.TrainRank`, in its own directory), so a
 ``kill -9`` loses at most the step in flight: the restarted critic takes up exactly the
-scheduler's critic step count. Its weights travel in no announcement: the values
-workers of its host load its versions from that staged state.
+scheduler's critic step count. Each version's weights travel over the weight plane as
+the policy's do, from a publisher of its own (``RunDir.critic_weight_dirs``), so its
+values workers may run on any host.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import structlog
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import Announcement, make_publisher
 
 from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..critic import load_value_model
@@ -60,7 +63,8 @@ class Critic(Actor):
         learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip)
         self.rank = TrainRank(cfg, learner, 0, 1)
         self.rank.reserve()
-        choice, _ = self.rank.restore(ctx.steps_done)
+        self.weights = make_publisher(cfg.weights, RunDir.of(cfg).critic_weight_dirs(cfg.weights))
+        choice, self.newest = self.rank.restore(ctx.steps_done)  # the next publish's weights
         if choice.step != ctx.steps_done:
             # Its state lived in this host's memory only (no checkpoints): a lost host
             # loses the critic's steps, and the scheduler's count cannot go back for it.
@@ -68,6 +72,7 @@ class Critic(Actor):
                 f"the scheduler counts {ctx.steps_done} critic steps, the newest critic state "
                 f"left is step {choice.step} ({choice.source}): the critic cannot resume"
             )
+        self.weights.prepare(self.newest)  # its buffers made while the first step trains
 
     def process(self, lease: p.Lease) -> Outcome:
         if lease.version is not None and lease.version != self.rank.step:
@@ -77,18 +82,21 @@ class Critic(Actor):
             )
         started = time.perf_counter()
         groups = [Group.of(item) for item in lease.items]
-        stats, _ = self.rank.train(groups)
+        stats, self.newest = self.rank.train(groups)
         metrics = _metrics(groups, stats, self.rank.step, time.perf_counter() - started)
         results = tuple(p.Result(g.gid, {"critic_trained_at": self.rank.step}) for g in groups)
         return Outcome(results, metrics, tokens=stats.tokens)
 
-    def on_publish(self, version: int) -> None:
+    def on_publish(self, version: int) -> Announcement:
         if version != self.rank.step:
             raise RuntimeError(f"asked to publish critic version {version}, at {self.rank.step}")
-        return None  # the values workers read the staged state; nothing to announce
+        return self.weights.publish(version, self.newest)
 
     def on_stop(self) -> None:
-        self.rank.finish(ended=False)  # the policy's last step ends the run, not the critic's
+        try:
+            self.weights.close()
+        finally:
+            self.rank.finish(ended=False)  # the policy's last step ends the run, not the critic's
 
 
 def _metrics(groups: list[Group], stats: CriticStats, step: int, seconds: float) -> dict:

@@ -5,10 +5,11 @@ Consumes ``transition.*.generated`` (PPO's table, ``Pipeline.with_critic``); pro
 keeps with the group: the critic's step refuses values older than the staleness bound
 allows (they are made again). A branch beside ``logp``: the scorer of the critic.
 
-It follows the critic's versions as a generator follows the policy's: a version the
-critic published is loaded between leases from the critic's staged state on this host
-(the newest staged step not past it), checked against the staged checksum after the
-copy (the critic may be writing the other slot meanwhile), and reported loaded.
+It follows the critic's versions as logp follows the policy's: each version the critic
+published is fetched over the weight plane (the critic's own routes: the scheduler
+answers a values worker's WantWeights with the critic's plan), loaded between leases,
+reported loaded and its transfer reported (``weights``). So it runs on any host, not
+only the critic's.
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import Received, make_receiver
 
 from ..actor import Actor, Outcome, WorkerContext
 from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
-from ..training.rank import staged_identity
+from ..policy.checkpoint import load_parameters
 from ..training.scorer import pack_rollouts
-from ..training.staged_state import StagedState
 from ..worker.preflight import check_model
+from ..worker.weights import WeightFollower
 from .critic import critic_path
 
 __all__ = ["Values"]
-
-PARAM = "param/"  # a staged parameter's name prefix (LearnerState.local_state)
 
 
 class Values(Actor):
@@ -42,34 +42,36 @@ class Values(Actor):
     claim_size: ClassVar[int] = 4
     follows_critic: ClassVar[bool] = True
 
+    def __init__(self) -> None:
+        self.loaded = 0  # version 0: the critic as it starts, read from critic.path
+        self.reports: list[p.Report] = []
+
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
         return check_model(cfg)
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
+        self.worker = ctx.worker
         self.model, self.codec = load_value_model(critic_path(cfg))
         self.model.eval()
-        directory = RunDir.of(cfg).critic_staged_state
-        self.store = StagedState(directory, 0, staged_identity(cfg, 1))
-        self.loaded = 0  # version 0: the critic as it starts, read from critic.path
+        receiver = make_receiver(cfg.weights, RunDir.of(cfg).critic_weight_dirs(cfg.weights))
+        self.weights = WeightFollower(receiver, ctx.ask_weights)
 
     def on_version(self, version: int) -> int | None:
-        staged = self.store.staged()
-        usable = [step for step in staged if self.loaded < step <= version]
-        if not usable:
-            return self.loaded
-        found = staged[max(usable)]
-        tensors = found.tensors()
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(tensors[f"{PARAM}{name}"])
-        again = found.slot.verified()  # rewritten while copied: try at the next turn
-        if again is None or again[0] != found.step or again[3] != found.checksum:
-            return self.loaded
-        self.loaded = found.step
+        moved = self.weights.follow(version, self.loaded, self._load)
+        if moved is not None:
+            self.loaded, cost = moved
+            self.reports.append(p.Report(self.worker, "weights", self.loaded, cost))
         return self.loaded
+
+    def _load(self, received: Received) -> list[torch.Tensor]:
+        # Runs on the receiver's checked buffer itself, as logp does: no copy.
+        return load_parameters(self.model, received.state, copy=False)
+
+    def take_reports(self) -> list[p.Report]:
+        reports, self.reports = self.reports, []
+        return reports
 
     def process(self, lease: p.Lease) -> Outcome:
         results, tokens = [], 0
@@ -86,4 +88,4 @@ class Values(Actor):
         return Outcome(tuple(results), tokens=tokens)
 
     def on_stop(self) -> None:
-        self.store.close()
+        self.weights.receiver.close()

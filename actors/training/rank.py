@@ -47,8 +47,8 @@ class TrainRank:
     """This process's share of the trainer (or of the critic: ``learner`` says which).
     Starts from the base model; :meth:`restore` takes up the state to resume from.
 
-    The critic stages in its own directory, keeps no checkpoints and publishes no weights
-    (``critic``): its values workers read its staged state."""
+    The critic stages in its own directory and keeps no checkpoints (``critic``); its
+    weights are published as the trainer's are, to its values workers."""
 
     def __init__(self, cfg: RunConfig, learner: LearnerState, rank: int, ranks: int):
         self.cfg = cfg
@@ -83,7 +83,7 @@ class TrainRank:
             source=str(choice.source),
             **({} if choice.checksum is None else {"checksum": choice.checksum}),
         )
-        return choice, {} if self.critic else self.learner.full_weights()
+        return choice, self.learner.full_weights()
 
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, torch.Tensor]]:
         # The policy's first steps in a run with a critic's warmup: the critic learns alone.
@@ -94,7 +94,7 @@ class TrainRank:
         crc = stage(self.learner, self.store, self.step)
         seconds = round(time.perf_counter() - started, 4)
         log.info("state staged", step=self.step, checksum=crc, seconds=seconds)
-        return stats, {} if self.critic else self.learner.full_weights()
+        return stats, self.learner.full_weights()
 
     def reserve(self) -> None:
         """Size the staging files now: a lack of room is an error at start, not mid-run."""

@@ -20,8 +20,7 @@ generator (an actor that overrides ``on_version``) loads each published version 
 leases and reports it with LoadedVersion; a trainer (``publishes_versions``) announces the
 version each step's reply (StepDone) names, with the weight plane's manifest and address
 when ``on_publish`` returns them (what to load and announce: versions.py). An actor asks
-whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan),
-on the main thread (questions.py).
+whom to fetch weights from, on the main thread: ``WorkerContext.ask_weights`` (questions.py).
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
@@ -70,6 +69,7 @@ log = structlog.get_logger("asyncrl.worker")
 VERSION_PUBLISHED = topic(Topic.VERSION, "published")
 CRITIC_PUBLISHED = topic(Topic.VERSION, "critic_published")
 VERSION_WANTED = topic(Topic.VERSION, "wanted")
+CRITIC_WANTED = topic(Topic.VERSION, "critic_wanted")
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 
 
@@ -232,12 +232,12 @@ class Worker(SchedulerQuestions):
         except Exception as error:
             self._log.exception("the actor failed to start")
             raise Fatal(f"on_start failed: {type(error).__name__}: {error}") from error
+        critic = self.actor.follows_critic  # the versions it loads or publishes: the critic's
         if self._versions.tracks:
-            critic = self.actor.follows_critic  # it follows the critic's versions
             self.link.subscribe([CRITIC_PUBLISHED if critic else VERSION_PUBLISHED])
             self._versions.load_newest()
         if self.actor.publishes_versions:
-            self.link.subscribe([VERSION_WANTED])
+            self.link.subscribe([CRITIC_WANTED if critic else VERSION_WANTED])
             self._versions.publish_trained()
 
     def _context(self, ready: p.Ready) -> WorkerContext:
@@ -439,7 +439,7 @@ class Worker(SchedulerQuestions):
         while event is not None:
             if event.topic in (VERSION_PUBLISHED, CRITIC_PUBLISHED):  # subscribed to one
                 self._versions.heard_of(event.body.get("version"))
-            elif event.topic == VERSION_WANTED:
+            elif event.topic in (VERSION_WANTED, CRITIC_WANTED):  # subscribed to one
                 self._versions.wanted()
             elif event.topic.startswith(self._wakeups):
                 woken = True

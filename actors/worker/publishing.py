@@ -32,14 +32,12 @@ def version_due(summary: dict[str, Any], critic: bool = False) -> int | None:
     declared the trainer lost): generators could otherwise never load it, and without
     loading it they may be too stale to generate what the next step needs.
 
-    The critic's (``critic``): its step count when ahead of its published version; its
-    weights travel in no announcement (its values workers read its staged state).
+    The critic's (``critic``) by the same rule, from its part of the status: its step
+    count, published version and the weights held for its values workers.
     """
-    if critic:
-        done = (summary.get("critic") or {}).get("steps_done", 0)
-        return done if done > (published_version(summary, critic=True) or 0) else None
-    steps, published = summary.get("steps_done", 0), summary.get("policy_version", 0)
-    held = (summary.get("weights") or {}).get("version")
+    own = (summary.get("critic") or {}) if critic else summary
+    steps, published = own.get("steps_done", 0), published_version(summary, critic) or 0
+    held = (own.get("weights") or {}).get("version")
     if steps < published or (steps == published and (steps == 0 or held == steps)):
         return None
     return steps

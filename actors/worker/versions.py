@@ -1,5 +1,9 @@
 """The policy versions (or a learned critic's) one worker follows or publishes.
 
+PPO's critic and its values workers (``follows_critic``) do with the critic's versions
+what a trainer and a generator do with the policy's, on the critic's own events
+(``version.critic_published``, ``version.critic_wanted``) and its part of the status.
+
 A generator (an actor that overrides ``on_version``) loads the newest published version
 between leases and reports it with LoadedVersion; events may drop, so an idle one also
 asks the scheduler's status now and then. A trainer (``publishes_versions``) announces each

@@ -404,6 +404,46 @@ def test_a_trainer_announces_again_when_a_receiver_found_no_weights(cfg: RunConf
     assert link.kinds() == "Hello Status Claim Status PublishVersion Claim Bye"
 
 
+class AnnouncingCritic(Actor):
+    """PPO's critic as the loop sees it: it publishes the critic's versions, with weights."""
+
+    role = "critic"
+    publishes_versions = True
+    follows_critic = True
+
+    def process(self, lease: p.Lease) -> Outcome:
+        raise AssertionError("no critic step in these tests")
+
+    def on_publish(self, version: int) -> Announcement:
+        return Announcement(version, {"buckets": [[0, 4]]}, b"@c")
+
+
+def test_a_critic_announces_again_when_a_values_worker_found_no_weights(tmp_path: Path) -> None:
+    # After a scheduler restart a values worker finds no critic weights, and the scheduler
+    # says so on the critic's own topic: the policy's "wanted" is not the critic's business.
+    ppo = config_from_dict({"run": {"dir": str(tmp_path)}, "algorithm": {"estimator": "gae"}})
+    held = {"steps_done": 3, "version": 3, "weights": {"version": 3}}
+    forgot = {"steps_done": 3, "version": 3, "weights": {"version": None}}
+    status = [
+        p.StatusReply({"steps_done": 5, "policy_version": 5, "critic": c}) for c in (held, forgot)
+    ]
+    link = ScriptedLink({p.Claim: [p.NoWork("idle")], p.Status: status})
+    wanted = p.Event(1, "version.critic_wanted", {"version": 3})
+
+    def on_request(message: p.Message) -> None:  # after the first claim, once
+        if isinstance(message, p.Claim) and link.events.empty() and len(link.of(p.Claim)) == 1:
+            link.events.put(wanted)
+
+    link.on_request = on_request
+    pacing = Pacing(poll_s=0.01, max_backoff_s=0.01, version_check_s=60.0)  # no polling
+    assert Worker(AnnouncingCritic(), link, ppo, name="critic-0", pacing=pacing).run() == 0
+    assert "version.critic_wanted" in link.prefixes and "version.wanted" not in link.prefixes
+    assert link.kinds() == "Hello Status Claim Status PublishVersion Claim Bye"
+    assert link.of(p.PublishVersion) == [
+        p.PublishVersion("critic-0", 3, {"buckets": [[0, 4]]}, b"@c")
+    ]
+
+
 def test_an_idle_trainer_checks_now_and_then_that_its_weights_are_held(cfg: RunConfig) -> None:
     # The event may drop: an idle trainer asks the status itself.
     announced = p.StatusReply({"steps_done": 3, "policy_version": 3, "weights": {"version": 3}})
