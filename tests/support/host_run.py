@@ -50,7 +50,7 @@ def lines(path: Path) -> list[dict[str, Any]]:
 
 
 class HostRun:
-    """The default config over ``hosts``, the scheduler on ``scheduler_host``.
+    """The default config (or ``config``) over ``hosts``, the scheduler on ``scheduler_host``.
 
     ``overrides`` go to every node (after the run's own: run.dir, the scheduler's address
     and fixed ports, CURVE on). Each node's output is ``logs/node-HOST.log``; its
@@ -58,14 +58,15 @@ class HostRun:
     """
 
     def __init__(self, hosts: Hosts, root: Path, scheduler_host: str = "h1",
-                 overrides: Sequence[str] = ()) -> None:  # fmt: skip
+                 overrides: Sequence[str] = (),
+                 config: str = "deploy/configs/default.yaml") -> None:  # fmt: skip
         self.hosts = hosts
         self.scheduler_host = scheduler_host
         self.run_dir, self.logs = root / "run", root / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         address = hosts.address(scheduler_host)
         self.config = [
-            "-c", "deploy/configs/default.yaml",
+            "-c", config,
             f"run.dir={self.run_dir}",
             f"scheduler.host={address}",
             "scheduler.curve='on'",
