@@ -2,8 +2,9 @@
 
 Topics are dotted: ``transition.<from>.<to>`` for every move of a group between states,
 ``groups.added``, ``version.published``, ``version.loaded``, ``version.rolled_back``,
-``version.wanted``, ``lock.granted``, ``worker.lost``, ``metrics.step``, ``run.finished``,
-``run.draining``, and ``wake.<worker>/`` for one waiting worker (:func:`wake_topic`).
+``version.critic_rolled_back``, ``version.wanted``, ``lock.granted``, ``worker.lost``,
+``metrics.step``, ``run.finished``, ``run.draining``, and ``wake.<worker>/`` for one
+waiting worker (:func:`wake_topic`).
 ZeroMQ matches subscriptions by prefix, so ``transition.`` gets every move and
 ``version.`` every version event.
 """
