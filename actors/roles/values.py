@@ -7,8 +7,10 @@ allows (they are made again). A branch beside ``logp``: the scorer of the critic
 
 It follows the critic's versions as a generator follows the policy's: a version the
 critic published is loaded between leases from the critic's staged state on this host
-(the newest staged step not past it), checked against the staged checksum after the
-copy (the critic may be writing the other slot meanwhile), and reported loaded.
+(the newest step not past it that every rank of the critic staged, each rank's shard
+joined along the first dimension, as the critic's group splits it), checked against the
+staged checksums after the copy (the critic may be writing the other slots meanwhile),
+and reported loaded.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from asyncrl.transport import protocol as p
 from ..actor import Actor, Outcome, WorkerContext
 from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
-from ..training.rank import staged_identity
+from ..training.rank import critic_ranks, staged_identity
 from ..training.scorer import pack_rollouts
 from ..training.staged_state import StagedState
 from ..worker.preflight import check_model
@@ -50,25 +52,29 @@ class Values(Actor):
         cfg = ctx.config
         self.model, self.codec = load_value_model(critic_path(cfg))
         self.model.eval()
-        directory = RunDir.of(cfg).critic_staged_state
-        self.store = StagedState(directory, 0, staged_identity(cfg, 1))
+        directory, ranks = RunDir.of(cfg).critic_staged_state, critic_ranks(cfg)
+        identity = staged_identity(cfg, ranks)
+        self.stores = [StagedState(directory, rank, identity) for rank in range(ranks)]
         self.loaded = 0  # version 0: the critic as it starts, read from critic.path
 
     def on_version(self, version: int) -> int | None:
-        staged = self.store.staged()
-        usable = [step for step in staged if self.loaded < step <= version]
+        staged = [store.staged() for store in self.stores]
+        usable = [
+            s for s in staged[0] if self.loaded < s <= version and all(s in x for x in staged)
+        ]
         if not usable:
             return self.loaded
-        found = staged[max(usable)]
-        tensors = found.tensors()
+        found = [ranks[max(usable)] for ranks in staged]
+        shards = [f.tensors() for f in found]
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, param in params.items():
-                param.copy_(tensors[f"{PARAM}{name}"])
-        again = found.slot.verified()  # rewritten while copied: try at the next turn
-        if again is None or again[0] != found.step or again[3] != found.checksum:
-            return self.loaded
-        self.loaded = found.step
+                param.copy_(torch.cat([shard[f"{PARAM}{name}"] for shard in shards]))
+        for f in found:  # rewritten while copied: try at the next turn
+            again = f.slot.verified()
+            if again is None or again[0] != f.step or again[3] != f.checksum:
+                return self.loaded
+        self.loaded = found[0].step
         return self.loaded
 
     def process(self, lease: p.Lease) -> Outcome:
@@ -86,4 +92,5 @@ class Values(Actor):
         return Outcome(tuple(results), tokens=tokens)
 
     def on_stop(self) -> None:
-        self.store.close()
+        for store in self.stores:
+            store.close()

@@ -37,7 +37,7 @@ def test_a_values_worker_loads_the_newest_staged_critic_step_not_past_the_versio
         stage(critic, store, step)
     values = Values()
     values.model, values.codec = load_value_model("embedded")
-    values.store, values.loaded = StagedState(tmp_path, 0, staged_identity(cfg, 1)), 0
+    values.stores, values.loaded = [StagedState(tmp_path, 0, staged_identity(cfg, 1))], 0
     assert values.on_version(0) == 0  # nothing newer published
     assert values.on_version(1) == 1  # step 1 is still staged: exactly it
     assert values.on_version(5) == 2  # the newest staged, not past what was published
