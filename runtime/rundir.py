@@ -105,7 +105,7 @@ class RunDir:
 
     def checkpoint(self, step: int) -> Path:
         """Where the trainer's checkpoint after ``step`` optimizer steps goes."""
-        return self.checkpoints / f"step-{step:07d}"
+        return _step_dir(self.checkpoints, step)
 
     def latest_checkpoint(self, at_most: int | None = None) -> Path | None:
         """The newest complete checkpoint (a checkpoint appears whole, by rename), if any;
@@ -115,12 +115,26 @@ class RunDir:
 
     def checkpoint_steps(self) -> list[int]:
         """The steps there are complete checkpoints of, oldest first."""
-        steps = []
-        for path in self.checkpoints.glob("step-*"):
-            number = path.name.removeprefix("step-")
-            if number.isdigit():
-                steps.append(int(number))
-        return sorted(steps)
+        return _steps_in(self.checkpoints)
+
+    @property
+    def critic_checkpoints(self) -> Path:
+        """The learned critic's own checkpoints (``step-N``, as the trainer's) and, when its
+        worker stops, the critic as it stopped (``final``)."""
+        return self.root / "critic"
+
+    def critic_checkpoint(self, step: int) -> Path:
+        """Where the critic's checkpoint after ``step`` critic steps goes."""
+        return _step_dir(self.critic_checkpoints, step)
+
+    def critic_checkpoint_steps(self) -> list[int]:
+        """The critic steps there are complete critic checkpoints of, oldest first."""
+        return _steps_in(self.critic_checkpoints)
+
+    @property
+    def final_critic(self) -> Path:
+        """The critic as its worker last stopped (at the end of the run: the final critic)."""
+        return self.critic_checkpoints / "final"
 
     @property
     def staged_state(self) -> Path:
@@ -168,3 +182,17 @@ class RunDir:
         slot files nobody holds (the trainer's would go)."""
         policy = self.weight_dirs(weights)
         return type(policy)(files=policy.files / "critic", shared=policy.shared / "critic")
+
+
+def _step_dir(directory: Path, step: int) -> Path:
+    return directory / f"step-{step:07d}"
+
+
+def _steps_in(directory: Path) -> list[int]:
+    """The steps of the ``step-N`` directories in ``directory``, oldest first."""
+    steps = []
+    for path in directory.glob("step-*"):
+        number = path.name.removeprefix("step-")
+        if number.isdigit():
+            steps.append(int(number))
+    return sorted(steps)

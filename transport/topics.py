@@ -2,10 +2,10 @@
 
 Topics are dotted: ``transition.<from>.<to>`` for every move of a group between states,
 ``groups.added``, ``version.published``, ``version.loaded``, ``version.rolled_back``,
-``version.wanted`` (and PPO's critic's ``version.critic_published`` and
-``version.critic_wanted``), ``lock.granted``, ``worker.lost``, ``metrics.step``,
-``run.finished``, ``run.draining``, and ``wake.<worker>/`` for one waiting worker
-(:func:`wake_topic`).
+``version.wanted`` (and PPO's critic's ``version.critic_published``,
+``version.critic_wanted`` and ``version.critic_rolled_back``), ``lock.granted``,
+``worker.lost``, ``metrics.step``, ``run.finished``, ``run.draining``, and
+``wake.<worker>/`` for one waiting worker (:func:`wake_topic`).
 ZeroMQ matches subscriptions by prefix, so ``transition.`` gets every move and
 ``version.`` every version event.
 """

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from asyncrl.runtime.config import RunConfig
 
@@ -24,7 +25,7 @@ from ..training.learner_state import LearnerState
 from ..training.micro_batches import by_length, rank_passes, stacked
 from ..training.scorer import pack_rollouts
 from ..training.step_advantages import step_advantages
-from .model import ValueModel, response_values
+from .model import ValueModel, load_value_weights, response_values
 
 __all__ = ["CriticLearner", "CriticStats"]
 
@@ -111,3 +112,13 @@ class CriticLearner(LearnerState):
         loss, clipped = sums.tolist()
         grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         return CriticStats(loss, clipped / max(tokens, 1), float(grad), tokens)
+
+    def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
+        """A critic checkpoint's weights (``model.*``, ``score.*``: no output layer to tie);
+        with a group rank 0 passes them and the others None, each keeping its shard."""
+        if self.size == 1:
+            assert whole is not None
+            load_value_weights(self.model, whole, source="the critic's checkpoint")
+            return
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.model, whole or {}, options=options)

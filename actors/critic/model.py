@@ -11,6 +11,7 @@ one label (``model.*`` and ``score.*``), so a critic checkpoint loads there too.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from ..policy.model import Decoder, ModelConfig
 from ..policy.scoring import Packed, response_positions
 from ..policy.tokenizer import TextCodec
 
-__all__ = ["ValueModel", "load_value_model", "response_values"]
+__all__ = ["ValueModel", "load_value_model", "load_value_weights", "response_values"]
 
 HEAD = "score."  # the value head's parameters' prefix
 
@@ -54,14 +55,25 @@ def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[Val
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
     model = ValueModel(config)
     stored = read_weights(directory)
+    own = any(name.startswith(HEAD) for name in stored)  # a critic's own checkpoint
+    load_value_weights(model, stored, head=own, source=str(directory))
+    return model.to(dtype), TextCodec.from_dir(directory)
+
+
+def load_value_weights(
+    model: ValueModel,
+    stored: Mapping[str, torch.Tensor],
+    *,
+    head: bool = True,
+    source: str = "the weights",
+) -> None:
+    """``stored`` (by Hugging Face name) into ``model``: every parameter, or with ``head``
+    False the decoder's alone (a policy's directory, which has no value head)."""
     params = dict(model.named_parameters())
-    wanted = {n for n in params if not n.startswith(HEAD)}
-    if any(name.startswith(HEAD) for name in stored):  # a critic's own checkpoint
-        wanted = set(params)
+    wanted = {n for n in params if head or not n.startswith(HEAD)}
     missing = sorted(wanted - set(stored))
     if missing:
-        raise ValueError(f"{directory}: no weights for the critic's {missing[:5]}")
+        raise ValueError(f"{source}: no weights for the critic's {missing[:5]}")
     with torch.no_grad():
         for name in wanted:
             params[name].copy_(stored[name])
-    return model.to(dtype), TextCodec.from_dir(directory)

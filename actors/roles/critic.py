@@ -8,17 +8,24 @@ critic's version, published as the policy's is; its metrics (the value loss, and
 critic versions the values lagged its step: the critic's staleness) go into the next
 line of ``metrics.jsonl``.
 
-The critic stages its state after every step before the step's completion goes out, as
-the trainer does (:class:`~..training.rank.TrainRank`, in its own directory), so a
-``kill -9`` loses at most the step in flight: the restarted critic takes up exactly the
-scheduler's critic step count. Each version's weights travel over the weight plane as
-the policy's do, from a publisher of its own (``RunDir.critic_weight_dirs``), so its
-values workers may run on any host.
+Like the trainer (:class:`~..training.learner_role.LearnerRole`) it runs as one process or
+as a group of ``pipeline.workers.critic`` ranks (the value model sharded over them, rank 0
+leading), and stages its state after every step before the step's completion goes out
+(in its own directory), so a ``kill -9`` loses at most the step in flight. Every
+``pipeline.checkpoint_every`` critic steps and when it stops it writes a checkpoint of its
+own (``critic/step-N``: the value model in Hugging Face's names, ``model.*`` and
+``score.*``, with its optimizer, RNG and counters), and on stop the critic as it stopped
+(``critic/final``). A critic whose host was lost takes up its newest checkpoint and has
+the scheduler roll the critic back to it (``_roll_back_critic``: only critic updates are
+lost). Each version's weights travel over the weight plane as the policy's do, from the
+leader's publisher of its own (``RunDir.critic_weight_dirs``), so its values workers may
+run on any host.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -28,13 +35,16 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Announcement, make_publisher
 
-from ..actor import Actor, ActorBroken, Outcome, WorkerContext
+from ..actor import Outcome, WorkerContext
 from ..critic import load_value_model
 from ..critic.learner import CriticLearner, CriticStats
+from ..policy.checkpoint import model_dir, save_state
+from ..training.gang import Order
 from ..training.group import Group
+from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
+from ..training.resume import resume_files
 from ..worker.preflight import check_model
 
 __all__ = ["Critic", "critic_path"]
@@ -47,56 +57,60 @@ def critic_path(cfg: RunConfig) -> str:
     return cfg.critic.path or cfg.model.path
 
 
-class Critic(Actor):
+class Critic(LearnerRole):
     role: ClassVar[str] = Role.CRITIC.value
-    publishes_versions: ClassVar[bool] = True
     follows_critic: ClassVar[bool] = True
+    learner: ClassVar[str] = "critic"
+    step_name: ClassVar[str] = "critic step"
+    rolled_back: ClassVar[str] = "the critic"
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
         return check_model(cfg)
 
     def on_start(self, ctx: WorkerContext) -> None:
-        cfg = self.cfg = ctx.config
+        self.source = model_dir(critic_path(ctx.config))
+        self._join(ctx, RunDir.of(ctx.config).critic_weight_dirs(ctx.config.weights))
+
+    def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
         model, codec = load_value_model(critic_path(cfg))
         c = cfg.critic
-        learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip)
-        self.rank = TrainRank(cfg, learner, 0, 1)
-        self.rank.reserve()
-        self.weights = make_publisher(cfg.weights, RunDir.of(cfg).critic_weight_dirs(cfg.weights))
-        choice, self.newest = self.rank.restore(ctx.steps_done)  # the next publish's weights
-        if choice.step != ctx.steps_done:
-            # Its state lived in this host's memory only (no checkpoints): a lost host
-            # loses the critic's steps, and the scheduler's count cannot go back for it.
-            raise ActorBroken(
-                f"the scheduler counts {ctx.steps_done} critic steps, the newest critic state "
-                f"left is step {choice.step} ({choice.source}): the critic cannot resume"
-            )
-        self.weights.prepare(self.newest)  # its buffers made while the first step trains
+        learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip, group_size=ranks)
+        return TrainRank(cfg, learner, rank, ranks)
 
     def process(self, lease: p.Lease) -> Outcome:
-        if lease.version is not None and lease.version != self.rank.step:
-            raise ActorBroken(
-                f"leased a critic step from version {lease.version}, but this critic's state "
-                f"is at step {self.rank.step}: another critic must have trained the steps between"
-            )
         started = time.perf_counter()
-        groups = [Group.of(item) for item in lease.items]
-        stats, self.newest = self.rank.train(groups)
-        metrics = _metrics(groups, stats, self.rank.step, time.perf_counter() - started)
-        results = tuple(p.Result(g.gid, {"critic_trained_at": self.rank.step}) for g in groups)
+        groups, stats = self._train(lease)
+        metrics = _metrics(groups, stats, self.step, time.perf_counter() - started)
+        if self.gang is not None:
+            metrics["critic_ranks"] = self.gang.size
+        if self._checkpoint_due():
+            self.save_checkpoint()
+        results = tuple(p.Result(g.gid, {"critic_trained_at": self.step}) for g in groups)
         return Outcome(results, metrics, tokens=stats.tokens)
 
-    def on_publish(self, version: int) -> Announcement:
-        if version != self.rank.step:
-            raise RuntimeError(f"asked to publish critic version {version}, at {self.rank.step}")
-        return self.weights.publish(version, self.newest)
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        weights, optimizer = self._together(Order.GATHER)
+        target = self.run.critic_checkpoint(self.step)
+        counters = {"critic_step": self.step, "critic_version": self.step}
+        extra = resume_files(self.step, optimizer, counters)
+        save_state(self.rank.learner.model.config, weights, self.source, target, extra)
+        self.saved_step = self.step
+        log.info("critic checkpoint written", step=self.step, path=str(target))
+        return target
 
     def on_stop(self) -> None:
         try:
-            self.weights.close()
+            if self.resumed and self.step > 0 and not self._broken:
+                # The run's end is the policy's last step, which the critic does not see:
+                # the critic as it stops is the final one when the run is over.
+                final = self.run.final_critic
+                save_state(self.rank.learner.model.config, self.newest, self.source, final)
+                log.info("final critic written", step=self.step, path=str(final))
         finally:
-            self.rank.finish(ended=False)  # the policy's last step ends the run, not the critic's
+            super().on_stop()
 
 
 def _metrics(groups: list[Group], stats: CriticStats, step: int, seconds: float) -> dict:

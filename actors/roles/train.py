@@ -22,37 +22,26 @@ state that survives the loss of the host (``Outcome.durable_step``).
 
 from __future__ import annotations
 
-import io
-import json
 import time
-from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import structlog
-import torch
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Announcement, make_publisher
 
-from ..actor import Actor, ActorBroken, Outcome, WorkerContext
+from ..actor import Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
 from ..policy.lora import save_adapter_checkpoint, save_final
-from ..training.gang import (
-    Order,
-    join_group,
-    join_group_at,
-    pack_lease,
-    unpack_lease,
-)
+from ..training.gang import Order
 from ..training.learner import Group, Learner, StepStats
-from ..training.rank import TrainRank, restore_body
-from ..training.resume import TRAINER_STATE
+from ..training.learner_role import LearnerRole
+from ..training.rank import TrainRank
+from ..training.resume import resume_files
 from ..worker.preflight import check_device, check_engine, check_lora, check_model
 from ..worker.setup import load_policy
 
@@ -61,9 +50,12 @@ __all__ = ["Train"]
 log = structlog.get_logger("asyncrl.train")
 
 
-class Train(Actor):
+class Train(LearnerRole):
     role: ClassVar[str] = Role.TRAIN.value
-    publishes_versions: ClassVar[bool] = True
+    learner: ClassVar[str] = "trainer"
+    step_name: ClassVar[str] = "step"
+    rolled_back: ClassVar[str] = "the run"
+    ends_run: ClassVar[bool] = True
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
@@ -71,89 +63,32 @@ class Train(Actor):
         return problems or check_lora(cfg)  # the targets are checked on a model that loads
 
     def on_start(self, ctx: WorkerContext) -> None:
-        cfg = self.cfg = ctx.config
-        self.ctx = ctx
-        self.run = RunDir.of(cfg)
+        cfg = ctx.config
         self.source = model_dir(cfg.model.path)
-        self.gang = join_group(cfg)
-        rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
-        model, self.codec = load_policy(cfg, self.role, self.gang.rank if self.gang else ctx.index)
-        self.weights = make_publisher(cfg.weights, self.run.weight_dirs(cfg.weights))
-        self.rank = TrainRank(cfg, Learner(model, cfg, self.codec.pad_id, ranks), rank, ranks)
-        self.rank.reserve()
-        self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
-        self.resumed = False
-        self.saved_step = self.durable = 0  # the newest checkpoint written / on disk
-        self._resume(ctx.steps_done)
-        # Its buffers are made while the first step trains, not when that step publishes;
-        # from the whole weights the restore gathered (a split model has none before).
-        self.weights.prepare(self.newest)
+        self._join(ctx, RunDir.of(cfg).weight_dirs(cfg.weights))
 
-    @property
-    def step(self) -> int:
-        return self.rank.step
+    def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
+        model, codec = load_policy(cfg, self.role, index)
+        return TrainRank(cfg, Learner(model, cfg, codec.pad_id, ranks), rank, ranks)
 
     # --- a step --------------------------------------------------------------------------
 
     def process(self, lease: p.Lease) -> Outcome:
-        if lease.version is not None and lease.version != self.step:
-            raise ActorBroken(
-                f"leased a step from version {lease.version}, but this trainer's state is at "
-                f"step {self.step}: another trainer must have trained the steps between"
-            )
         started = time.perf_counter()
-        groups = [Group.of(item) for item in lease.items]
-        body = pack_lease(lease) if self.gang is not None else b""
-        # Every rank stages its state after the step before the step can count (TrainRank).
-        stats, self.newest = self._together(Order.STEP, groups, body)
+        groups, stats = self._train(lease)
         seconds = time.perf_counter() - started
         metrics = self._metrics(groups, stats, seconds)
         metrics["keys"] = [item.key for item in lease.items]  # the data this step consumed
-        if self.step % self.cfg.pipeline.checkpoint_every == 0 or self._last_step:
+        if self._checkpoint_due() or self._last_step:
             self.save_checkpoint()
         if self._last_step:
             self._save_final()
         results = tuple(p.Result(g.gid, {"trained_at": self.step}) for g in groups)
         return Outcome(results, metrics, tokens=stats.tokens, durable_step=self.durable)
 
-    def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
-        """Carry out ``order`` with every rank of the group (alone: just carry it out).
-
-        A broken group exits (GangBroken) and starts afresh from the staged state."""
-        work = partial(self.rank.carry_out, order, groups, body)
-        return work() if self.gang is None else self.gang.lead(order, work, body)
-
     @property
     def _last_step(self) -> bool:
         return self.step >= self.cfg.run.total_steps
-
-    # --- resuming ------------------------------------------------------------------------
-
-    def _resume(self, target: int) -> None:
-        """Take up the state for the scheduler's count ``target`` (every rank the same);
-        if only an older one is left, have the scheduler roll back to it."""
-        choice, self.newest = self._together(Order.RESTORE, body=restore_body(target))
-        self.resumed = True
-        self.saved_step = choice.step
-        self.durable = max((s for s in self.run.checkpoint_steps() if s <= choice.step), default=0)
-        if choice.step == target:
-            return
-        log.warning(
-            "the trainer's state is older than the scheduler's step count: rolling the run "
-            f"back from step {target} to step {choice.step}",
-            scheduler_steps=target,
-            trainer_step=choice.step,
-            source=str(choice.source),
-        )
-        try:
-            if self.ctx.rewind is None:
-                raise RuntimeError("this worker cannot ask the scheduler to roll back")
-            self.ctx.rewind(choice.step)
-        except RuntimeError as error:  # refused, or this worker cannot ask
-            raise ActorBroken(
-                f"the scheduler counts {target} steps, the newest state left is step "
-                f"{choice.step} ({choice.source}), and rolling back failed: {error}"
-            ) from error
 
     # --- metrics -------------------------------------------------------------------------
 
@@ -180,32 +115,11 @@ class Train(Actor):
 
     # --- versions and checkpoints --------------------------------------------------------
 
-    def on_publish(self, version: int) -> Announcement:
-        if version != self.step:
-            raise RuntimeError(f"asked to publish version {version}, the model is at {self.step}")
-        return self.weights.publish(version, self.newest)
-
-    def on_stop(self) -> None:
-        broken = self.gang is not None and self.gang.broken
-        try:
-            if self.resumed and self.step > self.saved_step and not broken:
-                self.save_checkpoint()
-        finally:
-            self.weights.close()
-            self.rank.finish(ended=not broken)
-            if self.gang is not None:
-                self.gang.leave()
-
     def save_checkpoint(self) -> Path:
         weights, optimizer = self._together(Order.GATHER)
         target = self.run.checkpoint(self.step)
-        buffer = io.BytesIO()
-        torch.save(
-            {"step": self.step, "optimizer": optimizer, "torch_rng": torch.get_rng_state()},
-            buffer,
-        )
-        counters = json.dumps({"step": self.step, "policy_version": self.step}).encode()
-        extra = {TRAINER_STATE: buffer.getvalue(), "counters.json": counters}
+        counters = {"step": self.step, "policy_version": self.step}
+        extra = resume_files(self.step, optimizer, counters)
         if self.cfg.model.lora.enabled:  # the adapters alone: the base is model.path's
             save_adapter_checkpoint(self.cfg.model.lora, weights, self.source, target, extra)
         else:
@@ -222,28 +136,6 @@ class Train(Actor):
         else:
             save_state(config, self.newest, self.source, final)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
-
-    # --- the other ranks of a group -----------------------------------------------------
-
-    def follow(self, cfg: RunConfig, place: GangPlace) -> int:
-        """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
-        gang = join_group_at(cfg, place)
-        try:
-            model, codec = load_policy(cfg, self.role, place.rank)
-            learner = Learner(model, cfg, codec.pad_id, place.size)
-            rank = TrainRank(cfg, learner, place.rank, place.size)
-            rank.reserve()
-            while True:
-                order, body = gang.next_order()
-                if order is Order.STOP:
-                    rank.finish(ended=True)
-                    return 0
-                groups = None
-                if order is Order.STEP:
-                    groups = [Group.of(item) for item in unpack_lease(body).items]
-                rank.carry_out(order, groups, body)
-        finally:
-            gang.close()
 
 
 def _mismatch(groups: list[Group]) -> dict:

@@ -8,6 +8,7 @@ weights, so when the leader has the new version every rank's state for it is sta
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -23,7 +24,7 @@ from .learner_state import LearnerState
 from .resume import Choice, reserve, restore, stage
 from .staged_state import StagedState
 
-__all__ = ["TrainRank", "restore_body", "staged_identity"]
+__all__ = ["TrainRank", "critic_ranks", "restore_body", "staged_identity"]
 
 log = structlog.get_logger("asyncrl.train")
 
@@ -43,12 +44,18 @@ def staged_identity(cfg: RunConfig, ranks: int) -> dict[str, object]:
     return identity
 
 
+def critic_ranks(cfg: RunConfig) -> int:
+    """The ranks of the critic's group (``pipeline.workers.critic``; 1: one process)."""
+    return cfg.pipeline.workers.get("critic", 1)
+
+
 class TrainRank:
     """This process's share of the trainer (or of the critic: ``learner`` says which).
     Starts from the base model; :meth:`restore` takes up the state to resume from.
 
-    The critic stages in its own directory and keeps no checkpoints (``critic``); its
-    weights are published as the trainer's are, to its values workers."""
+    The critic (``critic``) stages in its own directory and keeps its own checkpoints
+    (``RunDir.critic_checkpoints``); its weights are published as the trainer's are, to
+    its values workers."""
 
     def __init__(self, cfg: RunConfig, learner: LearnerState, rank: int, ranks: int):
         self.cfg = cfg
@@ -74,8 +81,7 @@ class TrainRank:
     def restore(self, target: int) -> tuple[Choice, dict[str, torch.Tensor]]:
         """Take up the state for the scheduler's count ``target``; the choice, and the
         whole weights (on the leader) to publish."""
-        checkpoints = not self.critic
-        choice = restore(self.learner, self.store, self.run, target, self.ranks, checkpoints)
+        choice = restore(self.learner, self.store, self.checkpoints(), target, self.ranks)
         self.step = choice.step
         log.info(
             f"{'critic' if self.critic else 'trainer'} state restored",
@@ -85,16 +91,26 @@ class TrainRank:
         )
         return choice, self.learner.full_weights()
 
+    def checkpoints(self) -> dict[int, Path]:
+        """This learner's checkpoint directories by step (the critic's are its own)."""
+        run = self.run
+        if self.critic:
+            return {step: run.critic_checkpoint(step) for step in run.critic_checkpoint_steps()}
+        return {step: run.checkpoint(step) for step in run.checkpoint_steps()}
+
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, torch.Tensor]]:
         # The policy's first steps in a run with a critic's warmup: the critic learns alone.
         update = self.critic or self.step >= self.cfg.critic.warmup_steps
         stats = self.learner.step(groups) if update else self.learner.skip(groups)
         self.step += 1
+        self._stage()
+        return stats, self.learner.full_weights()
+
+    def _stage(self) -> None:
         started = time.perf_counter()
         crc = stage(self.learner, self.store, self.step)
         seconds = round(time.perf_counter() - started, 4)
         log.info("state staged", step=self.step, checksum=crc, seconds=seconds)
-        return stats, self.learner.full_weights()
 
     def reserve(self) -> None:
         """Size the staging files now: a lack of room is an error at start, not mid-run."""
@@ -105,7 +121,10 @@ class TrainRank:
         if ended and self.step >= self.cfg.run.total_steps:
             self.store.remove()
             if self.cfg.algorithm.estimator == "gae":  # the critic's too: the run is done
-                StagedState(self.run.critic_staged_state, 0, staged_identity(self.cfg, 1)).remove()
+                ranks = critic_ranks(self.cfg)
+                for rank in range(ranks):
+                    directory = self.run.critic_staged_state
+                    StagedState(directory, rank, staged_identity(self.cfg, ranks)).remove()
         else:
             self.store.close()
 

@@ -15,20 +15,31 @@ sends the whole group to the same older state, never to a mix.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import io
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from asyncrl.runtime.rundir import RunDir
-
 from ..policy.lora import read_adapters
 from .learner_state import LearnerState
 from .staged_state import StagedState
 
-__all__ = ["TRAINER_STATE", "Choice", "Source", "choose", "reserve", "restore", "stage"]
+__all__ = [
+    "TRAINER_STATE",
+    "Choice",
+    "Source",
+    "choose",
+    "reserve",
+    "restore",
+    "resume_files",
+    "stage",
+]
 
 TRAINER_STATE = "trainer_state.pt"  # beside a checkpoint's weights: optimizer, RNG, step
 _RNG = "rng/torch"
@@ -92,20 +103,20 @@ def _with_rng(learner: LearnerState, state: dict[str, torch.Tensor]) -> dict[str
 def restore(
     learner: LearnerState,
     store: StagedState,
-    run: RunDir,
+    checkpoints: Mapping[int, Path],
     target: int,
     ranks: int = 1,
-    checkpoints: bool = True,
 ) -> Choice:
     """Take up the state :func:`choose` picks for ``target`` on this rank, and say which.
 
     ``learner`` must still hold the base model. With ``ranks`` > 1 a collective: every
     rank of the group calls it with the same target and they take up the same step.
-    ``checkpoints``: whether the run's checkpoints are this learner's (the critic's are not).
+    ``checkpoints``: this learner's checkpoint directories (the trainer's, or the
+    critic's own), by step.
     """
     staged = store.staged()
     common = _on_every_rank(set(staged), ranks)
-    choice = choose(target, common, run.checkpoint_steps() if checkpoints else ())
+    choice = choose(target, common, checkpoints)
     if choice.source is Source.STAGED:
         found = staged[choice.step]
         state = found.tensors()
@@ -121,15 +132,23 @@ def restore(
         store.at(found)
         choice = Choice(choice.step, choice.source, found.checksum)
     elif choice.source is Source.CHECKPOINT:
-        _from_checkpoint(learner, run, choice.step)
+        _from_checkpoint(learner, checkpoints[choice.step])
         store.at(None)
     else:
         store.at(None)
     return choice
 
 
-def _from_checkpoint(learner: LearnerState, run: RunDir, step: int) -> None:
-    path = run.checkpoint(step)
+def resume_files(step: int, optimizer: dict[str, Any], counters: dict) -> dict[str, bytes]:
+    """What a checkpoint keeps beside its weights to resume from: the optimizer's state,
+    the RNG and the step (:data:`TRAINER_STATE`), and the counters (``counters.json``)."""
+    buffer = io.BytesIO()
+    state = {"step": step, "optimizer": optimizer, "torch_rng": torch.get_rng_state()}
+    torch.save(state, buffer)
+    return {TRAINER_STATE: buffer.getvalue(), "counters.json": json.dumps(counters).encode()}
+
+
+def _from_checkpoint(learner: LearnerState, path: Path) -> None:
     whole = None
     if learner.rank == 0:  # a LoRA run's checkpoints hold its adapters alone
         whole = read_adapters(path) if learner.lora else load_file(str(path / "model.safetensors"))

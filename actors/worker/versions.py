@@ -31,8 +31,8 @@ __all__ = ["PolicyRolledBack", "Versions", "describe_reply"]
 
 
 class PolicyRolledBack(RuntimeError):
-    """The version this worker runs on was lost when training rolled back: the worker
-    starts afresh (a new process loads a version that exists)."""
+    """The version this worker runs on was lost when training (or the critic) rolled back:
+    the worker starts afresh (a new process loads a version that exists)."""
 
 
 class Versions:
@@ -74,20 +74,18 @@ class Versions:
     def registered(self, ready: p.Ready, first: bool) -> None:
         """After a Ready: a new registration starts with nothing loaded, so say it again.
 
-        A published version behind the one loaded means training rolled back past it: the
-        loaded weights belong to no version any more (PolicyRolledBack).
+        A published version behind the one loaded means training (or the critic) rolled
+        back past it: the loaded weights belong to no version any more (PolicyRolledBack).
         """
-        if self.actor.follows_critic:  # the critic's versions are never rolled back
-            self._newest = max(self._newest, ready.critic_version)
-            if not first and self.loaded is not None:
-                self.report_loaded()
-            return
-        if self.loaded is not None and ready.policy_version < self.loaded:
+        critic = self.actor.follows_critic
+        published = ready.critic_version if critic else ready.policy_version
+        if self.loaded is not None and published < self.loaded:
+            which = "the critic" if critic else "training"
             raise PolicyRolledBack(
-                f"training rolled back to version {ready.policy_version}; this worker ran on "
+                f"{which} rolled back to version {published}; this worker ran on "
                 f"version {self.loaded}, which no longer exists: starting afresh"
             )
-        self._newest = max(self._newest, ready.policy_version)
+        self._newest = max(self._newest, published)
         if not first and self.loaded is not None:
             self.report_loaded()
 

@@ -226,13 +226,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
-        _check_estimator(self.algorithm, self.data, self.pipeline)
+        _check_estimator(self.algorithm, self.data)
         _check_lora_engines(self)
 
 
-def _check_estimator(
-    algorithm: AlgorithmSection, data: DataSection, pipeline: PipelineSection
-) -> None:
+def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
     """An estimator's needs that another section decides."""
     if algorithm.estimator == "rloo" and data.group_size < 2:
         # The leave-one-out baseline of a group of one is the mean of no response.
@@ -240,11 +238,6 @@ def _check_estimator(
             f"algorithm.estimator: got 'rloo' with data.group_size={data.group_size}; "
             "allowed: data.group_size >= 2, or another estimator"
         )
-    ranks = pipeline.workers.get("critic", 1)
-    if algorithm.estimator == "gae" and ranks != 1:
-        # The critic's value model is small beside the policy; a group of critic ranks
-        # (sharded like the trainer's) is not wired to the worker yet.
-        raise ValueError(f"pipeline.workers.critic: got {ranks}; allowed: 1 (one critic process)")
 
 
 def _check_lora_engines(cfg: RunConfig) -> None:

@@ -14,6 +14,7 @@ from .pipeline import GroupState
 
 __all__ = [
     "Accepted",
+    "CriticRolledBackTo",
     "Grant",
     "GroupsAdded",
     "LockGranted",
@@ -132,6 +133,14 @@ class RolledBackTo:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class CriticRolledBackTo:
+    """The critic went back to ``step``: its later steps' updates and versions are lost."""
+
+    step: int
+    reason: str
+
+
 Notice = (
     Transition
     | GroupsAdded
@@ -140,4 +149,5 @@ Notice = (
     | LockGranted
     | WorkerLost
     | RolledBackTo
+    | CriticRolledBackTo
 )

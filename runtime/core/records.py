@@ -206,10 +206,12 @@ class Durable(NamedTuple):
 
 class RolledBack(NamedTuple):
     """The trainer's state is back at ``step``: the steps after it, and everything made
-    with their weights, are done again (see ``CoreState._roll_back`` for the rule)."""
+    with their weights, are done again (see ``CoreState._roll_back`` for the rule).
+    ``critic``: the critic's state, its steps and versions (``_roll_back_critic``)."""
 
     step: int
     reason: str
+    critic: bool = False  # an entry from before the critic rolled back: the trainer's
 
 
 Record = (

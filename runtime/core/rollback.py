@@ -1,5 +1,6 @@
-"""Training rolls back: the rule for what is done again when the trainer's state is older
-than the step count (a lost host), part of ``CoreState`` (a base class of it)."""
+"""Training rolls back: the rules for what is done again when the trainer's state (or the
+critic's) is older than its step count (a lost host), part of ``CoreState`` (a base class
+of it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .effects import Notice, RolledBackTo, WorkerLost
+from .effects import CriticRolledBackTo, Notice, RolledBackTo, WorkerLost
 from .entities import Group, Lease, Worker
 from .indexes import Indexes
 from .pipeline import Gate, GroupState, Pipeline
@@ -31,15 +32,18 @@ class RollBack:
     counts: Counter[GroupState]
     critic_followers: frozenset[str]
     _policy_readers: dict[str, frozenset[GroupState]]
+    _critic_done: frozenset[GroupState]  # the states of a group the critic has trained
     steps_done: int
     policy_version: int
+    critic_steps_done: int
+    critic_version: int
     rollbacks: int
     next_gid: int
     _fail: Callable[..., None]
     _redo: Callable[[Group, str, str], None]
     _add: Callable[[int, Sequence[str], Sequence[Any] | None], None]
 
-    def _roll_back(self, step: int, reason: str) -> None:
+    def _roll_back(self, step: int, reason: str, critic: bool = False) -> None:
         """Training is back at ``step``: the versions after it are lost, and so is all
         work that used their weights. The rule (DESIGN: durability of training):
 
@@ -53,7 +57,12 @@ class RollBack:
         - the groups the lost steps trained are trained again: their prompts (kept until
           their step was durable) come back as new groups, keyed ``<key>#rollback<n>``;
         - the step count and the published version return to ``step``.
+
+        ``critic``: the critic's state is back at ``step`` instead (:meth:`_roll_back_critic`).
         """
+        if critic:
+            self._roll_back_critic(step, reason)
+            return
         self.rollbacks += 1
         lost = sorted(
             w
@@ -87,6 +96,45 @@ class RollBack:
         self.steps_done = step
         self.policy_version = min(self.policy_version, step)
         self.notices.append(RolledBackTo(step, len(again), reason))
+
+    def _roll_back_critic(self, step: int, reason: str) -> None:
+        """The critic is back at ``step``: its versions after it are lost, and so are the
+        values made with them where the critic has yet to use them. The rule:
+
+        - workers that loaded a lost critic version (values) leave (their leases go back
+          uncounted); they register again and load a version that exists;
+        - a critic step in flight is given back;
+        - a group still on its way to the critic's step whose values were made with a lost
+          version has them made again: the critic's step anchors its clip on them, and the
+          critic's next versions never descend from the one that made them;
+        - the groups the lost critic steps trained are not trained by the critic again: the
+          critic only lost updates. The policy's data is unaffected: those groups keep the
+          values they have (made by a critic that existed) for the train step's advantages;
+        - the critic's step count and its published version return to ``step``.
+        """
+        lost = sorted(
+            w
+            for w, known in self.workers.items()
+            if known.role in self.critic_followers and (known.loaded or 0) > step
+        )
+        critic_step = self.pipeline.gated(Gate.CRITIC_STEP)
+        for lease in sorted(self.leases.values(), key=lambda lease: lease.lid):
+            if lease.worker in lost or lease.role == critic_step.role:
+                self._fail(lease.lid, sorted(lease.gids), reason, counted=False)
+        for worker in lost:
+            self.indexes.left(self.workers.pop(worker))
+            self.notices.append(WorkerLost(worker, reason))
+        (values,) = (s.role for s in self.pipeline.stages if s.reads_critic)
+        for gid in sorted(self.groups):
+            group = self.groups[gid]
+            made_with = group.critic_version
+            if made_with is None or made_with <= step or group.state in self._critic_done:
+                continue
+            self.regenerated[values] += 1
+            self._redo(group, values, reason)
+        self.critic_steps_done = step
+        self.critic_version = min(self.critic_version, step)
+        self.notices.append(CriticRolledBackTo(step, reason))
 
     def _train_again(self, trained: Sequence[Sequence[Any]]) -> None:
         """Groups a lost step trained, back as new groups with their prompts."""

@@ -109,6 +109,10 @@ class CoreState(RollBack):
         self.regenerated: Counter[str] = Counter()  # payloads lost and made again, by role
         # roles whose workers load the critic's versions, not the policy's
         self.critic_followers = frozenset(s.role for s in pipeline.stages if s.reads_critic)
+        critic_step = [s for s in pipeline.stages if s.gate is Gate.CRITIC_STEP]
+        self._critic_done = frozenset(
+            {DEAD}.union(*(states_after(pipeline, s) for s in critic_step))
+        )
 
     def apply(self, record: r.Record | Sequence[Any]) -> None:
         """Apply one record: a named one, or a journal entry ``[opcode, *fields]``."""

@@ -44,28 +44,35 @@ class VersionCommands:
         return Accepted()
 
     def rewind(self, worker: str, step: int) -> Accepted | Rejected:
-        """The trainer's state is at ``step``, behind the step count (its host was lost
-        and only an older checkpoint survived): roll back exactly to it (``_roll_back``)."""
-        trainer = self.pipeline.gated(Gate.STEP).role
+        """The trainer's state (or the critic's: the worker's role says which) is at
+        ``step``, behind its step count (its host was lost and only an older checkpoint
+        survived): roll back exactly to it (``_roll_back``, ``_roll_back_critic``)."""
+        learners = [s.role for s in self.pipeline.stages if s.gate.batched]
         known = self.state.workers.get(worker)
         if known is None:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        if known.role != trainer:
-            return self._reject(Reason.WRONG_ROLE, f"only a {trainer} worker rolls training back")
+        if known.role not in learners:
+            which = " or ".join(learners)
+            return self._reject(Reason.WRONG_ROLE, f"only a {which} worker rolls training back")
         s = self.state
-        if not 0 <= step < s.steps_done:
+        critic = known.role != self.pipeline.gated(Gate.STEP).role
+        done = s.critic_steps_done if critic else s.steps_done
+        if not 0 <= step < done:
             return self._reject(
-                Reason.BAD_VERSION, f"step {step} is not behind the step count {s.steps_done}"
+                Reason.BAD_VERSION, f"step {step} is not behind the step count {done}"
             )
-        if step < s.durable_step:
+        if not critic and step < s.durable_step:
             return self._reject(
                 Reason.BAD_VERSION,
                 f"step {s.durable_step} was reported durable and the groups trained up to it "
                 f"are no longer kept; resume from a checkpoint at step {s.durable_step} or later",
             )
-        if any(lease.role == trainer and lease.worker != worker for lease in s.leases.values()):
-            return self._reject(Reason.BAD_REQUEST, "another trainer holds a step in flight")
-        self._commit(r.RolledBack(step, f"training rolled back from step {s.steps_done} to {step}"))
+        if any(lease.role == known.role and lease.worker != worker for lease in s.leases.values()):
+            who = "critic" if critic else "trainer"
+            return self._reject(Reason.BAD_REQUEST, f"another {who} holds a step in flight")
+        which = "the critic" if critic else "training"
+        reason = f"{which} rolled back from step {done} to {step}"
+        self._commit(r.RolledBack(step, reason, critic))
         return Accepted()
 
     def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:

@@ -7,7 +7,7 @@ Names: the scheduler knows a worker by its name, and a worker started again unde
 same name (with the same worker key) is the same worker. So names are unique across a
 run's machines: a worker of a role that runs as many independent workers (dataloader,
 generate, reward, harness) is ``ROLE-NODE-I`` on a node (``ROLE-I`` under ``asyncrl
-run``), and a grouped role (train, logp, ref_logp: ``pipeline.workers[role]`` ranks of
+run``), and a grouped role (train, critic, logp, ref_logp: ``pipeline.workers[role]`` ranks of
 one group) has one group in the whole run, run whole by one machine, whose ranks are
 ``ROLE-RANK``.
 """
@@ -33,8 +33,9 @@ __all__ = ["GROUPED_ROLES", "SCHEDULER", "WORKER_MODULE", "NodePlan", "node_spec
 # Workers are started by module name: the launcher runs role code, it never imports it.
 WORKER_MODULE = "asyncrl.actors.cli"
 # Roles whose workers form one group of ranks (pipeline.workers.train=N: N ranks of one
-# sharded trainer; logp, ref_logp: of one sharded scorer), rather than N independent workers.
-GROUPED_ROLES = frozenset({"train", "logp", "ref_logp"})
+# sharded trainer; critic: of the learned critic; logp, ref_logp: of one sharded scorer),
+# rather than N independent workers.
+GROUPED_ROLES = frozenset({"train", "critic", "logp", "ref_logp"})
 SCHEDULER = "scheduler"  # in --roles: this machine runs the scheduler too
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from asyncrl.runtime.core.effects import (
+    CriticRolledBackTo,
     GroupsAdded,
     LockGranted,
     Notice,
@@ -51,6 +52,8 @@ def describe(notice: Notice) -> tuple[str, dict[str, Any]]:
         case RolledBackTo(step, trained_again, reason):
             body = {"version": step, "trained_again": trained_again, "reason": reason}
             return topic(Topic.VERSION, "rolled_back"), body
+        case CriticRolledBackTo(step, reason):
+            return topic(Topic.VERSION, "critic_rolled_back"), {"version": step, "reason": reason}
     raise TypeError(f"no event for {notice!r}")
 
 

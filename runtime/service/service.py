@@ -30,7 +30,13 @@ from typing import Any
 import structlog
 
 from asyncrl.runtime.core import SchedulerCore
-from asyncrl.runtime.core.effects import Notice, RolledBackTo, Transition, WorkerLost
+from asyncrl.runtime.core.effects import (
+    CriticRolledBackTo,
+    Notice,
+    RolledBackTo,
+    Transition,
+    WorkerLost,
+)
 from asyncrl.runtime.core.pipeline import Gate, GroupState
 from asyncrl.runtime.core.starvation import why_no_step
 from asyncrl.runtime.durable import JournaledCore
@@ -236,6 +242,9 @@ class SchedulerService:
                 elif isinstance(notice, RolledBackTo):
                     self._rolled_back(notice)
                     self.refs.forget()  # groups came back under new ids
+                elif isinstance(notice, CriticRolledBackTo):
+                    # Only the critic's updates are lost: no policy step or line to cut.
+                    log.warning("the critic rolled back", step=notice.step, reason=notice.reason)
             self.outbox.extend(self.events.from_notices(notices))
         for name, body in self._followers:
             self.outbox.append(self.events.make(name, body))

@@ -381,6 +381,19 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             loaded = {w: i.loaded for w, i in state.workers.items()}
             self.seen = (state.steps_done, state.policy_version, loaded)  # went back on purpose
 
+        @precondition(lambda self: critic and self.model.critic_steps_done > 0)
+        @rule(data=st.data())
+        def critic_rolls_back(self, data: st.DataObject) -> None:
+            """The critic's host was lost: its state survived only as of an older step."""
+            step = data.draw(st.integers(0, self.model.critic_steps_done - 1))
+            if "critic0" not in self.model.workers:
+                return self._unchanged(lambda: self.core.rewind("critic0", step))
+            self._ok(self.core.rewind("critic0", step))
+            event("values made again", self.model.roll_back_critic(step) > 0)
+            state = self.core.state
+            loaded = {w: i.loaded for w, i in state.workers.items()}
+            self.seen = (state.steps_done, state.policy_version, loaded)
+
         @rule(worker=st.sampled_from(GENERATORS), data=st.data())
         def load(self, worker: str, data: st.DataObject) -> None:
             if worker not in self.model.workers:

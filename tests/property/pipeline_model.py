@@ -404,6 +404,37 @@ class PipelineModel:
         self.policy_version = min(self.policy_version, step)
         return len(again)
 
+    def roll_back_critic(self, step: int) -> int:
+        """The critic returns to ``step`` (see RollBack._roll_back_critic): values workers
+        on a lost version leave, a critic step in flight goes back, and values of a lost
+        version not yet used by the critic are made again. Returns how many were."""
+        lost = sorted(
+            w for w, v in self.loaded.items() if self.workers[w] == VALUES and (v or 0) > step
+        )
+        for lease in sorted(self.leases.values(), key=lambda x: x.lid):
+            if lease.lid in self.leases and (lease.worker in lost or lease.role == CRITIC):
+                self._give_back(lease)
+        for worker in lost:
+            del self.workers[worker]
+            self.loaded.pop(worker, None)
+            self.last_seen.pop(worker, None)
+        redone = 0
+        for group in self.groups.values():
+            if group.critic_version is None or group.critic_version <= step:
+                continue
+            if group.state == "ready":
+                group.state, group.done = "generated", set(self.table.branches - {VALUES})
+            elif group.state == "generated":
+                group.done.discard(VALUES)
+            else:
+                continue  # the critic trained it: it keeps its values
+            group.critic_version = None
+            redone += 1
+        self.critic_steps_done = step
+        self.critic_batches = self.critic_batches[:step]
+        self.critic_version = min(self.critic_version, step)
+        return redone
+
     def _give_back(self, lease: ModelLease, gids: list[int] | None = None) -> None:
         """Uncounted: the groups (all the lease's by default) go back to its source."""
         source = self.table.rows[lease.role][0]

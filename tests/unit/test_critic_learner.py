@@ -15,7 +15,6 @@ from asyncrl.actors.training.group import Group
 from asyncrl.actors.training.resume import Source, restore, stage
 from asyncrl.actors.training.staged_state import StagedState
 from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.rundir import RunDir
 from tests.integration.test_train_group import _lease
 
 
@@ -71,9 +70,8 @@ def test_a_staged_critic_step_is_taken_up_bit_for_bit(tmp_path) -> None:
     first.step(groups)
     store = StagedState(tmp_path / "staged", 0, {"ranks": 1})
     stage(first, store, 2)
-    cfg = config_from_dict({"run": {"dir": str(tmp_path / "run")}})
     again = _learner(2)
-    choice = restore(again, StagedState(tmp_path / "staged", 0, {"ranks": 1}), RunDir.of(cfg), 2)
+    choice = restore(again, StagedState(tmp_path / "staged", 0, {"ranks": 1}), {}, 2)
     assert (choice.step, choice.source) == (2, Source.STAGED)
     for p, q in zip(first.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q)

@@ -74,6 +74,20 @@ def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
         assert (member.env[ENV_RANK], member.env[ENV_SIZE]) == (str(rank), "2")
 
 
+def test_the_critic_runs_as_one_group_of_ranks_like_the_trainer() -> None:
+    cfg = config_from_dict(
+        {"algorithm": {"estimator": "gae"}, "pipeline": {"workers": {"critic": 2}}}
+    )
+    specs = {s.name: s for s in node_specs(cfg, ARGS, NodePlan.whole_run(cfg), resume=False)}
+    for rank in (0, 1):
+        member = specs[f"critic-{rank}"]
+        assert member.gang == "critic" and member.env is not None
+        assert (member.env[ENV_RANK], member.env[ENV_SIZE]) == (str(rank), "2")
+    assert specs["values-0"].gang is None  # its values workers stay independent
+    with pytest.raises(ValueError, match="critic is one group of 2 ranks"):
+        parse_roles("critic=1", cfg)
+
+
 def test_a_node_with_the_scheduler_starts_it_first_resuming_if_asked() -> None:
     cfg = config_from_dict({"scheduler": {"host": "0.0.0.0"}})
     roles, scheduler = parse_roles("scheduler,dataloader", cfg)

@@ -33,6 +33,7 @@ def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:
         r.Lost(1, 0, "generate", "holder gone"),
         r.Durable(5),
         r.RolledBack(3, "trainer state lost"),
+        r.RolledBack(1, "critic state lost", critic=True),
     ]
     assert {type(x) for x in samples} == set(r.OPS)
     for record in samples:
@@ -50,6 +51,9 @@ def test_entries_written_before_a_field_was_added_still_read() -> None:
     assert r.from_journal([r.Op.FAIL, 5, [1, 2], "oom"]) == r.Failed(5, [1, 2], "oom", True)
     # A PUBLISH from before the critic: the policy's version.
     assert r.from_journal([r.Op.PUBLISH, 4]) == r.Published(4, critic=False)
+    # A ROLL_BACK from before the critic rolled back: the trainer's.
+    back = r.from_journal([r.Op.ROLL_BACK, 2, "lost"])
+    assert back == r.RolledBack(2, "lost", critic=False)
 
 
 def test_opcodes_never_move() -> None:
@@ -82,7 +86,7 @@ def test_fields_keep_their_journal_order() -> None:
         "RESUME": ("epoch",),
         "LOSE": ("lid", "gid", "role", "reason", "counted"),
         "DURABLE": ("step",),
-        "ROLL_BACK": ("step", "reason"),
+        "ROLL_BACK": ("step", "reason", "critic"),
         "REDO": ("gids", "role", "reason"),
     }  # fmt: skip
 

@@ -47,3 +47,26 @@ def test_a_published_version_behind_the_loaded_one_means_it_was_rolled_back() ->
     versions.load_newest()
     with pytest.raises(PolicyRolledBack, match=r"rolled back to version 1; .* version 3"):
         versions.registered(_ready(1), first=False)
+
+
+class _Values(_Generator):
+    role = "values"
+    follows_critic = True
+
+
+def test_a_critic_version_behind_the_loaded_one_means_the_critic_rolled_back() -> None:
+    log = structlog.get_logger("test")
+    versions = Versions(_Values(), "val-0", lambda *_, **__: p.Ack(), lambda: None,
+                        lambda: 0.0, 1.0, log)  # fmt: skip
+    versions.registered(_critic_ready(3), first=True)
+    versions.load_newest()
+    assert versions.loaded == 3
+    versions.registered(_critic_ready(3), first=False)  # the same: nothing lost
+    with pytest.raises(PolicyRolledBack, match=r"the critic rolled back to version 1; .* 3"):
+        versions.registered(_critic_ready(1), first=False)
+
+
+def _critic_ready(critic_version: int) -> p.Ready:
+    """The policy far ahead: a values worker goes by the critic's version alone."""
+    return p.Ready("val-0", "run", p.PROTOCOL_VERSION, 1.0, 10.0, 1 << 20, 7,
+                   critic_version=critic_version)  # fmt: skip

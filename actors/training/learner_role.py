@@ -1,0 +1,188 @@
+"""A role whose learner is one process or a group of ranks led by rank 0: the trainer
+(``train``) and the learned critic (``critic``).
+
+What both do alike is here: joining the group the launcher placed this process in,
+carrying out an order with every rank (:meth:`LearnerRole._together`), taking up the state
+for the scheduler's count at start through the group (and having the scheduler roll its
+count back where only an older state is left), a step on a lease, checkpoints every
+``pipeline.checkpoint_every`` steps and on stop, the other ranks' loop
+(:meth:`LearnerRole.follow`), and leaving. A role says how its rank is built
+(``_new_rank``), what its checkpoint holds (``save_checkpoint``) and how messages name it.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar
+
+import structlog
+import torch
+
+from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
+
+from ..actor import Actor, ActorBroken, WorkerContext
+from .gang import Gang, Order, join_group, join_group_at, pack_lease, unpack_lease
+from .group import Group
+from .rank import TrainRank, restore_body
+
+__all__ = ["LearnerRole"]
+
+
+class LearnerRole(Actor):
+    """The shared part of the trainer and the critic (see the module)."""
+
+    publishes_versions: ClassVar[bool] = True
+    learner: ClassVar[str]  # how messages name it: "trainer", "critic"
+    step_name: ClassVar[str]  # how messages name its steps: "step", "critic step"
+    rolled_back: ClassVar[str]  # what rolling its count back rolls back: "the run"
+    # Its stop ends the run's staged state once the last step is done (the trainer's);
+    # the critic's stop does not: the policy's last step ends the run.
+    ends_run: ClassVar[bool] = False
+
+    cfg: RunConfig
+    ctx: WorkerContext
+    run: RunDir
+    gang: Gang | None
+    rank: TrainRank
+
+    def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
+        """This process's rank of ``ranks``, its learner at the base model."""
+        raise NotImplementedError
+
+    def save_checkpoint(self) -> Path:
+        """Write a checkpoint of the current step (every rank joins in its gather)."""
+        raise NotImplementedError
+
+    @property
+    def log(self) -> Any:
+        return structlog.get_logger(f"asyncrl.{self.role}")
+
+    # --- starting ------------------------------------------------------------------------
+
+    def _join(self, ctx: WorkerContext, weight_dirs: WeightDirs) -> None:
+        """Join the group (if any), build this rank and take up the state to resume from;
+        the leader publishes its versions' weights from a publisher over ``weight_dirs``."""
+        self.cfg, self.ctx = ctx.config, ctx
+        self.weights = make_publisher(self.cfg.weights, weight_dirs)
+        self.run = RunDir.of(self.cfg)
+        self.gang = join_group(self.cfg)
+        rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
+        self.rank = self._new_rank(
+            self.cfg, rank, ranks, self.gang.rank if self.gang else ctx.index
+        )
+        self.rank.reserve()
+        self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
+        self.resumed = False
+        self.saved_step = self.durable = 0  # the newest checkpoint written / on disk
+        self._resume(ctx.steps_done)
+        # Its buffers are made while the first step trains, not when that step publishes;
+        # from the whole weights the restore gathered (a split model has none before).
+        self.weights.prepare(self.newest)
+
+    @property
+    def step(self) -> int:
+        return self.rank.step
+
+    def _resume(self, target: int) -> None:
+        """Take up the state for the scheduler's count ``target`` (every rank the same);
+        if only an older one is left, have the scheduler roll back to it."""
+        choice, self.newest = self._together(Order.RESTORE, body=restore_body(target))
+        self.resumed = True
+        self.saved_step = choice.step
+        self.durable = max((s for s in self.rank.checkpoints() if s <= choice.step), default=0)
+        if choice.step == target:
+            return
+        self.log.warning(
+            f"the {self.learner}'s state is older than the scheduler's {self.step_name} "
+            f"count: rolling {self.rolled_back} back from step {target} to step {choice.step}",
+            scheduler_steps=target,
+            source=str(choice.source),
+            **{f"{self.learner}_step": choice.step},
+        )
+        try:
+            if self.ctx.rewind is None:
+                raise RuntimeError("this worker cannot ask the scheduler to roll back")
+            self.ctx.rewind(choice.step)
+        except RuntimeError as error:  # refused, or this worker cannot ask
+            raise ActorBroken(
+                f"the scheduler counts {target} {self.step_name}s, the newest state left is "
+                f"step {choice.step} ({choice.source}), and rolling back failed: {error}"
+            ) from error
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def _train(self, lease: p.Lease) -> tuple[list[Group], Any]:
+        """One step on ``lease`` with every rank: its groups and the step's stats. Every
+        rank stages its state after the step before the step can count (TrainRank)."""
+        if lease.version is not None and lease.version != self.step:
+            raise ActorBroken(
+                f"leased a {self.step_name} from version {lease.version}, but this "
+                f"{self.learner}'s state is at step {self.step}: another {self.learner} must "
+                "have trained the steps between"
+            )
+        groups = [Group.of(item) for item in lease.items]
+        body = pack_lease(lease) if self.gang is not None else b""
+        stats, self.newest = self._together(Order.STEP, groups, body)
+        return groups, stats
+
+    def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
+        """Carry out ``order`` with every rank of the group (alone: just carry it out).
+
+        A broken group exits (GangBroken) and starts afresh from the staged state."""
+        work = partial(self.rank.carry_out, order, groups, body)
+        return work() if self.gang is None else self.gang.lead(order, work, body)
+
+    def on_publish(self, version: int) -> Announcement:
+        if version != self.step:
+            raise RuntimeError(
+                f"asked to publish {self.learner} version {version}, the model is at {self.step}"
+            )
+        return self.weights.publish(version, self.newest)
+
+    def _checkpoint_due(self) -> bool:
+        return self.step % self.cfg.pipeline.checkpoint_every == 0
+
+    # --- stopping ------------------------------------------------------------------------
+
+    @property
+    def _broken(self) -> bool:
+        return self.gang is not None and self.gang.broken
+
+    def on_stop(self) -> None:
+        try:
+            if self.resumed and self.step > self.saved_step and not self._broken:
+                self.save_checkpoint()
+        finally:
+            self._release()
+            self.rank.finish(ended=self.ends_run and not self._broken)
+            if self.gang is not None:
+                self.gang.leave()
+
+    def _release(self) -> None:
+        """Let go of what the role holds beside its rank: its weight publisher."""
+        self.weights.close()
+
+    # --- the other ranks of a group -----------------------------------------------------
+
+    def follow(self, cfg: RunConfig, place: GangPlace) -> int:
+        """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
+        gang = join_group_at(cfg, place)
+        try:
+            rank = self._new_rank(cfg, place.rank, place.size, place.rank)
+            rank.reserve()
+            while True:
+                order, body = gang.next_order()
+                if order is Order.STOP:
+                    rank.finish(ended=self.ends_run)
+                    return 0
+                groups = None
+                if order is Order.STEP:
+                    groups = [Group.of(item) for item in unpack_lease(body).items]
+                rank.carry_out(order, groups, body)
+        finally:
+            gang.close()

@@ -1,0 +1,66 @@
+"""``asyncrl run`` of PPO (algorithm.estimator=gae, real processes) with the critic as a
+group of 2 ranks (its value model sharded with FSDP2 over gloo, rank 0 leading): every
+policy step completes once, the critic steps as one group whose loss falls, its values
+workers load the versions the group staged (each rank's shard, joined), and checkpoints
+of the critic land in ``critic/`` as value models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.actors.critic import load_value_model
+from asyncrl.runtime.rundir import RunDir
+from tests.support import default_run
+
+pytestmark = pytest.mark.timeout(300)
+
+_STEPS, _BATCH, _EVERY = 6, 4, 2
+
+
+def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) -> None:
+    run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
+    proc = default_run.start(
+        run_dir,
+        log,
+        "algorithm.estimator=gae",
+        "pipeline.workers.critic=2",
+        f"run.total_steps={_STEPS}",
+        f"pipeline.train_batch_groups={_BATCH}",
+        f"pipeline.checkpoint_every={_EVERY}",
+        "data.val_every_versions=0",
+    )
+    try:
+        assert proc.wait(360) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "started critic-0" in text and "started critic-1" in text
+    joined = default_run.records(run_dir, "critic-1", "joined the training group")
+    assert [(r["rank"], r["size"]) for r in joined] == [(1, 2)]
+
+    steps = default_run.steps(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, _STEPS + 1))
+    keys = [key for s in steps for key in s["keys"]]
+    assert len(keys) == len(set(keys)) == _STEPS * _BATCH  # every group trained once
+    critic_lines = [s for s in steps if "value_loss" in s]
+    assert critic_lines and all(s["critic_ranks"] == 2 for s in critic_lines)
+    assert critic_lines[-1]["value_loss"] < critic_lines[0]["value_loss"], critic_lines
+    # The values workers followed the group's versions, read from both ranks' shards.
+    loaded = [
+        r["version"] for r in default_run.records(run_dir, "values-0", "loaded a critic version")
+    ]
+    assert loaded and max(loaded) >= 2, loaded
+    for line in steps:
+        assert 0 <= line["critic_staleness_max"] <= 2, line
+
+    run = RunDir(run_dir)
+    assert run.critic_checkpoint_steps()[:1] == [_EVERY]
+    for path in [run.critic_checkpoint(_EVERY), run.final_critic]:
+        model, _ = load_value_model(str(path))  # Hugging Face names, the value head's too
+        assert any(name.startswith("score.") for name, _ in model.named_parameters())
+    assert not run.critic_staged_state.exists()  # the run ended: nothing left in memory
