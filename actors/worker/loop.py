@@ -4,28 +4,34 @@ A role subclasses :class:`~..actor.Actor` and fills in hooks; :class:`Worker` do
 talking. Role code never sees a socket, a retry or a heartbeat. The loop::
 
     Hello → Ready                      register (a protocol mismatch is fatal: exit 1)
-    Claim(n) → Lease  → process        → Complete (or Fail if process raised)
+    Claim(n) → Lease  → process        → Complete(claim_next=n) (or Fail if process raised)
              → NoWork                  wait for a wake-up event, or poll_s, then claim again
              → Want(k) → feed(k)       → AddGroups (the dataloader)
              → Shutdown                → Bye, exit 0
+    Complete(claim_next=n) → Lease     process it, as a Claim's
+                           → Ack       wait for a wake-up event, as after NoWork
 
 One loop serves every actor: it claims while the actor has room, ``advance``s in between,
-and completes each lease as soon as it is done. A :class:`~..actor.StreamingActor` (the
-generator) holds many leases at once; a plain actor is one of capacity one whose
-``advance`` is its ``process``. Before the actor sees a lease its referenced payloads are
-fetched; its results' large payloads stay here, referenced (payloads.py); how each lease
-ends, completed or handed back, is leases.py. Beside the loop, a heartbeat thread renews
-the worker's leases and frees payloads nobody refers to any more (heartbeats.py). A
-generator (an actor that overrides ``on_version``) loads each published version between
-leases and reports it with LoadedVersion; a trainer (``publishes_versions``) announces the
-version each step's reply (StepDone) names, with the weight plane's manifest and address
-when ``on_publish`` returns them (what to load and announce: versions.py). An actor asks
-whom to fetch weights from with ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan),
-on the main thread (questions.py).
+and completes each lease as soon as it is done, asking with the Complete for the work
+that fills the room it leaves (one round trip per lease, not two; a trainer does not: its
+reply names the version to publish, which it publishes before it claims). A
+:class:`~..actor.StreamingActor` (the generator) holds many leases at once; a plain actor
+is one of capacity one whose ``advance`` is its ``process``. Before the actor sees a
+lease its referenced payloads are fetched; its results' large payloads stay here,
+referenced (payloads.py); how each lease ends, completed or handed back, is leases.py.
+Beside the loop, a heartbeat thread renews the worker's leases and frees payloads nobody
+refers to any more (heartbeats.py). A generator (an actor that overrides ``on_version``)
+loads each published version between leases and reports it with LoadedVersion; a trainer
+(``publishes_versions``) announces the version each step's reply (StepDone) names, with
+the weight plane's manifest and address when ``on_publish`` returns them (what to load
+and announce: versions.py). An actor asks whom to fetch weights from with
+``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread
+(questions.py).
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
-fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
+fence, and the scheduler either takes it or says the lease ended (a Lease that answered
+the lost try and comes late is handed back: ``late_reply``). A scheduler that forgot
 the worker (``unknown_worker``) gets a new Hello, then the request again (requests.py).
 
 Each Complete says where the loop's wall time went since the previous one (the role's
@@ -360,14 +366,18 @@ class Worker(SchedulerQuestions):
                         self._log.warning("claim not granted", reply=_describe(reply))
                     claim_again_at = self.clock() + self.pacing.poll_s
             if actor.busy:
-                self._advance(actor)
+                if self._advance(actor, open_for_work):
+                    claim_again_at = self.clock() + self.pacing.poll_s  # as after NoWork
             elif not open_for_work:
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
             elif self._idle():
                 claim_again_at = 0.0
 
-    def _advance(self, actor: StreamingActor) -> None:
+    def _advance(self, actor: StreamingActor, open_for_work: bool) -> bool:
+        """Advance the actor and end the leases it finished, each Complete asking for the
+        work that fills the room it leaves. True if the last such ask found nothing: the
+        scheduler wakes this worker when work comes, as after a claim that found none."""
         try:
             with self._time.spent_on(TimeBucket.COMPUTE):
                 finished = actor.advance()
@@ -380,10 +390,16 @@ class Worker(SchedulerQuestions):
             reason = f"{type(error).__name__}: {error}"[:MAX_REASON]
             self._log.warning("work failed", reason=reason, exc_info=True)
             self._leases.give_back(actor.abandon(), reason)
-            return
+            return False
         self._send_reports()
+        found_nothing = False
         for lease, outcome in finished:
-            taken = self._leases.finish(lease, outcome)
+            claim_next = self._claim_next(actor, open_for_work)
+            taken = self._leases.finish(lease, outcome, claim_next)
+            if isinstance(taken, p.Lease):
+                self._leases.admit(actor, taken)  # tracked as a Claim's: heartbeats, fence
+            if outcome.results and claim_next:
+                found_nothing = isinstance(taken, p.Ack)
             if not outcome.results or not self.actor.publishes_versions:
                 continue
             if isinstance(taken, p.StepDone):
@@ -392,6 +408,14 @@ class Worker(SchedulerQuestions):
                 # The lease had ended: maybe an earlier try of this Complete was taken and
                 # its reply lost. Only the scheduler's status says whether a step is due.
                 self._versions.publish_trained()
+        return found_nothing
+
+    def _claim_next(self, actor: StreamingActor, open_for_work: bool) -> int:
+        """How many groups a Complete asks for with it: the actor's room, unless the worker
+        is leaving or publishes versions (a StepDone is published before the next claim)."""
+        if not open_for_work or self._stopping or self.actor.publishes_versions:
+            return 0
+        return actor.capacity()
 
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():
