@@ -18,7 +18,8 @@ reply names the version to publish, which it publishes before it claims). A
 :class:`~..actor.StreamingActor` (the generator) holds many leases at once; a plain actor
 is one of capacity one whose ``advance`` is its ``process``. Before the actor sees a
 lease its referenced payloads are fetched; its results' large payloads stay here,
-referenced (payloads.py); how each lease ends, completed or handed back, is leases.py.
+referenced (payloads.py); how each lease ends, completed or handed back, is leases.py;
+what the worker hears on the bus, and its wait for work, is events.py.
 Beside the loop, a heartbeat thread renews the worker's leases and frees payloads nobody
 refers to any more (heartbeats.py). A generator (an actor that overrides ``on_version``)
 loads each published version between leases and reports it with LoadedVersion; a trainer
@@ -51,15 +52,15 @@ from dataclasses import dataclass
 
 import structlog
 
-from asyncrl.runtime.bus import TimeBucket, finished_topics
+from asyncrl.runtime.bus import TimeBucket
 from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import Pipeline
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
-from asyncrl.transport.topics import Topic, topic, wake_topic
 
 from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
+from .events import CRITIC_PUBLISHED, VERSION_PUBLISHED, VERSION_WANTED, WorkerEvents
 from .heartbeats import Heartbeats
 from .leases import MAX_REASON, Leases
 from .payloads import WorkerPayloads
@@ -73,9 +74,6 @@ __all__ = ["Pacing", "Worker", "default_worker_name"]
 
 log = structlog.get_logger("asyncrl.worker")
 
-VERSION_PUBLISHED = topic(Topic.VERSION, "published")
-CRITIC_PUBLISHED = topic(Topic.VERSION, "critic_published")
-VERSION_WANTED = topic(Topic.VERSION, "wanted")
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 
 
@@ -147,8 +145,6 @@ class Worker(SchedulerQuestions):
             self._time,
         )
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
-        self._wakeups: tuple[str, ...] = ()  # topic prefixes that may mean work (set at start)
-        self._finished: frozenset[str] = frozenset()  # topics of groups leaving the pipeline
         # A later stage reads this role's results (the trainer's are the end of the line:
         # they go inline, and the scheduler drops them with the trained group).
         results_are_read = any(
@@ -161,6 +157,9 @@ class Worker(SchedulerQuestions):
             fetch_timeout_s=config.payloads.fetch_timeout_s,
             max_message_bytes=config.scheduler.max_message_mb << 20,
             shared_memory=config.payloads.shared_memory,
+        )
+        self._events = WorkerEvents(
+            self.name, pipeline, lambda: self.link, actor, self._versions, self.payloads, self._time
         )
         self._leases = Leases(
             self.name,
@@ -223,12 +222,7 @@ class Worker(SchedulerQuestions):
     # --- start and end ---------------------------------------------------------------
 
     def _start(self) -> None:
-        # The scheduler wakes this worker by name when work comes for its role (one
-        # wake-up per new piece of work: runtime/service/waiting.py), and every worker
-        # when the run drains or ends.
-        self._wakeups = (topic(Topic.RUN), wake_topic(self.name))
-        self._finished = frozenset(finished_topics(self.pipeline))
-        self.link.subscribe([*self._wakeups, *self._finished])
+        self._events.subscribe()
         ready = self._register()
         # Beating from registration on: a slow on_start (a trainer loading its checkpoint)
         # must not look like a dead worker to the scheduler.
@@ -340,7 +334,7 @@ class Worker(SchedulerQuestions):
         self._time.start()
         while True:
             self._versions.announce_again_if_forgotten()
-            if self._take_events(0):
+            if self._events.take(0):
                 claim_again_at = 0.0  # new work was announced
             if self._stop_requests > 1:
                 self._leases.give_back(actor.abandon(), "the worker is stopping now")
@@ -371,7 +365,7 @@ class Worker(SchedulerQuestions):
             elif not open_for_work:
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
-            elif self._idle():
+            elif self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s):
                 claim_again_at = 0.0
 
     def _advance(self, actor: StreamingActor, open_for_work: bool) -> bool:
@@ -440,35 +434,5 @@ class Worker(SchedulerQuestions):
             self._log.warning("groups not added", reply=_describe(reply))
             self._idle()
 
-    def _idle(self) -> bool:
-        """Nothing to do now: wait for a wake-up (or the slow poll). True if woken."""
-        # A version being fetched in the background says nothing when it is ready: look
-        # again soon, or an idle generator would start on it only at the next event.
-        wait_s = self.pacing.fetch_poll_s if self._versions.behind else self.pacing.poll_s
-        soon = self.actor.wake_within_s()
-        wait_s = wait_s if soon is None else min(wait_s, soon)
-        with self._time.spent_on(TimeBucket.WAITING_FOR_WORK):
-            woken = self._take_events(wait_s)
-            self._versions.check_if_due()
-        return woken
-
-    def _take_events(self, timeout_s: float) -> bool:
-        """Drain the events that came (waiting up to ``timeout_s`` for the first).
-
-        True if one announced work (anything but a version), or a new version was loaded
-        (work the staleness bound held back may be admitted under it).
-        """
-        woken = False
-        event = self.link.next_event(timeout_s)
-        while event is not None:
-            if event.topic in (VERSION_PUBLISHED, CRITIC_PUBLISHED):  # subscribed to one
-                self._versions.heard_of(event.body.get("version"))
-            elif event.topic == VERSION_WANTED:
-                self._versions.wanted()
-            elif event.topic.startswith(self._wakeups):
-                woken = True
-            if event.topic in self._finished:
-                with self._time.spent_on(TimeBucket.PAYLOADS):
-                    self.payloads.finished(event.body.get("groups", ()))
-            event = self.link.next_event(0)
-        return self._versions.load_newest() or woken
+    def _idle(self) -> None:
+        self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s)
