@@ -4,8 +4,10 @@ Before the actor sees a lease its referenced payloads are fetched (a lease whose
 cannot be is handed back naming them, for their makers to redo); when the actor is done,
 each failed group is handed back with a Fail and the results go out with a Complete,
 large payloads kept here and referenced (payloads.py). A Complete carries where the
-loop's time went since the previous one (time_split.py) and the tokens the work covered.
-Heartbeats renew the leases :attr:`Leases.holding` names, and no others.
+loop's time went since the previous one (time_split.py) and the tokens the work covered,
+and may carry the worker's next claim: its reply is then the next Lease when there is
+work, which the loop admits like one answering a Claim. Heartbeats renew the leases
+:attr:`Leases.holding` names, and no others.
 """
 
 from __future__ import annotations
@@ -70,10 +72,13 @@ class Leases:
             self._running[resolved.lease_id] = resolved
         self.holding = tuple(self._running)
 
-    def finish(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
+    def finish(
+        self, lease: p.Lease, outcome: Outcome, claim_next: int = 0
+    ) -> p.Ack | p.StepDone | p.Lease | None:
         """End ``lease`` as ``outcome`` says: its failed groups handed back, its results
-        completed. The scheduler's reply to the Complete once it took it; None if it did
-        not, or there were no results to send."""
+        completed, asking for up to ``claim_next`` groups more with them. The scheduler's
+        reply to the Complete once it took it (the next Lease if one was granted); None if
+        it did not, or there were no results to send."""
         self._running.pop(lease.lease_id, None)
         for gid, reason in outcome.failed:
             self._log.warning("group failed", lease=lease.lease_id, gid=gid, reason=reason)
@@ -83,7 +88,7 @@ class Leases:
         if not outcome.results:
             self.holding = tuple(self._running)
             return None
-        taken = self._complete(lease, outcome)  # held, so renewed, until answered
+        taken = self._complete(lease, outcome, claim_next)  # held, so renewed, until answered
         self.holding = tuple(self._running)
         return taken
 
@@ -94,10 +99,10 @@ class Leases:
                 self.settle(p.Fail(self.worker, lease.lease_id, lease.fence, None, reason))
         self.holding = tuple(self._running)
 
-    def settle(self, message: p.Complete | p.Fail) -> p.Ack | p.StepDone | None:
+    def settle(self, message: p.Complete | p.Fail) -> p.Ack | p.StepDone | p.Lease | None:
         """Send a lease's end; the scheduler's reply once it took it, else None."""
         reply = self._call(message)
-        if isinstance(reply, p.Ack | p.StepDone):
+        if isinstance(reply, p.Ack | p.StepDone | p.Lease):  # a Lease: taken, and more work
             self.settled += 1
             return reply
         if isinstance(reply, p.Error) and reply.code in _LEASE_ENDED:
@@ -110,7 +115,9 @@ class Leases:
             self.settle(p.Fail(self.worker, message.lease_id, message.fence, None, reason))
         return None
 
-    def _complete(self, lease: p.Lease, outcome: Outcome) -> p.Ack | p.StepDone | None:
+    def _complete(
+        self, lease: p.Lease, outcome: Outcome, claim_next: int
+    ) -> p.Ack | p.StepDone | p.Lease | None:
         """Send ``outcome``'s Complete, large payloads kept here and referenced; the
         scheduler's reply once it took it, else None."""
         results, kept = outcome.results, ()
@@ -122,7 +129,13 @@ class Leases:
         activity = {"tokens": outcome.tokens, "us": spent}
         metrics = {**(outcome.metrics or {}), ACTIVITY_KEY: activity}
         message = p.Complete(
-            self.worker, lease.lease_id, lease.fence, results, metrics, outcome.durable_step
+            self.worker,
+            lease.lease_id,
+            lease.fence,
+            results,
+            metrics,
+            outcome.durable_step,
+            claim_next,
         )
         try:
             return self.settle(message)

@@ -4,27 +4,35 @@ A role subclasses :class:`~..actor.Actor` and fills in hooks; :class:`Worker` do
 talking. Role code never sees a socket, a retry or a heartbeat. The loop::
 
     Hello → Ready                      register (a protocol mismatch is fatal: exit 1)
-    Claim(n) → Lease  → process        → Complete (or Fail if process raised)
+    Claim(n) → Lease  → process        → Complete(claim_next=n) (or Fail if process raised)
              → NoWork                  wait for a wake-up event, or poll_s, then claim again
              → Want(k) → feed(k)       → AddGroups (the dataloader)
              → Shutdown                → Bye, exit 0
+    Complete(claim_next=n) → Lease     process it, as a Claim's
+                           → Ack       wait for a wake-up event, as after NoWork
 
 One loop serves every actor: it claims while the actor has room, ``advance``s in between,
-and completes each lease as soon as it is done. A :class:`~..actor.StreamingActor` (the
-generator) holds many leases at once; a plain actor is one of capacity one whose
-``advance`` is its ``process``. Before the actor sees a lease its referenced payloads are
-fetched; its results' large payloads stay here, referenced (payloads.py); how each lease
-ends, completed or handed back, is leases.py. Beside the loop, a heartbeat thread renews
-the worker's leases and frees payloads nobody refers to any more (heartbeats.py). A
-generator (an actor that overrides ``on_version``) loads each published version between
-leases and reports it with LoadedVersion; a trainer (``publishes_versions``) announces the
-version each step's reply (StepDone) names, with the weight plane's manifest and address
-when ``on_publish`` returns them (what to load and announce: versions.py). An actor asks
-whom to fetch weights from, on the main thread: ``WorkerContext.ask_weights`` (questions.py).
+and completes each lease as soon as it is done, asking with the Complete for the work
+that fills the room it leaves (one round trip per lease, not two; a trainer does not: its
+reply names the version to publish, which it publishes before it claims). A
+:class:`~..actor.StreamingActor` (the generator) holds many leases at once; a plain actor
+is one of capacity one whose ``advance`` is its ``process``. Before the actor sees a
+lease its referenced payloads are fetched; its results' large payloads stay here,
+referenced (payloads.py); how each lease ends, completed or handed back, is leases.py;
+what the worker hears on the bus, and its wait for work, is events.py.
+Beside the loop, a heartbeat thread renews the worker's leases and frees payloads nobody
+refers to any more (heartbeats.py). A generator (an actor that overrides ``on_version``)
+loads each published version between leases and reports it with LoadedVersion; a trainer
+(``publishes_versions``) announces the version each step's reply (StepDone) names, with
+the weight plane's manifest and address when ``on_publish`` returns them (what to load
+and announce: versions.py). An actor asks whom to fetch weights from with
+``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread
+(questions.py).
 
 Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
 be restarting), so a Complete whose reply was lost is sent again with the same lease and
-fence, and the scheduler either takes it or says the lease ended. A scheduler that forgot
+fence, and the scheduler either takes it or says the lease ended (a Lease that answered
+the lost try and comes late is handed back: ``late_reply``). A scheduler that forgot
 the worker (``unknown_worker``) gets a new Hello, then the request again (requests.py).
 
 Each Complete says where the loop's wall time went since the previous one (the role's
@@ -44,15 +52,21 @@ from dataclasses import dataclass
 
 import structlog
 
-from asyncrl.runtime.bus import TimeBucket, finished_topics
+from asyncrl.runtime.bus import TimeBucket
 from asyncrl.runtime.config import RunConfig, pipeline_for
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.runtime.core.pipeline import Pipeline
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
-from asyncrl.transport.topics import Topic, topic, wake_topic
 
 from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
+from .events import (
+    CRITIC_PUBLISHED,
+    CRITIC_WANTED,
+    VERSION_PUBLISHED,
+    VERSION_WANTED,
+    WorkerEvents,
+)
 from .heartbeats import Heartbeats
 from .leases import MAX_REASON, Leases
 from .payloads import WorkerPayloads
@@ -66,10 +80,6 @@ __all__ = ["Pacing", "Worker", "default_worker_name"]
 
 log = structlog.get_logger("asyncrl.worker")
 
-VERSION_PUBLISHED = topic(Topic.VERSION, "published")
-CRITIC_PUBLISHED = topic(Topic.VERSION, "critic_published")
-VERSION_WANTED = topic(Topic.VERSION, "wanted")
-CRITIC_WANTED = topic(Topic.VERSION, "critic_wanted")
 _BYE_S = 1.0  # the scheduler exits once the run's workers are gone; its reply may go with it
 
 
@@ -141,8 +151,6 @@ class Worker(SchedulerQuestions):
             self._time,
         )
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
-        self._wakeups: tuple[str, ...] = ()  # topic prefixes that may mean work (set at start)
-        self._finished: frozenset[str] = frozenset()  # topics of groups leaving the pipeline
         # A later stage reads this role's results (the trainer's are the end of the line:
         # they go inline, and the scheduler drops them with the trained group).
         results_are_read = any(
@@ -155,6 +163,9 @@ class Worker(SchedulerQuestions):
             fetch_timeout_s=config.payloads.fetch_timeout_s,
             max_message_bytes=config.scheduler.max_message_mb << 20,
             shared_memory=config.payloads.shared_memory,
+        )
+        self._events = WorkerEvents(
+            self.name, pipeline, lambda: self.link, actor, self._versions, self.payloads, self._time
         )
         self._leases = Leases(
             self.name,
@@ -217,12 +228,7 @@ class Worker(SchedulerQuestions):
     # --- start and end ---------------------------------------------------------------
 
     def _start(self) -> None:
-        # The scheduler wakes this worker by name when work comes for its role (one
-        # wake-up per new piece of work: runtime/service/waiting.py), and every worker
-        # when the run drains or ends.
-        self._wakeups = (topic(Topic.RUN), wake_topic(self.name))
-        self._finished = frozenset(finished_topics(self.pipeline))
-        self.link.subscribe([*self._wakeups, *self._finished])
+        self._events.subscribe()
         ready = self._register()
         # Beating from registration on: a slow on_start (a trainer loading its checkpoint)
         # must not look like a dead worker to the scheduler.
@@ -334,7 +340,7 @@ class Worker(SchedulerQuestions):
         self._time.start()
         while True:
             self._versions.announce_again_if_forgotten()
-            if self._take_events(0):
+            if self._events.take(0):
                 claim_again_at = 0.0  # new work was announced
             if self._stop_requests > 1:
                 self._leases.give_back(actor.abandon(), "the worker is stopping now")
@@ -360,14 +366,18 @@ class Worker(SchedulerQuestions):
                         self._log.warning("claim not granted", reply=_describe(reply))
                     claim_again_at = self.clock() + self.pacing.poll_s
             if actor.busy:
-                self._advance(actor)
+                if self._advance(actor, open_for_work):
+                    claim_again_at = self.clock() + self.pacing.poll_s  # as after NoWork
             elif not open_for_work:
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
-            elif self._idle():
+            elif self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s):
                 claim_again_at = 0.0
 
-    def _advance(self, actor: StreamingActor) -> None:
+    def _advance(self, actor: StreamingActor, open_for_work: bool) -> bool:
+        """Advance the actor and end the leases it finished, each Complete asking for the
+        work that fills the room it leaves. True if the last such ask found nothing: the
+        scheduler wakes this worker when work comes, as after a claim that found none."""
         try:
             with self._time.spent_on(TimeBucket.COMPUTE):
                 finished = actor.advance()
@@ -380,10 +390,16 @@ class Worker(SchedulerQuestions):
             reason = f"{type(error).__name__}: {error}"[:MAX_REASON]
             self._log.warning("work failed", reason=reason, exc_info=True)
             self._leases.give_back(actor.abandon(), reason)
-            return
+            return False
         self._send_reports()
+        found_nothing = False
         for lease, outcome in finished:
-            taken = self._leases.finish(lease, outcome)
+            claim_next = self._claim_next(actor, open_for_work)
+            taken = self._leases.finish(lease, outcome, claim_next)
+            if isinstance(taken, p.Lease):
+                self._leases.admit(actor, taken)  # tracked as a Claim's: heartbeats, fence
+            if outcome.results and claim_next:
+                found_nothing = isinstance(taken, p.Ack)
             if not outcome.results or not self.actor.publishes_versions:
                 continue
             if isinstance(taken, p.StepDone):
@@ -392,6 +408,14 @@ class Worker(SchedulerQuestions):
                 # The lease had ended: maybe an earlier try of this Complete was taken and
                 # its reply lost. Only the scheduler's status says whether a step is due.
                 self._versions.publish_trained()
+        return found_nothing
+
+    def _claim_next(self, actor: StreamingActor, open_for_work: bool) -> int:
+        """How many groups a Complete asks for with it: the actor's room, unless the worker
+        is leaving or publishes versions (a StepDone is published before the next claim)."""
+        if not open_for_work or self._stopping or self.actor.publishes_versions:
+            return 0
+        return actor.capacity()
 
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():
@@ -416,35 +440,5 @@ class Worker(SchedulerQuestions):
             self._log.warning("groups not added", reply=_describe(reply))
             self._idle()
 
-    def _idle(self) -> bool:
-        """Nothing to do now: wait for a wake-up (or the slow poll). True if woken."""
-        # A version being fetched in the background says nothing when it is ready: look
-        # again soon, or an idle generator would start on it only at the next event.
-        wait_s = self.pacing.fetch_poll_s if self._versions.behind else self.pacing.poll_s
-        soon = self.actor.wake_within_s()
-        wait_s = wait_s if soon is None else min(wait_s, soon)
-        with self._time.spent_on(TimeBucket.WAITING_FOR_WORK):
-            woken = self._take_events(wait_s)
-            self._versions.check_if_due()
-        return woken
-
-    def _take_events(self, timeout_s: float) -> bool:
-        """Drain the events that came (waiting up to ``timeout_s`` for the first).
-
-        True if one announced work (anything but a version), or a new version was loaded
-        (work the staleness bound held back may be admitted under it).
-        """
-        woken = False
-        event = self.link.next_event(timeout_s)
-        while event is not None:
-            if event.topic in (VERSION_PUBLISHED, CRITIC_PUBLISHED):  # subscribed to one
-                self._versions.heard_of(event.body.get("version"))
-            elif event.topic in (VERSION_WANTED, CRITIC_WANTED):  # subscribed to one
-                self._versions.wanted()
-            elif event.topic.startswith(self._wakeups):
-                woken = True
-            if event.topic in self._finished:
-                with self._time.spent_on(TimeBucket.PAYLOADS):
-                    self.payloads.finished(event.body.get("groups", ()))
-            event = self.link.next_event(0)
-        return self._versions.load_newest() or woken
+    def _idle(self) -> None:
+        self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s)

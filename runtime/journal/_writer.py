@@ -248,6 +248,11 @@ class JournalWriter:
     # ------------------------------------------------------------------ snapshots
 
     @property
+    def snapshots_written(self) -> int:
+        """Snapshots written since this writer opened (cheap, unlike :meth:`stats`)."""
+        return self._snapshots_written
+
+    @property
     def needs_snapshot(self) -> bool:
         """True once ``snapshot_every`` records were appended since the newest snapshot."""
         newest = self._snapshots[-1] if self._snapshots else 0

@@ -16,7 +16,8 @@ eventfd the poller watches), so a slow fsync delays only those replies, never th
 After a turn that served requests the loop polls without sleeping for ``busy_poll_s``
 before it sleeps (see sockets.busy_poll), while the next request has lately come within
 that time (sockets.AdaptiveSpin): an idle scheduler sleeps, a busy one stays awake, and
-one whose requests come far apart does not burn a core waiting for them.
+one whose requests come far apart does not burn a core waiting for them. How long each
+part of a turn takes is counted in the service's loop timings (loop_timings.py).
 
 Wire form (ROUTER side): ``[identity, header, *arrays]`` in and out; events on the PUB as
 ``[topic, header, *arrays]`` (see transport/protocol.py).
@@ -34,6 +35,7 @@ from typing import Any, Literal
 import structlog
 import zmq
 
+from asyncrl.runtime.journal import JournalWriter
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import AdaptiveSpin, busy_poll, recv_waiting, send_frames
 
@@ -82,6 +84,7 @@ class SchedulerDaemon:
         self.clock = clock
         self.auth_failures = auth_failures
         self.on_tick = on_tick  # e.g. the /metrics snapshot, on this thread
+        self.timings = service.timings
         self._stops = 0  # stop signals so far: the first drains, the second ends the loop
         self._held: deque[tuple[int, list[Any]]] = deque()  # (journal seq, reply frames)
         self._draining_since: float | None = None
@@ -92,6 +95,13 @@ class SchedulerDaemon:
         os.eventfd_write(self.wake_fd, 1)
 
     def run(self) -> int:
+        self.timings.watch_collections()  # a collection pauses whatever request is in flight
+        try:
+            return self._run()
+        finally:
+            self.timings.stop_watching()
+
+    def _run(self) -> int:
         # zmq_poll itself, not zmq.Poller: the Poller rebuilds its list and a dict per call,
         # once per request here. Items are (socket or fd, events); results the same.
         watched = [(self.router, _POLLIN), (self.wake_fd, _POLLIN)]
@@ -121,6 +131,7 @@ class SchedulerDaemon:
                 served_at = time.perf_counter()
             now = self.clock()
             if now >= next_tick:
+                began = time.perf_counter()
                 self.service.tick(now)
                 if self.on_tick is not None:
                     self.on_tick(now)
@@ -129,13 +140,18 @@ class SchedulerDaemon:
                 # Records no reply waits on (leases, renewals) still reach the disk in time.
                 self.service.durable.writer.flush_if_due()
                 next_tick = now + self.tick_interval_s
+                self.timings.add("tick", time.perf_counter() - began)
             if self._held:
+                began = time.perf_counter()
                 # Usually written when this returns (see JournalWriter). A reply that waits
                 # only for the write leaves the fsync to the journal's batching rule.
                 writer.submit(durable=self.ack_after == "fsync")
                 self._release()
+                self.timings.add("journal_write", time.perf_counter() - began)
             # After the replies: a worker waits on its reply, while events are wake-ups.
+            began = time.perf_counter()
             self._publish()
+            self.timings.add("publish", time.perf_counter() - began)
             if self._should_exit(now):
                 return 0
 
@@ -145,27 +161,42 @@ class SchedulerDaemon:
     # --- requests --------------------------------------------------------------------
 
     def _serve_batch(self) -> None:
-        writer = self.service.durable.writer
+        writer, timings = self.service.durable.writer, self.timings
+        began = time.perf_counter()
         for i in range(_BATCH):
             frames = recv_waiting(self.router, polled=i == 0)  # the poll said so for the first
             if frames is None:
-                return
-            identity, body = frames[0], [f.buffer for f in frames[1:]]
-            reply, req_id, kind = self._answer(body, identity.bytes)
-            out = [identity, *_encoded(reply, req_id, kind)]
-            acknowledges = kind in ACKNOWLEDGES_DATA
-            if acknowledges:
-                self.service.settle()  # its records reach the journal's buffer first
-                if writer.last_seq > self._confirmed():
-                    self._held.append((writer.last_seq, out))
-                    continue
-            if self._held:
-                self._held.append((0, out))  # keep replies in order behind held ones
-            else:
-                self._send(out)
-            if not acknowledges:
-                # The reply owes nothing to the journal: it is on its way before this.
-                self.service.settle()
+                break
+            self._serve_one(frames, writer)
+        timings.add("batch", time.perf_counter() - began)
+
+    def _serve_one(self, frames: list[Any], writer: JournalWriter) -> None:
+        """Answer one request, its reply sent or held for the journal, its changes settled."""
+        began, snapshots = time.perf_counter(), writer.snapshots_written
+        kind = self._serve(frames, writer)
+        took = time.perf_counter() - began
+        self.timings.add(f"request.{kind.name if kind else 'refused'}", took)
+        if writer.snapshots_written != snapshots:  # its commit wrote a snapshot
+            self.timings.add("snapshot", took)
+
+    def _serve(self, frames: list[Any], writer: JournalWriter) -> p.Kind | None:
+        identity, body = frames[0], [f.buffer for f in frames[1:]]
+        reply, req_id, kind = self._answer(body, identity.bytes)
+        out = [identity, *_encoded(reply, req_id, kind)]
+        acknowledges = kind in ACKNOWLEDGES_DATA
+        if acknowledges:
+            self.service.settle()  # its records reach the journal's buffer first
+            if writer.last_seq > self._confirmed():
+                self._held.append((writer.last_seq, out))
+                return kind
+        if self._held:
+            self._held.append((0, out))  # keep replies in order behind held ones
+        else:
+            self._send(out)
+        if not acknowledges:
+            # The reply owes nothing to the journal: it is on its way before this.
+            self.service.settle()
+        return kind
 
     def _answer(self, frames: list[Any], sender: bytes) -> tuple[p.Message, int, p.Kind | None]:
         size = sum(f.nbytes for f in frames)

@@ -16,6 +16,7 @@ from asyncrl.runtime.core import SchedulerCore
 from asyncrl.runtime.durable import JournaledCore
 
 from .activity import RoleActivity
+from .loop_timings import LoopTimings
 from .metrics import MetricsLog
 from .payload_refs import RefIndex
 from .reports import ReportLog
@@ -56,6 +57,7 @@ class HandlerContext(Protocol):
     refs: RefIndex
     waiting: WaitingWorkers
     requests: Counter[str]
+    timings: LoopTimings
     critic_step: dict[str, Any]  # the critic's newest step's metrics, for the next step line
 
     @property

@@ -1,6 +1,12 @@
 """The work path: Claim → Lease (or the entry role's Want → AddGroups), then Complete or
 Fail; Held (which kept payloads to free), Lock and Unlock under a lease.
 
+A Complete may carry the worker's next claim (``claim_next``): once its results are taken
+it is answered like a Claim (the same handler, the same waiting queue), the Lease in place
+of the Ack when there is work. A busy worker then makes one request per lease, not two.
+A train step's Complete is answered StepDone whatever it asks: the trainer publishes the
+version the reply names before it claims again.
+
 A Complete that finishes a train step writes the step's metrics line (what each role's
 time went to, activity.py; the step's critical path, step_path.py; the newest reports,
 reports.py) and, after the last step, starts the drain. Each handler takes the service
@@ -17,7 +23,7 @@ import structlog
 
 from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
-from asyncrl.runtime.core.entities import Group
+from asyncrl.runtime.core.entities import Group, Lease
 from asyncrl.runtime.core.pipeline import GroupState
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
@@ -29,9 +35,13 @@ from .reports import step_fields
 if TYPE_CHECKING:
     from .handler_context import HandlerContext
 
-__all__ = ["add_groups", "claim", "complete", "fail", "held", "lock", "unlock"]
+__all__ = ["MAX_CLAIM", "add_groups", "claim", "complete", "fail", "held", "lock", "unlock"]
 
 log = structlog.get_logger("asyncrl.scheduler")
+
+MAX_CLAIM = 65_536
+"""The most groups a claim sent with a completion may ask for: more than any worker holds
+at once, so a larger number is a bug in the sender (an unset or wrapped counter)."""
 
 
 def claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
@@ -96,7 +106,31 @@ def _lease(service: HandlerContext, grant: Grant, now: float) -> p.Lease:
 
 
 def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
+    if not 0 <= m.claim_next <= MAX_CLAIM:  # refused whole: nothing taken, nothing leased
+        detail = f"claim_next {m.claim_next} is not a number of groups from 0 to {MAX_CLAIM}"
+        return p.Error(Reason.BAD_REQUEST, detail)
     lease = service.core.state.leases.get(m.lease_id)
+    taken = _complete(service, m, lease, now)
+    if not m.claim_next or lease is None or not isinstance(taken, p.Ack):
+        return taken
+    return _claim_next(service, m, lease.role, taken, now)
+
+
+def _claim_next(
+    service: HandlerContext, m: p.Complete, role: str, taken: p.Ack, now: float
+) -> p.Message:
+    """The worker's next lease, or ``taken`` when there is none: the worker then waits to
+    be woken (claim put it in the queue), as after a claim that found nothing."""
+    reply = claim(service, p.Claim(m.worker, role, m.claim_next), now)
+    if isinstance(reply, p.Lease):
+        return reply
+    if isinstance(reply, p.Error):  # the results are taken all the same: say so
+        log.warning("claim with a completion refused", worker=m.worker, code=reply.code,
+                    detail=reply.detail)  # fmt: skip
+    return taken
+
+
+def _complete(service: HandlerContext, m: p.Complete, lease: Lease | None, now: float) -> p.Message:
     gids = [r.gid for r in m.results]
     versions = [r.behaviour for r in m.results]
     behaviour = None if all(v is None for v in versions) else versions

@@ -70,7 +70,7 @@ def stop(service: HandlerContext, m: p.Stop, _now: float) -> p.Message:
 
 def status_summary(service: HandlerContext, now: float) -> dict[str, Any]:
     """The status reply's summary: the core's, with the run, the journal, the weights'
-    routes, the payload stores and the requests answered."""
+    routes, the payload stores, the requests answered and the loop's timings."""
     core = service.core
     summary = summarize(core.state)
     for name, worker in summary["workers"].items():
@@ -98,6 +98,7 @@ def status_summary(service: HandlerContext, now: float) -> dict[str, Any]:
         summary["critic"]["weights"] = service.critic_routes.summary()
     summary["payload_stores"] = dict(service.stores)  # as each holder last reported
     summary["requests"] = dict(service.requests)
+    summary["loop"] = service.timings.summary()  # where the daemon's turns go
     return summary
 
 

@@ -47,6 +47,7 @@ from . import lease_requests, membership, run_requests, weight_requests
 from .activity import RoleActivity
 from .events import EventNumbering
 from .handler_context import HandlerContext
+from .loop_timings import LoopTimings
 from .metrics import MetricsLog
 from .payload_refs import RefIndex
 from .reports import ReportLog
@@ -133,6 +134,7 @@ class SchedulerService:
         self.refs = RefIndex()  # which group refers to each kept payload, for Held
         self.waiting = WaitingWorkers(self.core.pipeline)  # whom the next work wakes
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
+        self.timings = LoopTimings()  # the daemon's turns, part by part (loop_timings.py)
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
             self.draining = "the run is finished"

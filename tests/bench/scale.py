@@ -1,12 +1,14 @@
 """Benchmark: one scheduler under N simulated workers, the growth curve.
 
     python -m tests.bench.scale [--workers 16,64,256,1024] [--seconds 20] [--hosts 2]
-                                [--mean-lease 1.0]
+                                [--mean-lease 1.0] [--claim-apart]
 
 The real scheduler daemon (journal on, the default pipeline's stage table) serves N
 simulated workers that speak the real protocol over real ZeroMQ sockets, one DEALER each
 under its worker key: Hello, heartbeats naming the leases held, claims, completions
-carrying data-plane references and Held for them, the trainer's PublishVersion, each
+carrying data-plane references and Held for them, and the worker's next claim as a real
+worker's do (``--claim-apart``: a Claim of its own after each, as before Complete carried
+one), the trainer's PublishVersion, each
 generator's WantWeights and LoadedVersion for every new version; a dataloader answering
 Want with AddGroups. They are hosted many to a process (asyncio, ``--hosts``
 processes). Idle workers wait for the wake-up events of their role (one SUB per host
@@ -19,11 +21,13 @@ up and the staleness bound never holds generation back). Per N, the scheduler al
 first (its floor: ticks, flushes), then two phases: heartbeats only (every worker
 registered, idle), then work. Printed per N:
 leases granted/s, claim-to-lease latency p50/p99 (the worker's clock, from sending the
-Claim to reading the Lease), the scheduler's CPU per lease and per heartbeat (from its
+request that asks for work, a Claim or a Complete carrying the next claim, to reading the
+Lease), the scheduler's CPU per lease and per heartbeat (from its
 own threads' schedstat, so the load generator beside it does not blur them; its floor
 taken off; Held and version requests count with the leases), its RSS, journal bytes per
-group, and the share of ideal work: the time generators held leases over the time they
-ran (an infinitely fast scheduler keeps them at 100%).
+group, the share of ideal work: the time generators held leases over the time they
+ran (an infinitely fast scheduler keeps them at 100%), and the requests a lease costs:
+Claims, and Claims and Completes together.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ class Tally:
     leases: int = 0
     heartbeats: int = 0
     claims: int = 0
+    completes: int = 0
     busy_s: float = 0.0  # generators: time holding leases
     latencies: list[float] = field(default_factory=list)  # claim -> lease, seconds
     errors: list[str] = field(default_factory=list)
@@ -180,29 +185,46 @@ class SimWorker:
     async def work(self, tally: Tally, until: float) -> None:
         host = self.host
         self.since = time.time()
+        lease: p.Lease | None = None  # one granted with the last completion
         while time.time() < until:
             if self.role == "generate" and host.version > self.version:
                 await self.load(host.version)
             if self.role == "dataloader":
                 await self.feed()
                 continue
-            sent = time.perf_counter()
-            reply = await self.ask(p.Claim(self.name, self.role, 1))
-            tally.claims += 1
-            if not isinstance(reply, p.Lease):
-                if isinstance(reply, p.Error):
-                    tally.errors.append(reply.detail)
-                await self.idle()
-                continue
-            tally.latencies.append(time.perf_counter() - sent)
-            tally.leases += 1
-            self.held.add(reply.lease_id)
+            if lease is None:
+                sent = time.perf_counter()
+                reply = await self.ask(p.Claim(self.name, self.role, 1))
+                tally.claims += 1
+                if not isinstance(reply, p.Lease):
+                    if isinstance(reply, p.Error):
+                        tally.errors.append(reply.detail)
+                    await self.idle()
+                    continue
+                lease = self.granted(reply, sent, tally)
+            self.held.add(lease.lease_id)
             began = time.time()
             await asyncio.sleep(self.duration())
             if self.role == "generate":  # the part of the lease inside the window
                 tally.busy_s += max(0.0, min(time.time(), until) - max(began, self.since))
-            await self.complete(reply, tally)
-            self.held.discard(reply.lease_id)
+            done, lease = lease, await self.complete(lease, tally, until)
+            self.held.discard(done.lease_id)
+            if lease is None and self.claims_next:
+                await self.idle()  # queued to be woken, as after a claim that found nothing
+        if lease is not None:  # granted as the window closed: handed back, as on a stop
+            await self.ask(p.Fail(self.name, lease.lease_id, lease.fence, None, "bench over"))
+
+    @property
+    def claims_next(self) -> bool:
+        """Whether this worker's completions carry its next claim (a trainer's never do:
+        it publishes the version its StepDone names first)."""
+        return self.host.claim_next and self.role != "train"
+
+    @staticmethod
+    def granted(lease: p.Lease, sent: float, tally: Tally) -> p.Lease:
+        tally.latencies.append(time.perf_counter() - sent)
+        tally.leases += 1
+        return lease
 
     def duration(self) -> float:
         mean = self.host.mean_lease
@@ -212,7 +234,9 @@ class SimWorker:
             return mean / 2
         return self.rng.expovariate(5.0 / mean)
 
-    async def complete(self, lease: p.Lease, tally: Tally) -> None:
+    async def complete(self, lease: p.Lease, tally: Tally, until: float) -> p.Lease | None:
+        """Complete ``lease``; the next lease if the Complete asked for one (before
+        ``until``) and got it."""
         results = []
         for item in lease.items:
             ref = p.PayloadRef(self.name, "tcp://127.0.0.1:1", self.store, item.gid,
@@ -223,15 +247,22 @@ class SimWorker:
         durable = None
         if self.role == "train":
             durable = (lease.version or 0) + 1
+        claim = 1 if self.claims_next and time.time() < until else 0
+        sent = time.perf_counter()
         reply = await self.ask(
-            p.Complete(self.name, lease.lease_id, lease.fence, tuple(results), None, durable)
-        )
-        if isinstance(reply, p.Ack) and self.role != "train":
+            p.Complete(self.name, lease.lease_id, lease.fence, tuple(results), None, durable,
+                       claim)
+        )  # fmt: skip
+        tally.completes += 1
+        if isinstance(reply, p.Ack | p.Lease) and self.role != "train":
             self.kept.update(item.gid for item in lease.items)
+        if isinstance(reply, p.Lease):
+            return self.granted(reply, sent, tally)
         if isinstance(reply, p.StepDone):
             await self.ask(p.PublishVersion(self.name, reply.version, {"bench": 1}, b"bench"))
         elif not isinstance(reply, p.Ack):
             tally.errors.append(str(reply))
+        return None
 
     async def feed(self) -> None:
         reply = await self.ask(p.Claim(self.name, self.role, 4096))
@@ -254,6 +285,7 @@ class Host:
         self.run_dir = Path(spec["run_dir"])
         self.control, self.events = spec["control"], spec["events"]
         self.mean_lease = spec["mean_lease"]
+        self.claim_next = spec["claim_next"]
         self.ctx = zmq.asyncio.Context()
         # One DEALER per worker: past libzmq's 1,023 sockets a context refuses more.
         self.ctx.set(zmq.MAX_SOCKETS, len(spec["workers"]) + 64)
@@ -311,7 +343,8 @@ class Host:
 
 def _summary(t: Tally) -> dict:
     return {"leases": t.leases, "heartbeats": t.heartbeats, "claims": t.claims,
-            "busy_s": t.busy_s, "latencies": t.latencies, "errors": t.errors[:5]}  # fmt: skip
+            "completes": t.completes, "busy_s": t.busy_s, "latencies": t.latencies,
+            "errors": t.errors[:5]}  # fmt: skip
 
 
 async def _until(when: float) -> None:
@@ -351,6 +384,7 @@ class Point:
     workers: int
     leases_per_s: float
     claims_per_lease: float  # claims sent per lease granted: the wake-up herd's size
+    requests_per_lease: float  # claims and completes: what a lease costs in round trips
     p50_ms: float
     p99_ms: float
     cpu_per_lease_ms: float
@@ -361,6 +395,7 @@ class Point:
     scheduler_cores: float  # the scheduler's CPU over the work phase, in cores
     load_cores: float  # the simulated workers' host processes', together
     errors: list[str]
+    loop: dict = field(default_factory=dict)  # the scheduler's timings of its loop's parts
 
 
 @dataclass(frozen=True)
@@ -370,6 +405,7 @@ class Setting:
     mean_lease: float = 1.0
     busy_poll_us: int | None = None
     max_staleness: int = LOOSE_STALENESS
+    claim_next: bool = True  # completions carry the next claim, as a real worker's do
 
 
 def measure(n: int, setting: Setting, root: Path) -> Point:
@@ -406,6 +442,7 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
             spec = {"run_dir": str(run_dir), "control": control, "events": events,
                     "config": str(cfg_path),
                     "mean_lease": mean_lease, "index": h, "phases": phases,
+                    "claim_next": setting.claim_next,
                     "workers": names[h::hosts]}  # fmt: skip
             path = root / f"n{n}-host{h}.json"
             path.write_text(json.dumps(spec))
@@ -426,6 +463,7 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
         for proc in procs:
             out, _ = proc.communicate(timeout=120)
             results.append(json.loads(out.decode().strip().splitlines()[-1]))
+        loop = scheduler_loop(control)
     finally:
         sched.terminate()
         sched.wait(30)
@@ -445,6 +483,7 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
         workers=n,
         leases_per_s=leases / seconds,
         claims_per_lease=sum(b["claims"] for b in busy) / max(1, leases),
+        requests_per_lease=sum(b["claims"] + b["completes"] for b in busy) / max(1, leases),
         p50_ms=cuts[49] * 1e3,
         p99_ms=cuts[98] * 1e3,
         cpu_per_lease_ms=1e3 * work_cpu / max(1, leases),
@@ -455,7 +494,31 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
         scheduler_cores=(cpu3 - cpu2) / seconds,
         load_cores=load_cpu / seconds,
         errors=[e for b in busy for e in b["errors"]][:3],
+        loop=loop,
     )
+
+
+def scheduler_loop(control: str) -> dict:
+    """The scheduler's own timings of its loop's parts (its status reply's ``loop``)."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(control)
+    try:
+        sock.send_multipart(p.encode(p.Status(), 1))
+        if not sock.poll(10_000):
+            return {}
+        reply = p.decode([bytes(f) for f in sock.recv_multipart()])
+        return reply.summary.get("loop", {}) if isinstance(reply, p.StatusReply) else {}
+    finally:
+        sock.close()
+
+
+def slowest_parts(loop: dict, top: int = 6) -> str:
+    """The parts of the scheduler's turns that took longest, for the line under a row."""
+    parts = sorted(loop.items(), key=lambda kv: -kv[1]["max_us"])[:top]
+    return "; ".join(f"{name} n={h['count']} p99<{h['p99_us']}us max={h['max_us'] / 1e3:.1f}ms"
+                     for name, h in parts)  # fmt: skip
 
 
 class JournalGrowth:
@@ -508,6 +571,15 @@ def main() -> None:
         help=f"pipeline.max_staleness (default {LOOSE_STALENESS}: so loose that only the "
         "scheduler holds generators back)",
     )  # fmt: skip
+    parser.add_argument(
+        "--claim-apart", action="store_true",
+        help="workers claim with a Claim of their own after each Complete, as before a "
+        "Complete carried the next claim (to compare the two flows)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-timings", action="store_true",
+        help="print the slowest parts of the scheduler's turns under each row",
+    )  # fmt: skip
     parser.add_argument("--plot", type=Path, help="draw the curve to this PNG")
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
     parser.add_argument("--host", metavar="SPEC")
@@ -522,14 +594,16 @@ def main() -> None:
     if args.host:
         return host_main(args.host)
     setting = Setting(args.seconds, args.hosts, args.mean_lease, args.busy_poll_us,
-                      args.max_staleness)  # fmt: skip
+                      args.max_staleness, not args.claim_apart)  # fmt: skip
     print(f"{args.seconds:g} s of work per N after {2 * HEARTBEAT_S + 1:g} s of heartbeats "
           f"only; mean lease {args.mean_lease:g} s; max_staleness {args.max_staleness}; "
           f"{args.hosts} host processes; {os.cpu_count()} cores; load average "
-          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"{os.getloadavg()[0]:.1f}; next claim "
+          f"{'apart' if args.claim_apart else 'with each Complete'}")  # fmt: skip
     header = (f"{'N':>5} {'leases/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'CPU/lease':>10} "
               f"{'CPU/beat':>9} {'RSS':>7} {'journal/group':>13} {'ideal':>6} "
-              f"{'sched cores':>11} {'load cores':>10} {'claims/lease':>12}")  # fmt: skip
+              f"{'sched cores':>11} {'load cores':>10} {'claims/lease':>12} "
+              f"{'requests/lease':>14}")  # fmt: skip
     print(header)
     points = []
     with tempfile.TemporaryDirectory(prefix="asyncrl-scale-") as tmp:
@@ -540,10 +614,12 @@ def main() -> None:
                   f"{pt.cpu_per_lease_ms:>7.3f} ms {pt.cpu_per_heartbeat_us:>6.0f} us "
                   f"{pt.rss_mb:>4.0f} MB {pt.journal_bytes_per_group:>11.0f} B "
                   f"{pt.ideal_share:>6.0%} {pt.scheduler_cores:>11.2f} {pt.load_cores:>10.2f} "
-                  f"{pt.claims_per_lease:>12.2f}",
+                  f"{pt.claims_per_lease:>12.2f} {pt.requests_per_lease:>14.2f}",
                   flush=True)  # fmt: skip
             if pt.errors:
                 print(f"      errors: {pt.errors}")
+            if args.loop_timings:
+                print(f"      slowest parts: {slowest_parts(pt.loop)}")
     if args.plot:
         from .scale_plot import plot
 

@@ -1,7 +1,8 @@
 """``asyncrl run`` of PPO (real processes) where the critic's host is "lost": the critic
-and the values workers beside it are killed with SIGKILL and the critic's staged state wiped, so only the critic's checkpoints
-survive. The critic takes up its newest checkpoint, the scheduler rolls the critic back to
-it, and the run finishes with every policy step once: the critic lost updates only.
+and the values workers beside it are killed with SIGKILL and the critic's staged state
+wiped, so only the critic's checkpoints survive. The critic takes up its newest
+checkpoint, the scheduler rolls the critic back to it, and the run finishes with every
+policy step once: the critic lost updates only.
 """
 
 from __future__ import annotations

@@ -212,3 +212,103 @@ def test_a_claim_that_finds_nothing_is_woken_by_name_when_its_work_comes(
     woken = [e.topic for e in service.take_events() if e.topic.startswith("wake.")]
     assert woken == ["wake.logp/", "wake.reward/"]  # the one group wakes each role once
     service.durable.close()
+
+
+def _generated(lease: p.Lease) -> tuple[p.Result, ...]:
+    return tuple(p.Result(item.gid, {"t": np.arange(3)}, (0, 0)) for item in lease.items)
+
+
+def _add(service: SchedulerService, *keys: str) -> None:
+    groups = tuple(p.NewGroup(k, {}) for k in keys)
+    assert service.handle(p.AddGroups("dataloader", groups), 0.0) == p.Added(keys, ())
+
+
+def test_a_complete_that_claims_next_gets_the_next_lease_as_its_reply(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    _add(service, "a", "b")
+    first = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    done = p.Complete("generate", first.lease_id, first.fence, _generated(first), claim_next=1)
+    second = service.handle(done, 1.0)
+    assert isinstance(second, p.Lease) and second.role == "generate"
+    assert [i.key for i in (*first.items, *second.items)] == ["a", "b"]
+    state = service.core.state
+    assert first.lease_id not in state.leases  # the results were taken first
+    assert state.leases[second.lease_id].worker == "generate"
+    assert service.waiting.waiting("generate") == 0
+    # Held like a Claim's: a heartbeat naming it renews it, its fence ends it.
+    before = state.leases[second.lease_id].expires_at
+    assert service.handle(p.Heartbeat("generate", (second.lease_id,)), 2.0) == p.Ack(1)
+    assert state.leases[second.lease_id].expires_at > before
+    stale = p.Complete("generate", second.lease_id, second.fence + 1, _generated(second))
+    assert service.handle(stale, 2.0).code == "stale_fence"
+    done = p.Complete("generate", second.lease_id, second.fence, _generated(second))
+    assert service.handle(done, 2.0) == p.Ack(1)
+    service.durable.close()
+
+
+def test_a_complete_that_finds_nothing_next_waits_to_be_woken_by_name(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    _add(service, "a")
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    done = p.Complete("generate", lease.lease_id, lease.fence, _generated(lease), claim_next=1)
+    assert service.handle(done, 0.0) == p.Ack(1)  # taken; nothing more to generate
+    assert service.waiting.waiting("generate") == 1  # queued, as after an empty Claim
+    service.take_events()
+    _add(service, "b")
+    woken = [e.topic for e in service.take_events() if e.topic.startswith("wake.")]
+    assert woken == ["wake.generate/"]
+    service.durable.close()
+
+
+def test_a_complete_that_claims_next_leaves_the_workers_other_leases_alone(
+    tmp_path: Path,
+) -> None:
+    service = make(tmp_path, max_staleness=4)  # room to admit all five
+    _add(service, "a", "b")
+    first = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    other = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    _add(service, "c", "d", "e")
+    done = p.Complete("generate", first.lease_id, first.fence, _generated(first), claim_next=2)
+    both = service.handle(done, 0.0)
+    assert isinstance(both, p.Lease) and [i.key for i in both.items] == ["c", "d"]
+    held = {lid for lid, lease in service.core.state.leases.items() if lease.worker == "generate"}
+    assert held == {other.lease_id, both.lease_id}
+    service.durable.close()
+
+
+@pytest.mark.parametrize("claim_next", [-1, 65_537, 2**63])
+def test_a_bad_claim_next_is_refused_whole_naming_it(tmp_path: Path, claim_next: int) -> None:
+    service = make(tmp_path)
+    _add(service, "a", "b")
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    results = _generated(lease)
+    bad = p.Complete("generate", lease.lease_id, lease.fence, results, claim_next=claim_next)
+    refused = p.decode(p.encode(service.handle(p.decode(p.encode(bad)), 0.0)))
+    assert isinstance(refused, p.Error) and refused.code == "bad_request"
+    assert f"claim_next {claim_next}" in refused.detail
+    assert lease.lease_id in service.core.state.leases  # nothing taken, nothing leased
+    assert len(service.core.state.leases) == 1
+    good = p.Complete("generate", lease.lease_id, lease.fence, results, claim_next=1)
+    assert isinstance(service.handle(good, 0.0), p.Lease)  # and the scheduler goes on
+    service.durable.close()
+
+
+def test_a_train_steps_complete_is_answered_step_done_whatever_it_claims(
+    tmp_path: Path,
+) -> None:
+    """The trainer publishes the version its StepDone names before it claims again."""
+    service = make(tmp_path, total_steps=3)
+    one_step(service, "a")
+    _add(service, "b")
+    lease = service.handle(p.Claim("generate", "generate", 1), 0.0)
+    service.handle(p.Complete("generate", lease.lease_id, lease.fence, _generated(lease)), 0.0)
+    for role in ("logp", "ref_logp", "reward"):
+        lease = service.handle(p.Claim(role, role, 1), 0.0)
+        results = (p.Result(lease.items[0].gid, {role: 1.0}),)
+        service.handle(p.Complete(role, lease.lease_id, lease.fence, results), 0.0)
+    step = service.handle(p.Claim("train", "train", 1), 0.0)
+    result = (p.Result(step.items[0].gid, {}),)
+    done = p.Complete("train", step.lease_id, step.fence, result, claim_next=1)
+    assert service.handle(done, 0.0) == p.StepDone(1, 2)
+    assert not service.core.state.leases and service.waiting.waiting("train") == 0
+    service.durable.close()

@@ -232,6 +232,7 @@ def test_the_trainer_publishes_the_step_count_after_each_acknowledged_step(
     assert done.metrics is not None
     assert done.metrics["groups"] == {"q000001": 3.0, "q000002": 3.0}
     assert link.of(p.PublishVersion) == [p.PublishVersion("train-0", 1)]
+    assert done.claim_next == 0  # it publishes the version first, then claims
 
 
 def test_a_step_acknowledged_without_a_version_publishes_nothing(cfg: RunConfig) -> None:
@@ -323,6 +324,7 @@ def test_stop_finishes_the_current_lease_then_leaves(cfg: RunConfig) -> None:
     worker.actor = StopsMidLease()
     assert worker.run() == 0
     assert link.kinds() == "Hello Claim Complete Bye"
+    assert link.of(p.Complete)[0].claim_next == 0  # leaving: no next lease
 
 
 def test_a_stopping_worker_gives_up_on_a_scheduler_that_is_gone(cfg: RunConfig) -> None:
@@ -365,6 +367,51 @@ def test_heartbeats_go_on_while_a_long_lease_is_worked_on(cfg: RunConfig) -> Non
     assert make_worker(Logp(work_s=0.3), link, cfg).run() == 0  # beats every 0.05 s
     assert len(link.of(p.Heartbeat)) >= 2
     assert link.kinds() == "Hello Claim Complete Claim Bye"
+
+
+def test_a_complete_asks_for_the_next_lease_and_the_one_it_gets_is_held_as_claimed(
+    cfg: RunConfig,
+) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 4)], p.Complete: [lease(2, 5)]})
+    assert make_worker(Logp(work_s=0.3), link, cfg).run() == 0  # beats every 0.05 s
+    # One round trip per lease: the second came as the reply to the first's Complete.
+    assert link.kinds() == "Hello Claim Complete Complete Claim Bye"
+    first, second = link.of(p.Complete)
+    assert (first.lease_id, second.lease_id) == (1, 2) and second.fence == 102
+    assert first.claim_next == second.claim_next == Logp.claim_size
+    assert second.results == (p.Result(5, {"logp": 1.5}),)
+    # Renewed while worked on, as a claimed lease is: heartbeats name it, and only it.
+    beats = [m.leases for m in link.of(p.Heartbeat)]
+    assert (2,) in beats and (1, 2) not in beats
+
+
+def test_a_complete_that_got_no_lease_waits_for_its_wake_up_before_claiming(
+    cfg: RunConfig,
+) -> None:
+    link = ScriptedLink({p.Claim: [lease(1, 4)]})  # the Complete's reply: Ack, no lease
+    pacing = Pacing(poll_s=30.0, max_backoff_s=0.01, version_check_s=0.05)
+    worker = Worker(Logp(), link, cfg, name="logp-0", pacing=pacing)
+    sent: list[tuple[str, float]] = []
+    woken_at: list[float] = []
+
+    def wake_soon() -> None:
+        time.sleep(0.3)
+        woken_at.append(time.monotonic())
+        link.events.put(p.Event(1, "wake.logp-0/", {}))
+
+    def note(message: p.Message) -> None:
+        sent.append((type(message).__name__, time.monotonic()))
+        if isinstance(message, p.Complete):
+            threading.Thread(target=wake_soon, daemon=True).start()
+        elif isinstance(message, p.Claim) and woken_at:  # answered Shutdown: the run ends
+            link.events.put(p.Event(2, "run.finished", {}))
+
+    link.on_request = note
+    began = time.monotonic()
+    assert worker.run() == 0
+    assert time.monotonic() - began < 10  # woken, not the 30 s poll
+    claims = [at for kind, at in sent if kind == "Claim"]
+    assert len(claims) == 2 and claims[1] >= woken_at[0]  # not before the wake-up
 
 
 def test_a_trainer_registered_again_announces_its_version_again(cfg: RunConfig) -> None:

@@ -38,7 +38,15 @@ class Claim(WireStruct):
 
 
 class Complete(WireStruct):
-    """Results of a lease; a train step may add the step's metrics."""
+    """Results of a lease; a train step may add the step's metrics.
+
+    ``claim_next``: the worker's next Claim, for up to that many groups, answered with the
+    completion, so a busy worker makes one round trip per lease, not two. Once the results
+    are taken the reply is the next Lease when there is work; otherwise the usual reply
+    (Ack), the worker then waiting for a wake-up exactly as after a claim that found
+    nothing. 0 (an older worker's, or a trainer's, whose StepDone must be published before
+    it claims): no claim.
+    """
 
     KIND: ClassVar[Kind] = Kind.COMPLETE
     worker: str
@@ -48,6 +56,7 @@ class Complete(WireStruct):
     metrics: Payload | None = None
     # a train step: the newest step whose state survives the loss of the trainer's host
     durable_step: int | None = None
+    claim_next: int = 0
 
 
 class Fail(WireStruct):
