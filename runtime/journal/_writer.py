@@ -253,10 +253,18 @@ class JournalWriter:
         return self._snapshots_written
 
     @property
+    def records_since_snapshot(self) -> int:
+        """Records appended after the newest snapshot (what a restart replays)."""
+        return self._seq - (self._snapshots[-1] if self._snapshots else 0)
+
+    @property
+    def snapshot_every(self) -> int:
+        return self._snapshot_every
+
+    @property
     def needs_snapshot(self) -> bool:
         """True once ``snapshot_every`` records were appended since the newest snapshot."""
-        newest = self._snapshots[-1] if self._snapshots else 0
-        return self._seq - newest >= self._snapshot_every
+        return self.records_since_snapshot >= self._snapshot_every
 
     def write_snapshot(self, state: dict[Any, Any], seq: int | None = None) -> int:
         """Store ``state`` as the state after record ``seq`` (default: the last one).

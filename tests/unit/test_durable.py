@@ -10,7 +10,13 @@ import pytest
 from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.records import Op
-from asyncrl.runtime.durable import JournaledCore, JournalExists, recover
+from asyncrl.runtime.durable import (
+    SNAPSHOT_CAP,
+    SNAPSHOT_SHARE,
+    JournaledCore,
+    JournalExists,
+    recover,
+)
 from asyncrl.runtime.journal import JournalWriter, replay
 
 from ..support.pipeline_driver import Sim
@@ -24,8 +30,14 @@ def writer(**options: int):
 
 def run_journaled(directory: Path, steps: int, **options: int) -> tuple[JournaledCore, list]:
     """A short busy run; returns the durable core and every record it journaled, in order."""
+    # On a stopped clock a snapshot costs nothing: the record count alone spaces them.
     durable = JournaledCore.open(
-        directory, SETTINGS, resume=False, now=0.0, writer_factory=writer(**options)
+        directory,
+        SETTINGS,
+        resume=False,
+        now=0.0,
+        writer_factory=writer(**options),
+        clock=lambda: 0.0,
     )
     records: list = []
     commit = durable.commit
@@ -50,6 +62,49 @@ def test_restart_rebuilds_the_live_state(tmp_path: Path) -> None:
     assert found.snapshot is not None, "snapshots keep replay bounded"
     assert len(found.records) < 50 * 2
     assert dump_state(core.state) == live
+
+
+def test_a_costly_snapshot_spaces_the_next_by_its_cost_up_to_the_record_cap(
+    tmp_path: Path,
+) -> None:
+    now = [0.0]
+    durable = JournaledCore.open(
+        tmp_path,
+        SETTINGS,
+        resume=False,
+        now=0.0,
+        writer_factory=writer(snapshot_every=20),
+        clock=lambda: now[0],
+    )
+    writer_ = durable.writer
+    write_snapshot = writer_.write_snapshot
+
+    def slow_snapshot(*args, **kwargs):  # each snapshot takes 50 ms of the scheduler's time
+        now[0] += 0.05
+        return write_snapshot(*args, **kwargs)
+
+    writer_.write_snapshot = slow_snapshot  # type: ignore[method-assign]
+    sim = Sim(durable.core, durable.commit, groups=10_000)
+    sim.start()
+    while writer_.snapshots_written == 0:
+        sim.step()
+    spacing = 0.05 / SNAPSHOT_SHARE  # the next one waits this long after the first began
+    # Past snapshot_every records but not the cap: none while the cost rule says wait.
+    while writer_.records_since_snapshot < 3 * 20:
+        sim.step()
+    assert writer_.snapshots_written == 1
+    # The cap: replay stays bounded however long the cost rule would wait.
+    while writer_.snapshots_written == 1:
+        assert writer_.records_since_snapshot < SNAPSHOT_CAP * 20 + 50, "no snapshot at the cap"
+        sim.step()
+    assert now[0] < spacing
+    # Once the time has come, the record count decides again.
+    now[0] += spacing
+    while writer_.records_since_snapshot < 20:
+        sim.step()
+    durable.commit()
+    assert writer_.snapshots_written == 3
+    durable.close()
 
 
 def test_a_journal_cut_at_any_byte_replays_to_a_prefix_of_the_run(tmp_path: Path) -> None:
