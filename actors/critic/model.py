@@ -49,15 +49,20 @@ def response_values(model: ValueModel, packed: Packed) -> torch.Tensor:
     return model(inputs, columns) * packed.mask.to(device)
 
 
-def load_value_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[ValueModel, TextCodec]:
-    """The critic from model directory ``path`` (or ``embedded``), and its tokenizer."""
+def load_value_model(
+    path: str, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+) -> tuple[ValueModel, TextCodec]:
+    """The critic from model directory ``path`` (or ``embedded``), and its tokenizer; in
+    ``dtype`` on ``device`` (a GPU becomes this process's current one)."""
     directory = model_dir(path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
     model = ValueModel(config)
     stored = read_weights(directory)
     own = any(name.startswith(HEAD) for name in stored)  # a critic's own checkpoint
     load_value_weights(model, stored, head=own, source=str(directory))
-    return model.to(dtype), TextCodec.from_dir(directory)
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+    return model.to(device=device, dtype=dtype), TextCodec.from_dir(directory)
 
 
 def load_value_weights(

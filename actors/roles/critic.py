@@ -45,7 +45,8 @@ from ..training.group import Group
 from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
-from ..worker.preflight import check_model
+from ..worker.preflight import check_device, check_model
+from ..worker.setup import device_for
 
 __all__ = ["Critic", "critic_path"]
 
@@ -66,14 +67,17 @@ class Critic(LearnerRole):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return check_model(cfg)
+        return [*check_device(cfg), *check_model(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.source = model_dir(critic_path(ctx.config))
         self._join(ctx, RunDir.of(ctx.config).critic_weight_dirs(ctx.config.weights))
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
-        model, codec = load_value_model(critic_path(cfg))
+        # float32 on any device: the critic's weights are its master weights.
+        device = device_for(cfg, index)
+        model, codec = load_value_model(critic_path(cfg), device=device)
+        log.info("value model loaded", device=str(device), rank=rank, ranks=ranks)
         c = cfg.critic
         learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip, group_size=ranks)
         return TrainRank(cfg, learner, rank, ranks)

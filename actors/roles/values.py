@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
+import structlog
 import torch
 
 from asyncrl.runtime.config import RunConfig
@@ -30,11 +31,14 @@ from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
 from ..training.scorer import pack_rollouts
-from ..worker.preflight import check_model
+from ..worker.preflight import check_device, check_model
+from ..worker.setup import DTYPES, device_for
 from ..worker.weights import WeightFollower
 from .critic import critic_path
 
 __all__ = ["Values"]
+
+log = structlog.get_logger("asyncrl.values")
 
 
 class Values(Actor):
@@ -48,13 +52,18 @@ class Values(Actor):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return check_model(cfg)
+        return [*check_device(cfg), *check_model(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.worker = ctx.worker
-        self.model, self.codec = load_value_model(critic_path(cfg))
+        device = device_for(cfg, ctx.index)
+        # On a GPU in model.dtype (a version is copied in); on the CPU in the critic's
+        # float32, so that a version's received buffers become the model's own, uncopied.
+        dtype = DTYPES[cfg.model.dtype] if device.type == "cuda" else torch.float32
+        self.model, self.codec = load_value_model(critic_path(cfg), dtype, device)
         self.model.eval()
+        log.info("value model loaded", device=str(device), dtype=str(dtype))
         receiver = make_receiver(cfg.weights, RunDir.of(cfg).critic_weight_dirs(cfg.weights))
         self.weights = WeightFollower(receiver, ctx.ask_weights)
 
@@ -79,7 +88,7 @@ class Values(Actor):
             rollouts = RolloutsOut.of(item)
             packed = pack_rollouts([rollouts], self.codec.pad_id)
             with torch.no_grad():
-                values = response_values(self.model, packed).float().numpy()
+                values = response_values(self.model, packed).float().cpu().numpy()
             laid = np.zeros(rollouts.response_ids.shape, np.float32)  # the group's layout
             laid[:, : values.shape[1]] = values
             out = ValuesOut(laid, self.loaded)

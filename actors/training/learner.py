@@ -29,6 +29,7 @@ from ..policy.model import CausalLM
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from ..worker.setup import DTYPES
 from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState
@@ -62,7 +63,7 @@ class Learner(LearnerState):
         self.device = device_of(model)  # where the model is: its inputs go there
         # Float32 master weights (load_policy); model.dtype is what forward and backward
         # compute in and what generators and checkpoints receive.
-        self.compute_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+        self.compute_dtype = DTYPES[cfg.model.dtype]
         self._host = HostCopies()  # where a CUDA model's new versions land in CPU memory
         # Another engine splits the model its own way; ours is sharded by FSDP2 here.
         self.engine = model if isinstance(model, EngineModel) else None

@@ -20,11 +20,14 @@ from .threads import threads_for
 if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
 
-__all__ = ["device_for", "load_policy", "start_sglang", "threads_for"]
+__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang", "threads_for"]
 
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
 SGLANG_SHARED_MEM_FRACTION = 0.5
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # model.dtype
 
 
 def device_for(cfg: RunConfig, index: int | None) -> torch.device:
@@ -50,7 +53,7 @@ def load_policy(
         raise RuntimeError(problems[0])
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.model.dtype]
+    dtype = DTYPES[cfg.model.dtype]
     # The trainer keeps float32 master weights and computes in model.dtype (autocast, in
     # the Learner): AdamW's updates at RL learning rates (1e-6 of a weight) are below
     # bfloat16's resolution (2**-8 of it) and would round away on bfloat16 weights.

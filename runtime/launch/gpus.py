@@ -27,7 +27,7 @@ def gpu_roles(cfg: RunConfig) -> frozenset[str]:
     """The roles whose workers compute on a GPU in ``cfg``."""
     roles = set()
     if cfg.backends.device == "cuda":
-        roles |= {"generate", "train", "logp", "ref_logp"}
+        roles |= {"generate", "train", "logp", "ref_logp", "critic", "values"}
     if cfg.backends.generate == "sglang":
         roles.add("generate")  # SGLang runs on CUDA whatever backends.device says
     return frozenset(roles)

@@ -41,7 +41,7 @@ from .plan import GROUPED_ROLES, NodePlan, node_specs
 __all__ = ["RayPlan", "RayProcess", "describe_plan", "ray_plan"]
 
 # The roles that compute on a model: on GPUs under CUDA (gpus.gpu_roles).
-_MODEL_ROLES = frozenset({"generate", "train", "logp", "ref_logp"})
+_MODEL_ROLES = frozenset({"generate", "train", "logp", "ref_logp", "critic", "values"})
 _NODE = "ray"  # in workers' names: numbered by the run, not by a machine
 _CPU_PER_RANK = 0.01  # a bundle cannot be empty: what a CPU run's rank reserves
 

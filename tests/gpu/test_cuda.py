@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from asyncrl.actors.critic import load_value_model
 from asyncrl.actors.policy.checkpoint import load_model
+from tests.support import default_run
 
 pytestmark = [
     pytest.mark.gpu,
@@ -125,3 +127,43 @@ def test_a_short_rl_run_on_cuda_trains_and_moves_weights_between_gpus(
     assert {m["version"] for m in moved if m["worker"].startswith("generate")} >= {1}
     final, _ = load_model(str(run_dir / "final"), torch.bfloat16)
     assert final.lm_head.weight.dtype == torch.bfloat16
+
+
+def _cuda_run(run_dir: Path, config: str, *overrides: str) -> list[dict]:
+    """``asyncrl run`` of ``config`` on the GPU in bfloat16; its step lines."""
+    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", config]
+    argv += [f"run.dir={run_dir}", "backends.device=cuda", "model.dtype=bfloat16"]
+    argv += ["data.val_every_versions=0", "weights.strategy=shm"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0", *overrides]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return default_run.steps(run_dir)
+
+
+def test_ppo_with_a_learned_critic_on_cuda(tmp_path: Path) -> None:
+    """The critic trains and the values workers score on the GPU; the critic's versions
+    reach the values workers over the weight plane."""
+    run_dir = tmp_path / "run"
+    steps = _cuda_run(
+        run_dir, "deploy/configs/ppo.yaml", "run.total_steps=4", "critic.warmup_steps=1"
+    )
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert all(s["value_loss"] == s["value_loss"] for s in steps if "value_loss" in s)  # not NaN
+    assert any("critic_staleness_max" in s for s in steps)
+    for name in ["critic-0", "values-0"]:
+        (loaded,) = default_run.records(run_dir, name, "value model loaded")
+        assert loaded["device"].startswith("cuda"), loaded
+    versions = default_run.records(run_dir, "values-0", "loaded a critic version")
+    assert versions and max(v["version"] for v in versions) >= 1
+    critic, _ = load_value_model(str(run_dir / "critic" / "final"))
+    assert critic.score.weight.abs().sum() > 0  # the value head learned from zero
+
+
+def test_lora_adapters_train_on_cuda(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    steps = _cuda_run(run_dir, "deploy/configs/lora.yaml", "run.total_steps=4")
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert (run_dir / "final" / "adapter" / "adapter_config.json").is_file()
+    moved = [json.loads(line) for line in (run_dir / "weights.jsonl").open()]
+    assert {m["version"] for m in moved if m["worker"].startswith("generate")} >= {1}

@@ -166,7 +166,7 @@ def test_which_roles_need_a_gpu() -> None:
     sglang = config_from_dict({"backends": {"generate": "sglang"}})
     assert gpu_roles(sglang) == {"generate"}
     cuda = config_from_dict({"backends": {"device": "cuda"}})
-    assert gpu_roles(cuda) == {"generate", "train", "logp", "ref_logp"}
+    assert gpu_roles(cuda) == {"generate", "train", "logp", "ref_logp", "critic", "values"}
     with pytest.raises(ValueError, match="computes on CPU"):
         machine_gpus(config_from_dict({}), "0,1")
     assert machine_gpus(cuda, "2,3") == ("2", "3")
