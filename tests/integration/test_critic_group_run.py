@@ -15,7 +15,7 @@ from asyncrl.actors.critic import load_value_model
 from asyncrl.runtime.rundir import RunDir
 from tests.support import default_run
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
 _STEPS, _BATCH, _EVERY = 6, 4, 2
 

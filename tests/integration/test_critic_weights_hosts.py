@@ -16,6 +16,7 @@ from tests.support.host_run import HostRun, lines
 from tests.support.hosts import Hosts, hosts_available, why_no_hosts
 
 pytestmark = [
+    pytest.mark.heavy,
     pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts())),
     pytest.mark.timeout(300),
 ]
