@@ -22,15 +22,13 @@ _STEPS, _BATCH, _EVERY = 6, 4, 2
 
 def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
-    proc = default_run.start(
+    proc = default_run.start_ppo(
         run_dir,
         log,
-        "algorithm.estimator=gae",
+        _STEPS,
+        _BATCH,
         "pipeline.workers.critic=2",
-        f"run.total_steps={_STEPS}",
-        f"pipeline.train_batch_groups={_BATCH}",
         f"pipeline.checkpoint_every={_EVERY}",
-        "data.val_every_versions=0",
     )
     try:
         assert proc.wait(360) == 0, log.read_text()

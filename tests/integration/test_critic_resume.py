@@ -26,14 +26,7 @@ _staged, _steps = default_run.records, default_run.steps
 
 def test_a_killed_critic_resumes_at_the_scheduler_critic_step(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
-    proc = default_run.start(
-        run_dir,
-        log,
-        "algorithm.estimator=gae",
-        f"run.total_steps={_STEPS}",
-        f"pipeline.train_batch_groups={_BATCH}",
-        "data.val_every_versions=0",
-    )
+    proc = default_run.start_ppo(run_dir, log, _STEPS, _BATCH)
     try:
         deadline = time.monotonic() + 150
         while len(_staged(run_dir, "critic-0", "state staged")) < _KILL_AFTER:

@@ -31,14 +31,8 @@ def _published(run_dir: Path) -> list[int]:
 
 def test_a_critic_whose_staged_state_is_lost_rolls_back_to_its_checkpoint(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
-    proc = default_run.start(
-        run_dir,
-        log,
-        "algorithm.estimator=gae",
-        f"run.total_steps={_STEPS}",
-        f"pipeline.train_batch_groups={_BATCH}",
-        f"pipeline.checkpoint_every={_EVERY}",
-        "data.val_every_versions=0",
+    proc = default_run.start_ppo(
+        run_dir, log, _STEPS, _BATCH, f"pipeline.checkpoint_every={_EVERY}"
     )
     staged = RunDir(run_dir).critic_staged_state
     try:

@@ -22,6 +22,16 @@ def start(run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 
 
+def start_ppo(
+    run_dir: Path, log: Path, steps: int, batch: int, *overrides: str
+) -> subprocess.Popen[bytes]:
+    """The same run with a learned critic (PPO), ``steps`` steps of ``batch`` groups,
+    without validation."""
+    ppo = ["algorithm.estimator=gae", f"run.total_steps={steps}"]
+    ppo += [f"pipeline.train_batch_groups={batch}", "data.val_every_versions=0"]
+    return start(run_dir, log, *ppo, *overrides)
+
+
 def steps(run_dir: Path) -> list[dict]:
     """The whole lines of ``metrics.jsonl`` so far."""
     path = run_dir / "metrics.jsonl"
