@@ -138,7 +138,8 @@ def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
         assert f"rolled back to version {newest}" in record["error"], record
 
 
-# In the default suite (~30 s alone, beside the 3-host run): no reboot, only a slower run.
+# With the heavy tests (~30 s alone): no reboot, only a slower run.
+@pytest.mark.heavy
 def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path) -> None:
     steps, rate_bits = 6, 16_000_000  # a version of ~3.2 MB takes ~1.6 s to cross it
     with Hosts(3, shared=[tmp_path]) as hosts:

@@ -95,7 +95,9 @@ def _two_steps(tmp_path: Path, overrides: list[str]) -> tuple[Path, list[dict]]:
 @pytest.mark.parametrize(
     "split",
     [
-        pytest.param(TRAINER_GROUP, id="tensor-parallel"),
+        # With the heavy tests (30 s): a stopped group's resume, as the torch group's
+        # test in the default suite takes it.
+        pytest.param(TRAINER_GROUP, id="tensor-parallel", marks=pytest.mark.heavy),
         # Slow (40 s): the tensor- and expert-parallel groups take the same resume path in
         # every run of the suite; this one adds which layers each rank stages.
         pytest.param(
