@@ -80,8 +80,9 @@ def test_a_critic_without_its_staged_state_resumes_from_its_checkpoint(tmp_path:
         final, _ = load_value_model(str(run.final_critic))
         for name, param in final.named_parameters():
             assert torch.equal(param, _params(again)[name]), name
-    finally:
+    finally:  # its host memory (/dev/shm): the staged state and the weights' slots
         shutil.rmtree(run.critic_staged_state, ignore_errors=True)
+        shutil.rmtree(run.weight_dirs(cfg.weights).shared, ignore_errors=True)
 
 
 def test_a_critic_with_its_staged_state_takes_it_up_and_rolls_nothing_back(tmp_path: Path) -> None:
@@ -99,5 +100,6 @@ def test_a_critic_with_its_staged_state_takes_it_up_and_rolls_nothing_back(tmp_p
         again.on_start(_context(cfg, 1, rewound))
         assert again.step == 1 and rewound == []
         assert run.critic_checkpoint_steps() == []  # checkpoint_every is far off
-    finally:
+    finally:  # its host memory (/dev/shm): the staged state and the weights' slots
         shutil.rmtree(run.critic_staged_state, ignore_errors=True)
+        shutil.rmtree(run.weight_dirs(cfg.weights).shared, ignore_errors=True)

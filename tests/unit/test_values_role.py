@@ -4,6 +4,7 @@ make due, again when the scheduler holds no weights for them."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
@@ -90,6 +91,10 @@ def test_a_values_worker_loads_each_critic_version_over_the_weight_plane(
     finally:
         values.on_stop()
         critic.on_stop()
+        # Its host memory (/dev/shm): the critic's staged state and its weights' slots.
+        run = RunDir.of(cfg)
+        shutil.rmtree(run.critic_staged_state, ignore_errors=True)
+        shutil.rmtree(run.weight_dirs(cfg.weights).shared, ignore_errors=True)
 
 
 def test_the_critic_weights_have_directories_of_their_own(tmp_path: Path) -> None:
