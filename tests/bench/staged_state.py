@@ -25,22 +25,9 @@ from asyncrl.actors.training.resume import restore, stage
 from asyncrl.actors.training.staged_state import StagedState
 from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.rundir import RunDir
+from tests.bench.train_memory import llama_shape
 
-_110M = dict(  # the shape tests/bench/train_memory.py measures
-    architecture="LlamaForCausalLM",
-    vocab_size=16000,
-    hidden_size=768,
-    intermediate_size=2048,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    num_key_value_heads=12,
-    head_dim=64,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    attention_bias=False,
-)
+_110M = llama_shape(layers=12, hidden=768, vocab=16000)  # train_memory.py measures it
 
 
 def _learner(name: str, run_dir: Path) -> Learner:
