@@ -121,9 +121,10 @@ def test_a_run_launched_on_ray_learns_and_finishes(cluster: Any, tmp_path: Path)
     # The scheduler on the head node, whose address the workers keep.
     ((node, _),) = _starts(run_dir, "scheduler")
     assert cluster.head_node.node_id.startswith(node), node
-    # It learns: the model of step 10 scores well above the untrained one.
+    # It learns: the model of step 10 scores well above the untrained one. The last version
+    # is validated only when the generator loads it before the run stops (timing decides).
     validation = lines(run_dir / "validation.jsonl")
-    assert [v["version"] for v in validation] == [0, 10], validation
+    assert [v["version"] for v in validation] in ([0, 10], [0, 10, 20]), validation
     assert validation[1]["val_reward"] >= validation[0]["val_reward"] + 0.15, validation
     _no_actor_left(cluster)
 

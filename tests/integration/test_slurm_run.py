@@ -83,9 +83,10 @@ def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
     generators = {w for w in loads if w.startswith("generate-")}
     assert generators and all(batch_host not in w for w in generators), (loads, batch_host)
     # It learns: the model of step 10 scores well above the untrained one (0.44 -> 0.77
-    # when tried; the last version is not validated, the run being over).
+    # when tried). The last version is validated only when a generator loads it before the
+    # run stops (timing decides).
     validation = lines(run_dir / "validation.jsonl")
-    assert [v["version"] for v in validation] == [0, 10], validation
+    assert [v["version"] for v in validation] in ([0, 10], [0, 10, 20]), validation
     assert validation[1]["val_reward"] >= validation[0]["val_reward"] + 0.15, validation
 
 
