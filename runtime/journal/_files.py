@@ -119,15 +119,30 @@ def store_snapshot(root: Path, seq: int, frame: bytes) -> None:
     the new one, never a half-written file under a snapshot's name. The directory fsync also
     makes any segment created before the call durable by name.
     """
+    write_snapshot_temp(root, seq, frame)
+    publish_snapshot(root, seq)
+
+
+def snapshot_temp(root: Path, seq: int) -> Path:
     final = root / snapshot_name(seq)
-    tmp = final.with_name(final.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    return final.with_name(final.name + ".tmp")
+
+
+def write_snapshot_temp(root: Path, seq: int, frame: bytes) -> None:
+    """The first half of :func:`store_snapshot`: the temp file, written and fsynced."""
+    fd = os.open(
+        snapshot_temp(root, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+    )
     try:
         write_all(fd, frame)
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, final)
+
+
+def publish_snapshot(root: Path, seq: int) -> None:
+    """The second half of :func:`store_snapshot`: the temp file under its name, durably."""
+    os.replace(snapshot_temp(root, seq), root / snapshot_name(seq))
     fsync_dir(root)
 
 

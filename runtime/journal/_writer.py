@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import zlib
@@ -14,6 +15,7 @@ from typing import Any, NoReturn
 
 import msgpack
 
+from ._child import ChildOutcome, SnapshotChild
 from ._files import (
     OPEN_FLAGS,
     Layout,
@@ -21,7 +23,9 @@ from ._files import (
     lock,
     obsolete_files,
     pack_snapshot,
+    publish_snapshot,
     recover,
+    snapshot_temp,
     store_snapshot,
 )
 from ._format import HEADER, MAX_RECORD_BYTES, PathLike, segment_name
@@ -109,6 +113,7 @@ class JournalWriter:
         self._fd = -1
         self._segment_first = 0
         self._flushed_bytes = self._snapshot_bytes = self._snapshots_written = 0
+        self._in_child: tuple[_Slot, SnapshotChild] | None = None  # a snapshot being written
         # Everything found at open is on disk: recovery fsynced the tail, snapshots are fsynced.
         self._syncer = (
             BackgroundSyncer(layout.last_seq, f"journal-fsync:{root}", on_progress)
@@ -275,21 +280,86 @@ class JournalWriter:
         Returns seq.
         """
         seq = self._seq if seq is None else seq
+        self._check_snapshot_seq(seq)
+        frame = pack_snapshot(seq, state)
+        slot = self._begin_snapshot(seq)
+        self._finish_snapshot(slot, partial(store_snapshot, self._root, seq, frame), len(frame))
+        return seq
+
+    def snapshot_in_child(self, make_state: Callable[[], dict[Any, Any]]) -> None:
+        """Start a snapshot of the state after the last record, dumped in a forked child.
+
+        ``make_state`` runs in the child, on the memory as it was at the fork: call this
+        right after appending the records that bring the journal to that state. The child
+        writes the snapshot's temp file; :meth:`poll_snapshot` puts it in place once the
+        child has ended. Raises ``OSError`` if the fork fails (nothing is changed then).
+        """
+        seq = self._seq
+        self._check_snapshot_seq(seq)
+        slot = self._begin_snapshot(seq)
+        try:
+            child = SnapshotChild.start(
+                self._root, seq, lambda: pack_snapshot(seq, make_state()), (self._lock_fd,)
+            )
+        except OSError:
+            self._abandon_snapshot(slot)
+            raise
+        self._in_child = (slot, child)
+
+    @property
+    def snapshot_in_flight(self) -> bool:
+        """A child is writing a snapshot (no other snapshot may start until it has ended)."""
+        return self._in_child is not None
+
+    def poll_snapshot(self, *, wait: bool = False) -> ChildOutcome | None:
+        """If the child writing a snapshot has ended (or, with ``wait``, once it has): put
+        its snapshot in place (in order after the records before it, as
+        :meth:`write_snapshot` does) or, if it failed, drop what it left; return how it
+        went. None while it runs, or with no child."""
+        if self._in_child is None:
+            return None
+        slot, child = self._in_child
+        outcome = child.wait() if wait else child.poll()
+        if outcome is None:
+            return None
+        self._in_child = None
+        if outcome.ok:
+            temp = snapshot_temp(self._root, slot.seq)
+            store = partial(publish_snapshot, self._root, slot.seq)
+            self._finish_snapshot(slot, store, temp.stat().st_size)
+        else:
+            self._abandon_snapshot(slot)
+        return outcome
+
+    def _check_snapshot_seq(self, seq: int) -> None:
+        if self._in_child is not None:
+            raise ValueError("a snapshot is being written by a child; poll_snapshot first")
         newest = self._snapshots[-1] if self._snapshots else 0
         if not newest < seq <= self._seq:
             raise ValueError(f"snapshot seq must be in ({newest}, {self._seq}], got {seq}")
-        frame = pack_snapshot(seq, state)
+
+    def _begin_snapshot(self, seq: int) -> _Slot:
+        """The records a snapshot claims to follow go to disk first; later ones go to a
+        new segment."""
         if self._pending:
-            self._hand_off()  # the records a snapshot claims to follow go to disk first
+            self._hand_off()
         old_fd = -1
         if self._segment_first <= self._seq:
             old_fd, self._fd = self._fd, self._new_segment(self._seq + 1)
-        self._snapshots.append(seq)
+        return _Slot(seq, old_fd)
+
+    def _finish_snapshot(self, slot: _Slot, store: Callable[[], None], size: int) -> None:
+        self._snapshots.append(slot.seq)
         doomed = obsolete_files(self._root, self._snapshots, self._segments)
-        self._syncer.run(partial(_retire, self._root, seq, frame, old_fd, doomed))
-        self._snapshot_bytes += len(frame)
+        self._syncer.run(partial(_retire, store, slot.old_fd, doomed))
+        self._snapshot_bytes += size
         self._snapshots_written += 1
-        return seq
+
+    def _abandon_snapshot(self, slot: _Slot) -> None:
+        """A snapshot that will not be: the segment started for it stays (replay reads
+        across segments), its temp file goes."""
+        self._syncer.run(partial(_retire, partial(_unlink_temp, self._root, slot.seq),
+                                 slot.old_fd, []))  # fmt: skip
 
     def _open_tail(self, tail_next: int | None) -> None:
         """Append to the last segment, unless it does not end right before the next seq."""
@@ -353,10 +423,12 @@ class JournalWriter:
             raise ValueError("journal writer is closed")
 
     def close(self) -> None:
-        """Flush, stop the syncer and release the directory. Idempotent."""
+        """Wait for a snapshot's child, flush, stop the syncer and release the directory.
+        Idempotent."""
         if self._fd < 0:
             return
         try:
+            self.poll_snapshot(wait=True)
             self.flush()
         finally:
             # Joined before the fds close, so no fsync can hit a closed or reused fd number.
@@ -379,14 +451,27 @@ class JournalWriter:
         self.close()
 
 
-def _retire(root: Path, seq: int, frame: bytes, old_fd: int, doomed: list[Path]) -> None:
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """A snapshot begun: its seq, and the segment's fd it ended (-1: none ended)."""
+
+    seq: int
+    old_fd: int
+
+
+def _retire(store: Callable[[], None], old_fd: int, doomed: list[Path]) -> None:
     """A snapshot's disk work, after the records before it: store it, then clean up.
 
     The old segment's fd closes only here, after its last batch was written and fsynced,
     and files go only once the snapshot that makes them unneeded is durable.
     """
-    store_snapshot(root, seq, frame)  # its directory fsync also covers the new segment
+    store()  # its directory fsync also covers the new segment
     if old_fd >= 0:
         os.close(old_fd)
     for path in doomed:
         os.unlink(path)
+
+
+def _unlink_temp(root: Path, seq: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(snapshot_temp(root, seq))

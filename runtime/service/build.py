@@ -67,6 +67,7 @@ def open_service(
         now=now,
         pipeline=pipeline_for(cfg),
         writer_factory=writer_factory,
+        snapshot_in_child=True,  # the state dumped by a forked child: no pause of the loop
     )
     if not resume:
         run.config.write_text(dump_config(cfg), encoding="utf-8")

@@ -172,11 +172,12 @@ class SchedulerDaemon:
 
     def _serve_one(self, frames: list[Any], writer: JournalWriter) -> None:
         """Answer one request, its reply sent or held for the journal, its changes settled."""
-        began, snapshots = time.perf_counter(), writer.snapshots_written
+        durable = self.service.durable
+        began, snapshots = time.perf_counter(), durable.snapshots_started
         kind = self._serve(frames, writer)
         took = time.perf_counter() - began
         self.timings.add(f"request.{kind.name if kind else 'refused'}", took)
-        if writer.snapshots_written != snapshots:  # its commit wrote a snapshot
+        if durable.snapshots_started != snapshots:  # its commit began a snapshot (a fork)
             self.timings.add("snapshot", took)
 
     def _serve(self, frames: list[Any], writer: JournalWriter) -> p.Kind | None:
