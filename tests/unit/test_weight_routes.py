@@ -288,3 +288,66 @@ def test_random_sequences_keep_every_invariant(fanout: int, steps: list[tuple]) 
 def chain_under(tree: dict[str, str | None], start: str) -> list[str]:
     """``start`` and every receiver whose sources lead through it."""
     return [r for r in tree if start in chain(tree, r)]
+
+
+class WalkingRoutes(WeightRoutes):
+    """The planner as it was before it kept a ranking: every pick walks the tree from the
+    publisher, level by level, each level in order of arrival. The reference."""
+
+    def _pick(self, held, worker, shunned):  # type: ignore[no-untyped-def]
+        banned = shunned | held.failed
+        root = held.publisher
+        if self.fanout > 0:
+            level = [root]
+            while level:
+                for name in level:
+                    node = held.nodes[name]
+                    if name in banned or (name != root and not node.address):
+                        continue
+                    if len(node.downstream) < self.fanout:
+                        return name
+                below = [child for name in level for child in held.nodes[name].downstream]
+                level = sorted(below, key=lambda name: held.nodes[name].arrival)
+        if root not in banned:
+            return root
+        raise self._no_source(held, worker)
+
+
+def outcome(routes: WeightRoutes, op: tuple, version: int) -> object:
+    if op[0] == "lose":
+        return routes.forget(op[1])
+    _, worker, has_address, failed = op
+    try:
+        return routes.route(worker, version, addr(worker) * has_address, failed)
+    except (NoRoute, ValueError) as error:
+        return type(error), str(error)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fanout=st.integers(1, 3), steps=st.lists(ops, max_size=80))
+def test_the_kept_ranking_picks_what_walking_the_tree_picks(
+    fanout: int, steps: list[tuple]
+) -> None:
+    kept, walking, version = WeightRoutes(fanout), WalkingRoutes(fanout), 1
+    for routes in (kept, walking):
+        routes.announce(version, "trainer", {"v": version}, b"T")
+    for op in steps:
+        if op[0] == "publish":
+            version += 1
+            for routes in (kept, walking):
+                routes.announce(version, "trainer", {"v": version}, b"T")
+            continue
+        assert outcome(kept, op, version) == outcome(walking, op, version), op
+        assert kept.tree() == walking.tree()
+
+
+def test_a_pick_does_not_walk_the_tree_it_keeps_ranked() -> None:
+    """A thousand receivers without addresses hang under the publisher; each new one used
+    to walk all the others first (quadratic per version)."""
+    routes = announced(2)
+    for i in range(1000):
+        routes.route(f"g{i}", 3)
+    held = routes._held
+    assert held is not None and held.ranked is not None
+    # Past every node that cannot relay but the newest, which a pick looks at once.
+    assert held.cursor == len(held.ranked) - 1
