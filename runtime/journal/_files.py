@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -161,3 +163,29 @@ def obsolete_files(root: Path, snapshots: list[int], segments: list[int]) -> lis
     doomed += [root / segment_name(first) for first in obsolete]
     del segments[: len(obsolete)]
     return doomed
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotSlot:
+    """A snapshot begun: its seq, and the segment's fd it ended (-1: none ended)."""
+
+    seq: int
+    old_fd: int
+
+
+def retire(store: Callable[[], None], old_fd: int, doomed: list[Path]) -> None:
+    """A snapshot's disk work, after the records before it: store it, then clean up.
+
+    The old segment's fd closes only here, after its last batch was written and fsynced,
+    and files go only once the snapshot that makes them unneeded is durable.
+    """
+    store()  # its directory fsync also covers the new segment
+    if old_fd >= 0:
+        os.close(old_fd)
+    for path in doomed:
+        os.unlink(path)
+
+
+def unlink_snapshot_temp(root: Path, seq: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(snapshot_temp(root, seq))

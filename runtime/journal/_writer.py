@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import zlib
@@ -19,14 +18,17 @@ from ._child import ChildOutcome, SnapshotChild
 from ._files import (
     OPEN_FLAGS,
     Layout,
+    SnapshotSlot,
     fsync_dir,
     lock,
     obsolete_files,
     pack_snapshot,
     publish_snapshot,
     recover,
+    retire,
     snapshot_temp,
     store_snapshot,
+    unlink_snapshot_temp,
 )
 from ._format import HEADER, MAX_RECORD_BYTES, PathLike, segment_name
 from ._syncer import BackgroundSyncer, InlineSyncer
@@ -113,7 +115,7 @@ class JournalWriter:
         self._fd = -1
         self._segment_first = 0
         self._flushed_bytes = self._snapshot_bytes = self._snapshots_written = 0
-        self._in_child: tuple[_Slot, SnapshotChild] | None = None  # a snapshot being written
+        self._in_child: tuple[SnapshotSlot, SnapshotChild] | None = None  # a snapshot being written
         # Everything found at open is on disk: recovery fsynced the tail, snapshots are fsynced.
         self._syncer = (
             BackgroundSyncer(layout.last_seq, f"journal-fsync:{root}", on_progress)
@@ -312,10 +314,8 @@ class JournalWriter:
         return self._in_child is not None
 
     def poll_snapshot(self, *, wait: bool = False) -> ChildOutcome | None:
-        """If the child writing a snapshot has ended (or, with ``wait``, once it has): put
-        its snapshot in place (in order after the records before it, as
-        :meth:`write_snapshot` does) or, if it failed, drop what it left; return how it
-        went. None while it runs, or with no child."""
+        """Once the child has ended (``wait``: wait for it), put its snapshot in place as
+        :meth:`write_snapshot` does, or drop what a failed one left. None while it runs."""
         if self._in_child is None:
             return None
         slot, child = self._in_child
@@ -324,9 +324,8 @@ class JournalWriter:
             return None
         self._in_child = None
         if outcome.ok:
-            temp = snapshot_temp(self._root, slot.seq)
-            store = partial(publish_snapshot, self._root, slot.seq)
-            self._finish_snapshot(slot, store, temp.stat().st_size)
+            size = snapshot_temp(self._root, slot.seq).stat().st_size
+            self._finish_snapshot(slot, partial(publish_snapshot, self._root, slot.seq), size)
         else:
             self._abandon_snapshot(slot)
         return outcome
@@ -338,7 +337,7 @@ class JournalWriter:
         if not newest < seq <= self._seq:
             raise ValueError(f"snapshot seq must be in ({newest}, {self._seq}], got {seq}")
 
-    def _begin_snapshot(self, seq: int) -> _Slot:
+    def _begin_snapshot(self, seq: int) -> SnapshotSlot:
         """The records a snapshot claims to follow go to disk first; later ones go to a
         new segment."""
         if self._pending:
@@ -346,20 +345,19 @@ class JournalWriter:
         old_fd = -1
         if self._segment_first <= self._seq:
             old_fd, self._fd = self._fd, self._new_segment(self._seq + 1)
-        return _Slot(seq, old_fd)
+        return SnapshotSlot(seq, old_fd)
 
-    def _finish_snapshot(self, slot: _Slot, store: Callable[[], None], size: int) -> None:
+    def _finish_snapshot(self, slot: SnapshotSlot, store: Callable[[], None], size: int) -> None:
         self._snapshots.append(slot.seq)
         doomed = obsolete_files(self._root, self._snapshots, self._segments)
-        self._syncer.run(partial(_retire, store, slot.old_fd, doomed))
+        self._syncer.run(partial(retire, store, slot.old_fd, doomed))
         self._snapshot_bytes += size
         self._snapshots_written += 1
 
-    def _abandon_snapshot(self, slot: _Slot) -> None:
-        """A snapshot that will not be: the segment started for it stays (replay reads
-        across segments), its temp file goes."""
-        self._syncer.run(partial(_retire, partial(_unlink_temp, self._root, slot.seq),
-                                 slot.old_fd, []))  # fmt: skip
+    def _abandon_snapshot(self, slot: SnapshotSlot) -> None:
+        """Its temp file goes; the segment started for it stays (replay reads across)."""
+        drop = partial(unlink_snapshot_temp, self._root, slot.seq)
+        self._syncer.run(partial(retire, drop, slot.old_fd, []))
 
     def _open_tail(self, tail_next: int | None) -> None:
         """Append to the last segment, unless it does not end right before the next seq."""
@@ -449,29 +447,3 @@ class JournalWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """A snapshot begun: its seq, and the segment's fd it ended (-1: none ended)."""
-
-    seq: int
-    old_fd: int
-
-
-def _retire(store: Callable[[], None], old_fd: int, doomed: list[Path]) -> None:
-    """A snapshot's disk work, after the records before it: store it, then clean up.
-
-    The old segment's fd closes only here, after its last batch was written and fsynced,
-    and files go only once the snapshot that makes them unneeded is durable.
-    """
-    store()  # its directory fsync also covers the new segment
-    if old_fd >= 0:
-        os.close(old_fd)
-    for path in doomed:
-        os.unlink(path)
-
-
-def _unlink_temp(root: Path, seq: int) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(snapshot_temp(root, seq))
