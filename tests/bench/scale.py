@@ -8,11 +8,13 @@ simulated workers that speak the real protocol over real ZeroMQ sockets, one DEA
 under its worker key: Hello, heartbeats naming the leases held, claims, completions
 carrying data-plane references and Held for them, and the worker's next claim as a real
 worker's do (``--claim-apart``: a Claim of its own after each, as before Complete carried
-one), the trainer's PublishVersion, each
-generator's WantWeights and LoadedVersion for every new version; a dataloader answering
-Want with AddGroups. They are hosted many to a process (asyncio, ``--hosts``
-processes). Idle workers wait for the wake-up events of their role (one SUB per host
-process stands in for each worker's own) or a slow poll, as real ones do.
+one), the trainer's PublishVersion, each generator's and logp worker's WantWeights and
+LoadedVersion for every new version; a dataloader answering Want with AddGroups. They are
+hosted many to a process (asyncio, ``--hosts`` processes, their collector set as a real
+worker's is). Idle workers wait for the wake-up events of their role (one SUB per host
+process stands in for each worker's own) or a slow poll, as real ones do; a version
+published wakes the roles that load versions. Workers begin within a mean lease of the
+window's start, as a fleet comes up over time rather than at one instant.
 
 Each lease takes a time drawn like a real run's, scaled: generation long-tailed
 (log-normal, mean ``--mean-lease``), scoring and reward a fifth of that, a train step
@@ -52,6 +54,7 @@ import zmq
 import zmq.asyncio
 
 from asyncrl.runtime.config import config_from_dict, dump_config, load_config
+from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.identity import connection_identity, load_run_secret, worker_key
@@ -59,6 +62,9 @@ from asyncrl.transport.topics import Topic, topic, wake_topic
 
 HEARTBEAT_S = 2.0  # scheduler.heartbeat_interval_s's default
 SLOW_POLL_S = 1.0  # an idle worker claims again after this long without a wake-up
+# The roles that load every version the trainer publishes (and hear of it: the others do
+# not subscribe to version.published).
+FOLLOWERS = frozenset({"generate", "logp"})
 
 
 def roles_for(n: int) -> list[str]:
@@ -168,7 +174,7 @@ class SimWorker:
     async def hello(self) -> None:
         ready = await self.ask(p.Hello(self.name, self.role, p.PROTOCOL_VERSION, os.getpid()))
         assert isinstance(ready, p.Ready), ready
-        if self.role == "generate":
+        if self.role in FOLLOWERS:
             await self.load(ready.policy_version)
 
     async def load(self, version: int) -> None:
@@ -184,10 +190,14 @@ class SimWorker:
 
     async def work(self, tally: Tally, until: float) -> None:
         host = self.host
+        if self.role != "dataloader":
+            # A fleet's workers come up over time (their processes start, their models load),
+            # not all at one instant: each begins within a mean lease of the window's start.
+            await asyncio.sleep(self.rng.uniform(0, host.mean_lease))
         self.since = time.time()
         lease: p.Lease | None = None  # one granted with the last completion
         while time.time() < until:
-            if self.role == "generate" and host.version > self.version:
+            if self.role in FOLLOWERS and host.version > self.version:
                 await self.load(host.version)
             if self.role == "dataloader":
                 await self.feed()
@@ -292,6 +302,7 @@ class Host:
         self.version = 0
         self.added = spec["index"] * 10**9  # dataloader keys, apart per host
         self.workers = [SimWorker(self, name, role) for name, role in spec["workers"]]
+        self.followers = [w for w in self.workers if w.role in FOLLOWERS]
 
     async def listen(self) -> None:
         """One SUB for the host's workers: the scheduler wakes a waiting worker by name
@@ -309,7 +320,7 @@ class Host:
                 continue
             if event.topic == "version.published":
                 self.version = max(self.version, int(event.body["version"]))
-                woken = self.workers  # the staleness bound may admit more now
+                woken = self.followers  # they load it, then claim: it may admit more now
             elif event.topic.startswith(topic(Topic.RUN)):
                 woken = self.workers
             else:  # another host's worker, if not one of these
@@ -322,6 +333,7 @@ class Host:
         listener = asyncio.create_task(self.listen())
         for w in self.workers:
             await w.hello()
+        settle_after_startup()  # the collector's settings of a real worker, after its start
         quiet, busy = Tally(), Tally()
         await _until(phases["heartbeats_from"])
         beating = [asyncio.create_task(w.heartbeats(quiet)) for w in self.workers]
