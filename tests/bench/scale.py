@@ -122,6 +122,7 @@ class Tally:
     claims: int = 0
     completes: int = 0
     busy_s: float = 0.0  # generators: time holding leases
+    ran_s: float = 0.0  # generators: time from their first claim to the window's end
     latencies: list[float] = field(default_factory=list)  # claim -> lease, seconds
     errors: list[str] = field(default_factory=list)
 
@@ -195,6 +196,8 @@ class SimWorker:
             # not all at one instant: each begins within a mean lease of the window's start.
             await asyncio.sleep(self.rng.uniform(0, host.mean_lease))
         self.since = time.time()
+        if self.role == "generate":
+            tally.ran_s += max(0.0, until - self.since)
         lease: p.Lease | None = None  # one granted with the last completion
         while time.time() < until:
             if self.role in FOLLOWERS and host.version > self.version:
@@ -355,7 +358,8 @@ class Host:
 
 def _summary(t: Tally) -> dict:
     return {"leases": t.leases, "heartbeats": t.heartbeats, "claims": t.claims,
-            "completes": t.completes, "busy_s": t.busy_s, "latencies": t.latencies,
+            "completes": t.completes, "busy_s": t.busy_s, "ran_s": t.ran_s,
+            "latencies": t.latencies,
             "errors": t.errors[:5]}  # fmt: skip
 
 
@@ -491,6 +495,7 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
     cuts = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [0.0] * 99
     groups = max(1, leases // 3)  # a group takes three leases (generate, logp, reward)
     gen_busy = sum(b["busy_s"] for b in busy)
+    gen_ran = sum(b["ran_s"] for b in busy)
     return Point(
         workers=n,
         leases_per_s=leases / seconds,
@@ -502,7 +507,7 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
         cpu_per_heartbeat_us=1e6 * per_beat,
         rss_mb=rss,
         journal_bytes_per_group=journal_bytes / groups,
-        ideal_share=gen_busy / (generators * seconds),
+        ideal_share=gen_busy / max(gen_ran, 1e-9),
         scheduler_cores=(cpu3 - cpu2) / seconds,
         load_cores=load_cpu / seconds,
         errors=[e for b in busy for e in b["errors"]][:3],
