@@ -8,7 +8,7 @@ The state must not move while a snapshot dumps it, and with a thousand workers i
 tens of thousands of groups: about 60 ms of dumping and packing, during which the
 scheduler answered nobody (the p99 of every request). With ``snapshot_in_child`` (the
 scheduler's setting) a forked child dumps the state as it was at the fork while the
-scheduler goes on: its pause is the fork, about 2 ms (see ``journal/_child.py``). Where a
+scheduler goes on: its pause is the fork, 2 to 11 ms (see ``journal/_child.py``). Where a
 fork fails, the snapshot is taken on the caller's thread as before.
 
 Snapshots are also spaced by what they cost (the child's CPU, or the caller's time): the

@@ -3,9 +3,10 @@
 Turning a large state into plain data and packing it is Python work on every object: for
 18,500 groups about 60 ms, during which a scheduler answers nobody. A forked child sees the
 state as it was at the fork (its pages are shared copy-on-write), so it can do that work
-while the parent goes on; the parent's pause is the fork itself, about 2 ms for a 120 MB
-process. The child writes and fsyncs the snapshot's temp file and exits; the parent puts
-the file in place once it has reaped the child (see ``JournalWriter.finish_snapshot``).
+while the parent goes on; the parent's pause is the fork itself (2 ms for a process
+holding 18,500 groups when idle, 8 to 11 ms in the scale bench at 1,024 workers). The
+child writes and fsyncs the snapshot's temp file and exits; the parent puts the file in
+place once it has reaped the child (``JournalWriter.poll_snapshot``).
 
 The child of a process with threads may use only what it made itself: it touches no lock,
 socket or logger of the parent, runs no collector (a finalizer could close a parent's
@@ -91,20 +92,19 @@ class SnapshotChild:
         return outcome
 
     def _reap(self, options: int) -> ChildOutcome | None:
-        while True:
-            try:
-                pid, status, usage = os.wait4(self.pid, options)
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-                continue
+        try:
+            pid, status, usage = os.wait4(self.pid, options)
+        except ChildProcessError:  # a wait for any child elsewhere in the process took it
+            os.close(self._errors)
+            return ChildOutcome(False, 0.0, "its exit status was taken by another wait")
         if pid == 0:
             return None
         cpu = usage.ru_utime + usage.ru_stime
         said = _read_all(self._errors)
         os.close(self._errors)
-        if os.waitstatus_to_exitcode(status) == 0:
-            return ChildOutcome(True, cpu, "")
         code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            return ChildOutcome(True, cpu, "")
         why = said or (f"killed by signal {-code}" if code < 0 else f"exit status {code}")
         return ChildOutcome(False, cpu, why)
 

@@ -191,3 +191,18 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return "\nState:\tZ" not in status
+
+
+def test_a_child_whose_status_another_wait_took_counts_as_failed(tmp_path: Path) -> None:
+    durable = open_core(tmp_path / "journal")
+    run_until_forked(durable)
+    slot_child = durable.writer._in_child
+    assert slot_child is not None
+    os.waitpid(slot_child[1].pid, 0)  # as a wait for any child elsewhere would
+    with capture_logs() as logs:
+        durable.commit()
+    assert not durable.writer.snapshot_in_flight
+    (warning,) = [e for e in logs if e["event"].startswith("snapshot failed")]
+    assert "another wait" in warning["reason"]
+    durable.close()
+    assert not list((tmp_path / "journal").glob("*.tmp"))
