@@ -56,6 +56,7 @@ def test_a_killed_holder_s_unconsumed_payloads_are_made_again_and_counted(cluste
     assert '"payload lost"' in log and '"holder": "generate-0"' in log
 
 
+@pytest.mark.heavy  # 21 s of chaos: a holder killed mid-fetch
 def test_a_reader_whose_holder_dies_mid_fetch_reports_it_and_the_run_ends_exact(cluster) -> None:
     # Over ZeroMQ: a reader that maps a payload from shared memory keeps its pages even
     # when the holder dies, so only a fetch can be cut off.

@@ -79,6 +79,7 @@ def base_model_greedy_reward(prompts: int) -> float:
     return validation_reward(model, codec, task, prompts, max_new_tokens=80)
 
 
+@pytest.mark.heavy  # 18 s; the harness's own paths run by default in the tests around it
 def test_calls_that_extend_each_other_train_as_the_tokens_they_sampled(tmp_path: Path) -> None:
     """Each session makes two calls, the second extending the first by its token ids and
     more: one sequence a trajectory, with untrained tokens between the calls. logp scores

@@ -46,11 +46,15 @@ STAGES = [
 BF16 = ["model.dtype=bfloat16"]
 
 
-# Alone in bfloat16, and in groups in float32: each path once, the suite kept short.
+# Alone in bfloat16, and in groups in float32: each path once, the suite kept short. The
+# plain groups run with the heavy tests (23 s): the pipeline stages' run is in groups too.
 @pytest.mark.parametrize(
     "group",
-    [BF16, GROUP, STAGES],
-    ids=["one-rank-bfloat16", "groups-float32", "pipeline-stages-float32"],
+    [
+        pytest.param(BF16, id="one-rank-bfloat16"),
+        pytest.param(GROUP, id="groups-float32", marks=pytest.mark.heavy),
+        pytest.param(STAGES, id="pipeline-stages-float32"),
+    ],
 )
 def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(
     tmp_path: Path, group: list[str]
@@ -179,13 +183,14 @@ def _stopped_and_resumed(tmp_path: Path, split: list[str]) -> None:
         # the dense one-rank run above takes the same bfloat16 plumbing; on a GPU it is
         # tests/gpu/test_megatron.py's Qwen3-MoE run.
         pytest.param(BF16, id="one-rank-bfloat16", marks=pytest.mark.slow),
-        pytest.param(
+        pytest.param(  # with the heavy tests (19 s), as the expert-parallel group's resume
             [
                 "pipeline.workers.train=2",
                 "pipeline.workers.logp=2",
                 "backends.megatron.expert_parallel=2",
             ],
             id="expert-parallel-groups-float32",
+            marks=pytest.mark.heavy,
         ),
     ],
 )

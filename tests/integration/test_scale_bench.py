@@ -24,6 +24,7 @@ def test_the_roles_cover_the_default_pipeline() -> None:
         assert roles.count("train") == 1 and roles.count("dataloader") == 1
 
 
+@pytest.mark.heavy  # 22 s: the bench itself, not the product
 def test_a_short_run_prints_a_row_of_the_curve() -> None:
     argv = [sys.executable, "-m", "tests.bench.scale", "--workers", "8", "--seconds", "3"]
     out = subprocess.run([*argv, "--hosts", "1"], cwd=REPO, capture_output=True, text=True,

@@ -48,6 +48,7 @@ def _pid_of(log: Path, name: str) -> int:
     return int(found[-1])
 
 
+@pytest.mark.heavy  # 22 s of chaos: a rank killed mid-run
 def test_a_rank_killed_mid_run_the_group_restarts_and_no_group_is_trained_twice(
     tmp_path: Path,
 ) -> None:
