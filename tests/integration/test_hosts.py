@@ -70,6 +70,7 @@ def python(hosts: Hosts, name: str, code: str, *args: str, timeout: float = 30) 
 
 def serve(hosts: Hosts, name: str, tmp_path: Path, size: int = 1 << 20) -> None:
     ready = tmp_path / f"serving-{name}"
+    ready.unlink(missing_ok=True)  # a server started before on this host left it behind
     hosts.start(name, [sys.executable, "-c", SERVE, hosts.address(name), str(size), str(ready)])
     wait_for(ready.exists, 10, f"a server on {name}")
 
