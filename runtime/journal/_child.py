@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ._files import write_snapshot_temp
 
-__all__ = ["FORK_AVAILABLE", "ChildOutcome", "SnapshotChild"]
+__all__ = ["ChildOutcome", "SnapshotChild"]
 
 FORK_AVAILABLE = hasattr(os, "fork")
 _ERROR_BYTES = 2000  # what the child may say of its failure: within a pipe's buffer
@@ -69,6 +69,8 @@ class SnapshotChild:
         """Fork a child that writes ``make_frame()`` as snapshot ``seq``'s temp file in
         ``root``. ``close_in_child``: descriptors the child must not keep (the journal's
         lock, which an orphan would otherwise hold). Raises ``OSError`` if the fork fails."""
+        if not FORK_AVAILABLE:  # the caller snapshots on its own thread, as for a failed fork
+            raise OSError("this platform cannot fork")
         read_end, write_end = os.pipe()  # not inherited by exec: Python makes them so
         parent = os.getpid()
         try:

@@ -206,3 +206,19 @@ def test_a_child_whose_status_another_wait_took_counts_as_failed(tmp_path: Path)
     assert "another wait" in warning["reason"]
     durable.close()
     assert not list((tmp_path / "journal").glob("*.tmp"))
+
+
+def test_without_fork_the_snapshot_is_taken_on_the_callers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncrl.runtime.journal._child as child_module
+
+    monkeypatch.setattr(child_module, "FORK_AVAILABLE", False)
+    durable = open_core(tmp_path / "journal")
+    sim = Sim(durable.core, durable.commit, groups=10_000)
+    sim.start()
+    while durable.writer.snapshots_written == 0:
+        sim.step()
+        assert not durable.writer.snapshot_in_flight
+    durable.close()
+    assert replay(tmp_path / "journal").snapshot is not None
