@@ -348,12 +348,7 @@ class Host:
         await asyncio.gather(*(w.work(busy, until) for w in self.workers))
         for task in [*beating, *readers, listener]:
             task.cancel()
-        generators = sum(1 for w in self.workers if w.role == "generate")
-        return {
-            "quiet": _summary(quiet),
-            "busy": _summary(busy),
-            "generators": generators,
-        }
+        return {"quiet": _summary(quiet), "busy": _summary(busy)}
 
 
 def _summary(t: Tally) -> dict:
