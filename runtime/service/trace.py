@@ -21,7 +21,9 @@ clock (``now`` is the service's monotonic time, shifted by an offset taken once 
 so the lines of several scheduler lifetimes fall in order, and its rows keep the ids the
 file gave them (read back from the file's metadata events, once, at start).
 
-Cost is bounded per event, not per run: one ``json.dumps`` and a buffered write per lease
+Cost is bounded per event, not per run: one JSON encoding (msgspec's, about a tenth of
+``json.dumps``'s time: the scheduler writes one per lease and per version a worker loads)
+and a buffered write per lease
 end or instant, open leases kept until they end (at most the leases the core holds), rows
 named once per worker. The buffer reaches the OS at most every ``flush_s`` (on the
 scheduler's tick) and when the file closes.
@@ -36,12 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from asyncrl.runtime.core.effects import Grant
 
 __all__ = ["NO_TRACE", "Trace", "TraceLog", "read_trace"]
 
 _SCHEDULER_PID = 0
 _WEIGHT_TIMES = ("transfer_s", "load_s")
+_encode = msgspec.json.Encoder().encode
 
 
 class Trace:
@@ -272,8 +277,8 @@ class TraceLog(Trace):
         return round((now + self.wall_offset_s) * 1e6)
 
     def _write(self, event: dict[str, Any]) -> None:
-        text = json.dumps(event, separators=(",", ":"))
-        self._file.write(text + "\n" if self._first else "," + text + "\n")
+        line = _encode(event)
+        self._file.write(line + b"\n" if self._first else b"," + line + b"\n")
         self._first = False
         self.events += 1
 
@@ -295,7 +300,7 @@ def _open_for_append(path: Path) -> tuple[Any, bool]:
         tmp.write_bytes(keep)
         os.replace(tmp, path)
     first = keep.strip() == b"["
-    return open(path, "a", encoding="utf-8"), first  # lives with the service
+    return open(path, "ab"), first  # lives with the service
 
 
 def read_trace(path: Path) -> list[dict[str, Any]]:
