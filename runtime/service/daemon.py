@@ -3,7 +3,9 @@
 One thread owns both sockets. Each turn it reads every request waiting on the ROUTER
 (so one journal batch covers them all: group commit), hands them to the service, hands the
 new records to the journal, sends each reply whose records are journaled, then publishes
-the events. A reply that owes nothing to the journal (a lease) is sent before the service
+the events. A long turn (a burst: every follower of a new version asking at once) has the
+journal write every millisecond or so, so a reply held for it does not wait for the whole
+turn. A reply that owes nothing to the journal (a lease) is sent before the service
 journals and announces what the request changed, so a worker's wait for it excludes that
 bookkeeping; the bookkeeping is still done before the next request is answered.
 
@@ -47,6 +49,10 @@ __all__ = ["SchedulerDaemon"]
 log = structlog.get_logger("asyncrl.scheduler")
 
 _BATCH = 512  # requests read per turn before the loop publishes and replies
+# A reply held for the journal waits at most this long for the rest of its batch: in a
+# burst (a version's followers all asking at once) a batch takes 5-20 ms, and a Complete
+# read first would wait for all of it. Writing sooner costs a write per _HOLD_S in a burst.
+_HOLD_S = 0.001
 _POLLIN = int(zmq.POLLIN)
 _DETAIL = 200  # characters of a protocol error kept in its log line
 _FAILED = p.Error("internal", "the scheduler failed on this request")
@@ -87,6 +93,7 @@ class SchedulerDaemon:
         self.timings = service.timings
         self._stops = 0  # stop signals so far: the first drains, the second ends the loop
         self._held: deque[tuple[int, list[Any]]] = deque()  # (journal seq, reply frames)
+        self._held_since = 0.0  # when the oldest held reply was held (perf_counter)
         self._draining_since: float | None = None
 
     def request_stop(self) -> None:
@@ -105,7 +112,6 @@ class SchedulerDaemon:
         # zmq_poll itself, not zmq.Poller: the Poller rebuilds its list and a dict per call,
         # once per request here. Items are (socket or fd, events); results the same.
         watched = [(self.router, _POLLIN), (self.wake_fd, _POLLIN)]
-        writer = self.service.durable.writer
         next_tick = self.clock()
         requests = False
         served_at: float | None = None
@@ -142,12 +148,7 @@ class SchedulerDaemon:
                 next_tick = now + self.tick_interval_s
                 self.timings.add("tick", time.perf_counter() - began)
             if self._held:
-                began = time.perf_counter()
-                # Usually written when this returns (see JournalWriter). A reply that waits
-                # only for the write leaves the fsync to the journal's batching rule.
-                writer.submit(durable=self.ack_after == "fsync")
-                self._release()
-                self.timings.add("journal_write", time.perf_counter() - began)
+                self._write_held()
             # After the replies: a worker waits on its reply, while events are wake-ups.
             began = time.perf_counter()
             self._publish()
@@ -168,6 +169,8 @@ class SchedulerDaemon:
             if frames is None:
                 break
             self._serve_one(frames, writer)
+            if self._held and time.perf_counter() - self._held_since > _HOLD_S:
+                self._write_held()  # a long batch: its first replies go out now
         timings.add("batch", time.perf_counter() - began)
 
     def _serve_one(self, frames: list[Any], writer: JournalWriter) -> None:
@@ -188,6 +191,8 @@ class SchedulerDaemon:
         if acknowledges:
             self.service.settle()  # its records reach the journal's buffer first
             if writer.last_seq > self._confirmed():
+                if not self._held:
+                    self._held_since = time.perf_counter()
                 self._held.append((writer.last_seq, out))
                 return kind
         if self._held:
@@ -229,6 +234,18 @@ class SchedulerDaemon:
             # A bug, not bad input: the request fails, the scheduler and the run go on.
             log.exception("request failed", kind=message.KIND.name)
             return _FAILED, req_id, None
+
+    def _write_held(self) -> None:
+        """Have the journal write what the held replies wait for, and send those it
+        confirms."""
+        began = time.perf_counter()
+        # Usually written when this returns (see JournalWriter). A reply that waits only
+        # for the write leaves the fsync to the journal's batching rule.
+        self.service.durable.writer.submit(durable=self.ack_after == "fsync")
+        self._release()
+        now = time.perf_counter()
+        self._held_since = now  # those still held (waiting for an fsync) wait anew
+        self.timings.add("journal_write", now - began)
 
     def _confirmed(self) -> int:
         writer = self.service.durable.writer

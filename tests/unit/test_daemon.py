@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,68 @@ def test_a_reply_that_cannot_be_encoded_is_sent_as_the_requests_error() -> None:
     frames = _encoded(p.StatusReply({"path": Path("/")}), 9, p.Kind.STATUS)
     reply, req_id = p.decode_with_id(frames)
     assert req_id == 9 and isinstance(reply, p.Error) and reply.code == "internal"
+
+
+def test_a_held_reply_leaves_within_a_long_turn_not_at_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst makes a long turn; a completion read first in it is answered once the
+    journal writes, about a millisecond on, not after every other request of the turn.
+    Heartbeats made slow (2 ms each, planted) stretch the turn."""
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(tmp_path / "run"), "total_steps": 100},
+            "pipeline": {"max_staleness": 1000, "train_batch_groups": 1},
+            "scheduler": {"ack_after": "write", "busy_poll_us": 0},
+        }
+    )
+    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    service = open_service(cfg, resume=False, now=0.0)
+    ctx = zmq.Context()
+    sockets = bind_scheduler_sockets_at(
+        ctx, "inproc://control", "inproc://events", max_message_bytes=2**20
+    )
+    daemon = SchedulerDaemon(service, sockets.control, sockets.events, wake_fd, ack_after="write")
+    run = Running(daemon, ctx, Gate())
+
+    def call(message: p.Message) -> p.Message:
+        sent = run.send(message)
+        daemon._serve_batch()
+        service.durable.writer.submit(durable=False)  # as the turn's end does
+        daemon._release()
+        answer = run.reply(worker=message.worker)
+        assert answer is not None and answer[1] == sent, message
+        return answer[0]
+
+    try:
+        call(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1))
+        call(p.Hello("gen", "generate", p.PROTOCOL_VERSION, 1))
+        call(p.Hello("rw", "reward", p.PROTOCOL_VERSION, 1))
+        call(p.LoadedVersion("gen", 0))
+        call(p.AddGroups("loader", (p.NewGroup("k0", {"x": 0}),)))
+        lease = call(p.Claim("gen", "generate", 1))
+        assert isinstance(lease, p.Lease)
+        answered: list[bool] = []  # at each heartbeat: had the completion's reply left?
+        original = service_module._HANDLERS[p.Heartbeat]
+
+        def slow_heartbeat(svc: Any, m: p.Heartbeat, now: float) -> p.Message:
+            time.sleep(0.002)
+            answered.append(run.client("gen").poll(0) != 0)
+            return original(svc, m, now)
+
+        monkeypatch.setitem(service_module._HANDLERS, p.Heartbeat, slow_heartbeat)
+        run.send(p.Complete("gen", lease.lease_id, lease.fence, (_result(lease),)))
+        for _ in range(8):
+            run.send(p.Heartbeat("rw"))
+        daemon._serve_batch()  # one turn: the completion, then eight heartbeats
+        assert len(answered) == 8
+        assert answered[0] is False  # held for the journal while under a millisecond
+        assert answered[1] is True, answered  # written and sent within the turn
+    finally:
+        for client in run.clients.values():
+            client.close(linger=0)
+        sockets.close()
+        ctx.term()
+        service.durable.close()
+        service.close_files()
+        os.close(wake_fd)
