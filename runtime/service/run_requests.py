@@ -42,7 +42,10 @@ def report(service: HandlerContext, m: p.Report, now: float) -> p.Message:
         return p.Error(Reason.BAD_REQUEST, f"report {m.name!r}: {unwritable}")
     line = {"elapsed_s": round(now - service.started_at, 3), "worker": m.worker, **data}
     if reports.record(m.version, line):
-        log.info(m.name, worker=m.worker, version=m.version, **_scalars(data))
+        # A worker's weight load is one line per follower per version (weight_loads.jsonl
+        # keeps them all): at scale, info would drown the log in them.
+        level = log.debug if reports.per_worker else log.info
+        level(m.name, worker=m.worker, version=m.version, **_scalars(data))
         if m.name == "weights":
             service.trace.weights_report(m.worker, m.version, data, now)
         service.emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})

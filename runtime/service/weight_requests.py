@@ -90,7 +90,10 @@ def want_weights(service: HandlerContext, m: p.WantWeights, _now: float) -> p.Me
         return p.Error(none.code, none.detail)
     if m.failed:
         log.warning("weights source failed", worker=m.worker, failed=m.failed)
-    log.info("weights route", worker=m.worker, version=route.version, source=route.source)
+    # One per follower per version: at a thousand workers, info would be most of the log
+    # (and a burst of lines after each publication); the trace and weight_loads.jsonl say
+    # who loaded what from whom.
+    log.debug("weights route", worker=m.worker, version=route.version, source=route.source)
     return p.WeightsPlan(route.version, route.manifest, route.source, route.source_address)
 
 
