@@ -3,7 +3,8 @@ Fail; Held (which kept payloads to free), Lock and Unlock under a lease.
 
 A Complete may carry the worker's next claim (``claim_next``): once its results are taken
 it is answered like a Claim (the same handler, the same waiting queue), the Lease in place
-of the Ack when there is work. A busy worker then makes one request per lease, not two.
+of the Ack when there is work (:func:`claim_along`; a LoadedVersion may carry one too).
+A busy worker then makes one request per lease, not two.
 A train step's Complete is answered StepDone whatever it asks: the trainer publishes the
 version the reply names before it claims again.
 
@@ -35,13 +36,33 @@ from .reports import step_fields
 if TYPE_CHECKING:
     from .handler_context import HandlerContext
 
-__all__ = ["MAX_CLAIM", "add_groups", "claim", "complete", "fail", "held", "lock", "unlock"]
+__all__ = [
+    "MAX_CLAIM",
+    "add_groups",
+    "bad_claim_next",
+    "claim",
+    "claim_along",
+    "complete",
+    "fail",
+    "held",
+    "lock",
+    "unlock",
+]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
 MAX_CLAIM = 65_536
 """The most groups a claim sent with a completion may ask for: more than any worker holds
 at once, so a larger number is a bug in the sender (an unset or wrapped counter)."""
+
+
+def bad_claim_next(count: int) -> p.Error | None:
+    """The refusal of a request whose carried claim (``claim_next``) is out of range: it is
+    refused whole, nothing taken and nothing leased."""
+    if 0 <= count <= MAX_CLAIM:
+        return None
+    detail = f"claim_next {count} is not a number of groups from 0 to {MAX_CLAIM}"
+    return p.Error(Reason.BAD_REQUEST, detail)
 
 
 def claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
@@ -106,26 +127,27 @@ def _lease(service: HandlerContext, grant: Grant, now: float) -> p.Lease:
 
 
 def complete(service: HandlerContext, m: p.Complete, now: float) -> p.Message:
-    if not 0 <= m.claim_next <= MAX_CLAIM:  # refused whole: nothing taken, nothing leased
-        detail = f"claim_next {m.claim_next} is not a number of groups from 0 to {MAX_CLAIM}"
-        return p.Error(Reason.BAD_REQUEST, detail)
+    refused = bad_claim_next(m.claim_next)
+    if refused is not None:
+        return refused
     lease = service.core.state.leases.get(m.lease_id)
     taken = _complete(service, m, lease, now)
     if not m.claim_next or lease is None or not isinstance(taken, p.Ack):
         return taken
-    return _claim_next(service, m, lease.role, taken, now)
+    return claim_along(service, m.worker, lease.role, m.claim_next, taken, now)
 
 
-def _claim_next(
-    service: HandlerContext, m: p.Complete, role: str, taken: p.Ack, now: float
+def claim_along(
+    service: HandlerContext, worker: str, role: str, count: int, taken: p.Ack, now: float
 ) -> p.Message:
-    """The worker's next lease, or ``taken`` when there is none: the worker then waits to
-    be woken (claim put it in the queue), as after a claim that found nothing."""
-    reply = claim(service, p.Claim(m.worker, role, m.claim_next), now)
+    """The next lease of a claim carried by a request that was taken (``taken``, its
+    reply), or ``taken`` when there is none: the worker then waits to be woken (claim put
+    it in the queue), as after a claim that found nothing."""
+    reply = claim(service, p.Claim(worker, role, count), now)
     if isinstance(reply, p.Lease):
         return reply
-    if isinstance(reply, p.Error):  # the results are taken all the same: say so
-        log.warning("claim with a completion refused", worker=m.worker, code=reply.code,
+    if isinstance(reply, p.Error):  # what carried the claim is taken all the same: say so
+        log.warning("claim carried by a request refused", worker=worker, code=reply.code,
                     detail=reply.detail)  # fmt: skip
     return taken
 

@@ -1,7 +1,8 @@
 """The version and weights requests: PublishVersion (a trainer, or PPO's critic, announces
 a version, and the weights to route), WantWeights (whom a receiver fetches from:
 weight_routes.py; a values worker fetches the critic's), LoadedVersion (a generator runs
-a version), Rewind (training rolls back to a step).
+a version, and may claim its next work with it: lease_requests.claim_along), Rewind
+(training rolls back to a step).
 
 The policy's versions and the critic's each have their own routes (``service.routes``,
 ``service.critic_routes``): the publisher's role says which a publication goes to, the
@@ -21,6 +22,7 @@ from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
+from .lease_requests import bad_claim_next, claim_along
 from .replies import reply_of
 from .weight_routes import NoRoute, WeightRoutes
 
@@ -119,13 +121,21 @@ def _published(service: HandlerContext, critic: bool) -> int:
 
 
 def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message:
+    refused = bad_claim_next(m.claim_next)
+    if refused is not None:
+        return refused
     reply = service.core.loaded_version(m.worker, m.version)
-    if isinstance(reply, Accepted):
-        service.trace.loaded(m.worker, m.version, now)
-        everywhere = _loaded_by_every_generator(service)
-        if everywhere is not None:
-            service.path.loaded_everywhere(everywhere, now)
-    return reply_of(reply)
+    if not isinstance(reply, Accepted):
+        return reply_of(reply)
+    service.trace.loaded(m.worker, m.version, now)
+    everywhere = _loaded_by_every_generator(service)
+    if everywhere is not None:
+        service.path.loaded_everywhere(everywhere, now)
+    taken = p.Ack(reply.count)
+    if not m.claim_next:
+        return taken
+    role = service.core.state.workers[m.worker].role
+    return claim_along(service, m.worker, role, m.claim_next, taken, now)
 
 
 def _loaded_by_every_generator(service: HandlerContext) -> int | None:

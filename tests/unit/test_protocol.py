@@ -56,6 +56,7 @@ def test_every_kind_is_declared_once() -> None:
         p.WeightsPlan(3, {"buckets": [[0, 64]]}, "t", b"\x00ucx\xff"),
         p.Complete("g", 1, 2, (p.Result(3, {}, (0, 1), REF),)),
         p.Complete("g", 1, 2, (p.Result(3, {}, (0, 1), REF),), claim_next=4),
+        p.LoadedVersion("g", 3, claim_next=2),
         p.Lease(1, 2, "logp", 9.0, None, (p.Item(3, "q3", {"dataloader": {}}, {"generate": REF}),)),
         p.Fail("w", 3, 9, None, "fetch", (p.LostPayload(3, "generate", "gone"),)),
         p.Held("g", "s1", (1, 2, 3), 4096),
@@ -76,6 +77,11 @@ def test_a_complete_from_before_claim_next_claims_nothing() -> None:
     """An older worker's Complete ends at durable_step: it asks for no next lease."""
     old = p.decode([header(p.Kind.COMPLETE, ["g", 1, 2, [], None, None])])
     assert old == p.Complete("g", 1, 2, ()) and old.claim_next == 0
+
+
+def test_a_loaded_version_from_before_claim_next_claims_nothing() -> None:
+    old = p.decode([header(p.Kind.LOADED_VERSION, ["g", 3])])
+    assert old == p.LoadedVersion("g", 3) and old.claim_next == 0
 
 
 def test_arrays_travel_as_their_own_frames_and_come_back_as_views() -> None:

@@ -293,6 +293,49 @@ def test_a_bad_claim_next_is_refused_whole_naming_it(tmp_path: Path, claim_next:
     service.durable.close()
 
 
+def test_a_loaded_version_that_claims_next_gets_a_lease_or_waits_to_be_woken(
+    tmp_path: Path,
+) -> None:
+    """An idle worker that loaded a version claims with the report: one request, not two."""
+    service = make(tmp_path)
+    _add(service, "a")
+    reply = service.handle(p.LoadedVersion("generate", 0, claim_next=1), 0.0)
+    assert isinstance(reply, p.Lease) and [i.key for i in reply.items] == ["a"]
+    assert service.core.state.leases[reply.lease_id].worker == "generate"
+    assert service.handle(p.LoadedVersion("logp", 0, claim_next=1), 0.0) == p.Ack()
+    assert service.waiting.waiting("logp") == 1  # queued, as after an empty Claim
+    service.take_events()
+    done = p.Complete("generate", reply.lease_id, reply.fence, _generated(reply))
+    assert service.handle(done, 0.0) == p.Ack(1)
+    woken = [e.topic for e in service.take_events() if e.topic.startswith("wake.")]
+    assert woken == ["wake.logp/"]
+    service.durable.close()
+
+
+@pytest.mark.parametrize("claim_next", [-1, 65_537])
+def test_a_loaded_version_with_a_bad_claim_is_refused_whole(
+    tmp_path: Path, claim_next: int
+) -> None:
+    service = make(tmp_path)
+    _add(service, "a")
+    bad = p.LoadedVersion("logp", 0, claim_next=claim_next)
+    refused = p.decode(p.encode(service.handle(p.decode(p.encode(bad)), 0.0)))
+    assert isinstance(refused, p.Error) and refused.code == "bad_request"
+    assert f"claim_next {claim_next}" in refused.detail
+    assert service.core.state.indexes.versions["logp"][None] == 1  # nothing taken
+    assert not service.core.state.leases
+    service.durable.close()
+
+
+def test_a_loaded_version_refused_claims_nothing(tmp_path: Path) -> None:
+    service = make(tmp_path)
+    _add(service, "a")
+    refused = service.handle(p.LoadedVersion("generate", 7, claim_next=1), 0.0)
+    assert isinstance(refused, p.Error)  # no such version published
+    assert not service.core.state.leases
+    service.durable.close()
+
+
 def test_a_train_steps_complete_is_answered_step_done_whatever_it_claims(
     tmp_path: Path,
 ) -> None:

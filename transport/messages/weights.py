@@ -25,9 +25,19 @@ class PublishVersion(WireStruct):
 
 
 class LoadedVersion(WireStruct):
+    """``worker`` runs ``version`` now.
+
+    ``claim_next``: the worker's next Claim, for up to that many groups, answered with the
+    report, as a Complete's is (control.Complete): an idle worker that has just loaded a
+    version claims with the report rather than after it. The reply is the Lease when there
+    is work, otherwise the usual Ack, the worker then waiting to be woken as after a claim
+    that found nothing. 0 (an older worker's, or one with no room): no claim.
+    """
+
     KIND: ClassVar[Kind] = Kind.LOADED_VERSION
     worker: str
     version: int
+    claim_next: int = 0
 
 
 class Rewind(WireStruct):
