@@ -29,11 +29,12 @@ and announce: versions.py). An actor asks whom to fetch weights from with
 ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread
 (questions.py).
 
-Resilience: every request is retried on LinkTimeout with capped backoff (the scheduler may
-be restarting), so a Complete whose reply was lost is sent again with the same lease and
-fence, and the scheduler either takes it or says the lease ended (a Lease that answered
-the lost try and comes late is handed back: ``late_reply``). A scheduler that forgot
-the worker (``unknown_worker``) gets a new Hello, then the request again (requests.py).
+When to claim and for how much, whichever request carries the claim (a Claim, a
+Complete, the report of a version just loaded), is claims.py's.
+
+Resilience: every request is retried until answered, and a worker the scheduler forgot
+registers again first (requests.py); a Lease that answered a lost try and comes late is
+handed back (``late_reply``).
 
 Each Complete says where the loop's wall time went since the previous one (the role's
 work, waiting for work, the scheduler, payloads, weights: bus.TimeBucket, time_split.py)
@@ -60,6 +61,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 
 from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
+from .claims import Claims
 from .events import (
     CRITIC_PUBLISHED,
     CRITIC_WANTED,
@@ -149,6 +151,9 @@ class Worker(SchedulerQuestions):
             pacing.version_check_s,
             self._log,
             self._time,
+            # An idle follower claims with the report of the version it loaded.
+            claim_room=lambda: self._claims.room(),
+            claimed=lambda reply: self._claims.with_report(reply),
         )
         self._main: threading.Thread | None = None  # the thread in run(): the link's caller
         # A later stage reads this role's results (the trainer's are the end of the line:
@@ -174,6 +179,13 @@ class Worker(SchedulerQuestions):
             self._time,
             self._log,
             results_are_read=results_are_read,
+        )
+        self._claims = Claims(
+            self._leases,
+            clock,
+            pacing.poll_s,
+            publishes_versions=actor.publishes_versions,
+            stopping=lambda: self._stopping,
         )
         self._heartbeats = Heartbeats(
             self.name,
@@ -336,17 +348,17 @@ class Worker(SchedulerQuestions):
         actor = (
             self.actor if isinstance(self.actor, StreamingActor) else OneLeaseAtATime(self.actor)
         )
-        claim_again_at, run_over = 0.0, False
+        claims = self._claims
+        claims.start(actor)
         self._time.start()
         while True:
             self._versions.announce_again_if_forgotten()
             if self._events.take(0):
-                claim_again_at = 0.0  # new work was announced
+                claims.woken()  # new work was announced
             if self._stop_requests > 1:
                 self._leases.give_back(actor.abandon(), "the worker is stopping now")
                 return
-            open_for_work = not (self._stopping or run_over)
-            if open_for_work and self.clock() >= claim_again_at and actor.capacity() > 0:
+            if claims.due():
                 reply = self._requests.call(p.Claim(self.name, self.role, actor.capacity()))
                 if isinstance(reply, p.Lease):
                     self._leases.admit(actor, reply)
@@ -358,23 +370,23 @@ class Worker(SchedulerQuestions):
                     # Work in flight now would only be refused: hand it back and leave.
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
                     self._leases.give_back(actor.abandon(), f"shutdown: {reply.reason}")
-                    run_over = True
+                    claims.run_over = True
                 elif is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
                     self._versions.report_loaded()  # the scheduler lost what we loaded
                 else:
                     if not isinstance(reply, p.NoWork | p.Want):
                         self._log.warning("claim not granted", reply=_describe(reply))
-                    claim_again_at = self.clock() + self.pacing.poll_s
+                    claims.found_nothing()
             if actor.busy:
-                if self._advance(actor, open_for_work):
-                    claim_again_at = self.clock() + self.pacing.poll_s  # as after NoWork
-            elif not open_for_work:
+                if self._advance(actor):
+                    claims.found_nothing()  # the claim with its last Complete
+            elif not claims.open:
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
             elif self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s):
-                claim_again_at = 0.0
+                claims.woken()
 
-    def _advance(self, actor: StreamingActor, open_for_work: bool) -> bool:
+    def _advance(self, actor: StreamingActor) -> bool:
         """Advance the actor and end the leases it finished, each Complete asking for the
         work that fills the room it leaves. True if the last such ask found nothing: the
         scheduler wakes this worker when work comes, as after a claim that found none."""
@@ -394,7 +406,7 @@ class Worker(SchedulerQuestions):
         self._send_reports()
         found_nothing = False
         for lease, outcome in finished:
-            claim_next = self._claim_next(actor, open_for_work)
+            claim_next = self._claims.room()
             taken = self._leases.finish(lease, outcome, claim_next)
             if isinstance(taken, p.Lease):
                 self._leases.admit(actor, taken)  # tracked as a Claim's: heartbeats, fence
@@ -409,13 +421,6 @@ class Worker(SchedulerQuestions):
                 # its reply lost. Only the scheduler's status says whether a step is due.
                 self._versions.publish_trained()
         return found_nothing
-
-    def _claim_next(self, actor: StreamingActor, open_for_work: bool) -> int:
-        """How many groups a Complete asks for with it: the actor's room, unless the worker
-        is leaving or publishes versions (a StepDone is published before the next claim)."""
-        if not open_for_work or self._stopping or self.actor.publishes_versions:
-            return 0
-        return actor.capacity()
 
     def _send_reports(self) -> None:
         for report in self.actor.take_reports():

@@ -5,8 +5,10 @@ what a trainer and a generator do with the policy's, on the critic's own events
 (``version.critic_published``, ``version.critic_wanted``) and its part of the status.
 
 A generator (an actor that overrides ``on_version``) loads the newest published version
-between leases and reports it with LoadedVersion; events may drop, so an idle one also
-asks the scheduler's status now and then. A trainer (``publishes_versions``) announces each
+between leases and reports it with LoadedVersion, which carries the claim the worker would
+make next (``claim_room``: an idle follower's load is followed by a claim, and one request
+does both; its reply goes to ``claimed``); events may drop, so an idle one also asks
+the scheduler's status now and then. A trainer (``publishes_versions``) announces each
 version its steps make due, as the step's reply (StepDone) names it; at start or after
 registering again it asks the scheduler's status what is due (see
 publishing.version_due), since only that says whether weights are still held. The worker does
@@ -53,6 +55,8 @@ class Versions:
         check_every_s: float,
         log: Any,
         time_split: TimeSplit | None = None,
+        claim_room: Callable[[], int] = lambda: 0,
+        claimed: Callable[[p.Message], None] | None = None,
     ) -> None:
         self.actor = actor
         self.worker = worker
@@ -62,6 +66,8 @@ class Versions:
         self._check_every_s = check_every_s
         self._log = log
         self._time = time_split or TimeSplit()  # never started: measures nothing
+        self._claim_room = claim_room  # groups a report may claim now (0: claim nothing)
+        self._claimed = claimed  # told the reply of each report that claimed
         self.tracks = type(actor).on_version is not Actor.on_version
         self.loaded: int | None = None
         self._newest = 0  # the newest published version this worker has heard of
@@ -118,7 +124,10 @@ class Versions:
         return self.tracks and (self.loaded is None or self._newest > self.loaded)
 
     def load_newest(self) -> bool:
-        """Load the newest version heard of if it is ready; True if one was loaded now."""
+        """Load the newest version heard of if it is ready, and report it claiming what the
+        worker has room for. True if one was loaded now and the worker should claim: the
+        report carried no claim, or got a lease (there may be room for more); False too
+        when its claim found nothing (the worker is queued to be woken, as after NoWork)."""
         if not self.behind:
             return False
         try:
@@ -132,14 +141,22 @@ class Versions:
         self.loaded = loaded
         which = "critic" if self.actor.follows_critic else "policy"  # logs are read by this
         self._log.info(f"loaded a {which} version", version=loaded)
-        self.report_loaded()
-        return True
+        room = self._claim_room() if self._claimed is not None else 0
+        reply = self.report_loaded(room)
+        if not room or self._claimed is None:
+            return True
+        self._claimed(reply)
+        return not isinstance(reply, p.Ack)
 
-    def report_loaded(self) -> None:
+    def report_loaded(self, claim: int = 0) -> p.Message:
+        """Tell the scheduler the version loaded, asking for up to ``claim`` groups with it;
+        its reply (a Lease when the claim got work)."""
         assert self.loaded is not None
-        reply = self._call(p.LoadedVersion(self.worker, self.loaded), reregister=False)
-        if not isinstance(reply, p.Ack):
+        message = p.LoadedVersion(self.worker, self.loaded, claim)
+        reply = self._call(message, reregister=False)
+        if not isinstance(reply, p.Ack | p.Lease):
             self._log.warning("loaded version not taken", reply=describe_reply(reply))
+        return reply
 
     def wanted(self) -> None:
         """A receiver asked for weights the scheduler holds no announcement of (it was

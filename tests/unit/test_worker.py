@@ -191,22 +191,40 @@ class TimedLink(ScriptedLink):
         return super().next_event(timeout_s)
 
 
-def test_an_idle_generator_looks_for_a_fetched_version_soon_and_then_claims_at_once(
+def test_an_idle_generator_looks_for_a_fetched_version_soon_and_claims_with_its_report(
     cfg: RunConfig,
 ) -> None:
-    link = TimedLink({p.Claim: [p.NoWork("stale"), lease(1, 5, role="generate", version=3)]})
+    granted = lease(1, 5, role="generate", version=3)
+    link = TimedLink({p.Claim: [p.NoWork("stale")], p.LoadedVersion: [p.Ack(), granted]})
     link.events.put(p.Event(1, "version.published", {"version": 3}))
     pacing = Pacing(poll_s=0.5, fetch_poll_s=0.001, max_backoff_s=0.01, version_check_s=60)
     worker = Worker(FetchingGenerate(), link, cfg, name="generate-0", pacing=pacing)
     assert worker.run() == 0
     loaded_at = link.kinds(p.Hello).split().index("LoadedVersion", 1)
-    assert link.kinds(p.Hello).split()[loaded_at : loaded_at + 3] == [
-        "LoadedVersion",
-        "Claim",  # at once, not after the slow poll its NoWork set
+    assert link.kinds(p.Hello).split()[loaded_at : loaded_at + 2] == [
+        "LoadedVersion",  # its claim got the lease: no Claim of its own
         "Complete",
     ]
+    at_start, loaded = link.of(p.LoadedVersion)
+    assert (at_start.claim_next, loaded.claim_next) == (0, 1)  # the loop's room, once it runs
     assert link.waits[0] == 0.001  # behind: it looked again within a millisecond
     assert link.of(p.Complete)[0].results[0].behaviour == (3, 3)
+
+
+def test_a_report_whose_claim_finds_nothing_waits_to_be_woken(cfg: RunConfig) -> None:
+    """The scheduler queued it, as after a NoWork: no Claim of its own until the poll."""
+    link = ScriptedLink({p.Claim: [p.NoWork("stale"), lease(1, 5, role="generate", version=3)]})
+    sent_at: list[tuple[type, float]] = []
+    link.on_request = lambda m: sent_at.append((type(m), time.monotonic()))
+    link.events.put(p.Event(1, "version.published", {"version": 3}))
+    pacing = Pacing(poll_s=0.3, max_backoff_s=0.01, version_check_s=60)
+    assert Worker(Generate(), link, cfg, name="generate-0", pacing=pacing).run() == 0
+    assert link.of(p.LoadedVersion)[1] == p.LoadedVersion("generate-0", 3, claim_next=1)
+    kinds = [kind for kind, _ in sent_at if kind is not p.Heartbeat]
+    reported = kinds.index(p.LoadedVersion, 2)
+    assert kinds[reported + 1] is p.Claim
+    waited = sent_at[[k for k, _ in sent_at].index(p.Claim, reported)][1]
+    assert waited - sent_at[[k for k, _ in sent_at].index(p.LoadedVersion, 2)][1] >= 0.25
 
 
 def test_a_generator_asks_for_the_version_when_events_are_lost(cfg: RunConfig) -> None:
