@@ -9,7 +9,10 @@ under its worker key: Hello, heartbeats naming the leases held, claims, completi
 carrying data-plane references and Held for them, and the worker's next claim as a real
 worker's do (``--claim-apart``: a Claim of its own after each, as before Complete carried
 one), the trainer's PublishVersion, each generator's and logp worker's WantWeights and
-LoadedVersion for every new version; a dataloader answering Want with AddGroups. They are
+LoadedVersion for every new version (an idle one's report carrying its next claim, as a
+real one's does) and the weights report it sends before its next completion; a dataloader
+answering Want with AddGroups. The scheduler logs as in a run (info, to
+``logs/scheduler.log`` in its run directory). They are
 hosted many to a process (asyncio, ``--hosts`` processes, their collector set as a real
 worker's is). Idle workers wait for the wake-up events of their role (one SUB per host
 process stands in for each worker's own) or a slow poll, as real ones do; a version
@@ -65,6 +68,10 @@ SLOW_POLL_S = 1.0  # an idle worker claims again after this long without a wake-
 # The roles that load every version the trainer publishes (and hear of it: the others do
 # not subscribe to version.published).
 FOLLOWERS = frozenset({"generate", "logp"})
+# A follower's weights report after each load, with the fields a real one's carries
+# (actors/worker/weights.py); the bench moves no bytes.
+LOAD_COST = {"transfer_s": 0.0, "load_s": 0.0, "stall_s": 0.0, "bytes": 0, "mb_per_s": 0.0,
+             "source": "train-1", "attempts": 1, "retried_buckets": 0}  # fmt: skip
 
 
 def roles_for(n: int) -> list[str]:
@@ -108,8 +115,7 @@ def scheduler_config(
         "pipeline": pipeline,
         "scheduler": {"worker_timeout_s": 60.0}
         | ({} if busy_poll_us is None else {"busy_poll_us": busy_poll_us}),
-        "logging": {"level": "warning"},
-    }
+    }  # logging as a run's: at info, to a file (the bench's terminal shows only its table)
 
 
 # --- one simulated worker ------------------------------------------------------------
@@ -141,6 +147,7 @@ class SimWorker:
         self.held: set[int] = set()
         self.kept: set[int] = set()  # payload keys acknowledged, asked about with heartbeats
         self.version = 0
+        self.report: p.Report | None = None  # the last load's cost, sent before a Complete
         self.wake = asyncio.Event()
         self.rng = random.Random(name)
         self.store = f"store-{name}"
@@ -178,11 +185,21 @@ class SimWorker:
         if self.role in FOLLOWERS:
             await self.load(ready.policy_version)
 
-    async def load(self, version: int) -> None:
+    async def load(self, version: int, tally: Tally | None = None) -> p.Lease | None:
+        """Load ``version``; with a ``tally``, the report carries the worker's next claim
+        (it holds no lease), and the lease it got, if any, is returned."""
         if version > 0:
             await self.ask(p.WantWeights(self.name, version))  # a plan, or nothing held yet
-        await self.ask(p.LoadedVersion(self.name, version))
+        claim = 1 if tally is not None else 0
+        sent = time.perf_counter()
+        reply = await self.ask(p.LoadedVersion(self.name, version, claim))
         self.version = version
+        if version > 0:  # what a real follower reports with its next completion
+            self.report = p.Report(self.name, "weights", version, dict(LOAD_COST))
+        if tally is None:
+            return None
+        tally.claims += 1
+        return self.granted(reply, sent, tally) if isinstance(reply, p.Lease) else None
 
     async def idle(self) -> None:
         self.wake.clear()
@@ -201,7 +218,13 @@ class SimWorker:
         lease: p.Lease | None = None  # one granted with the last completion
         while time.time() < until:
             if self.role in FOLLOWERS and host.version > self.version:
-                await self.load(host.version)
+                if lease is None and self.claims_next:  # idle: it claims with the report
+                    lease = await self.load(host.version, tally)
+                    if lease is None:
+                        await self.idle()  # queued to be woken, as after an empty claim
+                        continue
+                else:
+                    await self.load(host.version)
             if self.role == "dataloader":
                 await self.feed()
                 continue
@@ -261,6 +284,9 @@ class SimWorker:
         if self.role == "train":
             durable = (lease.version or 0) + 1
         claim = 1 if self.claims_next and time.time() < until else 0
+        if self.report is not None:  # a real worker sends its reports before its completions
+            await self.ask(self.report)
+            self.report = None
         sent = time.perf_counter()
         reply = await self.ask(
             p.Complete(self.name, lease.lease_id, lease.fence, tuple(results), None, durable,
@@ -420,7 +446,10 @@ class Setting:
 
 
 def measure(n: int, setting: Setting, root: Path) -> Point:
+    """One point of the curve, in a directory of its own under ``root`` (a size may be
+    measured more than once in a run)."""
     seconds, hosts, mean_lease = setting.seconds, setting.hosts, setting.mean_lease
+    root = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=root))
     run_dir = root / f"n{n}"
     roles = roles_for(n)
     generators = roles.count("generate")
@@ -433,12 +462,18 @@ def measure(n: int, setting: Setting, root: Path) -> Point:
     cfg_path.write_text(dump_config(cfg))
     control, events = f"ipc://{root}/n{n}-control.sock", f"ipc://{root}/n{n}-events.sock"
     serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
-    sched = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
+    # Its log where a run keeps it (logs/scheduler.log), written line by line at the
+    # configured level (info by default) as in a run.
+    log_path = RunDir(run_dir).logs / "scheduler.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        sched = subprocess.Popen(serve, stdout=subprocess.DEVNULL, stderr=log_file)
     try:
         deadline = time.monotonic() + 60
         while not (run_dir / "endpoints.json").exists():
             if sched.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the scheduler did not start")
+                tail = log_path.read_text(errors="replace").splitlines()[-5:]
+                raise SystemExit("the scheduler did not start:\n" + "\n".join(tail))
             time.sleep(0.05)
         idle_from, idle_cpu = time.time(), cpu_s(sched.pid)
         time.sleep(2.0)  # the scheduler alone, no worker yet: its floor (ticks, flushes)
@@ -600,9 +635,9 @@ def main() -> None:
         from asyncrl.runtime.logs import configure_logging
         from asyncrl.runtime.service.process import serve
 
-        configure_logging(process="scheduler", level="warning")
-        raise SystemExit(serve(load_config(Path(args.serve[0])), resume=False,
-                               endpoints=(args.serve[1], args.serve[2])))  # fmt: skip
+        cfg = load_config(Path(args.serve[0]))
+        configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
+        raise SystemExit(serve(cfg, resume=False, endpoints=(args.serve[1], args.serve[2])))
     if args.host:
         return host_main(args.host)
     setting = Setting(args.seconds, args.hosts, args.mean_lease, args.busy_poll_us,
