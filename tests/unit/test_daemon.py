@@ -46,12 +46,37 @@ class Gate:
 class Running:
     """The daemon, and one connection per worker (a worker speaks only for itself)."""
 
-    def __init__(self, daemon: SchedulerDaemon, ctx: zmq.Context[Any], gate: Gate) -> None:
-        self.daemon = daemon
-        self.ctx = ctx
+    def __init__(self, tmp_path: Path, ack_after: str, gate: Gate) -> None:
+        cfg = config_from_dict(
+            {
+                "run": {"dir": str(tmp_path / "run"), "total_steps": 100},
+                "pipeline": {"max_staleness": 1000, "train_batch_groups": 1},
+                "scheduler": {"ack_after": ack_after, "busy_poll_us": 0},
+            }
+        )
+        self.wake_fd = wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.service = open_service(
+            cfg, resume=False, now=0.0, on_progress=lambda: os.eventfd_write(wake_fd, 1)
+        )
+        self.ctx = zmq.Context()
+        self.sockets = bind_scheduler_sockets_at(
+            self.ctx, "inproc://control", "inproc://events", max_message_bytes=2**20
+        )
+        self.daemon = SchedulerDaemon(
+            self.service, self.sockets.control, self.sockets.events, wake_fd, ack_after=ack_after
+        )
         self.clients: dict[str, zmq.Socket[Any]] = {}
         self.gate = gate
         self._ids = 0
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close(linger=0)
+        self.sockets.close()
+        self.ctx.term()
+        self.service.durable.close()
+        self.service.close_files()
+        os.close(self.wake_fd)
 
     def client(self, worker: str) -> zmq.Socket[Any]:
         if worker not in self.clients:
@@ -83,26 +108,10 @@ class Running:
 def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running]:
     gate = Gate()
     monkeypatch.setattr(os, "fsync", gate)
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(tmp_path / "run"), "total_steps": 100},
-            "pipeline": {"max_staleness": 1000, "train_batch_groups": 1},
-            # Every held reply waits for an fsync, which the gate holds back.
-            "scheduler": {"ack_after": "fsync", "busy_poll_us": 0},
-        }
-    )
-    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    service = open_service(
-        cfg, resume=False, now=0.0, on_progress=lambda: os.eventfd_write(wake_fd, 1)
-    )
-    ctx = zmq.Context()
-    sockets = bind_scheduler_sockets_at(
-        ctx, "inproc://control", "inproc://events", max_message_bytes=2**20
-    )
-    daemon = SchedulerDaemon(service, sockets.control, sockets.events, wake_fd, ack_after="fsync")
+    run = Running(tmp_path, "fsync", gate)  # every held reply waits for the gated fsync
+    daemon = run.daemon
     loop = threading.Thread(target=daemon.run, name="daemon", daemon=True)
     loop.start()
-    run = Running(daemon, ctx, gate)
     try:
         assert isinstance(run.call(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1)), p.Ready)
         assert isinstance(run.call(p.Hello("gen", "generate", p.PROTOCOL_VERSION, 1)), p.Ready)
@@ -116,13 +125,7 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Running
         daemon.request_stop()
         daemon.request_stop()
         loop.join(10)
-        for client in run.clients.values():
-            client.close(linger=0)
-        sockets.close()
-        ctx.term()
-        service.durable.close()
-        service.close_files()
-        os.close(wake_fd)
+        run.close()
 
 
 def _result(lease: p.Lease) -> p.Result:
@@ -214,21 +217,8 @@ def test_a_held_reply_leaves_within_a_long_turn_not_at_its_end(
     """A burst makes a long turn; a completion read first in it is answered once the
     journal writes, about a millisecond on, not after every other request of the turn.
     Heartbeats made slow (2 ms each, planted) stretch the turn."""
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(tmp_path / "run"), "total_steps": 100},
-            "pipeline": {"max_staleness": 1000, "train_batch_groups": 1},
-            "scheduler": {"ack_after": "write", "busy_poll_us": 0},
-        }
-    )
-    wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    service = open_service(cfg, resume=False, now=0.0)
-    ctx = zmq.Context()
-    sockets = bind_scheduler_sockets_at(
-        ctx, "inproc://control", "inproc://events", max_message_bytes=2**20
-    )
-    daemon = SchedulerDaemon(service, sockets.control, sockets.events, wake_fd, ack_after="write")
-    run = Running(daemon, ctx, Gate())
+    run = Running(tmp_path, "write", Gate())
+    daemon, service = run.daemon, run.service
 
     def call(message: p.Message) -> p.Message:
         sent = run.send(message)
@@ -264,10 +254,4 @@ def test_a_held_reply_leaves_within_a_long_turn_not_at_its_end(
         assert answered[0] is False  # held for the journal while under a millisecond
         assert answered[1] is True, answered  # written and sent within the turn
     finally:
-        for client in run.clients.values():
-            client.close(linger=0)
-        sockets.close()
-        ctx.term()
-        service.durable.close()
-        service.close_files()
-        os.close(wake_fd)
+        run.close()
