@@ -50,8 +50,9 @@ log = structlog.get_logger("asyncrl.scheduler")
 
 _BATCH = 512  # requests read per turn before the loop publishes and replies
 # A reply held for the journal waits at most this long for the rest of its batch: in a
-# burst (a version's followers all asking at once) a batch takes 5-20 ms, and a Complete
-# read first would wait for all of it. Writing sooner costs a write per _HOLD_S in a burst.
+# burst (a version's followers all asking at once) one turn read 110 to 320 requests in
+# 2.5 to 24 ms (the scale bench at 1,024 workers), and a Complete read first would wait
+# for all of it. Writing sooner costs a write per _HOLD_S, and only in a burst.
 _HOLD_S = 0.001
 _POLLIN = int(zmq.POLLIN)
 _DETAIL = 200  # characters of a protocol error kept in its log line
