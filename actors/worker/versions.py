@@ -56,7 +56,7 @@ class Versions:
         log: Any,
         time_split: TimeSplit | None = None,
         claim_room: Callable[[], int] = lambda: 0,
-        claimed: Callable[[p.Message], None] | None = None,
+        claimed: Callable[[p.Message], None] = lambda _reply: None,
     ) -> None:
         self.actor = actor
         self.worker = worker
@@ -141,9 +141,9 @@ class Versions:
         self.loaded = loaded
         which = "critic" if self.actor.follows_critic else "policy"  # logs are read by this
         self._log.info(f"loaded a {which} version", version=loaded)
-        room = self._claim_room() if self._claimed is not None else 0
+        room = self._claim_room()
         reply = self.report_loaded(room)
-        if not room or self._claimed is None:
+        if not room:
             return True
         self._claimed(reply)
         return not isinstance(reply, p.Ack)

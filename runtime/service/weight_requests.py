@@ -124,14 +124,13 @@ def loaded(service: HandlerContext, m: p.LoadedVersion, now: float) -> p.Message
     refused = bad_claim_next(m.claim_next)
     if refused is not None:
         return refused
-    reply = service.core.loaded_version(m.worker, m.version)
-    if not isinstance(reply, Accepted):
-        return reply_of(reply)
+    taken = reply_of(service.core.loaded_version(m.worker, m.version))
+    if not isinstance(taken, p.Ack):
+        return taken
     service.trace.loaded(m.worker, m.version, now)
     everywhere = _loaded_by_every_generator(service)
     if everywhere is not None:
         service.path.loaded_everywhere(everywhere, now)
-    taken = p.Ack(reply.count)
     if not m.claim_next:
         return taken
     role = service.core.state.workers[m.worker].role
