@@ -21,11 +21,10 @@ clock (``now`` is the service's monotonic time, shifted by an offset taken once 
 so the lines of several scheduler lifetimes fall in order, and its rows keep the ids the
 file gave them (read back from the file's metadata events, once, at start).
 
-Cost is bounded per event, not per run: one JSON encoding (msgspec's, about a tenth of
-``json.dumps``'s time: the scheduler writes one per lease and per version a worker loads)
-and a buffered write per lease
-end or instant, open leases kept until they end (at most the leases the core holds), rows
-named once per worker. The buffer reaches the OS at most every ``flush_s`` (on the
+Cost is bounded per event, not per run: one JSON encoding (msgspec's: the scheduler writes
+an event per lease and per version a worker loads) and a buffered write per lease end or
+instant, open leases kept until they end (at most the leases the core holds), rows named
+once per worker. The buffer reaches the OS at most every ``flush_s`` (on the
 scheduler's tick) and when the file closes.
 """
 
