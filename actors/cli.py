@@ -38,14 +38,19 @@ from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
-from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
+from asyncrl.transport.security import (
+    KeyFileError,
+    curve_required,
+    load_client_keys,
+    payload_keys,
+)
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
 from .actor import Actor, ActorBroken
 from .training.gang import end_process
 from .worker import preflight
-from .worker.identity import worker_identity
+from .worker.identity import worker_credentials
 from .worker.loop import Worker, default_worker_name
 from .worker.payloads import WorkerPayloads, serving_host
 
@@ -76,9 +81,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
     if place is None:
-        return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
+        return _run_worker(actor_class(), cfg, name, args.role, _endpoints(args, cfg), index)
     if place.leads:
-        code = _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
+        code = _run_worker(actor_class(), cfg, name, args.role, _endpoints(args, cfg), index)
     else:
         code = _follow(actor_class(), cfg, place)
     end_process(code)  # a rank's gloo threads must not meet the interpreter's teardown
@@ -114,10 +119,11 @@ def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
 
 
 def _run_worker(
-    actor: Actor, cfg: RunConfig, name: str, where: Endpoints, index: int | None
+    actor: Actor, cfg: RunConfig, name: str, role: str, where: Endpoints, index: int | None
 ) -> int:
     # A supervisor counts a failure before note_up as one to start, however long it took.
     note_starting()
+    credentials = worker_credentials(name, role, RunDir.of(cfg))
     try:
         keys = load_client_keys(RunDir.of(cfg).keys) if where.curve else None
     except KeyFileError as error:
@@ -131,7 +137,7 @@ def _run_worker(
     link = ZmqLink(
         where.control,
         where.events,
-        identity=worker_identity(name, RunDir.of(cfg)),
+        identity=credentials.routing_id,
         max_message_bytes=cfg.scheduler.max_message_mb << 20,
         client_keys=keys,
         on_late_reply=late_reply,
@@ -144,7 +150,7 @@ def _run_worker(
             inline_bytes=cfg.payloads.inline_bytes,
             fetch_timeout_s=cfg.payloads.fetch_timeout_s,
             max_message_bytes=cfg.scheduler.max_message_mb << 20,
-            keys=keys,  # with CURVE on the bus, payloads move under CURVE too
+            keys=payload_keys(credentials.payload_secret),  # local fetches included
             shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(
@@ -194,13 +200,7 @@ def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> Endpoi
             events = next_port(control)
         except ValueError as error:
             raise UsageError(f"--scheduler: {error}") from None
-    return Endpoints(control, events, curve_required(_host_of(control), cfg.scheduler.curve))
-
-
-def _host_of(endpoint: str) -> str:
-    if not endpoint.startswith("tcp://"):
-        return "localhost"  # ipc:// and inproc:// never leave the machine
-    return endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    return Endpoints(control, events, curve_required(control, cfg.scheduler.curve))
 
 
 def _run_endpoints(cfg: RunConfig) -> Endpoints:
@@ -216,10 +216,11 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
         if fixed and not serves_ipc(sched):
             # Fixed ports on a host to dial (not 0.0.0.0, which is every machine's own):
             # dial them now; the link connects once the scheduler is up.
+            control = tcp_endpoint(sched.host, sched.control_port)
             return Endpoints(
-                tcp_endpoint(sched.host, sched.control_port),
+                control,
                 tcp_endpoint(sched.host, sched.events_port),
-                curve_required(sched.host, sched.curve),
+                curve_required(control, sched.curve),
             )
         if time.monotonic() >= deadline:
             raise UsageError(

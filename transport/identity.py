@@ -4,18 +4,24 @@ A worker's DEALER is known to the scheduler's ROUTER by its routing id, ``name/t
 scheduler takes requests about a worker only from the connection that registered it, so
 the routing id is the worker's identity; the name is only what it claims.
 
-The tag is what makes the identity hard to take. A worker that holds the run's secret
-(every worker ``asyncrl run`` starts, and one started by hand that can read the run
-directory) uses its *worker key*, an HMAC of its name under the run secret, as the tag:
-the same on every restart, so a worker killed and started again under the same name is
-recognised at once (the scheduler computes the same key), and ZeroMQ's handover gives it
-the old route, late replies included. A worker without the secret draws a random tag:
-the scheduler then knows it by its first registration, and a restart must wait until the
-old registration is gone. Either way a client that knows only a worker's name can
-neither register under it nor speak for it.
+The tag is what makes the identity hard to take, and what binds a worker to its role. A
+worker's *worker key* is an HMAC of its role and name under the run secret; its first
+bytes are the tag. Its launcher hands it over (every worker ``asyncrl run``, ``asyncrl
+node`` and Ray start), or a worker started by hand beside its run derives it from the
+run directory's secret. The scheduler, which holds the secret, registers a name only
+from a connection whose tag is that name's key *for the role the Hello claims*: a
+generate worker's key does not make it a dataloader (which feeds prompts) or a trainer
+(which announces weights). The key is the same on every restart, so a worker killed and
+started again under its name is recognised at once, and ZeroMQ's handover gives it the
+old route, late replies included. A tag drawn at random (:func:`connection_identity`
+without a key) is for observers, which register nothing.
 
-Tags are credentials: nothing here logs one (:func:`describe` shows the name only), and a
-worker key travels to a child in its environment, never on a command line.
+A worker's launcher hands it a second secret, the *payload key*: the seed of the CurveZMQ
+key pair that every payload server of the run serves and admits (security.py), the same
+for every worker, so any of them fetches from any other and nobody else does.
+
+Keys are credentials: nothing here logs one (:func:`describe` shows the name only), and
+they travel to a child in its environment, never on a command line.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import secrets
 from pathlib import Path
 
 __all__ = [
+    "PAYLOAD_KEY_ENV",
     "WORKER_KEY_ENV",
     "RunSecretError",
     "connection_identity",
@@ -36,10 +43,13 @@ __all__ = [
     "is_worker_key",
     "load_run_secret",
     "name_of",
+    "payload_secret",
+    "worker_env",
     "worker_key",
 ]
 
 WORKER_KEY_ENV = "ASYNCRL_WORKER_KEY"  # a child's worker key, hex, from its launcher
+PAYLOAD_KEY_ENV = "ASYNCRL_PAYLOAD_KEY"  # the run's payload key, hex, from the same
 _SEP = "/"
 _SECRET_BYTES = 32
 _TAG_BYTES = 16  # of the key, in the routing id (a routing id holds at most 255 bytes)
@@ -49,9 +59,24 @@ class RunSecretError(ValueError):
     """The run secret file is unreadable, malformed or open to other users."""
 
 
-def worker_key(run_secret: bytes, name: str) -> bytes:
-    """The secret that proves ``name`` is one of the run's own workers."""
-    return hmac.new(run_secret, b"asyncrl worker\0" + name.encode(), hashlib.sha256).digest()
+def worker_key(run_secret: bytes, name: str, role: str) -> bytes:
+    """The secret that proves ``name`` is one of the run's own workers, serving ``role``."""
+    message = b"asyncrl worker\0" + role.encode() + b"\0" + name.encode()
+    return hmac.new(run_secret, message, hashlib.sha256).digest()
+
+
+def payload_secret(run_secret: bytes) -> bytes:
+    """The seed of the run's payload key pair (security.payload_keys)."""
+    return hmac.new(run_secret, b"asyncrl payloads", hashlib.sha256).digest()
+
+
+def worker_env(run_secret: bytes, name: str, role: str) -> dict[str, str]:
+    """What a launcher puts in the environment of worker ``name`` of ``role``: its worker
+    key and the run's payload key (never on a command line, which any user may read)."""
+    return {
+        WORKER_KEY_ENV: worker_key(run_secret, name, role).hex(),
+        PAYLOAD_KEY_ENV: payload_secret(run_secret).hex(),
+    }
 
 
 def connection_identity(name: str, key: bytes | None) -> str:
@@ -62,11 +87,12 @@ def connection_identity(name: str, key: bytes | None) -> str:
     return f"{name}{_SEP}{tag}"
 
 
-def is_worker_key(identity: bytes, name: str, run_secret: bytes | None) -> bool:
-    """Whether ``identity`` carries ``name``'s worker key under ``run_secret``."""
+def is_worker_key(identity: bytes, name: str, role: str, run_secret: bytes | None) -> bool:
+    """Whether ``identity`` carries the worker key of ``name`` as ``role`` under
+    ``run_secret``."""
     if not run_secret:
         return False
-    expected = connection_identity(name, worker_key(run_secret, name)).encode()
+    expected = connection_identity(name, worker_key(run_secret, name, role)).encode()
     return hmac.compare_digest(identity, expected)
 
 

@@ -11,6 +11,11 @@ A key directory holds two key pairs as ZPL certificates (the text format of Zero
 Every file is created with mode 0600 in one step (never loosened first and tightened after)
 and keygen never overwrites a key. Loaded keys are raw z85 text, as libzmq's CURVE options
 take them; a secret key never shows in a repr.
+
+The bus is under CURVE on every TCP endpoint, loopback included: a port on 127.0.0.1 is
+open to every user of the machine. Only ``ipc://`` sockets go without, in a directory
+only the run's user can open. The data plane's key pair is not in the directory: it is
+derived from the run secret (:func:`payload_keys`), and every payload socket uses it.
 """
 
 from __future__ import annotations
@@ -35,10 +40,12 @@ __all__ = [
     "KeyFileError",
     "ServerKeys",
     "curve_required",
+    "ensure_keys",
     "is_loopback",
     "keygen",
     "load_client_keys",
     "load_server_keys",
+    "payload_keys",
 ]
 
 SERVER_PUBLIC = "server.key"
@@ -104,6 +111,31 @@ def keygen(directory: Path) -> None:
         _write_private(directory / f"{stem}.key_secret", _SECRET_BANNER + _zpl(public, secret))
 
 
+def ensure_keys(directory: Path) -> bool:
+    """Make the key pairs in ``directory`` unless its server key is there; whether made.
+
+    Run by the scheduler's side before it binds: the run directory then holds the keys
+    its own tools (``asyncrl-scheduler status``, workers started by hand) dial with.
+    """
+    if (Path(directory) / SERVER_SECRET).exists():
+        return False
+    try:
+        keygen(directory)
+    except FileExistsError:  # some are there: loading names what lacks
+        return False
+    return True
+
+
+def payload_keys(seed: bytes) -> ClientKeys:
+    """The data plane's key pair from its 32-byte ``seed`` (identity.payload_secret): each
+    payload server serves it and admits only it, and each fetcher presents it."""
+    if len(seed) != 32:
+        raise ValueError(f"a payload key is 32 bytes, not {len(seed)}")
+    secret = z85.encode(seed)  # any 32 bytes are a Curve25519 secret key
+    public = zmq.curve_public(secret)
+    return ClientKeys(public=public, secret=secret, server_public=public)
+
+
 def load_server_keys(directory: Path) -> ServerKeys:
     """The scheduler's keys from ``directory``: its own pair, and the client key to allow."""
     public, secret = _load_pair(Path(directory), SERVER_SECRET)
@@ -118,11 +150,12 @@ def load_client_keys(directory: Path) -> ClientKeys:
     return ClientKeys(public=public, secret=secret, server_public=server)
 
 
-def curve_required(host: str, mode: CurveMode) -> bool:
-    """Whether the bus on ``host`` is encrypted: ``auto`` is on unless the host is loopback.
+def curve_required(endpoint: str, mode: CurveMode) -> bool:
+    """Whether the bus at ``endpoint`` is encrypted: ``auto`` is on for every TCP endpoint.
 
-    Loopback traffic never leaves the machine, so it is the one place plaintext is allowed
-    by default; any other address (a name other than localhost included) gets CURVE.
+    A loopback port is open to every user of the machine, so loopback gets CURVE too; an
+    ``ipc://`` socket is closed to them by its directory's modes, and ``inproc://`` never
+    leaves the process.
     """
     if mode == "on":
         return True
@@ -130,7 +163,7 @@ def curve_required(host: str, mode: CurveMode) -> bool:
         return False
     if mode != "auto":
         raise ValueError(f"curve: got {mode!r}; allowed: 'auto', 'on', 'off'")
-    return not is_loopback(host)
+    return endpoint.startswith("tcp://")
 
 
 def is_loopback(host: str) -> bool:

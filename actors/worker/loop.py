@@ -71,7 +71,7 @@ from .events import (
 )
 from .heartbeats import Heartbeats
 from .leases import MAX_REASON, Leases
-from .payloads import WorkerPayloads
+from .payloads import WorkerPayloads, in_process_keys
 from .questions import SchedulerQuestions
 from .requests import Fatal, GaveUp, Requests, is_error
 from .time_split import TimeSplit
@@ -167,6 +167,7 @@ class Worker(SchedulerQuestions):
             inline_bytes=config.payloads.inline_bytes,
             fetch_timeout_s=config.payloads.fetch_timeout_s,
             max_message_bytes=config.scheduler.max_message_mb << 20,
+            keys=in_process_keys(),
             shared_memory=config.payloads.shared_memory,
         )
         self._events = WorkerEvents(

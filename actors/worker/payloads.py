@@ -13,6 +13,8 @@ Held (Drop) names the keys no live group refers to, a refused completion's among
 
 from __future__ import annotations
 
+import functools
+import secrets
 import threading
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -27,10 +29,10 @@ from asyncrl.transport.dataplane import (
 )
 from asyncrl.transport.dataplane.store import default_shared_dir
 from asyncrl.transport.host import route_source
-from asyncrl.transport.security import ClientKeys
+from asyncrl.transport.security import ClientKeys, payload_keys
 from asyncrl.transport.sockets import tcp_endpoint
 
-__all__ = ["LostPayloads", "WorkerPayloads", "serving_host"]
+__all__ = ["LostPayloads", "WorkerPayloads", "in_process_keys", "serving_host"]
 
 
 class LostPayloads(Exception):
@@ -56,7 +58,7 @@ class WorkerPayloads:
         inline_bytes: int,
         fetch_timeout_s: float,
         max_message_bytes: int,
-        keys: ClientKeys | None = None,
+        keys: ClientKeys,
         shared_memory: bool = True,
     ) -> None:
         shared_dir = default_shared_dir() if shared_memory else None
@@ -165,6 +167,13 @@ class WorkerPayloads:
                 max_message_bytes=self._max_message_bytes,
                 keys=self._keys,
             )
+
+
+@functools.cache
+def in_process_keys() -> ClientKeys:
+    """A payload key pair for workers that share this process (tests, in-process runs):
+    drawn once, known to nobody outside it."""
+    return payload_keys(secrets.token_bytes(32))
 
 
 def serving_host(scheduler_endpoint: str, configured: str = "") -> str:

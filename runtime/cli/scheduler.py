@@ -100,8 +100,8 @@ def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
 def _where(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, str, bool]:
     """Control and events endpoints, and whether the bus is encrypted."""
     if args.scheduler:
-        host = args.scheduler.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
-        return args.scheduler, next_port(args.scheduler), curve_required(host, cfg.scheduler.curve)
+        curve = curve_required(args.scheduler, cfg.scheduler.curve)
+        return args.scheduler, next_port(args.scheduler), curve
     run = RunDir.of(cfg)
     found = read_endpoints(run)
     if found is None:

@@ -47,8 +47,10 @@ class Reason(StrEnum):
     # Not the core's: the daemon refuses a request that names a worker other than the
     # connection it came on (a worker speaks only for itself).
     WRONG_SENDER = "wrong_sender"
-    # Nor this: a Hello for a name live on another connection, without the worker's key.
+    # Nor these: a Hello for a name live on another connection (a run without a secret),
+    # and a Hello from a connection without the worker key of that name and role.
     NAME_TAKEN = "name_taken"
+    WRONG_KEY = "wrong_key"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,10 @@ from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.host import process_alive
 from asyncrl.transport.identity import RunSecretError, ensure_run_secret, load_run_secret
 from asyncrl.transport.security import (
-    SERVER_SECRET,
     KeyFileError,
     curve_required,
+    ensure_keys,
     is_loopback,
-    keygen,
     load_client_keys,
 )
 
@@ -153,13 +152,10 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
 
 def make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
     """CurveZMQ keys in ``scheduler.keys_dir`` when the bus needs them and has none."""
-    if serves_ipc(cfg.scheduler) or not curve_required(cfg.scheduler.host, cfg.scheduler.curve):
+    if serves_ipc(cfg.scheduler) or not curve_required("tcp://", cfg.scheduler.curve):
         return
     keys = RunDir.of(cfg).keys
-    if (keys / SERVER_SECRET).exists():
-        return
-    with contextlib.suppress(FileExistsError):  # some there: the scheduler names what lacks
-        keygen(keys)
+    if ensure_keys(keys):  # some there already: the scheduler names what lacks
         say(f"made CurveZMQ keys in {keys} (0600): every machine's workers read them there")
 
 
@@ -209,8 +205,7 @@ def _what_is_missing(cfg: RunConfig, plan: NodePlan) -> tuple[str | None, bytes]
 def _encrypted(cfg: RunConfig, plan: NodePlan) -> bool:
     """Whether the workers' bus is under CURVE, as they will find the scheduler."""
     if plan.dial is not None:
-        host = plan.dial.removeprefix("tcp://").rpartition(":")[0].strip("[]")
-        return plan.dial.startswith("tcp://") and curve_required(host, cfg.scheduler.curve)
+        return curve_required(plan.dial, cfg.scheduler.curve)
     found = read_endpoints(RunDir.of(cfg))
     return found is not None and found.curve
 

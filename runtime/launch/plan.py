@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from asyncrl.runtime.bus import serves_ipc
 from asyncrl.runtime.config import RunConfig, pipeline_for, workers_to_start
 from asyncrl.runtime.config.schema import WORKER_ROLES
-from asyncrl.transport.identity import WORKER_KEY_ENV, worker_key
+from asyncrl.transport.identity import worker_env
 
 from .gangs import ENV_RANK, ENV_SIZE
 from .gpus import VISIBLE_ENV, gpu_roles, hand_out
@@ -121,9 +121,10 @@ def node_specs(
 ) -> list[ChildSpec]:
     """The scheduler first (the primary) if the plan has it, then the plan's workers.
 
-    With ``run_secret`` each worker gets its worker key in its environment (never on its
-    command line, which any user may read): restarted under the same name, it is known
-    to the scheduler as the same worker at once (transport/identity.py).
+    With ``run_secret`` each worker gets its worker key, bound to its name and role, and
+    the run's payload key in its environment (never on its command line, which any user
+    may read): restarted under the same name, it is known to the scheduler as the same
+    worker at once (transport/identity.py).
     """
     specs = [_scheduler_spec(cfg, config_args, resume)] if plan.scheduler else []
     workers = list(_workers(plan))
@@ -135,7 +136,7 @@ def node_specs(
             argv += ["--name", name]
         env: dict[str, str] = {}
         if run_secret:
-            env[WORKER_KEY_ENV] = worker_key(run_secret, name).hex()
+            env.update(worker_env(run_secret, name, role))
         if name in gpu_of:
             env[VISIBLE_ENV] = gpu_of[name]
         if ranks is not None:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from asyncrl.runtime.bus import finished_steps
 from asyncrl.runtime.rundir import RunDir
-from asyncrl.transport.identity import WORKER_KEY_ENV, ensure_run_secret, worker_key
+from asyncrl.transport.identity import ensure_run_secret, worker_env
 
 from ._spawn import spawn
 from ._start_failures import StartFailures
@@ -116,7 +116,7 @@ class ProcessActor:
             resume = self._run.journal.is_dir() and process.resume_argv is not None
             return list(process.resume_argv if resume else process.argv), env
         secret = wait_for_the_run(cfg, NodePlan({}, node="ray"), _WAIT_S, self._say)
-        env[WORKER_KEY_ENV] = worker_key(secret, process.name).hex()
+        env.update(worker_env(secret, process.name, process.role))
         if process.gang is not None:
             env[ENV_ADDR] = self._gang_address()
         return list(process.argv), env

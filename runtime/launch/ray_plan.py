@@ -55,11 +55,13 @@ class RayProcess:
     num_gpus: float
     # The scheduler only: its command once the journal exists (Ray started it again).
     resume_argv: tuple[str, ...] | None = None
-    # Added to the process's environment (a group's rank and size). Never the worker key:
-    # the actor derives it from the run secret, which only the run directory holds.
+    # Added to the process's environment (a group's rank and size). Never the worker key
+    # nor the payload key: the actor derives them from the run secret, which only the run
+    # directory holds.
     env: Mapping[str, str] = field(default_factory=dict)
     gang: str | None = None  # the placement group of a group's ranks; None: on its own
     rank: int = 0
+    role: str = ""  # a worker's, which its worker key is bound to
 
     @property
     def scheduler(self) -> bool:
@@ -122,7 +124,10 @@ def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: s
         rank = int(spec.argv[spec.argv.index("--index") + 1]) if spec.gang else 0
         env = dict(spec.env or {})
         num_gpus = gpus.get(spec.name, 0.0)
-        processes.append(RayProcess(spec.name, argv, num_gpus, env=env, gang=spec.gang, rank=rank))
+        role = spec.argv[spec.argv.index("--role") + 1]
+        processes.append(
+            RayProcess(spec.name, argv, num_gpus, env=env, gang=spec.gang, rank=rank, role=role)
+        )
     gangs = {p.gang: (p.num_gpus, totals[p.gang]) for p in processes if p.gang is not None}
     return RayPlan(cfg, tuple(processes), gangs, cwd)
 

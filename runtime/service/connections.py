@@ -3,19 +3,23 @@
 A worker is the connection it registered on (its routing id, transport/identity.py), not
 the name its messages claim. This guard sits between the ROUTER and the service:
 
-- A ``Hello`` for a name nobody holds binds the name to its connection once accepted. For
-  a live name on another connection it is refused (``name_taken``), unless the
-  connection carries the name's worker key: then it is the same worker restarted, and
-  its registration replaces the old one at once (the core revokes the old leases).
+- With a run secret (always, in a scheduler process), a ``Hello`` is accepted only from a
+  connection that carries the worker key of that name *for that role*
+  (``wrong_key``): a worker holds the key of its own name and role, so it can neither
+  take another's name nor register as another role (a generate worker as dataloader,
+  to feed prompts, or as train, to announce weights). Such a Hello for a live name is
+  the same worker restarted: its registration replaces the old one at once (the core
+  revokes the old leases).
+- Without a secret (an in-process scheduler in tests), a ``Hello`` for a name nobody
+  holds binds the name to its connection; for a live name on another connection it is
+  refused (``name_taken``).
 - Any other request naming a worker counts only from that worker's connection
   (``wrong_sender``); one about a lease (complete, fail, lock) only for a lease that
   worker holds, so a client cannot end another's lease even with its fence.
 - Bindings are soft state, like heartbeats: a name the core no longer knows (left, timed
   out) is free again. After a scheduler restart the core knows names but no connections:
   a live name is bound by the first request for it from a connection carrying its worker
-  key. Only a run without a secret binds it by the name alone (then a client could race
-  the real worker until it speaks, within a heartbeat); with one, a worker without the key
-  is refused until its old registration times out, as any stranger is.
+  key for the role it registered. Only a run without a secret binds it by the name alone.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class Connections:
         bound = self._bound.get(claimed)
         if bound is None and claimed in self._core.state.workers:
             # Live but bound to nothing: the scheduler restarted since it registered.
-            if self._secret and not is_worker_key(sender, claimed, self._secret):
+            role = self._core.state.workers[claimed].role
+            if self._secret and not is_worker_key(sender, claimed, role, self._secret):
                 why = "after a restart a live name is bound only with its worker key"
                 return self._refuse(message, Reason.WRONG_SENDER, why, sender)
             log.info("worker known again by its connection", worker=claimed)
@@ -77,17 +82,26 @@ class Connections:
             del self._bound[name]
 
     def _hello_refusal(self, m: p.Hello, sender: bytes) -> p.Error | None:
+        if self._secret:
+            if is_worker_key(sender, m.worker, m.role, self._secret):
+                if m.worker in self._core.state.workers:
+                    log.info("worker restarted: its new connection replaces the old",
+                             worker=m.worker)  # fmt: skip
+                return None
+            detail = (
+                f"this connection does not carry the worker key of {m.worker!r} as "
+                f"{m.role!r}: a worker registers only under its own name and role, with the "
+                f"key its launcher gave it ({WORKER_KEY_ENV}) or derived from the run "
+                "directory's run.secret"
+            )
+            return self._refuse(m, Reason.WRONG_KEY, detail, sender)
         if m.worker not in self._core.state.workers or self._bound.get(m.worker) == sender:
-            return None
-        if is_worker_key(sender, m.worker, self._secret):
-            log.info("worker restarted: its new connection replaces the old", worker=m.worker)
             return None
         timeout = self._core.settings.worker_timeout
         detail = (
-            f"worker name {m.worker!r} is registered on another connection. A restarted "
-            f"worker proves it is the same one with the run's worker key ({WORKER_KEY_ENV}, "
-            f"or the run directory's run.secret); without it, start it again once the old "
-            f"registration is gone (no heartbeat for {timeout:g} s), or give it another name"
+            f"worker name {m.worker!r} is registered on another connection: start it again "
+            f"once the old registration is gone (no heartbeat for {timeout:g} s), or give "
+            "it another name"
         )
         return self._refuse(m, Reason.NAME_TAKEN, detail, sender)
 
@@ -96,6 +110,6 @@ class Connections:
         kind, claimed, who = type(m).__name__, getattr(m, "worker", ""), describe(sender)
         log.warning("request refused", reason=str(reason), kind=kind, claimed=claimed,
                     sender=who, why=why[:200])  # fmt: skip
-        if reason is Reason.NAME_TAKEN:
+        if reason in (Reason.NAME_TAKEN, Reason.WRONG_KEY):
             return p.Error(reason, why)
         return p.Error(reason, f"{kind} for {claimed!r} from connection {who!r}: {why}")

@@ -29,7 +29,7 @@ from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport.identity import ensure_run_secret
-from asyncrl.transport.security import curve_required, load_server_keys
+from asyncrl.transport.security import ServerKeys, curve_required, ensure_keys, load_server_keys
 from asyncrl.transport.sockets import (
     BoundSockets,
     bind_scheduler_sockets,
@@ -97,10 +97,10 @@ def serve(
             metrics, metrics_server = _serve_metrics(
                 service, sched.metrics_host, sched.metrics_port
             )
-        curve = curve_required(sched.host, sched.curve)
+        curve = curve_required(endpoints[0] if endpoints else "tcp://", sched.curve)
         options: dict[str, Any] = {
             "max_message_bytes": sched.max_message_mb << 20,
-            "server_keys": load_server_keys(RunDir.of(cfg).keys) if curve else None,
+            "server_keys": _server_keys(RunDir.of(cfg)) if curve else None,
         }
         if endpoints is None:
             sockets = _bind(ctx, cfg, resume, options)
@@ -149,6 +149,14 @@ def _serve_metrics(service: SchedulerService, host: str, port: int) -> tuple[Any
     server = serve_metrics(live, host, port)
     log.info("metrics served", url=f"http://{host}:{port}/metrics")
     return live, server
+
+
+def _server_keys(run: RunDir) -> ServerKeys:
+    """The bus's keys, made in the run directory first if it has none: a scheduler started
+    by hand on loopback is under CURVE too, and its own tools dial with the keys there."""
+    if ensure_keys(run.keys):
+        log.info("made CurveZMQ keys (0600)", keys=str(run.keys))
+    return load_server_keys(run.keys)
 
 
 def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any]):

@@ -1,6 +1,7 @@
 """Small-message round trips through the scheduler, beside a Ray actor queue, in one run.
 
-    python -m tests.bench.bus_roundtrip [--rounds 3000] [--warmup 300] [--blocks 6] [--spins]
+    python -m tests.bench.bus_roundtrip [--rounds 3000] [--warmup 300] [--blocks 6]
+                                        [--spins | --curve]
 
 One round is what a worker does for each item: claim → lease → complete → ack, two
 requests. Ours runs through the real scheduler process (journal on, replies to completions
@@ -13,14 +14,15 @@ p99 of a round, and our rate over Ray's. Ours runs with the default busy polling
 The four take turns in blocks of rounds, so that the machine's bursts of noise fall on
 each alike (Ray is started for each of its blocks, so its daemons never run beside ours);
 the ratio is also printed block by block. ``--spins`` instead runs our scheduler four
-ways, with the scheduler's and the worker's busy polling each on or off.
-Needs ``ray`` (``pip install -e '.[bench]'``).
+ways, with the scheduler's and the worker's busy polling each on or off; ``--curve`` runs
+it over tcp://127.0.0.1 with CurveZMQ (the default on every TCP endpoint) and without.
+Needs ``ray`` (``pip install -e '.[bench]'``), but for ``--spins`` and ``--curve``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import os
 import statistics
 import subprocess
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +40,7 @@ from asyncrl.runtime.config import config_from_dict, dump_config, load_config
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import busy_poll
 from asyncrl.transport.zmq_link import ZmqLink
+from tests.support.runlink import run_link
 
 TOKENS = np.arange(16, dtype=np.int32)
 IPC_ROW = "asyncrl scheduler, ipc"
@@ -57,9 +60,10 @@ SPIN_SETTINGS: dict[str, Spins] = {
 }
 
 
-def scheduler_config(run_dir: Path, spins: Spins | None = None) -> dict:
+def scheduler_config(run_dir: Path, spins: Spins | None = None, curve: str = "auto") -> dict:
     """The benchmark's scheduler config; ``spins`` None: the config's default busy polling."""
     busy = {} if spins is None else {"busy_poll_us": spins[0], "worker_busy_poll_us": spins[1]}
+    busy["curve"] = curve
     return {
         "run": {"dir": str(run_dir), "total_steps": 1_000_000},
         # No step ever runs here, so admission must not wait for one.
@@ -72,10 +76,10 @@ def scheduler_config(run_dir: Path, spins: Spins | None = None) -> dict:
 
 
 def start_scheduler(
-    run_dir: Path, control: str, events: str, spins: Spins | None = None
+    run_dir: Path, control: str, events: str, spins: Spins | None = None, curve: str = "auto"
 ) -> subprocess.Popen[bytes]:
     cfg_path = run_dir.parent / f"{run_dir.name}.yaml"
-    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir, spins))))
+    cfg_path.write_text(dump_config(config_from_dict(scheduler_config(run_dir, spins, curve))))
     serve = [sys.executable, "-m", __spec__.name, "--serve", str(cfg_path), control, events]
     proc = subprocess.Popen(serve, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -97,22 +101,21 @@ def time_rounds(one_round: Callable[[], None], rounds: int) -> list[float]:
 
 @contextmanager
 def scheduler_rounds(
-    kind: str, total: int, root: Path, spins: Spins | None = None
+    kind: str, total: int, root: Path, spins: Spins | None = None, curve: str = "auto"
 ) -> Iterator[Callable[[], None]]:
     """One round through a real scheduler process (``total`` items loaded), while open."""
     setting = "default" if spins is None else f"{spins[0]}-{spins[1]}"
-    run_dir = root / f"{kind}-{setting}"
+    run_dir = root / f"{kind}-{setting}-{curve}"
     if kind == "ipc":
         control, events = f"ipc://{run_dir}-control.sock", f"ipc://{run_dir}-events.sock"
     else:
         control, events = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
-    proc = start_scheduler(run_dir, control, events, spins)
-    where = json.loads((run_dir / "endpoints.json").read_text())
+    proc = start_scheduler(run_dir, control, events, spins, curve)
     cfg = config_from_dict(scheduler_config(run_dir, spins))
     busy_poll_s = cfg.scheduler.worker_busy_poll_us / 1e6
     # A worker speaks only for itself: one connection each, as in a run.
-    loader = ZmqLink(where["control"], where["events"], identity="loader")
-    link = ZmqLink(where["control"], where["events"], identity="gen", busy_poll_s=busy_poll_s)
+    loader = run_link(run_dir, "loader", "dataloader")
+    link = run_link(run_dir, "gen", "generate", busy_poll_s=busy_poll_s)
     try:
         for each, worker, role in ((loader, "loader", "dataloader"), (link, "gen", "generate")):
             assert isinstance(
@@ -253,6 +256,9 @@ def main() -> None:
         action="store_true",
         help="instead: the scheduler's and the worker's busy polling on and off, four ways",
     )
+    parser.add_argument(
+        "--curve", action="store_true", help="instead: loopback TCP with CurveZMQ and without"
+    )
     parser.add_argument("--serve", nargs=3, metavar=("CONFIG", "CONTROL", "EVENTS"))
     parser.add_argument("--echo", nargs=2, metavar=("CONTROL", "BUSY_POLL_US"))
     args = parser.parse_args()
@@ -268,6 +274,8 @@ def main() -> None:
     block = max(1, args.rounds // args.blocks)
     if args.spins:
         return compare_spins(args.warmup, block, args.blocks)
+    if args.curve:
+        return compare_curve(args.warmup, block, args.blocks)
     print(
         f"{block * args.blocks} rounds each (claim → lease → complete → ack) after "
         f"{args.warmup} warm-up, in {args.blocks} blocks taken in turn, {os.cpu_count()} cores"
@@ -311,13 +319,36 @@ def compare_spins(warmup: int, block: int, blocks: int) -> None:
     """Who should poll without sleeping: our scheduler over ipc with the scheduler's and
     the worker's busy polling each on (the defaults before and now) or off, taking turns
     in blocks as the main comparison does."""
-    print(f"{block * blocks} rounds each over ipc after {warmup} warm-up, in {blocks} blocks "
+    contenders = {
+        name: functools.partial(scheduler_rounds, "ipc", spins=spins)
+        for name, spins in SPIN_SETTINGS.items()
+    }
+    compare_in_turn("over ipc", contenders, warmup, block, blocks)
+
+
+def compare_curve(warmup: int, block: int, blocks: int) -> None:
+    """What CurveZMQ costs a round over loopback TCP."""
+    contenders = {
+        f"tcp, curve {curve}": functools.partial(scheduler_rounds, "tcp", curve=curve)
+        for curve in ("on", "off")
+    }
+    compare_in_turn("over tcp://127.0.0.1", contenders, warmup, block, blocks)
+
+
+def compare_in_turn(
+    where: str,
+    contenders: dict[str, Callable[[int, Path], AbstractContextManager[Callable[[], None]]]],
+    warmup: int,
+    block: int,
+    blocks: int,
+) -> None:
+    """Each contender's schedulers, taking turns in blocks as the main comparison does."""
+    print(f"{block * blocks} rounds each {where} after {warmup} warm-up, in {blocks} blocks "
           f"taken in turn, {os.cpu_count()} cores")  # fmt: skip
     total = warmup + block * blocks
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-") as tmp, ExitStack() as stack:
         rounds = {
-            name: stack.enter_context(scheduler_rounds("ipc", total, Path(tmp), spins))
-            for name, spins in SPIN_SETTINGS.items()
+            name: stack.enter_context(made(total, Path(tmp))) for name, made in contenders.items()
         }
         for one_round in rounds.values():
             time_rounds(one_round, warmup)

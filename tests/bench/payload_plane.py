@@ -57,8 +57,8 @@ from typing import Any
 import yaml
 
 from asyncrl.transport import protocol as p
-from asyncrl.transport.zmq_link import ZmqLink
 from tests.bench.payload_actors import PAYLOAD_ENV, ROLES, group_bytes
+from tests.support.runlink import run_link
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".bench-cache"
@@ -388,8 +388,7 @@ def requests_answered(run: Run) -> int | None:
     checkout's protocol): the work its CPU goes to, whatever the payloads weigh."""
     if run.side.name != "after":
         return None
-    where = json.loads((run.run_dir / "endpoints.json").read_text())
-    with ZmqLink(where["control"], where["events"], identity="bench-observer") as link:
+    with run_link(run.run_dir, "bench-observer") as link:
         reply = link.request(p.Status(), 10)
     if not isinstance(reply, p.StatusReply) or "requests" not in reply.summary:
         return None

@@ -137,7 +137,7 @@ class SimWorker:
     def __init__(self, host: Host, name: str, role: str) -> None:
         self.host, self.name, self.role = host, name, role
         secret = load_run_secret(RunDir(host.run_dir).secret)
-        identity = connection_identity(name, worker_key(secret, name))
+        identity = connection_identity(name, worker_key(secret, name, role))
         self.sock = host.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         self.sock.setsockopt(zmq.LINGER, 0)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.transport import protocol as p
-from asyncrl.transport.zmq_link import ZmqLink
 from tests.support.cluster import Cluster
+from tests.support.runlink import run_link
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,9 +27,7 @@ def test_an_idle_scheduler_sleeps_after_busy_polling(tmp_path: Path) -> None:
     c = Cluster(tmp_path, scheduler={"busy_poll_us": 200_000})
     try:
         pid = c.scheduler()
-        where = c.endpoints()
-        assert where is not None
-        with ZmqLink(where["control"], where["events"], identity="observer") as link:
+        with run_link(c.run_dir, "observer") as link:
             for _ in range(50):
                 assert isinstance(link.request(p.Status(), 5), p.StatusReply)
             time.sleep(0.3)  # the last spin ends

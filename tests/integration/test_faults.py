@@ -14,18 +14,20 @@ import pytest
 
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
-from asyncrl.transport.security import keygen, load_client_keys
+from asyncrl.transport.security import keygen
 from asyncrl.transport.zmq_link import ZmqLink
 from tests.support.cluster import ROLES, Cluster, free_port, wait_for
+from tests.support.runlink import run_link
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def link_to(c: Cluster, name: str, keys_dir: Path | None = None) -> ZmqLink:
-    where = c.endpoints()
-    assert where is not None
-    keys = None if keys_dir is None else load_client_keys(keys_dir)
-    return ZmqLink(where["control"], where["events"], identity=name, client_keys=keys)
+def link_to(
+    c: Cluster, name: str, role: str | None = None, keys_dir: Path | None = None
+) -> ZmqLink:
+    """A link as worker ``name`` of ``role`` (None: an observer), with the run's bus keys
+    or those in ``keys_dir``."""
+    return run_link(c.run_dir, name, role, keys_dir=keys_dir)
 
 
 def test_a_killed_workers_lease_is_redelivered_and_every_result_arrives_once(cluster) -> None:
@@ -91,7 +93,11 @@ def test_a_scheduler_killed_mid_run_resumes_and_the_run_ends_exact(cluster) -> N
 def test_a_completion_after_its_lease_was_reissued_is_refused_by_its_fence(cluster) -> None:
     c: Cluster = cluster(pipeline={"lease_timeout_s": 0.5, "train_batch_groups": 1})
     c.scheduler()
-    with link_to(c, "loader") as loader, link_to(c, "slow") as slow, link_to(c, "fast") as fast:
+    with (
+        link_to(c, "loader", "dataloader") as loader,
+        link_to(c, "slow", "generate") as slow,
+        link_to(c, "fast", "generate") as fast,
+    ):
         loader.request(p.Hello("loader", "dataloader", p.PROTOCOL_VERSION, 1), 5)
         loader.request(p.AddGroups("loader", (p.NewGroup("q000000", {"x": 0}),)), 5)
         for link, name in ((slow, "slow"), (fast, "fast")):
@@ -124,14 +130,16 @@ def test_with_curve_a_client_without_the_key_never_gets_a_lease(cluster, tmp_pat
     c: Cluster = cluster(scheduler={"curve": "on", "keys_dir": str(keys)})
     c.scheduler()
     assert c.endpoints()["curve"] is True
-    with link_to(c, "intruder", stranger) as intruder:
+    with link_to(c, "intruder", "generate", stranger) as intruder:
         with pytest.raises(LinkTimeout):
             intruder.request(p.Hello("intruder", "generate", p.PROTOCOL_VERSION, 1), 2)
         with pytest.raises(LinkTimeout):
             intruder.request(p.Claim("intruder", "generate", 1), 1)
-    with link_to(c, "plain") as plain, pytest.raises(LinkTimeout):
+    where = c.endpoints()
+    plain = ZmqLink(where["control"], where["events"], identity="plain")  # no keys at all
+    with plain, pytest.raises(LinkTimeout):
         plain.request(p.Status(), 2)
-    with link_to(c, "member", keys) as member:
+    with link_to(c, "member", "logp", keys) as member:
         assert isinstance(
             member.request(p.Hello("member", "logp", p.PROTOCOL_VERSION, 1), 5), p.Ready
         )

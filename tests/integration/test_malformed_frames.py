@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncrl.transport import protocol as p
-from asyncrl.transport.identity import connection_identity
 from tests.support import hostile
 from tests.support.cluster import ROLES, Cluster
+from tests.support.runlink import curve_client, worker_routing_id
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,9 +43,10 @@ class Prober:
     """A raw DEALER that sends frames and says whether a reply came; with ``identity``,
     it speaks from that connection (a worker's)."""
 
-    def __init__(self, endpoint: str, identity: str | None = None) -> None:
+    def __init__(self, c: Cluster, identity: str | None = None) -> None:
         self.ctx = zmq.Context.instance()
-        self.endpoint = endpoint
+        self.run_dir = c.run_dir
+        self.endpoint = c.endpoints()["control"]
         self.identity = identity
         self.socket = self._dial()
         self.replies = self.dropped = 0
@@ -55,6 +56,7 @@ class Prober:
         socket.setsockopt(zmq.LINGER, 0)
         if self.identity is not None:
             socket.setsockopt(zmq.IDENTITY, self.identity.encode())
+        curve_client(socket, self.run_dir)
         socket.connect(self.endpoint)
         return socket
 
@@ -136,7 +138,7 @@ _probers: dict[int, Prober] = {}
 
 def _prober(cluster: Cluster) -> Prober:
     if id(cluster) not in _probers:
-        _probers[id(cluster)] = Prober(cluster.endpoints()["control"])
+        _probers[id(cluster)] = Prober(cluster)
     return _probers[id(cluster)]
 
 
@@ -197,7 +199,7 @@ def hostile_requests() -> list[list[bytes]]:
 
 def test_every_field_hostile_is_answered_and_the_scheduler_lives_on(lone: Cluster) -> None:
     pid = lone.procs["scheduler"].pid
-    worker = Prober(lone.endpoints()["control"], connection_identity(ME["worker"], None))
+    worker = Prober(lone, worker_routing_id(lone.run_dir, ME["worker"], ME["role"]))
     hello = p.Hello(ME["worker"], ME["role"], p.PROTOCOL_VERSION, 1)
     assert isinstance(worker.send([bytes(f) for f in p.encode(hello)]), p.Ready)
     requests = hostile_requests()

@@ -117,11 +117,10 @@ class Cluster:
     def status(self) -> dict[str, Any]:
         """The scheduler's status, asked over the bus as an observer would."""
         from asyncrl.transport import protocol as p
-        from asyncrl.transport.zmq_link import ZmqLink
 
-        where = self.endpoints()
-        assert where is not None
-        with ZmqLink(where["control"], where["events"], identity="observer") as link:
+        from .runlink import run_link
+
+        with run_link(self.run_dir, "observer") as link:
             reply = link.request(p.Status(), 5)
         assert isinstance(reply, p.StatusReply), reply
         return reply.summary

@@ -22,23 +22,24 @@ from asyncrl.transport.dataplane import (
 )
 from asyncrl.transport.dataplane.store import shared_path, sweep_stale
 from asyncrl.transport.dataplane.wire import REPLY, REQUEST, Code
-from asyncrl.transport.security import ClientKeys, keygen, load_client_keys
+from asyncrl.transport.security import ClientKeys, payload_keys
 from tests.support import hostile
 
 MAX_BYTES = 64 << 20
+KEYS = payload_keys(b"k" * 32)  # the run's payload key pair, as a run derives it
 
 
 @pytest.fixture
 def holder():
     store = PayloadStore("generate-0")
-    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=KEYS)
     yield store
     server.close()
 
 
 @pytest.fixture
 def fetcher():
-    fetcher = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES)
+    fetcher = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES, keys=KEYS)
     yield fetcher
     fetcher.close()
 
@@ -59,7 +60,7 @@ def test_fetch_returns_what_was_put(holder: PayloadStore, fetcher: PayloadFetche
 
 def test_fetch_from_two_holders_at_once(holder: PayloadStore, fetcher: PayloadFetcher) -> None:
     other = PayloadStore("logp-0")
-    server = PayloadServer(other, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    server = PayloadServer(other, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=KEYS)
     try:
         refs = [holder.put(payload(1)), other.put(payload(2)), holder.put(payload(3))]
         assert [d["n"] for d in fetcher.fetch(refs)] == [1, 2, 3]
@@ -94,7 +95,7 @@ def test_corrupt_bytes_are_refetched_then_refused(
 
 def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetcher) -> None:
     store = PayloadStore("generate-1")
-    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=KEYS)
     ref = store.put(payload(1))
     server.close()
     fetcher.connect_timeout_s = 0.3
@@ -108,7 +109,7 @@ def test_a_dead_holder_times_out_and_its_socket_is_dropped(fetcher: PayloadFetch
 
 def test_a_dead_holder_of_several_payloads_is_waited_for_once(fetcher: PayloadFetcher) -> None:
     store = PayloadStore("generate-1")
-    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=KEYS)
     refs = [store.put(payload(i)) for i in range(4)]
     server.close()
     fetcher.connect_timeout_s = 0.5
@@ -140,7 +141,7 @@ class _LosingContext(zmq.Context):
 
 
 def _losing_fetcher() -> PayloadFetcher:
-    fetcher = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES)
+    fetcher = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES, keys=KEYS)
     fetcher._ctx.term()
     fetcher._ctx = _LosingContext()
     fetcher.connect_timeout_s = 0.3
@@ -194,7 +195,9 @@ def test_a_reader_on_the_holders_host_maps_the_payload_without_asking(tmp_path: 
     store = PayloadStore("generate-0", "tcp://127.0.0.1:9", shared_dir=tmp_path)  # no server
     ref = store.put(payload(5, 100_000))
     assert shared_path(tmp_path, ref.store, ref.key).stat().st_size == ref.size
-    reader = PayloadFetcher(timeout_s=0.5, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    reader = PayloadFetcher(
+        timeout_s=0.5, max_message_bytes=MAX_BYTES, keys=KEYS, shared_dir=tmp_path
+    )
     try:
         (got,) = reader.fetch([ref])
         np.testing.assert_array_equal(got["ids"], np.arange(100_000, dtype=np.int32) + 5)
@@ -211,8 +214,10 @@ def test_a_reader_on_the_holders_host_maps_the_payload_without_asking(tmp_path: 
 
 def test_a_rotted_shared_file_is_asked_for_again_then_refused(tmp_path: Path) -> None:
     store = PayloadStore("generate-0", shared_dir=tmp_path)
-    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES)
-    reader = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=KEYS)
+    reader = PayloadFetcher(
+        timeout_s=2.0, max_message_bytes=MAX_BYTES, keys=KEYS, shared_dir=tmp_path
+    )
     try:
         ref = store.put(payload(9))
         store._images[ref.key][-200] ^= 0xFF  # the file's own page: a reader sees it too
@@ -240,28 +245,24 @@ def _gone_pid() -> int:
     return child.pid
 
 
-def test_curve_admits_the_runs_workers_only(tmp_path) -> None:
-    keygen(tmp_path)
-    keys = load_client_keys(tmp_path)
-    store = PayloadStore("generate-0")
-    server = PayloadServer(store, "tcp://127.0.0.1:0", max_message_bytes=MAX_BYTES, keys=keys)
-    ref = store.put(payload(3))
-    member = PayloadFetcher(timeout_s=2.0, max_message_bytes=MAX_BYTES, keys=keys)
-    keygen(tmp_path / "other")
-    other = load_client_keys(tmp_path / "other")
-    # Knows the holder's public key, but is not the run's worker key pair.
-    stranger_keys = ClientKeys(other.public, other.secret, server_public=keys.public)
+def test_curve_admits_the_runs_workers_only(holder: PayloadStore, fetcher: PayloadFetcher) -> None:
+    ref = holder.put(payload(3))
+    other = payload_keys(b"o" * 32)
+    # Knows the holder's public key, but is not the run's payload key pair.
+    stranger_keys = ClientKeys(other.public, other.secret, server_public=KEYS.public)
     stranger = PayloadFetcher(timeout_s=0.5, max_message_bytes=MAX_BYTES, keys=stranger_keys)
-    plain = PayloadFetcher(timeout_s=0.5, max_message_bytes=MAX_BYTES)
+    plain = zmq.Context.instance().socket(zmq.DEALER)  # no CURVE at all, on loopback
+    plain.setsockopt(zmq.LINGER, 0)
+    plain.connect(ref.address)
     try:
-        assert member.fetch([ref])[0]["n"] == 3
-        for outsider in (stranger, plain):
-            with pytest.raises(PayloadsUnavailable):
-                outsider.fetch([ref])
+        assert fetcher.fetch([ref])[0]["n"] == 3
+        with pytest.raises(PayloadsUnavailable):
+            stranger.fetch([ref])
+        plain.send(REQUEST.pack(1, ref.key) + ref.store.encode())
+        assert not plain.poll(500)
     finally:
-        for f in (member, stranger, plain):
-            f.close()
-        server.close()
+        stranger.close()
+        plain.close()
 
 
 def test_a_reader_on_the_same_host_knows_at_once_when_the_holder_is_gone(tmp_path: Path) -> None:
@@ -269,7 +270,9 @@ def test_a_reader_on_the_same_host_knows_at_once_when_the_holder_is_gone(tmp_pat
     store = PayloadStore("generate-0", "tcp://127.0.0.1:9", shared_dir=tmp_path)
     kept, freed = store.put(payload(1)), store.put(payload(2))
     store.discard([freed.key])
-    reader = PayloadFetcher(timeout_s=30.0, max_message_bytes=MAX_BYTES, shared_dir=tmp_path)
+    reader = PayloadFetcher(
+        timeout_s=30.0, max_message_bytes=MAX_BYTES, keys=KEYS, shared_dir=tmp_path
+    )
     try:
         with pytest.raises(PayloadsUnavailable) as caught:
             reader.fetch([freed])
@@ -303,6 +306,9 @@ def test_a_server_answers_every_malformed_request_and_serves_on(
     ref = holder.put(payload(4))
     asker = zmq.Context.instance().socket(zmq.DEALER)
     asker.setsockopt(zmq.LINGER, 0)
+    asker.setsockopt(zmq.CURVE_SERVERKEY, KEYS.public)  # a worker of the run gone astray
+    asker.setsockopt(zmq.CURVE_PUBLICKEY, KEYS.public)
+    asker.setsockopt(zmq.CURVE_SECRETKEY, KEYS.secret)
     asker.connect(ref.address)
     u64 = st.integers(0, 2**64 - 1)
     store_ids = st.sampled_from([ref.store.encode(), b"", hostile.BAD_UTF8, b"0" * 64, b"0" * 65])

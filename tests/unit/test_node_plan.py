@@ -19,7 +19,7 @@ from asyncrl.runtime.launch.gpus import (
     visible_gpus,
 )
 from asyncrl.runtime.launch.plan import NodePlan, node_specs, parse_roles
-from asyncrl.transport.identity import WORKER_KEY_ENV, worker_key
+from asyncrl.transport.identity import worker_env
 
 SECRET = b"s" * 32
 ARGS = ["-c", "/runs/run.yaml", "run.total_steps=4"]
@@ -42,7 +42,7 @@ def test_asyncrl_run_starts_the_scheduler_then_every_role_named_role_index() -> 
     generate = specs[2]
     python = [sys.executable, "-m", "asyncrl.actors.cli"]
     assert generate.argv == [*python, "--role", "generate", "--index", "0", *ARGS]
-    assert generate.env == {WORKER_KEY_ENV: worker_key(SECRET, "generate-0").hex()}
+    assert generate.env == worker_env(SECRET, "generate-0", "generate")
 
 
 def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
@@ -66,7 +66,7 @@ def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
         *ARGS,
     ]
     assert "--index" in generate.argv and generate.gang is None
-    assert generate.env == {WORKER_KEY_ENV: worker_key(SECRET, "generate-gpu7-5").hex()}
+    assert generate.env == worker_env(SECRET, "generate-gpu7-5", "generate")
     for rank in (0, 1):
         member = specs[f"train-{rank}"]
         assert member.gang == "train" and "--name" not in member.argv

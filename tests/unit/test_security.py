@@ -143,27 +143,26 @@ def test_a_secret_that_does_not_match_its_public_key_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("host", "mode", "expected"),
+    ("endpoint", "mode", "expected"),
     [
-        ("127.0.0.1", "auto", False),
-        ("127.3.2.1", "auto", False),
-        ("::1", "auto", False),
-        ("[::1]", "auto", False),
-        ("localhost", "auto", False),
-        ("LocalHost", "auto", False),
-        ("0.0.0.0", "auto", True),
-        ("::", "auto", True),
-        ("10.1.2.3", "auto", True),
-        ("scheduler.internal", "auto", True),
-        ("*", "auto", True),
-        ("127.0.0.1", "on", True),
-        ("10.1.2.3", "off", False),
+        # Loopback too: a port on 127.0.0.1 is open to every user of the machine.
+        ("tcp://127.0.0.1:5555", "auto", True),
+        ("tcp://[::1]:5555", "auto", True),
+        ("tcp://localhost:5555", "auto", True),
+        ("tcp://0.0.0.0:5555", "auto", True),
+        ("tcp://10.1.2.3:5555", "auto", True),
+        ("tcp://scheduler.internal:5555", "auto", True),
+        # ipc:// is closed by its directory's modes; inproc:// never leaves the process.
+        ("ipc:///run/x/control", "auto", False),
+        ("inproc://bus", "auto", False),
+        ("ipc:///run/x/control", "on", True),
+        ("tcp://10.1.2.3:5555", "off", False),
     ],
 )
-def test_curve_required(host, mode, expected):
-    assert curve_required(host, mode) is expected
+def test_curve_required(endpoint, mode, expected):
+    assert curve_required(endpoint, mode) is expected
 
 
 def test_curve_required_refuses_an_unknown_mode():
     with pytest.raises(ValueError, match="'auto', 'on', 'off'"):
-        curve_required("127.0.0.1", "yes")  # type: ignore[arg-type]
+        curve_required("tcp://127.0.0.1:5555", "yes")  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ class PayloadFetcher:
         *,
         timeout_s: float,
         max_message_bytes: int,
-        keys: ClientKeys | None = None,
+        keys: ClientKeys,
         shared_dir: Path | None = None,
     ) -> None:
         self.timeout_s = timeout_s
@@ -241,10 +241,10 @@ class PayloadFetcher:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.IMMEDIATE, 1)
             socket.setsockopt(zmq.MAXMSGSIZE, self._max_message_bytes)
-            if self._keys is not None:  # holders serve with the run's worker key pair
-                socket.setsockopt(zmq.CURVE_SERVERKEY, self._keys.public)
-                socket.setsockopt(zmq.CURVE_PUBLICKEY, self._keys.public)
-                socket.setsockopt(zmq.CURVE_SECRETKEY, self._keys.secret)
+            # Holders serve with the run's payload key pair, and admit only it.
+            socket.setsockopt(zmq.CURVE_SERVERKEY, self._keys.server_public)
+            socket.setsockopt(zmq.CURVE_PUBLICKEY, self._keys.public)
+            socket.setsockopt(zmq.CURVE_SECRETKEY, self._keys.secret)
             if address.startswith("tcp://["):
                 socket.setsockopt(zmq.IPV6, 1)
             socket.connect(address)

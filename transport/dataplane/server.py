@@ -2,8 +2,13 @@
 
 The thread only looks keys up and sends the blobs zero-copy, so serving costs the worker's
 main thread (decoding, training) nothing but the interpreter lock for a few microseconds
-per fetch. With client keys (a run with CURVE on) the server speaks CURVE with the run's
-worker key pair and admits only that key: every worker of the run, nobody else.
+per fetch. The server always speaks CURVE, with the run's payload key pair
+(security.payload_keys), and admits only that key: every worker of the run, nobody else.
+On loopback too: a port on 127.0.0.1 is open to every user of the machine, and a
+reference (holder, store, key) is no secret, so the key is what keeps others out. One
+mechanism for every deployment (one host, many, pods), where an ipc:// socket in a
+private directory would serve only readers on the holder's host, and those map the
+payload from shared memory anyway.
 """
 
 from __future__ import annotations
@@ -36,21 +41,20 @@ class PayloadServer:
         endpoint: str,
         *,
         max_message_bytes: int,
-        keys: ClientKeys | None = None,
+        keys: ClientKeys,
     ) -> None:
         self.store = store
         self._ctx = zmq.Context()  # its own: one authenticator per context
-        self._guard = CurveGuard(self._ctx, frozenset({keys.public})) if keys else None
+        self._guard = CurveGuard(self._ctx, frozenset({keys.public}))
         self._socket = self._ctx.socket(zmq.ROUTER)
         try:
             self._socket.setsockopt(zmq.LINGER, _LINGER_MS)
             self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
             self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a gone consumer is no error
-            if keys is not None:
-                self._socket.setsockopt(zmq.CURVE_SERVER, 1)
-                self._socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-                self._socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
-                self._socket.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
+            self._socket.setsockopt(zmq.CURVE_SERVER, 1)
+            self._socket.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+            self._socket.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+            self._socket.setsockopt(zmq.ZAP_DOMAIN, _ZAP_DOMAIN)
             if endpoint.startswith("tcp://["):
                 self._socket.setsockopt(zmq.IPV6, 1)
             self._socket.bind(endpoint)
@@ -70,8 +74,7 @@ class PayloadServer:
 
     def _close_sockets(self) -> None:
         self._socket.close()
-        if self._guard is not None:
-            self._guard.stop()
+        self._guard.stop()
         self._ctx.term()
 
     def _serve(self) -> None:

@@ -11,6 +11,10 @@ journaled its reference.
 
 A store's directory holds an ``owner`` file with its process id; a new store removes the
 directories of stores whose process is gone (a worker killed with -9 cannot clean up).
+
+The stores' directories are inside one directory per user, ``/dev/shm/asyncrl-payloads-of-UID``,
+0700 and checked to be this user's before it is used: ``/dev/shm`` itself is listable by
+everyone, and a store's name is part of every reference to its payloads.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import mmap
 import os
 import secrets
 import shutil
+import stat
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import crc32c
+import structlog
 
 from .. import protocol as p
 from ..host import host_identity, process_alive
@@ -33,14 +39,33 @@ from . import image
 
 __all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
 
+log = structlog.get_logger("asyncrl.dataplane")
+
 _PREFIX = "asyncrl-payloads-"
 _OWNER = "owner"
 
 
-def default_shared_dir() -> Path | None:
-    """RAM-backed shared memory, where this host has it (Linux: /dev/shm)."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+def default_shared_dir(shm: Path = Path("/dev/shm")) -> Path | None:
+    """This user's private directory in RAM-backed shared memory ``shm``, where this host
+    has it; None where it has none, or the directory is not this user's."""
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        return None
+    return _private_dir(shm / f"asyncrl-payloads-of-{os.geteuid()}")
+
+
+def _private_dir(path: Path) -> Path | None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        # Made by someone else (to read what we would put there): never used.
+        log.warning("payloads kept in process memory: the shared memory directory is not "
+                    "this user's", directory=str(path), owner=info.st_uid)  # fmt: skip
+        return None
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        # Ours, opened by hand: /dev/shm is sticky, so nobody else can swap it meanwhile.
+        os.chmod(path, 0o700)
+    return path
 
 
 def shared_path(shared_dir: Path, store: str, key: int) -> Path:
