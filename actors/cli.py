@@ -38,6 +38,7 @@ from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
+from asyncrl.transport.identity import PAYLOAD_KEY_ENV, WORKER_KEY_ENV
 from asyncrl.transport.security import (
     KeyFileError,
     curve_required,
@@ -111,6 +112,8 @@ def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
     # signal to a follower is ignored; it leaves when the leader stops or is gone.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+    for credential in (WORKER_KEY_ENV, PAYLOAD_KEY_ENV):  # a follower never dials anyone
+        os.environ.pop(credential, None)
     try:
         return actor.follow(cfg, place)
     except ActorBroken as error:

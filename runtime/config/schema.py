@@ -137,7 +137,11 @@ class SchedulerSection:
         ),
     )
     curve: Literal["auto", "on", "off"] = field(
-        default="auto", metadata=doc("CurveZMQ encryption; auto = on unless the host is loopback")
+        default="auto",
+        metadata=doc(
+            "CurveZMQ encryption; auto = on for every TCP endpoint, loopback included "
+            "(ipc:// is closed to other users by its directory's modes)"
+        ),
     )
     keys_dir: str = field(
         default="{run.dir}/keys",

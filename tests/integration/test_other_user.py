@@ -131,7 +131,14 @@ def test_another_user_cannot_stop_a_scheduler_on_loopback_tcp(cluster) -> None:
     assert as_other_user(_STOP, where["control"]) == {"reply": None}
     time.sleep(2.5)  # a drained scheduler with no workers would have exited by now
     assert c.procs["scheduler"].poll() is None
-    assert c.status()["workers"] == {}  # the owner's tools, with the run's keys, still work
+    # The owner's tools dial with the keys the run directory holds.
+    tool = [sys.executable, "-m", "asyncrl.runtime.cli.scheduler"]
+    status = subprocess.run(
+        [*tool, "status", "-c", str(c.config_path), "--json"], capture_output=True, check=True
+    )
+    assert json.loads(status.stdout)["workers"] == {}
+    subprocess.run([*tool, "stop", "-c", str(c.config_path)], capture_output=True, check=True)
+    assert c.wait("scheduler", 30) == 0
 
 
 def test_a_generate_workers_key_registers_neither_a_dataloader_nor_a_trainer(cluster) -> None:
