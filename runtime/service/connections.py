@@ -82,12 +82,7 @@ class Connections:
             del self._bound[name]
 
     def _hello_refusal(self, m: p.Hello, sender: bytes) -> p.Error | None:
-        if self._secret:
-            if is_worker_key(sender, m.worker, m.role, self._secret):
-                if m.worker in self._core.state.workers:
-                    log.info("worker restarted: its new connection replaces the old",
-                             worker=m.worker)  # fmt: skip
-                return None
+        if self._secret and not is_worker_key(sender, m.worker, m.role, self._secret):
             detail = (
                 f"this connection does not carry the worker key of {m.worker!r} as "
                 f"{m.role!r}: a worker registers only under its own name and role, with the "
@@ -96,6 +91,9 @@ class Connections:
             )
             return self._refuse(m, Reason.WRONG_KEY, detail, sender)
         if m.worker not in self._core.state.workers or self._bound.get(m.worker) == sender:
+            return None
+        if self._secret:  # it carries the name's key: the same worker, started again
+            log.info("worker restarted: its new connection replaces the old", worker=m.worker)
             return None
         timeout = self._core.settings.worker_timeout
         detail = (

@@ -14,9 +14,11 @@ from asyncrl.transport.security import (
     ClientKeys,
     KeyFileError,
     curve_required,
+    ensure_keys,
     keygen,
     load_client_keys,
     load_server_keys,
+    payload_keys,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -166,3 +168,21 @@ def test_curve_required(endpoint, mode, expected):
 def test_curve_required_refuses_an_unknown_mode():
     with pytest.raises(ValueError, match="'auto', 'on', 'off'"):
         curve_required("tcp://127.0.0.1:5555", "yes")  # type: ignore[arg-type]
+
+
+def test_a_scheduler_makes_keys_once_and_never_replaces_them(tmp_path):
+    assert ensure_keys(tmp_path / "keys") is True
+    made = load_server_keys(tmp_path / "keys")
+    assert ensure_keys(tmp_path / "keys") is False
+    assert load_server_keys(tmp_path / "keys") == made
+    assert stat.S_IMODE((tmp_path / "keys" / "client.key_secret").stat().st_mode) == 0o600
+
+
+def test_the_payload_key_pair_is_the_same_from_the_same_seed_and_nobody_elses():
+    keys = payload_keys(b"s" * 32)
+    assert keys == payload_keys(b"s" * 32)
+    assert zmq.curve_public(keys.secret) == keys.public == keys.server_public
+    assert payload_keys(b"t" * 32).public != keys.public
+    assert keys.secret.decode() not in repr(keys)
+    with pytest.raises(ValueError, match="32 bytes"):
+        payload_keys(b"short")
