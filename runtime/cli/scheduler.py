@@ -3,7 +3,7 @@
     asyncrl-scheduler start -c run.yaml [--resume]   # serve the run (journal in run.dir)
     asyncrl-scheduler status -c run.yaml [--json]    # ask the live scheduler where it stands
     asyncrl-scheduler stop -c run.yaml               # drain: no new leases, then exit
-    asyncrl-scheduler keygen DIR                     # CurveZMQ keys for a non-loopback bus
+    asyncrl-scheduler keygen DIR                     # CurveZMQ keys (start makes them if none)
     asyncrl-scheduler inspect runs/demo              # replay a run's journal, read-only
 
 ``status`` and ``stop`` find the scheduler through ``<run.dir>/endpoints.json`` (or
