@@ -33,6 +33,7 @@ from asyncrl.transport.security import (
     is_loopback,
     load_client_keys,
 )
+from asyncrl.transport.sockets import tcp_endpoint
 
 from .events import describe
 from .gpus import VISIBLE_ENV
@@ -152,7 +153,8 @@ def _forget_dead_scheduler(cfg: RunConfig) -> None:
 
 def make_keys(cfg: RunConfig, say: Callable[[str], None]) -> None:
     """CurveZMQ keys in ``scheduler.keys_dir`` when the bus needs them and has none."""
-    if serves_ipc(cfg.scheduler) or not curve_required("tcp://", cfg.scheduler.curve):
+    sched = cfg.scheduler
+    if serves_ipc(sched) or not curve_required(tcp_endpoint(sched.host, 0), sched.curve):
         return
     keys = RunDir.of(cfg).keys
     if ensure_keys(keys):  # some there already: the scheduler names what lacks

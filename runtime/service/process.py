@@ -34,6 +34,7 @@ from asyncrl.transport.sockets import (
     BoundSockets,
     bind_scheduler_sockets,
     bind_scheduler_sockets_at,
+    tcp_endpoint,
 )
 
 from .build import open_service
@@ -97,7 +98,8 @@ def serve(
             metrics, metrics_server = _serve_metrics(
                 service, sched.metrics_host, sched.metrics_port
             )
-        curve = curve_required(endpoints[0] if endpoints else "tcp://", sched.curve)
+        control = endpoints[0] if endpoints else tcp_endpoint(sched.host, sched.control_port)
+        curve = curve_required(control, sched.curve)
         options: dict[str, Any] = {
             "max_message_bytes": sched.max_message_mb << 20,
             "server_keys": _server_keys(RunDir.of(cfg)) if curve else None,
