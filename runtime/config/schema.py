@@ -32,10 +32,12 @@ WORKER_ROLES = (
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSection:
     name: str = field(
-        default="arithmetic", metadata=doc("name of the run; fills {name} in run.dir")
+        default="arithmetic",
+        metadata=doc("name of the run; fills {name} in run.dir", one_line=True),
     )
     dir: str = field(
-        default="runs/{name}", metadata=doc("run directory: journal, checkpoints, resolved config")
+        default="runs/{name}",
+        metadata=doc("run directory: journal, checkpoints, resolved config", one_line=True),
     )
     seed: int = field(
         default=0, metadata=doc("seed for every random number generator of the run", min=0)
