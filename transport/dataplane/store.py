@@ -29,6 +29,7 @@ import crc32c
 
 from .. import protocol as p
 from ..host import host_identity, process_alive
+from ..messages.data import check_store_name
 from . import image
 
 __all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
@@ -44,8 +45,10 @@ def default_shared_dir() -> Path | None:
 
 
 def shared_path(shared_dir: Path, store: str, key: int) -> Path:
-    """Where store ``store`` keeps payload ``key`` in ``shared_dir``."""
-    return shared_dir / f"{_PREFIX}{store}" / str(key)
+    """Where store ``store`` keeps payload ``key`` in ``shared_dir``; ValueError if
+    ``store`` is no store's name (a reference that would lead out of ``shared_dir``)."""
+    check_store_name(store)
+    return shared_dir / f"{_PREFIX}{store}" / str(int(key))
 
 
 def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
