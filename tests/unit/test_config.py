@@ -354,6 +354,7 @@ def test_config_to_dict_is_plain_builtins() -> None:
         "dir": "runs/arithmetic",
         "seed": 0,
         "total_steps": 300,
+        "keep_checkpoints": 3,
     }
     yaml.safe_dump(data)  # raises on anything that is not a YAML builtin
 
