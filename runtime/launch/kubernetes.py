@@ -80,10 +80,11 @@ _PRIVATE_SECRET = (
 # The scheduler's pod started again: the run goes on from the journal (a fresh volume
 # holds none), and the address the earlier scheduler announced in the run directory is
 # stale. The journal's volume is mounted outside the run claim and linked: a mount inside
-# it would have the container runtime make the run directory, as root.
+# it would have the container runtime make the run directory, as root (the empty mount
+# point such a mount left there is removed first).
 _START_OR_RESUME = (
-    'endpoints=$1 journal=$2 kept=$3; shift 3; mkdir -p "$kept" && ln -sfn "$kept" "$journal" '
-    '|| exit 1; rm -f "$endpoints"; '
+    'endpoints=$1 journal=$2 kept=$3; shift 3; rmdir "$journal" 2>/dev/null; '
+    'mkdir -p "$kept" && ln -sfn "$kept" "$journal" || exit 1; rm -f "$endpoints"; '
     'if [ -n "$$(ls -A "$kept")" ]; then set -- "$@" --resume; fi; exec "$@"'
 )
 

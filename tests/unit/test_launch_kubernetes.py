@@ -222,7 +222,7 @@ def test_the_schedulers_pod_resumes_when_its_journal_holds_records(
     kept.mkdir(parents=True)
     for name in journal:
         (kept / name).write_text("x")
-    run_dir.mkdir(parents=True)
+    (run_dir / "journal").mkdir(parents=True)  # the mount point an earlier manifest left
     (run_dir / "endpoints.json").write_text("{}")  # a scheduler's from before the pod restarted
     printed = _run_start_script(_container(scheduler)["command"], tmp_path, run_dir, kept)
     resumed = " --resume" if journal else ""
