@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,8 +35,16 @@ _FORMATS = ("json", "console")
 _HANDLER_NAME = "asyncrl"  # marks our handler, so configuring again replaces it
 _LEAD_FIELDS = ("timestamp", "level", "event", "process", "pid")
 _REDACTED = "[redacted]"
-_SECRET_SUFFIXES = ("secret", "secret_key", "password")
-_SECRET_NAMES = frozenset({"curve_secretkey", "private_key"})
+# Field names matched case-insensitively, "-" read as "_" (HTTP headers: X-Api-Key).
+# Vocabulary fields (eos_token, pad_token) are no credentials: only these tokens are.
+_SECRET_SUFFIXES = (
+    *("secret", "secret_key", "password", "api_key", "apikey", "worker_key", "authorization"),
+    *("access_token", "auth_token", "bearer_token", "refresh_token", "api_token"),
+)
+_SECRET_NAMES = frozenset({"curve_secretkey", "private_key", "token", "cookie"})
+# A credential inside text (an error quoting a header): "Bearer <token>", the token long
+# enough that prose ("bearer of news") is left alone.
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[\w.~+/=-]{16,}")
 
 
 def configure_logging(
@@ -138,11 +147,19 @@ def _redact(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
 def _redacted_value(key: object, value: Any) -> Any:
     if _is_secret(key):
         return _REDACTED
+    return _without_secrets(value)
+
+
+def _without_secrets(value: Any) -> Any:
     if isinstance(value, Mapping):
         return _redact(value)
+    if isinstance(value, list | tuple):
+        return [_without_secrets(item) for item in value]
+    if isinstance(value, str):
+        return _BEARER.sub(rf"\1 {_REDACTED}", value)
     return value
 
 
 def _is_secret(key: object) -> bool:
-    name = str(key).lower()
+    name = str(key).lower().replace("-", "_")
     return name in _SECRET_NAMES or name.endswith(_SECRET_SUFFIXES)

@@ -4,8 +4,9 @@ Weights are one ``model.safetensors`` or shards listed by ``model.safetensors.in
 
 ``embedded`` names the base model shipped inside this package (made by
 ``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
-Writes go to a temporary directory renamed into place, so a crash never leaves half a
-checkpoint under the final name.
+Writes go to a temporary directory swapped into place by one rename, so a crash never
+leaves half a checkpoint under the final name, nor none where there was one
+(runtime/whole_dirs.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
+import structlog
 import torch
 from safetensors.torch import load_file, save_file
+
+from asyncrl.runtime.whole_dirs import (
+    remove_leftovers,
+    replace_directory,
+    restore_parked,
+    temporary_beside,
+)
 
 from .directories import EMBEDDED, EMBEDDED_DIR, PACKAGED, model_dir, packaged_or_path
 from .model import CausalLM, ModelConfig
@@ -43,6 +51,8 @@ __all__ = [
     "write_extra",
     "write_model_files",
 ]
+
+log = structlog.get_logger("asyncrl.checkpoint")
 
 # Copied from the base model into every checkpoint: what encodes text and says when a
 # response ends (generation_config.json may list several end-of-sequence ids).
@@ -185,16 +195,19 @@ def write_extra(directory: Path, extra: dict | None) -> None:
 
 def write_directory(target: Path, fill: Callable[[Path], None]) -> None:
     """Make the directory ``target`` whole or not at all: ``fill`` writes a temporary
-    directory beside it, which then replaces ``target``."""
+    directory beside it, which then replaces ``target`` (the old one or the new one is
+    there at every moment)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    restore_parked(target)
+    stale = remove_leftovers(target.parent)  # what writers killed here before left
+    if stale:
+        log.info("removed what killed writers left", directory=str(target.parent), dirs=stale)
+    staging = temporary_beside(target)
     try:
         fill(staging)
         _fsync_dir(staging)
         _readable(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        replace_directory(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

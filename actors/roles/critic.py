@@ -103,6 +103,7 @@ class Critic(LearnerRole):
         save_state(self.rank.learner.model.config, weights, self.source, target, extra)
         self.saved_step = self.step
         log.info("critic checkpoint written", step=self.step, path=str(target))
+        self._keep_newest_checkpoints()
         return target
 
     def on_stop(self) -> None:

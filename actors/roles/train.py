@@ -126,6 +126,7 @@ class Train(LearnerRole):
             save_state(self.rank.learner.model.config, weights, self.source, target, extra)
         self.saved_step = self.durable = self.step
         log.info("checkpoint written", step=self.step, path=str(target))
+        self._keep_newest_checkpoints()
         return target
 
     def _save_final(self) -> None:

@@ -22,6 +22,7 @@ import torch
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.whole_dirs import remove_directory
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
 
@@ -146,6 +147,16 @@ class LearnerRole(Actor):
 
     def _checkpoint_due(self) -> bool:
         return self.step % self.cfg.pipeline.checkpoint_every == 0
+
+    def _keep_newest_checkpoints(self) -> None:
+        """After a checkpoint: delete all but the newest ``run.keep_checkpoints`` (0: all
+        kept)."""
+        keep, saved = self.cfg.run.keep_checkpoints, self.rank.checkpoints()
+        old = sorted(saved)[:-keep] if keep else []
+        for step in old:
+            remove_directory(saved[step])
+        if old:
+            self.log.info("old checkpoints deleted", steps=old, kept=keep)
 
     # --- stopping ------------------------------------------------------------------------
 

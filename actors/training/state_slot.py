@@ -18,6 +18,7 @@ place, so staging a step allocates nothing.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -90,6 +91,8 @@ class SlotFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Held while open: `asyncrl clean` removes only the staged state nobody holds.
+        fcntl.flock(self.fd, fcntl.LOCK_SH)
         self._map: mmap.mmap | None = None
         self.capacity = 0
 

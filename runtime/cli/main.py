@@ -9,6 +9,7 @@ asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
 asyncrl inspect runs/arithmetic [--json] # where a run's step time goes (live, done, crashed)
 asyncrl report runs/arithmetic           # pictures and an HTML page in runs/arithmetic/report
+asyncrl clean [RUN_DIR ...] [--dry-run]  # what runs killed with -9 left in /dev/shm and runs
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from asyncrl.runtime.config import describe_fields, dump_config
 
+from ._clean import add_clean_parser
 from ._launch import add_launch_parser
 from ._node import add_node_parser
 from .common import (
@@ -137,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
     report.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
     report.set_defaults(handler=_report)
+    add_clean_parser(commands)
     return parser
 
 

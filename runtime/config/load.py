@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 
+from .fields import CONTROL_CHARACTERS
 from .schema import RunConfig
 
 T = TypeVar("T")
@@ -200,6 +201,8 @@ def _to_bool(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> bool:
 def _to_str(tp: Any, value: Any, path: str, meta: Mapping[str, Any]) -> str:
     if not isinstance(value, str):
         raise _type_error(path, value, _describe(tp, meta))
+    if meta.get("one_line") and CONTROL_CHARACTERS.search(value):
+        raise ConfigError(f"{path}: got {_show(value)}; allowed: {_describe(tp, meta)}")
     return value
 
 
@@ -315,6 +318,8 @@ def _describe(tp: Any, meta: Mapping[str, Any]) -> str:
     if origin in (list, tuple):
         one = f"{_describe(args[0], meta)} or " if meta.get("one_or_list") else ""
         return f"{one}a list of ({_describe(args[0], meta)})"
+    if meta.get("one_line"):
+        return "a string on one line, without control characters"
     return _SCALAR_NAMES[tp] + _bounds(meta)
 
 

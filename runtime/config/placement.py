@@ -84,6 +84,23 @@ class KubernetesSection:
     service_account: str = field(
         default="", metadata=doc("the pods' service account; none: the namespace's default")
     )
+    run_as_user: int = field(
+        default=1000,
+        metadata=doc(
+            "uid every pod runs as (never root); the run claim must be writable by it", min=1
+        ),
+    )
+    run_as_group: int = field(
+        default=1000,
+        metadata=doc("gid every pod runs as, and its volumes' group (fsGroup)", min=1),
+    )
+    shm_size: str = field(
+        default="64Gi",
+        metadata=doc(
+            "each pod's /dev/shm (memory-backed: staged weights, trainer state, payloads), "
+            "a quantity; counted against the node's memory"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if any(c.isspace() for c in self.image):
@@ -94,10 +111,11 @@ class KubernetesSection:
             value = getattr(self, key)
             if value and not _DNS_NAME.match(value):
                 raise ValueError(f"{key}: got {value!r}; allowed: {_NAME_RULE}")
-        if not _QUANTITY.match(self.journal_size):
-            raise ValueError(
-                f"journal_size: got {self.journal_size!r}; allowed: a quantity, e.g. 10Gi"
-            )
+        for key in ("journal_size", "shm_size"):
+            if not _QUANTITY.match(getattr(self, key)):
+                raise ValueError(
+                    f"{key}: got {getattr(self, key)!r}; allowed: a quantity, e.g. 10Gi"
+                )
 
 
 _LABEL_RULE = "lower-case letters, digits and '-', at most 63, a letter or digit at each end"

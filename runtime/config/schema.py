@@ -32,10 +32,12 @@ WORKER_ROLES = (
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSection:
     name: str = field(
-        default="arithmetic", metadata=doc("name of the run; fills {name} in run.dir")
+        default="arithmetic",
+        metadata=doc("name of the run; fills {name} in run.dir", one_line=True),
     )
     dir: str = field(
-        default="runs/{name}", metadata=doc("run directory: journal, checkpoints, resolved config")
+        default="runs/{name}",
+        metadata=doc("run directory: journal, checkpoints, resolved config", one_line=True),
     )
     seed: int = field(
         default=0, metadata=doc("seed for every random number generator of the run", min=0)
@@ -43,11 +45,24 @@ class RunSection:
     total_steps: int = field(
         default=300, metadata=doc("optimizer steps before the run ends", min=1)
     )
+    keep_checkpoints: int = field(
+        default=3,
+        metadata=doc(
+            "newest checkpoints kept of the trainer's (and of a learned critic's); older "
+            "ones are deleted as new ones are written; 0 = keep every one",
+            min=0,
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Expanded here, after overrides are merged, so `run.name=x` alone moves the dir.
         # str.replace, not str.format: other braces in a path are left alone.
         object.__setattr__(self, "dir", self.dir.replace("{name}", self.name))
+        if self.keep_checkpoints == 1:
+            raise ValueError(
+                "keep_checkpoints: got 1; allowed: 0 (every one) or 2 and more (a trainer "
+                "killed as it wrote the newest may need the one before)"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

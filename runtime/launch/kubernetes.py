@@ -17,6 +17,11 @@ Every pod works in /asyncrl, where the run's ReadWriteMany claim is mounted (the
 directory is on it, as on Slurm's shared filesystem), and reads the run's keys from a
 Secret that ``asyncrl launch`` makes when it applies (kubectl.py): the Secret is never
 in the rendered manifests, so a dry run prints no key.
+
+Every pod runs as ``placement.kubernetes.run_as_user`` (never root, no privilege
+escalation, no capabilities), its ``/dev/shm`` bounded by ``shm_size``; a NetworkPolicy
+admits to the run's pods only connections from the run's own pods, on any port (the
+workers' payload, weight and API ports are picked when they start).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ WORKDIR = "/asyncrl"  # the run claim's mount, every pod's working directory
 KEYS_DIR = "/etc/asyncrl/keys"  # scheduler.keys_dir in the pods: the Secret's files
 CONFIG_PATH = "/etc/asyncrl/config/run.yaml"
 RUN_SECRET = "run.secret"
+JOURNAL_VOLUME = "/var/lib/asyncrl"  # the scheduler's journal claim; RUN_DIR/journal links to it
 # The Secret's files: the run secret, from which every worker's key derives, and the
 # CurveZMQ key pairs. Only the scheduler's pod gets the scheduler's secret key.
 KEY_FILES = (RUN_SECRET, SERVER_PUBLIC, SERVER_SECRET, CLIENT_PUBLIC, CLIENT_SECRET)
@@ -62,18 +68,31 @@ _WORKER_KEY_FILES = tuple(name for name in KEY_FILES if name != SERVER_SECRET)
 # The node's supervisor stops its workers, then its scheduler, 15 s each at most.
 _GRACE_S = 60
 _MAX_NAME = 30  # the run's name in the objects' names: a StatefulSet's is 52 at most
+# ``$$`` is Kubernetes' escape for ``$`` (it expands ``$(NAME)`` in commands).
+# Every pod: the Secret's files are readable by the pods' group (fsGroup), which the run
+# refuses for its secret, so each pod puts a copy only its user may read where the run
+# reads it (the same bytes from every pod; the rename makes it whole or not there).
+_PRIVATE_SECRET = (
+    'secret=$1 run_dir=$2; shift 2; umask 077; mkdir -p "$run_dir" && '
+    'cat "$secret" > "$run_dir/.run.secret.$$HOSTNAME" && '
+    'mv -f "$run_dir/.run.secret.$$HOSTNAME" "$run_dir/run.secret" || exit 1; '
+)
 # The scheduler's pod started again: the run goes on from the journal (a fresh volume
 # holds none), and the address the earlier scheduler announced in the run directory is
-# stale. ``$$`` is Kubernetes' escape for ``$`` (it expands ``$(NAME)`` in commands).
+# stale. The journal's volume is mounted outside the run claim and linked: a mount inside
+# it would have the container runtime make the run directory, as root (the empty mount
+# point such a mount left there is removed first).
 _START_OR_RESUME = (
-    'endpoints=$1 journal=$2; shift 2; rm -f "$endpoints"; '
-    'if [ -n "$$(ls -A "$journal")" ]; then set -- "$@" --resume; fi; exec "$@"'
+    'endpoints=$1 journal=$2 kept=$3; shift 3; rmdir "$journal" 2>/dev/null; '
+    'mkdir -p "$kept" && ln -sfn "$kept" "$journal" || exit 1; rm -f "$endpoints"; '
+    'if [ -n "$$(ls -A "$kept")" ]; then set -- "$@" --resume; fi; exec "$@"'
 )
 
 
 def render_manifests(cfg: RunConfig) -> list[dict[str, Any]]:
-    """The run's objects but its keys' Secret: ConfigMap, Service, then one workload per
-    node, the scheduler's first. ValueError, one line, for a run Kubernetes cannot go by."""
+    """The run's objects but its keys' Secret: ConfigMap, Service, NetworkPolicy, then one
+    workload per node, the scheduler's first. ValueError, one line, for a run Kubernetes
+    cannot go by."""
     shares = cluster_nodes(cfg)
     names = _Names.of(cfg)
     _check(cfg, len(shares) > 1)
@@ -82,6 +101,7 @@ def render_manifests(cfg: RunConfig) -> list[dict[str, Any]]:
     objects = [
         _object("v1", "ConfigMap", names, names.config, {"data": {"run.yaml": config_text}}),
         _service(cfg, names, multi_pod=len(shares) > 1),
+        _network_policy(names),
     ]
     dial = scheduler_address(cfg) if len(shares) > 1 else None
     for i, share in enumerate(shares):
@@ -95,7 +115,7 @@ def manifests_text(cfg: RunConfig) -> str:
     k8s, names = cfg.placement.kubernetes, _Names.of(cfg)
     objects = render_manifests(cfg)
     head = [
-        f"# {cfg.run.name}: {len(objects) - 2} pod(s) in namespace {k8s.namespace}, from its "
+        f"# {cfg.run.name}: {len(objects) - 3} pod(s) in namespace {k8s.namespace}, from its "
         "placement (asyncrl launch --on kubernetes)",
         f"# Needs the ReadWriteMany claim {k8s.run_claim} (the run directory is on it) and the "
         f"Secret {names.keys} (the run's keys), which asyncrl launch makes as it applies.",
@@ -201,6 +221,13 @@ def _pod(
     spec: dict[str, Any] = {
         "restartPolicy": "Always",  # a node that exits is started again by Kubernetes
         "terminationGracePeriodSeconds": _GRACE_S,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": k8s.run_as_user,
+            "runAsGroup": k8s.run_as_group,
+            "fsGroup": k8s.run_as_group,  # the volumes' files: the pods' group's
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [_container(cfg, names.component(i), share, dial)],
         "volumes": _volumes(cfg, names, share.scheduler),
     }
@@ -227,11 +254,19 @@ def _container(cfg: RunConfig, node: str, share: NodeShare, dial: str | None) ->
         args.append("payloads.host=$(POD_IP)")
     container: dict[str, Any] = {"name": "node", "image": cfg.placement.kubernetes.image}
     container["workingDir"] = WORKDIR
+    secret = [posixpath.join(KEYS_DIR, RUN_SECRET), str(run.root)]
     if share.scheduler:
-        script = ["/bin/sh", "-c", _START_OR_RESUME, "start-or-resume"]
-        container["command"] = [*script, str(run.endpoints), str(run.journal), "asyncrl", *args]
+        script = ["/bin/sh", "-c", _PRIVATE_SECRET + _START_OR_RESUME, "start-or-resume"]
+        kept = posixpath.join(JOURNAL_VOLUME, "journal")
+        container["command"] = [*script, *secret, str(run.endpoints), str(run.journal), kept,
+                                "asyncrl", *args]  # fmt: skip
     else:
-        container["command"] = ["asyncrl", *args]
+        script = ["/bin/sh", "-c", _PRIVATE_SECRET + 'exec "$@"', "start"]
+        container["command"] = [*script, *secret, "asyncrl", *args]
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     if share.scheduler and dial is not None:
         sched = cfg.scheduler
         container["ports"] = [
@@ -243,37 +278,25 @@ def _container(cfg: RunConfig, node: str, share: NodeShare, dial: str | None) ->
         container["env"] = [{"name": "POD_IP", "valueFrom": pod_ip}]
     if share.gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": share.gpus}}
-    container["volumeMounts"] = _mounts(str(run.root), share.scheduler)
+    container["volumeMounts"] = _mounts(share.scheduler)
     return container
 
 
-def _mounts(run_dir: str, scheduler: bool) -> list[dict[str, Any]]:
+def _mounts(scheduler: bool) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": "run", "mountPath": WORKDIR},
         {"name": "config", "mountPath": posixpath.dirname(CONFIG_PATH), "readOnly": True},
         {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
-        # Where every process of the run reads the run secret: RUN_DIR/run.secret.
-        {
-            "name": "keys",
-            "mountPath": posixpath.join(run_dir, RUN_SECRET),
-            "subPath": RUN_SECRET,
-            "readOnly": True,
-        },
         # Staged weights and trainer state, payloads: a container's own /dev/shm is 64 MiB.
         {"name": "shm", "mountPath": "/dev/shm"},
     ]
-    if scheduler:  # a directory of the volume: its root may hold lost+found
-        mounts.append(
-            {
-                "name": "journal",
-                "mountPath": posixpath.join(run_dir, "journal"),
-                "subPath": "journal",
-            }
-        )
+    if scheduler:  # the journal in a directory of it: its root may hold lost+found
+        mounts.append({"name": "journal", "mountPath": JOURNAL_VOLUME})
     return mounts
 
 
 def _volumes(cfg: RunConfig, names: _Names, scheduler: bool) -> list[dict[str, Any]]:
+    k8s = cfg.placement.kubernetes
     files = KEY_FILES if scheduler else _WORKER_KEY_FILES
     keys = {
         "secretName": names.keys,
@@ -281,10 +304,10 @@ def _volumes(cfg: RunConfig, names: _Names, scheduler: bool) -> list[dict[str, A
         "items": [{"key": name, "path": name} for name in files],
     }
     return [
-        {"name": "run", "persistentVolumeClaim": {"claimName": cfg.placement.kubernetes.run_claim}},
+        {"name": "run", "persistentVolumeClaim": {"claimName": k8s.run_claim}},
         {"name": "config", "configMap": {"name": names.config}},
         {"name": "keys", "secret": keys},
-        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": k8s.shm_size}},
     ]
 
 
@@ -323,6 +346,15 @@ def _service(cfg: RunConfig, names: _Names, *, multi_pod: bool) -> dict[str, Any
             {"name": "events", "port": sched.events_port},
         ]
     return _object("v1", "Service", names, names.scheduler, {"spec": spec})
+
+
+def _network_policy(names: _Names) -> dict[str, Any]:
+    """The run's pods take connections from the run's pods only (on any port: workers
+    pick theirs as they start); what they dial out to is left open."""
+    run_pods = {"matchLabels": names.labels()}
+    spec = {"podSelector": run_pods, "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": run_pods}]}]}  # fmt: skip
+    return _object("networking.k8s.io/v1", "NetworkPolicy", names, names.prefix, {"spec": spec})
 
 
 def _object(api: str, kind: str, names: _Names, name: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.config.fields import CONTROL_CHARACTERS
 from asyncrl.runtime.rundir import RunDir
 
 from .cluster import NodeShare, cluster_nodes
@@ -35,11 +36,16 @@ def render_sbatch(cfg: RunConfig, node_argv: Sequence[str], cwd: Path) -> str:
     nodes run it (the same code and paths on every node), ``cwd`` where it runs."""
     shares = cluster_nodes(cfg)
     root = _root(cfg, cwd)
+    # sbatch reads #SBATCH lines up to the first command: a line break in a value would
+    # end them there and run the rest of that value as shell.
+    _one_line("run.name", cfg.run.name)
+    _one_line("run.dir", cfg.run.dir)
+    _one_line("the working directory (--chdir)", str(cwd))
     q = shlex.quote
     gpus = max(share.gpus for share in shares)
     head = [
         "#!/bin/bash",
-        f"# {cfg.run.name} over {len(shares)} node(s), from its placement (asyncrl launch)",
+        f"# {q(cfg.run.name)} over {len(shares)} node(s), from its placement (asyncrl launch)",
         f"#SBATCH --job-name={q('asyncrl-' + cfg.run.name)}",
         f"#SBATCH --nodes={len(shares)}",
         "#SBATCH --ntasks-per-node=1",
@@ -78,6 +84,11 @@ def _step(i: int, share: NodeShare, job_gpus: int) -> str:
     gres = f" --gres=gpu:{share.gpus}" if share.gpus and job_gpus else ""
     return (f"srun --nodes=1 --ntasks=1 --relative={i}{gres} --kill-on-bad-exit=0 "
             f'"${{node[@]}}" {args} & pids+=($!)')  # fmt: skip
+
+
+def _one_line(what: str, text: str) -> None:
+    if CONTROL_CHARACTERS.search(text):
+        raise ValueError(f"{what}: got {text!r}; allowed: one line without control characters")
 
 
 def _root(cfg: RunConfig, cwd: Path) -> Path:

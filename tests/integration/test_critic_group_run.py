@@ -29,6 +29,7 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
         _BATCH,
         "pipeline.workers.critic=2",
         f"pipeline.checkpoint_every={_EVERY}",
+        "run.keep_checkpoints=0",  # the first is loaded below
     )
     try:
         assert proc.wait(360) == 0, log.read_text()

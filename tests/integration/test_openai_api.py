@@ -3,6 +3,8 @@ port, the embedded model decoding in a loop beside it as the generate role's doe
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 import urllib.request
@@ -19,6 +21,7 @@ from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.merge import merge_calls
 from asyncrl.actors.serving.records import CallRecord, decode_records
+from asyncrl.actors.serving.server import MAX_BODY_BYTES
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
 from asyncrl.actors.tasks import Sample
@@ -180,6 +183,21 @@ def test_a_wrong_key_is_refused(served: Served) -> None:
     wrong = openai.OpenAI(base_url=entry.session_url("k"), api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model="policy", prompt="1+1=")
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(served: Served) -> None:
+    entry = served.entry
+    host, port = entry.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"POST /sessions/b/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {entry.key}\r\n"
+                     f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n".encode())  # fmt: skip
+        reply = b""
+        while chunk := conn.recv(65536):  # closed by the server, the body never sent
+            reply += chunk
+    status, _, body = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 413"), reply
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
 
 
 def test_a_version_loaded_during_a_call_is_recorded_per_token(served: Served) -> None:

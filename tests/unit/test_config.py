@@ -219,6 +219,9 @@ def test_input_mapping_is_not_modified() -> None:
         ({"data": {"group_size": True}}, ["data.group_size: got True (bool)"]),
         ({"algorithm": {"lr": False}}, ["algorithm.lr: got False (bool)", "a number > 0"]),
         ({"run": {"name": 7}}, ["run.name: got 7 (int); allowed: a string"]),
+        # a line break would start a new line wherever the value is written (sbatch, logs)
+        ({"run": {"name": "a\nb"}}, ["run.name: got 'a\\nb'; allowed: a string on one line"]),
+        ({"run": {"dir": "/r/x\r#"}}, ["run.dir: got '/r/x\\r#'", "without control"]),
         ({"pipeline": [1, 2]}, ["pipeline: got [1, 2] (list); allowed: a mapping with keys"]),
         ({"pipeline": {"workers": 3}}, ["pipeline.workers: got 3 (int)", "a mapping"]),
         ({"scheduler": {"resources": {1: 2}}}, ["scheduler.resources: got key 1 (int)"]),
@@ -351,6 +354,7 @@ def test_config_to_dict_is_plain_builtins() -> None:
         "dir": "runs/arithmetic",
         "seed": 0,
         "total_steps": 300,
+        "keep_checkpoints": 3,
     }
     yaml.safe_dump(data)  # raises on anything that is not a YAML builtin
 

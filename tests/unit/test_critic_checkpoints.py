@@ -8,13 +8,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.critic import load_value_model
 from asyncrl.actors.roles.critic import Critic
 from asyncrl.actors.training.resume import TRAINER_STATE
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.config import ConfigError, config_from_dict
 from asyncrl.runtime.rundir import RunDir
 from tests.unit.test_critic_learner import _groups
 
@@ -103,3 +104,38 @@ def test_a_critic_with_its_staged_state_takes_it_up_and_rolls_nothing_back(tmp_p
     finally:  # its host memory (/dev/shm): the staged state and the weights' slots
         shutil.rmtree(run.critic_staged_state, ignore_errors=True)
         shutil.rmtree(run.weight_dirs(cfg.weights).shared, ignore_errors=True)
+
+
+def test_only_the_newest_keep_checkpoints_are_kept(tmp_path: Path) -> None:
+    cfg = config_from_dict(
+        {
+            "algorithm": {"estimator": "gae"},
+            "run": {"dir": str(tmp_path / "run"), "keep_checkpoints": 2},
+            "pipeline": {"checkpoint_every": 1},
+        }
+    )
+    run = RunDir.of(cfg)
+    try:
+        critic = Critic()
+        critic.on_start(_context(cfg, 0, []))
+        groups = _groups(0.1)
+        kept = []
+        for _ in range(4):
+            critic.rank.train(groups)
+            critic.save_checkpoint()
+            kept.append(run.critic_checkpoint_steps())
+        assert kept == [[1], [1, 2], [2, 3], [3, 4]]
+        # Nothing else left beside them: each went whole (renamed away, then deleted).
+        assert sorted(p.name for p in run.critic_checkpoints.iterdir()) == [
+            "step-0000003", "step-0000004"
+        ]  # fmt: skip
+        critic.rank.store.close()
+    finally:  # its host memory (/dev/shm): the staged state and the weights' slots
+        shutil.rmtree(run.critic_staged_state, ignore_errors=True)
+        shutil.rmtree(run.weight_dirs(cfg.weights).shared, ignore_errors=True)
+
+
+def test_keep_checkpoints_of_one_is_refused_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"^run\.keep_checkpoints: got 1; allowed: 0"):
+        config_from_dict({"run": {"keep_checkpoints": 1}})
+    assert config_from_dict({}).run.keep_checkpoints == 3

@@ -239,6 +239,29 @@ def test_a_new_store_removes_what_killed_stores_left_in_shared_memory(tmp_path: 
     assert not left.directory.exists() and alive.directory.exists()
 
 
+def test_a_store_name_that_leads_out_of_shared_memory_is_refused_where_it_enters(
+    tmp_path: Path,
+) -> None:
+    # A payload kept outside the readers' shared memory, and a directory there that a
+    # forged name can step through: "asyncrl-payloads-x/../../elsewhere/...".
+    (tmp_path / "elsewhere").mkdir()
+    kept = PayloadStore("generate-0", shared_dir=tmp_path / "elsewhere")
+    ref = kept.put(payload(3))
+    shm = tmp_path / "shm"
+    (shm / "asyncrl-payloads-x").mkdir(parents=True)
+    forged = f"x/../../elsewhere/asyncrl-payloads-{ref.store}"
+    header, *arrays = p.encode(p.Complete("generate-1", 1, 2, (p.Result(3, {}, None, ref),)))
+    version, kind, req_id, body = msgspec.msgpack.decode(header)
+    body[3][0][3][2] = forged  # Complete.results[0].ref.store, as a hostile worker sends it
+    with pytest.raises(p.ProtocolError, match=r"Complete\.results\[0\]\.ref: store 'x/\.\./"):
+        p.decode([msgspec.msgpack.encode([version, kind, req_id, body]), *arrays])
+    with pytest.raises(ValueError, match="is not a store name"):
+        shared_path(shm, forged, ref.key)
+    with pytest.raises(ValueError, match="is not a store name"):
+        p.Held("generate-1", "../x", (1,))
+    kept.close()
+
+
 def _gone_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()

@@ -69,6 +69,11 @@ def _container(obj: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
+def _node(command: list[str]) -> list[str]:
+    """The arguments of the pod's ``asyncrl`` (after its start script's)."""
+    return command[command.index("asyncrl") + 1 :]
+
+
 def test_the_dry_run_prints_manifests_that_validate_against_the_schemas(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,7 +86,8 @@ def test_the_dry_run_prints_manifests_that_validate_against_the_schemas(
     for obj in objects:
         _validate(obj)
     assert [o["kind"] for o in objects] == [
-        "ConfigMap", "Service", "StatefulSet", "StatefulSet", "Deployment", "Deployment"
+        "ConfigMap", "Service", "NetworkPolicy", "StatefulSet", "StatefulSet", "Deployment",
+        "Deployment",
     ]  # fmt: skip
     # No key in what is printed: the Secret is made only when applying.
     assert "Secret" not in [o["kind"] for o in objects] and "secret-key" not in out
@@ -95,12 +101,12 @@ def test_a_kind_without_a_schema_or_a_misspelled_field_fails_validation() -> Non
                "metadata": {"name": "trainer"}, "spec": {}}  # fmt: skip
     with pytest.raises(kubernetes_validate.SchemaNotFoundError):
         _validate(unknown)
-    misspelled = copy.deepcopy(objects[3])
+    misspelled = copy.deepcopy(objects[4])
     container = _container(misspelled)
     container["resource"] = container.pop("resources")
     with pytest.raises(kubernetes_validate.ValidationError, match="'resource' was unexpected"):
         _validate(misspelled)
-    wrong_type = copy.deepcopy(objects[2])
+    wrong_type = copy.deepcopy(objects[3])
     wrong_type["spec"]["replicas"] = "one"
     with pytest.raises(kubernetes_validate.ValidationError):
         _validate(wrong_type)
@@ -120,8 +126,8 @@ def test_each_pod_runs_its_nodes_asyncrl_node_workers_dialling_the_schedulers_se
         (generators[1], "generate=2", 2, 2, dial),
     ]:
         command = _container(obj)["command"]
-        assert command[0] == "asyncrl"
-        args = parser.parse_args(command[1:])  # asyncrl's own parser takes it as it is
+        assert command[:2] == ["/bin/sh", "-c"]  # the run secret's private copy first
+        args = parser.parse_args(_node(command))  # asyncrl's own parser takes it as it is
         assert (args.roles, args.first_index, args.scheduler) == (roles, first, dials)
         assert args.gpus == ",".join(str(g) for g in range(gpus))
         assert args.overrides == ["payloads.host=$(POD_IP)"]
@@ -130,9 +136,9 @@ def test_each_pod_runs_its_nodes_asyncrl_node_workers_dialling_the_schedulers_se
     assert [g["spec"]["strategy"] for g in generators] == [{"type": "Recreate"}] * 2
     assert "volumeClaimTemplates" not in trainer["spec"]
     # The scheduler's node: its own roles, no dial, its journal on its own volume.
-    command = _container(scheduler)["command"]
-    node = command[command.index("asyncrl") + 1 :]
-    args = parser.parse_args([*node, "--resume"])  # as the start script adds it
+    args = parser.parse_args(
+        [*_node(_container(scheduler)["command"]), "--resume"]
+    )  # as the start script adds it
     assert (args.roles, args.scheduler, args.resume) == ("scheduler,dataloader=1,reward=1", None,
                                                          True)  # fmt: skip
     assert "resources" not in _container(scheduler)  # CPU roles only: no GPU asked for
@@ -140,8 +146,10 @@ def test_each_pod_runs_its_nodes_asyncrl_node_workers_dialling_the_schedulers_se
     assert journal["spec"]["storageClassName"] == "fast-ssd"
     assert journal["spec"]["resources"]["requests"]["storage"] == "10Gi"
     mounts = {m["mountPath"]: m for m in _container(scheduler)["volumeMounts"]}
-    assert mounts["/asyncrl/runs/arithmetic/journal"]["name"] == "journal"
-    assert mounts["/asyncrl/runs/arithmetic/run.secret"]["subPath"] == "run.secret"
+    # Outside the run claim (linked into the run directory by the start script): a mount
+    # inside it would have the container runtime make the run directory, as root.
+    assert mounts["/var/lib/asyncrl"]["name"] == "journal"
+    assert not [path for path in mounts if path.startswith("/asyncrl/")]
     # The headless Service names the scheduler's pod, on the ports the config fixes.
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == scheduler["spec"]["template"]["metadata"]["labels"]
@@ -159,7 +167,7 @@ def test_only_the_schedulers_pod_gets_the_schedulers_secret_key() -> None:
     items = [
         [item["key"] for v in o["spec"]["template"]["spec"]["volumes"] if "secret" in v
          for item in v["secret"]["items"]]
-        for o in objects[2:]
+        for o in objects[3:]
     ]  # fmt: skip
     assert items[0] == list(KEY_FILES)
     assert all("server.key_secret" not in keys and "client.key_secret" in keys
@@ -177,28 +185,87 @@ def test_the_pods_config_is_the_runs_with_the_keys_from_the_secret(tmp_path: Pat
     assert pods.run.dir == "runs/arithmetic"  # relative: in /asyncrl, the run claim
 
 
+def _run_start_script(command: list[str], tmp_path: Path, run_dir: Path,
+                      kept: Path | None = None) -> str:  # fmt: skip
+    """The pod's start script under a real sh, its paths moved into ``tmp_path``, with
+    ``echo`` for asyncrl; what it printed. The Secret's file is as fsGroup leaves it."""
+    assert command[:2] == ["/bin/sh", "-c"]
+    # Kubernetes turns $$ into $ in a command (its escape of $(NAME)); no other $( in it.
+    script = command[2].replace("$$", "$")
+    assert "$(" not in command[2].replace("$$(", "")
+    secret = tmp_path / "keys" / "run.secret"
+    secret.parent.mkdir(exist_ok=True)
+    secret.write_text("ab" * 32 + "\n")
+    secret.chmod(0o440)
+    moved = {command[4]: str(secret), command[5]: str(run_dir)}
+    if kept is not None:
+        moved |= {command[6]: str(run_dir / "endpoints.json"), command[7]: str(run_dir / "journal"),
+                  command[8]: str(kept)}  # fmt: skip
+    args = [moved.get(arg, arg) for arg in command[4 : command.index("asyncrl")]]
+    done = subprocess.run(["/bin/sh", "-c", script, command[3], *args, "echo", "node"],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "HOSTNAME": "pod-0"})  # fmt: skip
+    # What the run reads: a copy only this user may read (it refuses the Secret's 0440).
+    assert (run_dir / "run.secret").stat().st_mode & 0o777 == 0o600
+    assert load_run_secret(run_dir / "run.secret") == bytes.fromhex("ab" * 32)
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(".")) == []
+    return done.stdout
+
+
 @pytest.mark.parametrize("journal", [[], ["00000001.log"]])
 def test_the_schedulers_pod_resumes_when_its_journal_holds_records(
     tmp_path: Path, journal: list[str]
 ) -> None:
     cfg = config_from_dict(_settings())
-    scheduler = render_manifests(cfg)[2]
-    command = _container(scheduler)["command"]
-    assert command[:2] == ["/bin/sh", "-c"]
-    # Kubernetes turns $$ into $ in a command (its escape of $(NAME)); no other $( in it.
-    script = command[2].replace("$$", "$")
-    assert "$(" not in command[2].replace("$$(", "")
-    (tmp_path / "journal").mkdir()
+    scheduler = render_manifests(cfg)[3]
+    run_dir, kept = tmp_path / "runs" / "a", tmp_path / "journal-volume" / "journal"
+    kept.mkdir(parents=True)
     for name in journal:
-        (tmp_path / "journal" / name).write_text("x")
-    endpoints = tmp_path / "endpoints.json"
-    endpoints.write_text("{}")  # a scheduler's from before the pod started again
-    done = subprocess.run(["/bin/sh", "-c", script, command[3], str(endpoints),
-                           str(tmp_path / "journal"), "echo", "node", "--roles", "scheduler"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+        (kept / name).write_text("x")
+    (run_dir / "journal").mkdir(parents=True)  # the mount point an earlier manifest left
+    (run_dir / "endpoints.json").write_text("{}")  # a scheduler's from before the pod restarted
+    printed = _run_start_script(_container(scheduler)["command"], tmp_path, run_dir, kept)
     resumed = " --resume" if journal else ""
-    assert done.stdout == f"node --roles scheduler{resumed}\n"
-    assert not endpoints.exists()
+    assert printed == f"node{resumed}\n"
+    assert not (run_dir / "endpoints.json").exists()
+    assert (run_dir / "journal").resolve() == kept.resolve()
+
+
+def test_a_workers_pod_starts_its_node_with_the_run_secret_in_place(tmp_path: Path) -> None:
+    generator = render_manifests(config_from_dict(_settings()))[5]
+    command = _container(generator)["command"]
+    assert _run_start_script(command, tmp_path, tmp_path / "runs" / "a") == "node\n"
+
+
+def test_every_pod_runs_unprivileged_with_a_bounded_shm_and_only_the_runs_pods_reach_it() -> None:
+    cfg = config_from_dict(_settings(run_as_user=4242, run_as_group=4343, shm_size="8Gi"))
+    objects = render_manifests(cfg)
+    for obj in objects:
+        _validate(obj)
+    workloads = [o for o in objects if o["kind"] in ("StatefulSet", "Deployment")]
+    for obj in workloads:
+        pod = obj["spec"]["template"]["spec"]
+        assert pod["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 4242, "runAsGroup": 4343, "fsGroup": 4343,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }  # fmt: skip
+        assert _container(obj)["securityContext"] == {
+            "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}
+        }  # fmt: skip
+        (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
+        assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    run_pods = {"matchLabels": {"app.kubernetes.io/name": "asyncrl",
+                                "app.kubernetes.io/instance": "arithmetic"}}  # fmt: skip
+    assert policy["spec"] == {"podSelector": run_pods, "policyTypes": ["Ingress"],
+                              "ingress": [{"from": [{"podSelector": run_pods}]}]}  # fmt: skip
+    assert policy["metadata"]["namespace"] == "ml"
+    # The policy's selector takes in every pod of the run, and no other run's.
+    for obj in workloads:
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        assert run_pods["matchLabels"].items() <= labels.items()
+    defaults = config_from_dict(_settings()).placement.kubernetes
+    assert (defaults.run_as_user, defaults.shm_size) == (1000, "64Gi")
 
 
 def test_one_node_is_one_pod_and_its_bus_stays_inside() -> None:
@@ -206,9 +273,9 @@ def test_one_node_is_one_pod_and_its_bus_stays_inside() -> None:
     objects = render_manifests(cfg)
     for obj in objects:
         _validate(obj)
-    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "StatefulSet"]
-    assert "ports" not in objects[1]["spec"] and "ports" not in _container(objects[2])
-    command = _container(objects[2])["command"]
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Service", "NetworkPolicy", "StatefulSet"]
+    assert "ports" not in objects[1]["spec"] and "ports" not in _container(objects[3])
+    command = _container(objects[3])["command"]
     assert "--scheduler" not in command
     # Its payloads stay on loopback: a bus without CURVE serves nothing on the pod's address.
     assert not [arg for arg in command if arg.startswith("payloads.host")]
@@ -274,6 +341,10 @@ def test_bad_kubernetes_settings_are_refused_on_load() -> None:
         config_from_dict(_settings(namespace="ML_runs"))
     with pytest.raises(ValueError, match=r"placement.kubernetes.journal_size: got '10 GB'"):
         config_from_dict(_settings(journal_size="10 GB"))
+    with pytest.raises(ValueError, match=r"placement.kubernetes.shm_size: got 'lots'"):
+        config_from_dict(_settings(shm_size="lots"))
+    with pytest.raises(ValueError, match=r"placement.kubernetes.run_as_user: got 0; allowed"):
+        config_from_dict(_settings(run_as_user=0))  # root
 
 
 KUBECTL = """#!/bin/sh

@@ -69,6 +69,30 @@ def test_the_script_is_valid_bash() -> None:
                    check=True)  # fmt: skip
 
 
+@pytest.mark.parametrize("key", ["name", "dir"])
+def test_a_line_break_in_the_runs_name_or_dir_is_refused_naming_the_key(key: str) -> None:
+    # It would have ended the #SBATCH lines (sbatch reads them up to the first command)
+    # and run the rest of the value as shell on the batch host.
+    with pytest.raises(ConfigError, match=rf"^run\.{key}: got .*\\n.*; allowed: a string on"):
+        config_from_dict({"run": {key: "a\ntouch /tmp/injected"}})
+
+
+def test_the_script_refuses_a_working_directory_on_two_lines() -> None:
+    cfg = _cfg([{"roles": HEAD}, {"roles": {"generate": 1}}])
+    with pytest.raises(ValueError, match=r"^the working directory \(--chdir\): got '/w\\n"):
+        render_sbatch(cfg, NODE, Path("/w\nid"))
+
+
+def test_shell_in_the_runs_name_stays_quoted_and_every_option_is_read() -> None:
+    cfg = config_from_dict({"run": {"name": "a'; id $(id) #", "dir": "/r/{name}"},
+                            "placement": {"sbatch": ["--time=1:00:00"]}})  # fmt: skip
+    script = render_sbatch(cfg, NODE, Path("/w"))
+    head = script.split("\n\n")[0].splitlines()
+    assert all(line.startswith("#") for line in head) and "#SBATCH --time=1:00:00" in head
+    assert "# 'a'\"'\"'; id $(id) #' over 1 node(s)" in head[1]
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
 @pytest.mark.parametrize(
     ("nodes", "more", "error"),
     [

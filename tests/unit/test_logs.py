@@ -77,6 +77,27 @@ def test_a_secret_never_reaches_the_output(tmp_path: Path) -> None:
     assert context["api_secret"] == "[redacted]"
 
 
+def test_credentials_of_the_api_and_the_bus_never_reach_the_output(tmp_path: Path) -> None:
+    log_file = tmp_path / "credentials.log"
+    configure_logging(process="generate-0", file=log_file)
+    log = get_logger("asyncrl.test")
+
+    log.info("api", api_key=SECRET, token=SECRET, Authorization=f"Bearer {SECRET}")
+    log.info("worker", worker_key=SECRET, ASYNCRL_WORKER_KEY=SECRET, access_token=SECRET)
+    log.info("headers", headers=[{"X-Api-Key": SECRET}, {"authorization": SECRET}])
+    log.warning(f"refused: header Authorization: Bearer {SECRET}", eos_token="</s>")
+
+    text = log_file.read_text()
+    assert SECRET not in text
+    api, worker, headers, refused = lines(log_file)
+    assert api["api_key"] == api["token"] == api["Authorization"] == "[redacted]"
+    assert worker["worker_key"] == worker["ASYNCRL_WORKER_KEY"] == "[redacted]"
+    assert worker["access_token"] == "[redacted]"
+    assert headers["headers"] == [{"X-Api-Key": "[redacted]"}, {"authorization": "[redacted]"}]
+    assert refused["event"] == "refused: header Authorization: Bearer [redacted]"
+    assert refused["eos_token"] == "</s>"  # a vocabulary token is no credential
+
+
 def test_standard_library_logging_and_warnings_land_in_the_same_output(tmp_path: Path) -> None:
     log_file = tmp_path / "train-0.log"
     configure_logging(process="train-0", file=log_file)

@@ -76,3 +76,12 @@ def test_an_unknown_strategy_is_named(tmp_path: Path) -> None:
     object.__setattr__(weights, "strategy", "carrier-pigeon")
     with pytest.raises(ValueError, match=r"weights\.strategy='carrier-pigeon'"):
         make_publisher(weights, WeightDirs(files=tmp_path, shared=tmp_path))
+
+
+def test_a_new_publisher_removes_the_partial_file_a_killed_one_left(tmp_path: Path) -> None:
+    partial = tmp_path / ".v00000003.safetensors.4242.tmp"  # killed while writing version 3
+    partial.write_bytes(b"\0" * 4096)
+    kept = tmp_path / "v00000002.safetensors"
+    kept.write_bytes(b"whole")
+    FilePublisher(tmp_path)
+    assert not partial.exists() and kept.exists()

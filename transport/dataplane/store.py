@@ -35,9 +35,17 @@ import structlog
 
 from .. import protocol as p
 from ..host import host_identity, process_alive
+from ..messages.data import check_store_name
 from . import image
 
-__all__ = ["PayloadStore", "StoreStats", "default_shared_dir", "shared_path", "sweep_stale"]
+__all__ = [
+    "PayloadStore",
+    "StoreStats",
+    "default_shared_dir",
+    "shared_path",
+    "store_owners",
+    "sweep_stale",
+]
 
 log = structlog.get_logger("asyncrl.dataplane")
 
@@ -69,8 +77,10 @@ def _private_dir(path: Path) -> Path | None:
 
 
 def shared_path(shared_dir: Path, store: str, key: int) -> Path:
-    """Where store ``store`` keeps payload ``key`` in ``shared_dir``."""
-    return shared_dir / f"{_PREFIX}{store}" / str(key)
+    """Where store ``store`` keeps payload ``key`` in ``shared_dir``; ValueError if
+    ``store`` is no store's name (a reference that would lead out of ``shared_dir``)."""
+    check_store_name(store)
+    return shared_dir / f"{_PREFIX}{store}" / str(int(key))
 
 
 def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
@@ -87,6 +97,20 @@ def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
             shutil.rmtree(directory, ignore_errors=True)
             removed += 1
     return removed
+
+
+def store_owners(shared_dir: Path) -> dict[Path, int]:
+    """This user's store directories in ``shared_dir`` and the process each belongs to
+    (``asyncrl clean`` removes those whose process is gone)."""
+    owners = {}
+    for directory in shared_dir.glob(f"{_PREFIX}*"):
+        try:
+            if directory.lstat().st_uid != os.getuid():
+                continue
+            owners[directory] = int((directory / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # being made right now, or not ours
+    return owners
 
 
 @dataclass(frozen=True, slots=True)

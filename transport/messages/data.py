@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from msgspec import field
 
 from .base import Kind, Payload, WireStruct
+
+# A store's name becomes part of a path in shared memory (``asyncrl-payloads-<store>``),
+# so nothing else than this is taken: no separator, no "..", bounded.
+STORE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_store_name(name: str) -> None:
+    """ValueError unless ``name`` is a store's name (:data:`STORE_NAME`)."""
+    if not STORE_NAME.fullmatch(name):
+        raise ValueError(f"store {name[:80]!r} is not a store name (1 to 64 of A-Z a-z 0-9 _ -)")
+
 
 # --- requests ---------------------------------------------------------------------------
 
@@ -27,6 +39,9 @@ class PayloadRef(WireStruct):
     size: int
     checksum: int
     host: str = ""  # the holder's host identity when it keeps the payload in shared memory
+
+    def __post_init__(self) -> None:
+        check_store_name(self.store)
 
 
 class Result(WireStruct):
@@ -61,6 +76,9 @@ class Held(WireStruct):
     store: str
     keys: tuple[int, ...]
     bytes: int = 0  # what the store holds in all, pending keys included (for status)
+
+    def __post_init__(self) -> None:
+        check_store_name(self.store)
 
 
 class Item(WireStruct):

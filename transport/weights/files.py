@@ -33,6 +33,9 @@ class FilePublisher:
         self.directory = directory
         self.keep = keep
         directory.mkdir(parents=True, exist_ok=True)
+        # What a publisher killed while it wrote a version left: a run has one at a time.
+        for partial in directory.glob(".v*.safetensors.*.tmp"):
+            partial.unlink(missing_ok=True)
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
         """Nothing to make ahead: every version is a new file."""

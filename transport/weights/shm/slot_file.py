@@ -53,6 +53,7 @@ __all__ = [
     "new_slot_paths",
     "ram_directory",
     "sweep",
+    "trainer_of",
 ]
 
 log = structlog.get_logger("asyncrl.weights")
@@ -319,6 +320,12 @@ def sweep(directory: Path) -> int:
         finally:
             os.close(fd)
     return removed
+
+
+def trainer_of(path: Path) -> int | None:
+    """The process that made slot file ``path`` (its name begins with its pid); None if
+    ``path`` is no slot file's."""
+    return int(path.name.split("-")[0]) if _NAME.match(path.name) else None
 
 
 def new_slot_paths(directory: Path) -> Iterator[Path]:
