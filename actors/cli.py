@@ -74,7 +74,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if "/" in name:
         raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
-    configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
+    configure_logging(
+        process=name,
+        level=cfg.logging.level,
+        fmt=cfg.logging.format,
+        max_bytes=cfg.logging.file_mb << 20,
+        keep=cfg.logging.files_kept,
+    )
     if place is None:
         return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
     if place.leads:

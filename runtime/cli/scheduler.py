@@ -54,7 +54,13 @@ __all__ = ["main"]
 def _start(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     require_extras(cfg)
-    configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
+    configure_logging(
+        process="scheduler",
+        level=cfg.logging.level,
+        fmt=cfg.logging.format,
+        max_bytes=cfg.logging.file_mb << 20,
+        keep=cfg.logging.files_kept,
+    )
     endpoints = _private_ipc(RunDir.of(cfg)) if args.ipc else None
     # Under asyncrl run: a failure before note_up is one to start, which a restart repeats;
     # one after it (a kill -9 mid-run) is resumed from the journal however soon it comes.
