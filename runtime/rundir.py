@@ -1,9 +1,17 @@
-"""Where a run keeps its files. Every process finds them through this one layout."""
+"""Where a run keeps its files. Every process finds them through this one layout.
+
+A run directory is private: made 0700, and every asyncrl command runs under a umask that
+adds 077 to the user's (:func:`private_files`), so what its processes write there (journal,
+logs, metrics, checkpoints, keys) is 0600 at most; a stricter umask is kept. Prompts and
+model outputs are in the journal and the logs, and nobody else need read them.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +20,21 @@ if TYPE_CHECKING:
     from asyncrl.runtime.config import RunConfig, WeightsSection
     from asyncrl.transport.weights import WeightDirs
 
-__all__ = ["RunDir"]
+__all__ = ["RunDir", "private_files"]
+
+_OTHERS = 0o077
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Within: files this process makes are for its user only (the umask gains 077, never
+    loses a bit the user set), as PostgreSQL's server does for its data directory."""
+    before = os.umask(_OTHERS)
+    os.umask(before | _OTHERS)
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +46,11 @@ class RunDir:
     def of(cls, cfg: RunConfig) -> RunDir:
         """The directory ``cfg`` runs in (``run.dir``), with its configured key directory."""
         return cls(Path(cfg.run.dir), cfg.scheduler.keys_dir)
+
+    def make(self) -> None:
+        """Create the run directory, open to its user only (0700). One that exists keeps
+        its mode: whoever opened it to others did so on purpose."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @property
     def config(self) -> Path:

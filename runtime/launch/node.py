@@ -65,7 +65,8 @@ def run_node(
     if status != 0:
         return status  # nothing started: the reasons are on the terminal already
     run = RunDir.of(cfg)
-    run.logs.mkdir(parents=True, exist_ok=True)
+    run.make()
+    run.logs.mkdir(mode=0o700, exist_ok=True)
     say = _printer(prog)
     if plan.scheduler:
         _forget_dead_scheduler(cfg)
