@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from asyncrl.runtime.bus import Endpoints, next_port, read_endpoints, serves_ipc
+from asyncrl.runtime.bus import Endpoints, bus_curve, next_port, read_endpoints, serves_ipc
 from asyncrl.runtime.cli.common import (
     UsageError,
     add_config_arguments,
@@ -35,10 +35,10 @@ from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
 from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
-from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
+from asyncrl.transport.security import KeyFileError, load_client_keys
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
@@ -200,7 +200,7 @@ def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> Endpoi
             events = next_port(control)
         except ValueError as error:
             raise UsageError(f"--scheduler: {error}") from None
-    return Endpoints(control, events, curve_required(_host_of(control), cfg.scheduler.curve))
+    return Endpoints(control, events, bus_curve(RunDir.of(cfg), control, cfg.scheduler.curve))
 
 
 def _host_of(endpoint: str) -> str:
@@ -215,18 +215,19 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
     run = RunDir.of(cfg)
     deadline = time.monotonic() + _ENDPOINTS_WAIT_S
     while True:
-        found = read_endpoints(run)
+        try:
+            found = read_endpoints(run, sched.curve)
+        except UntrustedFile as error:
+            raise UsageError(str(error)) from None
         if found is not None:
             return found
         fixed = sched.control_port and sched.events_port and sched.host not in WILDCARD_HOSTS
         if fixed and not serves_ipc(sched):
             # Fixed ports on a host to dial (not 0.0.0.0, which is every machine's own):
             # dial them now; the link connects once the scheduler is up.
-            return Endpoints(
-                tcp_endpoint(sched.host, sched.control_port),
-                tcp_endpoint(sched.host, sched.events_port),
-                curve_required(sched.host, sched.curve),
-            )
+            control = tcp_endpoint(sched.host, sched.control_port)
+            events = tcp_endpoint(sched.host, sched.events_port)
+            return Endpoints(control, events, bus_curve(run, control, sched.curve))
         if time.monotonic() >= deadline:
             raise UsageError(
                 f"no scheduler announced itself in {run.endpoints} within "

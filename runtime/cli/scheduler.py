@@ -20,20 +20,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from asyncrl.runtime.bus import next_port, read_endpoints
+from asyncrl.runtime.bus import bus_curve, next_port, read_endpoints
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.durable import JournalExists
 from asyncrl.runtime.journal import JournalLocked
 from asyncrl.runtime.launch.child_status import note_starting, note_up
 from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.runtime.service.build import StagesChanged
 from asyncrl.runtime.service.process import serve
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 from asyncrl.transport.security import (
     KeyFileError,
-    curve_required,
     keygen,
     load_client_keys,
 )
@@ -105,11 +104,14 @@ def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
 
 def _where(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, str, bool]:
     """Control and events endpoints, and whether the bus is encrypted."""
-    if args.scheduler:
-        host = args.scheduler.rsplit(":", 1)[0].removeprefix("tcp://").strip("[]")
-        return args.scheduler, next_port(args.scheduler), curve_required(host, cfg.scheduler.curve)
     run = RunDir.of(cfg)
-    found = read_endpoints(run)
+    if args.scheduler:
+        curve = bus_curve(run, args.scheduler, cfg.scheduler.curve)
+        return args.scheduler, next_port(args.scheduler), curve
+    try:
+        found = read_endpoints(run, cfg.scheduler.curve)
+    except UntrustedFile as error:
+        raise UsageError(str(error)) from None
     if found is None:
         raise UsageError(
             f"no scheduler is serving {run.root} (no {run.endpoints.name}); "

@@ -22,18 +22,20 @@ from asyncrl.runtime.bus import (
     Endpoints,
     announce_endpoints,
     announce_finished,
+    bus_curve,
     dialable,
     read_endpoints,
 )
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport.identity import ensure_run_secret
-from asyncrl.transport.security import curve_required, load_server_keys
+from asyncrl.transport.security import load_server_keys
 from asyncrl.transport.sockets import (
     BoundSockets,
     bind_scheduler_sockets,
     bind_scheduler_sockets_at,
+    tcp_endpoint,
 )
 
 from .build import open_service
@@ -97,7 +99,8 @@ def serve(
             metrics, metrics_server = _serve_metrics(
                 service, sched.metrics_host, sched.metrics_port
             )
-        curve = curve_required(sched.host, sched.curve)
+        control = tcp_endpoint(sched.host, 0) if endpoints is None else endpoints[0]
+        curve = bus_curve(RunDir.of(cfg), control, sched.curve)
         options: dict[str, Any] = {
             "max_message_bytes": sched.max_message_mb << 20,
             "server_keys": load_server_keys(RunDir.of(cfg).keys) if curve else None,
@@ -155,7 +158,12 @@ def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any
     """The configured host and ports; resuming with ports left to the OS, the ports of the
     scheduler this one replaces, when they are free: its workers are still dialling them."""
     sched = cfg.scheduler
-    left = read_endpoints(RunDir.of(cfg)) if resume else None
+    left = None
+    if resume:
+        try:
+            left = read_endpoints(RunDir.of(cfg), sched.curve)
+        except UntrustedFile as error:  # not the old scheduler's: its ports mean nothing
+            log.warning("endpoints left behind are not trusted", error=str(error))
     if left is not None and sched.control_port == 0 and sched.events_port == 0:
         with contextlib.suppress(zmq.ZMQError, ValueError):  # taken, or not ours to read
             ports = [int(e.rpartition(":")[2]) for e in (left.control, left.events)]
