@@ -32,7 +32,7 @@ class FilePublisher:
             raise ValueError(f"keep={keep}: a reader needs the version before the newest")
         self.directory = directory
         self.keep = keep
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def prepare(self, state: Mapping[str, torch.Tensor]) -> None:
         """Nothing to make ahead: every version is a new file."""
