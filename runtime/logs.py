@@ -116,6 +116,12 @@ class _RotatingLog(logging.handlers.RotatingFileHandler):
     def __init__(self, file: Path, max_bytes: int, keep: int) -> None:
         super().__init__(file, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
         self._stdio = [fd for fd in (1, 2) if _same_file(fd, file)]
+        self._pid = os.getpid()
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        # A forked child (a journal snapshot's, say) writes on but never rotates: two
+        # processes renaming one file would each keep writing to a file moved aside.
+        return os.getpid() == self._pid and bool(super().shouldRollover(record))
 
     def _open(self) -> TextIO:
         # The standard library's hook, so the file is made 0600 rather than by the umask.
