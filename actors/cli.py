@@ -35,7 +35,7 @@ from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
 from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.identity import PAYLOAD_KEY_ENV, WORKER_KEY_ENV
@@ -80,7 +80,13 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if "/" in name:
         raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
-    configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
+    configure_logging(
+        process=name,
+        level=cfg.logging.level,
+        fmt=cfg.logging.format,
+        max_bytes=cfg.logging.file_mb << 20,
+        keep=cfg.logging.files_kept,
+    )
     if place is None:
         return _run_worker(actor_class(), cfg, name, args.role, _endpoints(args, cfg), index)
     if place.leads:
@@ -212,7 +218,10 @@ def _run_endpoints(cfg: RunConfig) -> Endpoints:
     run = RunDir.of(cfg)
     deadline = time.monotonic() + _ENDPOINTS_WAIT_S
     while True:
-        found = read_endpoints(run)
+        try:
+            found = read_endpoints(run, sched.curve)
+        except UntrustedFile as error:
+            raise UsageError(str(error)) from None
         if found is not None:
             return found
         fixed = sched.control_port and sched.events_port and sched.host not in WILDCARD_HOSTS

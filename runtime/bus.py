@@ -22,12 +22,13 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from enum import IntEnum
+from pathlib import Path
 
 from asyncrl.runtime.config.schema import SchedulerSection
 from asyncrl.runtime.core.pipeline import Gate, GroupState, Pipeline
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile, read_owned
 from asyncrl.transport.host import WILDCARD_HOSTS, machine_address
-from asyncrl.transport.security import is_loopback
+from asyncrl.transport.security import CurveMode, curve_required, is_loopback
 from asyncrl.transport.topics import Topic, topic
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "wakeup_topics",
 ]
 
+_BUS_SCHEMES = ("tcp://", "ipc://")
 ACTIVITY_KEY = "activity"  # in Complete.metrics: {"tokens": int, "us": [int per TimeBucket]}
 
 
@@ -80,9 +82,17 @@ class Endpoints:
 
 def announce_endpoints(run: RunDir, where: Endpoints) -> None:
     """Write ``where`` to the run directory whole (by rename): a reader never sees half."""
-    tmp = run.endpoints.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(where)), encoding="utf-8")
-    os.replace(tmp, run.endpoints)
+    _write_private(run.endpoints, json.dumps(asdict(where)))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path`` by rename, 0600 from creation (readers check: read_owned)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: never through a link planted there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, path)
 
 
 def dialable(endpoint: str) -> str:
@@ -100,17 +110,16 @@ def dialable(endpoint: str) -> str:
 
 def announce_finished(run: RunDir, steps: int) -> None:
     """Say in the run directory that the run finished after ``steps`` steps."""
-    tmp = run.finished.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"steps": steps}), encoding="utf-8")
-    os.replace(tmp, run.finished)
+    _write_private(run.finished, json.dumps({"steps": steps}))
 
 
 def finished_steps(run: RunDir) -> int | None:
-    """The steps of the run as it last finished; None if it never did. A run resumed
-    with more ``run.total_steps`` is not finished until that many: compare."""
+    """The steps of the run as it last finished; None if it never did (or the file is
+    not this user's own). A run resumed with more ``run.total_steps`` is not finished
+    until that many: compare."""
     try:
-        return int(json.loads(run.finished.read_text(encoding="utf-8"))["steps"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return int(json.loads(read_owned(run.finished))["steps"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # UntrustedFile: a ValueError
         return None
 
 
@@ -121,13 +130,31 @@ def serves_ipc(sched: SchedulerSection) -> bool:
     return sched.local_ipc and is_loopback(sched.host)
 
 
-def read_endpoints(run: RunDir) -> Endpoints | None:
-    """The running scheduler's endpoints, or None if it is not running (no file)."""
+def read_endpoints(run: RunDir, curve: CurveMode = "auto") -> Endpoints | None:
+    """The running scheduler's endpoints, or None if it is not running (no file).
+
+    Trusted only as the run's own (:func:`read_owned`) and whole; UntrustedFile (a
+    ValueError naming the file and the fault) otherwise. Its ``curve`` may turn encryption
+    on, never off where ``curve_required`` says it is on (``curve`` is scheduler.curve)."""
     try:
-        found = json.loads(run.endpoints.read_text(encoding="utf-8"))
+        found = json.loads(read_owned(run.endpoints))
     except FileNotFoundError:
         return None
-    return Endpoints(found["control"], found["events"], bool(found["curve"]), found.get("pid"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UntrustedFile(f"{run.endpoints} is not JSON ({error}); remove it") from None
+    try:
+        control, events, announced = found["control"], found["events"], found["curve"]
+        pid = found.get("pid")
+    except (KeyError, TypeError, AttributeError):
+        raise UntrustedFile(
+            f"{run.endpoints} does not name control, events and curve; remove it"
+        ) from None
+    for name, value in (("control", control), ("events", events)):
+        if not isinstance(value, str) or not value.startswith(_BUS_SCHEMES):
+            raise UntrustedFile(f"{run.endpoints}: {name} {value!r} is not a bus endpoint")
+    if not isinstance(announced, bool) or not (pid is None or type(pid) is int):
+        raise UntrustedFile(f"{run.endpoints}: curve must be true or false, pid a number")
+    return Endpoints(control, events, announced or curve_required(control, curve), pid)
 
 
 def next_port(control_endpoint: str) -> str:

@@ -5,6 +5,12 @@ Both structlog calls and standard-library records (library warnings, `warnings.w
 one handler on the root logger, whose formatter adds the timestamp, level, process name and pid,
 redacts secrets, and renders a JSON line or console text.
 
+A process a supervisor started (asyncrl run, asyncrl node, a Ray actor) is told its log file in
+its environment (`LOG_FILE_ENV`); that file is also its stdout and stderr. It is written by the
+standard library's RotatingFileHandler, which moves it aside at `max_bytes` and keeps `keep` older
+ones, so no process fills the disk; stdout and stderr follow each new file, so a traceback or a
+library's own output lands where the log does. Log files are 0600 (or stricter, by the umask).
+
 Everything that changes between calls lives in that handler's formatter, not in structlog's own
 chain. The chain stays the same on every call, so cached loggers stay correct and configuring
 again (as tests do) only swaps the handler.
@@ -13,6 +19,7 @@ again (as tests do) only swaps the handler.
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import re
 import sys
@@ -23,7 +30,9 @@ from typing import Any, TextIO
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
 
-__all__ = ["configure_logging", "get_logger"]
+__all__ = ["LOG_FILE_ENV", "configure_logging", "get_logger"]
+
+LOG_FILE_ENV = "ASYNCRL_LOG_FILE"  # set by the supervisor that made this file our stdout/stderr
 
 _LEVELS = {
     "debug": logging.DEBUG,
@@ -48,9 +57,17 @@ _BEARER = re.compile(r"(?i)\b(bearer)\s+[\w.~+/=-]{16,}")
 
 
 def configure_logging(
-    *, process: str, level: str = "info", fmt: str = "json", file: Path | None = None
+    *,
+    process: str,
+    level: str = "info",
+    fmt: str = "json",
+    file: Path | None = None,
+    max_bytes: int = 32 << 20,
+    keep: int = 3,
 ) -> None:
-    """Send this process's logs, tagged with `process` (e.g. "generate-0"), to `file` or stderr.
+    """Send this process's logs, tagged with `process` (e.g. "generate-0"), to `file`, else to
+    the file its supervisor named (`LOG_FILE_ENV`), else to stderr. A file is rotated at
+    `max_bytes`, `keep` older ones kept.
 
     `fmt` is "json" (one object per line) or "console" (human-readable). Safe to call again: the
     previous handler is removed and its file closed.
@@ -59,7 +76,9 @@ def configure_logging(
         raise ValueError(f"log level {level!r} is not one of {', '.join(_LEVELS)}")
     if fmt not in _FORMATS:
         raise ValueError(f"log format {fmt!r} is not one of {', '.join(_FORMATS)}")
-    handler = _open_handler(file)
+    if file is None and os.environ.get(LOG_FILE_ENV):
+        file = Path(os.environ[LOG_FILE_ENV])
+    handler = _open_handler(file, max_bytes, keep)
     handler.set_name(_HANDLER_NAME)
     colors = fmt == "console" and file is None and sys.stderr.isatty()
     handler.setFormatter(_formatter(process, fmt, colors=colors))
@@ -99,12 +118,56 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
 
-def _open_handler(file: Path | None) -> logging.Handler:
+class _RotatingLog(logging.handlers.RotatingFileHandler):
+    """A RotatingFileHandler whose files are private and, where the file is also this
+    process's stdout and stderr, which moves those to each new file."""
+
+    def __init__(self, file: Path, max_bytes: int, keep: int) -> None:
+        super().__init__(file, maxBytes=max_bytes, backupCount=keep, encoding="utf-8")
+        self._stdio = [fd for fd in (1, 2) if _same_file(fd, file)]
+        self._pid = os.getpid()
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        # A forked child (a journal snapshot's, say) writes on but never rotates: two
+        # processes renaming one file would each keep writing to a file moved aside.
+        return os.getpid() == self._pid and bool(super().shouldRollover(record))
+
+    def _open(self) -> TextIO:
+        # The standard library's hook, so the file is made 0600 rather than by the umask.
+        return open(
+            self.baseFilename,
+            self.mode,
+            encoding=self.encoding,
+            errors=self.errors,
+            opener=_private_opener,
+        )
+
+    def doRollover(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        super().doRollover()
+        if self.stream is not None:
+            for fd in self._stdio:
+                os.dup2(self.stream.fileno(), fd)
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
+def _same_file(fd: int, file: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(file))
+    except OSError:
+        return False
+
+
+def _open_handler(file: Path | None, max_bytes: int, keep: int) -> logging.Handler:
     if file is None:
         return _StderrHandler()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    # FileHandler flushes after every record: a crash loses no line and `tail -f` sees each one.
-    return logging.FileHandler(file, mode="a", encoding="utf-8")
+    file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Flushed after every record: a crash loses no line and `tail -f` sees each one.
+    return _RotatingLog(file, max_bytes, keep)
 
 
 def _formatter(process: str, fmt: str, *, colors: bool) -> logging.Formatter:

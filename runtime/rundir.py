@@ -1,9 +1,24 @@
-"""Where a run keeps its files. Every process finds them through this one layout."""
+"""Where a run keeps its files. Every process finds them through this one layout.
+
+A run directory is private: made 0700, and every asyncrl command runs under a umask that
+adds 077 to the user's (:func:`private_files`), so what its processes write there (journal,
+logs, metrics, checkpoints, keys) is 0600 at most; a stricter umask is kept. Prompts and
+model outputs are in the journal and the logs, and nobody else need read them.
+
+Files that steer a process (where the scheduler listens, where the generators' APIs are)
+are read through :func:`read_owned`: trusted only if this user owns them and nobody else
+may write or read them, as ``run.secret``. See the README's Security section for what each
+file of a run directory is trusted for.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +27,56 @@ if TYPE_CHECKING:
     from asyncrl.runtime.config import RunConfig, WeightsSection
     from asyncrl.transport.weights import WeightDirs
 
-__all__ = ["RunDir"]
+__all__ = ["RunDir", "UntrustedFile", "private_files", "read_owned"]
+
+_OTHERS = 0o077
+
+
+class UntrustedFile(ValueError):
+    """A file of the run directory that another user could have written, or one that is
+    not whole; the message names it, why, and what to do."""
+
+
+def read_owned(path: Path, max_bytes: int = 1 << 16) -> bytes:
+    """The bytes of ``path``, if this user owns it and nobody else may open it (0600 or
+    stricter) and it is a plain file, not a link; UntrustedFile otherwise.
+    FileNotFoundError if there is none."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UntrustedFile(f"{path} is a symbolic link: not trusted; remove it") from None
+        raise
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UntrustedFile(f"{path} is not a plain file: not trusted; remove it")
+        if info.st_uid != os.getuid():
+            raise UntrustedFile(
+                f"{path} belongs to uid {info.st_uid}, not to this user ({os.getuid()}): "
+                f"not trusted; remove it"
+            )
+        if info.st_mode & _OTHERS:
+            raise UntrustedFile(
+                f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}, 0600 "
+                f"expected): not trusted; remove it"
+            )
+        data = file.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UntrustedFile(f"{path} holds more than {max_bytes} bytes: not trusted")
+    return data
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Within: files this process makes are for its user only (the umask gains 077, never
+    loses a bit the user set), as PostgreSQL's server does for its data directory."""
+    before = os.umask(_OTHERS)
+    os.umask(before | _OTHERS)
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +88,11 @@ class RunDir:
     def of(cls, cfg: RunConfig) -> RunDir:
         """The directory ``cfg`` runs in (``run.dir``), with its configured key directory."""
         return cls(Path(cfg.run.dir), cfg.scheduler.keys_dir)
+
+    def make(self) -> None:
+        """Create the run directory, open to its user only (0700). One that exists keeps
+        its mode: whoever opened it to others did so on purpose."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     @property
     def config(self) -> Path:

@@ -3,17 +3,26 @@
 The scheduler's sockets report failed handshakes through socket monitors, and the ZAP
 authenticator notes every key it refuses; ``BoundSockets.auth_failures()`` (sockets.py)
 gathers both into lines the scheduler logs.
+
+Those lines are bounded: a client dialling with fresh random keys is refused thousands of
+times a second, and a line for each would fill the disk. :class:`Refusals` lets the first
+few refusals of each kind in an interval through as they are, with their detail (the one
+misconfigured worker is named), and sums up the rest once the interval is over: "refused
+9,812 connections in 10 s (bad CURVE key)".
 """
 
 from __future__ import annotations
 
 import collections
+import threading
+import time
+from collections.abc import Callable
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-__all__ = ["HANDSHAKE_FAILURES", "ZAP_DOMAINS", "CurveGuard", "read_monitor"]
+__all__ = ["HANDSHAKE_FAILURES", "ZAP_DOMAINS", "CurveGuard", "Refusals", "read_monitor"]
 
 ZAP_DOMAINS = {
     "control": b"asyncrl.control",
@@ -26,7 +35,8 @@ HANDSHAKE_FAILURES = (
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
 _ZAP_DENIED = 400
-_MAX_UNREAD_FAILURES = 1000  # a client retrying a bad key must not grow memory without end
+BAD_KEY = "bad CURVE key"
+NO_DETAIL = "handshake failed with no detail"
 _PROTOCOL_ERRORS = {
     int(getattr(zmq, name)): name.removeprefix("PROTOCOL_ERROR_")
     for name in dir(zmq)
@@ -38,13 +48,59 @@ _PROTOCOL_HINTS = {
 }
 
 
-class CurveGuard:
-    """The ZAP authenticator: admits only the allowed client keys and notes every refusal."""
+class Refusals:
+    """Refused handshakes, tallied by kind, told as at most ``detailed`` lines per kind and
+    ``interval_s`` plus one sum per kind for the rest. Thread-safe: the authenticator's
+    thread notes, the scheduler's loop reports."""
 
-    def __init__(self, ctx: zmq.Context, allowed: frozenset[bytes]) -> None:
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        detailed: int = 3,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval_s = interval_s
+        self.detailed = detailed
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._since = clock()
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lines: list[str] = []  # detailed lines not yet reported
+
+    def note(self, kind: str, detail: str) -> None:
+        """One refusal of ``kind``; ``detail`` says who and how, for the first few."""
+        with self._lock:
+            self._counts[kind] += 1
+            if self._counts[kind] <= self.detailed:
+                self._lines.append(detail)
+
+    def report(self) -> list[str]:
+        """The lines to log now: the detailed ones since the last call, and once an
+        interval is over, a sum for each kind that had more refusals than were detailed."""
+        now = self._clock()
+        with self._lock:
+            lines, self._lines = self._lines, []
+            if now - self._since < self.interval_s:
+                return lines
+            elapsed = now - self._since
+            for kind, count in sorted(self._counts.items()):
+                if count > self.detailed:
+                    lines.append(f"refused {count:,} connections in {elapsed:.0f} s ({kind})")
+            self._counts.clear()
+            self._since = now
+        return lines
+
+
+class CurveGuard:
+    """The ZAP authenticator: admits only the allowed client keys and notes every refusal
+    in ``refusals``."""
+
+    def __init__(
+        self, ctx: zmq.Context, allowed: frozenset[bytes], refusals: Refusals | None = None
+    ) -> None:
         self._allowed = allowed
         self._domains = {v.decode(): k for k, v in ZAP_DOMAINS.items()}
-        self._denied: collections.deque[str] = collections.deque(maxlen=_MAX_UNREAD_FAILURES)
+        self.refusals = refusals if refusals is not None else Refusals()
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
         for domain in self._domains:
@@ -55,40 +111,41 @@ class CurveGuard:
         if key in self._allowed:
             return True
         socket = self._domains.get(domain, domain)
-        self._denied.append(f"{socket}: refused a client whose key {key.decode()} is not allowed")
+        detail = f"{socket}: refused a client whose key {key.decode()} is not allowed"
+        self.refusals.note(BAD_KEY, detail)
         return False
-
-    def take_denied(self) -> list[str]:
-        taken = []
-        while self._denied:
-            taken.append(self._denied.popleft())
-        return taken
 
     def stop(self) -> None:
         self._auth.stop()
 
 
-def read_monitor(name: str, monitor: zmq.Socket) -> list[str]:
-    found = []
+def read_monitor(name: str, monitor: zmq.Socket, refusals: Refusals) -> None:
+    """Note in ``refusals`` every failed handshake ``monitor`` (of socket ``name``) saw."""
     while True:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)
         except zmq.Again:
-            return found
-        description = _describe_failure(int(event["event"]), int(event["value"]))
-        if description is not None:
-            found.append(f"{name}: {description}")
+            return
+        failure = _describe_failure(int(event["event"]), int(event["value"]))
+        if failure is not None:
+            kind, description = failure
+            refusals.note(kind, f"{name}: {description}")
 
 
-def _describe_failure(event: int, value: int) -> str | None:
+def _describe_failure(event: int, value: int) -> tuple[str, str] | None:
+    """The kind of a failed handshake and a description of it; None for one already noted."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         # A denial (400) comes from CurveGuard.callback, which already noted it with the key.
         if value == _ZAP_DENIED:
             return None
-        return f"refused a client: the authenticator answered {value}"
+        return (
+            f"authenticator answered {value}",
+            f"refused a client: the authenticator answered {value}",
+        )
     if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         name = _PROTOCOL_ERRORS.get(value, hex(value))
         hint = _PROTOCOL_HINTS.get(value)
-        return f"refused a client: handshake error {name}" + (f" ({hint})" if hint else "")
+        kind = f"handshake error {name}"
+        return kind, f"refused a client: {kind}" + (f" ({hint})" if hint else "")
     # The client saw the problem first (no CURVE keys, say) and hung up, or it timed out.
-    return "a client's handshake failed with no detail (the client hung up or timed out)"
+    return NO_DETAIL, "a client's handshake failed with no detail (the client hung up or timed out)"

@@ -1,14 +1,17 @@
 """This host: who shares its RAM-backed memory (the weight plane and the data plane map
-each other's files only when this identity matches), taking room in it, whether a
+each other's files only when this identity matches), taking room in it, a directory of
+one's own in it (:func:`private_directory`), whether a
 process on it is alive (a file a dead process left is stale), and the address other
 machines reach it by."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import os
 import socket
+import stat
 from functools import cache
 from pathlib import Path
 
@@ -17,6 +20,7 @@ __all__ = [
     "NoPages",
     "host_identity",
     "machine_address",
+    "private_directory",
     "process_alive",
     "reserve_pages",
     "route_source",
@@ -50,6 +54,31 @@ def reserve_pages(fd: int, size: int, directory: Path) -> None:
             raise
         space = os.statvfs(directory)
         raise NoPages(space.f_bavail * space.f_frsize) from None
+
+
+def private_directory(directory: Path, holds: str) -> None:
+    """Make ``directory`` (and any parent missing) for this user alone, 0700; or, where it
+    is already, check it is: PermissionError if it is a link, another user's, or open to
+    others (who could have put files in it, or read what it ``holds``).
+
+    /dev/shm is shared by every user of the host, and the names in it are predictable:
+    another user may have made ours first."""
+    missing = []
+    path = directory
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+            path.mkdir(mode=0o700)
+    info = os.lstat(directory)
+    mode = stat.S_IMODE(info.st_mode)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or mode & 0o077:
+        kind = "directory" if stat.S_ISDIR(info.st_mode) else "link or file"
+        raise PermissionError(
+            f"{directory} {holds} but is not this user's alone ({kind}, owner "
+            f"{info.st_uid}, mode {mode:o}); remove it"
+        )
 
 
 @cache

@@ -20,7 +20,6 @@ is collected for the scheduler to log through ``BoundSockets.auth_failures()``.
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from typing import Any
 
 import zmq
 
-from ._handshakes import HANDSHAKE_FAILURES, ZAP_DOMAINS, CurveGuard, read_monitor
+from ._handshakes import HANDSHAKE_FAILURES, ZAP_DOMAINS, CurveGuard, Refusals, read_monitor
 from .security import ClientKeys, ServerKeys
 
 __all__ = [
@@ -82,16 +81,14 @@ class BoundSockets:
     events_endpoint: str
     monitors: tuple[zmq.Socket, zmq.Socket]
     _guard: CurveGuard | None = field(default=None, repr=False)
+    refusals: Refusals = field(default_factory=Refusals, repr=False)
 
     def auth_failures(self) -> list[str]:
-        """Handshakes refused since the last call, described; repeats are counted, not listed."""
-        found: list[str] = []
+        """Lines about handshakes refused since the last call: the first few of each kind
+        in an interval as they are, the rest summed up (see _handshakes.Refusals)."""
         for name, monitor in zip(("control", "events"), self.monitors, strict=True):
-            found.extend(read_monitor(name, monitor))
-        if self._guard is not None:
-            found.extend(self._guard.take_denied())
-        counts = collections.Counter(found)
-        return [text if n == 1 else f"{text} ({n} times)" for text, n in counts.items()]
+            read_monitor(name, monitor, self.refusals)
+        return self.refusals.report()
 
     def close(self) -> None:
         """Close both sockets and their monitors, and stop the authenticator."""
@@ -152,10 +149,11 @@ def bind_scheduler_sockets_at(
     bind once per context at a time.
     """
     guard = None
+    refusals = Refusals()
     if server_keys is not None:
         allowed = server_keys.clients if allowed_client_keys is None else allowed_client_keys
         # Started before binding: a client that connects first must meet the check too.
-        guard = CurveGuard(ctx, frozenset(allowed))
+        guard = CurveGuard(ctx, frozenset(allowed), refusals)
     made: list[zmq.Socket] = []
     try:
         control = ctx.socket(zmq.ROUTER)
@@ -189,6 +187,7 @@ def bind_scheduler_sockets_at(
         events_endpoint=_last_endpoint(events),
         monitors=monitors,
         _guard=guard,
+        refusals=refusals,
     )
 
 

@@ -6,7 +6,7 @@ Weights are one ``model.safetensors`` or shards listed by ``model.safetensors.in
 ``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
 Writes go to a temporary directory swapped into place by one rename, so a crash never
 leaves half a checkpoint under the final name, nor none where there was one
-(runtime/whole_dirs.py).
+(runtime/whole_dirs.py). A written directory is its user's only (0700, files 0600).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
@@ -206,7 +207,7 @@ def write_directory(target: Path, fill: Callable[[Path], None]) -> None:
     try:
         fill(staging)
         _fsync_dir(staging)
-        _readable(staging)
+        _private(staging)
         replace_directory(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -250,14 +251,16 @@ def _token_ids(source: Path) -> dict:
     return {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
 
 
-def _readable(directory: Path) -> None:
-    """Like any model directory: readable by all (a temporary directory starts private)."""
-    directory.chmod(0o755)
+def _private(directory: Path) -> None:
+    """Close what the libraries wrote to others, whatever the umask: a checkpoint is the
+    run's, as the rest of its directory (a temporary directory starts 0700). Never opens a
+    file wider than it was made."""
     for path in directory.iterdir():
         if path.is_dir():  # final/adapter beside a LoRA run's merged model
-            _readable(path)
+            path.chmod(stat.S_IMODE(path.stat().st_mode) & 0o700)
+            _private(path)
         else:
-            path.chmod(0o644)
+            path.chmod(stat.S_IMODE(path.stat().st_mode) & 0o600)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -14,13 +14,13 @@ keeps 2N files. They are removed when the run's last step is done and its traine
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
 import torch
+
+from asyncrl.transport.host import private_directory
 
 from .state_slot import Entry, SlotFile, checksum, layout
 
@@ -56,7 +56,7 @@ class StagedState:
     def __init__(self, directory: Path, rank: int, identity: Mapping[str, object]) -> None:
         """``identity``: what a slot must have been made with to be used (the group size,
         this rank), so a state from another layout is never loaded into this one."""
-        _private_directory(directory)
+        private_directory(directory, "holds a trainer's state")
         self.directory = directory
         self.identity = {**identity, "rank": rank}
         self.slots = [SlotFile(directory / f"rank{rank}-{name}.state") for name in _SLOTS]
@@ -110,14 +110,3 @@ class StagedState:
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
-
-
-def _private_directory(directory: Path) -> None:
-    """Make ``directory`` for this user alone, or refuse one that others could open."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = directory.stat()
-    if info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
-        raise PermissionError(
-            f"{directory} holds a trainer's state but is not this user's alone "
-            f"(owner {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}); remove it"
-        )

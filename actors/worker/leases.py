@@ -3,7 +3,8 @@
 Before the actor sees a lease its referenced payloads are fetched (a lease whose payloads
 cannot be is handed back naming them, for their makers to redo); when the actor is done,
 each failed group is handed back with a Fail and the results go out with a Complete,
-large payloads kept here and referenced (payloads.py). A Complete carries where the
+large payloads kept here and referenced (payloads.py); results that do not fit in the
+store (a full /dev/shm) fail the lease with that reason. A Complete carries where the
 loop's time went since the previous one (time_split.py) and the tokens the work covered,
 and may carry the worker's next claim: its reply is then the next Lease when there is
 work, which the loop admits like one answering a Claim. Heartbeats renew the leases
@@ -19,6 +20,7 @@ from typing import Any
 from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket
 from asyncrl.runtime.core.effects import Reason
 from asyncrl.transport import protocol as p
+from asyncrl.transport.dataplane import StoreFull
 from asyncrl.transport.link import LinkClosed
 
 from ..actor import Outcome, StreamingActor
@@ -122,8 +124,16 @@ class Leases:
         scheduler's reply once it took it, else None."""
         results, kept = outcome.results, ()
         if self._results_are_read:
-            with self._time.spent_on(TimeBucket.PAYLOADS):
-                results, kept = self.payloads.stash(outcome.results)
+            try:
+                with self._time.spent_on(TimeBucket.PAYLOADS):
+                    results, kept = self.payloads.stash(outcome.results)
+            except StoreFull as full:
+                # The groups go back to be made again (here or elsewhere) once there is room.
+                reason = str(full)[:MAX_REASON]
+                self._log.error("results not kept", lease=lease.lease_id, reason=reason)
+                with contextlib.suppress(GaveUp, LinkClosed):
+                    self.settle(p.Fail(self.worker, lease.lease_id, lease.fence, None, reason))
+                return None
         # The time up to here; sending this Complete counts towards the next one.
         spent = [round(s * 1e6) for s in self._time.take()]
         activity = {"tokens": outcome.tokens, "us": spent}

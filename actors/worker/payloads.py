@@ -25,6 +25,7 @@ from asyncrl.transport.dataplane import (
     PayloadServer,
     PayloadStore,
     PayloadsUnavailable,
+    StoreFull,
     image,
 )
 from asyncrl.transport.dataplane.store import default_shared_dir
@@ -109,15 +110,22 @@ class WorkerPayloads:
     # --- results out -----------------------------------------------------------------
 
     def stash(self, results: Sequence[p.Result]) -> tuple[tuple[p.Result, ...], tuple[int, ...]]:
-        """``results`` with large payloads kept here and referenced; the keys kept."""
-        out, keys = [], []
+        """``results`` with large payloads kept here and referenced; the keys kept.
+
+        StoreFull if one does not fit: what this call kept already is freed again."""
+        out: list[p.Result] = []
+        keys: list[int] = []
         for result in results:
             frames = p.payload_frames(result.data) if result.data else []
             if not frames or image.size_of(frames) <= self.inline_bytes:
                 out.append(result)
                 continue
             self._serve()
-            ref = self.store.put_frames(frames)
+            try:
+                ref = self.store.put_frames(frames)
+            except StoreFull:
+                self.store.discard(keys)
+                raise
             keys.append(ref.key)
             with self._lock:
                 self._keys_of.setdefault(result.gid, []).append(ref.key)

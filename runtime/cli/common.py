@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from asyncrl.runtime.config import ConfigError, RunConfig, load_config
+from asyncrl.runtime.rundir import private_files
 
 __all__ = [
     "UsageError",
@@ -52,7 +53,8 @@ def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] 
         parser.print_help(sys.stderr)
         return 2
     try:
-        return handler(args)
+        with private_files():  # prompts and outputs land in the run directory's files
+            return handler(args)
     except (ConfigError, UsageError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 2

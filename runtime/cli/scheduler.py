@@ -26,7 +26,7 @@ from asyncrl.runtime.durable import JournalExists
 from asyncrl.runtime.journal import JournalLocked
 from asyncrl.runtime.launch.child_status import note_starting, note_up
 from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.runtime.service.build import StagesChanged
 from asyncrl.runtime.service.process import serve
 from asyncrl.transport import protocol as p
@@ -54,7 +54,13 @@ __all__ = ["main"]
 def _start(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     require_extras(cfg)
-    configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)
+    configure_logging(
+        process="scheduler",
+        level=cfg.logging.level,
+        fmt=cfg.logging.format,
+        max_bytes=cfg.logging.file_mb << 20,
+        keep=cfg.logging.files_kept,
+    )
     endpoints = _private_ipc(RunDir.of(cfg)) if args.ipc else None
     # Under asyncrl run: a failure before note_up is one to start, which a restart repeats;
     # one after it (a kill -9 mid-run) is resumed from the journal however soon it comes.
@@ -99,11 +105,14 @@ def _ask(args: argparse.Namespace, message: p.Message) -> p.Message:
 
 def _where(args: argparse.Namespace, cfg: RunConfig) -> tuple[str, str, bool]:
     """Control and events endpoints, and whether the bus is encrypted."""
+    run = RunDir.of(cfg)
     if args.scheduler:
         curve = curve_required(args.scheduler, cfg.scheduler.curve)
         return args.scheduler, next_port(args.scheduler), curve
-    run = RunDir.of(cfg)
-    found = read_endpoints(run)
+    try:
+        found = read_endpoints(run, cfg.scheduler.curve)
+    except UntrustedFile as error:
+        raise UsageError(str(error)) from None
     if found is None:
         raise UsageError(
             f"no scheduler is serving {run.root} (no {run.endpoints.name}); "

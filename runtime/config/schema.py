@@ -203,6 +203,14 @@ class LoggingSection:
         default=True,
         metadata=doc("write run.dir/trace.json: every lease, weight version and train step"),
     )
+    file_mb: int = field(
+        default=32,
+        metadata=doc("a process's log file (run.dir/logs/NAME.log) is rotated at this size", min=1),
+    )
+    files_kept: int = field(
+        default=3,
+        metadata=doc("rotated log files kept per process (NAME.log.1 is the newest)", min=1),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

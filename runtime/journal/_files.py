@@ -60,7 +60,7 @@ def fsync_dir(root: Path) -> None:
 
 
 def lock(root: Path) -> int:
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -133,7 +133,7 @@ def snapshot_temp(root: Path, seq: int) -> Path:
 def write_snapshot_temp(root: Path, seq: int, frame: bytes) -> None:
     """The first half of :func:`store_snapshot`: the temp file, written and fsynced."""
     fd = os.open(
-        snapshot_temp(root, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644
+        snapshot_temp(root, seq), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600
     )
     try:
         write_all(fd, frame)

@@ -150,7 +150,7 @@ class JournalWriter:
         """
         _check_options(fsync_every, fsync_interval_s, snapshot_every)
         root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock_fd = lock(root)
         try:
             layout = recover(root)
@@ -366,7 +366,7 @@ class JournalWriter:
             self._start_segment(self._seq + 1)
             return
         self._segment_first = self._segments[-1]
-        self._fd = os.open(self._root / segment_name(self._segment_first), OPEN_FLAGS, 0o644)
+        self._fd = os.open(self._root / segment_name(self._segment_first), OPEN_FLAGS, 0o600)
 
     def _start_segment(self, first_seq: int) -> None:
         """The first segment of a directory, made durable by name before any record."""
@@ -374,7 +374,7 @@ class JournalWriter:
         fsync_dir(self._root)
 
     def _new_segment(self, first_seq: int) -> int:
-        fd = os.open(self._root / segment_name(first_seq), OPEN_FLAGS, 0o644)
+        fd = os.open(self._root / segment_name(first_seq), OPEN_FLAGS, 0o600)
         self._segments.append(first_seq)
         self._segment_first = first_seq
         return fd

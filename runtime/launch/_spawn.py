@@ -15,6 +15,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from asyncrl.runtime.logs import LOG_FILE_ENV
+
 __all__ = ["kill", "spawn"]
 
 _PR_SET_PDEATHSIG = 1
@@ -34,9 +36,11 @@ _PRCTL = _find_prctl()
 def spawn(
     argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` with stdout and stderr appended to `log_path`, and `env` added to ours."""
-    full_env = None if env is None else {**os.environ, **env}
-    with log_path.open("ab") as log:  # the child holds its own copy of the descriptor
+    """Start `argv` with stdout and stderr appended to `log_path` (0600), and `env` added to
+    ours. The child is told the path (LOG_FILE_ENV): its logging rotates the file."""
+    full_env = {**os.environ, **(env or {}), LOG_FILE_ENV: str(log_path)}
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    with open(fd, "ab") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,

@@ -22,8 +22,10 @@ def last_words(log: Path, since: int = 0) -> str:
     ``event: error``; "" if none."""
     try:
         with log.open("rb") as handle:
-            handle.seek(0, 2)
-            handle.seek(max(since, handle.tell() - _TAIL_BYTES))
+            end = handle.seek(0, 2)
+            if since > end:  # the log was rotated since: all of this file is this start's
+                since = 0
+            handle.seek(max(since, end - _TAIL_BYTES))
             tail = handle.read().decode("utf-8", "replace")
     except OSError:
         return ""

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from asyncrl.runtime.bus import finished_steps, read_endpoints, serves_ipc
 from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport.host import process_alive
 from asyncrl.transport.identity import RunSecretError, ensure_run_secret, load_run_secret
 from asyncrl.transport.security import (
@@ -65,10 +65,11 @@ def run_node(
     if status != 0:
         return status  # nothing started: the reasons are on the terminal already
     run = RunDir.of(cfg)
-    run.logs.mkdir(parents=True, exist_ok=True)
+    run.make()
+    run.logs.mkdir(mode=0o700, exist_ok=True)
     say = _printer(prog)
     if plan.scheduler:
-        _forget_dead_scheduler(cfg)
+        _forget_dead_scheduler(cfg, say)
         make_keys(cfg, say)
         secret = ensure_run_secret(run.secret)  # the scheduler reads the same one
         local_only = not serves_ipc(cfg.scheduler) and is_loopback(cfg.scheduler.host)
@@ -139,11 +140,17 @@ def preflight(config_args: Sequence[str], roles: Sequence[str] | None, prog: str
 _PREFLIGHT_TRIES = 10
 
 
-def _forget_dead_scheduler(cfg: RunConfig) -> None:
+def _forget_dead_scheduler(cfg: RunConfig, say: Callable[[str], None]) -> None:
     """A scheduler killed outright leaves its endpoints behind; workers must not dial them.
-    (Only the machine that runs the scheduler judges: a pid is this machine's.)"""
+    (Only the machine that runs the scheduler judges: a pid is this machine's.) Nor may
+    they dial what another user left there: the scheduler about to start writes its own."""
     run = RunDir.of(cfg)
-    found = read_endpoints(run)
+    try:
+        found = read_endpoints(run, cfg.scheduler.curve)
+    except UntrustedFile as error:
+        run.endpoints.unlink(missing_ok=True)
+        say(f"removed {run.endpoints.name}, which was not trusted: {error}")
+        return
     if found is None or found.pid is None:
         return
     # Another user's live process counts as alive: the scheduler's journal lock says so.
@@ -194,8 +201,11 @@ def _what_is_missing(cfg: RunConfig, plan: NodePlan) -> tuple[str | None, bytes]
         return f"run secret {run.secret}", b""
     except RunSecretError as error:
         raise NodeError(str(error)) from None
-    if plan.dial is None and read_endpoints(run) is None:
-        return f"scheduler's endpoints {run.endpoints}", b""
+    try:
+        if plan.dial is None and read_endpoints(run, cfg.scheduler.curve) is None:
+            return f"scheduler's endpoints {run.endpoints}", b""
+    except UntrustedFile as error:
+        raise NodeError(str(error)) from None
     if _encrypted(cfg, plan):
         try:
             load_client_keys(run.keys)
@@ -208,7 +218,7 @@ def _encrypted(cfg: RunConfig, plan: NodePlan) -> bool:
     """Whether the workers' bus is under CURVE, as they will find the scheduler."""
     if plan.dial is not None:
         return curve_required(plan.dial, cfg.scheduler.curve)
-    found = read_endpoints(RunDir.of(cfg))
+    found = read_endpoints(RunDir.of(cfg), cfg.scheduler.curve)
     return found is not None and found.curve
 
 

@@ -161,7 +161,7 @@ class Supervisor:
         if self._ran:
             raise RuntimeError("a Supervisor runs once; make a new one")
         self._ran = True
-        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self._signal_handlers():
             try:
                 for child in self._children:

@@ -49,7 +49,7 @@ def open_service(
     directory that already holds a journal (JournalExists).
     """
     run = RunDir.of(cfg)
-    run.root.mkdir(parents=True, exist_ok=True)
+    run.make()
     if resume and run.config.exists():
         _check_same_stages(load_config(run.config), cfg)
     sched = cfg.scheduler

@@ -27,7 +27,7 @@ from asyncrl.runtime.bus import (
 )
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.gc_policy import settle_after_startup
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.security import ServerKeys, curve_required, ensure_keys, load_server_keys
 from asyncrl.transport.sockets import (
@@ -165,7 +165,12 @@ def _bind(ctx: zmq.Context, cfg: RunConfig, resume: bool, options: dict[str, Any
     """The configured host and ports; resuming with ports left to the OS, the ports of the
     scheduler this one replaces, when they are free: its workers are still dialling them."""
     sched = cfg.scheduler
-    left = read_endpoints(RunDir.of(cfg)) if resume else None
+    left = None
+    if resume:
+        try:
+            left = read_endpoints(RunDir.of(cfg), sched.curve)
+        except UntrustedFile as error:  # not the old scheduler's: its ports mean nothing
+            log.warning("endpoints left behind are not trusted", error=str(error))
     if left is not None and sched.control_port == 0 and sched.events_port == 0:
         with contextlib.suppress(zmq.ZMQError, ValueError):  # taken, or not ours to read
             ports = [int(e.rpartition(":")[2]) for e in (left.control, left.events)]

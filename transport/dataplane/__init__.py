@@ -19,7 +19,7 @@ into its predecessor's store is answered "unknown store", never with other bytes
 
 from .fetch import FetchFailure, PayloadFetcher, PayloadsUnavailable
 from .server import PayloadServer
-from .store import PayloadStore
+from .store import PayloadStore, StoreFull
 
 __all__ = [
     "FetchFailure",
@@ -27,4 +27,5 @@ __all__ = [
     "PayloadServer",
     "PayloadStore",
     "PayloadsUnavailable",
+    "StoreFull",
 ]

@@ -9,6 +9,11 @@ A key is *pending* until the scheduler answers the completion that refers to it:
 answered keys are reported in Held, so the scheduler never frees a key before it has
 journaled its reference.
 
+A payload's pages are allocated before it is written (:func:`host.reserve_pages`): writing a
+page a full tmpfs cannot give kills the writer with SIGBUS, so a full ``/dev/shm`` is a
+:class:`StoreFull` naming the size and the directory instead, which fails the lease that
+made the payload (its groups go back, nothing is lost).
+
 A store's directory holds an ``owner`` file with its process id; a new store removes the
 directories of stores whose process is gone (a worker killed with -9 cannot clean up).
 
@@ -34,12 +39,13 @@ import crc32c
 import structlog
 
 from .. import protocol as p
-from ..host import host_identity, process_alive
+from ..host import NoPages, host_identity, process_alive, reserve_pages
 from ..messages.data import check_store_name
 from . import image
 
 __all__ = [
     "PayloadStore",
+    "StoreFull",
     "StoreStats",
     "default_shared_dir",
     "shared_path",
@@ -113,6 +119,11 @@ def store_owners(shared_dir: Path) -> dict[Path, int]:
     return owners
 
 
+class StoreFull(Exception):
+    """The shared-memory directory has no room for a payload; the message says how much
+    it needed, where, and what was free."""
+
+
 @dataclass(frozen=True, slots=True)
 class StoreStats:
     payloads: int
@@ -166,8 +177,15 @@ class PayloadStore:
         path = self.directory / str(key)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)  # a fresh tmpfs file reads as zeros: padding is done
+            reserve_pages(fd, size, self.directory)  # fresh pages read as zeros: padding done
             return mmap.mmap(fd, size)
+        except NoPages as full:
+            os.unlink(path)
+            raise StoreFull(
+                f"shared memory: a payload of {size:,} bytes does not fit in {self.directory} "
+                f"({full.free_bytes:,} bytes free); give /dev/shm more room (a container's "
+                f"--shm-size) or free it"
+            ) from None
         finally:
             os.close(fd)
 

@@ -32,7 +32,7 @@ class FilePublisher:
             raise ValueError(f"keep={keep}: a reader needs the version before the newest")
         self.directory = directory
         self.keep = keep
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         # What a publisher killed while it wrote a version left: a run has one at a time.
         for partial in directory.glob(".v*.safetensors.*.tmp"):
             partial.unlink(missing_ok=True)

@@ -38,7 +38,7 @@ import msgpack
 import numpy as np
 import structlog
 
-from ...host import NoPages, host_identity, reserve_pages
+from ...host import NoPages, host_identity, private_directory, reserve_pages
 
 __all__ = [
     "HEADER_BYTES",
@@ -210,7 +210,10 @@ class MappedVersion:
                 raise Gone(f"{path.name} is not a weight slot file")
             if held != version or size != nbytes:
                 raise Gone(f"{path.name} holds version {held} ({size} bytes), not {version}")
-            if os.fstat(self.fd).st_size < HEADER_BYTES + nbytes:
+            info = os.fstat(self.fd)
+            if info.st_uid != os.getuid() or info.st_mode & 0o077:
+                raise Gone(f"{path.name} is not this user's alone: its weights are not loaded")
+            if info.st_size < HEADER_BYTES + nbytes:
                 raise Gone(f"{path.name} is shorter than its header says")
             self._map = maps.get(path, self.fd, HEADER_BYTES + nbytes)
         except BaseException:
@@ -331,7 +334,7 @@ def trainer_of(path: Path) -> int | None:
 def new_slot_paths(directory: Path) -> Iterator[Path]:
     """For a trainer starting on ``directory``: make it, remove the files a trainer before
     it left (killed before it cleaned up), and name this process's slot files in turn."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_directory(directory, "holds weight slot files")
     stale = sweep(directory)
     if stale:
         log.info("removed stale weight slot files", directory=str(directory), files=stale)
