@@ -34,6 +34,7 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
+from asyncrl.runtime.launch.pulse import start_pulse
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
@@ -75,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
     if "/" in name:
         raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
+    start_pulse()  # a supervisor that sees it stop kills this process: it is frozen
     if place is None:
         return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
     if place.leads:

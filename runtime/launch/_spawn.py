@@ -32,9 +32,13 @@ _PRCTL = _find_prctl()
 
 
 def spawn(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None
+    argv: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` with stdout and stderr appended to `log_path`, and `env` added to ours."""
+    """Start `argv` with stdout and stderr appended to `log_path`, and `env` added to ours;
+    of our descriptors it gets only `pass_fds`."""
     full_env = None if env is None else {**os.environ, **env}
     with log_path.open("ab") as log:  # the child holds its own copy of the descriptor
         return subprocess.Popen(
@@ -44,6 +48,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=full_env,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
             preexec_fn=_die_with_parent(os.getpid()),
         )
 

@@ -82,7 +82,13 @@ def run_node(
     gpus = {s.name: s.env[VISIBLE_ENV] for s in specs if s.env and VISIBLE_ENV in s.env}
     if gpus:
         say("GPUs: " + ", ".join(f"{name} {gpu}" for name, gpu in gpus.items()))
-    supervisor = Supervisor(specs, run.logs, on_event=lambda k, f: say(describe(k, f)))
+    supervisor = Supervisor(
+        specs,
+        run.logs,
+        # A worker the scheduler takes for dead, but alive, is frozen: killed, restarted.
+        stall_after_s=cfg.scheduler.worker_timeout_s,
+        on_event=lambda k, f: say(describe(k, f)),
+    )
     try:
         with contextlib.ExitStack() as stack:
             if plan.scheduler:
