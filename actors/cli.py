@@ -76,7 +76,6 @@ def _serve(args: argparse.Namespace) -> int:
     if "/" in name:
         raise UsageError(f"--name {name!r}: a worker's name holds no '/'")
     configure_logging(process=name, level=cfg.logging.level, fmt=cfg.logging.format)
-    start_pulse()  # a supervisor that sees it stop kills this process: it is frozen
     if place is None:
         return _run_worker(actor_class(), cfg, name, _endpoints(args, cfg), index)
     if place.leads:
@@ -115,6 +114,13 @@ def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
         return 1
 
 
+def _came_up() -> None:
+    note_up()
+    # Watched from here on: a supervisor that sees the pulse stop kills this process as
+    # frozen. Not before: a start may hold the GIL for long (loading native libraries).
+    start_pulse()
+
+
 def _run_worker(
     actor: Actor, cfg: RunConfig, name: str, where: Endpoints, index: int | None
 ) -> int:
@@ -150,7 +156,7 @@ def _run_worker(
             shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(
-            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=note_up
+            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=_came_up
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())

@@ -9,8 +9,10 @@ gave it (``ASYNCRL_PULSE_FD``), from a thread of its own; :class:`Pulses`, on th
 supervisor's side, names each child that has beaten and then been silent
 ``stall_after_s``, for the supervisor to kill and restart as it does any killed worker.
 
-A child that never beats (the scheduler, a program that does not take part) is not
-watched. Without the variable (a process started by hand) :func:`start_pulse` does nothing.
+A child that never beats (the scheduler, ranks > 0 of a group) is not watched; a worker
+beats from the moment it is up, since its start may hold the GIL for long (loading native
+libraries). Without the variable (a process started by hand) :func:`start_pulse` does
+nothing.
 """
 
 from __future__ import annotations
