@@ -104,11 +104,22 @@ class Sandbox:
                 raise TaskError(f"reward {self.name!r}: its process {gone}") from None
         return self._values(reply, len(responses))
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id; None before the first call."""
+        return self._slot[0].pid if self._slot else None
+
     def close(self) -> None:
         with self._lock:
             _stop_all(self._slot)
 
     def _ready_child(self) -> _Child:
+        if self._slot and self._slot[0].proc.poll() is not None:
+            # It ended between calls (killed from outside, or with the thread that started
+            # it: PR_SET_PDEATHSIG follows that thread): no call's fault, start another.
+            ended = self._slot[0]
+            log.warning("reward process ended", reward=self.name, pid=ended.pid)
+            self._drop(ended)
         if not self._slot:
             self._slot.append(_Child.start(self.source, self.name))
         child = self._slot[0]

@@ -6,9 +6,13 @@ run meanwhile."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,3 +130,31 @@ def test_the_process_outlives_a_failed_call() -> None:
     assert reward(Sample("q", "1/2"), "0.5") == 1.0
     assert time.monotonic() - started < 5.0  # the same process: no second start
     reward.close()
+
+
+def test_a_process_that_ended_between_calls_is_replaced_without_failing_a_call() -> None:
+    reward = load_reward("math", None, "t", timeout_s=30)
+    assert reward(Sample("q", "2"), "\\boxed{2}") == 1.0
+    assert reward.sandbox is not None and reward.sandbox.pid is not None
+    first = reward.sandbox.pid
+    os.kill(first, signal.SIGKILL)  # as the thread that started it ending would
+    wait_until(lambda: not alive(first))
+    assert reward(Sample("q", "2"), "\\boxed{3}") == 0.0
+    assert reward.sandbox.pid != first
+    reward.close()
+
+
+def alive(pid: int) -> bool:
+    """Running, as /proc has it: a zombie (killed, not yet reaped) is not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.02)
