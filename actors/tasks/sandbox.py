@@ -95,12 +95,20 @@ class Sandbox:
             except TimeoutError:
                 self.killed += 1
                 why = f"still running after {self.timeout_s:g} s"
-                self._replace(child, why)
+                log.warning(
+                    "reward call ran out of time: its process is killed and replaced",
+                    reward=self.name, pid=child.pid, why=why, killed=self.killed,
+                )  # fmt: skip
+                self._replace(child)
                 raise TaskError(
                     f"reward {self.name!r} did not return: {why}; its process was killed"
                 ) from None
             except _Gone as gone:
-                self._replace(child, str(gone))
+                log.warning(
+                    "reward process ended in a call: replaced",
+                    reward=self.name, pid=child.pid, why=str(gone),
+                )  # fmt: skip
+                self._replace(child)
                 raise TaskError(f"reward {self.name!r}: its process {gone}") from None
         return self._values(reply, len(responses))
 
@@ -140,13 +148,10 @@ class Sandbox:
         child.ready = True
         return child
 
-    def _replace(self, child: _Child, why: str) -> None:
+    def _replace(self, child: _Child) -> None:
         """Kill ``child`` and start the next one now: its imports overlap what the worker
         does until its next call."""
         self._drop(child)
-        log.warning(
-            "reward process killed", reward=self.name, pid=child.pid, why=why, killed=self.killed
-        )
         self._slot.append(_Child.start(self.source, self.name))
 
     def _drop(self, child: _Child) -> None:
