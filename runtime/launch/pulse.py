@@ -31,6 +31,7 @@ __all__ = ["PULSE_ENV", "PULSE_S", "Pulses", "start_pulse"]
 
 PULSE_ENV = "ASYNCRL_PULSE_FD"
 PULSE_S = 0.5  # a byte each: a pipe's 64 KiB hold nine hours of a supervisor not reading
+_NOT_LISTENING_S = 4 * PULSE_S  # a gap between two looks longer than this: start over
 
 
 def start_pulse() -> None:
@@ -72,6 +73,7 @@ class Pulses:
         # A few beats' time at least: a live child is never killed between two beats.
         self.stall_after_s = None if stall_after_s is None else max(stall_after_s, 4 * PULSE_S)
         self._watches: dict[int, _Watch] = {}  # by pid
+        self._looked_at: float | None = None  # the last call of frozen() (monotonic)
 
     def spawn(
         self, argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None
@@ -95,6 +97,12 @@ class Pulses:
         """The children (by pid) that beat and then fell silent, each with why it is
         killed; forgets those that have ended."""
         now = time.monotonic()
+        if self._looked_at is not None and now - self._looked_at > _NOT_LISTENING_S:
+            # Nobody listened for a while (the machine paused, or this process was not
+            # run): a silence measured then says nothing about the children.
+            for watch in self._watches.values():
+                watch.heard_at = None if watch.heard_at is None else now
+        self._looked_at = now
         found: dict[int, str] = {}
         for pid, watch in list(self._watches.items()):
             if watch.proc.returncode is not None or not self._listen(watch, now):

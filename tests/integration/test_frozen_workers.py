@@ -5,6 +5,8 @@ been silent ``stall_after_s``, with a line saying why, and started again
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
 import time
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.runtime.launch import ChildSpec, Supervisor
-from asyncrl.runtime.launch.pulse import PULSE_S
+from asyncrl.runtime.launch.pulse import PULSE_S, Pulses
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,3 +92,42 @@ def test_a_frozen_worker_is_killed_and_restarted_within_the_bound(tmp_path: Path
 
 def log_starts(log: Path) -> int:
     return log.read_text().count("start") if log.exists() else 0
+
+
+def test_a_supervisor_that_was_not_listening_does_not_take_the_gap_for_silence(
+    tmp_path: Path,
+) -> None:
+    """The whole machine paused (or the supervisor went unscheduled): the children's
+    silence then is no sign that they froze."""
+    pulses = Pulses(_STALL_S)
+    proc = pulses.spawn(
+        [sys.executable, "-c", BEATING], tmp_path / "beating.log", {"PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while (tmp_path / "beating.log").read_text().count("up") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert pulses.frozen() == {}
+        os.kill(proc.pid, signal.SIGSTOP)  # it and the supervisor paused together...
+        time.sleep(_STALL_S + 1.0)
+        os.kill(proc.pid, signal.SIGCONT)
+        assert pulses.frozen() == {}  # ...so its silence counted for nothing
+        os.kill(proc.pid, signal.SIGSTOP)  # frozen alone, with the supervisor looking
+        deadline = time.monotonic() + _BOUND_S
+        while not pulses.frozen():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+        pulses.frozen()  # forgets it, closing its pipe
+
+
+BEATING = """
+import time
+from asyncrl.runtime.launch.pulse import start_pulse
+start_pulse()
+print("up")
+time.sleep(60)
+"""
