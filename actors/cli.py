@@ -34,6 +34,7 @@ from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
 from asyncrl.runtime.gc_policy import settle_after_startup
 from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
 from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
+from asyncrl.runtime.launch.pulse import start_pulse
 from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir, UntrustedFile
 from asyncrl.transport import protocol as p
@@ -127,6 +128,13 @@ def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:
         return 1
 
 
+def _came_up() -> None:
+    note_up()
+    # Watched from here on: a supervisor that sees the pulse stop kills this process as
+    # frozen. Not before: a start may hold the GIL for long (loading native libraries).
+    start_pulse()
+
+
 def _run_worker(
     actor: Actor, cfg: RunConfig, name: str, role: str, where: Endpoints, index: int | None
 ) -> int:
@@ -163,7 +171,7 @@ def _run_worker(
             shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(
-            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=note_up
+            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=_came_up
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())

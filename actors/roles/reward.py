@@ -7,9 +7,11 @@ paid. Otherwise the reward is
 classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
 the lease fails with a reason naming the reward and the problem: that group is tried
-again and, after ``pipeline.max_attempts``, reported dead; the run goes on. A call past
-its time keeps running on a thread left behind; after a few such, the worker leaves to be
-started afresh (nothing else stops a thread).
+again and, after ``pipeline.max_attempts``, reported dead; the run goes on. The math
+verifier, a plug-in and a task's own reward run in a child process that is killed when
+its call runs past its time (:mod:`..tasks.sandbox`), so no response can hold up the
+worker. A reward model's call past its time keeps running on a thread left behind; after
+a few such, the worker leaves to be started afresh (nothing else stops a thread).
 """
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from .deadline import Deadline, DeadlineExceeded
+from .errors import TaskError
+from .sandbox import RewardSource, Sandbox, SourceKind
 
 __all__ = [
     "RewardFunction",
@@ -23,10 +25,6 @@ __all__ = [
     "sample_rng",
     "validation_samples",
 ]
-
-
-class TaskError(ValueError):
-    """A task plug-in that cannot be loaded, or that broke its contract."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +89,22 @@ def validation_samples(task: Task, count: int) -> list[Sample]:
 class RewardFunction:
     """The reward in use, guarded: a plug-in that raises, returns a non-number or runs
     past ``timeout_s`` is a TaskError naming the plug-in, which fails the group it was
-    scoring, not the run. With a time limit, calls run on a helper thread."""
+    scoring, not the run. With a ``source`` (where a fresh process finds the function),
+    calls run in a child process killed at the time limit (:mod:`.sandbox`); without one,
+    with a time limit, on a helper thread, which a call that holds the GIL outlives."""
 
     def __init__(
-        self, function: Callable[[Sample, str], Any], name: str, timeout_s: float | None = None
+        self,
+        function: Callable[[Sample, str], Any],
+        name: str,
+        timeout_s: float | None = None,
+        *,
+        source: RewardSource | None = None,
     ) -> None:
         self.function = function
         self.name = name
         self.deadline = Deadline(timeout_s)
+        self.sandbox = None if source is None else Sandbox(source, name, timeout_s)
 
     @classmethod
     def load(
@@ -114,11 +120,20 @@ class RewardFunction:
         if not reward_path:
             if task is None:
                 raise TaskError(f"{task_path}: the task's own reward needs the task loaded")
-            return cls(task.reward, task_path, timeout_s)
+            # In a child process only if one finds the same task at ``task_path``.
+            found = _names(task_path, task)
+            source = RewardSource(SourceKind.TASK, task_path) if found else None
+            return cls(task.reward, task_path, timeout_s, source=source)
         function = import_path(reward_path, "data.reward")
         if not callable(function):
             raise TaskError(f"data.reward={reward_path!r}: not callable")
-        return cls(function, reward_path, timeout_s)
+        source = RewardSource(SourceKind.FUNCTION, reward_path)
+        return cls(function, reward_path, timeout_s, source=source)
+
+    @property
+    def killed(self) -> int:
+        """Calls that ran past the time limit in a child process, killed with it."""
+        return 0 if self.sandbox is None else self.sandbox.killed
 
     @property
     def stuck(self) -> int:
@@ -126,7 +141,14 @@ class RewardFunction:
         behind)."""
         return self.deadline.stuck
 
+    def close(self) -> None:
+        """End the child process, if calls run in one."""
+        if self.sandbox is not None:
+            self.sandbox.close()
+
     def __call__(self, sample: Sample, response: str) -> float:
+        if self.sandbox is not None:
+            return self.sandbox.score(sample, [response])[0]
         return check_reward(self._guarded(self.function, sample, response), task=self.name)
 
     def score_all(self, sample: Sample, responses: Sequence[str]) -> list[float]:
@@ -135,6 +157,8 @@ class RewardFunction:
         batch = getattr(self.function, "batch", None)
         if not callable(batch):
             return [self(sample, response) for response in responses]
+        if self.sandbox is not None:
+            return self.sandbox.score(sample, list(responses))
         values = self._guarded(batch, sample, list(responses))
         if not isinstance(values, Sequence) or len(values) != len(responses):
             got = len(values) if isinstance(values, Sequence) else type(values).__name__
@@ -158,6 +182,14 @@ def check_reward(value: Any, *, task: str) -> float:
     if not math.isfinite(value):
         raise TaskError(f"reward {task!r} returned {value!r}, not a finite number")
     return float(value)
+
+
+def _names(path: str, task: Task) -> bool:
+    """Whether ``path`` is an import path that names ``task`` itself."""
+    try:
+        return import_path(path, "data.task") is task
+    except TaskError:
+        return False
 
 
 def import_path(path: str, key: str) -> Any:

@@ -7,7 +7,9 @@ with no answer earns 0.0; a ground truth that does not parse is an error (it fai
 group with the reason), since every response to it would score 0 without telling why.
 
 math-verify's own timeouts use ``signal.alarm``, which only the main thread may set;
-they are off here, and :class:`~.base.RewardFunction` bounds the whole call instead.
+they are off here. :class:`~.base.RewardFunction` bounds the whole call instead, in a
+child process it kills at the limit (:mod:`.sandbox`): a response can make the verifier
+compute for ever in one call that holds the GIL (``\\boxed{9^{9^{9^{9}}}}``).
 """
 
 from __future__ import annotations

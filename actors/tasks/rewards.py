@@ -9,6 +9,9 @@
 
 Whichever it is, it runs guarded by :class:`~.base.RewardFunction`: an error, a
 non-number or a call past ``data.reward_timeout_s`` fails that group with the reason.
+The math verifier, a plug-in and a task's own reward run in a child process, killed at
+that limit (:mod:`.sandbox`); a reward model and a judge, which compute on or wait for
+other processes, on a helper thread.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 from .base import RewardFunction, Task, TaskError, import_path
 from .classifier import ClassifierReward, check_classifier_dir
+from .datafiles import DataFiles
+from .sandbox import RewardSource, SourceKind
 
 __all__ = [
     "JUDGE_PREFIX",
@@ -50,10 +55,11 @@ def load_reward(
 ) -> RewardFunction:
     """The reward ``choice`` (``data.reward``) names, guarded; ``task`` is needed only
     when the choice is empty (the task's own reward)."""
-    if choice == MATH:
-        from .math_reward import math_reward
+    if choice == MATH or (not choice and isinstance(task, DataFiles)):
+        from .math_reward import math_reward  # a data file's own reward is this too
 
-        return RewardFunction(math_reward, MATH, timeout_s)
+        name = MATH if choice else task_name
+        return RewardFunction(math_reward, name, timeout_s, source=RewardSource(SourceKind.MATH))
     if choice.startswith(MODEL_PREFIX):
         path = choice.removeprefix(MODEL_PREFIX)
         return RewardFunction(ClassifierReward(path), choice, timeout_s)

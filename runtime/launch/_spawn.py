@@ -34,10 +34,14 @@ _PRCTL = _find_prctl()
 
 
 def spawn(
-    argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None
+    argv: Sequence[str],
+    log_path: Path,
+    env: Mapping[str, str] | None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start `argv` with stdout and stderr appended to `log_path` (0600), and `env` added to
-    ours. The child is told the path (LOG_FILE_ENV): its logging rotates the file."""
+    ours; of our descriptors it gets only `pass_fds`. The child is told the path
+    (LOG_FILE_ENV): its logging rotates the file."""
     full_env = {**os.environ, **(env or {}), LOG_FILE_ENV: str(log_path)}
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     with open(fd, "ab") as log:  # the child holds its own copy of the descriptor
@@ -48,6 +52,7 @@ def spawn(
             stderr=subprocess.STDOUT,
             env=full_env,
             start_new_session=True,
+            pass_fds=tuple(pass_fds),
             preexec_fn=_die_with_parent(os.getpid()),
         )
 

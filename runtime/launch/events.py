@@ -13,11 +13,12 @@ Every event is `(kind, fields)`; the fields each kind carries:
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Mapping
 from enum import StrEnum
 
-__all__ = ["EventKind", "describe", "print_event"]
+__all__ = ["EventKind", "describe", "exit_fields", "print_event", "signal_name"]
 
 
 class EventKind(StrEnum):
@@ -60,3 +61,17 @@ def describe(kind: str, fields: Mapping[str, object]) -> str:
 def print_event(kind: str, fields: Mapping[str, object]) -> None:
     """The default `on_event`: the line on stderr, prefixed like the command's other messages."""
     print(f"asyncrl run: {describe(kind, fields)}", file=sys.stderr, flush=True)
+
+
+def exit_fields(returncode: int) -> dict[str, object]:
+    """How a child ended, as an ``exited`` event says it: its ``signal`` or its ``code``."""
+    if returncode < 0:
+        return {"signal": signal_name(-returncode)}
+    return {"code": returncode}
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -44,6 +44,9 @@ from .supervisor import ChildSpec, Supervisor
 __all__ = ["NodeError", "make_keys", "preflight", "run_node", "wait_for_the_run"]
 
 _WAIT_S = 300.0  # how long a machine waits for the scheduler's machine to set the run up
+# A worker is killed as frozen only when clearly so: a short scheduler.worker_timeout_s
+# (a test's) must not turn a slow moment on a busy machine into a kill.
+_FROZEN_AFTER_AT_LEAST_S = 10.0
 
 
 class NodeError(Exception):
@@ -83,7 +86,13 @@ def run_node(
     gpus = {s.name: s.env[VISIBLE_ENV] for s in specs if s.env and VISIBLE_ENV in s.env}
     if gpus:
         say("GPUs: " + ", ".join(f"{name} {gpu}" for name, gpu in gpus.items()))
-    supervisor = Supervisor(specs, run.logs, on_event=lambda k, f: say(describe(k, f)))
+    supervisor = Supervisor(
+        specs,
+        run.logs,
+        # A worker silent as long as the scheduler takes for death, but alive, is frozen
+        stall_after_s=max(cfg.scheduler.worker_timeout_s, _FROZEN_AFTER_AT_LEAST_S),
+        on_event=lambda k, f: say(describe(k, f)),
+    )
     try:
         with contextlib.ExitStack() as stack:
             if plan.scheduler:

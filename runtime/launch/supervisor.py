@@ -9,7 +9,7 @@ A child with `restart=True` (a worker) is started again whenever it fails (exits
 or by a signal), after a delay that doubles from `backoff_initial_s` up to `backoff_max_s`
 and starts over once the child has lived `healthy_after_s` or said it came up (a crash or a
 `kill -9` after a good start is no crash loop). A worker that exits 0 left on purpose and
-is not started again.
+is not started again; one alive but frozen (pulse.py, `stall_after_s`) is killed, so restarted.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
 past `max_restarts`) drains the workers before the scheduler they report to:
@@ -50,12 +50,13 @@ from pathlib import Path
 from types import FrameType
 
 from ._backoff import Backoff
-from ._spawn import kill, spawn
+from ._spawn import kill
 from ._start_failures import StartFailures
 from .child_status import STATUS_ENV, ChildStatus, read_status
-from .events import EventKind, print_event
+from .events import EventKind, exit_fields, print_event, signal_name
 from .gangs import ENV_ADDR, free_local_address
 from .last_words import last_words
+from .pulse import Pulses
 
 __all__ = ["ChildSpec", "OnEvent", "Supervisor"]
 
@@ -118,6 +119,7 @@ class Supervisor:
         stop_grace_s: float = 15.0,
         max_restarts: int | None = None,
         crash_loop_starts: int = 3,
+        stall_after_s: float | None = None,
         on_event: OnEvent | None = None,
     ) -> None:
         _check_specs(specs)
@@ -140,6 +142,7 @@ class Supervisor:
         self._grace_s = stop_grace_s
         self._max_restarts = max_restarts
         self._on_event = on_event or print_event
+        self._pulses = Pulses(stall_after_s)
         self._ran = False
         # Written by signal handlers and other threads; plain assignments, read by the loop.
         self._stop_reason: str | None = None
@@ -188,7 +191,10 @@ class Supervisor:
 
     def _supervise(self) -> None:
         while True:
+            frozen = self._pulses.frozen()
             for child in self._children:
+                if child.proc is not None and child.proc.pid in frozen:
+                    self._kill(child, child.proc, frozen[child.proc.pid])  # and so restart it
                 self._reap(child)
             if self._stop_reason is None and self._all_left():
                 self.finish("every worker has left")
@@ -258,7 +264,7 @@ class Supervisor:
         resuming = child.restarts > 0 and child.spec.resume_argv is not None
         argv = child.spec.resume_argv if resuming else child.spec.argv
         child.log_offset = log_path.stat().st_size if log_path.exists() else 0
-        child.proc = spawn(argv, log_path, env)
+        child.proc = self._pulses.spawn(argv, log_path, env)
         child.started_at = time.monotonic()
         self._emit(
             EventKind.STARTED, name=child.spec.name, pid=child.proc.pid, restart=child.restarts
@@ -271,7 +277,7 @@ class Supervisor:
             return
         child.proc = None
         lived_s = round(time.monotonic() - child.started_at, 3)
-        how = _how_it_ended(proc.returncode)
+        how = exit_fields(proc.returncode)
         said = read_status(self._status_path(child)).reason if proc.returncode else None
         if said is not None:
             how["why"] = said  # its own one line, on the terminal with its exit
@@ -321,7 +327,7 @@ class Supervisor:
         if status.reason is not None:
             return status.reason
         if returncode < 0:
-            return f"ended by {_signal_name(-returncode)}"
+            return f"ended by {signal_name(-returncode)}"
         log = self._log_dir / f"{child.spec.name}.log"
         return last_words(log, since=child.log_offset) or f"exit code {returncode}"
 
@@ -430,19 +436,6 @@ def _kill_all(children: list[_Child]) -> None:
         proc.wait()
 
 
-def _how_it_ended(returncode: int) -> dict[str, object]:
-    if returncode < 0:
-        return {"signal": _signal_name(-returncode)}
-    return {"code": returncode}
-
-
 def _shell_status(returncode: int) -> int:
     """A child's `Popen.returncode` as a shell would report it: 128 + N for signal N."""
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
