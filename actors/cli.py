@@ -38,7 +38,12 @@ from asyncrl.runtime.logs import configure_logging
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
-from asyncrl.transport.security import KeyFileError, curve_required, load_client_keys
+from asyncrl.transport.security import (
+    KeyFileError,
+    curve_required,
+    is_loopback,
+    load_client_keys,
+)
 from asyncrl.transport.sockets import tcp_endpoint
 from asyncrl.transport.zmq_link import ZmqLink
 
@@ -148,7 +153,14 @@ def _run_worker(
             shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(
-            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=note_up
+            actor,
+            link,
+            cfg,
+            name=name,
+            index=index,
+            payloads=payloads,
+            on_started=note_up,
+            local=is_loopback(_host_of(where.control)),  # ipc://, or TCP on loopback
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
