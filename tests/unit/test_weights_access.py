@@ -27,7 +27,13 @@ from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.weights import WeightsAccess, weights_key
 from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.layout import Manifest, ManifestError
-from asyncrl.transport.weights.mac import MAC_BYTES, BucketCheck, RequestKey
+from asyncrl.transport.weights.mac import (
+    MAC_BYTES,
+    BucketCheck,
+    Refused,
+    RequestGuard,
+    RequestKey,
+)
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from asyncrl.transport.weights.ucx.node import Request, UcxNode
 from asyncrl.transport.weights.ucx.wire import (
@@ -220,6 +226,28 @@ def test_a_receiver_and_a_relay_across_machines_fetch_with_the_runs_key() -> Non
     finally:
         for node in (last, relay, publisher):
             node.close()
+
+
+def test_the_replay_window_takes_each_sequence_once_in_any_order_within_it() -> None:
+    guard = RequestGuard(KEY, b"this node", lambda *_, **__: None)
+    for sequence in (5, 3, 4, 1, 1030, 7):  # 7 is still within 1,024 of 1,030
+        guard.admit(b"peer", sequence)
+    guard.admit(b"another peer", 5)  # each peer has its own
+    for sequence, why in ((7, "seen before"), (1030, "seen before"), (6, "too old")):
+        with pytest.raises(Refused, match=why):
+            guard.admit(b"peer", sequence)
+
+
+def test_a_flood_of_refusals_is_one_log_line_with_its_count() -> None:
+    lines: list[dict[str, object]] = []
+    guard = RequestGuard(KEY, b"this node", lambda event, **fields: lines.append(fields))
+    for _ in range(1000):
+        with pytest.raises(Refused) as refused:
+            guard.verify(b"fields", b"\0" * MAC_BYTES)
+        guard.note(refused.value)
+    assert guard.refused == 1000
+    assert len(lines) == 1 and lines[0]["refused"] == 1, lines
+    assert "wrong MAC" in str(lines[0]["reason"])
 
 
 # --- buckets --------------------------------------------------------------------------------
