@@ -3,10 +3,10 @@
 Runs on its own thread so that the receiver keeps decoding. Ranges are
 ``consume_bytes`` long (a receiver short of memory asks for small pieces); a bucket is
 checked against the manifest (its CRC-32C, or its MAC where weights cross machines:
-..mac) as soon as its last byte is in, and only checked
-bytes count as received — they are what a relay passes on, and where a fetch resumes
-after its source failed. A bucket that fails its check is fetched once more, then the
-source is given up.
+..mac) as soon as its last byte is in, and only checked bytes count as received — they
+are what a relay passes on, and where a fetch resumes after its source failed. A bucket
+that fails its check is fetched once more, then the source is given up. Each request is
+sealed with the run's key where there is one.
 """
 
 from __future__ import annotations

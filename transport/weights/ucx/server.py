@@ -2,10 +2,9 @@
 
 One thread per node. A request names a version and a range; where the node holds the
 run's key, one without a good MAC, or seen before, is dropped unanswered (..mac). It is
-answered from the
-slot holding that version as soon as the range is there (a relay may still be receiving
-it), or answered GONE if the version is no longer held (a header and an empty body, so
-the asker is left waiting on nothing). A send that does not complete by
+answered from the slot holding that version as soon as the range is there (a relay may
+still be receiving it), or answered GONE if the version is no longer held (a header and
+an empty body, so the asker is left waiting on nothing). A send that does not complete by
 its deadline, or that reads a slot the writer revoked, is cancelled by closing its
 endpoint; the receiver notices by its own deadline and asks elsewhere.
 """

@@ -2,12 +2,12 @@
 
 Publishing stages the state dict into one of two buffers (the other may still be read by
 receivers of the previous version), checksums its buckets (and signs them, where weights
-cross machines: ..mac) and returns the announcement
-the scheduler passes on. Receiving runs in the background: the receiver fetches the
-version its plan names into its free buffer, relays what it has checked to receivers
-that pull from it, and hands the version over, whole and checked, to the caller's
-:meth:`UcxReceiver.poll`. The caller's model then runs on that buffer's bytes, which is
-why the buffer is pinned until the next version replaces it.
+cross machines: ..mac) and returns the announcement the scheduler passes on. Receiving
+runs in the background: the receiver fetches the version its plan names into its free
+buffer, relays what it has checked to receivers that pull from it, and hands the version
+over, whole and checked, to the caller's :meth:`UcxReceiver.poll`. The caller's model
+then runs on that buffer's bytes, which is why the buffer is pinned until the next version
+replaces it.
 """
 
 from __future__ import annotations
