@@ -49,6 +49,9 @@ class WorkerContext:
     # and only an older checkpoint survived): the run rolls back to ``step``. Raises
     # RuntimeError with the scheduler's reason if refused. Main thread only.
     rewind: Callable[[int], None] | None = None
+    # Every process of the run is on this host (its bus is ipc:// or loopback): the weight
+    # plane listens on loopback only, and its buckets carry CRC-32C rather than MACs.
+    local: bool = True
 
 
 @dataclass(frozen=True, slots=True)

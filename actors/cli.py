@@ -43,6 +43,7 @@ from asyncrl.transport.identity import PAYLOAD_KEY_ENV, WORKER_KEY_ENV
 from asyncrl.transport.security import (
     KeyFileError,
     curve_required,
+    is_loopback,
     load_client_keys,
     payload_keys,
 )
@@ -171,7 +172,14 @@ def _run_worker(
             shared_memory=cfg.payloads.shared_memory,
         )
         worker = running = Worker(
-            actor, link, cfg, name=name, index=index, payloads=payloads, on_started=_came_up
+            actor,
+            link,
+            cfg,
+            name=name,
+            index=index,
+            payloads=payloads,
+            on_started=_came_up,
+            local=is_loopback(_host_of(where.control)),  # ipc://, or TCP on loopback
         )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda _signum, _frame: running.stop())
@@ -218,6 +226,12 @@ def _given_endpoints(control: str, events: str | None, cfg: RunConfig) -> Endpoi
         except ValueError as error:
             raise UsageError(f"--scheduler: {error}") from None
     return Endpoints(control, events, curve_required(control, cfg.scheduler.curve))
+
+
+def _host_of(endpoint: str) -> str:
+    if not endpoint.startswith("tcp://"):
+        return "localhost"  # ipc:// and inproc:// never leave the machine
+    return endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
 
 
 def _run_endpoints(cfg: RunConfig) -> Endpoints:

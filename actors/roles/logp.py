@@ -26,7 +26,7 @@ from asyncrl.transport.weights import make_receiver
 from ..actor import WorkerContext
 from ..payloads import RolloutsOut
 from ..training.scorer import ScoringActor
-from ..worker.weights import WeightFollower
+from ..worker.weights import WeightFollower, weights_access
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 
@@ -54,7 +54,8 @@ class Logp(ScoringActor):
         self.worker = ctx.worker
         cfg = ctx.config
         self.reuses = reuses_generator_logprobs(cfg)
-        receiver = make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights))
+        dirs = RunDir.of(cfg).weight_dirs(cfg.weights)
+        receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
         self.weights = WeightFollower(receiver, ctx.ask_weights)
 
     @property

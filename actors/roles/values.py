@@ -33,7 +33,7 @@ from ..policy.checkpoint import load_parameters
 from ..training.scorer import pack_rollouts
 from ..worker.preflight import check_device, check_model
 from ..worker.setup import DTYPES, device_for
-from ..worker.weights import WeightFollower
+from ..worker.weights import WeightFollower, weights_access
 from .critic import critic_path
 
 __all__ = ["Values"]
@@ -64,7 +64,8 @@ class Values(Actor):
         self.model, self.codec = load_value_model(critic_path(cfg), dtype, device)
         self.model.eval()
         log.info("value model loaded", device=str(device), dtype=str(dtype))
-        receiver = make_receiver(cfg.weights, RunDir.of(cfg).critic_weight_dirs(cfg.weights))
+        dirs = RunDir.of(cfg).critic_weight_dirs(cfg.weights)
+        receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
         self.weights = WeightFollower(receiver, ctx.ask_weights)
 
     def on_version(self, version: int) -> int | None:

@@ -27,6 +27,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
 
 from ..actor import Actor, ActorBroken, WorkerContext
+from ..worker.weights import weights_access
 from .gang import Gang, Order, join_group, join_group_at, pack_lease, unpack_lease
 from .group import Group
 from .rank import TrainRank, restore_body
@@ -69,7 +70,7 @@ class LearnerRole(Actor):
         """Join the group (if any), build this rank and take up the state to resume from;
         the leader publishes its versions' weights from a publisher over ``weight_dirs``."""
         self.cfg, self.ctx = ctx.config, ctx
-        self.weights = make_publisher(self.cfg.weights, weight_dirs)
+        self.weights = make_publisher(self.cfg.weights, weight_dirs, weights_access(ctx))
         self.run = RunDir.of(self.cfg)
         self.gang = join_group(self.cfg)
         rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)

@@ -117,10 +117,9 @@ class Worker(SchedulerQuestions):
         index: int | None = None,
         payloads: WorkerPayloads | None = None,
         on_started: Callable[[], None] | None = None,
+        local: bool = True,  # every process of the run is on this host (WorkerContext.local)
     ) -> None:
-        self.actor = actor
-        self.index = index
-        self.link = link
+        self.actor, self.index, self.link, self.local = actor, index, link, local
         self.config = config
         self.role = actor.role
         self.name = name or default_worker_name(self.role)
@@ -274,6 +273,7 @@ class Worker(SchedulerQuestions):
             ask_weights=self._ask_weights,
             steps_done=ready.critic_steps_done if critic else ready.steps_done,
             rewind=self._rewind,
+            local=self.local,
         )
 
     def _register(self) -> p.Ready:

@@ -1,5 +1,6 @@
 """A generator's side of the weight plane: ask for plans, fetch in the background, hand
-over whole versions, and account for what each one cost the decode loop."""
+over whole versions, and account for what each one cost the decode loop; and who any
+worker's weight plane is open to (:func:`weights_access`)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,20 @@ from collections.abc import Callable, Iterable
 import structlog
 import torch
 
+from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.worker.release import Releaser
-from asyncrl.transport.weights import NeedsPlan, Received, WeightReceiver, WeightsPlan
+from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.identity import load_run_secret
+from asyncrl.transport.weights import (
+    NeedsPlan,
+    Received,
+    WeightReceiver,
+    WeightsAccess,
+    WeightsPlan,
+    weights_key,
+)
 
-__all__ = ["WeightFollower"]
+__all__ = ["WeightFollower", "weights_access"]
 
 log = structlog.get_logger("asyncrl.weights")
 
@@ -96,3 +107,19 @@ class WeightFollower:
         except ValueError as error:  # a manifest this receiver cannot use
             log.warning("weight plan refused", version=plan.version, reason=str(error)[:200])
             self._retry_at = now + RETRY_S
+
+
+def weights_access(ctx: WorkerContext) -> WeightsAccess:
+    """Who this worker's weight plane is open to: this host only in a local run; and the
+    run's key, from its secret where this user can read it (as every worker the launcher
+    starts can). ValueError for a run across machines without it."""
+    try:
+        key = weights_key(load_run_secret(RunDir.of(ctx.config).secret))
+    except (FileNotFoundError, PermissionError):
+        key = None
+    if key is None and ctx.local:
+        log.warning(
+            "no run secret here: weight requests go unauthenticated, and sources that "
+            "hold the key refuse them"
+        )
+    return WeightsAccess(local=ctx.local, key=key)

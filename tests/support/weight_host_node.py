@@ -11,7 +11,8 @@ as the scheduler's plan would name it, and appends one JSON line per outcome to
 ``DIR/outcomes.jsonl``: ``{"version", "received": bool, "failed", "t"}``. A fetch that
 failed is asked for again at once (with the newest version), as a generator does.
 ``WEIGHT_NODE_STALL_S`` and ``WEIGHT_NODE_SEND_S`` set the receiver's stall timeout and
-the publisher's send timeout (2 s each by default).
+the publisher's send timeout (2 s each by default). Both nodes are of a run across machines,
+with the same key (:data:`RUN_SECRET`'s): requests and buckets carry its MACs.
 """
 
 from __future__ import annotations
@@ -21,20 +22,32 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgpack
+
+if TYPE_CHECKING:
+    from asyncrl.transport.weights import WeightsAccess
 
 PERIOD_S = 0.5
 MIB = 2.0  # of each version's state dict
 STALL_S = float(os.environ.get("WEIGHT_NODE_STALL_S", "2"))  # the receiver's stall timeout
 SEND_S = float(os.environ.get("WEIGHT_NODE_SEND_S", "2"))  # the publisher's send timeout
+RUN_SECRET = b"the weight host nodes' run secret"
+
+
+def across_machines() -> WeightsAccess:
+    """Access as a node of a run across machines has it (imported here, as UCX is)."""
+    from asyncrl.transport.weights import WeightsAccess, weights_key
+
+    return WeightsAccess(local=False, key=weights_key(RUN_SECRET))
 
 
 def publish(directory: Path) -> None:
     from asyncrl.transport.weights.ucx import UcxPublisher
     from tests.support.weight_nodes import model_state
 
-    publisher = UcxPublisher(bucket_mb=1, send_timeout_s=SEND_S)
+    publisher = UcxPublisher(bucket_mb=1, send_timeout_s=SEND_S, access=across_machines())
     version = 0
     while True:
         version += 1
@@ -52,7 +65,7 @@ def receive(directory: Path) -> None:
     from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
     from asyncrl.transport.weights.ucx import UcxReceiver
 
-    receiver = UcxReceiver(bucket_mb=1, stall_timeout_s=STALL_S)
+    receiver = UcxReceiver(bucket_mb=1, stall_timeout_s=STALL_S, access=across_machines())
     outcomes = (directory / "outcomes.jsonl").open("a", buffering=1)
     held = 0
     while True:

@@ -1,4 +1,5 @@
-"""The weight plane's control messages: round trips, garbage refused as WireError, tags."""
+"""The weight plane's control messages: round trips, garbage refused as WireError, tags,
+and a request's seal (its MAC, checked before its fields are parsed)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ from tests.support import hostile
 U64 = st.integers(0, (1 << 64) - 1)
 
 
+def sealed(fields: object, mac: bytes = b"") -> bytes:
+    """A request's body: ``fields`` packed, and its MAC."""
+    return msgpack.packb([msgpack.packb(fields), mac])
+
+
 def framed(body: bytes, size: int) -> np.ndarray:
     """``body`` behind a 4-byte little-endian length, in a zeroed frame of ``size`` bytes."""
     out = np.zeros(size, np.uint8)
@@ -45,6 +51,8 @@ def framed(body: bytes, size: int) -> np.ndarray:
         end=U64,
         reply_tag=U64,
         address=st.binary(min_size=1, max_size=1500),
+        generation=U64,
+        sequence=U64,
     ).filter(lambda r: r.start <= r.end)
 )
 def test_a_request_round_trips(request: RangeRequest) -> None:
@@ -76,9 +84,30 @@ def test_an_oversize_request_is_refused_at_encode() -> None:
     with pytest.raises(WireError, match=f"exceeds {CONTROL_BYTES - 4}"):
         encode_request(big)
     # the largest address that fits still round-trips
-    overhead = len(msgpack.packb([1, 0, 10, 2, b"", 0])) + 2  # bin8 -> bin16 length
+    overhead = len(sealed([1, 0, 10, 2, b"", 0, 0])) + 4  # bin8 -> bin16 lengths, twice
     fits = RangeRequest(1, 0, 10, 2, b"x" * (CONTROL_BYTES - 4 - overhead))
     assert decode_request(encode_request(fits)) == fits
+
+
+def test_a_seal_covers_the_packed_fields_and_is_checked_before_they_are_parsed() -> None:
+    request = RangeRequest(3, 0, 10, 2, b"addr", 1, 9)
+    seen: list[tuple[bytes, bytes]] = []
+    frame = encode_request(request, lambda fields: b"mac of " + fields[:4])
+    assert decode_request(frame, lambda fields, mac: seen.append((fields, mac))) == request
+    [(fields, mac)] = seen
+    assert msgpack.unpackb(fields) == [3, 0, 10, 2, b"addr", 1, 9]
+    assert mac == b"mac of " + fields[:4]
+
+    class Refused(Exception):
+        pass
+
+    def refuse(fields: bytes, mac: bytes) -> None:
+        raise Refused
+
+    garbage_fields = framed(msgpack.packb([b"\xc1", b"mac"]), CONTROL_BYTES)
+    for frame in (encode_request(request), garbage_fields):
+        with pytest.raises(Refused):
+            decode_request(frame, refuse)
 
 
 # --- garbage in, WireError out -------------------------------------------------------------
@@ -111,7 +140,7 @@ MSGPACK = st.recursive(
     | st.floats()
     | st.text(max_size=20)
     | st.binary(max_size=20),
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=5), inner),
+    lambda inner: st.lists(inner, max_size=7) | st.dictionaries(st.text(max_size=5), inner),
     max_leaves=12,
 )
 
@@ -120,40 +149,57 @@ MSGPACK = st.recursive(
 def test_well_formed_msgpack_of_the_wrong_shape_only_ever_raises_wire_error(body) -> None:  # type: ignore[no-untyped-def]
     packed = msgpack.packb(body)
     decodes_or_wire_error(decode_request, framed(packed, max(CONTROL_BYTES, len(packed) + 4)))
+    inner = sealed(body)  # the same shapes as a sealed request's fields
+    decodes_or_wire_error(decode_request, framed(inner, max(CONTROL_BYTES, len(inner) + 4)))
     decodes_or_wire_error(decode_header, framed(packed, max(HEADER_BYTES, len(packed) + 4)))
 
 
 @given(
     st.lists(
         st.one_of(st.integers(-5, 5), st.booleans(), st.none(), st.binary(max_size=3)),
-        min_size=6,
-        max_size=6,
+        min_size=7,
+        max_size=7,
     )
 )
 def test_a_request_with_bad_fields_only_ever_raises_wire_error(body: list) -> None:
-    decodes_or_wire_error(decode_request, framed(msgpack.packb(body), CONTROL_BYTES))
+    decodes_or_wire_error(decode_request, framed(sealed(body), CONTROL_BYTES))
 
 
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ([0, 0, 0, 0, 5, 0], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, None, 0], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, b"", 0], "address must be non-empty bytes"),
-        ([0, 0, 0, 0, "addr", 0], "address must be non-empty bytes"),
-        ([0, 9, 3, 0, b"a", 0], r"range \[9, 3\) runs backwards"),
-        ([-1, 0, 0, 0, b"a", 0], "non-negative integers"),
-        ([True, 0, 0, 0, b"a", 0], "non-negative integers"),
-        ([0, 0.0, 0, 0, b"a", 0], "non-negative integers"),
-        ([0, 0, 0, 0, b"a", -1], "non-negative integers"),
+        ([0, 0, 0, 0, 5, 0, 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, None, 0, 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, b"", 0, 0], "address must be non-empty bytes"),
+        ([0, 0, 0, 0, "addr", 0, 0], "address must be non-empty bytes"),
+        ([0, 9, 3, 0, b"a", 0, 0], r"range \[9, 3\) runs backwards"),
+        ([-1, 0, 0, 0, b"a", 0, 0], "non-negative integers"),
+        ([True, 0, 0, 0, b"a", 0, 0], "non-negative integers"),
+        ([0, 0.0, 0, 0, b"a", 0, 0], "non-negative integers"),
+        ([0, 0, 0, 0, b"a", -1, 0], "non-negative integers"),
+        ([0, 0, 0, 0, b"a", 0, -1], "non-negative integers"),
         (
-            [0, 0, 0, 0, b"a"],
-            r"request must be \[version, start, end, reply_tag, address, generation\]",
+            [0, 0, 0, 0, b"a", 0],
+            r"request must be \[version, start, end, reply_tag, address, generation, sequence\]",
         ),
         ({"version": 0}, "request must be"),
     ],
 )
 def test_a_malformed_request_says_what_is_wrong(body: object, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        decode_request(framed(sealed(body), CONTROL_BYTES))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([0, 0, 0, 0, b"a", 0, 0], r"request must be \[fields, mac\]"),  # an unsealed one
+        ([b"fields"], r"request must be \[fields, mac\]"),
+        ([b"fields", None], r"request must be \[fields, mac\]"),
+        ([b"\xc1", b""], "request fields not MessagePack"),
+    ],
+)
+def test_a_malformed_seal_says_what_is_wrong(body: object, message: str) -> None:
     with pytest.raises(WireError, match=message):
         decode_request(framed(msgpack.packb(body), CONTROL_BYTES))
 
@@ -210,7 +256,9 @@ def test_a_tag_source_wraps_only_after_two_to_the_thirty_takes() -> None:
 
 # --- every field hostile ---------------------------------------------------------------------
 
-REQUEST = [1, 0, 10, 2, b"addr", 0]  # version, start, end, reply_tag, address, generation
+# version, start, end, reply_tag, address, generation, sequence
+REQUEST = [1, 0, 10, 2, b"addr", 0, 1]
+SEAL = [msgpack.packb(REQUEST), b""]  # fields, mac
 HEADER = [0, "detail"]  # status, detail
 
 
@@ -218,10 +266,16 @@ def test_every_hostile_value_in_every_field_is_taken_or_a_wire_error() -> None:
     """Wrong types, invalid UTF-8, 64-bit edges, non-finite floats, nesting a thousand deep
     (once a RecursionError from the error's own repr) and ten thousand deep, extensions."""
     for body, size, decode in (
-        (REQUEST, CONTROL_BYTES, decode_request),
+        (SEAL, CONTROL_BYTES, decode_request),
         (HEADER, HEADER_BYTES, decode_header),
     ):
         for index in range(len(body)):
             for raw in hostile.HOSTILE:
                 packed = hostile.packed(body, (index,), raw)
                 decodes_or_wire_error(decode, framed(packed, max(size, len(packed) + 4)))
+    for index in range(len(REQUEST)):  # inside the seal
+        for raw in hostile.HOSTILE:
+            packed = msgpack.packb([hostile.packed(REQUEST, (index,), raw), b""])
+            decodes_or_wire_error(
+                decode_request, framed(packed, max(CONTROL_BYTES, len(packed) + 4))
+            )

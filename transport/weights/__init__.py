@@ -21,6 +21,7 @@ from .base import (
     WeightsPlan,
 )
 from .factory import WeightDirs, make_publisher, make_receiver
+from .mac import WeightsAccess, weights_key
 
 __all__ = [
     "Announcement",
@@ -29,7 +30,9 @@ __all__ = [
     "WeightDirs",
     "WeightPublisher",
     "WeightReceiver",
+    "WeightsAccess",
     "WeightsPlan",
     "make_publisher",
     "make_receiver",
+    "weights_key",
 ]

@@ -2,7 +2,8 @@
 
 Strategies are imported only when chosen, so a process pays for UCX only if it uses it.
 Where a strategy keeps files is the caller's to say (:class:`WeightDirs`): the run
-directory's layout is not the weight plane's business.
+directory's layout is not the weight plane's business; nor is whether the run is local and
+what its key is (:class:`WeightsAccess`, for ucx).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from .base import WeightPublisher, WeightReceiver
+from .mac import LOCAL_ONLY, WeightsAccess
 
 __all__ = ["WeightDirs", "WeightsChoice", "make_publisher", "make_receiver"]
 
@@ -46,8 +48,11 @@ class WeightDirs:
     shared: Path
 
 
-def make_publisher(weights: WeightsChoice, dirs: WeightDirs) -> WeightPublisher:
-    """The trainer's side of the strategy named by ``weights.strategy``."""
+def make_publisher(
+    weights: WeightsChoice, dirs: WeightDirs, access: WeightsAccess = LOCAL_ONLY
+) -> WeightPublisher:
+    """The trainer's side of the strategy named by ``weights.strategy``; ``access``: who
+    may fetch its versions over UCX."""
     if weights.strategy == "ucx":
         from .ucx import UcxPublisher
 
@@ -56,6 +61,7 @@ def make_publisher(weights: WeightsChoice, dirs: WeightDirs) -> WeightPublisher:
             progress_mode=weights.progress_mode,
             send_timeout_s=weights.stall_timeout_s,
             share_dir=dirs.shared if weights.map_on_host else None,
+            access=access,
         )
     if weights.strategy == "shm":
         from .shm import ShmPublisher
@@ -69,9 +75,14 @@ def make_publisher(weights: WeightsChoice, dirs: WeightDirs) -> WeightPublisher:
 
 
 def make_receiver(
-    weights: WeightsChoice, dirs: WeightDirs, *, relay: bool = True
+    weights: WeightsChoice,
+    dirs: WeightDirs,
+    access: WeightsAccess = LOCAL_ONLY,
+    *,
+    relay: bool = True,
 ) -> WeightReceiver:
-    """A generator's side of the strategy named by ``weights.strategy``."""
+    """A generator's side of the strategy named by ``weights.strategy``; ``access``: who
+    may reach its UCX node (a relay's versions, its requests' keys)."""
     if weights.strategy == "ucx":
         from .ucx import UcxReceiver
 
@@ -80,6 +91,7 @@ def make_receiver(
             progress_mode=weights.progress_mode,
             stall_timeout_s=weights.stall_timeout_s,
             relay=relay,
+            access=access,
         )
         if not weights.map_on_host:
             return ucx

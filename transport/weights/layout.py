@@ -1,9 +1,10 @@
 """One version's weights as one flat byte buffer: where each tensor lies, and its buckets.
 
 The trainer copies its parameters into a flat buffer laid out by :func:`plan`; every
-``bucket_bytes`` of it gets a CRC-32C. The :class:`Manifest` (layout, bucket checksums,
-version) travels through the scheduler, apart from the bytes, so a receiver checks what
-it got against a description that did not come down the same wire.
+``bucket_bytes`` of it gets a CRC-32C, and, where weights cross machines, a keyed MAC
+(:mod:`.mac`). The :class:`Manifest` (layout, bucket checksums, version) travels through
+the scheduler, apart from the bytes, so a receiver checks what it got against a
+description that did not come down the same wire.
 
 A receiver's flat buffer with the same layout *is* a state dict: :func:`views` gives
 tensors over it without a copy.
@@ -12,9 +13,10 @@ tensors over it without a copy.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import crc32c
 import numpy as np
@@ -22,6 +24,7 @@ import torch
 
 __all__ = [
     "ALIGN",
+    "MAC_BYTES",
     "Manifest",
     "ManifestError",
     "Stager",
@@ -32,7 +35,10 @@ __all__ = [
     "views",
 ]
 
+_T = TypeVar("_T")
+
 ALIGN = 64  # every tensor starts on a cache line, so views are aligned for any dtype
+MAC_BYTES = 16  # a bucket's MAC (.mac: HMAC-SHA256, truncated)
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -63,13 +69,15 @@ class TensorSpec:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    """Version ``version`` as ``total`` bytes: its tensors, and a CRC-32C per bucket."""
+    """Version ``version`` as ``total`` bytes: its tensors, a CRC-32C per bucket, and
+    ``macs``, a MAC per bucket (concatenated) where weights cross machines."""
 
     version: int
     tensors: tuple[TensorSpec, ...]
     total: int
     bucket_bytes: int
     checksums: tuple[int, ...]
+    macs: bytes = b""
 
     @property
     def buckets(self) -> int:
@@ -80,13 +88,16 @@ class Manifest:
         return start, min(self.total, start + self.bucket_bytes)
 
     def to_payload(self) -> dict[str, object]:
-        return {
+        payload: dict[str, object] = {
             "version": self.version,
             "total": self.total,
             "bucket_bytes": self.bucket_bytes,
             "checksums": list(self.checksums),
             "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.nbytes] for t in self.tensors],
         }
+        if self.macs:
+            payload["macs"] = self.macs
+        return payload
 
     @classmethod
     def from_payload(cls, payload: object, *, version: int | None = None) -> Manifest:
@@ -103,9 +114,12 @@ class Manifest:
                 )
                 for n, d, s, o, b in payload["tensors"]
             )
+            macs = payload.get("macs", b"")
+            if not isinstance(macs, bytes):
+                raise TypeError(f"macs: expected bytes, got {type(macs).__name__}")
         except (KeyError, TypeError, ValueError) as error:
             raise ManifestError(f"manifest field missing or malformed: {error!r}") from None
-        manifest = cls(version_, tensors, total, bucket_bytes, checksums)
+        manifest = cls(version_, tensors, total, bucket_bytes, checksums, macs)
         manifest.check()
         if version is not None and version_ != version:
             raise ManifestError(f"plan for version {version} carries manifest {version_}")
@@ -120,6 +134,10 @@ class Manifest:
         if len(self.checksums) != expected:
             raise ManifestError(
                 f"{len(self.checksums)} checksums for {expected} buckets of {self.total} bytes"
+            )
+        if self.macs and len(self.macs) != expected * MAC_BYTES:
+            raise ManifestError(
+                f"{len(self.macs)} bytes of MACs for {expected} buckets: {MAC_BYTES} each"
             )
         for spec in self.tensors:
             if spec.dtype not in _DTYPES:
@@ -222,25 +240,34 @@ class Stager:
             for spec in specs
         }
         work = _bucket_work(specs, bucket_bytes, total)
-        crcs = [0] * len(work)
         view = memoryview(buffer)
-        shares = min(self.threads, len(work)) or 1
+
+        def copy(index: int) -> int:
+            crc = 0
+            for start, stop, name, source_start in work[index]:
+                for at in range(start, stop, _PIECE):
+                    end = min(stop, at + _PIECE)
+                    if name is None:  # alignment padding counts in its bucket's checksum
+                        buffer[at:end] = 0
+                    else:
+                        # As bytes, through NumPy: a plain memcpy, several times faster
+                        # here than torch's typed copy into a reinterpreted view.
+                        offset = source_start + at - start
+                        np.copyto(buffer[at:end], sources[name][offset : offset + end - at])
+                    crc = crc32c.crc32c(view[at:end], crc)
+            return crc
+
+        return self.spread(copy, len(work))
+
+    def spread(self, job: Callable[[int], _T], count: int) -> list[_T]:
+        """``job(i)`` for each ``i`` below ``count``, shared out between the caller's thread
+        and the helpers (for work that releases the GIL); the results in order."""
+        results: list[_T | None] = [None] * count
+        shares = min(self.threads, count) or 1
 
         def run(first: int) -> None:
-            for index in range(first, len(work), shares):
-                crc = 0
-                for start, stop, name, source_start in work[index]:
-                    for at in range(start, stop, _PIECE):
-                        end = min(stop, at + _PIECE)
-                        if name is None:  # alignment padding counts in its bucket's checksum
-                            buffer[at:end] = 0
-                        else:
-                            # As bytes, through NumPy: a plain memcpy, several times faster
-                            # here than torch's typed copy into a reinterpreted view.
-                            offset = source_start + at - start
-                            np.copyto(buffer[at:end], sources[name][offset : offset + end - at])
-                        crc = crc32c.crc32c(view[at:end], crc)
-                crcs[index] = crc
+            for index in range(first, count, shares):
+                results[index] = job(index)
 
         helping = [self._helpers.submit(run, k) for k in range(1, shares)] if self._helpers else []
         try:
@@ -251,7 +278,7 @@ class Stager:
         for failure in failures:
             if failure is not None:
                 raise failure  # a failed copy fails the staging
-        return crcs
+        return results  # type: ignore[return-value]  # every one filled in
 
     def close(self) -> None:
         if self._helpers is not None:

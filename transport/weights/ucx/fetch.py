@@ -2,10 +2,11 @@
 
 Runs on its own thread so that the receiver keeps decoding. Ranges are
 ``consume_bytes`` long (a receiver short of memory asks for small pieces); a bucket is
-checked against the manifest's CRC-32C as soon as its last byte is in, and only checked
-bytes count as received — they are what a relay passes on, and where a fetch resumes
-after its source failed. A bucket that fails its check is fetched once more, then the
-source is given up.
+checked against the manifest (its CRC-32C, or its MAC where weights cross machines:
+..mac) as soon as its last byte is in, and only checked bytes count as received — they
+are what a relay passes on, and where a fetch resumes after its source failed. A bucket
+that fails its check is fetched once more, then the source is given up. Each request is
+sealed with the run's key where there is one.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import crc32c
 import numpy as np
 
 from ..layout import Manifest
+from ..mac import LOCAL_ONLY, BucketCheck, RequestKey
 from .node import Request, TransferError, UcxNode, wait
 from .store import Store
 from .wire import (
@@ -72,6 +73,8 @@ class Fetch:
     resume_from: int = 0  # checked bytes a previous attempt left in the slot
     window: int = 4  # ranges asked for ahead
     stop: threading.Event = field(default_factory=threading.Event)
+    requests: RequestKey | None = None  # seals each request, where the run has a key
+    check: BucketCheck | None = None  # of each bucket; None: the manifest's CRC-32C
     verified: int = 0
     retried_buckets: int = 0
     error: str = ""
@@ -145,9 +148,16 @@ class Fetch:
         got_header = self.node.recv(address, header, tag)
         got_data = self.node.recv(address, buffer[start:end], tag + 1)
         request = RangeRequest(
-            self.manifest.version, start, end, tag, self.node.address, self.node.generation(address)
+            self.manifest.version,
+            start,
+            end,
+            tag,
+            self.node.address,
+            self.node.generation(address),
+            self.tags.sequence(),
         )
-        sent = self.node.send(address, encode_request(request), REQUEST_TAG)
+        seal = None if self.requests is None else self.requests.seal(address)
+        sent = self.node.send(address, encode_request(request, seal), REQUEST_TAG)
         r = _Range(start, end, header, sent, got_header, got_data)
         self._asked.append(r)
         return r
@@ -171,12 +181,13 @@ class Fetch:
     def _check(self, buffer: np.ndarray, position: int, retried: set[int]) -> int | None:
         """Check every bucket now complete; where to ask again if one was corrupt."""
         m = self.manifest
+        check = self.check or BucketCheck(m, LOCAL_ONLY)
         while self.verified < m.total:
             index = self.verified // m.bucket_bytes
             start, end = m.bucket_range(index)
             if position < end:
                 return None
-            if crc32c.crc32c(memoryview(buffer)[start:end]) != m.checksums[index]:
+            if not check(index, memoryview(buffer)[start:end]):
                 if index in retried:
                     raise SourceFailed(f"bucket {index} of version {m.version} corrupt twice")
                 retried.add(index)

@@ -6,6 +6,11 @@ means TCP over loopback (0.5-1 GB/s here) instead of shared memory and cross-mem
 attach (4-6 GB/s). Dead peers are found instead by deadlines on our requests and by the
 scheduler's heartbeats; a request to a dead peer simply never completes, and closing its
 endpoint cancels it.
+
+A node of a local run (``local``) gives UCX the loopback device as its only network
+device: its TCP transport then listens on loopback alone, and peers on this host still
+meet over shared memory. Otherwise it listens on every interface (..mac says what
+guards it there).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import numpy as np
 __all__ = ["Request", "TransferError", "UcxNode", "wait"]
 
 ProgressMode = Literal["thread", "polling"]
+
+_LOOPBACK_DEVICE = "lo"  # Linux's name for it; UCX names network devices by interface
 
 # A request submitted from Python does not wake a progress thread blocked in epoll
 # (measured: such a transfer never completes), so the thread wakes every millisecond.
@@ -54,7 +61,7 @@ class Request:
 class UcxNode:
     """This process's UCX worker. Thread-safe: request submission is serialised."""
 
-    def __init__(self, progress_mode: ProgressMode = "thread") -> None:
+    def __init__(self, progress_mode: ProgressMode = "thread", *, local: bool = True) -> None:
         # ucxx sets UCX variables that this UCX build does not know, and UCX warns about
         # each in every process; the variables are harmless.
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
@@ -63,7 +70,9 @@ class UcxNode:
         from ucxx._lib.arr import Array
 
         self._ucx, self._array = ucx, Array
-        context = ucx.UCXContext(feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP))
+        # Over the environment's UCX_NET_DEVICES, which would otherwise open it again.
+        config = {"NET_DEVICES": _LOOPBACK_DEVICE} if local else {}
+        context = ucx.UCXContext(config, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP))
         self._worker = ucx.UCXWorker(context)
         if progress_mode == "polling":
             self._worker.start_progress_thread(polling_mode=True)

@@ -1,9 +1,10 @@
 """Serve byte ranges of the versions a node holds to the receivers that ask for them.
 
-One thread per node. A request names a version and a range; it is answered from the
-slot holding that version as soon as the range is there (a relay may still be receiving
-it), or answered GONE if the version is no longer held (a header and an empty body, so
-the asker is left waiting on nothing). A send that does not complete by
+One thread per node. A request names a version and a range; where the node holds the
+run's key, one without a good MAC, or seen before, is dropped unanswered (..mac). It is
+answered from the slot holding that version as soon as the range is there (a relay may
+still be receiving it), or answered GONE if the version is no longer held (a header and
+an empty body, so the asker is left waiting on nothing). A send that does not complete by
 its deadline, or that reads a slot the writer revoked, is cancelled by closing its
 endpoint; the receiver notices by its own deadline and asks elsewhere.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
+from ..mac import Refused, RequestGuard
 from .node import Request, UcxNode
 from .store import Store
 from .wire import (
@@ -54,8 +56,11 @@ class _Sending:
 
 
 class Server:
-    def __init__(self, node: UcxNode, store: Store, send_timeout_s: float) -> None:
+    def __init__(
+        self, node: UcxNode, store: Store, send_timeout_s: float, key: bytes | None = None
+    ) -> None:
         self.node, self.store = node, store
+        self.guard = RequestGuard(key, node.address, log.warning)
         self.send_timeout_s = send_timeout_s
         self.served_bytes = 0
         self._waiting: list[_Waiting] = []
@@ -106,7 +111,11 @@ class Server:
     def _take(self, incoming: Request, frame: np.ndarray) -> None:
         try:
             incoming.check_error()
-            request = decode_request(frame)
+            request = decode_request(frame, self.guard.verify)
+            self.guard.admit(request.address, request.sequence)
+        except Refused as error:  # no answer: the address it names is not to be trusted
+            self.guard.note(error)
+            return
         except (WireError, Exception) as error:  # a truncated or foreign message
             log.warning("weight request dropped", reason=str(error)[:200])
             return

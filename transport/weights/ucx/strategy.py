@@ -1,12 +1,13 @@
 """The UCX strategy: :class:`UcxPublisher` on the trainer, :class:`UcxReceiver` on generators.
 
 Publishing stages the state dict into one of two buffers (the other may still be read by
-receivers of the previous version), checksums its buckets and returns the announcement
-the scheduler passes on. Receiving runs in the background: the receiver fetches the
-version its plan names into its free buffer, relays what it has checked to receivers
-that pull from it, and hands the version over, whole and checked, to the caller's
-:meth:`UcxReceiver.poll`. The caller's model then runs on that buffer's bytes, which is
-why the buffer is pinned until the next version replaces it.
+receivers of the previous version), checksums its buckets (and signs them, where weights
+cross machines: ..mac) and returns the announcement the scheduler passes on. Receiving
+runs in the background: the receiver fetches the version its plan names into its free
+buffer, relays what it has checked to receivers that pull from it, and hands the version
+over, whole and checked, to the caller's :meth:`UcxReceiver.poll`. The caller's model
+then runs on that buffer's bytes, which is why the buffer is pinned until the next version
+replaces it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import structlog
 import torch
 
@@ -24,6 +26,7 @@ from .._background import Ahead, JobThread
 from ..base import Announcement, NeedsPlan, Received, WeightsPlan
 from ..buffers import SlotState
 from ..layout import Manifest, Stager, plan, views
+from ..mac import LOCAL_ONLY, BucketCheck, RequestKey, WeightsAccess, bucket_macs
 from ..shm.staging_files import StagingFiles
 from .fetch import Fetch
 from .node import ProgressMode, UcxNode
@@ -40,7 +43,8 @@ MiB = 1 << 20
 
 class UcxPublisher:
     """Stages versions and serves them over UCX; with ``share_dir``, the staging buffers are
-    slot files there, which generators on this host map instead of fetching them."""
+    slot files there, which generators on this host map instead of fetching them.
+    ``access``: who may fetch them (..mac)."""
 
     def __init__(
         self,
@@ -49,12 +53,14 @@ class UcxPublisher:
         progress_mode: ProgressMode = "thread",
         send_timeout_s: float = 30.0,
         share_dir: Path | None = None,
+        access: WeightsAccess = LOCAL_ONLY,
     ) -> None:
         self.bucket_bytes = max(1, int(bucket_mb * MiB))
+        self.access = access
         self.files = None if share_dir is None else StagingFiles(share_dir)
-        self.node = UcxNode(progress_mode)
+        self.node = UcxNode(progress_mode, local=access.local)
         self.store = Store(self.files)
-        self.server = Server(self.node, self.store, send_timeout_s)
+        self.server = Server(self.node, self.store, send_timeout_s, access.key)
         self.address = self.node.address
         self.stager = Stager()
         self._prepared = Ahead()
@@ -71,13 +77,14 @@ class UcxPublisher:
         assert buffer is not None
         try:
             checksums = tuple(self.stager.stage(state, specs, buffer, self.bucket_bytes, total))
+            macs = self._macs(buffer, total)
         except BaseException:
             with self.store.changed:
                 if self.files is not None and self.store.in_file[slot]:
                     self.files.abandon(slot)
                 self.store.pool.abort_write(slot)
             raise
-        manifest = Manifest(version, specs, total, self.bucket_bytes, checksums).to_payload()
+        manifest = Manifest(version, specs, total, self.bucket_bytes, checksums, macs).to_payload()
         with self.store.changed:
             if self.files is not None and self.store.in_file[slot]:
                 manifest.update(self.files.finish(slot, version, total))
@@ -93,6 +100,12 @@ class UcxPublisher:
         self.node.close()
         if self.files is not None:
             self.files.close()
+
+    def _macs(self, buffer: np.ndarray, total: int) -> bytes:
+        if not self.access.signs_buckets:
+            return b""
+        assert self.access.key is not None
+        return bucket_macs(self.access.key, buffer, total, self.bucket_bytes, self.stager)
 
     def _make_buffers(self, nbytes: int) -> None:
         for slot in range(len(self.store.pool)):
@@ -111,12 +124,15 @@ class UcxReceiver:
         progress_mode: ProgressMode = "thread",
         stall_timeout_s: float = 10.0,
         relay: bool = True,
+        access: WeightsAccess = LOCAL_ONLY,
     ) -> None:
         self.consume_bytes = max(1, int(bucket_mb * MiB))
         self.stall_timeout_s = stall_timeout_s
-        self.node = UcxNode(progress_mode)
+        self.access = access
+        self.node = UcxNode(progress_mode, local=access.local)
         self.store = Store()
-        self.server = Server(self.node, self.store, stall_timeout_s) if relay else None
+        self.server = Server(self.node, self.store, stall_timeout_s, access.key) if relay else None
+        self._requests = RequestKey(access.key) if access.key else None
         self.address = self.node.address if relay else b""
         self._held: int | None = None  # the newest version fetched whole
         self._tags = TagSource()
@@ -152,6 +168,7 @@ class UcxReceiver:
         checked bytes.
         """
         manifest = Manifest.from_payload(plan_.manifest, version=plan_.version)
+        check = BucketCheck(manifest, self.access)  # ManifestError: no MACs where needed
         if self._held is not None and plan_.version <= self._held:
             return  # loaded, or whole and waiting to be polled
         current = self._job
@@ -166,7 +183,12 @@ class UcxReceiver:
         with self.store.changed:
             self.store.expecting = plan_.version
         self._fetches.submit(  # after the stopped one ends
-            self._run, plan_, manifest, job, on_error=lambda error: self._broke(plan_, job, error)
+            self._run,
+            plan_,
+            manifest,
+            job,
+            check,
+            on_error=lambda error: self._broke(plan_, job, error),
         )
 
     def poll(self) -> Received | NeedsPlan | None:
@@ -193,7 +215,7 @@ class UcxReceiver:
 
     # --- the fetch thread ------------------------------------------------------------
 
-    def _run(self, plan_: WeightsPlan, manifest: Manifest, job: _Job) -> None:
+    def _run(self, plan_: WeightsPlan, manifest: Manifest, job: _Job, check: BucketCheck) -> None:
         slot, resume = self._slot_for(manifest, job.stop)
         if slot is None:
             job.finished = True
@@ -210,6 +232,8 @@ class UcxReceiver:
             self._tags,
             resume_from=resume,
             stop=job.stop,
+            requests=self._requests,
+            check=check,
         )
         if fetch.run():
             with self.store.changed:

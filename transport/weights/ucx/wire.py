@@ -8,6 +8,10 @@ message). The receiver posts both receives before it asks, so the bytes land str
 its buffer; every request is answered on both tags, so a source that says no leaves no
 receive posted (closing an endpoint over TCP takes seconds to cancel one).
 
+A request is sealed: its fields, packed, and a MAC over them (empty where the run has no
+key; :mod:`..mac` says when a node insists on one), and it carries a *sequence* number
+that goes up with each request the receiver makes, so a replay is told from a retry.
+
 A request also carries the receiver's endpoint *generation* for that source: it goes up
 each time the receiver closes its endpoint and makes a new one (after a failed fetch).
 UCX pairs the two sides' endpoints, and without error handling nobody is told when one
@@ -19,8 +23,10 @@ new generation therefore replaces its own endpoint before it answers.
 from __future__ import annotations
 
 import enum
+import itertools
 import random
 import reprlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -66,6 +72,7 @@ class RangeRequest:
     reply_tag: int
     address: bytes  # the receiver's worker address, to answer on
     generation: int = 0  # of the receiver's endpoint to the source
+    sequence: int = 0  # of the receiver's requests, from 1 up (TagSource.sequence)
 
 
 def _framed(body: bytes, size: int) -> np.ndarray:
@@ -87,30 +94,50 @@ def _unframed(frame: np.ndarray) -> object:
         raise WireError(f"not MessagePack: {error}") from None
 
 
-def encode_request(request: RangeRequest) -> np.ndarray:
+def encode_request(
+    request: RangeRequest, seal: Callable[[bytes], bytes] | None = None
+) -> np.ndarray:
+    """The request's frame; ``seal`` gives the MAC of its packed fields (none: no MAC)."""
     r = request
-    return _framed(
-        msgpack.packb([r.version, r.start, r.end, r.reply_tag, r.address, r.generation]),
-        CONTROL_BYTES,
+    fields = msgpack.packb(
+        [r.version, r.start, r.end, r.reply_tag, r.address, r.generation, r.sequence]
     )
+    return _framed(msgpack.packb([fields, b"" if seal is None else seal(fields)]), CONTROL_BYTES)
 
 
-def decode_request(frame: np.ndarray) -> RangeRequest:
-    body = _unframed(frame)
-    if not (isinstance(body, list) and len(body) == 6):
+def decode_request(
+    frame: np.ndarray, verify: Callable[[bytes, bytes], None] | None = None
+) -> RangeRequest:
+    """The request in ``frame``; ``verify(fields, mac)`` raises for one not to be served,
+    before its fields are parsed."""
+    sealed = _unframed(frame)
+    if not (
+        isinstance(sealed, list)
+        and len(sealed) == 2
+        and all(isinstance(part, bytes) for part in sealed)
+    ):
+        raise WireError(f"request must be [fields, mac], got {_shown(sealed)}")
+    fields, mac = sealed
+    if verify is not None:
+        verify(fields, mac)
+    try:
+        body = msgpack.unpackb(fields)
+    except Exception as error:  # msgpack raises several unrelated types
+        raise WireError(f"request fields not MessagePack: {error}") from None
+    if not (isinstance(body, list) and len(body) == 7):
         raise WireError(
-            "request must be [version, start, end, reply_tag, address, generation], "
+            "request must be [version, start, end, reply_tag, address, generation, sequence], "
             f"got {_shown(body)}"
         )
-    version, start, end, reply_tag, address, generation = body
-    numbers = (version, start, end, reply_tag, generation)
+    version, start, end, reply_tag, address, generation, sequence = body
+    numbers = (version, start, end, reply_tag, generation, sequence)
     if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in numbers):
         raise WireError(f"request fields must be non-negative integers: {_shown(numbers)}")
     if start > end:
         raise WireError(f"range [{start}, {end}) runs backwards")
     if not isinstance(address, bytes) or not address:
         raise WireError(f"reply address must be non-empty bytes, got {_shown(address)}")
-    return RangeRequest(version, start, end, reply_tag, address, generation)
+    return RangeRequest(version, start, end, reply_tag, address, generation, sequence)
 
 
 def encode_header(status: Status, detail: str = "") -> np.ndarray:
@@ -136,11 +163,16 @@ def _shown(value: object) -> str:
 
 
 class TagSource:
-    """Reply tags unique to this receiver: a random 31-bit prefix, then a counter."""
+    """Reply tags unique to this receiver: a random 31-bit prefix, then a counter; and the
+    sequence numbers of its requests, which never wrap."""
 
     def __init__(self) -> None:
         self._base = (random.SystemRandom().getrandbits(31) | 1) << 32
         self._next = 0
+        self._sequence = itertools.count(1)
+
+    def sequence(self) -> int:
+        return next(self._sequence)
 
     def take(self) -> int:
         tag = self._base | (self._next << 1)
