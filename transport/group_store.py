@@ -49,6 +49,7 @@ __all__ = [
 _ZAP_DOMAIN = "asyncrl.group"
 _OK, _ERROR, _TIMEOUT = 0, 1, 2
 _IDLE_POLL_MS = 100  # how soon the server's loop notices it is stopped
+_LONGEST_WAIT_S = 86_400.0
 _HANDSHAKE_FAILURES = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -231,8 +232,9 @@ class GroupStoreServer:
             wait_ms = max(0, min(_IDLE_POLL_MS, int((soonest - now) * 1000) + 1))
             if poller.poll(wait_ms):
                 while self._socket.poll(0):
-                    peer, frame = self._socket.recv_multipart()[:2]
-                    self._handle(peer, frame)
+                    parts = self._socket.recv_multipart()
+                    if len(parts) == 2:  # [peer, request]: anything else is no request of ours
+                        self._handle(*parts)
             self._expire(time.monotonic())
 
     def _handle(self, peer: bytes, frame: bytes) -> None:
@@ -244,8 +246,8 @@ class GroupStoreServer:
             return  # not our client's: nothing to answer to
         try:
             self._do(peer, request, op, args)
-        except (GroupStoreError, TypeError, ValueError) as error:
-            self._reply(peer, request, _ERROR, f"{op}: {error}")
+        except (GroupStoreError, TypeError, ValueError, IndexError) as error:
+            self._reply(peer, request, _ERROR, f"{op[:40]}: {error or type(error).__name__}")
 
     def _do(self, peer: bytes, request: int, op: str, args: list) -> None:
         t = self.table
@@ -255,7 +257,10 @@ class GroupStoreServer:
             self._wake()
         elif op in ("get", "wait"):
             keys = [_key(k) for k in args[0]]
-            waiter = _Waiter(peer, request, keys, time.monotonic() + float(args[1]), op == "get")
+            waits_s = float(args[1])
+            if not 0 <= waits_s <= _LONGEST_WAIT_S:
+                raise ValueError(f"a wait of {waits_s} s: 0 to {_LONGEST_WAIT_S} s")
+            waiter = _Waiter(peer, request, keys, time.monotonic() + waits_s, op == "get")
             if not self._answer(waiter):
                 self._waiters.append(waiter)
         elif op == "add":

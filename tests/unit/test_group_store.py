@@ -109,6 +109,26 @@ def test_knowing_the_servers_public_key_is_not_enough(served) -> None:
     context.term()
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        [1, "set"],  # no key, no value
+        [1, "set", 7, b""],  # a key that is no text
+        [1, "set", "k", "text"],  # a value that is no bytes
+        [1, "wait", ["k"], float("nan")],
+        [1, "wait", ["k"], 1e12],
+        [1, "add", "k", "x"],
+        [1, "drop_everything"],
+    ],
+)
+def test_a_malformed_request_gets_an_error_and_the_store_serves_on(served, request_) -> None:
+    _, client, _ = served
+    with pytest.raises(GroupStoreError):
+        client.call(*request_[1:])
+    client.call("set", "still", b"here")
+    assert client.call("get", ["still"], 1.0, waits_s=1.0) == b"here"
+
+
 def test_garbage_on_the_port_leaves_the_store_serving(served) -> None:
     _, client, port = served
     with socket.create_connection(("127.0.0.1", port)) as raw:
