@@ -10,8 +10,11 @@ all; a group across machines (here: on that address) lets in only the run's key.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import secrets
+import subprocess
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,17 +32,23 @@ from tests.support.ranks import free_port, start_ranks
 pytestmark = pytest.mark.timeout(120)
 
 _ORDER = b"the leader's first order"
+_LOOPBACK = "0100007F"  # 127.0.0.1 in /proc/net/tcp
 _PLANTED = msgpack.packb(["load", b"a stranger's order"])
 
 
-def _rank(rank: int, port: int, host: str, run_dir: str, attacked, out) -> None:
+def _rank(rank: int, port: int, host: str, gloo: str, run_dir: str, attacked, out) -> None:
+    import torch
+    import torch.distributed as dist
+
     from asyncrl.actors.training.gang import Order, join_group_at
 
+    os.environ["GLOO_SOCKET_IFNAME"] = gloo  # gloo's default on a host named by its address
     cfg = config_from_dict({"run": {"dir": run_dir}})
     gang = join_group_at(cfg, GangPlace(rank, 2, host, port))
+    dist.all_reduce(torch.ones(1))  # gloo's connections are up
     if rank == 0:
         gang.order(Order.SCORE, _ORDER)
-        out.put("ordered")
+        out.put(("ordered", _listening()))
         assert attacked.wait(60)
         gang.leave()
         return
@@ -47,8 +56,32 @@ def _rank(rank: int, port: int, host: str, run_dir: str, attacked, out) -> None:
     while not taken or taken[-1][0] != Order.STOP.value:
         order, body = gang.next_order()
         taken.append((order.value, body))
-    out.put(taken)
+    out.put(("taken", taken, _listening()))
     gang.close()
+
+
+def _listening() -> list[str]:
+    """The addresses this process listens on, as /proc/net writes them (hex)."""
+    sockets = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            sockets.add(os.readlink(fd).removeprefix("socket:[").removesuffix("]"))
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path("/proc/self/net", table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in sockets:  # 0A: LISTEN
+                found.append(fields[1].rpartition(":")[0])
+    return found
+
+
+def _interface_of(address: str) -> str:
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    for line in shown.stdout.splitlines():
+        fields = line.split()
+        if fields[3].partition("/")[0] == address:
+            return fields[1]
+    pytest.skip(f"no interface holds {address}")
 
 
 def _what_torch_clients_manage(host: str, port: int) -> list[str]:
@@ -99,9 +132,11 @@ def test_a_stranger_neither_reads_nor_plants_the_leaders_orders(
     context = multiprocessing.get_context("spawn")
     attacked, out = context.Event(), context.Queue()
     port = free_port()
-    ranks = start_ranks(_rank, 2, port, host, str(tmp_path), attacked, out)
+    gloo = _interface_of(network)
+    ranks = start_ranks(_rank, 2, port, host, gloo, str(tmp_path), attacked, out)
     try:
-        assert out.get(timeout=90) == "ordered"
+        said, leader_listens = out.get(timeout=90)
+        assert said == "ordered"
         managed = {
             "torch's client on the network address": _what_torch_clients_manage(network, port),
             "torch's client on loopback": _what_torch_clients_manage("127.0.0.1", port),
@@ -109,7 +144,7 @@ def test_a_stranger_neither_reads_nor_plants_the_leaders_orders(
         }
         assert managed == {way: [] for way in managed}
         attacked.set()
-        taken = out.get(timeout=60)
+        said, taken, follower_listens = out.get(timeout=60)
     finally:
         attacked.set()
         for rank in ranks:
@@ -117,4 +152,6 @@ def test_a_stranger_neither_reads_nor_plants_the_leaders_orders(
             if rank.exitcode is None:  # a follower that took a planted order waits on
                 rank.kill()
     assert taken == [("score", _ORDER), ("stop", b"")]  # the leader's orders, and only those
+    if meets_on == "loopback":  # the store and gloo: nothing on the network address
+        assert set(leader_listens) | set(follower_listens) == {_LOOPBACK}
     assert [rank.exitcode for rank in ranks] == [0, 0]
