@@ -109,6 +109,12 @@ def _bind_address(host: str) -> str:
     try:
         return str(ipaddress.ip_address(name))
     except ValueError:
+        pass
+    # IPv4 first: a client dialling a name resolves it as ZeroMQ does without its IPv6
+    # option, to an IPv4 address.
+    try:
+        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror:
         return socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0]
 
 
