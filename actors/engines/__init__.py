@@ -260,12 +260,13 @@ def load_group_weights(
         return
     import torch.distributed as dist
 
+    from ..policy.collectives import broadcast_data, layout_of, read_layout
+
     # Rank 0 says what it sends (names, shapes, dtypes), the others receive into that: no
     # rank gathers the whole model only to learn its shapes.
-    described = [None if whole is None else {n: (t.shape, t.dtype) for n, t in whole.items()}]
-    dist.broadcast_object_list(described, src=0, device=model.device)
+    described = broadcast_data(None if whole is None else layout_of(whole), 0, None, model.device)
     state = {}
-    for name, (shape, dtype) in sorted(described[0].items()):
+    for name, (shape, dtype) in sorted(read_layout(described).items()):
         if whole is None:
             tensor = torch.empty(shape, dtype=dtype, device=model.device)
         else:

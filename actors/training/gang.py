@@ -3,8 +3,9 @@
 The scheduler leases a train batch to the group as one gang: it only ever sees rank 0
 (the *leader*), which registers, claims, heartbeats and publishes like any worker. The
 other ranks (*followers*) never talk to the scheduler; they take their orders from the
-leader through the group's key-value store (a ``TCPStore`` the leader hosts) and then
-meet it in the collectives of the order: a train step, a checkpoint, the end.
+leader through the group's key-value store (transport/group_store.py: the leader serves
+it on the group's address, over CURVE with keys from the run secret) and then meet it in
+the collectives of the order: a train step, a checkpoint, the end.
 
 Every rank or none: an order's collectives need every rank, so a rank that dies or hangs
 makes the others' collectives fail (a closed connection at once, a hang after
@@ -15,7 +16,14 @@ meet afresh and take up the state every rank staged after the last step.
 Where the group meets is given by three environment variables (set by ``asyncrl run``,
 or by ``asyncrl-worker --rank R --ranks N --rendezvous HOST:PORT`` on other hosts):
 ``ASYNCRL_GANG_RANK``, ``ASYNCRL_GANG_SIZE`` and ``ASYNCRL_GANG_ADDR`` (the leader's
-``HOST:PORT``; the port is fresh for every start of the group).
+``HOST:PORT``; the port is fresh for every start of the group). Every rank reads the run
+secret (``RUN_DIR/run.secret``): without it a rank cannot join.
+
+A group whose address is loopback is on one machine: its store, and gloo's and NCCL's own
+sockets, are on the loopback interface. A group across machines meets on the address
+given; its store is authenticated and encrypted, but gloo's and NCCL's connections
+between the machines are neither (torch offers no way to): such a group belongs on a
+network only the run's machines reach.
 """
 
 from __future__ import annotations
@@ -34,7 +42,10 @@ import structlog
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.rundir import RunDir
 from asyncrl.transport import protocol as p
+from asyncrl.transport.group_store import GroupStoreError, Limits, StoreTimeout
+from asyncrl.transport.identity import RunSecretError, load_run_secret
 
 from ..actor import ActorBroken
 
@@ -73,21 +84,26 @@ class Order(enum.StrEnum):
 class Gang:
     """This process's membership: rendezvous, orders (leader → followers), leaving."""
 
-    def __init__(self, place: GangPlace, *, backend: str = "gloo", timeout_s: float = 300.0):
+    def __init__(
+        self,
+        place: GangPlace,
+        *,
+        secret: bytes,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+        limits: Limits | None = None,
+    ):
         import torch.distributed as dist  # only group members pay for importing torch
+
+        from .group_store import join_store, on_loopback
 
         self.place = place
         self.rank, self.size = place.rank, place.size
         timeout = timedelta(seconds=timeout_s)
+        if on_loopback(place.host):
+            _keep_collectives_on_loopback()
         try:
-            self._store = dist.TCPStore(
-                place.host,
-                place.port,
-                world_size=place.size,
-                is_master=place.leads,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
+            self._server, self._store = join_store(place, secret, timeout_s, limits)
             dist.init_process_group(
                 backend, store=self._store, rank=place.rank, world_size=place.size, timeout=timeout
             )
@@ -123,14 +139,13 @@ class Gang:
         """Tell every follower to join in ``order`` (the leader only)."""
         if not self.place.leads:
             raise RuntimeError("only rank 0 gives orders")
-        import torch.distributed as dist
-
         try:
-            self._store.set(_order_key(self._sent), msgpack.packb([order.value, body]))
+            value = msgpack.packb([order.value, body])
+            self._store.client.call("set", _order_key(self._sent), value)
             if self._sent >= 2:
                 # Every follower has read it: they have since met in the order after it.
-                self._store.delete_key(_order_key(self._sent - 2))
-        except (RuntimeError, dist.DistError) as error:
+                self._store.client.call("delete", _order_key(self._sent - 2))
+        except GroupStoreError as error:
             raise GangBroken(f"the group's store failed: {error}") from error
         self._sent += 1
 
@@ -138,24 +153,18 @@ class Gang:
 
     def next_order(self) -> tuple[Order, bytes]:
         """Wait for the leader's next order; GangBroken when the leader is gone."""
-        import torch.distributed as dist
-
         key = _order_key(self._sent)
         while True:
             try:
-                self._store.wait([key], timedelta(seconds=_POLL_S))
+                value = self._store.client.call("get", [key], _POLL_S, waits_s=_POLL_S)
                 break
-            except dist.DistStoreError as error:
-                if "timeout" not in str(error).lower():
-                    raise GangBroken(f"the leader's store is gone: {error}") from error
-            except (RuntimeError, dist.DistError) as error:
+            except StoreTimeout:
+                continue  # the leader lives (it answered) and has no order yet
+            except GroupStoreError as error:
                 raise GangBroken(f"the leader's store is gone: {error}") from error
-        try:
-            kind, body = msgpack.unpackb(self._store.get(key))
-        except (RuntimeError, dist.DistError) as error:
-            raise GangBroken(f"the leader's store is gone: {error}") from error
+        kind, body = _order_of(value)
         self._sent += 1
-        return Order(kind), body
+        return kind, body
 
     # --- everyone --------------------------------------------------------------------
 
@@ -168,14 +177,40 @@ class Gang:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+        client = self._store.client
         try:
             if self.place.leads:
                 left = [_left_key(rank) for rank in range(1, self.size)]
-                self._store.wait(left, timedelta(seconds=5))
+                client.call("wait", left, 5.0, waits_s=5.0)
             else:
-                self._store.set(_left_key(self.rank), b"")
-        except (RuntimeError, dist.DistError):
+                client.call("set", _left_key(self.rank), b"")
+        except GroupStoreError:
             pass  # a follower that never says, or a leader already gone: leave anyway
+        client.close()
+        if self._server is not None:
+            self._server.close()
+
+
+def _order_of(value: object) -> tuple[Order, bytes]:
+    """An order as the store holds it; GangBroken for anything else (only a rank with the
+    run secret can write there, so this is a bug, never a stranger)."""
+    try:
+        kind, body = msgpack.unpackb(value)
+        if not isinstance(body, bytes):
+            raise TypeError(f"an order's body is {type(body).__name__}")
+        return Order(kind), body
+    except (ValueError, TypeError, msgpack.UnpackException) as error:
+        raise GangBroken(f"the leader's order does not read: {error}") from error
+
+
+def _keep_collectives_on_loopback() -> None:
+    """gloo and NCCL listen on the interface these name (by default, the one the host's
+    name resolves to): a group on one machine keeps them to loopback."""
+    from .group_store import loopback_interface
+
+    interface = loopback_interface()
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    os.environ["NCCL_SOCKET_IFNAME"] = interface
 
 
 def end_process(code: int) -> NoReturn:
@@ -218,8 +253,22 @@ def join_group(cfg: RunConfig) -> Gang | None:
 
 
 def join_group_at(cfg: RunConfig, place: GangPlace) -> Gang:
+    """Join the group at ``place`` with the run's secret; GangBroken without one."""
     backend = "nccl" if cfg.backends.device == "cuda" else "gloo"  # within the group only
-    return Gang(place, backend=backend, timeout_s=cfg.backends.collective_timeout_s)
+    path = RunDir.of(cfg).secret
+    try:
+        secret = load_run_secret(path)
+    except (OSError, RunSecretError) as error:
+        raise GangBroken(
+            f"a rank of a group needs the run secret ({path}) to meet the others: {error}"
+        ) from error
+    return Gang(
+        place,
+        secret=secret,
+        backend=backend,
+        timeout_s=cfg.backends.collective_timeout_s,
+        limits=Limits.for_messages(cfg.scheduler.max_message_mb << 20),
+    )
 
 
 def pack_lease(lease: p.Lease) -> bytes:

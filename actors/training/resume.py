@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 
+from ..policy.collectives import all_gather_data
 from ..policy.lora import read_adapters
 from .learner_state import LearnerState
 from .staged_state import StagedState
@@ -162,9 +162,9 @@ def _on_every_rank(steps: set[int], ranks: int) -> set[int]:
     """The steps every rank of the group staged whole (a collective with ``ranks`` > 1)."""
     if ranks == 1:
         return steps
-    everyone: list[list[int] | None] = [None] * ranks
-    dist.all_gather_object(everyone, sorted(steps))
     common = set(steps)
-    for theirs in everyone:
-        common &= set(theirs or ())
+    for theirs in all_gather_data(sorted(steps)):
+        if not (isinstance(theirs, list) and all(type(step) is int for step in theirs)):
+            raise ValueError(f"a rank's staged steps are not step counts: {str(theirs)[:100]}")
+        common &= set(theirs)
     return common

@@ -34,7 +34,7 @@ from asyncrl.runtime.core.pipeline import Role
 from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 from tests.support.hf_families import tiny_task_model
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 PROMPT, RESPONSE, RESPONSES = 64, 128, 4
 
@@ -65,7 +65,7 @@ def rank_main(rank: int, port: int, directory: str, args, results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=120)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=120)
     try:
         section = MegatronSection(pipeline_parallel=2)
         model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)

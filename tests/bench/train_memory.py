@@ -34,7 +34,7 @@ import os
 import numpy as np
 import torch
 
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 _BATCH_GROUPS, _RESPONSES = 4, 4
 
@@ -93,7 +93,7 @@ def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> Non
     from asyncrl.runtime.config import config_from_dict
     from asyncrl.runtime.launch.gangs import GangPlace
 
-    gang = Gang(GangPlace(rank, size, "127.0.0.1", port)) if size > 1 else None
+    gang = Gang(GangPlace(rank, size, "127.0.0.1", port), secret=GROUP_SECRET) if size > 1 else None
     baseline = _rss_kib("VmRSS")
     _reset_peak()
     torch.manual_seed(0)

@@ -29,7 +29,7 @@ from asyncrl.actors.training.gang import Gang, end_process
 from asyncrl.runtime.launch.gangs import GangPlace
 
 rank = {rank}
-gang = Gang(GangPlace(rank, 2, "127.0.0.1", {port}), timeout_s=30)
+gang = Gang(GangPlace(rank, 2, "127.0.0.1", {port}), secret=bytes(32), timeout_s=30)
 if rank == 1:
     time.sleep(1.0)  # rank 0 is in its exit handler by now
     try:

@@ -19,7 +19,7 @@ from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.config import MegatronSection
 from asyncrl.runtime.launch.gangs import GangPlace
 from tests.integration.test_train_group import _config, _first_result, _lease
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -37,7 +37,7 @@ def _rank_main(rank: int, port: int, split: tuple[int, int], results) -> None:
 
     torch.set_num_threads(1)
     stages, ranks = split
-    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         section = MegatronSection(pipeline_parallel=stages)
         assert section.distributed_optimizer  # the default

@@ -37,7 +37,7 @@ from tests.support.group_step import (
     step_and_reload,
 )
 from tests.support.hf_families import hf_model_dir
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -90,7 +90,7 @@ def _training_rank(rank: int, port: int, split, directory: str, results) -> None
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         section = _section(split)
         model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)
@@ -157,7 +157,7 @@ def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, split[2], "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         section = _section(split)
         model, codec = load_megatron(directory, torch.float32, torch.device("cpu"), section)

@@ -33,7 +33,7 @@ from tests.support.group_step import (
     score_in_turn,
     step_and_reload,
 )
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -57,7 +57,7 @@ def _rank_main(rank: int, port: int, split: tuple[int, int, int], results) -> No
     torch.set_num_threads(1)
     torch.manual_seed(0)
     tensor_parallel, pipeline_parallel, ranks = split
-    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         section = MegatronSection(
             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
@@ -129,7 +129,7 @@ def _scoring_rank(rank: int, port: int, split: tuple[int, int, int], results) ->
 
     torch.set_num_threads(1)
     tensor_parallel, pipeline_parallel, ranks = split
-    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         section = MegatronSection(
             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel

@@ -20,7 +20,7 @@ from asyncrl.runtime.config import config_from_dict
 from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.runtime.rundir import RunDir
 from tests.integration.test_train_group import _lease
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -34,7 +34,7 @@ def _config(run_dir: Path):
 def _rank_main(rank: int, port: int, run_dir: Path, target: int | None, results) -> None:
     """Train two steps (``target`` None), or restore for the scheduler's ``target``."""
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         model, codec = load_model("embedded")
         cfg = _config(run_dir)

@@ -31,7 +31,7 @@ from asyncrl.runtime.launch.gangs import GangPlace
 from asyncrl.transport import protocol as p
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
-from tests.support.ranks import free_port, start_ranks
+from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -88,7 +88,7 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
         # The output layer a few tokens at a time (as for a large vocabulary), recomputed
         # in backward, under FSDP.
         model_module.HEAD_CHUNK_ELEMENTS = 3 * 64
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         model, codec = load_model(path)
         assert not mode.startswith("chunked") or model.config.vocab_size <= 64
@@ -188,7 +188,7 @@ def _next_version() -> dict[str, torch.Tensor]:
 
 def _scoring_rank(rank: int, port: int, results) -> None:
     torch.set_num_threads(1)
-    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), timeout_s=60)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     try:
         model, codec = load_model("embedded")
         shard(model, torch.device("cpu"), 2)

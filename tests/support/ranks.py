@@ -13,6 +13,8 @@ from typing import Any
 
 from asyncrl.actors.training.gang import end_process
 
+GROUP_SECRET = bytes(range(32))  # the run secret a test's group of ranks meets with
+
 
 def free_port() -> int:
     with socket.socket() as probe:

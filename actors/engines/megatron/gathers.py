@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from ...policy.collectives import all_gather_data, layout_of, read_layout
 from .stages import Stages
 
 __all__ = ["every_stage", "every_tensor_parallel_rank"]
@@ -34,11 +35,9 @@ def every_stage(
     """Every stage's ``state``, in stage order, on every stage (a collective over the
     pipeline group). The stages hold different tensors, so their names, shapes and
     dtypes go first, then each tensor from the stage that has it."""
-    described = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
-    every: list[dict] = [{} for _ in range(stages.count)]
-    dist.all_gather_object(every, described, group=stages.group)
+    every = all_gather_data(layout_of(state), stages.group, device)
     out: list[dict[str, torch.Tensor]] = []
-    for stage, names in enumerate(every):
+    for stage, names in enumerate(read_layout(described) for described in every):
         part = {}
         for name in sorted(names):
             shape, dtype = names[name]

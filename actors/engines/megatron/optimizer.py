@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ...policy.collectives import all_gather_data
+
 __all__ = ["DistributedOptimizer", "Share", "partition"]
 
 
@@ -138,9 +140,11 @@ class DistributedOptimizer:
     def agreed(self, keys: Iterable[str], step: torch.Tensor | None, device: torch.device):
         """The moment names and the step count AdamW has on the ranks that own
         something: the same on every rank, before its first step none and None."""
-        everyone: list[list[str] | None] = [None] * self._shares[0].size
-        dist.all_gather_object(everyone, sorted(keys), group=self._shares[0].group)
-        named = sorted({k for names in everyone if names for k in names})
+        everyone = all_gather_data(sorted(keys), self._shares[0].group, device)
+        if not all(isinstance(names, list) and all(isinstance(k, str) for k in names)
+                   for names in everyone):  # fmt: skip
+            raise ValueError("a rank's optimizer moment names are not names")
+        named = sorted({k for names in everyone for k in names})
         count = torch.tensor(-1.0 if step is None else float(step), device=device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self._shares[0].group)
         return named, (None if count < 0 else count.cpu())
