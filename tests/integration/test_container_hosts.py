@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.transport.dataplane.store import PayloadStore
 from tests.support.hosts import Hosts, hosts_available, why_no_hosts
 
 pytestmark = pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts()))
@@ -123,3 +124,33 @@ def test_a_worker_in_the_same_container_is_reached_too(containers: Hosts, tmp_pa
     server = containers.start("h1", [sys.executable, "-c", SERVE, str(tmp_path), str(SIZE)])
     assert python(containers, "h1", ASK, str(tmp_path), str(SIZE)) == "arrived"
     assert server.wait(30) == 0
+
+
+# Keeps a payload store in the shared directory, under a pid this process's PID namespace
+# has not given (ns_last_pid, set in its own), and says where; then waits.
+HOLD = """
+import sys, time
+from pathlib import Path
+from asyncrl.transport.dataplane.store import PayloadStore
+store = PayloadStore("generate-0", shared_dir=Path(sys.argv[1]))
+store.put_frames([b"kept"])
+print(store.directory, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sweep_leaves_the_stores_of_a_container_that_shares_its_shm(tmp_path: Path) -> None:
+    free = next(pid for pid in range(20_000, 30_000) if not Path(f"/proc/{pid}").exists())
+    shell = f'echo {free - 1} > /proc/sys/kernel/ns_last_pid; "$0" "$@" & wait'
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--", "sh", "-c", shell,
+            sys.executable, "-c", HOLD, str(tmp_path)]  # fmt: skip
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        held = Path(holder.stdout.readline().strip())
+        assert (held / "owner").read_text().split()[0] == str(free)  # dead here, alive there
+        PayloadStore("logp-0", shared_dir=tmp_path)  # sweeps the directory as it starts
+        assert held.is_dir(), "a live store of another container was swept"
+    finally:
+        holder.kill()
+        holder.wait()
