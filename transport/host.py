@@ -59,9 +59,11 @@ def host_identity() -> str:
 
     Containers on one machine share its kernel, and so its boot id, yet each has its own
     ``/dev/shm`` and, mostly, its own PID and network namespaces: files there and pids
-    mean nothing to a process in another. So two processes are on one host only if they
-    see the same ``/dev/shm`` (its device and inode) and the same PID and network
-    namespaces, whatever their boot ids and names say."""
+    mean nothing to a process in another, and UCX's shared memory did not carry a byte
+    between two that shared ``/dev/shm`` and IPC but had PIDs and a network of their
+    own. So two processes are on one host only if they see the same ``/dev/shm`` (its
+    device and inode) and the same PID and network namespaces, whatever their boot ids
+    and names say."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
