@@ -25,7 +25,7 @@ PLACEMENT = {"h1": "dataloader", "h2": "generate,reward", "h3": "train,logp"}
 
 # Containers: the hosts share the machine's boot id and IPC namespace, as containers on
 # one kernel often do, and UCX alone would take them for one machine. Their run is heavy
-# (30 s more); the default suite has test_container_hosts.py's transfer between them.
+# (17-30 s more); the default suite has test_container_hosts.py's transfer between them.
 @pytest.mark.parametrize(
     "kind",
     [pytest.param(k, marks=[pytest.mark.heavy] if k == "containers" else []) for k in HOST_KINDS],
