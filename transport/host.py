@@ -83,12 +83,36 @@ def private_directory(directory: Path, holds: str) -> None:
 
 @cache
 def host_identity() -> str:
-    """The host name and this boot of its kernel (a reboot empties /dev/shm)."""
+    """Who shares this process's RAM-backed memory and its process ids: the host name,
+    this boot of its kernel (a reboot empties /dev/shm), then the kernel's view of it.
+
+    Containers on one machine share its kernel, and so its boot id, yet each has its own
+    ``/dev/shm`` and, mostly, its own PID and network namespaces: files there and pids
+    mean nothing to a process in another, and UCX's shared memory did not carry a byte
+    between two that shared ``/dev/shm`` and IPC but had PIDs and a network of their
+    own. So two processes are on one host only if they see the same ``/dev/shm`` (its
+    device and inode) and the same PID and network namespaces, whatever their boot ids
+    and names say."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = "unknown-boot"
-    return f"{socket.gethostname()}/{boot}"
+    return f"{socket.gethostname()}/{boot}/{_kernel_view()}"
+
+
+def _kernel_view() -> str:
+    try:
+        shm = os.stat("/dev/shm")
+        memory = f"shm{shm.st_dev}.{shm.st_ino}"
+    except OSError:
+        memory = "shm-"
+    spaces = []
+    for kind in ("pid", "net"):
+        try:  # "pid:[4026531836]": the namespace's inode, the kernel's name for it
+            spaces.append(f"{kind}{os.stat(f'/proc/self/ns/{kind}').st_ino}")
+        except OSError:
+            spaces.append(f"{kind}-")
+    return "-".join([memory, *spaces])
 
 
 def process_alive(pid: int) -> bool:

@@ -4,8 +4,9 @@ A generator writes its entry when its server is up (atomically: a reader sees a 
 file or none), writes it again after each weight version it loads, and removes it when it
 stops. A harness worker reads the entries to spread sessions over the live generators and
 to know the oldest version they run (its staleness admission rests on it). An entry left
-by a generator killed on this host is skipped by its pid; one from another host is found
-out when its connection fails (the session's group then fails and is tried again).
+by a generator killed on this host is skipped by its pid; one from another host (another
+``host_identity``: a container of the same name has pids of its own) is found out when
+its connection fails (the session's group then fails and is tried again).
 Entries carry the server's API key, so files and directory are owner-only; and they say
 where a harness sends prompts and its key, so an entry is trusted only as the run's own:
 a directory and files this user owns and nobody else may open, entries whole and naming
@@ -15,7 +16,6 @@ an http:// server (read_owned). Anything else is refused, with one log line per 
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,7 +24,7 @@ import msgspec
 import structlog
 
 from asyncrl.runtime.rundir import UntrustedFile, read_owned
-from asyncrl.transport.host import process_alive
+from asyncrl.transport.host import host_identity, process_alive
 
 log = structlog.get_logger("asyncrl.serving")
 
@@ -39,7 +39,7 @@ class ApiEntry(msgspec.Struct, frozen=True):
     key: str  # the bearer token its server wants
     version: int  # the policy version its decoder samples with (at least)
     pid: int
-    host: str  # the host name it runs on
+    host: str  # the host it runs on (its host_identity: where its pid means something)
 
     def session_url(self, session: str) -> str:
         """The ``base_url`` that binds an OpenAI client to ``session`` on this server."""
@@ -84,7 +84,7 @@ class ApiDirectory:
             except (OSError, UntrustedFile, ValueError, msgspec.DecodeError) as error:
                 self._refuse(f"{path.name}: {error}")
                 continue
-            if entry.host == socket.gethostname() and not process_alive(entry.pid):
+            if entry.host == host_identity() and not process_alive(entry.pid):
                 continue
             found.append(entry)
         return found

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 
 import structlog
 
 from asyncrl.runtime.config import RunConfig
 from asyncrl.runtime.rundir import RunDir
+from asyncrl.transport.host import host_identity
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError
 from ..policy.decoder import Decoding, Finished
@@ -74,7 +74,7 @@ class Serving:
     def loaded(self, version: int) -> None:
         """The decoder runs ``version`` now: say so in this generator's entry."""
         entry = ApiEntry(
-            self.worker, self.server.url, self._key, version, os.getpid(), socket.gethostname()
+            self.worker, self.server.url, self._key, version, os.getpid(), host_identity()
         )
         self.directory.publish(entry)
 

@@ -19,10 +19,12 @@ import pytest
 from asyncrl.runtime.cli._runs import replay_journal
 from asyncrl.runtime.rundir import RunDir
 from tests.support.host_run import GROUPS_PER_STEP, HostRun, lines
-from tests.support.hosts import Hosts, hosts_available, why_no_hosts
+from tests.support.hosts import HOST_KINDS, HostKind, Hosts, hosts_available, why_no_hosts
 
 pytestmark = [
     pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts())),
+    # As machines, and as containers on one kernel (its boot id and IPC namespace shared).
+    pytest.mark.parametrize("kind", HOST_KINDS),
     pytest.mark.timeout(300),
 ]
 
@@ -64,9 +66,9 @@ def records(run: HostRun, name: str, event: str) -> list[dict]:
 
 
 @pytest.mark.heavy  # 30-95 s on 2 busy cores: a reboot, readers waiting out a silent holder
-def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
+def test_the_generators_host_dies_and_boots_again(tmp_path: Path, kind: HostKind) -> None:
     steps = 12
-    with Hosts(3, shared=[tmp_path]) as hosts:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
         # Once groups wait for training whose rollouts are kept only on h2.
@@ -98,11 +100,11 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path) -> None:
 
 @pytest.mark.heavy  # 55-80 s: a reboot and a rollback
 def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
-    tmp_path: Path,
+    tmp_path: Path, kind: HostKind
 ) -> None:
     steps, every = 12, 4
     overrides = [f"run.total_steps={steps}", f"pipeline.checkpoint_every={every}", *QUIET]
-    with Hosts(3, shared=[tmp_path]) as hosts:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         run = HostRun(hosts, tmp_path, overrides=overrides)
         run.start(PLACEMENT)
         # Past a checkpoint, not at one: steps are lost.
@@ -140,9 +142,11 @@ def test_the_trainers_host_dies_and_training_rolls_back_to_its_checkpoint(
 
 # With the heavy tests (~30 s alone): no reboot, only a slower run.
 @pytest.mark.heavy
-def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path) -> None:
+def test_a_slow_link_under_the_generators_host_for_the_whole_run(
+    tmp_path: Path, kind: HostKind
+) -> None:
     steps, rate_bits = 6, 16_000_000  # a version of ~3.2 MB takes ~1.6 s to cross it
-    with Hosts(3, shared=[tmp_path]) as hosts:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         hosts.limit_rate("h2", f"{rate_bits // 1_000_000}mbit")
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
@@ -158,9 +162,11 @@ def test_a_slow_link_under_the_generators_host_for_the_whole_run(tmp_path: Path)
 
 
 @pytest.mark.heavy  # 40-55 s: a reboot and a resume
-def test_the_schedulers_host_dies_and_the_run_resumes_from_its_journal(tmp_path: Path) -> None:
+def test_the_schedulers_host_dies_and_the_run_resumes_from_its_journal(
+    tmp_path: Path, kind: HostKind
+) -> None:
     steps = 12
-    with Hosts(3, shared=[tmp_path]) as hosts:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
         run.wait_for_steps(3, 120)

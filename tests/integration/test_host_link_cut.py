@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.host_run import HostRun, lines
-from tests.support.hosts import Hosts, hosts_available, why_no_hosts
+from tests.support.hosts import HOST_KINDS, HostKind, Hosts, hosts_available, why_no_hosts
 
 pytestmark = [
     pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts())),
+    # As machines, and as containers on one kernel (its boot id and IPC namespace shared).
+    pytest.mark.parametrize("kind", HOST_KINDS),
     pytest.mark.timeout(420),
     pytest.mark.heavy,
 ]
@@ -27,8 +29,8 @@ SLOW = "8mbit"  # a version (3 MB) takes 3 s to cross
 PLACEMENT = {"h1": "dataloader,reward", "h2": "generate", "h3": "train,logp"}
 
 
-def test_a_link_cut_for_20_s_then_restored(tmp_path: Path) -> None:
-    with Hosts(3, shared=[tmp_path]) as hosts:
+def test_a_link_cut_for_20_s_then_restored(tmp_path: Path, kind: HostKind) -> None:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={STEPS}"])
         run.start(PLACEMENT)
         run.wait_for_steps(4, timeout_s=120)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.host_run import HostRun, lines
-from tests.support.hosts import Hosts, hosts_available, why_no_hosts
+from tests.support.hosts import HOST_KINDS, HostKind, Hosts, hosts_available, why_no_hosts
 
 pytestmark = [
     pytest.mark.skipif(not hosts_available(), reason=str(why_no_hosts())),
@@ -23,8 +23,15 @@ STEPS = 10
 PLACEMENT = {"h1": "dataloader", "h2": "generate,reward", "h3": "train,logp"}
 
 
-def test_the_default_run_across_three_hosts_with_curve(tmp_path: Path) -> None:
-    with Hosts(3, shared=[tmp_path]) as hosts:
+# Containers: the hosts share the machine's boot id and IPC namespace, as containers on
+# one kernel often do, and UCX alone would take them for one machine. Their run is heavy
+# (17-30 s more); the default suite has test_container_hosts.py's transfer between them.
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=[pytest.mark.heavy] if k == "containers" else []) for k in HOST_KINDS],
+)
+def test_the_default_run_across_three_hosts_with_curve(tmp_path: Path, kind: HostKind) -> None:
+    with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={STEPS}"])
         run.start(PLACEMENT)
         run.finish()

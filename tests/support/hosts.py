@@ -11,22 +11,29 @@ A host is
 - a mount namespace where ``/dev/shm``, ``/tmp`` and ``/run`` are fresh tmpfs mounts of
   its own, and ``/proc/sys/kernel/random/boot_id`` is a new one at each start, so
   ``asyncrl.transport.host.host_identity()`` differs between hosts and across a restart
-  of one, as a reboot's would. The caller's shared directories (the cluster's shared
-  filesystem: a run directory, say a pytest ``tmp_path``, under ``/tmp`` or not) are seen
-  on every host at the same path. The rest of the file system (the code, the virtual
-  environment: brought back too where they live under ``/tmp``) is shared too, as
-  software on a cluster's shared filesystem is;
+  of one, as a reboot's would (containers, below, keep the machine's). The caller's
+  shared directories (the cluster's shared filesystem: a run directory, say a pytest
+  ``tmp_path``, under ``/tmp`` or not) are seen on every host at the same path. The rest
+  of the file system (the code, the virtual environment: brought back too where they
+  live under ``/tmp``) is shared too, as software on a cluster's shared filesystem is;
 - a PID namespace (whose init is the host's holder process, below) and an IPC namespace,
   so a process sees and can signal only its own host's processes, and killing the init
   kills every process on the host at once, as the kernel does for a PID namespace whose
   init dies: the closest thing to pulling a machine's power.
 
+With ``kind="containers"`` the hosts are containers on one machine instead, as pods of a
+Kubernetes node or Docker, Apptainer or enroot containers are: they share its kernel, so
+its boot id, and its IPC namespace (Docker's ``--ipc=host``, Kubernetes' ``hostIPC``,
+Apptainer and enroot by default), and have the rest of their own. The kernel's own
+marks of a machine (the boot id, the IPC namespace) then say the hosts are one.
+
 Nothing passes between hosts but the network: shared memory, sockets in ``/tmp`` or
-``/run``, System V IPC and signals stay within one. The switch is a network namespace
-of its own, not the caller's, so neither the machine's firewall (``br_netfilter`` passes
-bridged frames through the caller's iptables, which Docker sets to drop forwarded ones)
-nor its routes see the hosts' traffic, and the test process itself is not on the hosts'
-network: it reaches them only by running something on one (``Hosts.start``/``run``).
+``/run``, System V IPC (but between containers) and signals stay within one. The switch
+is a network namespace of its own, not the caller's, so neither the machine's firewall
+(``br_netfilter`` passes bridged frames through the caller's iptables, which Docker sets
+to drop forwarded ones) nor its routes see the hosts' traffic, and the test process
+itself is not on the hosts' network: it reaches them only by running something on one
+(``Hosts.start``/``run``).
 
 Making hosts needs root (network and mount namespaces); ``why_no_hosts()`` says why they
 cannot be made where they cannot, so tests skip with that reason::
@@ -107,6 +114,11 @@ def _with_software(shared: list[Path]) -> list[Path]:
 
 _instances = count()
 
+HostKind = Literal["machines", "containers"]
+HOST_KINDS: tuple[HostKind, ...] = ("machines", "containers")
+"""Machines: each host with a boot id of its own (new at each start) and an IPC namespace
+of its own. Containers: every host with the machine's boot id and IPC namespace."""
+
 
 class HostDown(RuntimeError):
     """The host was killed and not started again (``Hosts.start_host``)."""
@@ -174,6 +186,8 @@ class _Running:
 class Hosts:
     """``count`` hosts named ``h1``..``h<count>`` on one switch, at ``subnet``'s first
     addresses; ``shared`` directories are seen by every host at their own paths.
+    ``kind``: ``"machines"`` (a boot id and IPC namespace of each host's own) or
+    ``"containers"`` (the machine's, as containers on its kernel have).
 
     Use it as a context manager (or call ``open`` and ``close``). Methods take a host's
     name. A killed host stays down, off the network, until ``start_host``."""
@@ -185,7 +199,11 @@ class Hosts:
         *,
         subnet: str = "10.77.0.0/24",
         names: Sequence[str] | None = None,
+        kind: HostKind = "machines",
     ) -> None:
+        if kind not in HOST_KINDS:
+            raise ValueError(f"kind={kind!r}: expected one of {', '.join(HOST_KINDS)}")
+        self.kind = kind
         names = list(names) if names is not None else [f"h{i}" for i in range(1, count + 1)]
         if len(names) != count or len(set(names)) != count:
             raise ValueError(f"{count} hosts need {count} distinct names, got {names}")
@@ -258,7 +276,8 @@ class Hosts:
 
     def start_host(self, name: str) -> None:
         """Start host ``name`` (made by ``open``, or killed since): its namespaces, its
-        link on the switch (not cut, not limited), fresh tmpfs mounts and a new boot id."""
+        link on the switch (not cut, not limited), fresh tmpfs mounts and a new boot id
+        (but the machine's for containers)."""
         host = self.hosts[name]
         if name in self._up:
             raise RuntimeError(f"{name} is up already")
@@ -427,6 +446,10 @@ class Hosts:
             raise HostDown(f"{name} is down (killed; start_host brings it back)")
         return self._up[name]
 
+    @property
+    def _own_ipc(self) -> list[str]:
+        return ["--ipc"] if self.kind == "machines" else []
+
     def _sides(self, name: str, direction: str) -> list[tuple[str, str]]:
         host = self.hosts[name]
         sides = {"out": [(host.netns, "eth0")], "in": [(self.switch, host.port)]}
@@ -440,9 +463,9 @@ class Hosts:
             *_PDEATHSIG, "ip", "netns", "exec", host.netns,
             # The unshare stays in our PID namespace; the init it forks is pid 1 of the
             # host's and dies with it (--kill-child), which dies with us (setpriv).
-            "unshare", "--mount", "--uts", "--ipc", "--pid", "--fork", "--kill-child",
+            "unshare", "--mount", "--uts", *self._own_ipc, "--pid", "--fork", "--kill-child",
             "--mount-proc", "--propagation", "private", "--",
-            sys.executable, __file__, "hold", host.name, etc_hosts,
+            sys.executable, __file__, "hold", host.name, self.kind, etc_hosts,
             *(str(path) for path in self.shared),
         ]  # fmt: skip
         holder = subprocess.Popen(
@@ -470,7 +493,8 @@ class Hosts:
         running = self._running(name)
         # nsenter's own --wd would resolve the directory in our mount namespace, not the
         # host's, so the shell changes to it once inside, then becomes the process.
-        enter = ["nsenter", "-t", str(running.init), "--net", "--mount", "--uts", "--ipc", "--pid"]
+        enter = ["nsenter", "-t", str(running.init), "--net", "--mount", "--uts", "--pid"]
+        enter += self._own_ipc
         shell = ["sh", "-c", 'cd -- "$0" && exec "$@"', str(cwd or os.getcwd())]
         popen = subprocess.Popen(
             [*_PDEATHSIG, *enter, "--", *shell, *argv],
@@ -570,10 +594,11 @@ def sweep_stale() -> None:
 # --- the holder: each host's init ------------------------------------------------------
 
 
-def _hold(name: str, etc_hosts: str, shared: list[str]) -> None:
+def _hold(name: str, kind: str, etc_hosts: str, shared: list[str]) -> None:
     """Run as pid 1 of a host's new namespaces: name the host, give it its own tmpfs
-    mounts, /etc/hosts and boot id, bring the shared directories back into view, say
-    ``ready``, then reap orphans (an init's duty) until killed."""
+    mounts, /etc/hosts and (unless it is a container) boot id, bring the
+    shared directories back into view, say ``ready``, then reap orphans (an init's duty)
+    until killed."""
     libc = ctypes.CDLL(None, use_errno=True)
     ms_bind, ms_rec = 4096, 16384
 
@@ -605,8 +630,9 @@ def _hold(name: str, etc_hosts: str, shared: list[str]) -> None:
     os.makedirs(f"/run/user/{os.getuid()}", mode=0o700)
     Path("/run/hosts").write_text(etc_hosts)
     mount("/run/hosts", "/etc/hosts", None, ms_bind)
-    Path("/run/boot_id").write_text(f"{uuid.uuid4()}\n")
-    mount("/run/boot_id", "/proc/sys/kernel/random/boot_id", None, ms_bind)
+    if kind != "containers":
+        Path("/run/boot_id").write_text(f"{uuid.uuid4()}\n")
+        mount("/run/boot_id", "/proc/sys/kernel/random/boot_id", None, ms_bind)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # so that sigwait sees it
     print("ready", flush=True)
     while True:
@@ -694,4 +720,4 @@ def _remove_netns(netns: str) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["hold"]:
-    _hold(sys.argv[2], sys.argv[3], sys.argv[4:])
+    _hold(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])

@@ -91,13 +91,18 @@ def shared_path(shared_dir: Path, store: str, key: int) -> Path:
 
 def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
     """Remove the store directories of processes that are gone, and with ``mine_too``
-    this process's own (it holds no store any more); how many were removed."""
+    this process's own (it holds no store any more); how many were removed. A store of
+    another host that shares this directory (a container's) is left to its own host."""
     removed = 0
     for directory in shared_dir.glob(f"{_PREFIX}*"):
         try:
-            pid = int((directory / _OWNER).read_text())
+            pid_text, _, host = (directory / _OWNER).read_text().partition(" ")
+            pid = int(pid_text)
         except (OSError, ValueError):
             continue  # being made right now, or not ours
+        if host and host != host_identity():
+            # Another container's that shares this /dev/shm: its pid is not one of ours.
+            continue
         mine = pid == os.getpid()
         if (mine and mine_too) or (not mine and not process_alive(pid)):
             shutil.rmtree(directory, ignore_errors=True)
@@ -149,7 +154,7 @@ class PayloadStore:
             sweep_stale(shared_dir)
             self.directory = shared_dir / f"{_PREFIX}{self.store_id}"
             self.directory.mkdir(mode=0o700)
-            (self.directory / _OWNER).write_text(str(os.getpid()))
+            (self.directory / _OWNER).write_text(f"{os.getpid()} {host_identity()}")
 
     def put(self, payload: p.Payload) -> p.PayloadRef:
         """Keep ``payload``; the reference a reader fetches it by."""

@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .address import publish, to_dial
+
 __all__ = ["Request", "TransferError", "UcxNode", "wait"]
 
 ProgressMode = Literal["thread", "polling"]
@@ -81,7 +83,8 @@ class UcxNode:
         else:
             raise ValueError(f"progress_mode={progress_mode!r}: expected 'thread' or 'polling'")
         self._context = context
-        self.address: bytes = bytes(self._worker.address.tobytes())
+        # Which UCX address a peer dials depends on whether it shares this host.
+        self.address: bytes = publish(self._worker)
         self._endpoints: dict[bytes, Any] = {}
         self._generations: dict[bytes, int] = {}  # endpoints made to each address so far
         self._peer_generations: dict[bytes, int] = {}  # what each peer last said of its own
@@ -92,7 +95,7 @@ class UcxNode:
         with self._lock:
             ep = self._endpoints.get(address)
             if ep is None:
-                peer = self._ucx.UCXAddress.create_from_buffer(address)
+                peer = self._ucx.UCXAddress.create_from_buffer(to_dial(address))
                 ep = self._worker.create_endpoint_from_worker_address(peer, False)
                 self._endpoints[address] = ep
                 self._generations[address] = self._generations.get(address, -1) + 1
