@@ -19,6 +19,7 @@ from asyncrl.actors.worker.payloads import WorkerPayloads
 from asyncrl.actors.worker.time_split import TimeSplit
 from asyncrl.transport import protocol as p
 from asyncrl.transport.dataplane import PayloadStore
+from asyncrl.transport.security import payload_keys
 
 MIB = 1 << 20
 
@@ -77,6 +78,7 @@ def test_results_that_do_not_fit_fail_their_lease_with_the_reason(small_tmpfs: P
         fetch_timeout_s=1.0,
         max_message_bytes=64 * MIB,
         shared_memory=False,
+        keys=payload_keys(b"k" * 32),
     )
     payloads.store = PayloadStore("generate-0", shared_dir=small_tmpfs)
     leases = Leases(
