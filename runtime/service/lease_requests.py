@@ -25,7 +25,7 @@ import structlog
 from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
 from asyncrl.runtime.core.entities import Group, Lease
-from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.runtime.core.pipeline import FINAL_STATES, GroupState
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
@@ -95,7 +95,7 @@ def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     if refused is not None:
         return refused
     counts = service.core.state.counts
-    alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
+    alive = sum(counts[s] for s in GroupState if s not in FINAL_STATES)
     needed = service.plan.total_groups - counts[GroupState.TRAINED] - alive
     entry = service.core.pipeline.entry
     # Suspects wait for a worker free of suspects (core/blame.py); fresh prompts keep the
@@ -206,6 +206,9 @@ def _record_step(
         "roles": service.activity.rates(now, _workers_per_role(service)),
         "critical_path": path,
         "payloads_regenerated": sum(state.regenerated.values()),
+        # every group made, in one state each (superseded: trained by a step a rollback lost)
+        "groups": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
+        "groups_created": state.next_gid,
     }
     reached = service.path.take_reached()  # earlier steps' versions, now run by every generator
     if reached:
