@@ -58,7 +58,7 @@ from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
 from ..worker.preflight import check_device, check_engine, check_model, check_task
 from ..worker.setup import load_policy, start_sglang
-from ..worker.weights import WeightFollower
+from ..worker.weights import StallBounds, WeightFollower
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
@@ -127,7 +127,9 @@ class Generate(StreamingActor):
         self.task = load_workload(cfg)
         self.reward = validation_reward_for(cfg, self.task)
         self.weights = WeightFollower(
-            make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights)), ctx.ask_weights
+            make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights)),
+            ctx.ask_weights,
+            StallBounds.of(ctx.worker, cfg.weights),
         )
         self.n = cfg.data.group_size
         if self.n > self.slots:

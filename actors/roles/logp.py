@@ -26,7 +26,7 @@ from asyncrl.transport.weights import make_receiver
 from ..actor import WorkerContext
 from ..payloads import RolloutsOut
 from ..training.scorer import ScoringActor
-from ..worker.weights import WeightFollower
+from ..worker.weights import StallBounds, WeightFollower
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 
@@ -55,7 +55,9 @@ class Logp(ScoringActor):
         cfg = ctx.config
         self.reuses = reuses_generator_logprobs(cfg)
         receiver = make_receiver(cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights))
-        self.weights = WeightFollower(receiver, ctx.ask_weights)
+        self.weights = WeightFollower(
+            receiver, ctx.ask_weights, StallBounds.of(ctx.worker, cfg.weights)
+        )
 
     @property
     def version(self) -> int | None:
