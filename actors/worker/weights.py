@@ -65,6 +65,7 @@ class WeightFollower:
         self._waiting: tuple[int, float] | None = None  # (loaded, since when) while behind
         self._warned = False
         self._source = "no source yet"  # whom the newest plan named
+        self._failed = ""  # the source that failed the last fetch, if one did
         self._failure = ""  # why the last fetch failed, as its receiver said
         self._no_plan = False  # the scheduler named no source when last asked
 
@@ -79,8 +80,7 @@ class WeightFollower:
             if isinstance(outcome, Received):
                 return outcome
             if isinstance(outcome, NeedsPlan):
-                self._source = outcome.failed or self._source
-                self._failure = outcome.reason
+                self._failed, self._failure = outcome.failed, outcome.reason
                 self._ask(outcome.version, outcome.failed)
             elif newest > loaded and self.receiver.target is None:
                 self._ask(NEWEST, "")
@@ -91,7 +91,13 @@ class WeightFollower:
 
     def _why(self) -> str:
         no_plan = "the scheduler names no source for it" if self._no_plan else ""
-        return "; ".join(x for x in (self._failure, no_plan) if x) or "its fetch is under way"
+        now_from = f"now asking {self._source}" if self._source != self._ends() else ""
+        why = "; ".join(x for x in (self._failure, no_plan, now_from) if x)
+        return why or "its fetch is under way"
+
+    def _ends(self) -> str:
+        """The source to name: the one that failed the last fetch, else the one asked."""
+        return self._failed or self._source
 
     def _check_stall(self, newest: int, loaded: int) -> None:
         if self.stall is None or newest <= loaded:
@@ -104,18 +110,18 @@ class WeightFollower:
         s = self.stall
         if waited >= s.stop_s:
             raise RunCannotGoOn(
-                f"weights stalled: {s.worker} got no version from {self._source} in "
+                f"weights stalled: {s.worker} got no version from {self._ends()} in "
                 f"{s.stop_s:g} s (weights.stall_stop_s) while version {newest} is published "
                 f"and it runs version {loaded}: {self._why()}"
             )
         if waited >= s.warning_s and not self._warned:
             self._warned = True
             line = (
-                f"no weights reach {s.worker} from {self._source}: version {newest} is "
+                f"no weights reach {s.worker} from {self._ends()}: version {newest} is "
                 f"published, it runs version {loaded} after {waited:.0f} s: {self._why()} (the "
                 f"run stops at weights.stall_stop_s={s.stop_s:g})"
             )
-            log.warning(line, source=self._source)
+            log.warning(line, source=self._ends())
             note_warning(line)
 
     def follow(
