@@ -3,6 +3,7 @@ timeout: it never waits with no end for a buffer to come free."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -78,3 +79,30 @@ def test_a_version_fetched_whole_is_still_handed_over_after_a_newer_plan(
     receiver.loaded(got)  # which frees the buffer version 3 goes into
     got = outcome(receiver, 10)
     assert isinstance(got, Received) and got.version == 3, got
+
+
+def test_a_publisher_whose_readers_are_never_cancelled_says_so_instead_of_waiting() -> None:
+    publisher = UcxPublisher(bucket_mb=1 / 1024, send_timeout_s=1.0)
+    try:
+        publisher.publish(1, state(1))
+        publisher.publish(2, state(2))
+        publisher.server.close()  # nobody is left to cancel the reads of version 1 ...
+        with publisher.store.changed:
+            assert publisher.store.pool.open_read(1) is not None  # ... and one is under way
+        errors: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                publisher.publish(3, state(3))
+            except RuntimeError as error:
+                errors.append(error)
+
+        worker = threading.Thread(target=publish, daemon=True)
+        worker.start()
+        worker.join(10)
+        assert not worker.is_alive(), "publish waited for a buffer with no end"
+        (error,) = errors
+        assert "no staging buffer came free for version 3 in 1 s" in str(error)
+        assert "1 readers" in str(error)
+    finally:
+        publisher.close()

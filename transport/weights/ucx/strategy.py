@@ -55,6 +55,7 @@ class UcxPublisher:
         self.node = UcxNode(progress_mode)
         self.store = Store(self.files)
         self.server = Server(self.node, self.store, send_timeout_s)
+        self.send_timeout_s = send_timeout_s
         self.address = self.node.address
         self.stager = Stager()
         self._prepared = Ahead()
@@ -65,8 +66,16 @@ class UcxPublisher:
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         self._prepared.wait()
         specs, total = plan(state)
-        slot = self.store.claim(version, total)
-        assert slot is not None
+        # Its server cancels the reads of the slot to be written within a turn, and a send
+        # ends by its own deadline: a wait past that has no end, and must say so.
+        slot = self.store.claim(version, total, deadline=time.monotonic() + self.send_timeout_s)
+        if slot is None:
+            with self.store.changed:
+                slots = self.store.slots()
+            raise RuntimeError(
+                f"no staging buffer came free for version {version} in "
+                f"{self.send_timeout_s:g} s: {slots}"
+            )
         buffer = self.store.buffers[slot]
         assert buffer is not None
         try:
