@@ -261,7 +261,7 @@ def _record_step(
         "critical_path": path,
         "payloads_regenerated": sum(state.regenerated.values()),
         # every group made, in one state each (superseded: trained by a step a rollback lost)
-        "groups": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
+        "group_states": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
         "groups_created": state.next_gid,
     }
     reached = service.path.take_reached()  # earlier steps' versions, now run by every generator

@@ -139,7 +139,7 @@ def test_the_headline_counts_every_group_created_in_its_state(tmp_path: Path) ->
     from asyncrl.runtime.rundir import RunDir
 
     groups = {"pending": 8, "trained": 480, "superseded": 160}
-    last = {"step": 30, "groups": groups, "groups_created": 648}
+    last = {"step": 30, "group_states": groups, "groups_created": 648}
     out = headline(RunData(RunDir(tmp_path), steps=[{"step": 29}, last]), None)
     assert (
         out["groups at the last step"] == "pending 8, trained 480, superseded 160 (of 648 created)"
