@@ -18,12 +18,26 @@ if TYPE_CHECKING:  # the weights module brings torch, which roles without weight
     from asyncrl.runtime.launch.gangs import GangPlace
     from asyncrl.transport.weights.base import Announcement
 
-__all__ = ["Actor", "ActorBroken", "OneLeaseAtATime", "Outcome", "StreamingActor", "WorkerContext"]
+__all__ = [
+    "Actor",
+    "ActorBroken",
+    "OneLeaseAtATime",
+    "Outcome",
+    "RunCannotGoOn",
+    "StreamingActor",
+    "WorkerContext",
+]
 
 
 class ActorBroken(RuntimeError):
     """Raised by a hook when the actor cannot go on in this process (a training rank lost
     its group): the worker gives its leases back and exits non-zero, to be started afresh."""
+
+
+class RunCannotGoOn(ActorBroken):
+    """Raised by a hook when no restart of this worker can help either (no weights reach
+    it, however long it waits): the worker exits with ``STOPS_THE_RUN`` and its reason,
+    and its supervisor stops the run."""
 
 
 @dataclass(frozen=True, slots=True)

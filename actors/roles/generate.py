@@ -58,7 +58,7 @@ from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
 from ..worker.preflight import check_device, check_engine, check_model, check_task
 from ..worker.setup import load_policy, start_sglang
-from ..worker.weights import WeightFollower, weights_access
+from ..worker.weights import StallBounds, WeightFollower, weights_access
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
@@ -131,6 +131,7 @@ class Generate(StreamingActor):
                 cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights), weights_access(ctx)
             ),
             ctx.ask_weights,
+            StallBounds.of(ctx.worker, cfg.weights),
         )
         self.n = cfg.data.group_size
         if self.n > self.slots:

@@ -26,7 +26,7 @@ from asyncrl.transport.weights import make_receiver
 from ..actor import WorkerContext
 from ..payloads import RolloutsOut
 from ..training.scorer import ScoringActor
-from ..worker.weights import WeightFollower, weights_access
+from ..worker.weights import StallBounds, WeightFollower, weights_access
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 
@@ -56,7 +56,9 @@ class Logp(ScoringActor):
         self.reuses = reuses_generator_logprobs(cfg)
         dirs = RunDir.of(cfg).weight_dirs(cfg.weights)
         receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
-        self.weights = WeightFollower(receiver, ctx.ask_weights)
+        self.weights = WeightFollower(
+            receiver, ctx.ask_weights, StallBounds.of(ctx.worker, cfg.weights)
+        )
 
     @property
     def version(self) -> int | None:

@@ -33,7 +33,7 @@ from ..policy.checkpoint import load_parameters
 from ..training.scorer import pack_rollouts
 from ..worker.preflight import check_device, check_model
 from ..worker.setup import DTYPES, device_for
-from ..worker.weights import WeightFollower, weights_access
+from ..worker.weights import StallBounds, WeightFollower, weights_access
 from .critic import critic_path
 
 __all__ = ["Values"]
@@ -66,7 +66,9 @@ class Values(Actor):
         log.info("value model loaded", device=str(device), dtype=str(dtype))
         dirs = RunDir.of(cfg).critic_weight_dirs(cfg.weights)
         receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
-        self.weights = WeightFollower(receiver, ctx.ask_weights)
+        self.weights = WeightFollower(
+            receiver, ctx.ask_weights, StallBounds.of(ctx.worker, cfg.weights)
+        )
 
     def on_version(self, version: int) -> int | None:
         moved = self.weights.follow(version, self.loaded, self._load)

@@ -318,7 +318,7 @@ class Worker(SchedulerQuestions):
         fatal = isinstance(error, Fatal)
         self.failure = str(error) if fatal else f"{type(error).__name__}: {error}"
         self._log.error("worker failed", error=self.failure)
-        return 1
+        return error.exit_code if isinstance(error, Fatal) else 1
 
     def _say_bye(self, reason: str) -> None:
         try:  # once, briefly: a scheduler that is gone has forgotten us already

@@ -30,6 +30,10 @@ _FIRST_BACKOFF_S = 0.05
 class Fatal(Exception):
     """The worker cannot go on (refused registration, an actor that fails to start)."""
 
+    def __init__(self, reason: str, exit_code: int = 1) -> None:
+        super().__init__(reason)
+        self.exit_code = exit_code  # child_status.STOPS_THE_RUN: no restart can help
+
 
 class GaveUp(Exception):
     """A request was abandoned because the worker is stopping."""

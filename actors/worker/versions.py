@@ -23,10 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.runtime.bus import TimeBucket
+from asyncrl.runtime.launch.child_status import STOPS_THE_RUN
 from asyncrl.transport import protocol as p
 
-from ..actor import Actor
+from ..actor import Actor, RunCannotGoOn
 from .publishing import publication, published_version, version_due
+from .requests import Fatal
 from .time_split import TimeSplit
 
 __all__ = ["PolicyRolledBack", "Versions", "describe_reply"]
@@ -133,6 +135,9 @@ class Versions:
         try:
             with self._time.spent_on(TimeBucket.WEIGHTS):
                 loaded = self.actor.on_version(self._newest)
+        except RunCannotGoOn as error:
+            self._log.error("the run cannot go on", reason=str(error))
+            raise Fatal(str(error), STOPS_THE_RUN) from error
         except Exception:
             self._log.exception("version not loaded", version=self._newest)
             return False

@@ -81,7 +81,11 @@ def _inspect(args: argparse.Namespace) -> int:
             report["journal"] = {"error": str(error)}
             done += f" (journal not replayed: {error})"
         else:
-            report["journal"] = {"steps_done": summary["steps_done"], "groups": summary["groups"]}
+            report["journal"] = {
+                "steps_done": summary["steps_done"],
+                "groups": summary["groups"],
+                "created": summary["created"],
+            }
             done = f"{summary['steps_done']}/{total} steps done (journal)"
     if args.json:
         print(json.dumps(report, sort_keys=True))

@@ -33,6 +33,22 @@ class WeightsSection:
         default=10.0,
         metadata=doc("seconds without progress before a weight source counts as failed", min=0.1),
     )
+    stall_warning_s: float = field(
+        default=120.0,
+        metadata=doc(
+            "seconds a generator may go without loading a version while newer ones are "
+            "published before the terminal says so, naming its source and why it failed",
+            exclusive_min=0,
+        ),
+    )
+    stall_stop_s: float = field(
+        default=600.0,
+        metadata=doc(
+            "seconds without a version, while newer ones are published, after which the "
+            "generator stops the run with that error (past stall_warning_s)",
+            exclusive_min=0,
+        ),
+    )
     relay_fanout: int = field(
         default=2,
         metadata=doc(
@@ -53,6 +69,14 @@ class WeightsSection:
             "in /dev/shm"
         ),
     )
+
+    def __post_init__(self) -> None:
+        # The warning comes first: a run that stops must have said why on the terminal.
+        if self.stall_stop_s <= self.stall_warning_s:
+            raise ValueError(
+                f"stall_stop_s: got {self.stall_stop_s:g} with weights.stall_warning_s="
+                f"{self.stall_warning_s:g}; allowed: more than weights.stall_warning_s"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

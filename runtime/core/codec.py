@@ -34,7 +34,12 @@ def dump_state(state: CoreState) -> dict[str, Any]:
         ],
         "keys": list(state.keys),  # in the order added: the same live and replayed
         "regenerated": dict(state.regenerated),
-        "training": [state.durable_step, state.rollbacks, sorted(state.retained.items())],
+        "training": [
+            state.durable_step,
+            state.rollbacks,
+            sorted(state.retained.items()),
+            state.counts[GroupState.SUPERSEDED],
+        ],
         "critic": [state.critic_steps_done, state.critic_version, state.worst_critic_staleness],
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
@@ -92,7 +97,8 @@ def load_state(
     state.keys = dict.fromkeys(snap["keys"])
     state.regenerated.update(snap.get("regenerated", {}))  # absent before the data plane
     # absent before training could roll back
-    state.durable_step, state.rollbacks, retained = snap.get("training", [0, 0, []])
+    training = snap.get("training", [0, 0, []])
+    state.durable_step, state.rollbacks, retained = training[:3]
     state.retained = {step: kept for step, kept in retained}
     # absent before a critic could be trained
     (state.critic_steps_done, state.critic_version, state.worst_critic_staleness) = snap.get(
@@ -100,6 +106,10 @@ def load_state(
     )
     for row in snap["groups"]:
         _load_group(state, row)
+    # Absent before superseded groups were counted: every group made that is neither in
+    # the table nor trained is one a rollback superseded.
+    superseded = training[3] if len(training) > 3 else state.next_gid - trained - len(state.groups)
+    state.counts[GroupState.SUPERSEDED] = superseded
     for row in snap["leases"]:
         _load_lease(state, row)
     state.workers = {name: Worker(role, loaded) for name, (role, loaded) in snap["workers"].items()}

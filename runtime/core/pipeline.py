@@ -44,6 +44,7 @@ from enum import StrEnum
 __all__ = [
     "DEFAULT_PIPELINE",
     "ENTRY",
+    "FINAL_STATES",
     "Gate",
     "GroupState",
     "Pipeline",
@@ -63,6 +64,13 @@ class GroupState(StrEnum):
     TRAINING = "training"
     TRAINED = "trained"
     DEAD = "dead"
+    # Trained by a step that a rollback lost: the group's prompt is back as a new group
+    # (RollBack._train_again), and this one is counted here, never in the table again.
+    SUPERSEDED = "superseded"
+
+
+FINAL_STATES = frozenset({GroupState.TRAINED, GroupState.DEAD, GroupState.SUPERSEDED})
+"""States a group never leaves: the rest are in flight."""
 
 
 class Role(StrEnum):
@@ -305,6 +313,8 @@ def _check_rows(pipeline: Pipeline) -> None:
             raise PipelineError(f"{stage}: the entry role {stage.role} adds groups, it takes none")
         if GroupState.DEAD in (stage.source, stage.target, stage.working):
             raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
+        if GroupState.SUPERSEDED in (stage.source, stage.target, stage.working):
+            raise PipelineError(f"{stage}: 'superseded' is reached by a rollback, never by a row")
         if stage.source == stage.target:
             raise PipelineError(f"{stage}: source and target are the same state")
         if (stage.reads_policy or stage.reads_critic) and stage.working is not None:

@@ -147,3 +147,4 @@ class RollBack:
             if entry is None:  # added without a payload the first time
                 del self.groups[gid].data[self.pipeline.entry_role]
         self.counts[GroupState.TRAINED] -= len(trained)
+        self.counts[GroupState.SUPERSEDED] += len(trained)

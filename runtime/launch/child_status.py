@@ -7,6 +7,10 @@ it before each start. A child that takes part appends a line per fact::
     starting            it will say ``up`` once started: until then it is not
     up                  it has started (a worker: registered, its actor's on_start done)
     failed <reason>     it is exiting on an error it can put in one line
+    warn <line>         something a person must hear of while it runs (printed once)
+
+A worker that exits with :data:`STOPS_THE_RUN` (after ``failed <reason>``) says that no
+restart can help: the supervisor stops the run with its reason.
 
 Only with these can the supervisor tell a worker that was killed after it came up (a crash,
 ``kill -9``: restart it) from one that never came up (the same failure on the next start),
@@ -22,12 +26,23 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["STATUS_ENV", "ChildStatus", "note_failure", "note_starting", "note_up", "read_status"]
+__all__ = [
+    "STATUS_ENV",
+    "STOPS_THE_RUN",
+    "ChildStatus",
+    "note_failure",
+    "note_starting",
+    "note_up",
+    "note_warning",
+    "read_status",
+]
 
 STATUS_ENV = "ASYNCRL_STATUS_FILE"
 _STARTING = "starting"
 _UP = "up"
 _FAILED = "failed "
+_WARN = "warn "
+STOPS_THE_RUN = 69  # a worker cannot go on, nor can the run (sysexits: EX_UNAVAILABLE)
 _MAX_REASON = 400  # characters: a line for a terminal, not a traceback
 
 
@@ -36,6 +51,7 @@ class ChildStatus:
     starting: bool = False  # the child promised to say when it is up
     up: bool = False  # ... and did
     reason: str | None = None  # why it failed, as it said last
+    warnings: tuple[str, ...] = ()  # what it asked to be told, in order
 
 
 def note_starting() -> None:
@@ -50,8 +66,17 @@ def note_up() -> None:
 
 def note_failure(reason: str) -> None:
     """Tell the supervisor, if any, why this process is about to exit."""
-    line = " ".join(reason.split())  # one line, whatever the exception's text held
-    _append(_FAILED + (line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 3] + "..."))
+    _append(_FAILED + _one_line(reason))
+
+
+def note_warning(text: str) -> None:
+    """Ask the supervisor, if any, to put ``text`` on its terminal while this runs."""
+    _append(_WARN + _one_line(text))
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())  # one line, whatever the exception's text held
+    return line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 3] + "..."
 
 
 def read_status(path: Path) -> ChildStatus:
@@ -61,7 +86,8 @@ def read_status(path: Path) -> ChildStatus:
     except FileNotFoundError:
         return ChildStatus()
     reasons = [line.removeprefix(_FAILED) for line in lines if line.startswith(_FAILED)]
-    return ChildStatus(_STARTING in lines, _UP in lines, reasons[-1] if reasons else None)
+    warnings = tuple(line.removeprefix(_WARN) for line in lines if line.startswith(_WARN))
+    return ChildStatus(_STARTING in lines, _UP in lines, reasons[-1] if reasons else None, warnings)
 
 
 def _append(line: str) -> None:

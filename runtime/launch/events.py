@@ -6,6 +6,7 @@ Every event is `(kind, fields)`; the fields each kind carries:
 - exited: name, pid, lived_s, and code (a normal exit) or signal (e.g. "SIGTERM")
 - restarting: name, delay_s, restart
 - gave_up: name, restarts, max_restarts
+- warning: name, text (what a running child asked to be told)
 - stopping: reason
 - killed: name, pid, why
 - done: code
@@ -18,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from enum import StrEnum
 
-__all__ = ["EventKind", "describe", "exit_fields", "print_event", "signal_name"]
+__all__ = ["EventKind", "describe", "how_it_ended", "print_event", "shell_status", "signal_name"]
 
 
 class EventKind(StrEnum):
@@ -27,6 +28,7 @@ class EventKind(StrEnum):
     RESTARTING = "restarting"
     GAVE_UP = "gave_up"
     FAILING = "failing"
+    WARNING = "warning"
     STOPPING = "stopping"
     KILLED = "killed"
     DONE = "done"
@@ -40,6 +42,7 @@ _TEMPLATES = {
     "(max_restarts={max_restarts}); giving up",
     EventKind.FAILING: "{name} failed the same way on {starts} starts in a row, so it is not "
     "started again: {reason}",
+    EventKind.WARNING: "{name}: {text}",
     EventKind.STOPPING: "stopping: {reason}",
     EventKind.KILLED: "killed {name} (pid {pid}): {why}",
     EventKind.DONE: "done, exit code {code}",
@@ -63,8 +66,8 @@ def print_event(kind: str, fields: Mapping[str, object]) -> None:
     print(f"asyncrl run: {describe(kind, fields)}", file=sys.stderr, flush=True)
 
 
-def exit_fields(returncode: int) -> dict[str, object]:
-    """How a child ended, as an ``exited`` event says it: its ``signal`` or its ``code``."""
+def how_it_ended(returncode: int) -> dict[str, object]:
+    """An exited child's fields: its ``code``, or the ``signal`` that ended it."""
     if returncode < 0:
         return {"signal": signal_name(-returncode)}
     return {"code": returncode}
@@ -75,3 +78,8 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def shell_status(returncode: int) -> int:
+    """A child's `Popen.returncode` as a shell would report it: 128 + N for signal N."""
+    return 128 - returncode if returncode < 0 else returncode

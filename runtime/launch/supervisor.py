@@ -9,7 +9,10 @@ A child with `restart=True` (a worker) is started again whenever it fails (exits
 or by a signal), after a delay that doubles from `backoff_initial_s` up to `backoff_max_s`
 and starts over once the child has lived `healthy_after_s` or said it came up (a crash or a
 `kill -9` after a good start is no crash loop). A worker that exits 0 left on purpose and
-is not started again; one alive but frozen (pulse.py, `stall_after_s`) is killed, so restarted.
+is not started again; one alive but frozen (pulse.py, `stall_after_s`) is killed, so
+restarted; one that exits `STOPS_THE_RUN` said no restart can help, and the run stops with
+its reason. What a running child asks to be told (`note_warning`) goes to the terminal as
+it comes, each line once.
 
 Stopping (SIGINT or SIGTERM to the supervisor, `request_stop()`, the primary's exit, or a child
 past `max_restarts`) drains the workers before the scheduler they report to:
@@ -52,8 +55,8 @@ from types import FrameType
 from ._backoff import Backoff
 from ._spawn import kill
 from ._start_failures import StartFailures
-from .child_status import STATUS_ENV, ChildStatus, read_status
-from .events import EventKind, exit_fields, print_event, signal_name
+from .child_status import STATUS_ENV, STOPS_THE_RUN, ChildStatus, read_status
+from .events import EventKind, how_it_ended, print_event, shell_status, signal_name
 from .gangs import ENV_ADDR, free_local_address
 from .last_words import last_words
 from .pulse import Pulses
@@ -64,6 +67,7 @@ OnEvent = Callable[[str, dict[str, object]], None]
 """Called as `on_event(kind, fields)`; `kind` is an `EventKind`, `fields` as listed there."""
 
 _TICK_S = 0.05  # how long an exit or a stop request can go unnoticed
+_HEAR_S = 1.0  # how often running children's status files are read for warnings
 _FINISH_GRACE_S = 10.0  # for workers to leave by themselves once the run has finished
 _INTERRUPTED = 130  # the shell's status for a command ended by Ctrl-C
 _GAVE_UP = 1
@@ -103,6 +107,7 @@ class _Child:
     log_offset: int = 0  # the size of its log when it last started: where its words begin
     restarts: int = 0
     restart_at: float | None = None  # when a pending restart is due (monotonic)
+    warned: int = 0  # warnings of this start already on the terminal
 
 
 class Supervisor:
@@ -190,12 +195,16 @@ class Supervisor:
         self._begin_stop(reason)
 
     def _supervise(self) -> None:
+        heard_at = 0.0
         while True:
             frozen = self._pulses.frozen()
             for child in self._children:
                 if child.proc is not None and child.proc.pid in frozen:
                     self._kill(child, child.proc, frozen[child.proc.pid])  # and so restart it
                 self._reap(child)
+            if time.monotonic() - heard_at >= _HEAR_S:
+                heard_at = time.monotonic()
+                self._hear_warnings()
             if self._stop_reason is None and self._all_left():
                 self.finish("every worker has left")
             if self._stop_reason is not None:
@@ -205,6 +214,13 @@ class Supervisor:
                 if child.restart_at is not None and child.restart_at <= now:
                     self._start(child)
             time.sleep(self._pause_s())
+
+    def _hear_warnings(self) -> None:
+        for child in self._children:
+            said = read_status(self._status_path(child)).warnings if child.proc else ()
+            for text in said[child.warned :]:
+                self._emit(EventKind.WARNING, name=child.spec.name, text=text)
+            child.warned = max(child.warned, len(said))
 
     def _all_left(self) -> bool:
         """No primary, and no child running or due to start again."""
@@ -258,6 +274,7 @@ class Supervisor:
         log_path = self._log_dir / f"{child.spec.name}.log"
         status_path = self._status_path(child)
         status_path.unlink(missing_ok=True)  # what it says is about this start only
+        child.warned = 0
         env = {**(child.spec.env or {}), STATUS_ENV: str(status_path)}
         if child.spec.gang is not None:
             env[ENV_ADDR] = self._gang_addr[child.spec.gang]
@@ -277,7 +294,7 @@ class Supervisor:
             return
         child.proc = None
         lived_s = round(time.monotonic() - child.started_at, 3)
-        how = exit_fields(proc.returncode)
+        how = how_it_ended(proc.returncode)
         said = read_status(self._status_path(child)).reason if proc.returncode else None
         if said is not None:
             how["why"] = said  # its own one line, on the terminal with its exit
@@ -285,8 +302,11 @@ class Supervisor:
         if child.primary:
             if self._resumes(child, proc.returncode, lived_s):
                 return
-            self._primary_status = _shell_status(proc.returncode)
+            self._primary_status = shell_status(proc.returncode)
             self._begin_stop(f"{child.spec.name} exited")
+        elif child.spec.restart and proc.returncode == STOPS_THE_RUN:  # no restart can help
+            self._gave_up = True
+            self._begin_stop(f"{child.spec.name} cannot go on: {said}")
         elif child.spec.restart and self._stop_reason is None and proc.returncode != 0:
             # Exit 0 is a worker leaving on purpose (the run is over): not a failure.
             if self._failing_every_start(child, proc.returncode, lived_s):
@@ -302,7 +322,7 @@ class Supervisor:
         if returncode == 0 or primary.spec.resume_argv is None or self._stop_reason is not None:
             return False
         if self._failing_every_start(primary, returncode, lived_s):
-            self._primary_status = _shell_status(returncode)
+            self._primary_status = shell_status(returncode)
             return False
         self._schedule_restart(primary, lived_s)
         return self._stop_reason is None
@@ -434,8 +454,3 @@ def _kill_all(children: list[_Child]) -> None:
     for proc in _procs(children):
         kill(proc)
         proc.wait()
-
-
-def _shell_status(returncode: int) -> int:
-    """A child's `Popen.returncode` as a shell would report it: 128 + N for signal N."""
-    return 128 - returncode if returncode < 0 else returncode

@@ -30,6 +30,10 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
         _mean_of(out, "staleness, mean", steps, "staleness_mean")
         # a learned critic's: critic versions its values lagged its steps (PPO's runs)
         _mean_of(out, "critic staleness, mean", steps, "critic_staleness_mean")
+        groups, created = last.get("group_states"), last.get("groups_created")
+        if isinstance(groups, dict) and isinstance(created, int):
+            counts = ", ".join(f"{state} {n}" for state, n in groups.items())
+            out["groups at the last step"] = f"{counts} (of {created} created)"
         for role, r in sorted((last.get("roles") or {}).items()):
             if isinstance(r, dict) and isinstance(r.get("waiting_for_work"), int | float):
                 out[f"{role}: waiting for work"] = f"{r['waiting_for_work']:.0%}"

@@ -18,6 +18,7 @@ answers which message).
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -25,7 +26,7 @@ import structlog
 from asyncrl.runtime.bus import ACTIVITY_KEY
 from asyncrl.runtime.core.effects import Accepted, Grant, LockGranted, LockQueued, Reason, Rejected
 from asyncrl.runtime.core.entities import Group, Lease
-from asyncrl.runtime.core.pipeline import GroupState
+from asyncrl.runtime.core.pipeline import FINAL_STATES, GroupState
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
@@ -50,6 +51,10 @@ __all__ = [
 ]
 
 log = structlog.get_logger("asyncrl.scheduler")
+
+# Leases a claim may find ended at once, every group of each reading a gone holder's
+# payload, before it answers NoWork (the groups are made again meanwhile).
+_CLAIMS_PAST_GONE_HOLDERS = 3
 
 MAX_CLAIM = 65_536
 """The most groups a claim sent with a completion may ask for: more than any worker holds
@@ -79,11 +84,17 @@ def _claim(service: HandlerContext, m: p.Claim, now: float) -> p.Message:
         return p.Shutdown(service.draining)
     if m.role == service.core.pipeline.entry_role:
         return _want(service, m)
-    grant = service.core.claim(m.role, m.worker, m.n, now)
-    if grant is None:
-        return p.NoWork("nothing to do now")
-    if isinstance(grant, Rejected):
-        return error_of(grant)
+    for _ in range(_CLAIMS_PAST_GONE_HOLDERS):
+        grant = service.core.claim(m.role, m.worker, m.n, now)
+        if grant is None:
+            return p.NoWork("nothing to do now")
+        if isinstance(grant, Rejected):
+            return error_of(grant)
+        grant = _without_gone_holders(service, grant)
+        if grant is not None:
+            break
+    else:
+        return p.NoWork("the work found read payloads whose holders are gone: made again")
     if grant.role == service.step_role:
         service.path.leased(grant.lease_id, now)
     service.trace.granted(grant, m.worker, now)
@@ -95,7 +106,7 @@ def _want(service: HandlerContext, m: p.Claim) -> p.Message:
     if refused is not None:
         return refused
     counts = service.core.state.counts
-    alive = sum(counts[s] for s in GroupState if s not in (GroupState.TRAINED, GroupState.DEAD))
+    alive = sum(counts[s] for s in GroupState if s not in FINAL_STATES)
     needed = service.plan.total_groups - counts[GroupState.TRAINED] - alive
     entry = service.core.pipeline.entry
     # Suspects wait for a worker free of suspects (core/blame.py); fresh prompts keep the
@@ -112,6 +123,49 @@ def _not_the_entry_role(service: HandlerContext, worker: str) -> p.Error | None:
     if known.role != service.core.pipeline.entry_role:
         return p.Error(Reason.WRONG_ROLE, f"{worker!r} is registered as {known.role}")
     return None
+
+
+def _without_gone_holders(service: HandlerContext, grant: Grant) -> Grant | None:
+    """``grant`` less the groups whose payloads it would read from a process known to be
+    gone; those are made again at once, uncounted, as when a reader reports them lost
+    (SchedulerCore.fail), rather than after the reader has waited out its fetch timeout.
+    None if no group is left (the lease has ended)."""
+    state, pipeline = service.core.state, service.core.pipeline
+    stage = pipeline.stage_at(state.leases[grant.lease_id].source, grant.role)
+    reads = pipeline.reads(stage)
+    gone = [
+        (gid, role)
+        for gid in grant.groups
+        for role, kept in state.groups[gid].data.items()
+        if role in reads and _known_gone(service, kept)
+    ]
+    if not gone:
+        return grant
+    lost = [(gid, role, f"its holder {holder_of(state.groups[gid].data[role])} is gone")
+            for gid, role in gone]  # fmt: skip
+    # A step takes its whole batch or nothing: the rest of its batch goes back uncounted.
+    gids = sorted(grant.groups if stage.gate.batched else {gid for gid, _ in gone})
+    reply = service.core.fail(grant.lease_id, grant.fence, gids, "holder gone", lost, gone)
+    assert isinstance(reply, Accepted), reply  # the lease was granted this very turn
+    log.info("payloads of gone holders made again before leasing", groups=gids[:8],
+             lease=grant.lease_id)  # fmt: skip
+    lease = state.leases.get(grant.lease_id)
+    if lease is None:
+        return None
+    return replace(grant, groups=tuple(g for g in grant.groups if g in lease.gids))
+
+
+def _known_gone(service: HandlerContext, kept: object) -> bool:
+    """Whether the process keeping ``kept`` is known to be gone: its worker is no longer
+    registered, or has since reported another store (a new process). Not having heard of
+    its store (since this scheduler started) is not knowing: its reader finds out."""
+    holder = holder_of(kept)
+    if holder is None:
+        return False
+    if holder not in service.core.state.workers:
+        return True
+    store = service.live_stores.get(holder)
+    return store is not None and store != store_of(kept)
 
 
 def _lease(service: HandlerContext, grant: Grant, now: float) -> p.Lease:
@@ -206,6 +260,9 @@ def _record_step(
         "roles": service.activity.rates(now, _workers_per_role(service)),
         "critical_path": path,
         "payloads_regenerated": sum(state.regenerated.values()),
+        # every group made, in one state each (superseded: trained by a step a rollback lost)
+        "group_states": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
+        "groups_created": state.next_gid,
     }
     reached = service.path.take_reached()  # earlier steps' versions, now run by every generator
     if reached:

@@ -8,9 +8,12 @@ step count goes on without the state that goes with it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -87,3 +90,12 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
     ]
     for record in afresh:
         assert f"rolled back to version {again['step']}" in record["error"], record
+    # Every group created is in one state: the groups the lost steps trained are counted
+    # as superseded (asyncrl-scheduler inspect replays the journal to say so).
+    inspect = [sys.executable, "-m", "asyncrl.runtime.cli.scheduler", "inspect", str(run_dir)]
+    summary = json.loads(subprocess.run([*inspect, "--json"], capture_output=True, text=True,
+                                        check=True).stdout)  # fmt: skip
+    groups = summary["groups"]
+    assert groups["superseded"] == rolled[0]["trained_again"], groups
+    assert groups["trained"] == _STEPS * _BATCH, groups
+    assert sum(groups.values()) == summary["created"], summary

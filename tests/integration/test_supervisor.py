@@ -664,3 +664,36 @@ def test_finish_lets_workers_leave_by_themselves_then_stops_the_rest(tmp_path: P
     assert recorder.of("stopping") == [{"reason": "the run is finished (4 steps)"}]
     assert [f.get("code") for f in recorder.of("exited", "generate-a-0")] == [0]
     assert [f.get("signal") for f in recorder.of("exited", "reward-a-0")] == ["SIGTERM"]
+
+
+# Warns while running, then exits saying no restart can help (child_status.STOPS_THE_RUN).
+WARNS_THEN_STOPS = """
+import os, sys, time
+status = os.environ["ASYNCRL_STATUS_FILE"]
+with open(status, "a") as f:
+    f.write("starting\\nup\\nwarn no weights reach generate-0 from train-0: no header\\n")
+time.sleep(1.5)
+with open(status, "a") as f:
+    f.write("failed weights stalled: generate-0 got no version from train-0\\n")
+sys.exit(69)
+"""
+
+
+def test_a_workers_warning_is_shown_once_and_its_stop_ends_the_run_with_why(
+    tmp_path: Path,
+) -> None:
+    specs = [
+        ChildSpec("scheduler", py("import time; time.sleep(60)"), restart=False),
+        ChildSpec("generate-0", py(WARNS_THEN_STOPS), restart=True),
+    ]
+    status, events = supervise(tmp_path, specs, backoff_initial_s=0.01)
+
+    assert status == 1
+    assert events.of("warning") == [
+        {"name": "generate-0", "text": "no weights reach generate-0 from train-0: no header"}
+    ]
+    assert events.of("restarting") == []  # no restart can help: the run stops
+    why = "weights stalled: generate-0 got no version from train-0"
+    assert events.of("exited", "generate-0")[0]["why"] == why
+    assert events.of("stopping") == [{"reason": f"generate-0 cannot go on: {why}"}]
+    assert events.kinds().index("warning") < events.kinds().index("stopping")

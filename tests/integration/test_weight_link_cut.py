@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.heavy,  # a 12 s cut and the waits around it: its own CI stage
 ]
 
-CUT_S = 12.0  # the receiver gives up on the source (2 s, and 5 s for its requests to end)
+CUT_S = 12.0  # long past the 2 s in which the receiver gives up on the source
 BACK_S = 20.0  # for a version to arrive after the restore (a TCP connect retried: ~10 s)
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,6 +26,7 @@ from asyncrl.runtime.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.core.codec import dump_state
 from asyncrl.runtime.core.effects import Grant, LockGranted, LockQueued, Rejected, Transition
 from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.core.status import summarize
 from tests.support.core_indexes import index_mismatches
 
 from .pipeline_model import (
@@ -452,7 +453,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         @invariant()
         def groups_match_the_model(self) -> None:
             for gid, expected in self.model.groups.items():
-                if expected.state in ("trained", "rolled_back"):
+                if expected.state in ("trained", "superseded"):
                     assert gid not in self.core.state.groups, f"trained {gid} kept in the table"
                     continue
                 group = self.core.state.groups[gid]
@@ -466,10 +467,16 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
 
         @invariant()
         def groups_are_conserved(self) -> None:
+            """Every group made is in exactly one state: created = trained + superseded +
+            dead + in flight, in the core's counts and in what status reports."""
             counts = self.core.state.counts
-            live = [g for g in self.model.groups.values() if g.state != "rolled_back"]
-            assert sum(counts.values()) == len(live)
-            assert len(self.model.groups) == self.core.state.next_gid
+            assert all(n >= 0 for n in counts.values()), counts
+            assert sum(counts.values()) == len(self.model.groups) == self.core.state.next_gid
+            for final in ("trained", "superseded", "dead"):
+                expected = sum(1 for g in self.model.groups.values() if g.state == final)
+                assert counts[final] == expected, f"{final}: {counts[final]} != {expected}"
+            summary = summarize(self.core.state)
+            assert sum(summary["groups"].values()) == summary["created"], summary["groups"]
             batches = [gid for batch in self.model.batches for gid in batch]
             assert counts["trained"] == len(batches) == len(set(batches))
             assert self.core.state.critic_steps_done == len(self.model.critic_batches)

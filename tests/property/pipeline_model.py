@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 GENERATE, LOGP, REF_LOGP, REWARD, TRAIN = "generate", "logp", "ref_logp", "reward", "train"
 VALUES, CRITIC = "values", "critic"
-# "rolled_back": trained by a step that training rolled back; trained again as a new group
-FINAL = frozenset({"trained", "dead", "rolled_back"})
+# "superseded": trained by a step that training rolled back; trained again as a new group
+FINAL = frozenset({"trained", "dead", "superseded"})
 
 
 @dataclass(frozen=True)
@@ -398,7 +398,7 @@ class PipelineModel:
         lost_batches, self.batches = self.batches[step:], self.batches[:step]
         again = [gid for batch in lost_batches for gid in batch]
         for gid in again:
-            self.groups[gid].state = "rolled_back"
+            self.groups[gid].state = "superseded"
         self.add(len(self.groups), len(again))
         self.steps_done = step
         self.policy_version = min(self.policy_version, step)

@@ -131,3 +131,19 @@ def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp
     with_critic = [{**line, "critic_staleness_mean": line["step"] * 1.0} for line in lines]
     out = headline(RunData(RunDir(tmp_path), steps=with_critic), None)
     assert out["critic staleness, mean"] == "1.500"
+
+
+def test_the_headline_counts_every_group_created_in_its_state(tmp_path: Path) -> None:
+    from asyncrl.runtime.report.data import RunData
+    from asyncrl.runtime.report.headline import headline
+    from asyncrl.runtime.rundir import RunDir
+
+    groups = {"pending": 8, "trained": 480, "superseded": 160}
+    last = {"step": 30, "group_states": groups, "groups_created": 648}
+    out = headline(RunData(RunDir(tmp_path), steps=[{"step": 29}, last]), None)
+    assert (
+        out["groups at the last step"] == "pending 8, trained 480, superseded 160 (of 648 created)"
+    )
+    assert "groups at the last step" not in headline(
+        RunData(RunDir(tmp_path), steps=[{"step": 1}]), None
+    )

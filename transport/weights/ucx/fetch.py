@@ -11,7 +11,6 @@ sealed with the run's key where there is one.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -35,8 +34,6 @@ from .wire import (
 )
 
 __all__ = ["Declined", "Fetch", "SourceFailed"]
-
-_SETTLE_S = 5.0  # how long cancelled requests get to end before they are freed
 
 
 @dataclass(slots=True)
@@ -109,8 +106,8 @@ class Fetch:
                     asked = again
         except Declined as error:
             # The source answers every range asked for, on both tags: no receive of ours
-            # is left to cancel once those answers are in (waited for below). Closing the
-            # endpoint instead cancels them only after seconds over TCP.
+            # is left to cancel once those answers are in (the node keeps them till then),
+            # and the endpoint, which works, is kept.
             self.error = str(error)
             return False
         except (SourceFailed, TransferError, WireError) as error:
@@ -122,24 +119,12 @@ class Fetch:
             self.error = f"{self.source}: {type(error).__name__}: {error}"
             return False
         finally:
-            self._settle_asked()
+            # The node holds every request until it has ended (see UcxNode.settle): a
+            # cancelled one within milliseconds, and one whose bytes were under way from
+            # a source now dead, which UCX cannot cancel, without holding up this fetch.
+            self.node.settle(req for r in self._asked for req in (r.sent, r.got_header, r.got_data))
+            self._asked.clear()
         return True
-
-    def _settle_asked(self) -> None:
-        """Let every request end (cancelled, if its endpoint was dropped) before it is freed.
-
-        Freeing a request still in flight cancels it from inside the deallocator, which
-        holds the interpreter lock while it waits for UCX's worker lock; the progress
-        thread may hold that one while it waits for the interpreter lock: a deadlock,
-        seen after a corrupt bucket was given up. Waiting here sleeps between looks, so
-        the progress thread can finish them first.
-        """
-        deadline = time.monotonic() + _SETTLE_S
-        for r in self._asked:
-            for request in (r.sent, r.got_header, r.got_data):
-                with contextlib.suppress(TransferError):  # a cancelled one ends in error
-                    wait(request, deadline, self.source, "cancelled request")
-        self._asked.clear()
 
     def _ask(self, buffer: np.ndarray, start: int, end: int) -> _Range:
         tag = self.tags.take()

@@ -4,8 +4,8 @@ Endpoints are made from worker addresses with UCX's endpoint error handling off:
 on, UCX restricts itself to transports that can report a dead peer, which on one host
 means TCP over loopback (0.5-1 GB/s here) instead of shared memory and cross-memory
 attach (4-6 GB/s). Dead peers are found instead by deadlines on our requests and by the
-scheduler's heartbeats; a request to a dead peer simply never completes, and closing its
-endpoint cancels it.
+scheduler's heartbeats; a request to a dead peer simply never completes until it is
+cancelled (:meth:`UcxNode.drop`).
 
 A node of a local run (``local``) gives UCX the loopback device as its only network
 device: its TCP transport then listens on loopback alone, and peers on this host still
@@ -15,9 +15,12 @@ guards it there).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +32,9 @@ __all__ = ["Request", "TransferError", "UcxNode", "wait"]
 ProgressMode = Literal["thread", "polling"]
 
 _LOOPBACK_DEVICE = "lo"  # Linux's name for it; UCX names network devices by interface
+
+# How long a request that was given up on is kept before it is freed (UcxNode.settle).
+_SETTLE_S = 5.0
 
 # A request submitted from Python does not wake a progress thread blocked in epoll
 # (measured: such a transfer never completes), so the thread wakes every millisecond.
@@ -86,17 +92,30 @@ class UcxNode:
         # Which UCX address a peer dials depends on whether it shares this host.
         self.address: bytes = publish(self._worker)
         self._endpoints: dict[bytes, Any] = {}
+        self._making: dict[bytes, threading.Lock] = {}  # held while an endpoint is made
         self._generations: dict[bytes, int] = {}  # endpoints made to each address so far
         self._peer_generations: dict[bytes, int] = {}  # what each peer last said of its own
+        self._settling: list[tuple[float, Request]] = []  # (freed after, request): settle()
         self._lock = threading.Lock()
         self._closed = False
 
     def endpoint(self, address: bytes) -> Any:
         with self._lock:
             ep = self._endpoints.get(address)
-            if ep is None:
-                peer = self._ucx.UCXAddress.create_from_buffer(to_dial(address))
-                ep = self._worker.create_endpoint_from_worker_address(peer, False)
+            if ep is not None:
+                return ep
+            making = self._making.setdefault(address, threading.Lock())
+        # Made outside the node's lock: UCX may wait on the peer while it wires an endpoint
+        # up, and a peer behind a cut link must not hold up every other peer's requests.
+        # One maker per address, so that two threads never make two endpoints to one peer.
+        with making:
+            with self._lock:
+                ep = self._endpoints.get(address)
+            if ep is not None:
+                return ep
+            peer = self._ucx.UCXAddress.create_from_buffer(to_dial(address))
+            ep = self._worker.create_endpoint_from_worker_address(peer, False)
+            with self._lock:
                 self._endpoints[address] = ep
                 self._generations[address] = self._generations.get(address, -1) + 1
             return ep
@@ -119,10 +138,10 @@ class UcxNode:
             stale = known not in (None, generation)
             ep = self._endpoints.pop(address, None) if stale else None
         if ep is not None:
-            ep.close()
+            _close(ep)
 
     def drop(self, address: bytes, generation: int | None = None) -> None:
-        """Close the endpoint to ``address``: its requests in flight are cancelled.
+        """Close the endpoint to ``address``, cancelling its requests in flight at once.
 
         With ``generation``, only if the endpoint is still that one: a request that failed
         on an endpoint since replaced must not take its successor down with it.
@@ -131,8 +150,28 @@ class UcxNode:
             if generation is not None and self._generations.get(address) != generation:
                 return
             ep = self._endpoints.pop(address, None)
-            if ep is not None:
-                ep.close()
+        if ep is not None:
+            _close(ep)
+
+    def settle(self, requests: Iterable[Request]) -> None:
+        """Keep ``requests`` until they have ended, for at most a few seconds.
+
+        Freeing a request still in flight cancels it from inside the deallocator, which
+        holds the interpreter lock while it waits for UCX's worker lock; the progress
+        thread may hold that one while it waits for the interpreter lock: a deadlock, seen
+        after a corrupt bucket was given up. A receive whose bytes were already under way
+        cannot be cancelled at all, and ends only once its dead peer is found out; its
+        fetch must not wait for that. So requests a caller is done with end here.
+        """
+        now = time.monotonic()
+        pending = [(now + _SETTLE_S, r) for r in requests if not r.completed]
+        with self._lock:
+            kept, self._settling = self._settling, []
+            for freed_after, request in kept:
+                if not request.completed and now < freed_after:
+                    self._settling.append((freed_after, request))
+            self._settling.extend(pending)
+        del kept  # the ended ones are freed here, outside the node's lock
 
     def send(self, address: bytes, data: np.ndarray, tag: int) -> Request:
         ep = self.endpoint(address)
@@ -154,10 +193,39 @@ class UcxNode:
             return
         self._closed = True
         with self._lock:
-            for ep in self._endpoints.values():
-                ep.close()
+            endpoints = list(self._endpoints.values())
             self._endpoints.clear()
+        for ep in endpoints:
+            _close(ep)
         self._worker.stop_progress_thread()
+
+
+def _close(endpoint: Any) -> None:
+    """Cancel ``endpoint``'s requests in flight, then close it.
+
+    Closing alone cancels them only once UCX has flushed the endpoint, which a peer that
+    died or sits behind a cut link never lets happen over TCP (measured between two hosts:
+    receives still posted 15 s later). Cancelling first ends them within milliseconds, so
+    a fetch from a dead source moves on at its own deadline and no later.
+    """
+    cancel = _cancel_inflight_requests()
+    if cancel is not None:
+        cancel(endpoint.ucxx_ptr)
+    endpoint.close()
+
+
+@functools.cache
+def _cancel_inflight_requests() -> Any:
+    """libucxx's ``Endpoint::cancelInflightRequests()``, which its Python binding lacks;
+    None where the library does not export it (closing then cancels as UCX flushes)."""
+    import libucxx
+
+    try:
+        function = libucxx.load_library()._ZN4ucxx8Endpoint22cancelInflightRequestsEv
+    except (AttributeError, OSError):
+        return None
+    function.restype, function.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    return function
 
 
 def wait(request: Request, deadline: float, peer: str, what: str) -> bool:

@@ -7,6 +7,7 @@ host map them instead of fetching; everyone else's buffers are private memory.
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,12 +32,20 @@ class Store:
         # so a relay planned before its own fetch began does not look failed.
         self.expecting: int | None = None
 
-    def claim(self, version: int, nbytes: int, stop: threading.Event | None = None) -> int | None:
+    def claim(
+        self,
+        version: int,
+        nbytes: int,
+        stop: threading.Event | None = None,
+        deadline: float | None = None,
+    ) -> int | None:
         """A slot of ``nbytes`` to write ``version`` into, once its readers are cancelled.
 
         Waits while every slot must be kept (a receiver's model has not yet taken its
-        newest version); None if ``stop`` is set meanwhile. The buffer is sized in the
-        same breath as the grant, so a reader never finds the slot with a stale buffer.
+        newest version); None if ``stop`` is set meanwhile, or once the monotonic clock
+        passes ``deadline``: a wait that nothing ends must not hold a fetch for good. The
+        buffer is sized in the same breath as the grant, so a reader never finds the slot
+        with a stale buffer.
         """
         with self.changed:
             while True:
@@ -47,7 +56,18 @@ class Store:
                 self.changed.notify_all()  # revoked or kept: the server cancels, a model moves
                 if stop is not None and stop.is_set():
                     return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
                 self.changed.wait(0.01)
+
+    def slots(self) -> str:
+        """What each slot holds, for a message that says why none could be written."""
+        described = []
+        for index in range(len(self.pool)):
+            state, version, readers, _, pinned = self.pool.state(index)
+            pin = ", the model's" if pinned else ""
+            described.append(f"{index}: {state.value} v{version} ({readers} readers{pin})")
+        return "; ".join(described)
 
     def buffer(self, slot: int, nbytes: int) -> np.ndarray:
         """The slot's buffer, at least ``nbytes`` long, its pages touched once.

@@ -61,6 +61,7 @@ class UcxPublisher:
         self.node = UcxNode(progress_mode, local=access.local)
         self.store = Store(self.files)
         self.server = Server(self.node, self.store, send_timeout_s, access.key)
+        self.send_timeout_s = send_timeout_s
         self.address = self.node.address
         self.stager = Stager()
         self._prepared = Ahead()
@@ -71,8 +72,16 @@ class UcxPublisher:
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> Announcement:
         self._prepared.wait()
         specs, total = plan(state)
-        slot = self.store.claim(version, total)
-        assert slot is not None
+        # Its server cancels the reads of the slot to be written within a turn, and a send
+        # ends by its own deadline: a wait past that has no end, and must say so.
+        slot = self.store.claim(version, total, deadline=time.monotonic() + self.send_timeout_s)
+        if slot is None:
+            with self.store.changed:
+                slots = self.store.slots()
+            raise RuntimeError(
+                f"no staging buffer came free for version {version} in "
+                f"{self.send_timeout_s:g} s: {slots}"
+            )
         buffer = self.store.buffers[slot]
         assert buffer is not None
         try:
@@ -178,7 +187,11 @@ class UcxReceiver:
             current.stop.set()  # a newer version: the old fetch ends after its range
         self._first_plan_at.setdefault(plan_.version, time.monotonic())
         self._attempts[plan_.version] = self._attempts.get(plan_.version, 0) + 1
-        self._outcome = None
+        with self._lock:
+            # A version fetched whole and not yet polled stays to be polled: the model must
+            # take it before its slot can be written again, and the new fetch waits for that.
+            if not isinstance(self._outcome, Received):
+                self._outcome = None
         self._job = job = _Job(plan_.version)
         with self.store.changed:
             self.store.expecting = plan_.version
@@ -219,6 +232,8 @@ class UcxReceiver:
         slot, resume = self._slot_for(manifest, job.stop)
         if slot is None:
             job.finished = True
+            if not job.stop.is_set():
+                self._no_slot(plan_)
             return
         fetch = Fetch(
             manifest,
@@ -278,6 +293,18 @@ class UcxReceiver:
         with self._lock:
             self._outcome = NeedsPlan(plan_.version, plan_.source, f"fetch failed: {error!r}")
 
+    def _no_slot(self, plan_: WeightsPlan) -> None:
+        """No buffer came free for the version within the stall timeout: say so and ask
+        for a plan again, rather than wait with no end (its model holds one buffer and has
+        not taken the version in the other). No source failed, so none is named."""
+        with self.store.changed:
+            slots = self.store.slots()
+        reason = f"no buffer free for version {plan_.version} in {self.stall_timeout_s:g} s"
+        log.warning("weight fetch waited for a buffer", version=plan_.version, slots=slots)
+        with self._lock:
+            if not isinstance(self._outcome, Received):
+                self._outcome = NeedsPlan(plan_.version, "", f"{reason} ({slots})")
+
     def _slot_for(self, manifest: Manifest, stop: threading.Event) -> tuple[int | None, int]:
         """The slot to fetch into and the checked bytes already there (a resumed fetch)."""
         pool = self.store.pool
@@ -288,7 +315,8 @@ class UcxReceiver:
                     return index, verified
                 if state is SlotState.WRITING:  # an older version's fetch that gave up
                     pool.abort_write(index)
-        slot = self.store.claim(manifest.version, manifest.total, stop)
+        deadline = time.monotonic() + self.stall_timeout_s
+        slot = self.store.claim(manifest.version, manifest.total, stop, deadline)
         return slot, 0
 
 
