@@ -25,7 +25,7 @@ from pathlib import Path
 
 from asyncrl.runtime.rundir import RunDir
 from asyncrl.runtime.whole_dirs import leftovers
-from asyncrl.transport.dataplane.store import store_owners
+from asyncrl.transport.dataplane.store import store_owners, user_shared_dir
 from asyncrl.transport.host import process_alive
 from asyncrl.transport.weights.shm.slot_file import trainer_of
 
@@ -66,8 +66,10 @@ def _clean(args: argparse.Namespace) -> int:
 def _in_shared_memory(shm: Path) -> Iterator[_Found]:
     if not shm.is_dir():
         return
-    for directory, pid in sorted(store_owners(shm).items()):
-        yield _Found(directory, f"payload store of process {pid}", process_alive(pid))
+    # This user's stores live in their private directory; older versions put them in shm.
+    for place in (user_shared_dir(shm), shm):
+        for directory, pid in sorted(store_owners(place).items()):
+            yield _Found(directory, f"payload store of process {pid}", process_alive(pid))
     for directory in sorted(shm.glob(f"asyncrl-{os.getuid()}-*")):
         if not _mine(directory) or not directory.is_dir():
             continue

@@ -30,7 +30,7 @@ import os, sys, time
 import numpy as np
 from asyncrl.transport.weights.ucx.node import UcxNode, wait
 shared, size = sys.argv[1], int(sys.argv[2])
-node = UcxNode()
+node = UcxNode(local=False)  # hosts apart: their network devices, not loopback
 with open(f"{shared}/address.part", "wb") as out:
     out.write(node.address)
 os.rename(f"{shared}/address.part", f"{shared}/address")
@@ -51,7 +51,7 @@ shared, size = sys.argv[1], int(sys.argv[2])
 while not os.path.exists(f"{shared}/address"):
     time.sleep(0.05)
 server = open(f"{shared}/address", "rb").read()
-node = UcxNode()
+node = UcxNode(local=False)  # hosts apart: their network devices, not loopback
 mine = np.frombuffer(node.address, np.uint8)
 request = np.zeros(4096, np.uint8)
 request[:4] = np.array([mine.size], np.uint32).view(np.uint8)

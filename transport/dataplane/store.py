@@ -51,6 +51,7 @@ __all__ = [
     "shared_path",
     "store_owners",
     "sweep_stale",
+    "user_shared_dir",
 ]
 
 log = structlog.get_logger("asyncrl.dataplane")
@@ -64,7 +65,7 @@ def default_shared_dir(shm: Path = Path("/dev/shm")) -> Path | None:
     has it; None where it has none, or the directory is not this user's."""
     if not (shm.is_dir() and os.access(shm, os.W_OK)):
         return None
-    return _private_dir(shm / f"asyncrl-payloads-of-{os.geteuid()}")
+    return _private_dir(user_shared_dir(shm))
 
 
 def _private_dir(path: Path) -> Path | None:
@@ -94,15 +95,7 @@ def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
     this process's own (it holds no store any more); how many were removed. A store of
     another host that shares this directory (a container's) is left to its own host."""
     removed = 0
-    for directory in shared_dir.glob(f"{_PREFIX}*"):
-        try:
-            pid_text, _, host = (directory / _OWNER).read_text().partition(" ")
-            pid = int(pid_text)
-        except (OSError, ValueError):
-            continue  # being made right now, or not ours
-        if host and host != host_identity():
-            # Another container's that shares this /dev/shm: its pid is not one of ours.
-            continue
+    for directory, pid in store_owners(shared_dir).items():
         mine = pid == os.getpid()
         if (mine and mine_too) or (not mine and not process_alive(pid)):
             shutil.rmtree(directory, ignore_errors=True)
@@ -110,17 +103,26 @@ def sweep_stale(shared_dir: Path, *, mine_too: bool = False) -> int:
     return removed
 
 
+def user_shared_dir(shm: Path = Path("/dev/shm")) -> Path:
+    """Where :func:`default_shared_dir` keeps this user's stores in ``shm`` (not made)."""
+    return shm / f"asyncrl-payloads-of-{os.geteuid()}"
+
+
 def store_owners(shared_dir: Path) -> dict[Path, int]:
-    """This user's store directories in ``shared_dir`` and the process each belongs to
-    (``asyncrl clean`` removes those whose process is gone)."""
+    """This user's store directories in ``shared_dir`` that belong to this host, and the
+    process each belongs to. A store of another host that shares the directory (a
+    container's) is left out: its pid is not one of ours."""
     owners = {}
     for directory in shared_dir.glob(f"{_PREFIX}*"):
         try:
             if directory.lstat().st_uid != os.getuid():
                 continue
-            owners[directory] = int((directory / _OWNER).read_text())
+            pid_text, _, host = (directory / _OWNER).read_text().partition(" ")
+            pid = int(pid_text)
         except (OSError, ValueError):
-            continue  # being made right now, or not ours
+            continue  # being made right now, not a store, or not ours
+        if not host or host == host_identity():  # no host: written before hosts were named
+            owners[directory] = pid
     return owners
 
 
