@@ -24,6 +24,9 @@ _STEPS, _BATCH, _KILL_AFTER = 8, 4, 3
 _staged, _steps = default_run.records, default_run.steps
 
 
+# With the heavy tests (23 s), to keep the default suite under its time; the critic's
+# checkpoints and its rollback in the core have unit tests in the default suite.
+@pytest.mark.heavy
 def test_a_killed_critic_resumes_at_the_scheduler_critic_step(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
     proc = default_run.start_ppo(run_dir, log, _STEPS, _BATCH)

@@ -63,6 +63,9 @@ def test_an_environment_that_raises_fails_its_groups_and_the_run_goes_on(tmp_pat
     assert processes_mentioning(str(run_dir)) == []
 
 
+# With the heavy tests (15 s), to keep the default suite under its time: the calculator
+# config's own run and the harness runs stay in it.
+@pytest.mark.heavy
 def test_the_calculator_through_an_openai_client_harness_trains_the_same_episodes(
     tmp_path: Path,
 ) -> None:

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 STEPS = 3
 
 
+@pytest.mark.heavy  # 13 s; with the heavy tests, to keep the default suite under its time
 def test_a_generative_judge_scores_every_response_through_the_generators(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = [

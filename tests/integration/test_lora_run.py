@@ -84,6 +84,9 @@ def _check_final_loads(run_dir: Path) -> None:
             torch.testing.assert_close(model(tokens).logits, expected, rtol=0, atol=1e-4)
 
 
+# With the heavy tests (20 s), to keep the default suite under its time; adapters and
+# their versions have unit tests in the default suite (test_lora.py, test_lora_versions.py).
+@pytest.mark.heavy
 def test_a_short_lora_run_publishes_adapters_learns_and_leaves_a_loadable_final(
     tmp_path: Path,
 ) -> None:
