@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from ..whole_dirs import fsync_directory
 from ._format import (
     LOCK_NAME,
     MAX_SNAPSHOT_BYTES,
@@ -48,15 +49,6 @@ def write_all(fd: int, data: bytes | bytearray) -> None:
         written = 0
         while written < len(view):
             written += os.write(fd, view[written:])
-
-
-def fsync_dir(root: Path) -> None:
-    # Makes a created, renamed or removed name durable, not just the file's contents.
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def lock(root: Path) -> int:
@@ -145,7 +137,7 @@ def write_snapshot_temp(root: Path, seq: int, frame: bytes) -> None:
 def publish_snapshot(root: Path, seq: int) -> None:
     """The second half of :func:`store_snapshot`: the temp file under its name, durably."""
     os.replace(snapshot_temp(root, seq), root / snapshot_name(seq))
-    fsync_dir(root)
+    fsync_directory(root)
 
 
 def obsolete_files(root: Path, snapshots: list[int], segments: list[int]) -> list[Path]:

@@ -14,12 +14,12 @@ from typing import Any, NoReturn
 
 import msgpack
 
+from ..whole_dirs import fsync_directory
 from ._child import ChildOutcome, SnapshotChild
 from ._files import (
     OPEN_FLAGS,
     Layout,
     SnapshotSlot,
-    fsync_dir,
     lock,
     obsolete_files,
     pack_snapshot,
@@ -371,7 +371,7 @@ class JournalWriter:
     def _start_segment(self, first_seq: int) -> None:
         """The first segment of a directory, made durable by name before any record."""
         self._fd = self._new_segment(first_seq)
-        fsync_dir(self._root)
+        fsync_directory(self._root)
 
     def _new_segment(self, first_seq: int) -> int:
         fd = os.open(self._root / segment_name(first_seq), OPEN_FLAGS, 0o600)

@@ -4,36 +4,14 @@ any other address (before, UCX listened on every interface, unauthenticated)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from tests.support.cluster import Cluster, wait_for
+from tests.support.listeners import listening
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(120)]
-
-
-def listening(pid: int) -> set[tuple[str, int]]:
-    """The TCP addresses process ``pid`` listens on, from the kernel's socket tables."""
-    mine = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                mine.add(target[len("socket:[") : -1])
-    found = set()
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in mine:  # 0A: LISTEN
-                host, port = fields[1].split(":")
-                raw = bytes.fromhex(host)  # each 32-bit word in host (little-endian) order
-                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-                found.add((socket.inet_ntop(family, raw), int(port, 16)))
-    return found
 
 
 def runs_ucx(pid: int) -> bool:

@@ -8,9 +8,6 @@ speaks the wire format itself, as anyone who can reach the port could.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +42,7 @@ from asyncrl.transport.weights.ucx.wire import (
     decode_header,
     encode_request,
 )
+from tests.support.listeners import listening
 from tests.unit.test_weights_shm import receive, state
 
 pytestmark = pytest.mark.timeout(60)
@@ -55,32 +53,6 @@ BUCKET = 1 / 1024  # MiB: 1 KiB buckets, several per version
 
 
 # --- the bind address -----------------------------------------------------------------------
-
-
-def listening() -> set[tuple[str, int]]:
-    """The TCP addresses this process listens on, from the kernel's socket tables."""
-    mine = set()
-    for fd in Path("/proc/self/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = os.readlink(fd)
-            if target.startswith("socket:["):
-                mine.add(target[len("socket:[") : -1])
-    found = set()
-    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
-        for line in Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]:
-            fields = line.split()
-            local, state_, inode = fields[1], fields[3], fields[9]
-            if state_ == "0A" and inode in mine:  # 0A: LISTEN
-                found.add(_address(local, family))
-    return found
-
-
-def _address(hex_address: str, family: int) -> tuple[str, int]:
-    host, port = hex_address.split(":")
-    raw = bytes.fromhex(host)
-    # /proc prints each 32-bit word in host (little-endian) order.
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    return socket.inet_ntop(family, raw), int(port, 16)
 
 
 def is_loopback(host: str) -> bool:
