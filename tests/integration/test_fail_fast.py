@@ -111,6 +111,7 @@ def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_pat
     assert seconds < 120
 
 
+@pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_path: Path) -> None:
     # Killed soon after each start, long before healthy_after_s, and its log's last line
     # the same each time: only its own "up" shows it was running, not failing to start.

@@ -98,6 +98,7 @@ def test_calls_that_extend_each_other_train_as_the_tokens_they_sampled(tmp_path:
     assert compared and max(s["logprob_mismatch"] for s in compared) < 1e-4
 
 
+@pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_a_harness_that_raises_hangs_or_returns_text_fails_its_group_not_the_run(
     tmp_path: Path,
 ) -> None:

@@ -49,7 +49,7 @@ SPLITS = [
     pytest.param((2, 1, 2), id="expert-parallel"),
     # Every expert on both ranks: their gradients summed over the copies like the rest.
     pytest.param((1, 1, 2), id="data-parallel"),
-    pytest.param((2, 2, 4), id="expert-and-pipeline-parallel"),
+    pytest.param((2, 2, 4), id="expert-and-pipeline-parallel", marks=pytest.mark.heavy),
 ]
 # 4 experts, 2 per token: each rank holds 2; ids of the batches below are all < 40.
 VARIANT = "qwen3-moe"

@@ -47,13 +47,13 @@ BF16 = ["model.dtype=bfloat16"]
 
 
 # Alone in bfloat16, and in groups in float32: each path once, the suite kept short. The
-# plain groups run with the heavy tests (23 s): the pipeline stages' run is in groups too.
+# groups run with the heavy tests (20-23 s each).
 @pytest.mark.parametrize(
     "group",
     [
         pytest.param(BF16, id="one-rank-bfloat16"),
         pytest.param(GROUP, id="groups-float32", marks=pytest.mark.heavy),
-        pytest.param(STAGES, id="pipeline-stages-float32"),
+        pytest.param(STAGES, id="pipeline-stages-float32", marks=pytest.mark.heavy),
     ],
 )
 def test_a_short_run_trains_with_megatron_and_writes_a_loadable_final_model(

@@ -120,6 +120,7 @@ def test_a_scheduler_killed_under_the_first_node_resumes_and_the_run_ends(tmp_pa
     assert "restarting generate-b-0" not in b and "restarting logp-0" not in b, b
 
 
+@pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_a_worker_failing_on_every_start_stops_its_node_with_the_reason(tmp_path: Path) -> None:
     tcp = {"host": "127.0.0.1", "local_ipc": False}
     failing = {"actors": "tests.support.failing_roles"}  # its reward worker cannot start

@@ -34,6 +34,7 @@ def rl_cluster(tmp_path: Path) -> Cluster:
     )
 
 
+@pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_ctrl_c_then_resume_continues_counters_and_data_position(tmp_path: Path) -> None:
     c = rl_cluster(tmp_path)
     try:

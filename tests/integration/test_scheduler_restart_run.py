@@ -31,6 +31,7 @@ def _wait(condition, timeout_s: float, what: str, proc) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_a_generator_started_after_a_scheduler_restart_gets_the_current_weights(
     tmp_path: Path,
 ) -> None:
