@@ -87,7 +87,11 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path, kind: HostKind
     # What the generator held in its /dev/shm was made again; the new one got weights.
     regenerated = replay_journal(RunDir(run.run_dir))["regenerated"]
     assert regenerated.get("generate", 0) >= 1, regenerated
-    assert records(run, "scheduler", "payload lost"), run.tails()
+    # Found lost by a reader, or, where the scheduler already knew h2's workers were gone,
+    # made again before any lease named them.
+    assert records(run, "scheduler", "payload lost") or records(
+        run, "scheduler", "payloads of gone holders made again before leasing"
+    ), run.tails()
     # Within the staleness bound (2) of the step count it found: the current weights, or
     # newer. Not the last version: the last steps' groups may be generated before it.
     loaded = [
