@@ -186,6 +186,13 @@ def _wait_for_steps(launcher: subprocess.Popen, root: Path, run_dir: Path, steps
         time.sleep(0.5)
 
 
+def _wait_for_output(launcher: subprocess.Popen, root: Path, run_dir: Path, text: str) -> None:
+    deadline = time.monotonic() + 180
+    while text not in (root / "launch.out").read_text(errors="replace"):
+        assert launcher.poll() is None and time.monotonic() < deadline, _tails(root, run_dir)
+        time.sleep(0.2)
+
+
 def _pid_of(run_dir: Path, command: str) -> int:
     """The pid of this run's process whose command line has ``command``."""
     (pid,) = set(processes_mentioning(command)) & set(processes_mentioning(f"run.dir={run_dir}"))
@@ -195,12 +202,16 @@ def _pid_of(run_dir: Path, command: str) -> int:
 def test_the_run_outlives_its_launcher_ctrl_c_stops_it_and_a_new_launch_resumes_it(
     cluster: Any, tmp_path: Path
 ) -> None:
-    steps = 14
+    # Long enough that the Ctrl-C lands mid-run: the run takes several steps a second.
+    steps = 40
     first, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
     _wait_for_steps(first, tmp_path, run_dir, 3)
     first.kill()  # the launcher only: the actors are detached, the run goes on
     first.wait()
     second, _ = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    # Ctrl-C once the second launcher follows the run: before that (importing Ray,
+    # connecting) it has nothing to stop and dies of the signal, as any command would.
+    _wait_for_output(second, tmp_path, run_dir, "the run goes on already: following its actors")
     _wait_for_steps(second, tmp_path, run_dir, 7)
     second.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, every actor killed
     assert second.wait(60) == 130, _tails(tmp_path, run_dir)
