@@ -7,22 +7,12 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from asyncrl.actors.policy.checkpoint import write_directory
+from tests.support.umask import umask
 
 BIN = Path(sys.executable).parent
-
-
-@contextmanager
-def umask(mask: int) -> Iterator[None]:
-    before = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(before)
 
 
 def open_to_others(root: Path) -> list[str]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,17 +13,9 @@ import pytest
 from asyncrl.actors.training.staged_state import StagedState
 from asyncrl.transport.weights.shm.slot_file import Gone, MapCache, MappedVersion, SlotFile
 from asyncrl.transport.weights.shm.staging_files import StagingFiles
+from tests.support.umask import umask
 
 NOBODY = 65534
-
-
-@contextmanager
-def umask(mask: int) -> Iterator[None]:
-    before = os.umask(mask)
-    try:
-        yield
-    finally:
-        os.umask(before)
 
 
 def mode(path: Path) -> int:
