@@ -1,6 +1,6 @@
 """``asyncrl run`` of PPO (algorithm.estimator=gae, real processes) with the critic as a
 group of 2 ranks (its value model sharded with FSDP2 over gloo, rank 0 leading): every
-policy step completes once, the critic steps as one group whose loss falls, its values
+policy step completes once, the critic steps as one group whose weights move, its values
 workers load the versions the group staged (each rank's shard, joined), and checkpoints
 of the critic land in ``critic/`` as value models.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from asyncrl.actors.critic import load_value_model
 from asyncrl.runtime.rundir import RunDir
@@ -48,7 +49,10 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
     assert len(keys) == len(set(keys)) == _STEPS * _BATCH  # every group trained once
     critic_lines = [s for s in steps if "value_loss" in s]
     assert critic_lines and all(s["critic_ranks"] == 2 for s in critic_lines)
-    assert critic_lines[-1]["value_loss"] < critic_lines[0]["value_loss"], critic_lines
+    # Its loss is not compared step to step: each step's targets are a new batch's returns
+    # under a moving policy (CI saw 0.094 then 0.143). That the values move towards fixed
+    # returns is tested on a fixed batch in tests/unit/test_critic_learner.py.
+    assert all(0 < s["value_loss"] < float("inf") for s in critic_lines), critic_lines
     # The values workers followed the group's versions, read from both ranks' shards.
     loaded = [
         r["version"] for r in default_run.records(run_dir, "values-0", "loaded a critic version")
@@ -59,7 +63,12 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
 
     run = RunDir(run_dir)
     assert run.critic_checkpoint_steps()[:1] == [_EVERY]
-    for path in [run.critic_checkpoint(_EVERY), run.final_critic]:
-        model, _ = load_value_model(str(path))  # Hugging Face names, the value head's too
+    models = [
+        load_value_model(str(p))[0] for p in [run.critic_checkpoint(_EVERY), run.final_critic]
+    ]
+    for model in models:  # Hugging Face names, the value head's too
         assert any(name.startswith("score.") for name, _ in model.named_parameters())
+    # The group's later steps changed the value model it checkpointed at step 2.
+    early, final = (dict(m.named_parameters()) for m in models)
+    assert any(not torch.equal(early[name], final[name]) for name in final)
     assert not run.critic_staged_state.exists()  # the run ended: nothing left in memory
