@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.transport import protocol as p
 
 if TYPE_CHECKING:  # the weights module brings torch, which roles without weights never load
-    from asyncrl.runtime.launch.gangs import GangPlace
+    from asyncrl.runtime.contract.gangs import GangPlace
     from asyncrl.transport.weights.base import Announcement
 
 __all__ = [

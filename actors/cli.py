@@ -22,21 +22,21 @@ import sys
 import time
 from collections.abc import Sequence
 
-from asyncrl.runtime.bus import Endpoints, next_port, read_endpoints, serves_ipc
-from asyncrl.runtime.cli.common import (
+from asyncrl.runtime.contract.bus import Endpoints, next_port, read_endpoints, serves_ipc
+from asyncrl.runtime.contract.child_status import note_failure, note_starting, note_up
+from asyncrl.runtime.contract.commands import (
     UsageError,
     add_config_arguments,
     config_from_args,
     run_command,
 )
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
-from asyncrl.runtime.gc_policy import settle_after_startup
-from asyncrl.runtime.launch.child_status import note_failure, note_starting, note_up
-from asyncrl.runtime.launch.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
-from asyncrl.runtime.launch.pulse import start_pulse
-from asyncrl.runtime.logs import configure_logging
-from asyncrl.runtime.rundir import RunDir, UntrustedFile
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE, GangPlace
+from asyncrl.runtime.contract.gc_policy import settle_after_startup
+from asyncrl.runtime.contract.logs import configure_logging
+from asyncrl.runtime.contract.pulse import start_pulse
+from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
 from asyncrl.transport import protocol as p
 from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.identity import PAYLOAD_KEY_ENV, WORKER_KEY_ENV

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from .actor import Actor, Outcome, WorkerContext

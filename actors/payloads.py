@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from .tasks.base import Sample

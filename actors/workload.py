@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
 
 from .policy.chat_template import ChatTemplate
 from .policy.directories import model_dir

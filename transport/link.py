@@ -1,7 +1,7 @@
 """What a worker holds to talk to the scheduler: one interface, two implementations.
 
 ``ZmqLink`` (transport/zmq_link.py) speaks to a scheduler process over a DEALER and a SUB
-socket; ``InProcessHub.link()`` (runtime/service/hub.py) calls a scheduler living in the
+socket; ``InProcessHub.link()`` (runtime/scheduler/service/hub.py) calls a scheduler living in the
 same process. Role code gets a link and never sees a socket. Links are thread-safe: a
 worker's heartbeat thread and its main loop share one.
 """

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
-from asyncrl.runtime.config import MegatronSection, RunConfig
+from asyncrl.runtime.contract.config import MegatronSection, RunConfig
 
 if TYPE_CHECKING:
     from ..policy.config import Experts

@@ -6,7 +6,7 @@ Weights are one ``model.safetensors`` or shards listed by ``model.safetensors.in
 ``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
 Writes go to a temporary directory swapped into place by one rename, so a crash never
 leaves half a checkpoint under the final name, nor none where there was one
-(runtime/whole_dirs.py). A written directory is its user's only (0700, files 0600).
+(runtime/contract/whole_dirs.py). A written directory is its user's only (0700, files 0600).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import structlog
 import torch
 from safetensors.torch import load_file, save_file
 
-from asyncrl.runtime.whole_dirs import (
+from asyncrl.runtime.contract.whole_dirs import (
     remove_leftovers,
     replace_directory,
     restore_parked,

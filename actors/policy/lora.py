@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from asyncrl.runtime.config import LoraSection
+from asyncrl.runtime.contract.config import LoraSection
 
 from .adapters import adapted_modules, merged_weight
 from .checkpoint import read_weights, write_directory, write_extra, write_model_files

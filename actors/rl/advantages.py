@@ -12,7 +12,7 @@ from typing import get_args
 
 import torch
 
-from asyncrl.runtime.config.learning import Estimator
+from asyncrl.runtime.contract.config.learning import Estimator
 
 __all__ = [
     "ESTIMATORS",

@@ -20,7 +20,7 @@ from typing import Literal, get_args
 
 import torch
 
-from asyncrl.runtime.config.learning import Estimator, Ratio
+from asyncrl.runtime.contract.config.learning import Estimator, Ratio
 
 from .advantages import check_estimator
 

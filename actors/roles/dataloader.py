@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, WorkerContext

@@ -1,6 +1,6 @@
 """The ``harness`` role: pending → generated, by agent harnesses driving the generators.
 
-With ``data.harness`` set, this role holds the generate stage (runtime/config/pipeline.py)
+With ``data.harness`` set, this role holds the generate stage (runtime/contract/config/pipeline.py)
 and the generate workers serve an OpenAI-compatible API instead of claiming leases
 (:mod:`..serving`). Consumes ``transition.*.pending`` wake-ups; produces one
 :class:`RolloutsOut` per group: each of ``data.group_size`` harness sessions is one
@@ -43,9 +43,9 @@ from typing import ClassVar
 
 import structlog
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext

@@ -17,9 +17,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.stages import Role
 
 from ..training.scorer import ScoringActor
 

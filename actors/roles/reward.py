@@ -20,8 +20,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, ActorBroken, Outcome, WorkerContext

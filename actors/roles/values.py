@@ -20,9 +20,9 @@ import numpy as np
 import structlog
 import torch
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Received, make_receiver
 

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import msgspec
 import structlog
 
-from asyncrl.runtime.rundir import UntrustedFile, read_owned
+from asyncrl.runtime.contract.rundir import UntrustedFile, read_owned
 from asyncrl.transport.host import host_identity, process_alive
 
 log = structlog.get_logger("asyncrl.serving")

@@ -14,8 +14,8 @@ import secrets
 
 import structlog
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.host import host_identity
 
 from ..policy.chat_template import ChatTemplate, ChatTemplateError

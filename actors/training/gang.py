@@ -40,9 +40,9 @@ from typing import NoReturn, TypeVar
 import msgpack
 import structlog
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.launch.gangs import GangPlace
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.group_store import GroupStoreError, Limits, StoreTimeout
 from asyncrl.transport.identity import RunSecretError, load_run_secret

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..payloads import LogprobsOut, RewardsOut, RolloutsOut, ValuesOut

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.transport.group_store import GroupStoreClient, GroupStoreServer, Limits
 from asyncrl.transport.security import is_loopback
 

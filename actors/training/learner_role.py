@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 import structlog
 import torch
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.launch.gangs import GangPlace
-from asyncrl.runtime.rundir import RunDir
-from asyncrl.runtime.whole_dirs import remove_directory
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.whole_dirs import remove_directory
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
 

@@ -15,8 +15,8 @@ import msgpack
 import structlog
 import torch
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir
 
 from .gang import Order
 from .learner import Group, Learner

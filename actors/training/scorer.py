@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, Outcome, WorkerContext

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from asyncrl.runtime.config import AlgorithmSection
+from asyncrl.runtime.contract.config import AlgorithmSection
 
 from ..payloads import RolloutsOut
 from ..rl import Estimate, estimate_advantages

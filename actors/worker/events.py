@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asyncrl.runtime.bus import TimeBucket, finished_topics
-from asyncrl.runtime.core.pipeline import Pipeline
+from asyncrl.runtime.contract.bus import TimeBucket, finished_topics
+from asyncrl.runtime.contract.stages import Pipeline
 from asyncrl.transport.link import SchedulerLink
 from asyncrl.transport.topics import Topic, topic, wake_topic
 
@@ -47,7 +47,7 @@ class WorkerEvents:
         time_split: TimeSplit,
     ) -> None:
         # The scheduler wakes this worker by name when work comes for its role (one
-        # wake-up per new piece of work: runtime/service/waiting.py), and every worker
+        # wake-up per new piece of work: runtime/scheduler/service/waiting.py), and every worker
         # when the run drains or ends.
         self._wakeups = (topic(Topic.RUN), wake_topic(worker))
         self._finished = frozenset(finished_topics(pipeline))  # groups leaving the pipeline

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from asyncrl.runtime.cli.common import UsageError
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.commands import UsageError
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import (
     PAYLOAD_KEY_ENV,
     WORKER_KEY_ENV,

@@ -17,8 +17,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket
-from asyncrl.runtime.core.effects import Reason
+from asyncrl.runtime.contract.bus import ACTIVITY_KEY, TimeBucket
+from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.dataplane import StoreFull
 from asyncrl.transport.link import LinkClosed

@@ -53,10 +53,10 @@ from dataclasses import dataclass
 
 import structlog
 
-from asyncrl.runtime.bus import TimeBucket
-from asyncrl.runtime.config import RunConfig, pipeline_for
-from asyncrl.runtime.core.effects import Reason
-from asyncrl.runtime.core.pipeline import Pipeline
+from asyncrl.runtime.contract.bus import TimeBucket
+from asyncrl.runtime.contract.config import RunConfig, pipeline_for
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.contract.stages import Pipeline
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 
@@ -197,7 +197,7 @@ class Worker(SchedulerQuestions):
             log=self._log,
         )
         # Called once registered and the actor started: a supervisor tells a failure before
-        # this point (it will recur) from a crash after it (runtime/launch/child_status.py).
+        # this point (it will recur) from a crash after it (runtime/contract/child_status.py).
         self._on_started = on_started
         self.failure: str | None = None  # why run() returned non-zero, in one line
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 
-from asyncrl.runtime.config import RunConfig, workers_to_start
+from asyncrl.runtime.contract.config import RunConfig, workers_to_start
 
 from ..actor import Actor
 

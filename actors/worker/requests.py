@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.runtime.bus import TimeBucket
-from asyncrl.runtime.core.effects import Reason
+from asyncrl.runtime.contract.bus import TimeBucket
+from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from asyncrl.runtime.config import LoraSection, RunConfig
+from asyncrl.runtime.contract.config import LoraSection, RunConfig
 
 from ..engines import EngineModel, train_engine_problems
 from ..policy.adapters import MergedAdapters
@@ -83,7 +83,7 @@ def _with_adapters(model: CausalLM, spec: LoraSection, role: str) -> None:
 def _load_megatron(
     cfg: RunConfig, role: str, dtype: torch.dtype, device: torch.device
 ) -> tuple[EngineModel, TextCodec]:
-    from asyncrl.runtime.config import MegatronSection
+    from asyncrl.runtime.contract.config import MegatronSection
 
     from ..engines.megatron.model import load_megatron
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 
 __all__ = ["threads_for"]
 

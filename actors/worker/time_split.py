@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from asyncrl.runtime.bus import TimeBucket
+from asyncrl.runtime.contract.bus import TimeBucket
 
 __all__ = ["TimeSplit"]
 

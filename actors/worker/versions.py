@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.runtime.bus import TimeBucket
-from asyncrl.runtime.launch.child_status import STOPS_THE_RUN
+from asyncrl.runtime.contract.bus import TimeBucket
+from asyncrl.runtime.contract.child_status import STOPS_THE_RUN
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, RunCannotGoOn

@@ -22,9 +22,9 @@ import torch
 
 from asyncrl.actors.actor import RunCannotGoOn, WorkerContext
 from asyncrl.actors.worker.release import Releaser
-from asyncrl.runtime.config import WeightsSection
-from asyncrl.runtime.launch.child_status import note_warning
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.child_status import note_warning
+from asyncrl.runtime.contract.config import WeightsSection
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import load_run_secret
 from asyncrl.transport.weights import (
     NeedsPlan,

@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from asyncrl.runtime.logs import LOG_FILE_ENV
+from asyncrl.runtime.contract.logs import LOG_FILE_ENV
 
 __all__ = ["kill", "spawn"]
 

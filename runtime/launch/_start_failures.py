@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .child_status import ChildStatus
+from asyncrl.runtime.contract.child_status import ChildStatus
 
 __all__ = ["StartFailures"]
 

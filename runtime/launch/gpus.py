@@ -15,7 +15,7 @@ import re
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 
 __all__ = ["VISIBLE_ENV", "gpu_roles", "hand_out", "machine_gpus", "parse_gpus", "visible_gpus"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 
 from .gpus import machine_gpus
 from .node import preflight, run_node

@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from asyncrl.runtime.bus import finished_steps, read_endpoints, serves_ipc
-from asyncrl.runtime.config import RunConfig
-from asyncrl.runtime.rundir import RunDir, UntrustedFile
+from asyncrl.runtime.contract.bus import finished_steps, read_endpoints, serves_ipc
+from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
 from asyncrl.transport.host import process_alive
 from asyncrl.transport.identity import RunSecretError, ensure_run_secret, load_run_secret
 from asyncrl.transport.security import (

@@ -19,12 +19,12 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from asyncrl.runtime.bus import serves_ipc
-from asyncrl.runtime.config import RunConfig, pipeline_for, workers_to_start
-from asyncrl.runtime.config.schema import WORKER_ROLES
+from asyncrl.runtime.contract.bus import serves_ipc
+from asyncrl.runtime.contract.config import RunConfig, pipeline_for, workers_to_start
+from asyncrl.runtime.contract.config.schema import WORKER_ROLES
+from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
 from asyncrl.transport.identity import worker_env
 
-from .gangs import ENV_RANK, ENV_SIZE
 from .gpus import VISIBLE_ENV, gpu_roles, hand_out
 from .supervisor import ChildSpec
 
@@ -149,7 +149,7 @@ def node_specs(
 
 
 def _scheduler_spec(cfg: RunConfig, config_args: Sequence[str], resume: bool) -> ChildSpec:
-    start = [sys.executable, "-m", "asyncrl.runtime.cli.scheduler", "start", *config_args]
+    start = [sys.executable, "-m", "asyncrl.runtime.scheduler.cli", "start", *config_args]
     if serves_ipc(cfg.scheduler):
         start.append("--ipc")  # every process is on this host: no TCP port for others
     # A scheduler that dies resumes from its journal; its workers find it again.

@@ -52,14 +52,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from asyncrl.runtime.contract.child_status import (
+    STATUS_ENV,
+    STOPS_THE_RUN,
+    ChildStatus,
+    read_status,
+)
+from asyncrl.runtime.contract.gangs import ENV_ADDR, free_local_address
+from asyncrl.runtime.launch.pulses import Pulses
+
 from ._backoff import Backoff
 from ._spawn import kill
 from ._start_failures import StartFailures
-from .child_status import STATUS_ENV, STOPS_THE_RUN, ChildStatus, read_status
 from .events import EventKind, how_it_ended, print_event, shell_status, signal_name
-from .gangs import ENV_ADDR, free_local_address
 from .last_words import last_words
-from .pulse import Pulses
 
 __all__ = ["ChildSpec", "OnEvent", "Supervisor"]
 

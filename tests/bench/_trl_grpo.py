@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from asyncrl.actors.policy.checkpoint import model_dir
     from asyncrl.actors.policy.tokenizer import TextCodec
     from asyncrl.actors.tasks import RewardFunction, TaskError, load_task
-    from asyncrl.runtime.config import load_config
+    from asyncrl.runtime.contract.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     directory = model_dir(cfg.model.path)

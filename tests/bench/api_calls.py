@@ -24,8 +24,8 @@ from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.worker.setup import load_policy
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
 
 PROMPT = "4589+123="
 

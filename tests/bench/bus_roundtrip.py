@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from asyncrl.runtime.config import config_from_dict, dump_config, load_config
+from asyncrl.runtime.contract.config import config_from_dict, dump_config, load_config
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import busy_poll
 from asyncrl.transport.zmq_link import ZmqLink
@@ -265,8 +265,8 @@ def main() -> None:
     if args.echo:
         return serve_echo(args.echo[0], int(args.echo[1]))
     if args.serve:
-        from asyncrl.runtime.logs import configure_logging
-        from asyncrl.runtime.service.process import serve
+        from asyncrl.runtime.contract.logs import configure_logging
+        from asyncrl.runtime.scheduler.service.process import serve
 
         configure_logging(process="scheduler", level="warning")
         raise SystemExit(serve(load_config(Path(args.serve[0])), resume=False,

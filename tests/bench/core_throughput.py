@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.durable import JournaledCore, recover
-from asyncrl.runtime.journal import JournalWriter
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.durable import JournaledCore, recover
+from asyncrl.runtime.scheduler.journal import JournalWriter
 
 from ..support.pipeline_driver import Sim
 

@@ -120,7 +120,7 @@ def _profile_decode(model, slots: int, graphs: bool) -> None:
 
 def _train(model, steps: int) -> tuple[list[float], int]:
     from asyncrl.actors.training.learner import Group, Learner
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
 
     cfg = config_from_dict(
         {
@@ -245,7 +245,7 @@ def main() -> None:
         raise SystemExit("cuda_figures: torch sees no CUDA device")
     from asyncrl.actors.policy.model import CausalLM, ModelConfig
     from asyncrl.actors.training.learner import Learner
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
 
     device = torch.device(args.device)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"

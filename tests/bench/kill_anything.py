@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.runtime.cli._runs import replay_journal
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.scheduler.replay import replay_journal
 
 CONFIG = Path("deploy/configs/default.yaml")
 VAL_TOLERANCE = 0.05
@@ -126,7 +126,7 @@ def _name(cmdline: list[bytes]) -> str:
 def run(name: str, work: Path, steps: int, overrides: list[str], kill: tuple[float, float] | None,
         rng: random.Random) -> Outcome:  # fmt: skip
     run_dir = work / name
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(CONFIG),
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(CONFIG),
             f"run.dir={run_dir}", f"run.name={name}", f"run.total_steps={steps}",
             "scheduler.control_port=0", "scheduler.events_port=0", *overrides]  # fmt: skip
     log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it

@@ -44,7 +44,7 @@ _ALL_LINEARS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 def _config(lora: dict | None):
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
 
     return config_from_dict({"algorithm": {"micro_batch_groups": 1}, "model": {"lora": lora or {}}})
 

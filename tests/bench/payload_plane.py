@@ -82,7 +82,7 @@ class Side:
     def worker_module(self) -> str:
         """The worker command's module: it moved from runtime to actors with the stack."""
         moved = (self.code.parent / "actors" / "cli.py").exists()
-        return "asyncrl.actors.cli" if moved else "asyncrl.runtime.cli.worker"
+        return "asyncrl.actors.cli" if moved else "asyncrl.runtime.launch.cli.worker"
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -225,7 +225,7 @@ class Run:
         self.config.write_text(yaml.safe_dump(config))
 
     def start(self) -> ProcessProbe:
-        scheduler = self._spawn("scheduler", "asyncrl.runtime.cli.scheduler", "start")
+        scheduler = self._spawn("scheduler", "asyncrl.runtime.scheduler.cli", "start")
         self._pin(scheduler, scheduler=True)
         deadline = time.monotonic() + 60
         while not (self.run_dir / "endpoints.json").exists():

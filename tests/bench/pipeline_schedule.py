@@ -29,9 +29,9 @@ import torch
 
 from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group, Learner
-from asyncrl.runtime.config import MegatronSection, config_from_dict
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import MegatronSection, config_from_dict
+from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from tests.support.hf_families import tiny_task_model
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks

@@ -56,9 +56,9 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from asyncrl.runtime.config import config_from_dict, dump_config, load_config
-from asyncrl.runtime.gc_policy import settle_after_startup
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import config_from_dict, dump_config, load_config
+from asyncrl.runtime.contract.gc_policy import settle_after_startup
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport import protocol as p
 from asyncrl.transport.identity import connection_identity, load_run_secret, worker_key
 from asyncrl.transport.topics import Topic, topic, wake_topic
@@ -632,8 +632,8 @@ def main() -> None:
     parser.add_argument("--host", metavar="SPEC")
     args = parser.parse_args()
     if args.serve:
-        from asyncrl.runtime.logs import configure_logging
-        from asyncrl.runtime.service.process import serve
+        from asyncrl.runtime.contract.logs import configure_logging
+        from asyncrl.runtime.scheduler.service.process import serve
 
         cfg = load_config(Path(args.serve[0]))
         configure_logging(process="scheduler", level=cfg.logging.level, fmt=cfg.logging.format)

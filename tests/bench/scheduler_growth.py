@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.effects import Grant
-from asyncrl.runtime.durable import JournaledCore, recover
-from asyncrl.runtime.journal import JournalWriter, Replay
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.effects import Grant
+from asyncrl.runtime.scheduler.durable import JournaledCore, recover
+from asyncrl.runtime.scheduler.journal import JournalWriter, Replay
 
 from ..support.pipeline_driver import Sim
 
@@ -47,7 +47,8 @@ CHECKPOINT_EVERY = 50  # pipeline.checkpoint_every's default: the trainer's stat
 
 
 def reference(worker: str, key: int) -> list[object]:
-    """What the core keeps of a payload left with its maker (runtime/service/payload_refs)."""
+    """What the core keeps of a payload left with its maker
+    (runtime/scheduler/service/payload_refs)."""
     return [worker, "tcp://10.0.0.1:40000", f"store-{worker}", key, 65536, 123456789, "node-1"]
 
 

@@ -23,8 +23,8 @@ from asyncrl.actors.policy.model import CausalLM, ModelConfig
 from asyncrl.actors.training.learner import Learner
 from asyncrl.actors.training.resume import restore, stage
 from asyncrl.actors.training.staged_state import StagedState
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.bench.train_memory import llama_shape
 
 _110M = llama_shape(layers=12, hidden=768, vocab=16000)  # train_memory.py measures it

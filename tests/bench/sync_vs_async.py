@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.runtime.config import load_config
+from asyncrl.runtime.contract.config import load_config
 
 CONFIGS = (Path("deploy/configs/default.yaml"), Path("deploy/configs/ppo.yaml"))
 REWARD_GAP = 0.05  # asynchronous training must end as well as synchronous, to this much
@@ -56,7 +56,7 @@ def run_once(name: str, config: Path, overrides: list[str], work: Path, target: 
     argv = [
         sys.executable,
         "-m",
-        "asyncrl.runtime.cli.main",
+        "asyncrl.runtime.launch.cli.main",
         "run",
         "-c",
         str(config),

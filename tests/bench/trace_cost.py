@@ -11,8 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from asyncrl.runtime.core.effects import Grant
-from asyncrl.runtime.service.trace import TraceLog
+from asyncrl.runtime.scheduler.core.effects import Grant
+from asyncrl.runtime.scheduler.service.trace import TraceLog
 
 
 def measure(leases: int, directory: Path) -> dict[str, float]:

@@ -61,7 +61,7 @@ def synthetic_lease(
     responses: int = _RESPONSES,
 ):
     """A train lease of ``groups`` random groups, every response ``response_tokens`` long."""
-    from asyncrl.runtime.core.pipeline import Role
+    from asyncrl.runtime.contract.stages import Role
     from asyncrl.transport import protocol as p
 
     rng = np.random.default_rng(0)
@@ -90,8 +90,8 @@ def _rank(rank: int, size: int, port: int, shape: dict, batch: dict, out) -> Non
     from asyncrl.actors.policy.model import CausalLM, ModelConfig
     from asyncrl.actors.training.gang import Gang
     from asyncrl.actors.training.learner import Group, Learner
-    from asyncrl.runtime.config import config_from_dict
-    from asyncrl.runtime.launch.gangs import GangPlace
+    from asyncrl.runtime.contract.config import config_from_dict
+    from asyncrl.runtime.contract.gangs import GangPlace
 
     gang = Gang(GangPlace(rank, size, "127.0.0.1", port), secret=GROUP_SECRET) if size > 1 else None
     baseline = _rss_kib("VmRSS")

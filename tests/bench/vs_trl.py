@@ -82,7 +82,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from asyncrl.runtime.config import RunConfig, load_config
+from asyncrl.runtime.contract.config import RunConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {
@@ -154,7 +154,7 @@ def run_asyncrl(
     cfg_path: Path, overrides: list[str], steps: int, every: int, work: Path, name: str
 ) -> Run:
     run_dir = work / "asyncrl"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(cfg_path)]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(cfg_path)]
     argv += [
         f"run.dir={run_dir}",
         f"run.name={name.replace(' ', '-')}",

@@ -63,7 +63,7 @@ def model_config(layers: int) -> Any:
 
 def _weights(strategy: str) -> Any:
     """The weights section a run with ``--strategy`` would have (64 MiB buckets)."""
-    from asyncrl.runtime.config import WeightsSection
+    from asyncrl.runtime.contract.config import WeightsSection
 
     return WeightsSection(
         strategy="shm" if strategy == "shm" else "ucx", map_on_host=strategy == "ucx-map"
@@ -73,7 +73,7 @@ def _weights(strategy: str) -> Any:
 def _publisher(strategy: str, workdir: str) -> Any:
     from pathlib import Path
 
-    from asyncrl.runtime.rundir import RunDir
+    from asyncrl.runtime.contract.rundir import RunDir
     from asyncrl.transport.weights import make_publisher
 
     weights = _weights(strategy)
@@ -83,7 +83,7 @@ def _publisher(strategy: str, workdir: str) -> Any:
 def _receiver(strategy: str, workdir: str) -> Any:
     from pathlib import Path
 
-    from asyncrl.runtime.rundir import RunDir
+    from asyncrl.runtime.contract.rundir import RunDir
     from asyncrl.transport.weights import make_receiver
 
     weights = _weights(strategy)

@@ -350,8 +350,8 @@ class Shm(Plane):
     def make_publisher(self) -> Any:
         from pathlib import Path
 
-        from asyncrl.runtime.config import WeightsSection
-        from asyncrl.runtime.rundir import RunDir
+        from asyncrl.runtime.contract.config import WeightsSection
+        from asyncrl.runtime.contract.rundir import RunDir
         from asyncrl.transport.weights.shm import ShmPublisher
 
         shared = RunDir(Path(self.setting.workdir)).weight_dirs(WeightsSection()).shared
@@ -371,14 +371,14 @@ class UcxMapped(Plane):
     name = "ucx-map"
 
     def _weights(self) -> Any:
-        from asyncrl.runtime.config import WeightsSection
+        from asyncrl.runtime.contract.config import WeightsSection
 
         return WeightsSection(strategy="ucx", map_on_host=True)
 
     def make_publisher(self) -> Any:
         from pathlib import Path
 
-        from asyncrl.runtime.rundir import RunDir
+        from asyncrl.runtime.contract.rundir import RunDir
         from asyncrl.transport.weights import make_publisher
 
         weights = self._weights()
@@ -387,7 +387,7 @@ class UcxMapped(Plane):
     def make_receiver(self) -> Any:
         from pathlib import Path
 
-        from asyncrl.runtime.rundir import RunDir
+        from asyncrl.runtime.contract.rundir import RunDir
         from asyncrl.transport.weights import make_receiver
 
         weights = self._weights()

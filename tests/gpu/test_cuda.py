@@ -113,7 +113,7 @@ def test_a_short_rl_run_on_cuda_trains_and_moves_weights_between_gpus(
     tmp_path: Path, strategy: str
 ) -> None:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=4"]
     argv += ["backends.device=cuda", "model.dtype=bfloat16", "data.val_every_versions=0"]
     argv += [f"weights.strategy={strategy}"]
@@ -132,7 +132,7 @@ def test_a_short_rl_run_on_cuda_trains_and_moves_weights_between_gpus(
 
 def _cuda_run(run_dir: Path, config: str, *overrides: str) -> list[dict]:
     """``asyncrl run`` of ``config`` on the GPU in bfloat16; its step lines."""
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", config]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", config]
     argv += [f"run.dir={run_dir}", "backends.device=cuda", "model.dtype=bfloat16"]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0", *overrides]

@@ -32,7 +32,7 @@ def test_megatron_logits_on_cuda_match_the_torch_engine_in_fp32() -> None:
     from megatron.core import parallel_state
 
     from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.runtime.config import MegatronSection
+    from asyncrl.runtime.contract.config import MegatronSection
 
     cpu, _ = load_model("embedded")
     torch.cuda.set_device(0)
@@ -55,7 +55,7 @@ def _trained_on_cuda(tmp_path: Path, steps: int, overrides: list[str]) -> Path:
     """``asyncrl run`` of ``steps`` steps in bfloat16 on CUDA, megatron training: its run
     directory, every step checked to have trained."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", f"run.total_steps={steps}"]
     argv += ["backends.device=cuda", "backends.train=megatron", "model.dtype=bfloat16"]
     argv += ["data.val_every_versions=0", "weights.strategy=shm", *overrides]
@@ -88,7 +88,7 @@ def test_megatron_moe_logits_on_cuda_match_the_torch_engine(tmp_path: Path) -> N
     from megatron.core import parallel_state
 
     from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.runtime.config import MegatronSection
+    from asyncrl.runtime.contract.config import MegatronSection
 
     directory = _tiny_moe(tmp_path / "moe")
     cpu, _ = load_model(str(directory))

@@ -75,7 +75,7 @@ def test_sglang_generates_with_logprobs_and_takes_a_new_version_mid_request() ->
 
 def test_a_short_rl_run_generates_with_sglang(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}", "run.total_steps=4"]
     argv += ["backends.generate=sglang", "backends.device=cuda", "model.dtype=bfloat16"]
     argv += ["data.val_every_versions=2", "scheduler.control_port=0", "scheduler.events_port=0"]

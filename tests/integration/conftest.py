@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.cluster import Cluster
 from tests.support.weight_nodes import shm_test_directory
 

@@ -1,5 +1,5 @@
 """Who is blamed when work ends badly, with real processes: a group dies only when it is
-the likely cause (runtime/core/scheduler.py).
+the likely cause (runtime/scheduler/core/scheduler.py).
 
 A poison group that kills every generator taking it dies after ``max_attempts``, and the
 groups leased beside it train as usual; random kills of a generator holding several
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.demo import expected_value, prompt_key
-from asyncrl.runtime.config import load_config, pipeline_for
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core import records as r
-from asyncrl.runtime.core.pipeline import GroupState
-from asyncrl.runtime.durable import recover
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import load_config, pipeline_for
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import GroupState
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core import records as r
+from asyncrl.runtime.scheduler.durable import recover
 from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
 from tests.support.poison_roles import POISON_ENV
 
@@ -50,7 +50,14 @@ def several_per_lease(tmp_path: Path, steps: int) -> Cluster:
 def asyncrl_run(c: Cluster, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
     """``asyncrl run`` on the cluster's config, under its supervisor (which restarts dead
     workers and resumes a dead scheduler); its output in ``asyncrl-run.log``."""
-    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "run",
+        "-c",
+        str(c.config_path),
+    ]
     with open(c.logs / "asyncrl-run.log", "wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
@@ -147,7 +154,7 @@ def test_random_kills_of_a_worker_holding_several_groups_kill_no_group(tmp_path:
         kill_the_generator()
         # The scheduler, while the restarted generator holds a lease: renewed, not blamed.
         wait_for(generator_holding_a_lease, 30, "a restarted generator holding a lease")
-        scheduler = set(processes_mentioning("asyncrl.runtime.cli.scheduler"))
+        scheduler = set(processes_mentioning("asyncrl.runtime.scheduler.cli"))
         scheduler &= set(processes_mentioning(str(c.root)))
         assert len(scheduler) == 1, scheduler
         os.kill(scheduler.pop(), signal.SIGKILL)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.bus import TimeBucket
+from asyncrl.runtime.contract.bus import TimeBucket
 from tests.integration.test_local_run import asyncrl_run
 from tests.support.cluster import Cluster
 
@@ -19,7 +19,7 @@ TRAIN_S = 0.05  # the demo trainer's work per step
 
 
 def inspect(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "inspect", *map(str, args)]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "inspect", *map(str, args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 

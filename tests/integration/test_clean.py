@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.training.state_slot import SlotFile
-from asyncrl.runtime.cli.main import main
-from asyncrl.runtime.whole_dirs import temporary_beside
+from asyncrl.runtime.contract.whole_dirs import temporary_beside
+from asyncrl.runtime.launch.cli.main import main
 from asyncrl.transport.dataplane.store import PayloadStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +26,7 @@ LEAVER = """
 import os, sys, time
 from pathlib import Path
 from asyncrl.actors.training.state_slot import SlotFile
-from asyncrl.runtime.whole_dirs import temporary_beside
+from asyncrl.runtime.contract.whole_dirs import temporary_beside
 from asyncrl.transport.dataplane.store import PayloadStore
 
 shm, run, rank, key = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.core import CoreSettings
-from asyncrl.runtime.durable import JournaledCore
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.scheduler.core import CoreSettings
+from asyncrl.runtime.scheduler.durable import JournaledCore
 
 from ..support.pipeline_driver import Sim
 

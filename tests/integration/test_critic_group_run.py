@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from asyncrl.actors.critic import load_value_model
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]

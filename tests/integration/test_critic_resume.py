@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
 
 pytestmark = pytest.mark.timeout(300)

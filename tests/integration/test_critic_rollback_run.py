@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(400)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.host_run import HostRun, lines
 from tests.support.hosts import Hosts, hosts_available, why_no_hosts
 

@@ -33,7 +33,7 @@ def test_the_default_run_trains_on_parquet_files_scored_by_the_verifier(tmp_path
     val = write_rows(tmp_path / "V.parquet", as_fractions(addition_rows("validation", 16)))
     run_dir = tmp_path / "run"
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
         "-c", str(REPO / "deploy" / "configs" / "default.yaml"),
         f"data.train_files={train}", f"data.val_files={val}",
         f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=2",

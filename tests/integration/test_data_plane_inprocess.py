@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 
 from asyncrl.actors.worker.loop import Worker
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.service.hub import InProcessHub
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.scheduler.service.hub import InProcessHub
 from asyncrl.transport import protocol as p
 
 from .test_inprocess_pipeline import (

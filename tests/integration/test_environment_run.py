@@ -23,7 +23,7 @@ def run_calculator(
     run_dir: Path, *overrides: str, config: str = "calculator.yaml"
 ) -> subprocess.CompletedProcess[str]:
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
         "-c", str(REPO / "deploy" / "configs" / config),
         f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=0",
         "scheduler.control_port=0", "scheduler.events_port=0", *overrides,

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(180)
 def _asyncrl(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.runtime.cli.main", *args],
+        [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -116,7 +116,14 @@ def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_pat
     # Killed soon after each start, long before healthy_after_s, and its log's last line
     # the same each time: only its own "up" shows it was running, not failing to start.
     c = Cluster(tmp_path, run={"total_steps": 20})
-    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "run",
+        "-c",
+        str(c.config_path),
+    ]
     env = {**os.environ, "ASYNCRL_DEMO_WORK_S": "generate=0.2"}
     with open(c.logs / "asyncrl-run.log", "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -161,7 +168,14 @@ def test_a_check_killed_before_the_start_runs_again_and_the_run_goes_on(tmp_path
     # kill -9 of anything: the check `asyncrl run` makes first is a child too, and its
     # death says nothing about the config.
     c = Cluster(tmp_path, run={"total_steps": 2})
-    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "run",
+        "-c",
+        str(c.config_path),
+    ]
     with open(c.logs / "asyncrl-run.log", "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 

@@ -155,11 +155,11 @@ def test_status_and_stop_from_another_process(cluster) -> None:
     c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "train=0.1"})
     wait_for(lambda: c.steps_done() >= 2, 60, "two train steps")
     config = ["-c", str(c.config_path)]
-    c.spawn("status", ["asyncrl.runtime.cli.scheduler", "status", "--json", *config])
+    c.spawn("status", ["asyncrl.runtime.scheduler.cli", "status", "--json", *config])
     assert c.wait("status", 30) == 0
     summary = json.loads(c.log_text("status"))
     assert {w["role"] for w in summary["workers"].values()} == set(ROLES)
-    c.spawn("stop", ["asyncrl.runtime.cli.scheduler", "stop", *config])
+    c.spawn("stop", ["asyncrl.runtime.scheduler.cli", "stop", *config])
     assert c.wait("stop", 30) == 0
     assert c.wait("scheduler", 60) == 0
     for role in ROLES:

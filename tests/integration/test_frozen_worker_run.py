@@ -23,7 +23,14 @@ def test_a_frozen_worker_is_killed_restarted_and_the_run_ends_exactly(
     tmp_path: Path, role: str
 ) -> None:
     c = Cluster(tmp_path, run={"total_steps": 12})
-    command = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "run",
+        "-c",
+        str(c.config_path),
+    ]
     log_path = c.logs / "asyncrl-run.log"
     with log_path.open("wb") as log:
         env = {**os.environ, "ASYNCRL_DEMO_WORK_S": "train=0.2"}

@@ -1,7 +1,7 @@
 """A supervised worker that is alive but frozen (stopped, or inside one C call that holds
 the GIL, so that none of its threads runs) is killed by its supervisor once its pulse has
 been silent ``stall_after_s``, with a line saying why, and started again
-(runtime/launch/pulse.py)."""
+(runtime/contract/pulse.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.runtime.contract.pulse import PULSE_S
 from asyncrl.runtime.launch import ChildSpec, Supervisor
-from asyncrl.runtime.launch.pulse import PULSE_S, Pulses
+from asyncrl.runtime.launch.pulses import Pulses
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,7 @@ _BOUND_S = _STALL_S + PULSE_S + 5.0
 # writes when it froze (the system's monotonic clock, which every process shares).
 WORKER = """
 import os, pathlib, re, signal, sys, time
-from asyncrl.runtime.launch.pulse import start_pulse
+from asyncrl.runtime.contract.pulse import start_pulse
 start_pulse()
 log = pathlib.Path(sys.argv[1])
 first = not log.exists()
@@ -126,7 +127,7 @@ def test_a_supervisor_that_was_not_listening_does_not_take_the_gap_for_silence(
 
 BEATING = """
 import time
-from asyncrl.runtime.launch.pulse import start_pulse
+from asyncrl.runtime.contract.pulse import start_pulse
 start_pulse()
 print("up")
 time.sleep(60)

@@ -26,7 +26,7 @@ _RANK = """
 import atexit, sys, time, torch
 import torch.distributed as dist
 from asyncrl.actors.training.gang import Gang, end_process
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.gangs import GangPlace
 
 rank = {rank}
 gang = Gang(GangPlace(rank, 2, "127.0.0.1", {port}), secret=bytes(32), timeout_s=30)

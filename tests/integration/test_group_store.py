@@ -22,8 +22,8 @@ import msgpack
 import pytest
 import torch.distributed as dist
 
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.transport.group_store import GroupStoreClient, GroupStoreError
 from asyncrl.transport.host import machine_address
 from asyncrl.transport.identity import ensure_run_secret

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from asyncrl.actors.training.gang import Order, end_process, join_group_at
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.gangs import GangPlace
 
 rank, leader, port, shared = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 cfg = config_from_dict({"run": {"dir": str(shared)}})

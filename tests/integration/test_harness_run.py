@@ -25,7 +25,7 @@ STEPS = 3
 def run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     run_dir = tmp_path / "run"
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
         "-c", "deploy/configs/default.yaml", f"run.dir={run_dir}",
         "scheduler.control_port=0", "scheduler.events_port=0",
         f"run.total_steps={STEPS}", *overrides,

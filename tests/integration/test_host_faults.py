@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.cli._runs import replay_journal
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.scheduler.replay import replay_journal
 from tests.support.host_run import GROUPS_PER_STEP, HostRun, lines
 from tests.support.hosts import HOST_KINDS, HostKind, Hosts, hosts_available, why_no_hosts
 

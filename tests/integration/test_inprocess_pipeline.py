@@ -28,8 +28,8 @@ from asyncrl.actors.demo import (
     prompt_key,
 )
 from asyncrl.actors.worker.loop import Pacing, Worker
-from asyncrl.runtime.config import RunConfig, config_from_dict
-from asyncrl.runtime.service.hub import InProcessHub
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
+from asyncrl.runtime.scheduler.service.hub import InProcessHub
 from asyncrl.transport import protocol as p
 
 STEPS = 20

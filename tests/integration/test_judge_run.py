@@ -23,7 +23,7 @@ STEPS = 3
 def test_a_generative_judge_scores_every_response_through_the_generators(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "run",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
         "-c", "deploy/configs/default.yaml", f"run.dir={run_dir}",
         "scheduler.control_port=0", "scheduler.events_port=0", f"run.total_steps={STEPS}",
         "data.reward=judge:tests.support.judges:agrees_with_greedy",

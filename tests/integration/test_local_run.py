@@ -20,7 +20,14 @@ pytestmark = pytest.mark.timeout(180)
 
 def asyncrl_run(c: Cluster, *extra: str, work: str = "") -> subprocess.Popen[bytes]:
     log = open(c.logs / "asyncrl-run.log", "ab")  # noqa: SIM115 - the child owns it
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(c.config_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "run",
+        "-c",
+        str(c.config_path),
+    ]
     env = {**os.environ, "ASYNCRL_DEMO_WORK_S": work}  # the supervisor passes it on
     return subprocess.Popen([*argv, *extra], stdout=log, stderr=subprocess.STDOUT, env=env)
 

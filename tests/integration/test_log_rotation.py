@@ -21,7 +21,7 @@ def test_a_chatty_process_keeps_its_log_under_the_bound(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import sys
-        from asyncrl.runtime.logs import configure_logging, get_logger
+        from asyncrl.runtime.contract.logs import configure_logging, get_logger
         configure_logging(process="chatty", max_bytes={MAX_BYTES}, keep={KEEP})
         log = get_logger("chatty")
         for i in range(2000):  # about 800 kB

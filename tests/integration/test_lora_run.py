@@ -20,8 +20,8 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model, model_dir
 from asyncrl.actors.policy.lora import FINAL_ADAPTER, add_adapters, read_adapters, trainer_name
-from asyncrl.runtime.config import load_config
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import load_config
+from asyncrl.runtime.contract.rundir import RunDir
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.timeout(600)
@@ -30,7 +30,7 @@ _CONFIG = "deploy/configs/lora.yaml"
 
 
 def _run(run_dir: Path, *overrides: str, timeout: float) -> None:
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", _CONFIG]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", _CONFIG]
     argv += [f"run.dir={run_dir}", "scheduler.control_port=0", "scheduler.events_port=0"]
     done = subprocess.run([*argv, *overrides], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -16,8 +16,8 @@ import torch
 
 from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group, Learner
-from asyncrl.runtime.config import MegatronSection
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import MegatronSection
+from asyncrl.runtime.contract.gangs import GangPlace
 from tests.integration.test_train_group import _config, _first_result, _lease
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 

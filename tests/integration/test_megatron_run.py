@@ -22,8 +22,8 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.training.resume import TRAINER_STATE
-from asyncrl.runtime.config import load_config
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import load_config
+from asyncrl.runtime.contract.rundir import RunDir
 
 pytest.importorskip("megatron.core")
 
@@ -80,7 +80,7 @@ def _two_steps(tmp_path: Path, overrides: list[str]) -> tuple[Path, list[dict]]:
     rescored, ref_logp for a KL penalty, a checkpoint after each step, which gathers the
     optimizer state too): the run directory and its steps, each checked to have trained."""
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(DEFAULT)]
     argv += [f"run.dir={run_dir}", "run.total_steps=2", "backends.train=megatron", *overrides]
     argv += ["pipeline.checkpoint_every=1"]
     argv += ["algorithm.proximal_logp=recompute", "algorithm.kl_coef=0.01"]
@@ -139,7 +139,7 @@ def _stopped_and_resumed(tmp_path: Path, split: list[str]) -> None:
     import time
 
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(DEFAULT)]
     argv += [f"run.dir={run_dir}", "backends.train=megatron", *split]
     argv += ["data.val_every_versions=0", "weights.strategy=shm"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0"]

@@ -51,7 +51,7 @@ def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transforme
         "scheduler.control_port=0",  # other runs on this machine may hold the defaults
         "scheduler.events_port=0",
     ]
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c", str(DEFAULT)]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(DEFAULT)]
     result = subprocess.run(
         [*argv, *overrides], capture_output=True, text=True, timeout=120, check=False
     )

@@ -31,7 +31,14 @@ def cluster(tmp_path: Path, steps: int) -> Cluster:
 
 def node(c: Cluster, name: str, roles: str, *extra: str, work: str = "") -> subprocess.Popen:
     log = open(c.logs / f"node-{name}.log", "ab")  # noqa: SIM115 - the child owns it
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "node", "-c", str(c.config_path)]
+    argv = [
+        sys.executable,
+        "-m",
+        "asyncrl.runtime.launch.cli.main",
+        "node",
+        "-c",
+        str(c.config_path),
+    ]
     argv += ["--roles", roles, "--node", name, *extra]
     env = {**os.environ, "ASYNCRL_DEMO_WORK_S": work}  # the supervisor passes it on
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -141,7 +148,7 @@ def test_a_worker_failing_on_every_start_stops_its_node_with_the_reason(tmp_path
 
 
 def asyncrl_node(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "node", *args]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "node", *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=90, cwd=cwd, check=False)
 
 

@@ -26,8 +26,8 @@ from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
 from asyncrl.actors.tasks import Sample
 from asyncrl.actors.worker.setup import load_policy
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(60)

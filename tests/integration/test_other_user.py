@@ -132,7 +132,7 @@ def test_another_user_cannot_stop_a_scheduler_on_loopback_tcp(cluster) -> None:
     time.sleep(2.5)  # a drained scheduler with no workers would have exited by now
     assert c.procs["scheduler"].poll() is None
     # The owner's tools dial with the keys the run directory holds.
-    tool = [sys.executable, "-m", "asyncrl.runtime.cli.scheduler"]
+    tool = [sys.executable, "-m", "asyncrl.runtime.scheduler.cli"]
     status = subprocess.run(
         [*tool, "status", "-c", str(c.config_path), "--json"], capture_output=True, check=True
     )

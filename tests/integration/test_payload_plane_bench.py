@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
 from tests.bench import payload_actors
 from tests.bench.payload_plane import REPO, parse_size
 

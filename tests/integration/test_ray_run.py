@@ -65,7 +65,7 @@ def _launch(cluster: Any, root: Path, steps: int, *more: str) -> tuple[subproces
     # of Ray's own connections may take while the scheduler is down.
     control, events = listening_port(), listening_port()
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "launch", "--on", "ray",
         "--address", cluster.address, "-c", str(Path("deploy/configs/default.yaml").resolve()),
         f"run.dir={run_dir}", f"run.total_steps={steps}", "scheduler.host=0.0.0.0",
         f"scheduler.control_port={control}", f"scheduler.events_port={events}",
@@ -164,7 +164,7 @@ def test_a_rank_and_the_scheduler_killed_ray_starts_them_again_and_the_run_ends_
     os.kill(_pid_of(run_dir, "--role train --index 1 "), signal.SIGKILL)
     _wait_for_steps(launcher, tmp_path, run_dir, 7)
     # The scheduler's process dies: Ray starts its actor again, which resumes the journal.
-    os.kill(_pid_of(run_dir, "asyncrl.runtime.cli.scheduler start "), signal.SIGKILL)
+    os.kill(_pid_of(run_dir, "asyncrl.runtime.scheduler.cli start "), signal.SIGKILL)
     output = _wait(launcher, tmp_path, run_dir, 300)
     assert f"the run is finished ({steps} steps)" in output, output
     leader, member = _starts(run_dir, "train-0"), _starts(run_dir, "train-1")
@@ -234,7 +234,7 @@ def test_the_run_outlives_its_launcher_ctrl_c_stops_it_and_a_new_launch_resumes_
 
 def test_no_cluster_at_the_address_given_is_one_line(tmp_path: Path) -> None:
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "launch", "--on", "ray",
         "--address", f"127.0.0.1:{free_port()}", f"run.dir={tmp_path / 'run'}",
         "scheduler.host=0.0.0.0",
     ]  # fmt: skip

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.report import write_report
-from asyncrl.runtime.service.trace import read_trace
+from asyncrl.runtime.launch.report import write_report
+from asyncrl.runtime.scheduler.service.trace import read_trace
 from tests.support.cluster import free_port
 
 pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
@@ -69,7 +69,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
     then a report drawn from the run directory while the run goes on."""
     run_dir = tmp_path_factory.mktemp("report") / "run"
     port = free_port()
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run", "-c",
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c",
             str(REPO / "deploy/configs/default.yaml"), f"run.dir={run_dir}",
             f"run.total_steps={STEPS}", "scheduler.control_port=0", "scheduler.events_port=0",
             f"scheduler.metrics_port={port}", f"logging.backends={BACKENDS}"]  # fmt: skip
@@ -138,7 +138,7 @@ def test_report_renders_every_picture_of_a_real_run(
 ) -> None:
     run_dir, _ = finished_run
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.runtime.cli.main", "report", str(run_dir)],
+        [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "report", str(run_dir)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -20,7 +20,7 @@ import pytest
 from asyncrl.actors.tasks import RewardFunction, Sample, TaskError
 from asyncrl.actors.tasks.rewards import load_reward
 from asyncrl.actors.workload import load_workload, reward_for, validation_reward_for
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 
 pytest.importorskip("math_verify")
 
@@ -31,7 +31,7 @@ import json, sys, threading, time
 from asyncrl.actors.tasks import Sample, TaskError
 from asyncrl.actors.worker.heartbeats import Heartbeats
 from asyncrl.actors.workload import reward_for
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport import protocol as p
 
 cfg = config_from_dict({"data": {"reward": "math", "reward_timeout_s": 1.0}})

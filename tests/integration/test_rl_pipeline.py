@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from asyncrl.actors.roles import ROLES
-from asyncrl.runtime.config import RunConfig, config_from_dict, pipeline_for
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict, pipeline_for
 from tests.integration.test_inprocess_pipeline import run_pipeline
 from tests.support.models import tiny_model
 

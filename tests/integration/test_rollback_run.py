@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
 
 pytestmark = pytest.mark.timeout(300)
@@ -92,7 +92,7 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
         assert f"rolled back to version {again['step']}" in record["error"], record
     # Every group created is in one state: the groups the lost steps trained are counted
     # as superseded (asyncrl-scheduler inspect replays the journal to say so).
-    inspect = [sys.executable, "-m", "asyncrl.runtime.cli.scheduler", "inspect", str(run_dir)]
+    inspect = [sys.executable, "-m", "asyncrl.runtime.scheduler.cli", "inspect", str(run_dir)]
     summary = json.loads(subprocess.run([*inspect, "--json"], capture_output=True, text=True,
                                         check=True).stdout)  # fmt: skip
     groups = summary["groups"]

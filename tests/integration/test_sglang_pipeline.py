@@ -27,7 +27,7 @@ from asyncrl.actors.engines.sglang.buckets import Bucket, rebuild
 from asyncrl.actors.engines.sglang.runner import EngineRunner
 from asyncrl.actors.policy.checkpoint import load_model, load_state, model_dir
 from asyncrl.actors.roles import generate
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 from tests.integration.test_rl_pipeline import STEPS, lines, rl_config, run
 
 pytestmark = pytest.mark.timeout(120)

@@ -34,7 +34,7 @@ def _launch(slurm: Slurm, root: Path, steps: int, *more: str) -> tuple[str, Path
     """Submit the default run with ``asyncrl launch --on slurm``; its job id and run dir."""
     run_dir = root / "run"
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "slurm",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "launch", "--on", "slurm",
         "-c", str(Path("deploy/configs/default.yaml").resolve()),
         f"run.dir={run_dir}", f"run.total_steps={steps}", "scheduler.host=0.0.0.0",
         "scheduler.curve='on'", f"scheduler.control_port={CONTROL_PORT}",
@@ -92,7 +92,7 @@ def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
 
 def test_the_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "slurm",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "launch", "--on", "slurm",
         "--dry-run", f"run.dir={tmp_path / 'run'}", "scheduler.host=0.0.0.0", PLACEMENT,
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout

@@ -16,9 +16,9 @@ from asyncrl.actors.training.gang import Gang
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.actors.training.rank import TrainRank
 from asyncrl.actors.training.resume import Choice, Source
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.launch.gangs import GangPlace
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.integration.test_train_group import _lease
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
 

@@ -263,7 +263,7 @@ def test_a_worker_failing_differently_each_start_is_still_restarted(tmp_path: Pa
     assert starts.read_text().count("start") >= 5
 
 
-# A worker that says how far its start got (runtime/launch/child_status.py), following a
+# A worker that says how far its start got (runtime/contract/child_status.py), following a
 # plan of one step a start (argv[2:]; the last step repeats): "fail R" fails to start for
 # R; "slow R" too, after 0.3 s; "up R" comes up, then fails for R; "kill" comes up, then
 # dies by SIGKILL; "early-kill" dies by SIGKILL before it is up; "done" comes up, exits 0.

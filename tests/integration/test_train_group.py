@@ -25,9 +25,9 @@ from asyncrl.actors.policy.lora import add_adapters
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
 from asyncrl.actors.training.learner import Group, Learner
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.launch.gangs import GangPlace
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir

@@ -22,7 +22,7 @@ def test_the_default_run_with_two_training_ranks_reaches_validation_reward_0_8(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
     argv += ["pipeline.workers.train=2", "scheduler.control_port=0", "scheduler.events_port=0"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=1100)

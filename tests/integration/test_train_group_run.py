@@ -25,7 +25,7 @@ _STEPS, _BATCH = 14, 4
 
 
 def _start(run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
     argv += [f"run.total_steps={_STEPS}", f"pipeline.train_batch_groups={_BATCH}"]
     argv += ["pipeline.workers.train=2", "pipeline.checkpoint_every=3"]

@@ -30,7 +30,7 @@ def test_a_local_runs_trainer_and_generator_listen_on_loopback_only(tmp_path: Pa
         run={"total_steps": 1000},
     )
     try:
-        argv = ["asyncrl.runtime.cli.scheduler", "start", "-c", str(c.config_path), "--ipc"]
+        argv = ["asyncrl.runtime.scheduler.cli", "start", "-c", str(c.config_path), "--ipc"]
         c.spawn("scheduler", argv)
         wait_for(lambda: c.endpoints() is not None, 30, "the scheduler's endpoints.json")
         assert c.endpoints()["control"].startswith("ipc://")  # type: ignore[index]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.demo import Generate, Train
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights.base import Announcement, WeightsPlan
 

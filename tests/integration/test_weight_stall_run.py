@@ -23,7 +23,7 @@ def test_a_source_that_never_answers_is_said_on_the_terminal_and_stops_the_run(
     tmp_path: Path,
 ) -> None:
     command = [
-        *(sys.executable, "-m", "asyncrl.runtime.cli.main", "run"),
+        *(sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"),
         *("-c", "deploy/configs/default.yaml", f"run.dir={tmp_path / 'run'}"),
         "pipeline.actors=tests.support.silent_weights_roles",
         "weights.map_on_host=false",

@@ -1,4 +1,4 @@
-"""Directories replaced whole (runtime/whole_dirs.py, as checkpoints and final/ are
+"""Directories replaced whole (runtime/contract/whole_dirs.py, as checkpoints and final/ are
 written): a writer killed with SIGKILL in the middle of replacing one leaves the old
 directory or the new one, whole, under its name; what it leaves beside it is removed by
 the next writer, and only when its process is gone."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.policy.checkpoint import write_directory
-from asyncrl.runtime.whole_dirs import leftovers, remove_leftovers, temporary_beside
+from asyncrl.runtime.contract.whole_dirs import leftovers, remove_leftovers, temporary_beside
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,7 +105,7 @@ _MAKE_TEMPORARY = """
 import sys, time
 from pathlib import Path
 from asyncrl.actors.policy.checkpoint import write_directory
-from asyncrl.runtime.whole_dirs import temporary_beside
+from asyncrl.runtime.contract.whole_dirs import temporary_beside
 
 print(temporary_beside(Path(sys.argv[1])), flush=True)
 if sys.argv[2:] != ["exit"]:

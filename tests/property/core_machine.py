@@ -22,11 +22,17 @@ from hypothesis.stateful import (
     rule,
 )
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.core.effects import Grant, LockGranted, LockQueued, Rejected, Transition
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
-from asyncrl.runtime.core.status import summarize
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Pipeline
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.effects import (
+    Grant,
+    LockGranted,
+    LockQueued,
+    Rejected,
+    Transition,
+)
+from asyncrl.runtime.scheduler.core.status import summarize
 from tests.support.core_indexes import index_mismatches
 
 from .pipeline_model import (

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
 
 from .core_machine import make_machine
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
-from asyncrl.runtime.core.pipeline import GroupState as S
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Gate, Pipeline, Role, Stage
+from asyncrl.runtime.contract.stages import GroupState as S
 
 from .core_machine import make_machine
 

@@ -98,7 +98,7 @@ class Cluster:
         return proc.pid
 
     def scheduler(self, resume: bool = False) -> int:
-        argv = ["asyncrl.runtime.cli.scheduler", "start", "-c", str(self.config_path)]
+        argv = ["asyncrl.runtime.scheduler.cli", "start", "-c", str(self.config_path)]
         pid = self.spawn("scheduler", [*argv, "--resume"] if resume else argv)
         wait_for(lambda: self.endpoints() is not None, 30, "the scheduler's endpoints.json")
         return pid

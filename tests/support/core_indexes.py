@@ -1,4 +1,4 @@
-"""Each index the scheduler core keeps (runtime/core/indexes.py, liveness.py), against a
+"""Each index the scheduler core keeps (runtime/scheduler/core/indexes.py, liveness.py), against a
 plain scan of the state it is derived from: what the property machine and the unit tests
 check after every operation."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
-from asyncrl.runtime.core import SchedulerCore
+from asyncrl.runtime.scheduler.core import SchedulerCore
 
 __all__ = ["index_mismatches"]
 

@@ -15,7 +15,7 @@ LORA = ("model.lora.rank=4", "model.lora.target_modules=[q_proj,down_proj]", "al
 
 def start(run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
     """``asyncrl run`` of deploy/configs/default.yaml into ``run_dir``, output to ``log``."""
-    argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "run"]
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
     argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
     argv += ["scheduler.control_port=0", "scheduler.events_port=0", *overrides]
     with log.open("ab") as out:

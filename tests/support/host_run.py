@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.runtime.cli._runs import replay_journal
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.scheduler.replay import replay_journal
 
 from .hosts import HostProcess, Hosts
 
@@ -90,7 +90,7 @@ class HostRun:
                    first_index: int = 0) -> HostProcess:  # fmt: skip
         if host == self.scheduler_host and "scheduler" not in roles.split(","):
             roles = f"scheduler,{roles}" if roles else "scheduler"
-        argv = [sys.executable, "-m", "asyncrl.runtime.cli.main", "node", *self.config]
+        argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "node", *self.config]
         argv += ["--roles", roles, "--node", host, "--first-index", str(first_index)]
         if resume and host == self.scheduler_host:
             argv.append("--resume")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from asyncrl.runtime.core.effects import Grant, Notice, Transition
-from asyncrl.runtime.core.scheduler import SchedulerCore
+from asyncrl.runtime.scheduler.core.effects import Grant, Notice, Transition
+from asyncrl.runtime.scheduler.core.scheduler import SchedulerCore
 
 WORKERS = {"gen0": "generate", "gen1": "generate", "gen2": "generate", "gen3": "generate",
            "logp0": "logp", "ref0": "ref_logp", "rew0": "reward", "train0": "train"}  # fmt: skip

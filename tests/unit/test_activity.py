@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.runtime.bus import TimeBucket
-from asyncrl.runtime.service.activity import RoleActivity, parse_activity
+from asyncrl.runtime.contract.bus import TimeBucket
+from asyncrl.runtime.scheduler.service.activity import RoleActivity, parse_activity
 
 
 def spent(**seconds: float) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.cli._breakdown import breakdown, render_breakdown, step_lines
+from asyncrl.runtime.launch.cli._breakdown import breakdown, render_breakdown, step_lines
 
 
 def shares(compute: float, waiting: float, **rest: float) -> dict[str, float]:

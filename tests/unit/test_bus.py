@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.bus import (
+from asyncrl.runtime.contract.bus import (
     Endpoints,
     announce_endpoints,
     next_port,
     read_endpoints,
     wakeup_topics,
 )
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE, Pipeline
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Pipeline
 
 
 def test_announced_endpoints_read_back_whole(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """How a supervised child says how far its start got, and how the supervisor counts
-failures to start from that (runtime/launch/child_status.py, _start_failures.py)."""
+failures to start from that (runtime/contract/child_status.py, _start_failures.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.launch._start_failures import StartFailures
-from asyncrl.runtime.launch.child_status import (
+from asyncrl.runtime.contract.child_status import (
     STATUS_ENV,
     ChildStatus,
     note_failure,
@@ -16,6 +15,7 @@ from asyncrl.runtime.launch.child_status import (
     note_up,
     read_status,
 )
+from asyncrl.runtime.launch._start_failures import StartFailures
 
 STARTING = ChildStatus(starting=True)
 UP = ChildStatus(starting=True, up=True)

@@ -1,4 +1,5 @@
-"""Tests of asyncrl.runtime.config: defaults, validation messages, overrides, round trip."""
+"""Tests of asyncrl.runtime.contract.config: defaults, validation messages, overrides,
+round trip."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from asyncrl.runtime.config import (
+from asyncrl.runtime.contract.config import (
     WORKER_ROLES,
     ConfigError,
     RunConfig,

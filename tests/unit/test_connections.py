@@ -4,7 +4,7 @@ connections)."""
 
 from __future__ import annotations
 
-from asyncrl.runtime.service.connections import Connections
+from asyncrl.runtime.scheduler.service.connections import Connections
 from asyncrl.transport import protocol as p
 from asyncrl.transport.identity import connection_identity, worker_key
 

@@ -6,14 +6,14 @@ from itertools import pairwise
 
 import pytest
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state, load_state
-from asyncrl.runtime.core.effects import (
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state, load_state
+from asyncrl.runtime.scheduler.core.effects import (
     Accepted,
     Grant,
     LockGranted,
     LockQueued,
-    Reason,
     Rejected,
     Transition,
 )

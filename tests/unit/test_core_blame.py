@@ -1,17 +1,17 @@
 """Who is blamed when work ends badly: a group dies only when it is the likely cause.
 
-The rule (runtime/core/blame.py's docstring, the README's "What survives what"): a worker's own
-failure of a group blames it; a worker's death blames a lone group, or the suspects among
-several, and makes the rest suspects; suspects go to a worker one at a time; leaving on
-purpose, a grant lost on its way, a dead payload holder and a scheduler restart blame
-nobody.
+The rule (runtime/scheduler/core/blame.py's docstring, the README's "What survives
+what"): a worker's own failure of a group blames it; a worker's death blames a lone group,
+or the suspects among several, and makes the rest suspects; suspects go to a worker one
+at a time; leaving on purpose, a grant lost on its way, a dead payload holder and a
+scheduler restart blame nobody.
 """
 
 from __future__ import annotations
 
-from asyncrl.runtime.core import SchedulerCore
-from asyncrl.runtime.core.codec import dump_state, load_state
-from asyncrl.runtime.core.effects import Accepted
+from asyncrl.runtime.scheduler.core import SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state, load_state
+from asyncrl.runtime.scheduler.core.effects import Accepted
 
 from .test_core import grant, make_core
 from .test_core_lost_payloads import generated_with_refs

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.runtime.bus import wakeup_topics
-from asyncrl.runtime.cli._status import render_status
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.core.effects import Accepted, Grant, Reason, Rejected, VersionPublished
-from asyncrl.runtime.core.pipeline import (
+from asyncrl.runtime.contract.bus import wakeup_topics
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.contract.stages import (
     DEFAULT_PIPELINE,
     Gate,
     GroupState,
@@ -20,7 +17,11 @@ from asyncrl.runtime.core.pipeline import (
     Role,
     Stage,
 )
-from asyncrl.runtime.core.status import summarize
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.effects import Accepted, Grant, Rejected, VersionPublished
+from asyncrl.runtime.scheduler.core.status import summarize
+from asyncrl.runtime.scheduler.status_text import render_status
 
 PPO = DEFAULT_PIPELINE.with_critic().without(Role.REF_LOGP)
 ROLES = {"gen": "generate", "lp": "logp", "rw": "reward", "val": "values", "cr": "critic",

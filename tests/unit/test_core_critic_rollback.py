@@ -3,18 +3,18 @@ the core's rule, scenario by scenario (tests/property drives it in random interl
 
 from __future__ import annotations
 
-from asyncrl.runtime.core import SchedulerCore
-from asyncrl.runtime.core import records as r
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.core.effects import (
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.contract.stages import GroupState
+from asyncrl.runtime.scheduler.core import SchedulerCore
+from asyncrl.runtime.scheduler.core import records as r
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.effects import (
     Accepted,
     CriticRolledBackTo,
-    Reason,
     Rejected,
     RolledBackTo,
     WorkerLost,
 )
-from asyncrl.runtime.core.pipeline import GroupState
 from tests.unit.test_core_critic import PPO, done, grant, make_core, run, to_ready
 
 

@@ -2,7 +2,7 @@
 heartbeats, claims, completions and ticks never scan the tables that grow with the
 worker count or the run.
 
-Indexes (runtime/core/indexes.py, liveness.py): leases by worker and by role, suspected
+Indexes (runtime/scheduler/core/indexes.py, liveness.py): leases by worker and by role, suspected
 groups per state, the lease expiry heap, the takeable-group heaps, and the workers'
 silence deadlines. The property machine checks the same after every step
 (tests/property/core_machine.py); here many more workers and a restart from a snapshot.
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.core.effects import Grant, Rejected, WorkerLost
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.effects import Grant, Rejected, WorkerLost
 from tests.support.core_indexes import index_mismatches
 
 ROLES = ("generate", "logp", "ref_logp", "reward", "train")

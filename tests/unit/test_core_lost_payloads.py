@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from asyncrl.runtime.core import SchedulerCore
-from asyncrl.runtime.core.codec import dump_state, load_state
-from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.scheduler.core import SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state, load_state
+from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected
 
 from .test_core import grant, make_core
 

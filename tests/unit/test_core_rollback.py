@@ -8,10 +8,11 @@ tests drive rollbacks in random interleavings; these are the cases one by one.
 
 from __future__ import annotations
 
-from asyncrl.runtime.core import SchedulerCore
-from asyncrl.runtime.core.codec import dump_state, load_state
-from asyncrl.runtime.core.effects import Accepted, Reason, Rejected, RolledBackTo, WorkerLost
-from asyncrl.runtime.core.status import summarize
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.scheduler.core import SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state, load_state
+from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected, RolledBackTo, WorkerLost
+from asyncrl.runtime.scheduler.core.status import summarize
 
 from .test_core import generate, grant, make_core, score
 

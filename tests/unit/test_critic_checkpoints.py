@@ -15,8 +15,8 @@ from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.critic import load_value_model
 from asyncrl.actors.roles.critic import Critic
 from asyncrl.actors.training.resume import TRAINER_STATE
-from asyncrl.runtime.config import ConfigError, config_from_dict
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import ConfigError, config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
 from tests.unit.test_critic_learner import _groups
 
 

@@ -14,7 +14,7 @@ from asyncrl.actors.payloads import ValuesOut
 from asyncrl.actors.training.group import Group
 from asyncrl.actors.training.resume import Source, restore, stage
 from asyncrl.actors.training.staged_state import StagedState
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from tests.integration.test_train_group import _lease
 
 

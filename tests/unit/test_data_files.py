@@ -17,7 +17,7 @@ from asyncrl.actors.tasks.order import ShuffledOrder
 from asyncrl.actors.tasks.rows import DataFileError, read_rows
 from asyncrl.actors.worker.preflight import check_task
 from asyncrl.actors.workload import load_workload
-from asyncrl.runtime.config import RunConfig, config_from_dict
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from tests.support.datafiles import addition_rows, write_rows
 
 
@@ -223,7 +223,7 @@ def test_a_model_without_a_chat_template_cannot_take_data_files(tmp_path: Path) 
 
 
 def test_data_files_take_one_path_or_a_list_and_need_validation_files() -> None:
-    from asyncrl.runtime.config import ConfigError, load_config
+    from asyncrl.runtime.contract.config import ConfigError, load_config
 
     one = load_config(None, ["data.train_files=t.parquet", "data.val_files=v.parquet"])
     assert (one.data.train_files, one.data.val_files) == (["t.parquet"], ["v.parquet"])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from asyncrl.actors import demo
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
 
 
 def test_roles_cover_every_worker_role_under_its_own_name() -> None:

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.core.records import Op
-from asyncrl.runtime.durable import (
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.records import Op
+from asyncrl.runtime.scheduler.durable import (
     SNAPSHOT_CAP,
     SNAPSHOT_SHARE,
     JournaledCore,
     JournalExists,
     recover,
 )
-from asyncrl.runtime.journal import JournalWriter, replay
+from asyncrl.runtime.scheduler.journal import JournalWriter, replay
 
 from ..support.pipeline_driver import Sim
 

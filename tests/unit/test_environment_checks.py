@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.actors.worker.preflight import check_environment
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 
 
 def problems(environment: str, **data) -> list[str]:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.actors.worker.preflight import check_harness
-from asyncrl.runtime.config import config_from_dict, pipeline_for, workers_to_start
-from asyncrl.runtime.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.core.effects import Accepted, Grant, Reason, Rejected
-from asyncrl.runtime.core.pipeline import (
+from asyncrl.runtime.contract.config import config_from_dict, pipeline_for, workers_to_start
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.contract.stages import (
     DEFAULT_PIPELINE,
     Gate,
     Pipeline,
     PipelineError,
     Role,
 )
-from asyncrl.runtime.core.pipeline import GroupState as S
+from asyncrl.runtime.contract.stages import GroupState as S
+from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
+from asyncrl.runtime.scheduler.core.effects import Accepted, Grant, Rejected
 
 HARNESS = "tests.support.harnesses:ask_once"
 

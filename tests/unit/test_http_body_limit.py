@@ -97,7 +97,7 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(
 def test_the_metrics_endpoint_answers_without_reading_a_body(method: bytes) -> None:
     # prometheus-client's server never reads a body and closes after each reply: bounded
     # as it is (its request line and headers are bounded by http.server).
-    from asyncrl.runtime.service.live_metrics import LiveMetrics, serve_metrics
+    from asyncrl.runtime.scheduler.service.live_metrics import LiveMetrics, serve_metrics
 
     metrics = serve_metrics(LiveMetrics(None), "127.0.0.1", 0)  # type: ignore[arg-type]
     try:

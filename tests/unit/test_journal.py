@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncrl.runtime.journal import (
+from asyncrl.runtime.scheduler.journal import (
     JournalCorrupt,
     JournalLocked,
     JournalWriter,
@@ -745,7 +745,7 @@ def test_no_record_reaches_a_segment_before_the_previous_one_is_fsynced(
 ) -> None:
     """Records written on the appending thread after a snapshot still wait for the old
     segment: a crash must never leave a gap in one segment and records in the next."""
-    from asyncrl.runtime.journal import _syncer
+    from asyncrl.runtime.scheduler.journal import _syncer
 
     real_fsync, real_write_all = os.fsync, _syncer.write_all
     synced: dict[str, int] = {}  # segment name -> size when its last fsync began

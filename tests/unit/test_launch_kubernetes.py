@@ -1,4 +1,4 @@
-"""The config's placement as Kubernetes objects (runtime/launch/kubernetes.py), validated
+"""The config's placement as Kubernetes objects (runtime/launch/clusters/kubernetes.py), validated
 offline against the Kubernetes API's schemas, and applied by kubectl (kubectl.py).
 
 No cluster is reachable here: what is checked is what the objects say (against the
@@ -21,10 +21,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from asyncrl.runtime.cli.main import build_parser, main
-from asyncrl.runtime.config import config_from_dict, load_config
-from asyncrl.runtime.launch.kubectl import launch_on_kubernetes, manifests_path, new_run_keys
-from asyncrl.runtime.launch.kubernetes import (
+from asyncrl.runtime.contract.config import config_from_dict, load_config
+from asyncrl.runtime.launch.cli.main import build_parser, main
+from asyncrl.runtime.launch.clusters.kubectl import (
+    launch_on_kubernetes,
+    manifests_path,
+    new_run_keys,
+)
+from asyncrl.runtime.launch.clusters.kubernetes import (
     KEY_FILES,
     KEYS_DIR,
     keys_secret,

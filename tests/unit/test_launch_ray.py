@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.launch.gangs import ENV_RANK, ENV_SIZE
-from asyncrl.runtime.launch.ray_plan import describe_plan, ray_plan
+from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
+from asyncrl.runtime.launch.clusters.ray_plan import describe_plan, ray_plan
 
 PYTHON = "/opt/env/bin/python"
 HOST = "scheduler.host=0.0.0.0"
@@ -85,7 +85,8 @@ def test_runs_ray_cannot_place_are_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> None:
     argv = [
-        sys.executable, "-m", "asyncrl.runtime.cli.main", "launch", "--on", "ray", "--dry-run",
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main",
+        "launch", "--on", "ray", "--dry-run",
         f"run.dir={tmp_path / 'run'}", HOST, TWO_NODES, "pipeline.workers.train=2",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
@@ -96,7 +97,7 @@ def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> Non
 def test_without_ray_the_launch_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrl.runtime.launch.ray import RayLaunchError, launch_on_ray
+    from asyncrl.runtime.launch.clusters.ray import RayLaunchError, launch_on_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as on an install without the extra
     with pytest.raises(RayLaunchError, match=r"pip install 'asyncrl\[ray\]'"):

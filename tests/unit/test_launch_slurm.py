@@ -1,5 +1,5 @@
-"""The config's placement, as the nodes a cluster runs (runtime/launch/cluster.py) and as
-Slurm's batch script (runtime/launch/slurm.py); nothing is submitted."""
+"""The config's placement, as the nodes a cluster runs (runtime/launch/clusters/nodes.py) and as
+Slurm's batch script (runtime/launch/clusters/slurm.py); nothing is submitted."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from asyncrl.runtime.config import ConfigError, config_from_dict
-from asyncrl.runtime.launch.cluster import cluster_nodes
-from asyncrl.runtime.launch.slurm import render_sbatch
+from asyncrl.runtime.contract.config import ConfigError, config_from_dict
+from asyncrl.runtime.launch.clusters.nodes import cluster_nodes
+from asyncrl.runtime.launch.clusters.slurm import render_sbatch
 
-NODE = ["/venv/bin/python", "-m", "asyncrl.runtime.cli.main", "node", "-c", "/r/run.yaml"]
+NODE = ["/venv/bin/python", "-m", "asyncrl.runtime.launch.cli.main", "node", "-c", "/r/run.yaml"]
 HEAD = {"scheduler": 1, "dataloader": 1, "reward": 1, "train": 2, "logp": 1}
 
 

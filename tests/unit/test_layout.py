@@ -2,8 +2,11 @@
 
 - No circle of imports among the source modules, at any depth: imports inside functions
   and under ``if TYPE_CHECKING:`` count too (a circle of types is still a circle).
-- The three folders are a stack, transport <- runtime <- actors: each imports only from
-  the folders below it.
+- The folders are layers, each importing only from those it builds on (``LAYERS``):
+  transport at the bottom; runtime/contract (what the scheduler, the workers and the
+  launchers share) on it; the scheduler (runtime/scheduler) and the workers (actors) each
+  on the contract and never on each other, nor on launching; launching (runtime/launch:
+  local, node, clusters, the CLI, the report) on the scheduler and the contract.
 
 A module's length is no test: a module is split by concern, in review, never to fit a
 number (a bound of 450 lines had modules split into mixins that re-declared their host's
@@ -20,7 +23,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STACK = ("transport", "runtime", "actors")  # each may import only from those before it
+STACK = ("transport", "runtime", "actors")  # the source folders
+# Each layer and the layers it may import from (itself included).
+LAYERS: dict[str, frozenset[str]] = {
+    "transport": frozenset({"transport"}),
+    "runtime.contract": frozenset({"transport", "runtime.contract"}),
+    "runtime.scheduler": frozenset({"transport", "runtime.contract", "runtime.scheduler"}),
+    "actors": frozenset({"transport", "runtime.contract", "actors"}),
+    "runtime.launch": frozenset(
+        {"transport", "runtime.contract", "runtime.scheduler", "runtime.launch"}
+    ),
+}
 
 
 def source_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -84,8 +97,22 @@ def a_circle(graph: Mapping[str, set[str]]) -> list[str] | None:
     return None
 
 
-def folder_of(module: str) -> str:
-    return module.split(".")[1]
+def layer_of(module: str) -> str:
+    """``asyncrl.runtime.scheduler.core.state`` -> ``runtime.scheduler``; the bare
+    ``asyncrl.runtime`` package counts as the contract."""
+    parts = module.split(".")
+    if parts[1] != "runtime":
+        return parts[1]
+    return "runtime." + (parts[2] if len(parts) > 2 else "contract")
+
+
+def against_the_layers(graph: Mapping[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        for target in targets
+        if layer_of(target) not in LAYERS[layer_of(name)]
+    )
 
 
 def test_no_source_modules_import_each_other_in_a_circle() -> None:
@@ -93,15 +120,33 @@ def test_no_source_modules_import_each_other_in_a_circle() -> None:
     assert circle is None, "import circle: " + " -> ".join(circle or ())
 
 
-def test_imports_go_down_the_stack_transport_runtime_actors() -> None:
-    graph = import_graph(source_modules())
-    upward = sorted(
-        f"{name} -> {target}"
-        for name, targets in graph.items()
-        for target in targets
-        if STACK.index(folder_of(target)) > STACK.index(folder_of(name))
+def test_every_module_is_in_a_layer() -> None:
+    assert {layer_of(name) for name in source_modules()} == set(LAYERS)
+
+
+def test_imports_go_down_the_layers() -> None:
+    upward = against_the_layers(import_graph(source_modules()))
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_a_worker_module_importing_the_scheduler_is_caught(tmp_path: Path) -> None:
+    """The rule above, seen to fail: a planted worker module that imports the scheduler's
+    core, another that imports launching."""
+    for folder in ("transport", "runtime/contract", "runtime/scheduler", "runtime/launch"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "runtime/scheduler/core.py").write_text("")
+    (tmp_path / "runtime/launch/local.py").write_text("")
+    (tmp_path / "actors").mkdir()
+    (tmp_path / "actors/__init__.py").write_text("")
+    (tmp_path / "actors/role.py").write_text(
+        "from asyncrl.runtime.scheduler.core import x\n"
+        "def f():\n    import asyncrl.runtime.launch.local\n"
     )
-    assert not upward, "imports against the stack:\n" + "\n".join(upward)
+    assert against_the_layers(import_graph(source_modules(tmp_path))) == [
+        "asyncrl.actors.role -> asyncrl.runtime.launch.local",
+        "asyncrl.actors.role -> asyncrl.runtime.scheduler.core",
+    ]
 
 
 def test_actors_has_no_private_module_at_its_top() -> None:

@@ -22,7 +22,7 @@ from asyncrl.actors.policy.directories import model_dir
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.worker.preflight import load_actor_class
 from asyncrl.actors.workload import load_workload, reward_for
-from asyncrl.runtime.config import RunConfig
+from asyncrl.runtime.contract.config import RunConfig
 
 cfg = RunConfig()
 for role in ("dataloader", "reward", "harness"):

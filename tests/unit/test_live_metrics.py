@@ -12,7 +12,7 @@ from tests.unit.test_service import make, one_step
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
 
-from asyncrl.runtime.service.live_metrics import LiveMetrics
+from asyncrl.runtime.scheduler.service.live_metrics import LiveMetrics
 
 
 def _samples(live: LiveMetrics) -> dict[tuple[str, tuple], float]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import structlog
 
-from asyncrl.runtime.logs import configure_logging, get_logger
+from asyncrl.runtime.contract.logs import configure_logging, get_logger
 
 SECRET = "hunter2-do-not-print"
 

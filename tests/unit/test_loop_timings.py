@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from asyncrl.runtime.service.loop_timings import Histogram, LoopTimings
+from asyncrl.runtime.scheduler.service.loop_timings import Histogram, LoopTimings
 
 
 def test_quantiles_are_the_upper_bounds_of_their_buckets() -> None:

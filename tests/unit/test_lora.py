@@ -19,7 +19,7 @@ from asyncrl.actors.policy.lora import (
     save_final,
 )
 from asyncrl.actors.training.learner import Group, Learner
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from tests.integration.test_train_group import _lease
 
 pytest.importorskip("peft")

@@ -21,7 +21,8 @@ from asyncrl.actors.policy.adapters import MergedAdapters
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.worker.versions import Versions
-from asyncrl.runtime.core.effects import Accepted, Reason, Rejected
+from asyncrl.runtime.contract.refusals import Reason
+from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected
 from asyncrl.transport import protocol as p
 from tests.unit.test_core import generate, grant, make_core, score
 

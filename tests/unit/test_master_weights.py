@@ -10,7 +10,7 @@ import torch
 
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.actors.worker.setup import load_policy
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from tests.bench.train_memory import synthetic_lease
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.actors.engines import MEGATRON_MISSING, train_engine_problems
 from asyncrl.actors.worker.preflight import check_engine
-from asyncrl.runtime.config import ConfigError, config_from_dict
+from asyncrl.runtime.contract.config import ConfigError, config_from_dict
 
 
 def megatron(**sizes: int) -> dict:
@@ -120,7 +120,7 @@ def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() 
         sys.modules["megatron"] = None
         from asyncrl.actors.worker.preflight import check_engine
         from asyncrl.actors.worker.setup import load_policy
-        from asyncrl.runtime.config import config_from_dict
+        from asyncrl.runtime.contract.config import config_from_dict
         cfg = config_from_dict({"backends": {"train": "megatron"}})
         for role in ("train", "logp", "ref_logp"):
             print(check_engine(cfg, role))

@@ -15,7 +15,7 @@ import torch
 
 from asyncrl.actors.engines import device_of, load_weights, weights_of
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.runtime.config import MegatronSection
+from asyncrl.runtime.contract.config import MegatronSection
 from tests.support.hf_families import SMALL, VARIANTS, hf_model_dir
 
 pytest.importorskip("megatron.core")
@@ -134,7 +134,7 @@ def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat1
     rate moves weights that bfloat16 would not, while what it publishes is bfloat16."""
     from asyncrl.actors.training.learner import Group, Learner
     from asyncrl.actors.worker.setup import load_policy
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
     from tests.bench.train_memory import synthetic_lease
 
     cfg = config_from_dict(

@@ -40,7 +40,7 @@ def _rank(rank: int, port: int, directories: list[str], out: multiprocessing.Que
     import torch.distributed as dist
 
     from asyncrl.actors.engines.megatron.model import load_megatron
-    from asyncrl.runtime.config import MegatronSection
+    from asyncrl.runtime.contract.config import MegatronSection
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, RANKS, rank == 0, timedelta(seconds=60))

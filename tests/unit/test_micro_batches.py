@@ -12,7 +12,7 @@ import torch
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.training.learner import MICRO_BATCH_SLACK, Group, Learner
 from asyncrl.actors.training.micro_batches import by_length
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from tests.integration.test_train_group import _lease
 
 

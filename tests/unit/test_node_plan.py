@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from asyncrl.runtime.bus import dialable
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.launch.gangs import ENV_RANK, ENV_SIZE
+from asyncrl.runtime.contract.bus import dialable
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
 from asyncrl.runtime.launch.gpus import (
     VISIBLE_ENV,
     gpu_roles,

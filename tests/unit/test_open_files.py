@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 PROBE = (
-    "import resource; from asyncrl.runtime.service.process import _allow_many_connections; "
+    "import resource; "
+    "from asyncrl.runtime.scheduler.service.process import _allow_many_connections; "
     "_allow_many_connections(); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
 )
 

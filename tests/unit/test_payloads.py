@@ -7,7 +7,7 @@ import pytest
 
 from asyncrl.actors.payloads import LogprobsOut, PayloadError, PromptIn, RewardsOut, RolloutsOut
 from asyncrl.actors.tasks import Sample
-from asyncrl.runtime.core.pipeline import Role
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 

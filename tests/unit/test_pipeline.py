@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from asyncrl.runtime.core.pipeline import (
+from asyncrl.runtime.contract.stages import (
     DEFAULT_PIPELINE,
     Gate,
     Pipeline,
@@ -14,7 +14,7 @@ from asyncrl.runtime.core.pipeline import (
     Role,
     Stage,
 )
-from asyncrl.runtime.core.pipeline import GroupState as S
+from asyncrl.runtime.contract.stages import GroupState as S
 
 GENERATE = Stage(Role.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT)
 TRAIN = Stage(Role.TRAIN, S.READY, S.TRAINED, S.TRAINING, Gate.STEP)

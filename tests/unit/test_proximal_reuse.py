@@ -11,7 +11,7 @@ from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.roles.logp import Logp, reuses_generator_logprobs
 from asyncrl.actors.tasks.arithmetic import task
 from asyncrl.actors.training.scorer import score_items
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport import protocol as p
 
 

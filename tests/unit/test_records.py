@@ -7,9 +7,9 @@ from typing import NamedTuple
 import msgpack
 import pytest
 
-from asyncrl.runtime.core import records as r
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
-from asyncrl.runtime.core.state import CoreState
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
+from asyncrl.runtime.scheduler.core import records as r
+from asyncrl.runtime.scheduler.core.state import CoreState
 
 
 def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:

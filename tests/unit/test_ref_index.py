@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.runtime.service.payload_refs import RefIndex
+from asyncrl.runtime.scheduler.service.payload_refs import RefIndex
 
 ROLES = ("generate", "logp", "reward")
 STORES = ("s0", "s1", "s2")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.config import load_config
-from asyncrl.runtime.extras import missing_extras
+from asyncrl.runtime.contract.config import load_config
+from asyncrl.runtime.contract.extras import missing_extras
 from asyncrl.runtime.launch.progress import estimate_eta, progress_line
-from asyncrl.runtime.report.timeline import busy_overlap, timeline_from_trace
+from asyncrl.runtime.launch.report.timeline import busy_overlap, timeline_from_trace
 
 
 def _x(name: str, ts: float, dur: float, tid: int, pid: int, cat: str = "lease") -> dict:
@@ -50,7 +50,7 @@ def test_overlap_of_disjoint_and_nested_intervals() -> None:
 
 def test_an_older_run_dir_is_reported_with_what_it_lacks(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
-    from asyncrl.runtime.report import write_report
+    from asyncrl.runtime.launch.report import write_report
 
     lines = [{"step": s, "elapsed_s": s * 0.5, "policy_version": s - 1, "reward_mean": s / 10,
               "staleness_mean": 1.0, "staleness_max": 2, "response_len_mean": 10 + s,
@@ -89,7 +89,7 @@ def test_the_progress_line_shows_an_eta_at_the_pace_since_the_first_step_seen() 
 
 
 def test_a_resumed_run_s_time_axis_joins_the_schedulers_lifetimes(tmp_path: Path) -> None:
-    from asyncrl.runtime.report.data import load_run
+    from asyncrl.runtime.launch.report.data import load_run
 
     times = [(1, 5.0), (2, 6.0), (3, 2.0), (4, 3.0)]  # resumed after step 2
     (tmp_path / "metrics.jsonl").write_text(
@@ -107,7 +107,7 @@ def test_a_resumed_run_s_time_axis_joins_the_schedulers_lifetimes(tmp_path: Path
 def test_asyncrl_run_refuses_at_once_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from asyncrl.runtime.cli.main import main
+    from asyncrl.runtime.launch.cli.main import main
 
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     run_dir = tmp_path / "run"
@@ -121,9 +121,9 @@ def test_asyncrl_run_refuses_at_once_with_one_line(
 
 
 def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp_path) -> None:
-    from asyncrl.runtime.report.data import RunData
-    from asyncrl.runtime.report.headline import headline
-    from asyncrl.runtime.rundir import RunDir
+    from asyncrl.runtime.contract.rundir import RunDir
+    from asyncrl.runtime.launch.report.data import RunData
+    from asyncrl.runtime.launch.report.headline import headline
 
     lines = [{"step": 1, "staleness_mean": 1.0}, {"step": 2, "staleness_mean": 2.0}]
     plain = headline(RunData(RunDir(tmp_path), steps=lines), None)
@@ -134,9 +134,9 @@ def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp
 
 
 def test_the_headline_counts_every_group_created_in_its_state(tmp_path: Path) -> None:
-    from asyncrl.runtime.report.data import RunData
-    from asyncrl.runtime.report.headline import headline
-    from asyncrl.runtime.rundir import RunDir
+    from asyncrl.runtime.contract.rundir import RunDir
+    from asyncrl.runtime.launch.report.data import RunData
+    from asyncrl.runtime.launch.report.headline import headline
 
     groups = {"pending": 8, "trained": 480, "superseded": 160}
     last = {"step": 30, "group_states": groups, "groups_created": 648}

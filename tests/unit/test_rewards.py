@@ -212,7 +212,7 @@ def test_the_reward_role_scores_a_group_with_a_reward_model(tmp_path: Path) -> N
     """The reward role as a worker runs it: started from a config naming a classifier
     directory, scoring a leased group's responses in one batch."""
     from asyncrl.actors.actor import WorkerContext
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
 
     directory = classifier_dir(tmp_path, 2)
     cfg = config_from_dict({"data": {"reward": f"model:{directory}"}})

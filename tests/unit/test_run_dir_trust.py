@@ -17,8 +17,8 @@ import pytest
 import structlog
 
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
-from asyncrl.runtime.bus import Endpoints, announce_endpoints, read_endpoints
-from asyncrl.runtime.rundir import RunDir, UntrustedFile
+from asyncrl.runtime.contract.bus import Endpoints, announce_endpoints, read_endpoints
+from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
 
 NOBODY = 65534
 LOOPBACK = "tcp://127.0.0.1:5555"
@@ -103,7 +103,7 @@ def test_a_command_refuses_a_planted_endpoints_file_with_one_line(run: RunDir) -
     config = run.root / "run.yaml"
     config.write_text(f"run: {{dir: {run.root}}}\n")
     done = subprocess.run(
-        [sys.executable, "-m", "asyncrl.runtime.cli.scheduler", "status", "-c", str(config)],
+        [sys.executable, "-m", "asyncrl.runtime.scheduler.cli", "status", "-c", str(config)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.runtime.config import load_config
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.config import load_config
+from asyncrl.runtime.contract.rundir import RunDir
 
 
 def test_the_key_directory_is_the_configured_one_with_the_run_dir_filled_in(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.runtime.core.codec import dump_state
+from asyncrl.runtime.scheduler.core.codec import dump_state
 from tests.bench.scheduler_growth import (
     footprint,
     known_groups,

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.service.build import StagesChanged, open_service
-from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.scheduler.service.build import StagesChanged, open_service
+from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
 ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")

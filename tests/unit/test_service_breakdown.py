@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.service.build import open_service
-from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.runtime.contract.bus import ACTIVITY_KEY, TimeBucket
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
 WORKERS = {"dataloader": "dataloader", "gen-a": "generate", "gen-b": "generate", "logp": "logp",

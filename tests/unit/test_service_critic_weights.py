@@ -13,9 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from asyncrl.actors.worker.publishing import version_due
-from asyncrl.runtime.config import config_from_dict
-from asyncrl.runtime.service.build import open_service
-from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
 WORKERS = {"dl": "dataloader", "gen": "generate", "lp": "logp", "rw": "reward",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
 from .test_service import make

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.service.service import SchedulerService
+from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 
 from .test_service import make, one_step

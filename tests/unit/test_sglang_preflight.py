@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.worker.preflight import check_engine
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 # The check `asyncrl run` runs before it starts anything, in a process where SGLang cannot

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.service.metrics import MetricsLog
-from asyncrl.runtime.service.sinks import flatten, open_sinks
+from asyncrl.runtime.scheduler.service.metrics import MetricsLog
+from asyncrl.runtime.scheduler.service.sinks import flatten, open_sinks
 
 LINE = {"step": 3, "reward_mean": 0.5, "ok": True, "keys": ["a"],
         "roles": {"train": {"tokens_per_s": 10.0, "compute": 0.7}}}  # fmt: skip

@@ -15,11 +15,11 @@ import msgpack
 import pytest
 from structlog.testing import capture_logs
 
-import asyncrl.runtime.durable as durable_module
-from asyncrl.runtime.core import CoreSettings
-from asyncrl.runtime.core.codec import dump_state
-from asyncrl.runtime.durable import RETRY_AFTER_FAILURE_S, JournaledCore, recover
-from asyncrl.runtime.journal import JournalWriter, replay
+import asyncrl.runtime.scheduler.durable as durable_module
+from asyncrl.runtime.scheduler.core import CoreSettings
+from asyncrl.runtime.scheduler.core.codec import dump_state
+from asyncrl.runtime.scheduler.durable import RETRY_AFTER_FAILURE_S, JournaledCore, recover
+from asyncrl.runtime.scheduler.journal import JournalWriter, replay
 
 from ..support.pipeline_driver import Sim
 
@@ -138,7 +138,7 @@ def test_a_fork_that_fails_takes_the_snapshot_on_the_callers_thread(
 _SCHEDULER = """
 import os, sys, time
 from pathlib import Path
-import asyncrl.runtime.durable as durable_module
+import asyncrl.runtime.scheduler.durable as durable_module
 from tests.unit.test_snapshot_child import open_core, run_until_forked
 
 def stuck(state):
@@ -211,7 +211,7 @@ def test_a_child_whose_status_another_wait_took_counts_as_failed(tmp_path: Path)
 def test_without_fork_the_snapshot_is_taken_on_the_callers_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import asyncrl.runtime.journal._child as child_module
+    import asyncrl.runtime.scheduler.journal._child as child_module
 
     monkeypatch.setattr(child_module, "FORK_AVAILABLE", False)
     durable = open_core(tmp_path / "journal")

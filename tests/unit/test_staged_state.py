@@ -152,7 +152,7 @@ def test_a_slot_of_another_group_layout_is_ignored(tmp_path: Path) -> None:
 
 def test_a_slot_staged_under_another_split_of_the_model_is_ignored(tmp_path: Path) -> None:
     from asyncrl.actors.training.rank import staged_identity
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
 
     def identity(**megatron) -> dict:
         backends = {"train": "megatron", "megatron": megatron}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from asyncrl.runtime.core.staleness import (
+from asyncrl.runtime.scheduler.core.staleness import (
     admission_capacity,
     step_keeps_promises,
     train_by_step,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from asyncrl.runtime.core.effects import Transition
-from asyncrl.runtime.core.pipeline import GroupState as S
-from asyncrl.runtime.service.step_path import StepPath
+from asyncrl.runtime.contract.stages import GroupState as S
+from asyncrl.runtime.scheduler.core.effects import Transition
+from asyncrl.runtime.scheduler.service.step_path import StepPath
 
 
 def path() -> StepPath:

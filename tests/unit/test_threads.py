@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.actors.worker.threads import threads_for
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 
 
 def config(threads: int, staleness: int, generators: int = 1):

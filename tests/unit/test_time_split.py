@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from asyncrl.actors.worker.time_split import TimeSplit
-from asyncrl.runtime.bus import TimeBucket as B
+from asyncrl.runtime.contract.bus import TimeBucket as B
 
 
 class FakeClock:

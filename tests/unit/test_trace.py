@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from asyncrl.runtime.core.effects import Grant
-from asyncrl.runtime.service.trace import TraceLog, read_trace
+from asyncrl.runtime.scheduler.core.effects import Grant
+from asyncrl.runtime.scheduler.service.trace import TraceLog, read_trace
 
 REQUIRED = {"ph", "ts", "pid", "tid", "name"}
 

@@ -17,10 +17,10 @@ from asyncrl.actors.payloads import ValuesOut
 from asyncrl.actors.roles.critic import Critic
 from asyncrl.actors.roles.values import Values
 from asyncrl.actors.worker.publishing import published_version, version_due
-from asyncrl.runtime.config import RunConfig, config_from_dict
-from asyncrl.runtime.core.pipeline import Role
-from asyncrl.runtime.rundir import RunDir
-from asyncrl.runtime.service.weight_routes import NoRoute, WeightRoutes
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
+from asyncrl.runtime.scheduler.service.weight_routes import NoRoute, WeightRoutes
 from asyncrl.transport import protocol as p
 from tests.integration.test_train_group import _lease
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.runtime.core.pipeline import DEFAULT_PIPELINE
-from asyncrl.runtime.service.waiting import WaitingWorkers
+from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
+from asyncrl.runtime.scheduler.service.waiting import WaitingWorkers
 from asyncrl.transport.topics import wake_topic
 
 GENERATED = "transition.generating.generated"

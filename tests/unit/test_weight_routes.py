@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncrl.runtime.service.weight_routes import NO_SOURCE, NoRoute, WeightRoutes
+from asyncrl.runtime.scheduler.service.weight_routes import NO_SOURCE, NoRoute, WeightRoutes
 
 MANIFEST = {"buckets": [[0, 64]], "sha": "ab"}
 

@@ -19,7 +19,7 @@ import torch
 
 from asyncrl.actors.actor import WorkerContext
 from asyncrl.actors.worker.weights import weights_access
-from asyncrl.runtime.config import config_from_dict
+from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.weights import WeightsAccess, weights_key
 from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan

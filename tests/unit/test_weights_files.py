@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.runtime.config import WeightsSection
+from asyncrl.runtime.contract.config import WeightsSection
 from asyncrl.transport.weights import (
     NeedsPlan,
     Received,

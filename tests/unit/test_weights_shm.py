@@ -207,7 +207,7 @@ def test_the_ram_directory_is_one_per_run(tmp_path: Path) -> None:
 
 
 def test_the_end_of_a_local_run_removes_what_a_killed_trainer_left(tmp_path: Path) -> None:
-    from asyncrl.runtime.config import config_from_dict
+    from asyncrl.runtime.contract.config import config_from_dict
     from asyncrl.runtime.launch.node import _release_shared_weights
 
     shm_dir = tmp_path / "shm"

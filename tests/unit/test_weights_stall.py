@@ -16,8 +16,8 @@ from asyncrl.actors.actor import Actor, RunCannotGoOn
 from asyncrl.actors.worker.requests import Fatal
 from asyncrl.actors.worker.versions import Versions
 from asyncrl.actors.worker.weights import StallBounds, WeightFollower
-from asyncrl.runtime.config import ConfigError, WeightsSection, config_from_dict
-from asyncrl.runtime.launch.child_status import STATUS_ENV, STOPS_THE_RUN, read_status
+from asyncrl.runtime.contract.child_status import STATUS_ENV, STOPS_THE_RUN, read_status
+from asyncrl.runtime.contract.config import ConfigError, WeightsSection, config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights.base import WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver

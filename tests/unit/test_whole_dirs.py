@@ -1,4 +1,4 @@
-"""Directories replaced whole (runtime/whole_dirs.py), on a file system that cannot
+"""Directories replaced whole (runtime/contract/whole_dirs.py), on a file system that cannot
 exchange two names in one rename: the old one is parked, and put back if a crash left
 nothing in its place."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.runtime import whole_dirs
-from asyncrl.runtime.whole_dirs import (
+from asyncrl.runtime.contract.whole_dirs import (
     leftovers,
     remove_directory,
     replace_directory,

@@ -14,7 +14,7 @@ import pytest
 from asyncrl.actors.actor import Actor, Outcome, WorkerContext
 from asyncrl.actors.demo import Dataloader, Generate, Logp, Train
 from asyncrl.actors.worker.loop import Pacing, Worker
-from asyncrl.runtime.config import RunConfig, config_from_dict
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 from asyncrl.transport.weights.base import Announcement, WeightsPlan

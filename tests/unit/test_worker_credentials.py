@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.worker.identity import worker_credentials
-from asyncrl.runtime.cli.common import UsageError
-from asyncrl.runtime.rundir import RunDir
+from asyncrl.runtime.contract.commands import UsageError
+from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import (
     PAYLOAD_KEY_ENV,
     WORKER_KEY_ENV,

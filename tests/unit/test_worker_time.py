@@ -9,8 +9,8 @@ import pytest
 
 from asyncrl.actors.actor import Outcome
 from asyncrl.actors.demo import Generate, Logp, Train
-from asyncrl.runtime.bus import ACTIVITY_KEY, TimeBucket
-from asyncrl.runtime.config import RunConfig, config_from_dict
+from asyncrl.runtime.contract.bus import ACTIVITY_KEY, TimeBucket
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
 
 from .test_worker import ScriptedLink, lease, make_worker, train_step

@@ -30,7 +30,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from asyncrl.actors.policy.model import ModelConfig
 from asyncrl.actors.policy.rotary import rotary_frequencies
-from asyncrl.runtime.config import MegatronSection
+from asyncrl.runtime.contract.config import MegatronSection
 
 from .experts import moe_fields, use_our_dispatchers, use_our_router
 from .mapping import Layout

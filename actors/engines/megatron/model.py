@@ -23,7 +23,7 @@ from torch import nn
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
 from asyncrl.actors.policy.model import ModelConfig
 from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.runtime.config import MegatronSection
+from asyncrl.runtime.contract.config import MegatronSection
 
 from .build import ParallelSizes, build_gpt, layout_of, te_available
 from .experts import is_expert

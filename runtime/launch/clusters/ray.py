@@ -1,0 +1,213 @@
+"""``asyncrl launch --on ray``: a run on a Ray cluster, each of its processes an actor.
+
+The launcher connects to the cluster (``--address``, else ``RAY_ADDRESS``, else the
+cluster this machine belongs to), asks Ray for the plan's actors (ray_plan.py) and
+follows the run: the step progress, a line for every start of an actor (its node, its
+GPUs), and its end. Ray places every actor and brings it back when it dies, on any node
+that fits; the scheduler keeps what only it can keep (journal, leases, fences, versions)
+in the run directory every node shares, so a process Ray brings back is taken up where
+it left off.
+
+Every actor is detached, named in the run's namespace: the run does not depend on this
+process. Launched again while it runs, the launcher finds the same actors and follows
+them (``get_if_exists``); launched after a stop, the scheduler resumes from its journal.
+Ctrl-C stops the run: every actor is killed, workers first.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+from asyncrl.runtime.contract.bus import finished_steps
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.launch.progress import ProgressReporter
+
+from .ray_actor import ProcessActor, forget_failures, gave_up_reason
+from .ray_plan import RayPlan, RayProcess
+
+__all__ = ["RayLaunchError", "launch_on_ray"]
+
+_POLL_S = 1.0
+_DIAL_S = 5.0
+_HEAD = "node:__internal_head__"  # a resource only the head node has
+_LEAVE_S = 30.0  # for workers to leave by themselves once the scheduler has ended the run
+
+
+class RayLaunchError(Exception):
+    """What stops the launch before the run starts, in one line."""
+
+
+def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
+    """Start (or find) the run's actors and follow the run to its end; its exit status."""
+    ray = _import_ray()
+    _connect(ray, plan, address or os.environ.get("RAY_ADDRESS") or "auto")
+    try:
+        actors = _start(ray, plan)
+        _say(f"{plan.cfg.run.name}: {len(actors)} actors in namespace {plan.namespace}; "
+             f"logs in {RunDir.of(plan.cfg).logs}")  # fmt: skip
+        return _follow(ray, plan)
+    except KeyboardInterrupt:
+        _stop(ray, plan)
+        _say("stopped: every actor killed; launch again to resume from the journal")
+        return 130
+    finally:
+        ray.shutdown()
+
+
+def _import_ray() -> ModuleType:
+    try:
+        import ray
+    except ImportError:
+        raise RayLaunchError(
+            "--on ray needs Ray, not installed here: pip install 'asyncrl[ray]'"
+        ) from None
+    return ray
+
+
+def _connect(ray: ModuleType, plan: RayPlan, address: str) -> None:
+    try:
+        _reachable(address)
+        ray.init(address=address, namespace=plan.namespace, logging_level="WARNING")
+    except ConnectionError as error:
+        raise RayLaunchError(
+            f"no Ray cluster at {address} ({error}): start one (ray start --head) on the "
+            "cluster's head node, or give its address in RAY_ADDRESS"
+        ) from None
+
+
+def _reachable(address: str) -> None:
+    """ConnectionError at once if nothing listens at a HOST:PORT given: Ray would retry
+    for minutes before it says so."""
+    host, _, port = address.rpartition(":")
+    if not (host and port.isdigit()) or "://" in address:
+        return  # "auto", or a ray:// client address: Ray finds it itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_DIAL_S).close()
+    except OSError as error:
+        raise ConnectionError(error.strerror or str(error)) from None
+
+
+def _start(ray: ModuleType, plan: RayPlan) -> list[Any]:
+    """Every actor of the plan, made now or found running."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if _alive(ray, plan, "scheduler"):
+        _say("the run goes on already: following its actors")
+    else:
+        # A new start: endpoints left by an earlier one name a scheduler nobody serves,
+        # and the failures its actors counted are not this start's.
+        RunDir.of(plan.cfg).endpoints.unlink(missing_ok=True)
+        for process in plan.processes:
+            forget_failures(plan.run_dir, process.name)
+    actor_class = ray.remote(ProcessActor)
+    groups = {gang: _placement_group(ray, plan, gang) for gang in plan.gangs}
+    actors = []
+    for process in plan.processes:
+        options: dict[str, Any] = {}
+        if process.scheduler:
+            # On the head node: its address stays the one the workers dial (they read the
+            # run's endpoints once), and a Ray cluster does not outlive its head anyway.
+            options["resources"] = {_HEAD: 0.001}
+        if process.gang is not None:
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=groups[process.gang],
+                placement_group_bundle_index=process.rank,
+            )
+        actor = actor_class.options(
+            name=process.name,
+            namespace=plan.namespace,
+            lifetime="detached",  # the run outlives the launcher
+            get_if_exists=True,
+            num_cpus=0,  # one CPU each (Ray's default) leaves small nodes unable to place them
+            num_gpus=process.num_gpus,
+            max_restarts=-1,
+            **options,
+        ).remote(plan, process)
+        actors.append(actor)
+    return actors
+
+
+def _placement_group(ray: ModuleType, plan: RayPlan, gang: str) -> Any:
+    """The group's placement group: its ranks on one node, found again if it exists."""
+    name = f"{plan.namespace}-{gang}"
+    try:
+        return ray.util.get_placement_group(name)
+    except ValueError:
+        pass
+    return ray.util.placement_group(plan.bundles(gang), strategy="STRICT_PACK", name=name,
+                                    lifetime="detached")  # fmt: skip
+
+
+def _follow(ray: ModuleType, plan: RayPlan) -> int:
+    """Wait for the scheduler's actor to end; 0 if the run finished, else 1."""
+    run, total = RunDir.of(plan.cfg), plan.cfg.run.total_steps
+    with ProgressReporter(run.metrics, total):
+        while _alive(ray, plan, "scheduler"):
+            gave_up = _gave_up(ray, plan, plan.processes)
+            if gave_up:
+                _stop(ray, plan)
+                return 1
+            time.sleep(_POLL_S)
+    steps = finished_steps(run)
+    if steps is None or steps < total:
+        _gave_up(ray, plan, plan.processes[:1])
+        _say(f"the scheduler ended before the run's end ({steps or 0} of {total} steps)")
+        _stop(ray, plan)
+        return 1
+    # Workers were told the run is over; one started again too late ends by itself.
+    deadline = time.monotonic() + _LEAVE_S
+    while any(_alive(ray, plan, p.name) for p in plan.processes):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(_POLL_S)
+    _stop(ray, plan)
+    _say(f"the run is finished ({steps} steps) in {run.root}")
+    return 0
+
+
+def _gave_up(ray: ModuleType, plan: RayPlan, processes: Sequence[RayProcess]) -> bool:
+    """Says so of every actor of ``processes`` that ended for good, failing; any?"""
+    found = False
+    for process in processes:
+        reason = gave_up_reason(plan.run_dir, process.name)
+        if reason is not None and not _alive(ray, plan, process.name):
+            log = RunDir.of(plan.cfg).logs / f"{process.name}.log"
+            _say(f"{process.name} {reason}; its log: {log}")
+            found = True
+    return found
+
+
+def _stop(ray: ModuleType, plan: RayPlan) -> None:
+    """Kill every actor of the run for good (workers first), and free its GPUs."""
+    for process in sorted(plan.processes, key=lambda p: p.scheduler):
+        try:
+            actor = ray.get_actor(process.name, namespace=plan.namespace)
+        except ValueError:
+            continue  # ended already
+        ray.kill(actor, no_restart=True)
+    for gang in plan.gangs:
+        try:
+            ray.util.remove_placement_group(
+                ray.util.get_placement_group(f"{plan.namespace}-{gang}")
+            )
+        except ValueError:
+            continue
+
+
+def _alive(ray: ModuleType, plan: RayPlan, name: str) -> bool:
+    """Whether the actor is alive or being started again (a dead one's name is free)."""
+    try:
+        ray.get_actor(name, namespace=plan.namespace)
+    except ValueError:
+        return False
+    return True
+
+
+def _say(line: str) -> None:
+    print(f"asyncrl launch: {line}", file=sys.stderr, flush=True)

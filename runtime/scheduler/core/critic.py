@@ -1,0 +1,68 @@
+"""The critic's step and its staleness bound, part of :class:`~.scheduler.SchedulerCore`
+(a base class of it).
+
+A PPO pipeline (``Pipeline.with_critic``) trains a critic beside the policy: the ``values``
+stage scores each group with the critic version its worker holds, and the critic's step
+takes one batch at a time, in train-by order, counting its own steps and versions. Its
+staleness is bounded by the policy's rule: the critic step from version ``c`` uses values
+made with a version no older than ``c - max_staleness``; older ones are made again.
+
+The critic takes a whole batch when one is ready; fewer only when the train step waits
+for them: a group that went back for a lost payload, or one more urgent than the critic's
+last batch, must still reach the train step, which reads what the critic has trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from asyncrl.runtime.contract.stages import Gate, Pipeline, Stage
+
+from . import records as r
+from .settings import CoreSettings
+from .state import CoreState
+
+__all__ = ["CriticSteps"]
+
+
+class CriticSteps:
+    settings: CoreSettings
+    state: CoreState
+    pipeline: Pipeline
+    _commit: Callable[[r.Record], None]
+    _step_ready: Callable[[Stage], bool]
+
+    def _oldest_critic_allowed(self) -> int:
+        """The staleness bound, as for the policy: the next critic step (from version
+        ``critic_steps_done``) uses values at most ``max_staleness`` versions older."""
+        return self.state.critic_steps_done - self.settings.max_staleness
+
+    def _critic_batch(self, stage: Stage) -> int:
+        """How many groups the critic's step takes now (0: none); one step at a time."""
+        s, batch = self.state, self.settings.train_batch_groups
+        if s.indexes.by_role[stage.role]:
+            return 0
+        ready = s.counts[stage.source]
+        if ready >= batch:
+            return batch
+        train = self.pipeline.gated(Gate.STEP)
+        train_waits = not s.indexes.by_role[train.role] and not self._step_ready(train)
+        return ready if train_waits else 0
+
+    def _redo_stale_values(self, stage: Stage) -> None:
+        """Values made with a critic version the bound no longer allows are made again."""
+        oldest, s = self._oldest_critic_allowed(), self.state
+        stale = sorted(
+            {
+                gid
+                for _, gid in s.available(stage)
+                if (group := s.groups.get(gid)) is not None
+                and group.state == stage.source
+                and group.critic_version is not None
+                and group.critic_version < oldest
+            }
+        )
+        if stale:
+            (values,) = s.critic_followers
+            reason = f"{values}: made with a critic older than version {oldest}"
+            self._commit(r.Redone(stale, str(values), reason))

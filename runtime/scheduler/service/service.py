@@ -1,0 +1,311 @@
+"""The scheduler service: bus messages in, replies and events out, around the durable core.
+
+Like the core it wraps, the service opens no socket and reads no clock (``now`` comes with
+every call), so the ZeroMQ daemon and the in-process hub run the same code. It turns each
+request into core commands, each core answer into a reply, and each notice into a
+numbered event; it knows when the run is over.
+
+:class:`SchedulerService` holds the state (the core, the step path, the weights' routes,
+the files) and the loop's calls; the requests are answered by plain functions grouped by
+topic in the modules beside it, each taking the service as the state handlers may use
+(handler_context.py; :data:`_HANDLERS` says which answers what): membership.py (Hello,
+Heartbeat, Bye), lease_requests.py (Claim, Complete, Fail, AddGroups, Held, Lock, Unlock;
+the metrics line of each train step, with where each role's time went, activity.py, and
+the step's critical path, step_path.py), weight_requests.py (PublishVersion, WantWeights,
+LoadedVersion, Rewind) and run_requests.py (Report, Status, Stop).
+
+Which replies must wait for the journal is said here, once (:data:`ACKNOWLEDGES_DATA`):
+a reply that lets a worker forget something (results, new groups, a version) is sent only
+after the records behind it are journaled, so a crash of the scheduler loses nothing a
+worker already dropped. Leases are sent at once: a lease lost in a crash is harmless,
+because a restart starts a new fence epoch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from asyncrl.runtime.contract.stages import Gate, GroupState
+from asyncrl.runtime.scheduler.core import SchedulerCore
+from asyncrl.runtime.scheduler.core.effects import (
+    CriticRolledBackTo,
+    Notice,
+    RolledBackTo,
+    Transition,
+    WorkerLost,
+)
+from asyncrl.runtime.scheduler.core.starvation import why_no_step
+from asyncrl.runtime.scheduler.durable import JournaledCore
+from asyncrl.transport import protocol as p
+from asyncrl.transport.topics import Topic, topic
+
+from . import lease_requests, membership, run_requests, weight_requests
+from .activity import RoleActivity
+from .events import EventNumbering
+from .handler_context import HandlerContext
+from .loop_timings import LoopTimings
+from .metrics import MetricsLog
+from .payload_refs import RefIndex
+from .reports import ReportLog
+from .run_plan import RunPlan
+from .step_path import StepPath
+from .trace import NO_TRACE, Trace
+from .waiting import WaitingWorkers
+from .weight_routes import WeightRoutes
+
+__all__ = ["ACKNOWLEDGES_DATA", "SchedulerService"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+ACKNOWLEDGES_DATA = frozenset(
+    {
+        p.Kind.HELLO,
+        p.Kind.COMPLETE,
+        p.Kind.FAIL,
+        p.Kind.UNLOCK,
+        p.Kind.PUBLISH_VERSION,
+        p.Kind.LOADED_VERSION,
+        p.Kind.ADD_GROUPS,
+        p.Kind.BYE,
+        # A Drop lets a holder free payloads: only once their groups' moves are journaled,
+        # or a restarted scheduler could refer to bytes nobody keeps.
+        p.Kind.HELD,
+        p.Kind.REWIND,
+    }
+)
+"""Requests whose reply is held until the journal holds what the request changed."""
+
+
+class SchedulerService:
+    """The scheduler's state around the durable core, and the calls its loop makes."""
+
+    def __init__(
+        self,
+        durable: JournaledCore,
+        plan: RunPlan,
+        metrics: MetricsLog,
+        *,
+        run_name: str,
+        heartbeat_interval_s: float,
+        max_message_bytes: int,
+        started_at: float,
+        reports: Mapping[str, ReportLog] | None = None,
+        relay_fanout: int = 2,
+        trace: Trace = NO_TRACE,
+        stall_warning_s: float = 60.0,
+    ) -> None:
+        self.durable = durable
+        self.core: SchedulerCore = durable.core
+        self.plan = plan
+        self.metrics = metrics
+        self.reports: Mapping[str, ReportLog] = reports or {}
+        self.trace = trace  # trace.json: leases, versions, steps (see trace.py)
+        self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
+        self.critic_routes = WeightRoutes(relay_fanout)  # the learned critic's versions
+        self.activity = RoleActivity(started_at)
+        step, admit = self.core.pipeline.gated(Gate.STEP), self.core.pipeline.gated(Gate.ADMIT)
+        self.path = StepPath(step.source, step.working)
+        self.step_role, self.generator_role = step.role, admit.role
+        self._now = started_at  # the time of the request or tick being settled
+        self.run_name = run_name
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.max_message_bytes = max_message_bytes
+        self.started_at = started_at
+        # No step for this long: a warning says which role starves and why (starvation.py),
+        # again each time as long passes.
+        self.stall_warning_s = stall_warning_s
+        self.progress_at = started_at  # the last step, or the start
+        self.stall_warned_at: float | None = None
+        self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
+        self.events = EventNumbering()
+        self.outbox: list[p.Event] = []
+        self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
+        self.draining: str | None = None  # why no new leases are handed out
+        self.protocol_errors = 0
+        self.expired_leases = 0  # ended by the clock, since this process started
+        self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
+        # worker -> the payload store of its live process, as its results and Held name it:
+        # a payload in any other store was kept by a process that is gone
+        self.live_stores: dict[str, str] = {}
+        self.refs = RefIndex()  # which group refers to each kept payload, for Held
+        self.waiting = WaitingWorkers(self.core.pipeline)  # whom the next work wakes
+        self.requests: Counter[str] = Counter()  # answered since this process started, by kind
+        self.timings = LoopTimings()  # the daemon's turns, part by part (loop_timings.py)
+        metrics.reconcile(self.core.state.steps_done)
+        if self.finished:
+            self.draining = "the run is finished"
+
+    # --- the loop's calls ------------------------------------------------------------
+
+    def handle(self, message: p.Message, now: float) -> p.Message:
+        """The reply to one request, its changes journaled and its events in the outbox.
+        Never raises for a bad request: it gets an Error."""
+        reply = self.answer(message, now)
+        self.settle()
+        return reply
+
+    def answer(self, message: p.Message, now: float) -> p.Message:
+        """The reply to one request; what it changed waits for :meth:`settle`.
+
+        The daemon sends a reply that need not wait for the journal (a lease) before it
+        settles, so the worker's wait does not include the journal's bookkeeping and the
+        events. The core's state has already changed when this returns; settle before the
+        next request is answered, and before asking the journal what a reply waits for.
+        """
+        handler = _HANDLERS.get(type(message))
+        self.requests[type(message).__name__] += 1
+        self._now = now
+        if handler is None:
+            return p.Error(
+                "bad_request", f"{type(message).__name__} is not a request to the scheduler"
+            )
+        return handler(self, message, now)
+
+    def tick(self, now: float) -> None:
+        """Expire overdue leases and silent workers."""
+        self._now = now
+        ended = self.core.tick(now)
+        if ended:
+            log.warning("leases ended by the clock", leases=ended)
+            self.expired_leases += ended
+        self.trace.sweep(self.core.state.leases, now)
+        self.trace.tick(now)
+        self.settle()
+        self._warn_if_stalled(now)
+
+    def _warn_if_stalled(self, now: float) -> None:
+        if self.finished or self.draining is not None:
+            return
+        since = max(self.progress_at, self.stall_warned_at or self.progress_at)
+        if now - since < self.stall_warning_s:
+            return
+        self.stall_warned_at = now
+        quiet = now - self.progress_at
+        why = why_no_step(self.core.state, self.core.settings, self.core.pipeline)
+        log.warning(f"no train step for {quiet:.0f} s: {why}", stalled_s=round(quiet, 1))
+
+    def protocol_error(self, detail: str) -> p.Error:
+        self.protocol_errors += 1
+        return p.Error("protocol", detail)
+
+    def take_events(self) -> list[p.Event]:
+        events, self.outbox = self.outbox, []
+        return events
+
+    @property
+    def finished(self) -> bool:
+        return self.core.state.steps_done >= self.plan.total_steps
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is leased: a drain may end."""
+        return not self.core.state.leases
+
+    def drain(self, reason: str) -> None:
+        if self.draining is None:
+            self.draining = reason
+            log.info("draining", reason=reason)
+            self.emit(topic(Topic.RUN, "draining"), {"reason": reason})
+            self.settle()
+
+    def close_files(self) -> None:
+        """Close the metrics and report files (the journal is the durable core's)."""
+        self.metrics.close()
+        for reports in self.reports.values():
+            reports.close()
+        self.trace.close()
+
+    # --- status ----------------------------------------------------------------------
+
+    def status(self, now: float) -> dict[str, Any]:
+        return run_requests.status_summary(self, now)
+
+    # --- events ----------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Journal what changed since the last call (requests answered, a tick); queue
+        events announcing the core's moves, then what followed from them."""
+        notices = self.durable.commit()
+        first = len(self.outbox)
+        if notices:
+            _log_losses(notices)
+            self.path.moved((n for n in notices if isinstance(n, Transition)), self._now)
+            for notice in notices:
+                if isinstance(notice, WorkerLost):  # timed out or left: it serves no weights
+                    self.waiting.claimed(notice.worker)
+                    self.routes.forget(notice.worker)
+                    self.critic_routes.forget(notice.worker)
+                    self.stores.pop(notice.worker, None)
+                    self.live_stores.pop(notice.worker, None)
+                elif isinstance(notice, RolledBackTo):
+                    self._rolled_back(notice)
+                    self.refs.forget()  # groups came back under new ids
+                elif isinstance(notice, CriticRolledBackTo):
+                    # Only the critic's updates are lost: no policy step or line to cut.
+                    log.warning("the critic rolled back", step=notice.step, reason=notice.reason)
+            self.outbox.extend(self.events.from_notices(notices))
+        for name, body in self._followers:
+            self.outbox.append(self.events.make(name, body))
+        self._followers.clear()
+        if len(self.outbox) > first:
+            moves = [(e.topic, e.body) for e in self.outbox[first:]]
+            self.outbox.extend(self.events.make(t, {}) for t in self.waiting.to_wake(moves))
+
+    def _rolled_back(self, notice: RolledBackTo) -> None:
+        """Nothing of the lost steps may be offered again: their weights and their lines.
+        (The critic's versions are never rolled back: its routes stay.)"""
+        self.routes.forget_after(notice.step)
+        cut = self.metrics.reconcile(notice.step)
+        log.warning(
+            "training rolled back",
+            step=notice.step,
+            trained_again=notice.trained_again,
+            metrics_lines_cut=cut,
+            reason=notice.reason,
+        )
+
+    def emit(self, name: str, body: dict[str, Any]) -> None:
+        """Queue an event that follows from this commit's moves (sent after them)."""
+        self._followers.append((name, body))
+
+
+def _log_losses(notices: list[Notice]) -> None:
+    """Work that went back or died is worth a line: it is how an operator finds a fault."""
+    for notice in notices:
+        if isinstance(notice, WorkerLost):
+            log.warning("worker lost", worker=notice.worker, reason=notice.reason)
+        elif isinstance(notice, Transition) and notice.reason is not None:
+            level = log.error if notice.target is GroupState.DEAD else log.warning
+            level(
+                "groups went back" if notice.target is not GroupState.DEAD else "groups died",
+                groups=list(notice.groups[:20]),
+                to=notice.target.value,
+                reason=notice.reason,
+            )
+
+
+_HANDLERS: dict[type, Callable[[HandlerContext, Any, float], p.Message]] = {
+    p.Hello: membership.hello,
+    p.Heartbeat: membership.heartbeat,
+    p.Claim: lease_requests.claim,
+    p.Complete: lease_requests.complete,
+    p.Fail: lease_requests.fail,
+    p.Lock: lease_requests.lock,
+    p.Unlock: lease_requests.unlock,
+    p.PublishVersion: weight_requests.publish,
+    p.LoadedVersion: weight_requests.loaded,
+    p.AddGroups: lease_requests.add_groups,
+    p.Bye: membership.bye,
+    p.Report: run_requests.report,
+    p.WantWeights: weight_requests.want_weights,
+    p.Held: lease_requests.held,
+    p.Rewind: weight_requests.rewind,
+    p.Status: run_requests.status,
+    p.Stop: run_requests.stop,
+}
+"""Which module's handler answers each request; each takes the service, the request and
+the time it is answered at."""
