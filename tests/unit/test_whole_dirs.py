@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime import whole_dirs
+from asyncrl.runtime.contract import whole_dirs
 from asyncrl.runtime.contract.whole_dirs import (
     leftovers,
     remove_directory,
