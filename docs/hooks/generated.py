@@ -68,7 +68,9 @@ def on_config(config: Any) -> Any:
 def on_files(files: Files, config: Any) -> Files:
     for picture in sorted(PICTURES.glob("*.png")):
         uri = f"{PICTURES.name}/{picture.name}"
-        files.append(File(uri, str(PICTURES.parent), config["site_dir"], config["use_directory_urls"]))
+        files.append(
+            File(uri, str(PICTURES.parent), config["site_dir"], config["use_directory_urls"])
+        )
     return files
 
 

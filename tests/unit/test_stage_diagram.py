@@ -29,13 +29,16 @@ def test_the_readme_draws_the_default_table() -> None:
 
 
 def test_the_pipeline_page_draws_the_default_table_and_the_critics() -> None:
-    expected = [mermaid_flowchart(DEFAULT_PIPELINE), mermaid_flowchart(DEFAULT_PIPELINE.with_critic())]
+    expected = [
+        mermaid_flowchart(DEFAULT_PIPELINE),
+        mermaid_flowchart(DEFAULT_PIPELINE.with_critic()),
+    ]
     assert mermaid_blocks(PIPELINE_PAGE) == expected
 
 
 def test_branches_join_in_their_common_target_and_exclusive_stages_pass_their_working_state():
     text = mermaid_flowchart(DEFAULT_PIPELINE)
-    branch_edges = [line.strip() for line in text.splitlines() if "--> ready" in line]
+    branch_edges = [line.strip() for line in text.splitlines() if line.endswith("| ready")]
     assert branch_edges == [
         'generated -->|"logp"| ready',
         'generated -->|"ref_logp"| ready',
