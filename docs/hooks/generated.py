@@ -9,7 +9,7 @@ A page asks for a generated part by holding a marker on a line of its own:
 - ``<!-- generated: cli-reference -->``: the help of every command and subcommand of
   ``asyncrl``, ``asyncrl-scheduler`` and ``asyncrl-worker`` (from their argparse parsers).
 
-The modules these come from are named here and nowhere else in the docs.
+The config schema and the command parsers are named here and nowhere else in the docs.
 
 The API pages are read from the source by mkdocstrings, which finds modules by folder:
 asyncrl's three folders install under one name (``asyncrl.runtime`` is ``runtime/``), so
