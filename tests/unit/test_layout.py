@@ -12,7 +12,7 @@ A module's length is no test: a module is split by concern, in review, never to 
 number (a bound of 450 lines had modules split into mixins that re-declared their host's
 state).
 - actors/ has no private module at its top: its machinery lives in folders by subsystem,
-  and README's layout names every one of them.
+  and the docs' architecture page names every one of them in its layout.
 """
 
 from __future__ import annotations
@@ -154,12 +154,14 @@ def test_actors_has_no_private_module_at_its_top() -> None:
     assert not private, f"private modules at the top of actors/: {private}"
 
 
-def test_readme_layout_names_every_folder_of_actors() -> None:
-    readme = (ROOT / "README.md").read_text()
-    layout = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+def test_the_architecture_page_names_every_folder_of_actors() -> None:
+    page = (ROOT / "docs" / "pages" / "architecture.md").read_text()
+    layout = page.split("## Layout", 1)[1].split("\n## ", 1)[0]
     folders = sorted(p.parent.name for p in (ROOT / "actors").glob("*/__init__.py"))
     named = set(re.findall(r"^\s+([a-z_]+)/ ", layout, re.MULTILINE))
-    assert folders and not set(folders) - named, f"not in README's layout: {set(folders) - named}"
+    assert folders and not set(folders) - named, (
+        f"not in the architecture page's layout: {set(folders) - named}"
+    )
 
 
 def test_the_check_sees_a_circle_of_types_through_relative_imports(tmp_path: Path) -> None:
