@@ -45,10 +45,10 @@ from asyncrl.transport.topics import Topic, topic
 
 from . import lease_requests, membership, run_requests, weight_requests
 from .activity import RoleActivity
-from .events import EventNumbering
 from .handler_context import HandlerContext
 from .loop_timings import LoopTimings
 from .metrics import MetricsLog
+from .notice_events import EventNumbering
 from .payload_refs import RefIndex
 from .reports import ReportLog
 from .run_plan import RunPlan
