@@ -65,7 +65,8 @@ class GroupState(StrEnum):
     TRAINED = "trained"
     DEAD = "dead"
     # Trained by a step that a rollback lost: the group's prompt is back as a new group
-    # (RollBack._train_again), and this one is counted here, never in the table again.
+    # (the RolledBack rule, scheduler/core/transitions.py), and this one is counted here,
+    # never in the table again.
     SUPERSEDED = "superseded"
 
 

@@ -35,7 +35,7 @@ from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
 from asyncrl.runtime.scheduler.durable import JournalExists
 from asyncrl.runtime.scheduler.journal import JournalLocked
 from asyncrl.runtime.scheduler.replay import replay_journal
-from asyncrl.runtime.scheduler.service.build import StagesChanged
+from asyncrl.runtime.scheduler.service.assembly import StagesChanged
 from asyncrl.runtime.scheduler.service.process import serve
 from asyncrl.runtime.scheduler.status_text import render_status
 from asyncrl.transport import protocol as p

@@ -25,7 +25,7 @@ from asyncrl.runtime.contract.config import load_config, pipeline_for
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import GroupState
 from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
-from asyncrl.runtime.scheduler.core import records as r
+from asyncrl.runtime.scheduler.core import journal_records as r
 from asyncrl.runtime.scheduler.durable import recover
 from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
 from tests.support.poison_roles import POISON_ENV

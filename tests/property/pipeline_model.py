@@ -364,8 +364,8 @@ class PipelineModel:
             self.ended.append((lease.lid, lease.fence))
 
     def roll_back(self, step: int) -> int:
-        """Training returns to ``step`` (see CoreState._roll_back); the first new gid is
-        next, one per group the lost steps trained. Returns how many were added."""
+        """Training returns to ``step`` (RolledBack's rule, core/transitions.py); the first new gid
+        is next, one per group the lost steps trained. Returns how many were added."""
         # a values worker follows the critic's versions, which stay
         lost = sorted(
             w for w, v in self.loaded.items() if (v or 0) > step and self.workers[w] != VALUES
@@ -405,8 +405,8 @@ class PipelineModel:
         return len(again)
 
     def roll_back_critic(self, step: int) -> int:
-        """The critic returns to ``step`` (see RollBack._roll_back_critic): values workers
-        on a lost version leave, a critic step in flight goes back, and values of a lost
+        """The critic returns to ``step`` (core/transitions.py, _critic_rolled_back): values
+        workers on a lost version leave, a critic step in flight goes back, and values of a lost
         version not yet used by the critic are made again. Returns how many were."""
         lost = sorted(
             w for w, v in self.loaded.items() if self.workers[w] == VALUES and (v or 0) > step

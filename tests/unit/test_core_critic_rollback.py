@@ -6,7 +6,7 @@ from __future__ import annotations
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.contract.stages import GroupState
 from asyncrl.runtime.scheduler.core import SchedulerCore
-from asyncrl.runtime.scheduler.core import records as r
+from asyncrl.runtime.scheduler.core import journal_records as r
 from asyncrl.runtime.scheduler.core.codec import dump_state
 from asyncrl.runtime.scheduler.core.effects import (
     Accepted,

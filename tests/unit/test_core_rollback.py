@@ -1,7 +1,7 @@
 """Training rolls back exactly when the trainer's state is behind the step count.
 
-The rule (CoreState._roll_back): lost versions take with them the workers running on
-them, the tokens made with them and the proximal log-probs computed with them; the
+The rule (RolledBack's, in core/transitions.py): lost versions take with them the workers
+running on them, the tokens made with them and the proximal log-probs computed with them; the
 groups the lost steps trained come back as new groups; the counters return. The property
 tests drive rollbacks in random interleavings; these are the cases one by one.
 """

@@ -21,7 +21,7 @@ import zmq
 
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.scheduler.service import service as service_module
-from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.assembly import open_service
 from asyncrl.runtime.scheduler.service.daemon import SchedulerDaemon, _encoded
 from asyncrl.transport import protocol as p
 from asyncrl.transport.sockets import bind_scheduler_sockets_at

@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.scheduler.core.codec import dump_state
-from asyncrl.runtime.scheduler.core.records import Op
+from asyncrl.runtime.scheduler.core.journal_records import Op
 from asyncrl.runtime.scheduler.durable import (
     SNAPSHOT_CAP,
     SNAPSHOT_SHARE,

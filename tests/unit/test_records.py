@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
-from asyncrl.runtime.scheduler.core import records as r
-from asyncrl.runtime.scheduler.core.state import CoreState
+from asyncrl.runtime.scheduler.core import journal_records as r
+from asyncrl.runtime.scheduler.core.transitions import CoreState
 
 
 def test_every_record_goes_to_the_journal_and_back_unchanged() -> None:

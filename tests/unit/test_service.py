@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.scheduler.service.build import StagesChanged, open_service
+from asyncrl.runtime.scheduler.service.assembly import StagesChanged, open_service
 from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 

@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.runtime.contract.bus import ACTIVITY_KEY, TimeBucket
 from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.assembly import open_service
 from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 
 from asyncrl.actors.worker.publishing import version_due
 from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.assembly import open_service
 from asyncrl.runtime.scheduler.service.service import SchedulerService
 from asyncrl.transport import protocol as p
 

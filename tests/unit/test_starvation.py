@@ -11,7 +11,7 @@ from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.scheduler.core.effects import Grant
 from asyncrl.runtime.scheduler.core.starvation import why_no_step
-from asyncrl.runtime.scheduler.service.build import open_service
+from asyncrl.runtime.scheduler.service.assembly import open_service
 from asyncrl.transport import protocol as p
 
 

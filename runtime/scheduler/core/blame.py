@@ -15,8 +15,9 @@ role counted against it, and a try counts only when the group is the likely caus
   holder dies (the payload is made again), or when the scheduler restarts (its leases
   are renewed).
 
-The rule is part of :class:`~.scheduler.SchedulerCore` (a base class of it): sans-IO like
-the rest of the core, it reads the core's state and commits records through it.
+``SchedulerCore`` holds one :class:`Blame`, given the state it reads and the core's commit:
+sans-IO like the rest of the core, it decides and commits records, never changing the
+state itself.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from typing import Any
 
 from asyncrl.runtime.contract.stages import Stage
 
-from . import records as r
+from . import journal_records as r
 from .entities import Lease
 from .settings import CoreSettings
-from .state import CoreState
+from .transitions import CoreState
 
 __all__ = ["Blame"]
 
@@ -40,11 +41,14 @@ class Blame:
     payload; each blamed try goes against the group's attempts, and the last one kills it.
     And what a worker may take: at most one suspect at a time."""
 
-    settings: CoreSettings
-    state: CoreState
-    _commit: Callable[[r.Record], None]
+    def __init__(
+        self, state: CoreState, settings: CoreSettings, commit: Callable[[r.Record], None]
+    ) -> None:
+        self.state = state
+        self.max_attempts = settings.max_attempts
+        self._commit = commit
 
-    def _revoke(self, worker: str, reason: str, died: bool) -> None:
+    def revoke(self, worker: str, reason: str, died: bool) -> None:
         leases = self.state.leases_of(worker)
         if not died:
             for lease in leases:
@@ -60,7 +64,7 @@ class Blame:
             spared = [g for g in gids if g not in blamed]
             if spared:
                 self._commit(r.Failed(lease.lid, spared, why, counted=False, suspect=True))
-            self._fail_groups(lease, [g for g in gids if g in blamed], why, True)
+            self.fail_groups(lease, [g for g in gids if g in blamed], why, True)
 
     def _holds_suspect(self, worker: str, role: str) -> bool:
         groups = self.state.groups
@@ -71,19 +75,19 @@ class Blame:
             if lease.role == role
         )
 
-    def _lose(self, lease: Lease, gid: int, role: str, reason: str, counted: bool) -> None:
+    def lose(self, lease: Lease, gid: int, role: str, reason: str, counted: bool) -> None:
         """``role``'s payload of ``gid`` is gone: made again, or the group dies trying."""
         tries = self.state.groups[gid].attempts.get(role, 0) + 1
-        if counted and tries >= self.settings.max_attempts:
-            self._commit(r.Killed([gid], f"{reason} (attempt {self.settings.max_attempts})"))
+        if counted and tries >= self.max_attempts:
+            self._commit(r.Killed([gid], f"{reason} (attempt {self.max_attempts})"))
         else:
             self._commit(r.Lost(lease.lid, gid, role, reason, counted))
 
-    def _fail_groups(
+    def fail_groups(
         self, lease: Lease, gids: Sequence[int], reason: str, suspect: bool = False
     ) -> None:
         """Blame ``gids`` for a try of the lease's role: back to be tried again, or dead."""
-        limit, role = self.settings.max_attempts, lease.role
+        limit, role = self.max_attempts, lease.role
         groups = self.state.groups
         last = [g for g in gids if groups[g].attempts.get(role, 0) + 1 >= limit]
         retry = [g for g in gids if g not in set(last)]
@@ -92,7 +96,7 @@ class Blame:
         if last:
             self._commit(r.Killed(last, f"{reason} (attempt {limit} of {limit})"))
 
-    def _take(self, stage: Stage, worker: str, n: int) -> list[int]:
+    def take(self, stage: Stage, worker: str, n: int) -> list[int]:
         """Pop up to ``n`` takeable groups; entries that went stale are dropped lazily.
 
         At most one suspect (see above) per worker, so that its next death names it;

@@ -13,7 +13,7 @@ from asyncrl.runtime.contract.stages import GroupState, Pipeline
 
 from .entities import NONE, Group, Lease, Resource, Worker
 from .fences import FenceCipher
-from .state import CoreState
+from .transitions import CoreState
 
 __all__ = ["dump_state", "load_state"]
 

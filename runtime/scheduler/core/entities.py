@@ -1,6 +1,6 @@
 """What the core's state is made of: groups, leases, workers and lockable resources.
 
-Plain records with no behaviour: ``CoreState.apply`` (state.py) is the only code that
+Plain records with no behaviour: ``CoreState.apply`` (transitions.py) is the only code that
 changes them, and codec.py writes and reads them in snapshots.
 """
 

@@ -3,13 +3,16 @@
 ``SchedulerCore`` is sans-IO. It never opens a socket or reads a clock: every command
 that depends on time takes ``now``. Each command validates its input (a bad one is a
 ``Rejected`` reply, counted, never an exception), decides, and commits records through
-``CoreState.apply``; the scheduler process drains the records into the journal and the
-notices onto the bus.
+``CoreState.apply`` (whose rules, one per record, are transitions.py's table); the
+scheduler process drains the records into the journal and the notices onto the bus.
 
 Worker liveness (last heartbeat) and refusal counters are soft state: they are not
 journaled, since workers re-register and heartbeat after a restart anyway.
 
-Who is blamed when work ends badly, and when a group dies of it, is blame.py's.
+The core is composed of the rules it hands decisions to, each given the state it reads
+and the core's commit: who is blamed when work ends badly, and when a group dies of it
+(blame.py's ``Blame``); what the critic's step may take (critic_step.py's ``CriticStep``);
+the version commands (version_commands.py's ``VersionCommands``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from typing import Any
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Gate, Pipeline, Stage
 
-from . import records as r
+from . import journal_records as r
 from .blame import Blame
 from .checks import Problem, completion_problem, membership_problem
 from .codec import load_state
-from .critic import CriticSteps
+from .critic_step import CriticStep
 from .effects import (
     Accepted,
     Grant,
@@ -40,21 +43,32 @@ from .entities import Lease
 from .liveness import Liveness
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_keeps_promises, train_by_step
-from .state import CoreState
-from .versions import VersionCommands
+from .transitions import CoreState
+from .version_commands import VersionCommands
 
 __all__ = ["SchedulerCore"]
 
 
-class SchedulerCore(Blame, CriticSteps, VersionCommands):
-    def __init__(self, settings: CoreSettings, pipeline: Pipeline = DEFAULT_PIPELINE) -> None:
+class SchedulerCore:
+    def __init__(
+        self,
+        settings: CoreSettings,
+        pipeline: Pipeline = DEFAULT_PIPELINE,
+        state: CoreState | None = None,
+    ) -> None:
+        """A core over ``state`` (a restored one), or over a fresh state."""
         self.settings = settings
         self.pipeline = pipeline
-        self.state = CoreState(pipeline, dict(settings.resources), settings.fences())
+        if state is None:
+            state = CoreState(pipeline, dict(settings.resources), settings.fences())
+        self.state = state
         self.last_seen = Liveness(settings.worker_timeout)
         self.rejections: Counter[Reason] = Counter()
         self._records: list[tuple[Any, ...]] = []
         self._roles = set(pipeline.worker_roles)
+        self._blame = Blame(state, settings, self._commit)
+        self._critic = CriticStep(state, settings, pipeline, self._commit, self._step_ready)
+        self._versions = VersionCommands(state, pipeline, self._commit, self._reject)
 
     # --- outbox ----------------------------------------------------------------------
 
@@ -80,7 +94,7 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
                 Reason.WRONG_ROLE, f"role {role!r} is not one of {sorted(self._roles)}"
             )
         # a restarted process holds nothing: the old one died holding what it had
-        self._revoke(worker, "worker registered again", died=True)
+        self._blame.revoke(worker, "worker registered again", died=True)
         self._commit(r.Registered(worker, role))
         self.last_seen.saw(worker, now)
         return Accepted()
@@ -110,7 +124,7 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
         ``died``: it did not leave on purpose, so its groups may be blamed (see blame.py)."""
         if worker not in self.state.workers:
             return self._reject(Reason.UNKNOWN_WORKER, f"worker {worker!r} is not registered")
-        self._revoke(worker, reason, died)
+        self._blame.revoke(worker, reason, died)
         self._commit(r.Left(worker))
         self.last_seen.forget(worker)
         self.state.notices.append(WorkerLost(worker, reason))
@@ -129,7 +143,7 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
             seen = self.last_seen.get(lease.worker)
             if seen is None or seen + self.settings.lease_timeout <= now:
                 # silent as long as a lease lasts: it died, with everything it held
-                self._revoke(lease.worker, "lease expired", died=True)
+                self._blame.revoke(lease.worker, "lease expired", died=True)
             else:  # alive, and never named it as held: the grant never reached it
                 reason = f"{lease.role}: lease expired unclaimed by its worker"
                 self._commit(r.Failed(lease.lid, sorted(lease.gids), reason, counted=False))
@@ -192,8 +206,8 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
             n = self.settings.train_batch_groups if self._step_ready(stage) else 0
             version = self.state.steps_done  # the version this step trains from
         elif stage.gate is Gate.CRITIC_STEP:
-            self._redo_stale_values(stage)
-            n = self._critic_batch(stage)
+            self._critic.redo_stale_values(stage)
+            n = self._critic.batch(stage)
             version = self.state.critic_steps_done  # the critic version this step trains from
         elif stage.reads_critic:
             version = self.state.workers[worker].loaded
@@ -201,9 +215,9 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
                 return self._reject(
                     Reason.BAD_VERSION, f"{worker!r} has not reported a loaded critic version"
                 )
-            if version < self._oldest_critic_allowed():
+            if version < self._critic.oldest_allowed():
                 return None  # what it made now would be too stale for the next critic step
-        gids = self._take(stage, worker, n)
+        gids = self._blame.take(stage, worker, n)
         if not gids:
             return None
         s = self.state
@@ -298,12 +312,12 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
         if problem is not None:
             return self._reject(*problem)
         if not lost:
-            self._fail_groups(lease, gids, f"{lease.role}: {reason}")
+            self._blame.fail_groups(lease, gids, f"{lease.role}: {reason}")
             return Accepted(len(gids))
         for gid, role, why in lost:
             if gid in lease.gids:  # its first lost payload takes the group out of the lease
                 counted = (gid, role) not in holder_gone
-                self._lose(lease, gid, role, f"{role} payload lost: {why}", counted)
+                self._blame.lose(lease, gid, role, f"{role} payload lost: {why}", counted)
         rest = [g for g in gids if g in lease.gids]
         if rest:
             self._commit(r.Failed(lease.lid, rest, f"{lease.role}: {reason}", counted=False))
@@ -360,6 +374,20 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
         self._commit(r.Unlocked(resource, token))
         return Accepted()
 
+    # --- versions --------------------------------------------------------------------
+
+    def publish_version(self, worker: str, version: int) -> Accepted | Rejected:
+        """The trainer (or the critic) made ``version``'s weights available."""
+        return self._versions.publish_version(worker, version)
+
+    def rewind(self, worker: str, step: int) -> Accepted | Rejected:
+        """The trainer's state (or the critic's) is back at ``step``: training rolls back."""
+        return self._versions.rewind(worker, step)
+
+    def loaded_version(self, worker: str, version: int) -> Accepted | Rejected:
+        """The worker now runs ``version`` (of the critic, for one that reads it)."""
+        return self._versions.loaded_version(worker, version)
+
     # --- restart ---------------------------------------------------------------------
 
     @classmethod
@@ -371,9 +399,10 @@ class SchedulerCore(Blame, CriticSteps, VersionCommands):
         snapshot: Mapping[str, Any] | None = None,
     ) -> SchedulerCore:
         """Rebuild a core from a snapshot (if any) and the records journaled after it."""
-        core = cls(settings, pipeline)
+        state = None
         if snapshot is not None:
-            core.state = load_state(pipeline, dict(settings.resources), snapshot, settings.fences())
+            state = load_state(pipeline, dict(settings.resources), snapshot, settings.fences())
+        core = cls(settings, pipeline, state)
         for record in records:
             core.state.apply(record)
         core.state.notices.clear()

@@ -15,7 +15,7 @@ from asyncrl.runtime.contract.stages import Gate, Pipeline, Stage
 
 from .settings import CoreSettings
 from .staleness import admission_capacity, step_keeps_promises, train_by_step
-from .state import CoreState
+from .transitions import CoreState
 
 __all__ = ["why_no_step"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from asyncrl.runtime.contract.stages import GroupState
 
-from .state import CoreState
+from .transitions import CoreState
 
 __all__ = ["summarize"]
 

@@ -207,7 +207,7 @@ class SchedulerDaemon:
 
     def _answer(self, frames: list[Any], sender: bytes) -> tuple[p.Message, int, p.Kind | None]:
         size = sum(f.nbytes for f in frames)
-        limit = self.service.max_message_bytes
+        limit = self.service.terms.max_message_bytes
         if size > limit:  # libzmq bounds each frame; the sum is bounded here
             detail = f"message of {size} bytes exceeds scheduler.max_message_mb ({limit} bytes)"
             log.warning("bad message", detail=detail)

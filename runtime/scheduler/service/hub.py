@@ -17,7 +17,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed
 
-from .build import open_service
+from .assembly import open_service
 
 __all__ = ["InProcessHub"]
 

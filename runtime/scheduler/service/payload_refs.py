@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from asyncrl.transport import protocol as p
 
 __all__ = [
+    "PayloadStores",
     "RefIndex",
     "holder_of",
     "is_ref",
@@ -115,3 +116,19 @@ def _scan(groups: Mapping[int, _WithData]) -> dict[tuple[str, int], tuple[int, s
         for role, kept in group.data.items()
         if is_ref(kept)
     }
+
+
+class PayloadStores:
+    """The workers' payload stores as the scheduler knows them: what each last reported
+    holding, the store of each worker's live process (a payload kept in any other store
+    was kept by a process that is gone), and which group refers to each kept payload."""
+
+    def __init__(self) -> None:
+        self.reported: dict[str, dict[str, int]] = {}  # worker -> what its store holds
+        self.live: dict[str, str] = {}  # worker -> the store of its live process
+        self.refs = RefIndex()  # which group refers to each kept payload, for Held
+
+    def forget(self, worker: str) -> None:
+        """``worker`` is gone: its store with it."""
+        self.reported.pop(worker, None)
+        self.live.pop(worker, None)

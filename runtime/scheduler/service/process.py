@@ -37,7 +37,7 @@ from asyncrl.transport.sockets import (
     tcp_endpoint,
 )
 
-from .build import open_service
+from .assembly import open_service
 from .connections import Connections
 from .daemon import SchedulerDaemon
 from .service import SchedulerService

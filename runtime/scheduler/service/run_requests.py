@@ -1,55 +1,84 @@
 """Requests about the run as a whole: Report (a worker's measurement that belongs to no
 lease: reports.py), Status (the summary an operator or a worker reads), Stop (drain).
 
-Each handler takes the service whose state it reads and changes (service.py holds the
-state and says which handler answers which message).
+The handlers are :class:`RunRequests`'s methods, given what they read and change
+(service.py builds it and says which handler answers which message).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import structlog
 
 from asyncrl.runtime.contract.refusals import Reason
-from asyncrl.runtime.scheduler.core.status import summarize
+from asyncrl.runtime.scheduler.core.scheduler import SchedulerCore
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
 from .metrics import plain
+from .reports import ReportLog
+from .trace import Trace
 
-if TYPE_CHECKING:
-    from .handler_context import HandlerContext
-
-__all__ = ["report", "status", "status_summary", "stop"]
+__all__ = ["RunRequests"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
 _REPORT_FIELDS = frozenset({"version", "worker", "elapsed_s"})
 
 
-def report(service: HandlerContext, m: p.Report, now: float) -> p.Message:
-    reports = service.reports.get(m.name)
-    if reports is None:
-        return p.Error(Reason.BAD_REQUEST, f"report {m.name!r} is not one this run keeps")
-    if m.worker not in service.core.state.workers:
-        return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
-    # The line's own fields win over a report's keys of the same name.
-    data = {k: v for k, v in m.data.items() if k not in _REPORT_FIELDS}
-    unwritable = _not_json(data)
-    if unwritable is not None:
-        return p.Error(Reason.BAD_REQUEST, f"report {m.name!r}: {unwritable}")
-    line = {"elapsed_s": round(now - service.started_at, 3), "worker": m.worker, **data}
-    if reports.record(m.version, line):
-        # A worker's weight load is one line per follower per version (weight_loads.jsonl
-        # keeps them all): at scale, info would drown the log in them.
-        level = log.debug if reports.per_worker else log.info
-        level(m.name, worker=m.worker, version=m.version, **_scalars(data))
-        if m.name == "weights":
-            service.trace.weights_report(m.worker, m.version, data, now)
-        service.emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})
-    return p.Ack()
+class RunRequests:
+    """Report, Status and Stop, given the core, the reports the run keeps, what a report
+    is noted in, and the service's status and drain."""
+
+    def __init__(
+        self,
+        core: SchedulerCore,
+        reports: Mapping[str, ReportLog],
+        started_at: float,
+        trace: Trace,
+        emit: Callable[[str, dict[str, Any]], None],
+        status_of: Callable[[float], dict[str, Any]],
+        drain: Callable[[str], None],
+    ) -> None:
+        self.core = core
+        self.reports = reports
+        self.started_at = started_at
+        self.trace = trace
+        self.emit = emit
+        self.status_of = status_of
+        self.drain = drain
+
+    def report(self, m: p.Report, now: float) -> p.Message:
+        reports = self.reports.get(m.name)
+        if reports is None:
+            return p.Error(Reason.BAD_REQUEST, f"report {m.name!r} is not one this run keeps")
+        if m.worker not in self.core.state.workers:
+            return p.Error(Reason.UNKNOWN_WORKER, f"worker {m.worker!r} is not registered")
+        # The line's own fields win over a report's keys of the same name.
+        data = {k: v for k, v in m.data.items() if k not in _REPORT_FIELDS}
+        unwritable = _not_json(data)
+        if unwritable is not None:
+            return p.Error(Reason.BAD_REQUEST, f"report {m.name!r}: {unwritable}")
+        line = {"elapsed_s": round(now - self.started_at, 3), "worker": m.worker, **data}
+        if reports.record(m.version, line):
+            # A worker's weight load is one line per follower per version (weight_loads.jsonl
+            # keeps them all): at scale, info would drown the log in them.
+            level = log.debug if reports.per_worker else log.info
+            level(m.name, worker=m.worker, version=m.version, **_scalars(data))
+            if m.name == "weights":
+                self.trace.weights_report(m.worker, m.version, data, now)
+            self.emit(topic(Topic.METRICS, m.name), {"version": m.version, **data})
+        return p.Ack()
+
+    def status(self, _m: p.Status, now: float) -> p.Message:
+        return p.StatusReply(self.status_of(now))
+
+    def stop(self, m: p.Stop, _now: float) -> p.Message:
+        self.drain(f"stop requested: {m.reason}")
+        return p.Ack(len(self.core.state.leases))
 
 
 def _not_json(data: dict[str, Any]) -> str | None:
@@ -60,49 +89,6 @@ def _not_json(data: dict[str, Any]) -> str | None:
         except (TypeError, ValueError) as error:
             return f"field {key!r}: {error}"
     return None
-
-
-def status(service: HandlerContext, _m: p.Status, now: float) -> p.Message:
-    return p.StatusReply(status_summary(service, now))
-
-
-def stop(service: HandlerContext, m: p.Stop, _now: float) -> p.Message:
-    service.drain(f"stop requested: {m.reason}")
-    return p.Ack(len(service.core.state.leases))
-
-
-def status_summary(service: HandlerContext, now: float) -> dict[str, Any]:
-    """The status reply's summary: the core's, with the run, the journal, the weights'
-    routes, the payload stores, the requests answered and the loop's timings."""
-    core = service.core
-    summary = summarize(core.state)
-    for name, worker in summary["workers"].items():
-        seen = core.last_seen.get(name)
-        worker["last_heartbeat_s_ago"] = None if seen is None else round(now - seen, 3)
-    steps = core.state.steps_done
-    summary["run"] = {
-        "name": service.run_name,
-        "steps": f"{steps}/{service.plan.total_steps}",
-        "finished": service.finished,
-        "draining": service.draining,
-        "uptime_s": round(now - service.started_at, 3),
-    }
-    summary["staleness"] = {
-        "max_staleness": core.settings.max_staleness,
-        "lag_policy_behind_steps": steps - core.state.policy_version,
-        "worst_trained": summary.pop("worst_staleness_trained"),
-    }
-    summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
-    summary["protocol_errors"] = service.protocol_errors
-    writer = service.durable.writer
-    summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
-    summary["weights"] = service.routes.summary()
-    if "critic" in summary:
-        summary["critic"]["weights"] = service.critic_routes.summary()
-    summary["payload_stores"] = dict(service.stores)  # as each holder last reported
-    summary["requests"] = dict(service.requests)
-    summary["loop"] = service.timings.summary()  # where the daemon's turns go
-    return summary
 
 
 def _scalars(data: p.Payload) -> dict[str, Any]:

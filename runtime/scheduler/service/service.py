@@ -6,11 +6,11 @@ request into core commands, each core answer into a reply, and each notice into 
 numbered event; it knows when the run is over.
 
 :class:`SchedulerService` holds the state (the core, the step path, the weights' routes,
-the files) and the loop's calls; the requests are answered by plain functions grouped by
-topic in the modules beside it, each taking the service as the state handlers may use
-(handler_context.py; :data:`_HANDLERS` says which answers what): membership.py (Hello,
-Heartbeat, Bye), lease_requests.py (Claim, Complete, Fail, AddGroups, Held, Lock, Unlock;
-the metrics line of each train step, with where each role's time went, activity.py, and
+the files) and the loop's calls; the requests are answered by handlers grouped by topic
+in the modules beside it, each a class given the parts of the state it reads and changes
+(:data:`_HANDLERS` says which answers what): membership.py (Hello, Heartbeat, Bye),
+lease_requests.py (Claim, Complete, Fail, AddGroups, Held, Lock, Unlock; the metrics line
+of each train step is step_lines.py's, with where each role's time went, activity.py, and
 the step's critical path, step_path.py), weight_requests.py (PublishVersion, WantWeights,
 LoadedVersion, Rewind) and run_requests.py (Report, Status, Stop).
 
@@ -39,22 +39,27 @@ from asyncrl.runtime.scheduler.core.effects import (
     WorkerLost,
 )
 from asyncrl.runtime.scheduler.core.starvation import why_no_step
+from asyncrl.runtime.scheduler.core.status import summarize
 from asyncrl.runtime.scheduler.durable import JournaledCore
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
 
-from . import lease_requests, membership, run_requests, weight_requests
 from .activity import RoleActivity
-from .events import EventNumbering
-from .handler_context import HandlerContext
+from .lease_requests import LeaseRequests
 from .loop_timings import LoopTimings
+from .membership import Membership, ReadyTerms
 from .metrics import MetricsLog
-from .payload_refs import RefIndex
+from .notice_events import EventNumbering
+from .payload_refs import PayloadStores
 from .reports import ReportLog
 from .run_plan import RunPlan
+from .run_progress import RunProgress
+from .run_requests import RunRequests
+from .step_lines import StepLines
 from .step_path import StepPath
 from .trace import NO_TRACE, Trace
 from .waiting import WaitingWorkers
+from .weight_requests import WeightRequests
 from .weight_routes import WeightRoutes
 
 __all__ = ["ACKNOWLEDGES_DATA", "SchedulerService"]
@@ -107,37 +112,58 @@ class SchedulerService:
         self.routes = WeightRoutes(relay_fanout)  # not journaled: see weight_routes.py
         self.critic_routes = WeightRoutes(relay_fanout)  # the learned critic's versions
         self.activity = RoleActivity(started_at)
-        step, admit = self.core.pipeline.gated(Gate.STEP), self.core.pipeline.gated(Gate.ADMIT)
+        step = self.core.pipeline.gated(Gate.STEP)
         self.path = StepPath(step.source, step.working)
-        self.step_role, self.generator_role = step.role, admit.role
         self._now = started_at  # the time of the request or tick being settled
-        self.run_name = run_name
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.max_message_bytes = max_message_bytes
+        self.terms = ReadyTerms(run_name, heartbeat_interval_s, max_message_bytes)
         self.started_at = started_at
         # No step for this long: a warning says which role starves and why (starvation.py),
         # again each time as long passes.
         self.stall_warning_s = stall_warning_s
-        self.progress_at = started_at  # the last step, or the start
-        self.stall_warned_at: float | None = None
-        self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
+        self.progress = RunProgress(plan, started_at)
         self.events = EventNumbering()
         self.outbox: list[p.Event] = []
         self._followers: list[tuple[str, dict[str, Any]]] = []  # events after this commit's
-        self.draining: str | None = None  # why no new leases are handed out
         self.protocol_errors = 0
         self.expired_leases = 0  # ended by the clock, since this process started
-        self.stores: dict[str, dict[str, int]] = {}  # worker -> what its payload store holds
-        # worker -> the payload store of its live process, as its results and Held name it:
-        # a payload in any other store was kept by a process that is gone
-        self.live_stores: dict[str, str] = {}
-        self.refs = RefIndex()  # which group refers to each kept payload, for Held
+        self.payloads = PayloadStores()  # the workers' stores, as their results and Held say
         self.waiting = WaitingWorkers(self.core.pipeline)  # whom the next work wakes
         self.requests: Counter[str] = Counter()  # answered since this process started, by kind
         self.timings = LoopTimings()  # the daemon's turns, part by part (loop_timings.py)
+        # The request handlers, by topic, each given what it reads and changes.
+        core = self.core
+        self.membership = Membership(
+            core, self.terms, self.payloads, self.routes, self.critic_routes
+        )
+        step_lines = StepLines(
+            core.state,
+            self.progress,
+            self.path,
+            self.activity,
+            self.reports,
+            metrics,
+            trace,
+            self.emit,
+        )
+        self.lease_requests = LeaseRequests(
+            core,
+            self.progress,
+            self.waiting,
+            self.payloads,
+            self.path,
+            self.activity,
+            trace,
+            step_lines,
+        )
+        self.weight_requests = WeightRequests(
+            core, self.routes, self.critic_routes, self.path, trace, self.emit, self.lease_requests
+        )
+        self.run_requests = RunRequests(
+            core, self.reports, started_at, trace, self.emit, self.status, self.drain
+        )
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
-            self.draining = "the run is finished"
+            self.progress.draining = "the run is finished"
 
     # --- the loop's calls ------------------------------------------------------------
 
@@ -178,13 +204,14 @@ class SchedulerService:
         self._warn_if_stalled(now)
 
     def _warn_if_stalled(self, now: float) -> None:
-        if self.finished or self.draining is not None:
+        progress = self.progress
+        if self.finished or progress.draining is not None:
             return
-        since = max(self.progress_at, self.stall_warned_at or self.progress_at)
+        since = max(progress.progress_at, progress.stall_warned_at or progress.progress_at)
         if now - since < self.stall_warning_s:
             return
-        self.stall_warned_at = now
-        quiet = now - self.progress_at
+        progress.stall_warned_at = now
+        quiet = now - progress.progress_at
         why = why_no_step(self.core.state, self.core.settings, self.core.pipeline)
         log.warning(f"no train step for {quiet:.0f} s: {why}", stalled_s=round(quiet, 1))
 
@@ -198,7 +225,12 @@ class SchedulerService:
 
     @property
     def finished(self) -> bool:
-        return self.core.state.steps_done >= self.plan.total_steps
+        return self.progress.finished(self.core.state.steps_done)
+
+    @property
+    def draining(self) -> str | None:
+        """Why no new leases are handed out (None while they are)."""
+        return self.progress.draining
 
     @property
     def idle(self) -> bool:
@@ -206,8 +238,8 @@ class SchedulerService:
         return not self.core.state.leases
 
     def drain(self, reason: str) -> None:
-        if self.draining is None:
-            self.draining = reason
+        if self.progress.draining is None:
+            self.progress.draining = reason
             log.info("draining", reason=reason)
             self.emit(topic(Topic.RUN, "draining"), {"reason": reason})
             self.settle()
@@ -222,7 +254,37 @@ class SchedulerService:
     # --- status ----------------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
-        return run_requests.status_summary(self, now)
+        """The status reply's summary: the core's, with the run, the journal, the weights'
+        routes, the payload stores, the requests answered and the loop's timings."""
+        core = self.core
+        summary = summarize(core.state)
+        for name, worker in summary["workers"].items():
+            seen = core.last_seen.get(name)
+            worker["last_heartbeat_s_ago"] = None if seen is None else round(now - seen, 3)
+        steps = core.state.steps_done
+        summary["run"] = {
+            "name": self.terms.run_name,
+            "steps": f"{steps}/{self.plan.total_steps}",
+            "finished": self.finished,
+            "draining": self.progress.draining,
+            "uptime_s": round(now - self.started_at, 3),
+        }
+        summary["staleness"] = {
+            "max_staleness": core.settings.max_staleness,
+            "lag_policy_behind_steps": steps - core.state.policy_version,
+            "worst_trained": summary.pop("worst_staleness_trained"),
+        }
+        summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
+        summary["protocol_errors"] = self.protocol_errors
+        writer = self.durable.writer
+        summary["journal"] = {"records": writer.last_seq, "durable": writer.durable_seq}
+        summary["weights"] = self.routes.summary()
+        if "critic" in summary:
+            summary["critic"]["weights"] = self.critic_routes.summary()
+        summary["payload_stores"] = dict(self.payloads.reported)  # as each last reported
+        summary["requests"] = dict(self.requests)
+        summary["loop"] = self.timings.summary()  # where the daemon's turns go
+        return summary
 
     # --- events ----------------------------------------------------------------------
 
@@ -239,11 +301,10 @@ class SchedulerService:
                     self.waiting.claimed(notice.worker)
                     self.routes.forget(notice.worker)
                     self.critic_routes.forget(notice.worker)
-                    self.stores.pop(notice.worker, None)
-                    self.live_stores.pop(notice.worker, None)
+                    self.payloads.forget(notice.worker)
                 elif isinstance(notice, RolledBackTo):
                     self._rolled_back(notice)
-                    self.refs.forget()  # groups came back under new ids
+                    self.payloads.refs.forget()  # groups came back under new ids
                 elif isinstance(notice, CriticRolledBackTo):
                     # Only the critic's updates are lost: no policy step or line to cut.
                     log.warning("the critic rolled back", step=notice.step, reason=notice.reason)
@@ -288,24 +349,26 @@ def _log_losses(notices: list[Notice]) -> None:
             )
 
 
-_HANDLERS: dict[type, Callable[[HandlerContext, Any, float], p.Message]] = {
-    p.Hello: membership.hello,
-    p.Heartbeat: membership.heartbeat,
-    p.Claim: lease_requests.claim,
-    p.Complete: lease_requests.complete,
-    p.Fail: lease_requests.fail,
-    p.Lock: lease_requests.lock,
-    p.Unlock: lease_requests.unlock,
-    p.PublishVersion: weight_requests.publish,
-    p.LoadedVersion: weight_requests.loaded,
-    p.AddGroups: lease_requests.add_groups,
-    p.Bye: membership.bye,
-    p.Report: run_requests.report,
-    p.WantWeights: weight_requests.want_weights,
-    p.Held: lease_requests.held,
-    p.Rewind: weight_requests.rewind,
-    p.Status: run_requests.status,
-    p.Stop: run_requests.stop,
+Handler = Callable[[SchedulerService, Any, float], p.Message]
+
+_HANDLERS: dict[type, Handler] = {
+    p.Hello: lambda s, m, now: s.membership.hello(m, now),
+    p.Heartbeat: lambda s, m, now: s.membership.heartbeat(m, now),
+    p.Bye: lambda s, m, now: s.membership.bye(m, now),
+    p.Claim: lambda s, m, now: s.lease_requests.claim(m, now),
+    p.Complete: lambda s, m, now: s.lease_requests.complete(m, now),
+    p.Fail: lambda s, m, now: s.lease_requests.fail(m, now),
+    p.Lock: lambda s, m, now: s.lease_requests.lock(m, now),
+    p.Unlock: lambda s, m, now: s.lease_requests.unlock(m, now),
+    p.AddGroups: lambda s, m, now: s.lease_requests.add_groups(m, now),
+    p.Held: lambda s, m, now: s.lease_requests.held(m, now),
+    p.PublishVersion: lambda s, m, now: s.weight_requests.publish(m, now),
+    p.LoadedVersion: lambda s, m, now: s.weight_requests.loaded(m, now),
+    p.WantWeights: lambda s, m, now: s.weight_requests.want_weights(m, now),
+    p.Rewind: lambda s, m, now: s.weight_requests.rewind(m, now),
+    p.Report: lambda s, m, now: s.run_requests.report(m, now),
+    p.Status: lambda s, m, now: s.run_requests.status(m, now),
+    p.Stop: lambda s, m, now: s.run_requests.stop(m, now),
 }
-"""Which module's handler answers each request; each takes the service, the request and
-the time it is answered at."""
+"""Which handler answers each request: each is given the service, the request and the
+time it is answered at, and asks the handler of the request's topic."""

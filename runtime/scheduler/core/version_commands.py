@@ -1,6 +1,6 @@
-"""The version commands of :class:`~.scheduler.SchedulerCore` (a base class of it): a
-trainer or critic publishes a version, a worker reports the one it loaded, and a trainer
-whose state is behind the step count rolls training back to it."""
+"""The version commands that ``SchedulerCore`` hands on: a trainer or critic publishes a
+version, a worker reports the one it loaded, and a trainer whose state is behind the step
+count rolls training back to it."""
 
 from __future__ import annotations
 
@@ -9,18 +9,27 @@ from collections.abc import Callable
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.contract.stages import Gate, Pipeline
 
-from . import records as r
+from . import journal_records as r
 from .effects import Accepted, Rejected
-from .state import CoreState
+from .transitions import CoreState
 
 __all__ = ["VersionCommands"]
 
 
 class VersionCommands:
-    pipeline: Pipeline
-    state: CoreState
-    _commit: Callable[[r.Record], None]
-    _reject: Callable[[Reason, str], Rejected]
+    """Checks a version command against the state; commits its record, or refuses it."""
+
+    def __init__(
+        self,
+        state: CoreState,
+        pipeline: Pipeline,
+        commit: Callable[[r.Record], None],
+        reject: Callable[[Reason, str], Rejected],
+    ) -> None:
+        self.state = state
+        self.pipeline = pipeline
+        self._commit = commit
+        self._reject = reject
 
     def publish_version(self, worker: str, version: int) -> Accepted | Rejected:
         """The trainer (or the critic) made ``version``'s weights available to the workers
@@ -48,7 +57,7 @@ class VersionCommands:
     def rewind(self, worker: str, step: int) -> Accepted | Rejected:
         """The trainer's state (or the critic's: the worker's role says which) is at
         ``step``, behind its step count (its host was lost and only an older checkpoint
-        survived): roll back exactly to it (``_roll_back``, ``_roll_back_critic``)."""
+        survived): roll back exactly to it (the ``RolledBack`` rule in transitions.py)."""
         learners = [s.role for s in self.pipeline.stages if s.gate.batched]
         known = self.state.workers.get(worker)
         if known is None:

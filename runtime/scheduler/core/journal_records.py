@@ -13,16 +13,17 @@ trained. So data that reached ``generated`` is never generated again, unless the
 keeping it is lost before every stage took it (:class:`Lost`).
 
 Each record is a named tuple declared below: the core builds them where it decides
-(``scheduler.py``) and ``CoreState`` applies them by type (``state.py``), each handler
-taking the record's fields under the same names. In the journal a record is the plain
+(``scheduler.py`` and the rules it delegates to) and ``CoreState.apply`` applies them by
+type through the table of rules in ``transitions.py``, each rule taking the record's fields
+under the same names. In the journal a record is the plain
 list ``[opcode, field, ...]`` (:func:`to_journal`); :func:`from_journal` reads one back.
 Opcodes and field orders never change, so journals written by earlier versions replay; a
 record may gain a trailing field with a default (``Failed.counted``), which older entries
 simply lack.
 
 A new kind of record takes the next opcode in :class:`Op` (a number is never reused), a
-named tuple here listed in ``OPS`` and ``Record``, and a handler in ``CoreState`` taking
-its fields by name; a ``CoreState`` will not be built with a record left unhandled.
+named tuple here listed in ``OPS`` and ``Record``, and a rule in ``transitions.TRANSITIONS``
+taking its fields by name; ``transitions.py`` will not import with a record left without one.
 """
 
 from __future__ import annotations
@@ -206,8 +207,8 @@ class Durable(NamedTuple):
 
 class RolledBack(NamedTuple):
     """The trainer's state is back at ``step``: the steps after it, and everything made
-    with their weights, are done again (see ``CoreState._roll_back`` for the rule).
-    ``critic``: the critic's state, its steps and versions (``_roll_back_critic``)."""
+    with their weights, are done again (``transitions._rolled_back`` states the rule).
+    ``critic``: the critic's state, its steps and versions (``_critic_rolled_back``)."""
 
     step: int
     reason: str

@@ -1,5 +1,5 @@
-"""The critic's step and its staleness bound, part of :class:`~.scheduler.SchedulerCore`
-(a base class of it).
+"""The critic's step and its staleness bound: what ``SchedulerCore`` grants on a claim of
+the critic's step and of the stage that reads the critic (its ``values``).
 
 A PPO pipeline (``Pipeline.with_critic``) trains a critic beside the policy: the ``values``
 stage scores each group with the critic version its worker holds, and the critic's step
@@ -18,26 +18,37 @@ from collections.abc import Callable
 
 from asyncrl.runtime.contract.stages import Gate, Pipeline, Stage
 
-from . import records as r
+from . import journal_records as r
 from .settings import CoreSettings
-from .state import CoreState
+from .transitions import CoreState
 
-__all__ = ["CriticSteps"]
+__all__ = ["CriticStep"]
 
 
-class CriticSteps:
-    settings: CoreSettings
-    state: CoreState
-    pipeline: Pipeline
-    _commit: Callable[[r.Record], None]
-    _step_ready: Callable[[Stage], bool]
+class CriticStep:
+    """The critic step's rules, given the state they read, the core's commit and the train
+    step's readiness (the critic takes a short batch only when the train step waits)."""
 
-    def _oldest_critic_allowed(self) -> int:
+    def __init__(
+        self,
+        state: CoreState,
+        settings: CoreSettings,
+        pipeline: Pipeline,
+        commit: Callable[[r.Record], None],
+        step_ready: Callable[[Stage], bool],
+    ) -> None:
+        self.state = state
+        self.settings = settings
+        self._train = pipeline.gated(Gate.STEP)
+        self._commit = commit
+        self._step_ready = step_ready
+
+    def oldest_allowed(self) -> int:
         """The staleness bound, as for the policy: the next critic step (from version
         ``critic_steps_done``) uses values at most ``max_staleness`` versions older."""
         return self.state.critic_steps_done - self.settings.max_staleness
 
-    def _critic_batch(self, stage: Stage) -> int:
+    def batch(self, stage: Stage) -> int:
         """How many groups the critic's step takes now (0: none); one step at a time."""
         s, batch = self.state, self.settings.train_batch_groups
         if s.indexes.by_role[stage.role]:
@@ -45,13 +56,13 @@ class CriticSteps:
         ready = s.counts[stage.source]
         if ready >= batch:
             return batch
-        train = self.pipeline.gated(Gate.STEP)
+        train = self._train
         train_waits = not s.indexes.by_role[train.role] and not self._step_ready(train)
         return ready if train_waits else 0
 
-    def _redo_stale_values(self, stage: Stage) -> None:
+    def redo_stale_values(self, stage: Stage) -> None:
         """Values made with a critic version the bound no longer allows are made again."""
-        oldest, s = self._oldest_critic_allowed(), self.state
+        oldest, s = self.oldest_allowed(), self.state
         stale = sorted(
             {
                 gid

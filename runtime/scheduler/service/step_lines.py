@@ -1,0 +1,93 @@
+"""The line of metrics.jsonl that each train step writes: what the trainer reported, where
+each role's time went (activity.py), the step's critical path (step_path.py), the newest
+reports (reports.py) and the group counts; and, after the last step, the run's end."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from asyncrl.runtime.contract.bus import ACTIVITY_KEY
+from asyncrl.runtime.contract.stages import GroupState
+from asyncrl.runtime.scheduler.core.transitions import CoreState
+from asyncrl.transport import protocol as p
+from asyncrl.transport.topics import Topic, topic
+
+from .activity import RoleActivity
+from .metrics import MetricsLog
+from .reports import ReportLog, step_fields
+from .run_progress import RunProgress
+from .step_path import StepPath
+from .trace import Trace
+
+__all__ = ["StepLines"]
+
+log = structlog.get_logger("asyncrl.scheduler")
+
+
+class StepLines:
+    """Writes each train step's line, given what goes into it and where it goes."""
+
+    def __init__(
+        self,
+        state: CoreState,
+        progress: RunProgress,
+        path: StepPath,
+        activity: RoleActivity,
+        reports: Mapping[str, ReportLog],
+        metrics: MetricsLog,
+        trace: Trace,
+        emit: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        self.state = state
+        self.progress = progress
+        self.path = path
+        self.activity = activity
+        self.reports = reports
+        self.metrics = metrics
+        self.trace = trace
+        self.emit = emit
+
+    def critic_stepped(self, m: p.Complete) -> None:
+        """The critic's step goes into the next policy step's line."""
+        metrics = {k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY}
+        self.progress.critic_step = {"critic_step": self.state.critic_steps_done, **metrics}
+
+    def stepped(self, m: p.Complete, worker: str, gids: list[int], now: float) -> None:
+        """A train step completed: its line, its events, and the drain after the last."""
+        state, progress = self.state, self.progress
+        progress.stepped(now)
+        path = self.path.trained(state.steps_done, m.lease_id, gids, now)
+        line = {
+            "step": state.steps_done,
+            "elapsed_s": round(now - progress.started_at, 3),
+            "policy_version": state.policy_version,
+            "worker": worker,
+            **{k: v for k, v in (m.metrics or {}).items() if k != ACTIVITY_KEY},
+            **progress.critic_step,
+            **({"critic_version": state.critic_version} if state.critic_followers else {}),
+            **step_fields(self.reports),
+            "roles": self.activity.rates(now, self._workers_per_role()),
+            "critical_path": path,
+            "payloads_regenerated": sum(state.regenerated.values()),
+            # every group made, in one state each (superseded: trained by a step a rollback
+            # lost)
+            "group_states": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
+            "groups_created": state.next_gid,
+        }
+        reached = self.path.take_reached()  # earlier steps' versions, now run by every generator
+        if reached:
+            line["versions_loaded"] = reached
+        self.metrics.append(line)
+        self.trace.step(state.steps_done, worker, now)
+        self.emit(topic(Topic.METRICS, "step"), {"step": state.steps_done})
+        if progress.finished(state.steps_done):
+            log.info("run finished", steps=state.steps_done)
+            self.emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
+            progress.draining = "the run is finished"
+
+    def _workers_per_role(self) -> dict[str, int]:
+        return dict(Counter(w.role for w in self.state.workers.values()))
