@@ -54,10 +54,10 @@ from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished
 from ..policy.model import CausalLM
 from ..serving.serving import Serving
+from ..startup.checks import check_device, check_engine, check_model, check_task
+from ..startup.load import load_policy, start_sglang
 from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
-from ..worker.preflight import check_device, check_engine, check_model, check_task
-from ..worker.setup import load_policy, start_sglang
 from ..worker.weights import StallBounds, WeightFollower, weights_access
 from ..workload import load_workload, serves_api, validation_reward_for
 

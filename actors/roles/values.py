@@ -30,9 +30,9 @@ from ..actor import Actor, Outcome, WorkerContext
 from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
+from ..startup.checks import check_device, check_model
+from ..startup.load import DTYPES, device_for
 from ..training.scorer import pack_rollouts
-from ..worker.preflight import check_device, check_model
-from ..worker.setup import DTYPES, device_for
 from ..worker.weights import StallBounds, WeightFollower, weights_access
 from .critic import critic_path
 

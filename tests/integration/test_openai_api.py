@@ -24,8 +24,8 @@ from asyncrl.actors.serving.records import CallRecord, decode_records
 from asyncrl.actors.serving.server import MAX_BODY_BYTES
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
+from asyncrl.actors.startup.load import load_policy
 from asyncrl.actors.tasks import Sample
-from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.cluster import wait_for

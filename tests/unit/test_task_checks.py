@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.worker.preflight import check_task
+from asyncrl.actors.startup.checks import check_task
 from asyncrl.runtime.contract.config import config_from_dict
 
 BROKEN = "tests.support.plugin_that_raises:task"

@@ -1,4 +1,5 @@
-"""What every model-holding role does at start: threads, seed, the model."""
+"""What every model-holding role does at start: threads, seed, the model on its device and
+engine."""
 
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from ..policy.checkpoint import load_model, model_dir
 from ..policy.lora import add_adapters
 from ..policy.model import CausalLM, ModelConfig
 from ..policy.tokenizer import TextCodec
-from .threads import threads_for
+from ..worker.threads import threads_for
 
 if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
 
-__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang", "threads_for"]
+__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang"]
 
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
