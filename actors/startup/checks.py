@@ -110,7 +110,7 @@ def _one_line(text: str) -> str:
 
 def check_engine(cfg: RunConfig, role: str) -> list[str]:
     if role != "generate":
-        from ..engines import train_engine_problems
+        from ..engines.train_checks import train_engine_problems
 
         return train_engine_problems(cfg, role)
     if cfg.backends.generate == "sglang":

@@ -10,7 +10,8 @@ import torch
 
 from asyncrl.runtime.contract.config import LoraSection, RunConfig
 
-from ..engines import EngineModel, train_engine_problems
+from ..engines.contract import EngineModel
+from ..engines.train_checks import train_engine_problems
 from ..policy.adapters import MergedAdapters
 from ..policy.checkpoint import load_model, model_dir
 from ..policy.lora import add_adapters

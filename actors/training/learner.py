@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.contract.config import RunConfig
 
-from ..engines import EngineModel, device_of
+from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard

@@ -22,7 +22,7 @@ from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, Outcome, WorkerContext
-from ..engines import (
+from ..engines.contract import (
     EngineModel,
     copy_of,
     load_group_weights,

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from asyncrl.actors.engines import MEGATRON_MISSING, train_engine_problems
+from asyncrl.actors.engines.train_checks import MEGATRON_MISSING, train_engine_problems
 from asyncrl.actors.startup.checks import check_engine
 from asyncrl.runtime.contract.config import ConfigError, config_from_dict
 

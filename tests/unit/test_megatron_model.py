@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors.engines import device_of, load_weights, weights_of
+from asyncrl.actors.engines.contract import device_of, load_weights, weights_of
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.runtime.contract.config import MegatronSection
 from tests.support.hf_families import SMALL, VARIANTS, hf_model_dir
