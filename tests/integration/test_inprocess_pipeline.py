@@ -29,8 +29,8 @@ from asyncrl.actors.demo import (
 )
 from asyncrl.actors.worker.loop import Pacing, Worker
 from asyncrl.runtime.contract.config import RunConfig, config_from_dict
-from asyncrl.runtime.scheduler.service.hub import InProcessHub
 from asyncrl.transport import protocol as p
+from tests.support.inprocess_hub import InProcessHub
 
 STEPS = 20
 BATCH = 4
