@@ -40,8 +40,8 @@ from ..actor import Outcome, WorkerContext
 from ..critic import load_value_model
 from ..critic.learner import CriticLearner, CriticStats
 from ..policy.checkpoint import model_dir, save_state
-from ..startup.checks import check_device, check_model
-from ..startup.load import device_for
+from ..startup.model_loading import device_for
+from ..startup.role_checks import check_device, check_model
 from ..training.gang import Order
 from ..training.group import Group
 from ..training.learner_role import LearnerRole

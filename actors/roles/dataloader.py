@@ -22,7 +22,7 @@ from asyncrl.transport import protocol as p
 
 from ..actor import Actor, WorkerContext
 from ..payloads import PromptIn
-from ..startup.checks import check_task
+from ..startup.role_checks import check_task
 from ..tasks import Task
 from ..workload import load_workload
 

@@ -28,7 +28,7 @@ from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..payloads import PromptIn, RewardsOut, RolloutsOut
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
-from ..startup.checks import check_task
+from ..startup.role_checks import check_task
 from ..tasks import TaskError
 from ..tasks.rewards import MODEL_PREFIX
 from ..worker.threads import threads_for

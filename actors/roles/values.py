@@ -30,8 +30,8 @@ from ..actor import Actor, Outcome, WorkerContext
 from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
-from ..startup.checks import check_device, check_model
-from ..startup.load import DTYPES, device_for
+from ..startup.model_loading import DTYPES, device_for
+from ..startup.role_checks import check_device, check_model
 from ..training.scorer import pack_rollouts
 from ..worker.weights import StallBounds, WeightFollower, weights_access
 from .critic import critic_path

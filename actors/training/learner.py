@@ -29,7 +29,7 @@ from ..policy.model import CausalLM
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
-from ..startup.load import DTYPES
+from ..startup.model_loading import DTYPES
 from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState

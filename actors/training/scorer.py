@@ -33,8 +33,8 @@ from ..payloads import LogprobsOut, RolloutsOut
 from ..policy.model import CausalLM
 from ..policy.padding import like_width_runs
 from ..policy.scoring import Packed, pack, response_logprobs
-from ..startup.checks import check_device, check_engine, check_model
-from ..startup.load import load_policy
+from ..startup.model_loading import load_policy
+from ..startup.role_checks import check_device, check_engine, check_model
 from .gang import (
     Gang,
     GangBroken,

@@ -4,7 +4,7 @@
 ``asyncrl-worker --role R`` runs its role's before it dials one: a model directory that
 cannot be used, a plug-in path that does not import, an engine or device this machine
 does not have. Each role declares what it needs (``Actor.check``; the checks themselves
-are in ``actors/startup/checks.py``); this module asks each role of a run for its own.
+are in ``actors/startup/role_checks.py``); this module asks each role of a run for its own.
 """
 
 from __future__ import annotations

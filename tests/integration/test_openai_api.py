@@ -24,7 +24,7 @@ from asyncrl.actors.serving.records import CallRecord, decode_records
 from asyncrl.actors.serving.server import MAX_BODY_BYTES
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
-from asyncrl.actors.startup.load import load_policy
+from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.tasks import Sample
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.actors.startup.checks import check_task
+from asyncrl.actors.startup.role_checks import check_task
 from asyncrl.actors.tasks import validation_samples
 from asyncrl.actors.tasks.datafiles import DataFiles
 from asyncrl.actors.tasks.order import ShuffledOrder

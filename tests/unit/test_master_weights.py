@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.actors.startup.load import load_policy
+from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.runtime.contract.config import config_from_dict
 from tests.bench.train_memory import synthetic_lease

@@ -132,7 +132,7 @@ def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat1
     """As the torch engine's trainer does (test_master_weights.py): with model.dtype
     bfloat16 the scorers hold bfloat16, the trainer float32, and a step at an RL learning
     rate moves weights that bfloat16 would not, while what it publishes is bfloat16."""
-    from asyncrl.actors.startup.load import load_policy
+    from asyncrl.actors.startup.model_loading import load_policy
     from asyncrl.actors.training.learner import Group, Learner
     from asyncrl.runtime.contract.config import config_from_dict
     from tests.bench.train_memory import synthetic_lease

@@ -16,6 +16,6 @@
 - ``gathers``: the collectives that put a split state together;
 - ``optimizer``: the distributed optimizer (AdamW's state split over data-parallel copies).
 
-Nothing outside this package imports it but ``actors.startup.load`` (``model.load_megatron``),
-and only when the config asks for megatron.
+Nothing outside this package imports it but ``actors.startup.model_loading``
+(``model.load_megatron``), and only when the config asks for megatron.
 """

@@ -22,7 +22,7 @@ __all__ = [
 
 def check_model(cfg: RunConfig) -> list[str]:
     """``model.path`` is a directory this runtime can load, with room to generate."""
-    from ..policy.preflight import ModelDirError, check_model_dir
+    from ..policy.model_dir_check import ModelDirError, check_model_dir
 
     try:
         check_model_dir(cfg.model.path)
