@@ -58,7 +58,7 @@ from ..startup.model_loading import load_policy, start_sglang
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
-from ..worker.weights import StallBounds, WeightFollower, weights_access
+from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
