@@ -53,9 +53,9 @@ from asyncrl.transport.zmq_link import ZmqLink
 from .actor import Actor, ActorBroken
 from .training.gang import end_process
 from .worker import preflight
-from .worker.identity import worker_credentials
+from .worker.credentials import worker_credentials
+from .worker.data_plane import WorkerPayloads, serving_host
 from .worker.loop import Worker, default_worker_name
-from .worker.payloads import WorkerPayloads, serving_host
 
 __all__ = ["main"]
 

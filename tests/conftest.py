@@ -1,11 +1,13 @@
 """Hypothesis profiles: `ci` (the default, hundreds of examples) and `long` for a local soak
-(choose with HYPOTHESIS_PROFILE=long); and no payload left in shared memory after a run.
+(choose with HYPOTHESIS_PROFILE=long); the repository's root on the import path of every
+process a test starts; and no payload left in shared memory after a run.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -27,6 +29,14 @@ settings.register_profile(
     stateful_step_count=120,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The workers tests start import the tests' own role tables (pipeline.actors:
+# tests.support.demo_pipeline) as a user's workers import theirs, from the import path:
+# whatever their working directory, and started as python -m or as a console script.
+_REPO = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_REPO, *(part for part in os.environ.get("PYTHONPATH", "").split(os.pathsep) if part)]
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,9 +1,9 @@
 """What a worker holds to talk to the scheduler: one interface, two implementations.
 
 ``ZmqLink`` (transport/zmq_link.py) speaks to a scheduler process over a DEALER and a SUB
-socket; ``InProcessHub.link()`` (runtime/scheduler/service/hub.py) calls a scheduler living in the
-same process. Role code gets a link and never sees a socket. Links are thread-safe: a
-worker's heartbeat thread and its main loop share one.
+socket; ``InProcessHub.link()`` (tests/support/inprocess_hub.py, for the tests) calls a
+scheduler living in the same process. Role code gets a link and never sees a socket.
+Links are thread-safe: a worker's heartbeat thread and its main loop share one.
 """
 
 from __future__ import annotations

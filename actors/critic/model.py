@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..engines import device_of
+from ..engines.contract import device_of
 from ..policy.checkpoint import model_dir, read_weights
 from ..policy.model import Decoder, ModelConfig
 from ..policy.scoring import Packed, response_positions

@@ -3,7 +3,7 @@
 Weights are one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``.
 
 ``embedded`` names the base model shipped inside this package (made by
-``python -m asyncrl.actors.policy.warmup``); any other value is a directory path.
+``python -m tests.tools.warmup``); any other value is a directory path.
 Writes go to a temporary directory swapped into place by one rename, so a crash never
 leaves half a checkpoint under the final name, nor none where there was one
 (runtime/contract/whole_dirs.py). A written directory is its user's only (0700, files 0600).

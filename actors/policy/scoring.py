@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engines import EngineModel, device_of
+from ..engines.contract import EngineModel, device_of
 from .model import CausalLM
 
 __all__ = ["Packed", "pack", "response_logprobs", "response_positions"]

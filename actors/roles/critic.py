@@ -40,13 +40,13 @@ from ..actor import Outcome, WorkerContext
 from ..critic import load_value_model
 from ..critic.learner import CriticLearner, CriticStats
 from ..policy.checkpoint import model_dir, save_state
+from ..startup.model_loading import device_for
+from ..startup.role_checks import check_device, check_model
 from ..training.gang import Order
 from ..training.group import Group
 from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
-from ..worker.preflight import check_device, check_model
-from ..worker.setup import device_for
 
 __all__ = ["Critic", "critic_path"]
 

@@ -22,8 +22,8 @@ from asyncrl.transport import protocol as p
 
 from ..actor import Actor, WorkerContext
 from ..payloads import PromptIn
+from ..startup.role_checks import check_task
 from ..tasks import Task
-from ..worker.preflight import check_task
 from ..workload import load_workload
 
 __all__ = ["Dataloader", "group_key"]

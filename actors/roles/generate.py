@@ -54,11 +54,11 @@ from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished
 from ..policy.model import CausalLM
 from ..serving.serving import Serving
+from ..startup.model_loading import load_policy, start_sglang
+from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
-from ..worker.preflight import check_device, check_engine, check_model, check_task
-from ..worker.setup import load_policy, start_sglang
-from ..worker.weights import StallBounds, WeightFollower, weights_access
+from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]

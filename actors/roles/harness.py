@@ -52,8 +52,8 @@ from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..payloads import PromptIn, RolloutsOut
 from ..serving.directory import ApiDirectory, ApiEntry
 from ..serving.sessions import HarnessFailed, SessionRunner, load_harness
+from ..startup.role_checks import check_harness
 from ..tasks import validation_samples
-from ..worker.preflight import check_harness
 from ..workload import load_workload
 
 __all__ = ["Harness"]

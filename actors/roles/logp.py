@@ -26,7 +26,7 @@ from asyncrl.transport.weights import make_receiver
 from ..actor import WorkerContext
 from ..payloads import RolloutsOut
 from ..training.scorer import ScoringActor
-from ..worker.weights import StallBounds, WeightFollower, weights_access
+from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
 

@@ -37,13 +37,13 @@ from asyncrl.transport import protocol as p
 from ..actor import Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
 from ..policy.lora import save_adapter_checkpoint, save_final
+from ..startup.model_loading import load_policy
+from ..startup.role_checks import check_device, check_engine, check_lora, check_model
 from ..training.gang import Order
 from ..training.learner import Group, Learner, StepStats
 from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
-from ..worker.preflight import check_device, check_engine, check_lora, check_model
-from ..worker.setup import load_policy
 
 __all__ = ["Train"]
 

@@ -30,10 +30,10 @@ from ..actor import Actor, Outcome, WorkerContext
 from ..critic import load_value_model, response_values
 from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
+from ..startup.model_loading import DTYPES, device_for
+from ..startup.role_checks import check_device, check_model
 from ..training.scorer import pack_rollouts
-from ..worker.preflight import check_device, check_model
-from ..worker.setup import DTYPES, device_for
-from ..worker.weights import StallBounds, WeightFollower, weights_access
+from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from .critic import critic_path
 
 __all__ = ["Values"]

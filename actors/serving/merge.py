@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..payloads import Sampled
-from .records import CallRecord
+from .call_records import CallRecord
 
 __all__ = ["merge_calls"]
 

@@ -46,7 +46,7 @@ from ..policy.chat_template import ChatTemplate, ChatTemplateError
 from ..policy.decoder import Finished
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge
-from .records import CallRecord, SessionRecords, encode_records
+from .call_records import CallRecord, SessionRecords, encode_records
 
 __all__ = ["ApiError", "ApiSettings", "make_app"]
 

@@ -23,10 +23,10 @@ from ..policy.decoder import Decoding, Finished
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge, ServeTag
+from .call_records import SessionRecords
 from .directory import ApiDirectory, ApiEntry
+from .http_server import ApiServer
 from .openai_api import ApiSettings, make_app
-from .records import SessionRecords
-from .server import ApiServer
 
 __all__ = ["Serving"]
 

@@ -32,9 +32,9 @@ import openai
 from ..payloads import Sampled
 from ..tasks import Sample, TaskError
 from ..tasks.base import import_path
+from .call_records import CallRecord, decode_records
 from .directory import ApiEntry
 from .merge import merge_calls
-from .records import CallRecord, decode_records
 
 __all__ = ["HarnessFailed", "HarnessFunction", "SessionRunner", "load_harness"]
 

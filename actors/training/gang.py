@@ -95,7 +95,7 @@ class Gang:
     ):
         import torch.distributed as dist  # only group members pay for importing torch
 
-        from .group_store import join_store, on_loopback
+        from .dist_store import join_store, on_loopback
 
         self.place = place
         self.rank, self.size = place.rank, place.size
@@ -206,7 +206,7 @@ def _order_of(value: object) -> tuple[Order, bytes]:
 def _keep_collectives_on_loopback() -> None:
     """gloo and NCCL listen on the interface these name (by default, the one the host's
     name resolves to): a group on one machine keeps them to loopback."""
-    from .group_store import loopback_interface
+    from .dist_store import loopback_interface
 
     interface = loopback_interface()
     os.environ["GLOO_SOCKET_IFNAME"] = interface

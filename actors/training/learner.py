@@ -24,12 +24,12 @@ from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.contract.config import RunConfig
 
-from ..engines import EngineModel, device_of
+from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
-from ..worker.setup import DTYPES
+from ..startup.model_loading import DTYPES
 from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState

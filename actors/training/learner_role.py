@@ -27,7 +27,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
 
 from ..actor import Actor, ActorBroken, WorkerContext
-from ..worker.weights import weights_access
+from ..worker.weight_following import weights_access
 from .gang import Gang, Order, join_group, join_group_at, pack_lease, unpack_lease
 from .group import Group
 from .rank import TrainRank, restore_body

@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from ..engines import EngineModel, load_group_weights, load_weights, weights_of
+from ..engines.contract import EngineModel, load_group_weights, load_weights, weights_of
 from ..policy.lora import is_adapter, published_name, trainer_name
 from ..policy.model import CausalLM
 from .host_copies import HostCopies

@@ -22,7 +22,7 @@ from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.transport import protocol as p
 
 from ..actor import Actor, Outcome, WorkerContext
-from ..engines import (
+from ..engines.contract import (
     EngineModel,
     copy_of,
     load_group_weights,
@@ -33,8 +33,8 @@ from ..payloads import LogprobsOut, RolloutsOut
 from ..policy.model import CausalLM
 from ..policy.padding import like_width_runs
 from ..policy.scoring import Packed, pack, response_logprobs
-from ..worker.preflight import check_device, check_engine, check_model
-from ..worker.setup import load_policy
+from ..startup.model_loading import load_policy
+from ..startup.role_checks import check_device, check_engine, check_model
 from .gang import (
     Gang,
     GangBroken,

@@ -14,8 +14,8 @@ from typing import Any
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed, LinkTimeout
 
-from .payloads import WorkerPayloads
-from .versions import describe_reply as _describe
+from .data_plane import WorkerPayloads
+from .version_tracking import describe_reply as _describe
 
 __all__ = ["Heartbeats"]
 

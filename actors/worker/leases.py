@@ -3,7 +3,7 @@
 Before the actor sees a lease its referenced payloads are fetched (a lease whose payloads
 cannot be is handed back naming them, for their makers to redo); when the actor is done,
 each failed group is handed back with a Fail and the results go out with a Complete,
-large payloads kept here and referenced (payloads.py); results that do not fit in the
+large payloads kept here and referenced (data_plane.py); results that do not fit in the
 store (a full /dev/shm) fail the lease with that reason. A Complete carries where the
 loop's time went since the previous one (time_split.py) and the tokens the work covered,
 and may carry the worker's next claim: its reply is then the next Lease when there is
@@ -24,10 +24,10 @@ from asyncrl.transport.dataplane import StoreFull
 from asyncrl.transport.link import LinkClosed
 
 from ..actor import Outcome, StreamingActor
-from .payloads import LostPayloads, WorkerPayloads
+from .data_plane import LostPayloads, WorkerPayloads
 from .requests import GaveUp
 from .time_split import TimeSplit
-from .versions import describe_reply as _describe
+from .version_tracking import describe_reply as _describe
 
 __all__ = ["MAX_REASON", "Leases"]
 

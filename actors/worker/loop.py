@@ -18,14 +18,14 @@ reply names the version to publish, which it publishes before it claims). A
 :class:`~..actor.StreamingActor` (the generator) holds many leases at once; a plain actor
 is one of capacity one whose ``advance`` is its ``process``. Before the actor sees a
 lease its referenced payloads are fetched; its results' large payloads stay here,
-referenced (payloads.py); how each lease ends, completed or handed back, is leases.py;
-what the worker hears on the bus, and its wait for work, is events.py.
+referenced (data_plane.py); how each lease ends, completed or handed back, is leases.py;
+what the worker hears on the bus, and its wait for work, is listening.py.
 Beside the loop, a heartbeat thread renews the worker's leases and frees payloads nobody
 refers to any more (heartbeats.py). A generator (an actor that overrides ``on_version``)
 loads each published version between leases and reports it with LoadedVersion; a trainer
 (``publishes_versions``) announces the version each step's reply (StepDone) names, with
 the weight plane's manifest and address when ``on_publish`` returns them (what to load
-and announce: versions.py). An actor asks whom to fetch weights from with
+and announce: version_tracking.py). An actor asks whom to fetch weights from with
 ``WorkerContext.ask_weights`` (WantWeights → WeightsPlan), on the main thread
 (questions.py).
 
@@ -62,21 +62,21 @@ from asyncrl.transport.link import LinkClosed, LinkTimeout, SchedulerLink
 
 from ..actor import Actor, ActorBroken, OneLeaseAtATime, StreamingActor, WorkerContext
 from .claims import Claims
-from .events import (
+from .data_plane import WorkerPayloads, in_process_keys
+from .heartbeats import Heartbeats
+from .leases import MAX_REASON, Leases
+from .listening import (
     CRITIC_PUBLISHED,
     CRITIC_WANTED,
     VERSION_PUBLISHED,
     VERSION_WANTED,
     WorkerEvents,
 )
-from .heartbeats import Heartbeats
-from .leases import MAX_REASON, Leases
-from .payloads import WorkerPayloads, in_process_keys
 from .questions import SchedulerQuestions
 from .requests import Fatal, GaveUp, Requests, is_error
 from .time_split import TimeSplit
-from .versions import PolicyRolledBack, Versions
-from .versions import describe_reply as _describe
+from .version_tracking import PolicyRolledBack, Versions
+from .version_tracking import describe_reply as _describe
 
 __all__ = ["Pacing", "Worker", "default_worker_name"]
 

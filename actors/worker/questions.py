@@ -10,7 +10,7 @@ from typing import Any
 from asyncrl.transport import protocol as p
 
 from .requests import Requests
-from .versions import describe_reply as _describe
+from .version_tracking import describe_reply as _describe
 
 __all__ = ["SchedulerQuestions"]
 

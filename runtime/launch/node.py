@@ -35,11 +35,11 @@ from asyncrl.transport.security import (
 )
 from asyncrl.transport.sockets import tcp_endpoint
 
-from .events import describe
 from .gpus import VISIBLE_ENV
 from .plan import WORKER_MODULE, NodePlan, node_specs
 from .progress import ProgressReporter
 from .supervisor import ChildSpec, Supervisor
+from .supervisor_events import describe
 
 __all__ = ["NodeError", "make_keys", "preflight", "run_node", "wait_for_the_run"]
 

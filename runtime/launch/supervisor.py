@@ -64,8 +64,8 @@ from asyncrl.runtime.launch.pulses import Pulses
 from ._backoff import Backoff
 from ._spawn import kill
 from ._start_failures import StartFailures
-from .events import EventKind, how_it_ended, print_event, shell_status, signal_name
 from .last_words import last_words
+from .supervisor_events import EventKind, how_it_ended, print_event, shell_status, signal_name
 
 __all__ = ["ChildSpec", "OnEvent", "Supervisor"]
 

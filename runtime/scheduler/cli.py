@@ -4,10 +4,10 @@
     asyncrl-scheduler status -c run.yaml [--json]    # ask the live scheduler where it stands
     asyncrl-scheduler stop -c run.yaml               # drain: no new leases, then exit
     asyncrl-scheduler keygen DIR                     # CurveZMQ keys (start makes them if none)
-    asyncrl-scheduler inspect runs/demo              # replay a run's journal, read-only
 
 ``status`` and ``stop`` find the scheduler through ``<run.dir>/endpoints.json`` (or
-``--scheduler tcp://HOST:PORT``); ``inspect`` works on a live run and after a crash alike.
+``--scheduler tcp://HOST:PORT``). A run's journal is replayed by the user's command,
+``asyncrl inspect RUN_DIR --journal``; ``asyncrl-scheduler inspect`` says so.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from asyncrl.runtime.contract.logs import configure_logging
 from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
 from asyncrl.runtime.scheduler.durable import JournalExists
 from asyncrl.runtime.scheduler.journal import JournalLocked
-from asyncrl.runtime.scheduler.replay import replay_journal
 from asyncrl.runtime.scheduler.service.assembly import StagesChanged
 from asyncrl.runtime.scheduler.service.process import serve
 from asyncrl.runtime.scheduler.status_text import render_status
@@ -157,13 +156,11 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    run = RunDir(args.run_dir)
-    if not run.journal.is_dir():
-        raise UsageError(f"{run.journal} does not exist: is {run.root} a run directory?")
-    summary = replay_journal(run)
-    print(json.dumps(summary, indent=None if args.json else 2, sort_keys=True))
-    return 0
+def _inspect_moved(args: argparse.Namespace) -> int:
+    raise UsageError(
+        "inspect is a command of asyncrl, not of asyncrl-scheduler: "
+        "asyncrl inspect RUN_DIR --journal replays a run's journal (--json: one line)"
+    )
 
 
 def _add_live_arguments(parser: argparse.ArgumentParser) -> None:
@@ -201,10 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("directory", type=Path, help="where to write them (scheduler.keys_dir)")
     keys.set_defaults(handler=_keygen)
 
-    inspect = commands.add_parser("inspect", help="replay a run's journal and summarize it")
-    inspect.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
-    inspect.add_argument("--json", action="store_true", help="one line of JSON")
-    inspect.set_defaults(handler=_inspect)
+    # The one inspect is the user's (asyncrl inspect); this name stays to say so.
+    moved = commands.add_parser("inspect", help="moved: asyncrl inspect RUN_DIR --journal")
+    moved.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    moved.set_defaults(handler=_inspect_moved)
     return parser
 
 

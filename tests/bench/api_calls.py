@@ -23,7 +23,7 @@ import openai
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.serving import Serving
-from asyncrl.actors.worker.setup import load_policy
+from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
 

@@ -143,7 +143,7 @@ def _train(model, steps: int) -> tuple[list[float], int]:
 
 def _megatron_twin(master, device: torch.device):
     """The same float32 weights held by the megatron engine (one rank: no split)."""
-    from asyncrl.actors.engines.megatron.build import ParallelSizes, build_gpt
+    from asyncrl.actors.engines.megatron.gpt_build import ParallelSizes, build_gpt
     from asyncrl.actors.engines.megatron.model import MegatronLM
     from asyncrl.actors.policy.checkpoint import state_for_saving
 

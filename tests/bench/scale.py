@@ -69,7 +69,7 @@ SLOW_POLL_S = 1.0  # an idle worker claims again after this long without a wake-
 # not subscribe to version.published).
 FOLLOWERS = frozenset({"generate", "logp"})
 # A follower's weights report after each load, with the fields a real one's carries
-# (actors/worker/weights.py); the bench moves no bytes.
+# (actors/worker/weight_following.py); the bench moves no bytes.
 LOAD_COST = {"transfer_s": 0.0, "load_s": 0.0, "stall_s": 0.0, "bytes": 0, "mb_per_s": 0.0,
              "source": "train-1", "attempts": 1, "retried_buckets": 0}  # fmt: skip
 

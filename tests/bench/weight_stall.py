@@ -118,7 +118,7 @@ def _generator(
 ) -> None:
     from asyncrl.actors.policy.decoder import Decoder, Request
     from asyncrl.actors.policy.model import CausalLM
-    from asyncrl.actors.worker.weights import WeightFollower
+    from asyncrl.actors.worker.weight_following import WeightFollower
 
     torch.set_num_threads(1)
     model = CausalLM(model_config(layers))

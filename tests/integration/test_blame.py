@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors.demo import expected_value, prompt_key
 from asyncrl.runtime.contract.config import load_config, pipeline_for
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import GroupState
@@ -28,6 +27,7 @@ from asyncrl.runtime.scheduler.core import CoreSettings, SchedulerCore
 from asyncrl.runtime.scheduler.core import journal_records as r
 from asyncrl.runtime.scheduler.durable import recover
 from tests.support.cluster import ROLES, Cluster, processes_mentioning, wait_for
+from tests.support.demo_pipeline import expected_value, prompt_key
 from tests.support.poison_roles import POISON_ENV
 
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(120)]

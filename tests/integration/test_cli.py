@@ -67,7 +67,7 @@ def test_inspect_replays_a_run_directory(tmp_path: Path) -> None:
     durable.close()
     # The simulated pipeline has a ref_logp worker: its stage runs only under a KL penalty.
     run_dir.config.write_text("pipeline:\n  train_batch_groups: 4\nalgorithm:\n  kl_coef: 0.01\n")
-    result = run("asyncrl-scheduler", "inspect", tmp_path, "--json")
+    result = run("asyncrl", "inspect", tmp_path, "--journal", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["steps_done"] == durable.core.state.steps_done
@@ -76,10 +76,16 @@ def test_inspect_replays_a_run_directory(tmp_path: Path) -> None:
 
 
 def test_inspect_of_a_missing_run_says_what_is_wrong(tmp_path: Path) -> None:
-    result = run("asyncrl-scheduler", "inspect", tmp_path / "nope")
+    result = run("asyncrl", "inspect", tmp_path / "nope", "--journal")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stdout == ""
     assert "does not exist" in result.stderr
+
+
+def test_the_schedulers_inspect_names_the_one_inspect(tmp_path: Path) -> None:
+    result = run("asyncrl-scheduler", "inspect", tmp_path, "--json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "asyncrl inspect RUN_DIR --journal" in result.stderr
 
 
 def test_worker_roles_lists_the_table() -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from asyncrl.actors.worker.loop import Worker
 from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.scheduler.service.hub import InProcessHub
 from asyncrl.transport import protocol as p
+from tests.support.inprocess_hub import InProcessHub
 
 from .test_inprocess_pipeline import (
     BATCH,

@@ -90,7 +90,7 @@ def test_the_calculator_through_an_openai_client_harness_trains_the_same_episode
 
 def environment_greedy_reward(prompts: int) -> float:
     from asyncrl.actors.policy.checkpoint import load_model
-    from asyncrl.actors.policy.warmup import calculator_reward
+    from tests.tools.warmup import calculator_reward
 
     model, codec = load_model("embedded-calculator")
     return calculator_reward(model, codec, prompts)

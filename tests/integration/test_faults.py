@@ -1,8 +1,9 @@
 """Faults with real processes and sockets: kill -9, restarts, stale fences, CURVE.
 
-Each test runs the demo pipeline (exact results per group, see actors/demo.py) through a
-real scheduler process and real worker processes, breaks something, and checks that the
-run still ends with every group's result exactly once.
+Each test runs the demo pipeline (exact results per group, see
+tests/support/demo_pipeline.py) through a real scheduler process and real worker
+processes, breaks something, and checks that the run still ends with every group's result
+exactly once.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
 def base_model_greedy_reward(prompts: int) -> float:
     """The embedded model's greedy validation reward, from the warm-up's own scorer."""
     from asyncrl.actors.policy.checkpoint import load_model
-    from asyncrl.actors.policy.warmup import validation_reward
     from asyncrl.actors.tasks.arithmetic import task
+    from tests.tools.warmup import validation_reward
 
     model, codec = load_model("embedded")
     return validation_reward(model, codec, task, prompts, max_new_tokens=80)

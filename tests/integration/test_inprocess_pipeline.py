@@ -17,7 +17,10 @@ from typing import Any
 import pytest
 
 from asyncrl.actors.actor import Actor, Outcome
-from asyncrl.actors.demo import (
+from asyncrl.actors.worker.loop import Pacing, Worker
+from asyncrl.runtime.contract.config import RunConfig, config_from_dict
+from asyncrl.transport import protocol as p
+from tests.support.demo_pipeline import (
     Dataloader,
     Generate,
     Logp,
@@ -27,10 +30,7 @@ from asyncrl.actors.demo import (
     expected_value,
     prompt_key,
 )
-from asyncrl.actors.worker.loop import Pacing, Worker
-from asyncrl.runtime.contract.config import RunConfig, config_from_dict
-from asyncrl.runtime.scheduler.service.hub import InProcessHub
-from asyncrl.transport import protocol as p
+from tests.support.inprocess_hub import InProcessHub
 
 STEPS = 20
 BATCH = 4

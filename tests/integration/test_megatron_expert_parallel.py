@@ -153,7 +153,7 @@ def test_expert_parallel_ranks_train_like_one_torch_rank(
 
 
 def _scoring_rank(rank: int, port: int, split, directory: str, results) -> None:
-    from asyncrl.actors.engines import load_group_weights
+    from asyncrl.actors.engines.contract import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)

@@ -124,7 +124,7 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
 
 
 def _scoring_rank(rank: int, port: int, split: tuple[int, int, int], results) -> None:
-    from asyncrl.actors.engines import load_group_weights
+    from asyncrl.actors.engines.contract import load_group_weights
     from asyncrl.actors.engines.megatron.model import load_megatron
 
     torch.set_num_threads(1)

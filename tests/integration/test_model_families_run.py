@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.policy.preflight import check_model_dir
+from asyncrl.actors.policy.model_dir_check import check_model_dir
 from tests.support.hf_families import TASK_MODEL_KINDS, tiny_task_model
 
 transformers = pytest.importorskip("transformers")

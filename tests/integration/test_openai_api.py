@@ -18,14 +18,14 @@ import pytest
 from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.policy.tokenizer import TextCodec
+from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
+from asyncrl.actors.serving.http_server import MAX_BODY_BYTES
 from asyncrl.actors.serving.merge import merge_calls
-from asyncrl.actors.serving.records import CallRecord, decode_records
-from asyncrl.actors.serving.server import MAX_BODY_BYTES
 from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
+from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.tasks import Sample
-from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.cluster import wait_for

@@ -27,7 +27,7 @@ def _inputs(m: int) -> torch.Tensor:
 
 def _stage_main(rank: int, port: int, results) -> None:
     from asyncrl.actors.engines.megatron.schedule import one_forward_one_backward
-    from asyncrl.actors.engines.megatron.stages import Stages
+    from asyncrl.actors.engines.megatron.stage_links import Stages
 
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)

@@ -28,7 +28,7 @@ def test_a_runs_files_are_private_under_a_permissive_umask(tmp_path: Path) -> No
     config = tmp_path / "run.yaml"
     config.write_text(
         f"run: {{dir: {tmp_path / 'run'}, total_steps: 2}}\n"
-        "pipeline: {train_batch_groups: 2, actors: asyncrl.actors.demo}\n"
+        "pipeline: {train_batch_groups: 2, actors: tests.support.demo_pipeline}\n"
         "algorithm: {kl_coef: 0.01}\n"  # the demo runs every stage, ref_logp included
         "scheduler: {heartbeat_interval_s: 0.5}\n"
     )

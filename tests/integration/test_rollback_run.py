@@ -91,8 +91,9 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
     for record in afresh:
         assert f"rolled back to version {again['step']}" in record["error"], record
     # Every group created is in one state: the groups the lost steps trained are counted
-    # as superseded (asyncrl-scheduler inspect replays the journal to say so).
-    inspect = [sys.executable, "-m", "asyncrl.runtime.scheduler.cli", "inspect", str(run_dir)]
+    # as superseded (asyncrl inspect --journal replays the journal to say so).
+    inspect = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "inspect", str(run_dir),
+               "--journal"]  # fmt: skip
     summary = json.loads(subprocess.run([*inspect, "--json"], capture_output=True, text=True,
                                         check=True).stdout)  # fmt: skip
     groups = summary["groups"]

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from asyncrl.actors.actor import WorkerContext
-from asyncrl.actors.demo import Generate, Train
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights.base import Announcement, WeightsPlan
+from tests.support.demo_pipeline import Generate, Train
 
 from .test_inprocess_pipeline import BATCH, STEPS, check_every_value, demo_actors, run_pipeline
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from asyncrl.actors.demo import ROLES, WORK_ENV, expected_value, prompt_key
+from tests.support.demo_pipeline import ROLES, WORK_ENV, expected_value, prompt_key
 
 BIN = Path(sys.executable).parent
 STEPS, BATCH = 6, 4
@@ -44,7 +44,7 @@ def test_worker_processes_run_the_demo_and_a_terminated_one_leaves_cleanly(tmp_p
     config.write_text(
         f"run: {{dir: {tmp_path / 'run'}, total_steps: {STEPS}}}\n"
         f"pipeline: {{train_batch_groups: {BATCH}, lease_timeout_s: 10,"
-        " actors: asyncrl.actors.demo}\n"
+        " actors: tests.support.demo_pipeline}\n"
         "algorithm: {kl_coef: 0.01}\n"  # the demo runs every stage, ref_logp included
         "scheduler: {control_port: 0, events_port: 0, heartbeat_interval_s: 0.5}\n"
     )

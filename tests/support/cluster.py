@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from asyncrl.actors.demo import expected_value, prompt_key
+from tests.support.demo_pipeline import expected_value, prompt_key
 
 ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
 
@@ -61,7 +61,7 @@ class Cluster:
             "pipeline": {
                 "train_batch_groups": 2,
                 "lease_timeout_s": 5.0,
-                "actors": "asyncrl.actors.demo",  # exact results per group
+                "actors": "tests.support.demo_pipeline",  # exact results per group
             },
             # The demo's table has every stage; ref_logp runs only under a KL penalty.
             "algorithm": {"kl_coef": 0.01},

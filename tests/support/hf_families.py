@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from asyncrl.actors.policy.tokenizer import build_char_tokenizer, write_tokenizer_files
-from asyncrl.actors.policy.warmup import ALPHABET
+from tests.tools.warmup import ALPHABET
 
 SMALL = {
     "vocab_size": 40,

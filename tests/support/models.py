@@ -10,7 +10,7 @@ import torch
 from asyncrl.actors.policy.checkpoint import save_model
 from asyncrl.actors.policy.model import CausalLM, ModelConfig
 from asyncrl.actors.policy.tokenizer import build_char_tokenizer, write_tokenizer_files
-from asyncrl.actors.policy.warmup import ALPHABET
+from tests.tools.warmup import ALPHABET
 
 TINY = {
     "architectures": ["LlamaForCausalLM"],

@@ -13,9 +13,9 @@ import signal
 from typing import ClassVar
 
 from asyncrl.actors.actor import Actor, Outcome
-from asyncrl.actors.demo import ROLES as DEMO_ROLES
-from asyncrl.actors.demo import Generate
 from asyncrl.transport import protocol as p
+from tests.support.demo_pipeline import ROLES as DEMO_ROLES
+from tests.support.demo_pipeline import Generate
 
 __all__ = ["POISON_ENV", "ROLES"]
 

@@ -82,7 +82,7 @@ def test_default_yaml_equals_code_defaults() -> None:
 
 def test_long_tail_yaml_names_a_packaged_model_that_holds_its_sequences() -> None:
     from asyncrl.actors.policy.checkpoint import PACKAGED, model_dir
-    from asyncrl.actors.policy.preflight import check_model_dir
+    from asyncrl.actors.policy.model_dir_check import check_model_dir
 
     cfg = load_config(DEFAULT_YAML.with_name("long_tail.yaml"))
     assert cfg.data.task.endswith(":long_task") and cfg.model.path in PACKAGED

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from asyncrl.actors.startup.role_checks import check_task
 from asyncrl.actors.tasks import validation_samples
 from asyncrl.actors.tasks.datafiles import DataFiles
 from asyncrl.actors.tasks.order import ShuffledOrder
 from asyncrl.actors.tasks.rows import DataFileError, read_rows
-from asyncrl.actors.worker.preflight import check_task
 from asyncrl.actors.workload import load_workload
 from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from tests.support.datafiles import addition_rows, write_rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.worker.preflight import check_environment
+from asyncrl.actors.startup.role_checks import check_environment
 from asyncrl.runtime.contract.config import config_from_dict
 
 

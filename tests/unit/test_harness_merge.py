@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from asyncrl.actors.payloads import RolloutsOut
-from asyncrl.actors.serving.merge import merge_calls
-from asyncrl.actors.serving.records import (
+from asyncrl.actors.serving.call_records import (
     CallRecord,
     SessionRecords,
     decode_records,
     encode_records,
 )
+from asyncrl.actors.serving.merge import merge_calls
 
 
 def call(prompt: list[int], completion: list[int], version: int = 1) -> CallRecord:

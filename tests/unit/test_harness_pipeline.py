@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.worker.preflight import check_harness
+from asyncrl.actors.startup.role_checks import check_harness
 from asyncrl.runtime.contract.config import config_from_dict, pipeline_for, workers_to_start
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.contract.stages import (

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from asyncrl.actors.serving.server import ApiServer
+from asyncrl.actors.serving.http_server import ApiServer
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,5 +1,5 @@
-"""The config's placement as Kubernetes objects (runtime/launch/clusters/kubernetes.py), validated
-offline against the Kubernetes API's schemas, and applied by kubectl (kubectl.py).
+"""The config's placement as Kubernetes objects (runtime/launch/clusters/kubernetes_objects.py),
+validated offline against the Kubernetes API's schemas, and applied by kubectl (kubectl.py).
 
 No cluster is reachable here: what is checked is what the objects say (against the
 schemas of ``K8S``, strictly: a misspelled field or a kind without a schema fails), the
@@ -28,7 +28,7 @@ from asyncrl.runtime.launch.clusters.kubectl import (
     manifests_path,
     new_run_keys,
 )
-from asyncrl.runtime.launch.clusters.kubernetes import (
+from asyncrl.runtime.launch.clusters.kubernetes_objects import (
     KEY_FILES,
     KEYS_DIR,
     keys_secret,

@@ -97,7 +97,7 @@ def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> Non
 def test_without_ray_the_launch_says_what_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrl.runtime.launch.clusters.ray import RayLaunchError, launch_on_ray
+    from asyncrl.runtime.launch.clusters.ray_launch import RayLaunchError, launch_on_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as on an install without the extra
     with pytest.raises(RayLaunchError, match=r"pip install 'asyncrl\[ray\]'"):

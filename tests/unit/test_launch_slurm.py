@@ -1,4 +1,4 @@
-"""The config's placement, as the nodes a cluster runs (runtime/launch/clusters/nodes.py) and as
+"""The config's placement, as the nodes a cluster runs (runtime/launch/clusters/node_plan.py) and as
 Slurm's batch script (runtime/launch/clusters/slurm.py); nothing is submitted."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asyncrl.runtime.contract.config import ConfigError, config_from_dict
-from asyncrl.runtime.launch.clusters.nodes import cluster_nodes
+from asyncrl.runtime.launch.clusters.node_plan import cluster_nodes
 from asyncrl.runtime.launch.clusters.slurm import render_sbatch
 
 NODE = ["/venv/bin/python", "-m", "asyncrl.runtime.launch.cli.main", "node", "-c", "/r/run.yaml"]

@@ -7,6 +7,9 @@
   launchers share) on it; the scheduler (runtime/scheduler) and the workers (actors) each
   on the contract and never on each other, nor on launching; launching (runtime/launch:
   local, node, clusters, the CLI, the report) on the scheduler and the contract.
+- actors/worker (the loop every role runs) is role-agnostic: of actors/ it imports only
+  the actor contract and itself (``WORKER_MAY_IMPORT``), never a model, an engine, a
+  task, serving or training code; what a role needs at its start is in actors/startup.
 
 A module's length is no test: a module is split by concern, in review, never to fit a
 number (a bound of 450 lines had modules split into mixins that re-declared their host's
@@ -34,6 +37,15 @@ LAYERS: dict[str, frozenset[str]] = {
         {"transport", "runtime.contract", "runtime.scheduler", "runtime.launch"}
     ),
 }
+
+# What actors/worker may import: the layers below actors, and of actors/ the hooks a role
+# fills in (actor.py) and the worker's own modules. Prefixes of dotted names.
+WORKER_MAY_IMPORT = (
+    "asyncrl.transport",
+    "asyncrl.runtime.contract",
+    "asyncrl.actors.actor",
+    "asyncrl.actors.worker",
+)
 
 
 def source_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -115,6 +127,21 @@ def against_the_layers(graph: Mapping[str, set[str]]) -> list[str]:
     )
 
 
+def off_the_worker_table(graph: Mapping[str, set[str]]) -> list[str]:
+    """Imports by a module of actors/worker of anything ``WORKER_MAY_IMPORT`` leaves out."""
+
+    def within(module: str, prefix: str) -> bool:
+        return module == prefix or module.startswith(prefix + ".")
+
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if within(name, "asyncrl.actors.worker")
+        for target in targets
+        if not any(within(target, allowed) for allowed in WORKER_MAY_IMPORT)
+    )
+
+
 def test_no_source_modules_import_each_other_in_a_circle() -> None:
     circle = a_circle(import_graph(source_modules()))
     assert circle is None, "import circle: " + " -> ".join(circle or ())
@@ -146,6 +173,36 @@ def test_a_worker_module_importing_the_scheduler_is_caught(tmp_path: Path) -> No
     assert against_the_layers(import_graph(source_modules(tmp_path))) == [
         "asyncrl.actors.role -> asyncrl.runtime.launch.local",
         "asyncrl.actors.role -> asyncrl.runtime.scheduler.core",
+    ]
+
+
+def test_the_worker_imports_only_its_table() -> None:
+    off = off_the_worker_table(import_graph(source_modules()))
+    assert not off, "actors/worker imports role code:\n" + "\n".join(off)
+
+
+def test_a_worker_module_importing_role_code_is_caught(tmp_path: Path) -> None:
+    """The worker's table, seen to fail: a planted worker module that imports a model and,
+    inside a function, an engine; its imports of the actor contract and the run's config
+    pass."""
+    for folder in ("transport", "runtime/contract", "actors/policy", "actors/engines"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "runtime/contract/config.py").write_text("")
+    (tmp_path / "actors/__init__.py").write_text("")
+    (tmp_path / "actors/actor.py").write_text("")
+    (tmp_path / "actors/policy/model.py").write_text("")
+    (tmp_path / "actors/worker").mkdir()
+    (tmp_path / "actors/worker/__init__.py").write_text("")
+    (tmp_path / "actors/worker/setup.py").write_text(
+        "from asyncrl.runtime.contract.config import RunConfig\n"
+        "from ..actor import Actor\n"
+        "from ..policy.model import CausalLM\n"
+        "def f():\n    from ..engines import EngineModel\n"
+    )
+    assert off_the_worker_table(import_graph(source_modules(tmp_path))) == [
+        "asyncrl.actors.worker.setup -> asyncrl.actors.engines",
+        "asyncrl.actors.worker.setup -> asyncrl.actors.policy.model",
     ]
 
 

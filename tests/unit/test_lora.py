@@ -182,7 +182,7 @@ def test_without_peft_the_trainer_says_how_to_install_it(monkeypatch):
 
 
 def test_the_trainers_preflight_names_a_target_that_matches_nothing():
-    from asyncrl.actors.worker.preflight import check_lora
+    from asyncrl.actors.startup.role_checks import check_lora
 
     assert check_lora(_config()) == []
     assert check_lora(_config(target_modules=["q_proj", "qproj"])) == [

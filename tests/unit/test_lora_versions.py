@@ -20,7 +20,7 @@ from asyncrl.actors.actor import Actor
 from asyncrl.actors.policy.adapters import MergedAdapters
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder
-from asyncrl.actors.worker.versions import Versions
+from asyncrl.actors.worker.version_tracking import Versions
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected
 from asyncrl.transport import protocol as p

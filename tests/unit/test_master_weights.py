@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.training.learner import Group, Learner
-from asyncrl.actors.worker.setup import load_policy
 from asyncrl.runtime.contract.config import config_from_dict
 from tests.bench.train_memory import synthetic_lease
 

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from asyncrl.actors.engines import MEGATRON_MISSING, train_engine_problems
-from asyncrl.actors.worker.preflight import check_engine
+from asyncrl.actors.engines.train_checks import MEGATRON_MISSING, train_engine_problems
+from asyncrl.actors.startup.role_checks import check_engine
 from asyncrl.runtime.contract.config import ConfigError, config_from_dict
 
 
@@ -118,8 +118,8 @@ def test_without_megatron_core_the_start_fails_with_one_line_naming_the_extra() 
         """
         import sys
         sys.modules["megatron"] = None
-        from asyncrl.actors.worker.preflight import check_engine
-        from asyncrl.actors.worker.setup import load_policy
+        from asyncrl.actors.startup.role_checks import check_engine
+        from asyncrl.actors.startup.model_loading import load_policy
         from asyncrl.runtime.contract.config import config_from_dict
         cfg = config_from_dict({"backends": {"train": "megatron"}})
         for role in ("train", "logp", "ref_logp"):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.actors.engines import device_of, load_weights, weights_of
+from asyncrl.actors.engines.contract import device_of, load_weights, weights_of
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.runtime.contract.config import MegatronSection
 from tests.support.hf_families import SMALL, VARIANTS, hf_model_dir
@@ -132,8 +132,8 @@ def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat1
     """As the torch engine's trainer does (test_master_weights.py): with model.dtype
     bfloat16 the scorers hold bfloat16, the trainer float32, and a step at an RL learning
     rate moves weights that bfloat16 would not, while what it publishes is bfloat16."""
+    from asyncrl.actors.startup.model_loading import load_policy
     from asyncrl.actors.training.learner import Group, Learner
-    from asyncrl.actors.worker.setup import load_policy
     from asyncrl.runtime.contract.config import config_from_dict
     from tests.bench.train_memory import synthetic_lease
 

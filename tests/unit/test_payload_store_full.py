@@ -14,8 +14,8 @@ import pytest
 import structlog
 
 from asyncrl.actors.actor import Outcome
+from asyncrl.actors.worker.data_plane import WorkerPayloads
 from asyncrl.actors.worker.leases import Leases
-from asyncrl.actors.worker.payloads import WorkerPayloads
 from asyncrl.actors.worker.time_split import TimeSplit
 from asyncrl.transport import protocol as p
 from asyncrl.transport.dataplane import PayloadStore

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from asyncrl.actors.policy.preflight import ModelDirError, check_model_dir
+from asyncrl.actors.policy.model_dir_check import ModelDirError, check_model_dir
 from asyncrl.actors.policy.tokenizer import build_char_tokenizer
 from tests.support.models import tiny_model
 

@@ -89,7 +89,7 @@ def test_the_progress_line_shows_an_eta_at_the_pace_since_the_first_step_seen() 
 
 
 def test_a_resumed_run_s_time_axis_joins_the_schedulers_lifetimes(tmp_path: Path) -> None:
-    from asyncrl.runtime.launch.report.data import load_run
+    from asyncrl.runtime.launch.report.run_files import load_run
 
     times = [(1, 5.0), (2, 6.0), (3, 2.0), (4, 3.0)]  # resumed after step 2
     (tmp_path / "metrics.jsonl").write_text(
@@ -122,8 +122,8 @@ def test_asyncrl_run_refuses_at_once_with_one_line(
 
 def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp_path) -> None:
     from asyncrl.runtime.contract.rundir import RunDir
-    from asyncrl.runtime.launch.report.data import RunData
     from asyncrl.runtime.launch.report.headline import headline
+    from asyncrl.runtime.launch.report.run_files import RunData
 
     lines = [{"step": 1, "staleness_mean": 1.0}, {"step": 2, "staleness_mean": 2.0}]
     plain = headline(RunData(RunDir(tmp_path), steps=lines), None)
@@ -135,8 +135,8 @@ def test_a_critic_staleness_is_in_the_headline_only_where_the_lines_carry_it(tmp
 
 def test_the_headline_counts_every_group_created_in_its_state(tmp_path: Path) -> None:
     from asyncrl.runtime.contract.rundir import RunDir
-    from asyncrl.runtime.launch.report.data import RunData
     from asyncrl.runtime.launch.report.headline import headline
+    from asyncrl.runtime.launch.report.run_files import RunData
 
     groups = {"pending": 8, "trained": 480, "superseded": 160}
     last = {"step": 30, "group_states": groups, "groups_created": 648}

@@ -75,7 +75,7 @@ def test_a_ground_truth_that_does_not_parse_fails_the_group_with_the_reason() ->
 def classifier_dir(tmp_path: Path, labels: int) -> Path:
     """A tiny Llama sequence classifier with random weights and a character tokenizer."""
     from asyncrl.actors.policy.tokenizer import build_char_tokenizer, write_tokenizer_files
-    from asyncrl.actors.policy.warmup import ALPHABET
+    from tests.tools.warmup import ALPHABET
 
     directory = tmp_path / f"rm{labels}"
     config = transformers.LlamaConfig(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors.worker.preflight import check_engine
+from asyncrl.actors.startup.role_checks import check_engine
 from asyncrl.runtime.contract.config import config_from_dict
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.engines.sglang.versions import Ledger
+from asyncrl.actors.engines.sglang.token_versions import Ledger
 
 
 def entries(tokens: list[int], start: int = 0) -> list[tuple[float, int, None]]:

@@ -1,11 +1,12 @@
-"""The data.task and data.reward checks made before a run starts (actors/preflight.py):
-whatever a plug-in does wrong on import is one line naming its key, never a traceback."""
+"""The data.task and data.reward checks made before a run starts
+(actors/startup/role_checks.py): whatever a plug-in does wrong on import is one line
+naming its key, never a traceback."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.actors.worker.preflight import check_task
+from asyncrl.actors.startup.role_checks import check_task
 from asyncrl.runtime.contract.config import config_from_dict
 
 BROKEN = "tests.support.plugin_that_raises:task"

@@ -11,8 +11,8 @@ import torch
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.policy.tokenizer import TextCodec, build_char_tokenizer
-from asyncrl.actors.policy.warmup import ALPHABET
 from tests.support.models import tiny_model
+from tests.tools.warmup import ALPHABET
 
 END, EOT = "<|end_of_text|>", "<|eot_id|>"
 

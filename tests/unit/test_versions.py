@@ -8,7 +8,7 @@ import pytest
 import structlog
 
 from asyncrl.actors.actor import Actor
-from asyncrl.actors.worker.versions import PolicyRolledBack, Versions
+from asyncrl.actors.worker.version_tracking import PolicyRolledBack, Versions
 from asyncrl.transport import protocol as p
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.policy.warmup import calculator_demonstrations, main
 from asyncrl.actors.tasks import calculator
+from tests.tools.warmup import calculator_demonstrations, main
 
 
 def test_the_calculator_warm_up_makes_a_model_that_plays_episodes(tmp_path: Path) -> None:

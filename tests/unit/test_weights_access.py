@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from asyncrl.actors.actor import WorkerContext
-from asyncrl.actors.worker.weights import weights_access
+from asyncrl.actors.worker.weight_following import weights_access
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.weights import WeightsAccess, weights_key

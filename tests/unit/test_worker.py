@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from asyncrl.actors.actor import Actor, Outcome, WorkerContext
-from asyncrl.actors.demo import Dataloader, Generate, Logp, Train
 from asyncrl.actors.worker.loop import Pacing, Worker
 from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 from asyncrl.transport.weights.base import Announcement, WeightsPlan
+from tests.support.demo_pipeline import Dataloader, Generate, Logp, Train
 
 Answer = p.Message | Exception
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.actors.worker.identity import worker_credentials
+from asyncrl.actors.worker.credentials import worker_credentials
 from asyncrl.runtime.contract.commands import UsageError
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import (

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.actor import Outcome
-from asyncrl.actors.demo import Generate, Logp, Train
 from asyncrl.runtime.contract.bus import ACTIVITY_KEY, TimeBucket
 from asyncrl.runtime.contract.config import RunConfig, config_from_dict
 from asyncrl.transport import protocol as p
+from tests.support.demo_pipeline import Generate, Logp, Train
 
 from .test_worker import ScriptedLink, lease, make_worker, train_step
 

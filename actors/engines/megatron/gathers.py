@@ -10,7 +10,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from ...policy.collectives import all_gather_data, layout_of, read_layout
-from .stages import Stages
+from .stage_links import Stages
 
 __all__ = ["every_stage", "every_tensor_parallel_rank"]
 

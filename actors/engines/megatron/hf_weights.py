@@ -10,9 +10,9 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_model import GPTModel
 
-from .build import ParallelSizes
 from .experts import gather_experts
 from .gathers import every_stage, every_tensor_parallel_rank
+from .gpt_build import ParallelSizes
 from .mapping import Layout, from_te_names, hf_to_megatron, megatron_to_hf, to_te_names
 from .parallel import (
     merge_pipeline_parallel,
@@ -21,7 +21,7 @@ from .parallel import (
     split_pipeline_parallel,
     split_tensor_parallel,
 )
-from .stages import Stages
+from .stage_links import Stages
 
 __all__ = ["HfWeights"]
 

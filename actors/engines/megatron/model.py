@@ -25,13 +25,13 @@ from asyncrl.actors.policy.model import ModelConfig
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.contract.config import MegatronSection
 
-from .build import ParallelSizes, build_gpt, layout_of, te_available
 from .experts import is_expert
+from .gpt_build import ParallelSizes, build_gpt, layout_of, te_available
 from .hf_weights import HfWeights
 from .logprobs import gather_vocab, vocab_parallel_logprobs
 from .optimizer import DistributedOptimizer, Share
 from .schedule import one_forward_one_backward
-from .stages import Stages
+from .stage_links import Stages
 
 __all__ = ["MegatronLM", "load_megatron"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .stages import Stages
+from .stage_links import Stages
 
 __all__ = ["one_forward_one_backward"]
 

@@ -42,7 +42,7 @@ import torch
 from ...policy.decoder import Finished, Request, check_request
 from .buckets import Bucket
 from .runner import EngineRunner
-from .versions import Rollout
+from .token_versions import Rollout
 
 __all__ = ["SGLangDecoder", "SGLangEngine", "start_engine"]
 

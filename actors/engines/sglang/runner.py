@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from .buckets import Bucket, iter_buckets
-from .versions import Ledger
+from .token_versions import Ledger
 
 __all__ = ["DEFAULT_BUCKET_MB", "SETTLE_S", "EngineRunner", "GenerationEngine"]
 

@@ -5,9 +5,9 @@
 
 The config's ``placement`` says what runs where (runtime/contract/config/placement.py); the
 engine's renderer turns it into its script (runtime/launch/clusters/slurm.py) or its objects
-(runtime/launch/clusters/kubernetes.py), printed by ``--dry-run``, submitted otherwise. On Ray it
-becomes actors (runtime/launch/clusters/ray_plan.py), which the launcher starts and follows to the
-run's end (runtime/launch/clusters/ray.py).
+(runtime/launch/clusters/kubernetes_objects.py), printed by ``--dry-run``, submitted
+otherwise. On Ray it becomes actors (runtime/launch/clusters/ray_plan.py), which the
+launcher starts and follows to the run's end (runtime/launch/clusters/ray_launch.py).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _on_kubernetes(args: argparse.Namespace) -> int:
 
 
 def _on_ray(args: argparse.Namespace) -> int:
-    from asyncrl.runtime.launch.clusters.ray import RayLaunchError, launch_on_ray
+    from asyncrl.runtime.launch.clusters.ray_launch import RayLaunchError, launch_on_ray
     from asyncrl.runtime.launch.clusters.ray_plan import describe_plan, ray_plan
 
     try:

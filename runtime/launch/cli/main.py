@@ -8,6 +8,7 @@ asyncrl config check -c run.yaml pipeline.max_staleness=0
 asyncrl config show -c run.yaml          # the resolved config, as YAML
 asyncrl config keys                      # every key with its default and meaning
 asyncrl inspect runs/arithmetic [--json] # where a run's step time goes (live, done, crashed)
+asyncrl inspect runs/arithmetic --journal  # the journal replayed: where the run stands
 asyncrl report runs/arithmetic           # pictures and an HTML page in runs/arithmetic/report
 asyncrl clean [RUN_DIR ...] [--dry-run]  # what runs killed with -9 left in /dev/shm and runs
 """
@@ -70,6 +71,12 @@ def _inspect(args: argparse.Namespace) -> int:
     from ._breakdown import breakdown, render_breakdown, step_lines
 
     run = existing_run(args.run_dir)
+    if args.journal:
+        if not run.journal.is_dir():
+            raise UsageError(f"{run.journal} does not exist: is {run.root} a run directory?")
+        summary = replay_journal(run)
+        print(json.dumps(summary, indent=None if args.json else 2, sort_keys=True))
+        return 0
     report = breakdown(step_lines(run.metrics))
     total = run_config(run).run.total_steps
     done = f"{report['last_step'] or 0}/{total} steps in metrics.jsonl"
@@ -136,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("run_dir", type=Path, help="the run directory (run.dir)")
     inspect.add_argument("--json", action="store_true", help="one line of JSON")
+    inspect.add_argument(
+        "--journal",
+        action="store_true",
+        help="replay the journal (read-only) and print where the run stands, in full",
+    )
     inspect.set_defaults(handler=_inspect)
     report = commands.add_parser(
         "report", help="plots, the lease timeline and one HTML page of a run (live or done)"

@@ -1,4 +1,4 @@
-"""``asyncrl launch --on kubernetes``: the run's objects (kubernetes.py) applied by kubectl.
+"""``asyncrl launch --on kubernetes``: the run's objects (kubernetes_objects.py) applied by kubectl.
 
 The run's keys (the run secret, the CurveZMQ key pairs) are made here, on this machine,
 into a Secret that reaches kubectl on its standard input only: never on a command line,
@@ -20,7 +20,7 @@ from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import ensure_run_secret
 from asyncrl.transport.security import keygen
 
-from .kubernetes import KEY_FILES, RUN_SECRET, keys_secret, manifests_text
+from .kubernetes_objects import KEY_FILES, RUN_SECRET, keys_secret, manifests_text
 
 __all__ = ["KubectlError", "launch_on_kubernetes", "manifests_path", "new_run_keys"]
 

@@ -1,6 +1,6 @@
 """One process of a run as one Ray actor: it starts the process and dies with it.
 
-The launcher (ray.py) makes this class a detached Ray actor with ``max_restarts=-1``, so
+The launcher (ray_launch.py) makes this class a detached Ray actor with ``max_restarts=-1``, so
 Ray places it and, whenever it dies, starts it again, on any node that fits:
 
 - The process is the actor's child, started from the actor's main thread with

@@ -11,7 +11,7 @@ Pure (no Ray here): what the launcher asks Ray for, and what ``--dry-run`` print
   on them under CUDA (generate, train, logp, ref_logp), so they are held as a GPU job's
   would be.
 - A grouped role with several ranks (a training group) gets a placement group of one
-  bundle per rank, STRICT_PACK: its ranks meet on one machine (cluster.py keeps a group on
+  bundle per rank, STRICT_PACK: its ranks meet on one machine (node_plan.py keeps a group on
   one node), and Ray moves the group whole when its node goes.
 - The scheduler runs on the head node: its address stays the one its workers dial,
   and a Ray cluster does not outlive its head anyway. Ray starts it again there, from
@@ -36,7 +36,7 @@ from asyncrl.runtime.launch.gpus import gpu_roles
 from asyncrl.runtime.launch.plan import GROUPED_ROLES, NodePlan, node_specs
 from asyncrl.transport.security import is_loopback
 
-from .nodes import NodeShare, cluster_nodes
+from .node_plan import NodeShare, cluster_nodes
 
 __all__ = ["RayPlan", "RayProcess", "describe_plan", "ray_plan"]
 

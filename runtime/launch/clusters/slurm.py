@@ -21,7 +21,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.config.fields import CONTROL_CHARACTERS
 from asyncrl.runtime.contract.rundir import RunDir
 
-from .nodes import NodeShare, cluster_nodes
+from .node_plan import NodeShare, cluster_nodes
 
 __all__ = ["job_output", "render_sbatch"]
 

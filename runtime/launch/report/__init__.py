@@ -1,6 +1,6 @@
 """``asyncrl report``: a run directory's pictures and one self-contained HTML page.
 
-Reads the run's files (data.py), draws each plot (plots.py) and the lease timeline
+Reads the run's files (run_files.py), draws each plot (plots.py) and the lease timeline
 (timeline.py, gantt.py), and writes ``<run.dir>/report/``: one PNG per picture and
 ``index.html`` with all of them embedded, the headline figures and the configuration.
 Works on a run still going (it draws what is there) and on one from an earlier version
@@ -45,11 +45,11 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
             "asyncrl report draws with matplotlib, which this environment lacks: "
             "pip install matplotlib (or install asyncrl again)"
         ) from None
-    from .data import load_run
     from .gantt import draw_gantt
     from .headline import headline
     from .page import Section, render_page
     from .plots import PLOTS, NoData
+    from .run_files import load_run
     from .timeline import timeline_from_trace
 
     data = load_run(run_dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .data import RunData
+from .run_files import RunData
 from .timeline import GENERATE_ROLE, TRAIN_ROLE, Timeline, busy_overlap
 
 __all__ = ["headline"]

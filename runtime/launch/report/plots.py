@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .data import RunData
+from .run_files import RunData
 from .style import role_colour
 
 __all__ = ["PLOTS", "NoData", "Plot"]

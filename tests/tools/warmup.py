@@ -1,10 +1,10 @@
 """Make the embedded base models: a short, seeded supervised warm-up on an embedded task.
 
-    python -m asyncrl.actors.policy.warmup [--out DIR] [--seed 0] [--steps 1000]
-    python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.calculator:task \
-        --out asyncrl/actors/policy/embedded_calculator --slip 0.85
-    python -m asyncrl.actors.policy.warmup --task asyncrl.actors.tasks.arithmetic:long_task \
-        --out asyncrl/actors/policy/embedded_long --init embedded --positions 384 \
+    python -m tests.tools.warmup [--out DIR] [--seed 0] [--steps 1000]
+    python -m tests.tools.warmup --task asyncrl.actors.tasks.calculator:task \
+        --out actors/policy/embedded_calculator --slip 0.85
+    python -m tests.tools.warmup --task asyncrl.actors.tasks.arithmetic:long_task \
+        --out actors/policy/embedded_long --init embedded --positions 384 \
         --max-new-tokens 320 --steps 400 --batch 32 --lr 1e-3
 
 The calculator model (``model.path: embedded-calculator``) learns from tool-use
@@ -55,14 +55,19 @@ from pathlib import Path
 import torch
 
 from asyncrl.actors.episodes import EpisodeLimits, Episodes
+from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, save_model
+from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.model import CausalLM, ModelConfig
+from asyncrl.actors.policy.scoring import pack, response_logprobs
+from asyncrl.actors.policy.tokenizer import (
+    EOS,
+    PAD,
+    TextCodec,
+    build_char_tokenizer,
+    write_tokenizer_files,
+)
 from asyncrl.actors.tasks import Task, calculator, load_task
 from asyncrl.actors.tasks.arithmetic import Arithmetic
-
-from .checkpoint import EMBEDDED_DIR, load_model, load_state, save_model
-from .decoder import Decoder, Request
-from .model import CausalLM, ModelConfig
-from .scoring import pack, response_logprobs
-from .tokenizer import EOS, PAD, TextCodec, build_char_tokenizer, write_tokenizer_files
 
 __all__ = [
     "ALPHABET",

@@ -1,4 +1,5 @@
-"""What every model-holding role does at start: threads, seed, the model."""
+"""What every model-holding role does at start: threads, seed, the model on its device and
+engine."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ import torch
 
 from asyncrl.runtime.contract.config import LoraSection, RunConfig
 
-from ..engines import EngineModel, train_engine_problems
+from ..engines.contract import EngineModel
+from ..engines.train_checks import train_engine_problems
 from ..policy.adapters import MergedAdapters
 from ..policy.checkpoint import load_model, model_dir
 from ..policy.lora import add_adapters
 from ..policy.model import CausalLM, ModelConfig
 from ..policy.tokenizer import TextCodec
-from .threads import threads_for
+from ..worker.threads import threads_for
 
 if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
 
-__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang", "threads_for"]
+__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang"]
 
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).

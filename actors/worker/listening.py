@@ -1,8 +1,8 @@
 """What a worker hears on the bus, and its wait for work.
 
 Wake-ups that may mean work (its own ``wake.<worker>/`` topic, the run's), versions
-published or wanted (versions.py), groups that left the pipeline (their payloads freed,
-payloads.py). An idle worker waits for the first of them, or its slow poll.
+published or wanted (version_tracking.py), groups that left the pipeline (their payloads freed,
+data_plane.py). An idle worker waits for the first of them, or its slow poll.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from asyncrl.transport.link import SchedulerLink
 from asyncrl.transport.topics import Topic, topic, wake_topic
 
 from ..actor import Actor
-from .payloads import WorkerPayloads
+from .data_plane import WorkerPayloads
 from .time_split import TimeSplit
-from .versions import Versions
+from .version_tracking import Versions
 
 __all__ = [
     "CRITIC_PUBLISHED",

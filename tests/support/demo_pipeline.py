@@ -30,10 +30,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from asyncrl.actors.actor import Actor, Outcome, WorkerContext
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
-
-from .actor import Actor, Outcome, WorkerContext
 
 __all__ = [
     "ROLES",

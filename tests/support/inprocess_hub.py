@@ -1,6 +1,6 @@
 """The scheduler in the worker's own process: the same service, no sockets.
 
-For fast tests and single-process use. Each link encodes and decodes every message as
+For fast tests. Each link encodes and decodes every message as
 the wire would (so a role that works here sends only what the protocol allows) and calls
 the service under one lock; a ticker thread expires leases and silent workers. Events go
 to every link whose subscriptions match, through a bounded queue, like a SUB socket.
@@ -14,10 +14,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.scheduler.service.assembly import open_service
 from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkClosed
-
-from .assembly import open_service
 
 __all__ = ["InProcessHub"]
 

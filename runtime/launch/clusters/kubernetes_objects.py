@@ -1,6 +1,6 @@
 """``asyncrl launch --on kubernetes``: a run's placement as Kubernetes objects.
 
-One pod per node of the placement (cluster.py), running that node's ``asyncrl node`` as
+One pod per node of the placement (node_plan.py), running that node's ``asyncrl node`` as
 under Slurm, from the run's config in a ConfigMap:
 
 - the scheduler's node: a StatefulSet of one pod, its journal on a volume of its own
@@ -44,7 +44,7 @@ from asyncrl.runtime.launch.plan import GROUPED_ROLES
 from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.security import CLIENT_PUBLIC, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET
 
-from .nodes import NodeShare, cluster_nodes
+from .node_plan import NodeShare, cluster_nodes
 
 __all__ = [
     "KEYS_DIR",
