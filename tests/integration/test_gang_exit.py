@@ -8,11 +8,14 @@ so the worker thread finishes it then and waits for the GIL to free the tensors.
 gets the GIL from a finalizer (a large process's teardown runs many), the interpreter is
 finalizing: Python ends the thread through torch's C++ frames and the process aborts.
 Ending with ``end_process`` skips that teardown.
+
+The same rank ending with ``sys.exit(0)`` aborted (SIGABRT, "terminate called without an
+active exception") every time on an idle machine; under load the race can miss, so no
+test asserts it (a test's verdict may not depend on how busy or fast the machine is).
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
@@ -72,14 +75,3 @@ def test_a_rank_that_ends_with_a_collective_in_hand_exits_cleanly_and_says_every
 
     ended = _group("end_process(3)")
     assert ended.returncode == 3, ended.stderr[-2000:]
-
-
-@pytest.mark.slow  # on an idle machine it aborts every time; under load the race can miss
-def test_the_same_rank_ending_as_python_ends_a_program_aborts() -> None:
-    plain = _group("sys.exit(0)")
-    assert plain.returncode == -signal.SIGABRT, (
-        "torch no longer aborts here; end_process may no longer be needed",
-        plain.returncode,
-        plain.stderr[-2000:],
-    )
-    assert "terminate called without an active exception" in plain.stderr

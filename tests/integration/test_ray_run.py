@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.cluster import free_port, listening_port, processes_mentioning
+from tests.support.gated_roles import GATE
 from tests.support.host_run import check_exactly_once, lines
 
 ray = pytest.importorskip("ray", reason="the Ray tests need Ray: pip install 'asyncrl[ray]'")
@@ -202,23 +203,25 @@ def _pid_of(run_dir: Path, command: str) -> int:
 def test_the_run_outlives_its_launcher_ctrl_c_stops_it_and_a_new_launch_resumes_it(
     cluster: Any, tmp_path: Path
 ) -> None:
-    # Long enough that the Ctrl-C lands mid-run: the run takes several steps a second.
-    steps = 40
-    first, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    # Its reward worker holds while the gate file is there: the Ctrl-C lands mid-run
+    # however fast the machine trains (a run left to itself could end before it).
+    steps, gated = 12, ("data.val_every_versions=0", "pipeline.actors=tests.support.gated_roles")
+    first, run_dir = _launch(cluster, tmp_path, steps, *gated)
     _wait_for_steps(first, tmp_path, run_dir, 3)
     first.kill()  # the launcher only: the actors are detached, the run goes on
     first.wait()
-    second, _ = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    (run_dir / GATE).touch()
+    second, _ = _launch(cluster, tmp_path, steps, *gated)
     # Ctrl-C once the second launcher follows the run: before that (importing Ray,
     # connecting) it has nothing to stop and dies of the signal, as any command would.
     _wait_for_output(second, tmp_path, run_dir, "the run goes on already: following its actors")
-    _wait_for_steps(second, tmp_path, run_dir, 7)
     second.send_signal(signal.SIGINT)  # Ctrl-C: the run stops, every actor killed
     assert second.wait(60) == 130, _tails(tmp_path, run_dir)
     _no_actor_left(cluster)
     stopped_at = len(lines(run_dir / "metrics.jsonl"))
-    assert stopped_at < steps, stopped_at
-    third, _ = _launch(cluster, tmp_path, steps, "data.val_every_versions=0")
+    assert 3 <= stopped_at < steps, stopped_at
+    (run_dir / GATE).unlink()
+    third, _ = _launch(cluster, tmp_path, steps, *gated)
     output = _wait(third, tmp_path, run_dir, 300)
     assert f"the run is finished ({steps} steps)" in output, output
     # One scheduler ran until the Ctrl-C (the second launch found the first's actors), and

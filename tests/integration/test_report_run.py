@@ -15,15 +15,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from matplotlib.image import imread
 
 from asyncrl.runtime.launch.report import write_report
 from asyncrl.runtime.scheduler.service.trace import read_trace
 from tests.support.cluster import free_port
 
-pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
 
-from matplotlib.image import imread
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(240)

@@ -47,10 +47,17 @@ def test_a_snapshot_of_many_groups_costs_the_loop_little(tmp_path: Path) -> None
     service = make(tmp_path, total_steps=10_000)
     groups = tuple(p.NewGroup(f"g{i}", {"x": i}) for i in range(20_000))
     service.plan.backlog = len(groups)
-    service.handle(p.AddGroups("dataloader", groups), 0.0)
-    live = LiveMetrics(service)
     start = time.perf_counter()
-    live.refresh(1.0)
-    took = time.perf_counter() - start
+    service.handle(p.AddGroups("dataloader", groups), 0.0)
+    added = time.perf_counter() - start
+    live = LiveMetrics(service, every_s=1.0)
+    took = []
+    for second in range(5):  # the quickest of five: a busy machine's pauses left out
+        start = time.perf_counter()
+        live.refresh(1.0 + second)
+        took.append(time.perf_counter() - start)
     assert _samples(live)[("asyncrl_groups", (("state", "pending"),))] == 20_000
-    assert took < 0.1, took  # once a second: a tenth of the loop at the very most
+    # Against the loop's own work on the same machine, not a number of seconds (which says
+    # more of the machine than of the code): a snapshot of 20,000 groups costs under a
+    # tenth of what taking them in did (2.3 ms against 0.36 s here on 2026-11-28).
+    assert min(took) < added / 10, (took, added)

@@ -58,6 +58,7 @@ def _rank(rank: int, port: int, out: multiprocessing.Queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.ranks
 def test_two_ranks_give_the_log_probs_and_gradients_of_one() -> None:
     reported = run_ranks(_rank, 2, results=2, timeout=120)
     results = {rank: (got, grad) for rank, got, grad in reported}

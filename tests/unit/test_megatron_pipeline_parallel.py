@@ -22,7 +22,7 @@ from tests.unit.test_megatron_tensor_parallel import VARIANTS, inputs
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ranks]
 
 STAGES = 2
 

@@ -21,7 +21,7 @@ from tests.support.ranks import run_ranks
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.ranks]
 
 VARIANTS = ("llama3-rope-untied-biases", "qwen3")  # untied + biases; tied + q/k norms
 RANKS = 2

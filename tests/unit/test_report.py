@@ -49,7 +49,6 @@ def test_overlap_of_disjoint_and_nested_intervals() -> None:
 
 
 def test_an_older_run_dir_is_reported_with_what_it_lacks(tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
     from asyncrl.runtime.launch.report import write_report
 
     lines = [{"step": s, "elapsed_s": s * 0.5, "policy_version": s - 1, "reward_mean": s / 10,
