@@ -15,7 +15,8 @@
    any, then read back and replayed into a core the way ``--resume`` does (``recover``):
    seconds, and how many records were replayed after the snapshot.
 
-Prints one table per part. The unit tests (tests/unit/test_scheduler_growth.py) bound
+Prints one table per part. The unit tests
+(tests/unit/runtime/scheduler/test_scheduler_growth.py) bound
 the same measures at a small scale.
 """
 

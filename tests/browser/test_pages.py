@@ -29,7 +29,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS_CONFIG = REPO / "docs" / "mkdocs.yml"
-CLI = [sys.executable, "-m", "asyncrl.runtime.cli.main"]
+CLI = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main"]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 Marked ``gpu``: skipped where torch sees no CUDA device, and where SGLang is not installed
 (``pip install 'asyncrl[gpu]'``); the CPU tests drive the same decoder against a fake
-engine (``tests/unit/test_sglang_decoder.py``).
+engine (``tests/unit/actors/engines/test_sglang_decoder.py``).
 """
 
 from __future__ import annotations

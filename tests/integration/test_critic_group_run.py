@@ -51,7 +51,7 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
     assert critic_lines and all(s["critic_ranks"] == 2 for s in critic_lines)
     # Its loss is not compared step to step: each step's targets are a new batch's returns
     # under a moving policy (CI saw 0.094 then 0.143). That the values move towards fixed
-    # returns is tested on a fixed batch in tests/unit/test_critic_learner.py.
+    # returns is tested on a fixed batch in tests/unit/actors/critic/test_critic_learner.py.
     assert all(0 < s["value_loss"] < float("inf") for s in critic_lines), critic_lines
     # The values workers followed the group's versions, read from both ranks' shards.
     loaded = [

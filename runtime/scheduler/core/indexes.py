@@ -4,7 +4,7 @@ every group, lease or worker.
 Derived state, never journaled: ``CoreState``'s handlers keep it up to date as they apply
 records, so a replay rebuilds it, and codec.py rebuilds it when a snapshot is loaded. A
 test compares each index with a plain scan of the state after random operations
-(tests/unit/test_core_indexes.py).
+(tests/unit/runtime/scheduler/test_core_indexes.py).
 """
 
 from __future__ import annotations

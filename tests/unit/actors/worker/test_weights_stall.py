@@ -22,7 +22,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights.base import WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from asyncrl.transport.weights.ucx.node import UcxNode
-from tests.unit.test_weights_shm import state
+from tests.unit.transport.weights.test_weights_shm import state
 
 pytestmark = pytest.mark.timeout(60)
 

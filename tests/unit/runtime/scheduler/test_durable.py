@@ -18,8 +18,7 @@ from asyncrl.runtime.scheduler.durable import (
     recover,
 )
 from asyncrl.runtime.scheduler.journal import JournalWriter, replay
-
-from ..support.pipeline_driver import Sim
+from tests.support.pipeline_driver import Sim
 
 SETTINGS = CoreSettings(max_staleness=1, train_batch_groups=4, max_attempts=3)
 

@@ -14,7 +14,7 @@ from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from asyncrl.transport.weights.ucx.node import UcxNode
 from asyncrl.transport.weights.ucx.server import Server
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,7 +15,7 @@ from asyncrl.runtime.scheduler.core.effects import (
     RolledBackTo,
     WorkerLost,
 )
-from tests.unit.test_core_critic import PPO, done, grant, make_core, run, to_ready
+from tests.unit.runtime.scheduler.test_core_critic import PPO, done, grant, make_core, run, to_ready
 
 
 def three_critic_steps(core: SchedulerCore) -> None:

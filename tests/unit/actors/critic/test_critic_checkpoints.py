@@ -17,7 +17,7 @@ from asyncrl.actors.roles.critic import Critic
 from asyncrl.actors.training.resume import TRAINER_STATE
 from asyncrl.runtime.contract.config import ConfigError, config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
-from tests.unit.test_critic_learner import _groups
+from tests.unit.actors.critic.test_critic_learner import _groups
 
 
 def _context(cfg, steps_done: int, rewound: list[int]) -> WorkerContext:

@@ -12,7 +12,7 @@ import pytest
 from asyncrl.actors.startup.role_checks import check_engine
 from asyncrl.runtime.contract.config import config_from_dict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 # The check `asyncrl run` runs before it starts anything, in a process where SGLang cannot
 # be imported (None in sys.modules: what an import of a missing package sees).
 CHECK = (

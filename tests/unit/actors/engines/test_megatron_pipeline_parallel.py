@@ -17,7 +17,7 @@ import torch
 from asyncrl.actors.policy.checkpoint import load_model
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import run_ranks
-from tests.unit.test_megatron_tensor_parallel import VARIANTS, inputs
+from tests.unit.actors.engines.test_megatron_tensor_parallel import VARIANTS, inputs
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")

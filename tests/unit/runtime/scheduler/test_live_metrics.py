@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.transport import protocol as p
-from tests.unit.test_service import make, one_step
+from tests.unit.runtime.scheduler.test_service import make, one_step
 
 pytest.importorskip("prometheus_client", reason="the metrics extra is not installed")
 

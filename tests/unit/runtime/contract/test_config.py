@@ -23,7 +23,7 @@ from asyncrl.runtime.contract.config import (
     workers_to_start,
 )
 
-DEFAULT_YAML = Path(__file__).resolve().parents[2] / "deploy" / "configs" / "default.yaml"
+DEFAULT_YAML = Path(__file__).resolve().parents[4] / "deploy" / "configs" / "default.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -43,7 +43,7 @@ from asyncrl.transport.weights.ucx.wire import (
     encode_request,
 )
 from tests.support.listeners import listening
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 pytestmark = pytest.mark.timeout(60)
 

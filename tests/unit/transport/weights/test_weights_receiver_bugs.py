@@ -14,7 +14,7 @@ from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from asyncrl.transport.weights.ucx.fetch import Fetch
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 
 def broken(*_: object) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from asyncrl.actors import demo
 from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE
+from tests.support import demo_pipeline as demo
 
 
 def test_roles_cover_every_worker_role_under_its_own_name() -> None:

@@ -20,11 +20,10 @@ from asyncrl.runtime.scheduler.core import CoreSettings
 from asyncrl.runtime.scheduler.core.codec import dump_state
 from asyncrl.runtime.scheduler.durable import RETRY_AFTER_FAILURE_S, JournaledCore, recover
 from asyncrl.runtime.scheduler.journal import JournalWriter, replay
-
-from ..support.pipeline_driver import Sim
+from tests.support.pipeline_driver import Sim
 
 SETTINGS = CoreSettings(max_staleness=1, train_batch_groups=4, max_attempts=3)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="snapshots fork on POSIX")
 
@@ -139,7 +138,7 @@ _SCHEDULER = """
 import os, sys, time
 from pathlib import Path
 import asyncrl.runtime.scheduler.durable as durable_module
-from tests.unit.test_snapshot_child import open_core, run_until_forked
+from tests.unit.runtime.scheduler.test_snapshot_child import open_core, run_until_forked
 
 def stuck(state):
     Path(sys.argv[2]).write_text(str(os.getpid()))

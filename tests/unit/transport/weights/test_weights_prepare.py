@@ -13,7 +13,7 @@ from asyncrl.transport.weights.files import FilePublisher
 from asyncrl.transport.weights.shm import ShmPublisher, ShmReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher
 from tests.support.weight_nodes import wait_until
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 
 def slot_files(directory: Path) -> list[Path]:

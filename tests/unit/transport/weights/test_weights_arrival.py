@@ -12,7 +12,7 @@ import torch
 
 from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 pytestmark = pytest.mark.timeout(60)
 

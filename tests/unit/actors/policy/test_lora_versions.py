@@ -24,7 +24,7 @@ from asyncrl.actors.worker.version_tracking import Versions
 from asyncrl.runtime.contract.refusals import Reason
 from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected
 from asyncrl.transport import protocol as p
-from tests.unit.test_core import generate, grant, make_core, score
+from tests.unit.runtime.scheduler.test_core import generate, grant, make_core, score
 
 
 class _AdapterGenerator(Actor):

@@ -13,7 +13,7 @@ from pathlib import Path
 from asyncrl.runtime.contract.stage_diagram import mermaid_flowchart
 from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Gate, GroupState, Pipeline, Stage
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 PIPELINE_PAGE = ROOT / "docs" / "pages" / "concepts" / "pipeline.md"
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.transport.weights.base import NeedsPlan, Received, WeightsPlan
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
-from tests.unit.test_weights_shm import receive, state
+from tests.unit.transport.weights.test_weights_shm import receive, state
 
 QUICKLY_S = 2.0  # well under the 5 s a declined fetch took over TCP
 
