@@ -156,21 +156,34 @@ def test_imports_go_down_the_layers() -> None:
     assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
+def plant(root: Path, modules: Mapping[str, str]) -> dict[str, Path]:
+    """A source tree under ``root`` made of ``modules`` (path: text), each folder a
+    package; its modules by dotted name."""
+    for path, text in modules.items():
+        folder = root
+        for part in Path(path).parent.parts:
+            folder = folder / part
+            folder.mkdir(exist_ok=True)
+            (folder / "__init__.py").touch()
+        (root / path).write_text(text)
+    for top in STACK:
+        (root / top).mkdir(exist_ok=True)
+    return source_modules(root)
+
+
 def test_a_worker_module_importing_the_scheduler_is_caught(tmp_path: Path) -> None:
     """The rule above, seen to fail: a planted worker module that imports the scheduler's
     core, another that imports launching."""
-    for folder in ("transport", "runtime/contract", "runtime/scheduler", "runtime/launch"):
-        (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / "__init__.py").write_text("")
-    (tmp_path / "runtime/scheduler/core.py").write_text("")
-    (tmp_path / "runtime/launch/local.py").write_text("")
-    (tmp_path / "actors").mkdir()
-    (tmp_path / "actors/__init__.py").write_text("")
-    (tmp_path / "actors/role.py").write_text(
-        "from asyncrl.runtime.scheduler.core import x\n"
-        "def f():\n    import asyncrl.runtime.launch.local\n"
+    known = plant(
+        tmp_path,
+        {
+            "runtime/scheduler/core.py": "",
+            "runtime/launch/local.py": "",
+            "actors/role.py": "from asyncrl.runtime.scheduler.core import x\n"
+            "def f():\n    import asyncrl.runtime.launch.local\n",
+        },
     )
-    assert against_the_layers(import_graph(source_modules(tmp_path))) == [
+    assert against_the_layers(import_graph(known)) == [
         "asyncrl.actors.role -> asyncrl.runtime.launch.local",
         "asyncrl.actors.role -> asyncrl.runtime.scheduler.core",
     ]
@@ -185,22 +198,20 @@ def test_a_worker_module_importing_role_code_is_caught(tmp_path: Path) -> None:
     """The worker's table, seen to fail: a planted worker module that imports a model and,
     inside a function, an engine; its imports of the actor contract and the run's config
     pass."""
-    for folder in ("transport", "runtime/contract", "actors/policy", "actors/engines"):
-        (tmp_path / folder).mkdir(parents=True)
-        (tmp_path / folder / "__init__.py").write_text("")
-    (tmp_path / "runtime/contract/config.py").write_text("")
-    (tmp_path / "actors/__init__.py").write_text("")
-    (tmp_path / "actors/actor.py").write_text("")
-    (tmp_path / "actors/policy/model.py").write_text("")
-    (tmp_path / "actors/worker").mkdir()
-    (tmp_path / "actors/worker/__init__.py").write_text("")
-    (tmp_path / "actors/worker/setup.py").write_text(
-        "from asyncrl.runtime.contract.config import RunConfig\n"
-        "from ..actor import Actor\n"
-        "from ..policy.model import CausalLM\n"
-        "def f():\n    from ..engines import EngineModel\n"
+    known = plant(
+        tmp_path,
+        {
+            "runtime/contract/config.py": "",
+            "actors/actor.py": "",
+            "actors/policy/model.py": "",
+            "actors/engines/__init__.py": "",
+            "actors/worker/setup.py": "from asyncrl.runtime.contract.config import RunConfig\n"
+            "from ..actor import Actor\n"
+            "from ..policy.model import CausalLM\n"
+            "def f():\n    from ..engines import EngineModel\n",
+        },
     )
-    assert off_the_worker_table(import_graph(source_modules(tmp_path))) == [
+    assert off_the_worker_table(import_graph(known)) == [
         "asyncrl.actors.worker.setup -> asyncrl.actors.engines",
         "asyncrl.actors.worker.setup -> asyncrl.actors.policy.model",
     ]
