@@ -49,6 +49,7 @@ def test_the_calculator_config_trains_on_episodes_with_the_tool(tmp_path: Path) 
     assert processes_mentioning(str(run_dir)) == []
 
 
+@pytest.mark.heavy  # 15-18 s: with the heavy tests, which CI runs
 def test_an_environment_that_raises_fails_its_groups_and_the_run_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_calculator(run_dir, "data.environment=tests.support.flaky_env:BreaksOnSevens")

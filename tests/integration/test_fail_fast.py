@@ -97,6 +97,7 @@ def test_a_worker_started_by_hand_refuses_a_bad_model_at_once(tmp_path: Path) ->
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.heavy  # 25-36 s of restarts with backoff: with the heavy tests, which CI runs
 def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_path: Path) -> None:
     done, seconds = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
     assert done.returncode == 1, done.stderr[-3000:]

@@ -33,6 +33,7 @@ def run(tmp_path: Path, *overrides: str) -> tuple[subprocess.CompletedProcess[st
     return subprocess.run(argv, capture_output=True, text=True, timeout=200), run_dir
 
 
+@pytest.mark.heavy  # 18-28 s: with the heavy tests, which CI runs
 def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path) -> None:
     done, run_dir = run(
         tmp_path,
@@ -79,7 +80,7 @@ def base_model_greedy_reward(prompts: int) -> float:
     return validation_reward(model, codec, task, prompts, max_new_tokens=80)
 
 
-@pytest.mark.heavy  # 18 s; the harness's own paths run by default in the tests around it
+@pytest.mark.heavy  # 18 s: with the heavy tests, which CI runs
 def test_calls_that_extend_each_other_train_as_the_tokens_they_sampled(tmp_path: Path) -> None:
     """Each session makes two calls, the second extending the first by its token ids and
     more: one sequence a trajectory, with untrained tokens between the calls. logp scores

@@ -31,7 +31,15 @@ DEFAULT = Path(__file__).parents[2] / "deploy" / "configs" / "default.yaml"
 STEPS = 5
 
 
-@pytest.mark.parametrize("model_type", sorted(TASK_MODEL_KINDS))
+@pytest.mark.parametrize(
+    "model_type",
+    # The first family by default, the others with the heavy tests (about 16 s each in CI):
+    # the same run on another directory's shape.
+    [
+        pytest.param(kind, marks=[pytest.mark.heavy] if i else [])
+        for i, kind in enumerate(sorted(TASK_MODEL_KINDS))
+    ],
+)
 def test_a_run_on_a_qwen3_directory_ends_and_its_final_model_loads_in_transformers(
     tmp_path: Path, model_type: str
 ) -> None:

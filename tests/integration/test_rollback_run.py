@@ -28,12 +28,8 @@ _STEPS, _BATCH, _EVERY = 8, 4, 2
 
 
 # With LoRA the checkpoint is the adapters and their optimizer state, on the base.
-@pytest.mark.parametrize(
-    "more",
-    # The adapters' rollback with the heavy tests (20 s): the same rule on fewer tensors.
-    [(), pytest.param(default_run.LORA, marks=pytest.mark.heavy)],
-    ids=["full", "lora"],
-)
+@pytest.mark.heavy  # 25 s each: with the heavy tests, which CI runs
+@pytest.mark.parametrize("more", [(), default_run.LORA], ids=["full", "lora"])
 def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoint(
     tmp_path: Path, more: tuple[str, ...]
 ) -> None:

@@ -90,6 +90,7 @@ def _check_no_step_lost(run_dir: Path, ranks: int) -> None:
     assert not RunDir(run_dir).staged_state.exists()  # the run ended: nothing left in RAM
 
 
+@pytest.mark.heavy  # 16-25 s: with the heavy tests, which CI runs
 def test_a_killed_trainer_resumes_at_the_scheduler_step_with_the_staged_state(
     tmp_path: Path,
 ) -> None:
@@ -97,7 +98,7 @@ def test_a_killed_trainer_resumes_at_the_scheduler_step_with_the_staged_state(
     _check_no_step_lost(run_dir, 1)
 
 
-@pytest.mark.heavy  # 25 s; the full trainer's staged resume above runs by default
+@pytest.mark.heavy  # 25 s
 def test_a_killed_lora_trainer_resumes_from_its_staged_adapters(tmp_path: Path) -> None:
     # The staged state is the adapters' and their optimizer's alone.
     run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0", *default_run.LORA)
