@@ -23,10 +23,11 @@ STEPS = 10
 PLACEMENT = {"h1": "dataloader", "h2": "generate,reward", "h3": "train,logp"}
 
 
-# Containers: the hosts share the machine's boot id and IPC namespace, as containers on
-# one kernel often do, and UCX alone would take them for one machine. Their run is heavy
-# (17-30 s more); the default suite has test_container_hosts.py's transfer between them.
-@pytest.mark.heavy  # 26-33 s with three hosts: with the heavy tests, which CI runs
+# Machines, and containers: hosts that share the machine's boot id and IPC namespace, as
+# containers on one kernel often do, and UCX alone would take them for one machine. Both
+# runs are heavy (26-33 s each in CI); the default suite keeps the transfers between
+# hosts of each kind (test_container_hosts.py, test_weight_map_on_host.py).
+@pytest.mark.heavy
 @pytest.mark.parametrize("kind", HOST_KINDS)
 def test_the_default_run_across_three_hosts_with_curve(tmp_path: Path, kind: HostKind) -> None:
     with Hosts(3, shared=[tmp_path], kind=kind) as hosts:
