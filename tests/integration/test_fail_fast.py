@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,21 @@ from tests.support.cluster import Cluster, processes_mentioning, wait_for
 pytestmark = pytest.mark.timeout(180)
 
 
-def _asyncrl(*args: str, timeout: float = 150) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(
+def _asyncrl(*args: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
+    # No bound on the time taken beyond ``timeout``: how fast a refusal comes depends on
+    # the machine (33 s here under load for what takes 5 s idle). "At once" is shown by
+    # what happened instead: no child was started, no journal written.
+    return subprocess.run(
         [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
     )
-    return done, time.monotonic() - started
+
+
+def _nothing_started(done: subprocess.CompletedProcess[str], tmp_path: Path) -> None:
+    assert "started " not in done.stdout + done.stderr, done.stderr
+    assert not (tmp_path / "run" / "journal").exists()  # no scheduler ever started
 
 
 def _run_args(tmp_path: Path, *overrides: str) -> list[str]:
@@ -46,41 +51,38 @@ def _run_args(tmp_path: Path, *overrides: str) -> list[str]:
 
 
 def test_a_missing_model_directory_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
-    done, seconds = _asyncrl(*_run_args(tmp_path, f"model.path={tmp_path / 'nowhere'}"))
+    done = _asyncrl(*_run_args(tmp_path, f"model.path={tmp_path / 'nowhere'}"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines == [f"asyncrl: model.path='{tmp_path / 'nowhere'}': no such directory"]
-    assert seconds < 20
-    assert not (tmp_path / "run" / "journal").exists()  # no scheduler ever started
+    _nothing_started(done, tmp_path)
 
 
 def test_a_missing_data_file_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
     missing, val = tmp_path / "T.parquet", tmp_path / "V.jsonl"
     val.write_text("")
     overrides = (f"data.train_files={missing}", f"data.val_files={val}")
-    done, seconds = _asyncrl(*_run_args(tmp_path, *overrides))
+    done = _asyncrl(*_run_args(tmp_path, *overrides))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines == [f"asyncrl: data.train_files: {missing}: no such file"]
-    assert seconds < 30
-    assert not (tmp_path / "run" / "journal").exists()
+    _nothing_started(done, tmp_path)
 
 
 def test_an_unknown_architecture_and_a_bad_plug_in_are_each_one_line(tmp_path: Path) -> None:
     model = tmp_path / "gpt2"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    done, seconds = _asyncrl(*_run_args(tmp_path, f"model.path={model}", "data.task=nope:task"))
+    done = _asyncrl(*_run_args(tmp_path, f"model.path={model}", "data.task=nope:task"))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr
     assert lines[0].startswith("asyncrl: data.task='nope:task': cannot import 'nope'")
     assert "GPT2LMHeadModel" in lines[1] and "Qwen3ForCausalLM" in lines[1]
-    assert seconds < 20
+    _nothing_started(done, tmp_path)
 
 
 def test_a_worker_started_by_hand_refuses_a_bad_model_at_once(tmp_path: Path) -> None:
-    started = time.monotonic()
     done = subprocess.run(
         [
             *(sys.executable, "-m", "asyncrl.actors.cli", "--role", "train"),
@@ -93,13 +95,13 @@ def test_a_worker_started_by_hand_refuses_a_bad_model_at_once(tmp_path: Path) ->
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
+    # Its check's own line, before it loaded or asked anything (its timeout bounds a hang).
     assert lines[0].startswith(f"asyncrl-worker: error: model.path='{tmp_path}': no config.json")
-    assert time.monotonic() - started < 20
 
 
 @pytest.mark.heavy  # 25-36 s of restarts with backoff: with the heavy tests, which CI runs
 def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_path: Path) -> None:
-    done, seconds = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
+    done = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
     assert done.returncode == 1, done.stderr[-3000:]
     failing = [line for line in done.stderr.splitlines() if "starts in a row" in line]
     assert len(failing) == 1, done.stderr[-3000:]
@@ -109,7 +111,6 @@ def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_pat
     exits = [line for line in done.stderr.splitlines() if "reward-0 (pid" in line]
     exits = [line for line in exits if "exited with code" in line]
     assert len(exits) == 3 and all("127.0.0.1:9 refused" in line for line in exits), exits
-    assert seconds < 120
 
 
 @pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
@@ -154,15 +155,14 @@ def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_pat
 
 def test_a_bad_environment_stops_the_run_before_anything_starts(tmp_path: Path) -> None:
     overrides = ("data.environment=tests.support.environments:NoStep",)
-    done, seconds = _asyncrl(*_run_args(tmp_path, *overrides))
+    done = _asyncrl(*_run_args(tmp_path, *overrides))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert lines == [
         "asyncrl: data.environment='tests.support.environments:NoStep': "
         "not an environment (no step)"
     ]
-    assert seconds < 20
-    assert not (tmp_path / "run" / "journal").exists()
+    _nothing_started(done, tmp_path)
 
 
 def test_a_check_killed_before_the_start_runs_again_and_the_run_goes_on(tmp_path: Path) -> None:
