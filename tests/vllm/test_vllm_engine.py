@@ -141,6 +141,33 @@ def test_tokens_after_a_load_carry_the_new_version_and_its_logprobs(engine, base
     decoder.load(state_for_saving(model), old_version + 2)
 
 
+def test_a_version_mapped_from_a_file_by_the_engine_itself(engine, base, tmp_path) -> None:
+    model, codec = base
+    changed = _changed(model)
+    path, layout, offset = tmp_path / "version.bin", [], 0
+    with path.open("wb") as file:
+        for name, tensor in changed.items():
+            data = tensor.contiguous().numpy().tobytes()
+            layout.append(
+                (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset)
+            )
+            file.write(data)
+            offset += len(data)
+    engine.load_mapped(str(path), layout, engine.version + 1)
+    decoder = _decoder(engine, codec, seed=5)
+    decoder.submit([Request("mapped", tuple(codec.encode("12+34=")))])
+    (finished,) = _drain(decoder, 1)
+    new_model, _ = load_model("embedded", torch.float32)
+    load_state(new_model, changed)
+    ours = _our_logprobs(new_model, finished)
+    assert max(abs(a - b) for a, b in zip(finished.logprobs, ours, strict=True)) < LOGPROB_TOLERANCE
+    # A layout that runs past the file is refused before anything is loaded.
+    name, dtype, shape, _ = layout[0]
+    with pytest.raises(Exception, match="past the end"):
+        engine.load_mapped(str(path), [(name, dtype, shape, offset)], engine.version + 1)
+    decoder.load(state_for_saving(model), engine.version + 1)
+
+
 def test_cancel_aborts_running_requests_in_the_engine(engine, base) -> None:
     _, codec = base
     decoder = _decoder(engine, codec, seed=3, eos_id=codec.pad_id)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ import structlog
 import torch
 
 from ...policy.decoder import Finished, Request, check_request
-from .extension import WEIGHT_LOADING
+from .extension import WEIGHT_LOADING, MappedTensor
 
 __all__ = ["VLLMDecoder", "VLLMEngine", "start_engine"]
 
@@ -83,10 +83,23 @@ class VLLMEngine:
 
     def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """``state`` (Hugging Face names) into the engine's model between two steps."""
-        if version < self.version:
-            raise ValueError(f"version {version} after {self.version}: versions only go up")
+        self._check_newer(version)
         # The worker is in this process: the tensors are handed over, not serialized.
         self.engine.collective_rpc("asyncrl_load", args=(list(state.items()),))
+        self._loaded(version)
+
+    def load_mapped(self, path: str, layout: Sequence[MappedTensor], version: int) -> None:
+        """The tensors ``layout`` places in the shared-memory file at ``path``, mapped by the
+        engine's worker itself: the way in when that worker is another process."""
+        self._check_newer(version)
+        self.engine.collective_rpc("asyncrl_load_mapped", args=(path, list(layout)))
+        self._loaded(version)
+
+    def _check_newer(self, version: int) -> None:
+        if version < self.version:
+            raise ValueError(f"version {version} after {self.version}: versions only go up")
+
+    def _loaded(self, version: int) -> None:
         # Running requests hold keys and values of the old weights: they are preempted and
         # their prefixes computed again at the next step; cached prefixes go too.
         if not self.engine.reset_prefix_cache(reset_running_requests=True):
@@ -94,13 +107,10 @@ class VLLMEngine:
         self.version = version
 
     def close(self) -> None:
-        for number in list(self._inboxes):
-            self._inboxes.pop(number)
-        # The in-process engine core has no other process to stop; what it holds goes
-        # with the engine.
-        shutdown = getattr(self.engine, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
+        self._inboxes.clear()
+        # LLMEngine has no shutdown of its own: its in-process engine core's stops the
+        # executor (the workers of a tensor-parallel engine with it).
+        self.engine.engine_core.shutdown()
 
 
 @dataclass
