@@ -192,11 +192,34 @@ def test_stop_when_ends_a_response_the_engine_would_continue(engine, base) -> No
     assert not engine.engine.has_unfinished_requests()
 
 
+# A generate worker's stand-in: an engine (over ``tensor_parallel_size`` worker processes
+# when > 1), a new version loaded and checked against our own forward, then waiting to die.
 _WORKER = """
 import os, sys, time
 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-from asyncrl.actors.engines.vllm.engine import start_engine
-engine = start_engine(sys.argv[1], dtype="float32", context_length=128, seed=0)
+import torch
+from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+from asyncrl.actors.policy.checkpoint import load_model, load_state, state_for_saving
+from asyncrl.actors.policy.decoder import Request
+engine = start_engine(sys.argv[1], dtype="float32", context_length=128, seed=0,
+                      tensor_parallel_size=int(sys.argv[2]))
+model, codec = load_model("embedded", torch.float32)
+state = {n: t * 1.1 for n, t in state_for_saving(model).items()}
+engine.load(state, 1)
+load_state(model, state)
+decoder = VLLMDecoder(engine, slots=1, max_new_tokens=16, max_prompt_tokens=16,
+                      eos_id=codec.pad_id, seed=0)
+decoder.submit([Request(0, tuple(codec.encode("12+34=")))])
+done = []
+while not done:
+    done = decoder.step()
+ids = torch.tensor([[*done[0].prompt, *done[0].tokens]])
+with torch.no_grad():
+    logprobs = torch.log_softmax(model(ids)[0].float(), -1)
+start = len(done[0].prompt)
+ours = [float(logprobs[start + i - 1, t]) for i, t in enumerate(done[0].tokens)]
+gap = max(abs(a - b) for a, b in zip(done[0].logprobs, ours))
+print(f"gap {gap} versions {set(done[0].versions)}", flush=True)
 print("ready", flush=True)
 time.sleep(600)
 """
@@ -216,9 +239,10 @@ def _descendants(pid: int) -> list[int]:
     return found + [d for child in found for d in _descendants(child)]
 
 
-def test_no_engine_process_outlives_its_worker_killed_with_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_no_engine_process_outlives_its_worker_killed_with_sigkill(tensor_parallel: int) -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-c", _WORKER, str(EMBEDDED_DIR)],
+        [sys.executable, "-c", _WORKER, str(EMBEDDED_DIR), str(tensor_parallel)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -226,9 +250,18 @@ def test_no_engine_process_outlives_its_worker_killed_with_sigkill(tmp_path: Pat
     try:
         assert worker.stdout is not None
         # vLLM logs to standard output too: the worker's word comes after its lines.
-        lines = iter(worker.stdout.readline, "")
-        assert any(line.strip() == "ready" for line in lines), "the worker never started"
+        lines = []
+        for line in iter(worker.stdout.readline, ""):
+            lines.append(line.strip())
+            if line.strip() == "ready":
+                break
+        assert lines and lines[-1] == "ready", "the worker never started:\n" + "\n".join(lines)
+        # The new version reached every worker process: tokens match its weights.
+        gap, versions = lines[-2].split(" versions ")
+        assert float(gap.removeprefix("gap ")) < LOGPROB_TOLERANCE and versions == "{1}"
         spawned = _descendants(worker.pid)
+        if tensor_parallel > 1:  # one process of vLLM's per rank, besides its resource tracker
+            assert len(spawned) >= tensor_parallel
         # The engine core runs in the worker's own process, not in one of its own.
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in spawned]
         assert not [c for c in commands if b"EngineCore" in c], commands
