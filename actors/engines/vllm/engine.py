@@ -309,8 +309,9 @@ def start_engine(
     ``kv_cache_gib``: memory for the KV cache (on CPU, instead of a share of the machine's
     memory). ``block_size``: the KV cache's pages, in tokens (vLLM's CPU attention takes
     multiples of 32); prefix caching shares whole pages. ``tensor_parallel_size`` > 1
-    starts vLLM's multiprocess executor, whose workers end with this process (their pipe
-    to it closes); it was never run here (no GPU).
+    starts vLLM's multiprocess executor, a worker process per rank that ends with this
+    process (its pipe to it closes); new versions reach them pickled over vLLM's
+    shared-memory queue. Run here on CPU with 2 ranks; never on GPUs.
     """
     # The engine core in this process (vLLM's default runs it in a process of its own,
     # which outlives a parent killed with SIGKILL).
