@@ -147,7 +147,22 @@ def _check_vllm(cfg: RunConfig) -> list[str]:
             f"backends.vllm.tensor_parallel_size={ranks}: this process may use "
             f"{len(os.sched_getaffinity(0))} cores"
         ]
-    return []
+    return _vllm_model_problems(cfg)
+
+
+def _vllm_model_problems(cfg: RunConfig) -> list[str]:
+    import json
+
+    from ..engines.vllm.model_checks import vllm_model_problems
+    from ..policy.checkpoint import model_dir
+    from ..policy.model import ModelConfig
+
+    try:
+        config = json.loads((model_dir(cfg.model.path) / "config.json").read_text())
+        model = ModelConfig.from_hf(config)
+    except (OSError, ValueError):
+        return []  # check_model says what is wrong with the directory
+    return vllm_model_problems(model, device=cfg.backends.device)
 
 
 def _check_sglang() -> list[str]:
