@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import Sampling
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import run_ranks
 
@@ -53,7 +54,7 @@ def _rank(rank: int, port: int, directories: list[str], out: multiprocessing.Que
             ids, columns, targets, weights = inputs(model.config.vocab_size)
             with torch.no_grad():
                 logits = model.eval()(ids)
-            logprobs = model.token_logprobs(ids, columns, targets, temperature=0.8)
+            logprobs = model.token_logprobs(ids, columns, targets, Sampling(temperature=0.8))
             (logprobs * weights).sum().backward()  # the same loss on both ranks
             grad = model.gpt.embedding.word_embeddings.weight.grad
             weights = {name: t.numpy() for name, t in model.hf_state().items()}
