@@ -55,9 +55,6 @@ class Sampling:
         return sampled_logprobs(logits, self.temperature, self.top_p, self.top_k, keep)
 
 
-PLAIN = Sampling()  # temperature 1, the whole distribution: the model's own
-
-
 def sampling_problem(temperature: object, top_p: object, top_k: object) -> str | None:
     """What is wrong with these sampling settings, naming the field; None if nothing."""
     if not _number(temperature) or not temperature > 0:  # type: ignore[operator]
@@ -71,6 +68,9 @@ def sampling_problem(temperature: object, top_p: object, top_k: object) -> str |
 
 def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+PLAIN = Sampling()  # temperature 1, the whole distribution: the model's own
 
 
 Scalar = float | torch.Tensor  # one value for every row, or one per row ([rows])

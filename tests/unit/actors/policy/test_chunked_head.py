@@ -52,4 +52,5 @@ def test_chunks_give_the_whole_softmax_and_its_gradients(
     for name, grad in grads.items():
         assert (grad - expected_grads[name]).abs().max() <= 1e-5, name
     with torch.no_grad():  # scoring: no recompute, the same numbers
-        assert (response_logprobs(model, packed, 0.7) - expected).abs().max() <= 1e-5
+        scored = response_logprobs(model, packed, Sampling(temperature=0.7))
+        assert (scored - expected).abs().max() <= 1e-5
