@@ -85,11 +85,11 @@ def _greedy(request: Request) -> bool:
 class ApiSettings:
     token: str  # the bearer token every request must carry
     temperature: float  # the run's sampling, the only one served (algorithm.*)
-    top_p: float = 1.0
-    top_k: int = 0
     max_new_tokens: int  # the decoder's limit: a larger max_tokens is capped to it
     max_prompt_tokens: int
     vocab_size: int  # token ids given as input must embed
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 @dataclass(frozen=True)
