@@ -295,7 +295,7 @@ class Decoder:
     def _sampling_of(self, request: Request) -> Sampling:
         own = self.sampling
         if request.temperature is None and request.top_p is None and request.top_k is None:
-            return own  # the same object: a step of such sequences only finds it, never compares
+            return own  # the decoder's own object: _pick knows such rows by identity
         return Sampling(
             own.temperature if request.temperature is None else request.temperature,
             own.top_p if request.top_p is None else request.top_p,
