@@ -9,7 +9,10 @@ Weights change between steps (:meth:`Decoder.load`). Sequences in flight are not
 dropped: their cached keys and values are recomputed under the new weights at the next
 step, then they go on. Every sampled token records the policy version whose
 distribution it was drawn from, and that distribution's log-probability of it, so a
-trainer recomputing log-probs of the same version gets the same numbers.
+trainer recomputing log-probs of the same version gets the same numbers. The distribution
+is the logits tempered and truncated (top-k, top-p) as sampling.py defines it, the
+scorers' definition too: the request's settings, or the decoder's where it names none. A
+request with a seed draws from a generator of its own.
 
 Each slot keeps its tokens and how many of them are in the cache ("fed"). One step feeds
 each slot its unfed tokens (one, usually; a whole prompt for a new sequence; everything
