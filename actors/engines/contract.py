@@ -13,6 +13,7 @@ import torch
 
 if TYPE_CHECKING:
     from ..policy.model import CausalLM, Decoder, ModelConfig
+    from ..policy.sampling import Sampling
 
 __all__ = [
     "EngineModel",
@@ -47,9 +48,10 @@ class EngineModel(Protocol):
         input_ids: torch.Tensor,
         columns: torch.Tensor,
         targets: torch.Tensor,
-        temperature: float = 1.0,
+        sampling: Sampling,
     ) -> torch.Tensor:
-        """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32."""
+        """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32, under the
+        distribution ``sampling`` draws from (``sampled_logprobs``)."""
         ...
 
     # Training, where the engine may split the model over a group of ranks:
@@ -68,7 +70,7 @@ class EngineModel(Protocol):
         self,
         batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         loss_of: Callable[[int, torch.Tensor], torch.Tensor],
-        temperature: float,
+        sampling: Sampling,
         autocast: Callable[[], AbstractContextManager],
     ) -> None:
         """Forward and backward of every micro-batch (token ids, columns, targets) through

@@ -9,7 +9,10 @@ Weights change between steps (:meth:`Decoder.load`). Sequences in flight are not
 dropped: their cached keys and values are recomputed under the new weights at the next
 step, then they go on. Every sampled token records the policy version whose
 distribution it was drawn from, and that distribution's log-probability of it, so a
-trainer recomputing log-probs of the same version gets the same numbers.
+trainer recomputing log-probs of the same version gets the same numbers. The distribution
+is the logits tempered and truncated (top-k, top-p) as sampling.py defines it, the
+scorers' definition too: the request's settings, or the decoder's where it names none. A
+request with a seed draws from a generator of its own.
 
 Each slot keeps its tokens and how many of them are in the cache ("fed"). One step feeds
 each slot its unfed tokens (one, usually; a whole prompt for a new sequence; everything
@@ -39,6 +42,7 @@ from .checkpoint import load_state
 from .graphs import GraphedSteps
 from .model import CausalLM
 from .padding import like_width_runs
+from .sampling import PLAIN, Sampling, sampled_logprobs, sampling_problem
 
 __all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
 
@@ -60,6 +64,13 @@ class Request:
     # Ends this sequence when it says so of the response so far (an API caller's stop text,
     # which may span tokens); asked after every token.
     stop_when: Callable[[list[int]], bool] | None = None
+    # How this sequence samples (sampling.py); None: the decoder's. A greedy one ignores them.
+    temperature: float | None = None
+    top_p: float | None = None  # 1: the whole distribution
+    top_k: int | None = None  # 0: every token
+    # Draws this sequence's tokens from a generator of its own, seeded so: the same seed
+    # gives the same tokens whatever other sequences share its steps. None: the decoder's.
+    seed: int | None = None
 
 
 def check_request(request: Request, max_prompt_tokens: int) -> None:
@@ -71,6 +82,19 @@ def check_request(request: Request, max_prompt_tokens: int) -> None:
         )
     if request.max_new_tokens is not None and request.max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={request.max_new_tokens}: expected >= 1")
+    # Each given field alone: a field left None stands for the decoder's valid default.
+    problem = sampling_problem(
+        1.0 if request.temperature is None else request.temperature,
+        1.0 if request.top_p is None else request.top_p,
+        0 if request.top_k is None else request.top_k,
+    )
+    if problem is not None:
+        raise ValueError(problem)
+    seed = request.seed
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ValueError(f"seed={seed!r}: expected an integer >= 0")
+    if seed is not None and seed >= 2**64:
+        raise ValueError(f"seed={seed}: expected below 2**64")
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,8 @@ class _Sequence:
     fed: int = 0  # leading tokens whose keys/values are in the cache
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    sampling: Sampling = PLAIN  # the request's, or the decoder's (the same object)
+    generator: torch.Generator | None = None  # a seeded request's own
 
     @property
     def response(self) -> list[int]:
@@ -142,12 +168,14 @@ class Decoder:
         eos_id: int | Collection[int],
         pad_id: int,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         seed: int = 0,
         version: int = 0,
         cuda_graphs: bool = False,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature}: expected a number > 0")
+        # The defaults of requests that name none (ValueError naming a bad one).
+        self.sampling = Sampling(temperature, top_p, top_k)
         self.model = model.eval()
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -267,7 +295,20 @@ class Decoder:
             if not self.waiting:
                 return
             request = self.waiting.popleft()
-            self.active[slot] = _Sequence(request, list(request.prompt))
+            sequence = _Sequence(request, list(request.prompt), sampling=self._sampling_of(request))
+            if request.seed is not None:
+                sequence.generator = torch.Generator(self.device).manual_seed(request.seed)
+            self.active[slot] = sequence
+
+    def _sampling_of(self, request: Request) -> Sampling:
+        own = self.sampling
+        if request.temperature is None and request.top_p is None and request.top_k is None:
+            return own  # the decoder's own object: _pick knows such rows by identity
+        return Sampling(
+            own.temperature if request.temperature is None else request.temperature,
+            own.top_p if request.top_p is None else request.top_p,
+            own.top_k if request.top_k is None else request.top_k,
+        )
 
     def _advance(self, slots: list[int]) -> list[Finished]:
         sequences = [self.active[slot] for slot in slots]
@@ -315,8 +356,25 @@ class Decoder:
         return ids, positions
 
     def _pick(self, logits: torch.Tensor, sequences: list[_Sequence]):
-        logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)
-        sampled = torch.multinomial(logprobs.exp(), 1, generator=self.generator).squeeze(1)
+        """Each row's next token and its log-prob under the distribution it was drawn from
+        (or the most likely token, for a greedy sequence)."""
+        own = self.sampling
+        if all(seq.sampling is own for seq in sequences):  # one setting for every row
+            logprobs = own.logprobs(logits)
+        else:
+            d = logits.device
+            settings = [seq.sampling for seq in sequences]
+            logprobs = sampled_logprobs(
+                logits,
+                torch.tensor([s.temperature for s in settings], device=d),
+                torch.tensor([s.top_p for s in settings], device=d),
+                torch.tensor([s.top_k for s in settings], device=d),
+            )
+        probs = logprobs.exp()
+        sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        for row, seq in enumerate(sequences):
+            if seq.generator is not None:  # drawn on its own, so its neighbours do not matter
+                sampled[row] = torch.multinomial(probs[row], 1, generator=seq.generator)[0]
         greedy = torch.tensor([seq.request.greedy for seq in sequences], device=logits.device)
         chosen = torch.where(greedy, logprobs.argmax(-1), sampled)
         picked = logprobs.gather(1, chosen[:, None]).squeeze(1)

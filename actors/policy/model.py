@@ -31,6 +31,7 @@ from .attention_runs import attention_runs
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
 from .feed_forward import MLP, MixtureOfExperts
 from .rotary import Rotary, rotate
+from .sampling import PLAIN, Sampling
 
 if TYPE_CHECKING:
     from .adapters import MergedAdapters
@@ -254,7 +255,7 @@ class CausalLM(Decoder):
         input_ids: torch.Tensor,
         columns: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
-        temperature: float = 1.0,
+        sampling: Sampling = PLAIN,
     ) -> torch.Tensor:
         """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
 
@@ -263,13 +264,13 @@ class CausalLM(Decoder):
         tens of thousands the logits are most of a step's activations.
 
         ``targets`` [batch, k] (with ``columns``): instead of logits, the float32
-        log-probability of each target token at its column under the logits divided by
-        ``temperature``. Then no more than :data:`HEAD_CHUNK_ELEMENTS` logits exist at once
-        (see :class:`_OutputLayer`).
+        log-probability of each target token at its column under the distribution
+        ``sampling`` draws from those logits (sampling.py). Then no more than
+        :data:`HEAD_CHUNK_ELEMENTS` logits exist at once (see :class:`_OutputLayer`).
         """
         h = self.hidden(input_ids, columns)
         if targets is not None:
-            return self.lm_head(h, targets, temperature)
+            return self.lm_head(h, targets, sampling)
         return self.lm_head(h)
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -337,6 +338,7 @@ class CausalLM(Decoder):
 # response of 8,192 tokens alone would hold 5 GB of float32 logits, and as much again of
 # what their log-softmax keeps for backward.
 HEAD_CHUNK_ELEMENTS = 2**30
+TRUNCATION_MEMORY = 8  # about how many logits' worth of memory a truncated row takes
 
 
 class _OutputLayer(nn.Linear):
@@ -346,18 +348,19 @@ class _OutputLayer(nn.Linear):
     recompute, whatever the number of chunks (which differs between ranks)."""
 
     def forward(
-        self, x: torch.Tensor, targets: torch.Tensor | None = None, temperature: float = 1.0
+        self, x: torch.Tensor, targets: torch.Tensor | None = None, sampling: Sampling = PLAIN
     ) -> torch.Tensor:
         if targets is None:
             return super().forward(x)
-        return _head_logprobs(self.weight, x, targets, temperature)
+        return _head_logprobs(self.weight, x, targets, sampling)
 
 
 def _head_logprobs(
-    weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+    weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, sampling: Sampling
 ) -> torch.Tensor:
     """log_softmax(hidden @ weight.T / temperature)[target], float32, shaped like
-    ``targets``.
+    ``targets``; with top-k or top-p, over the tokens they keep (the target always among
+    them: see ``sampled_logprobs``).
 
     Tokens go through the output layer in chunks of at most HEAD_CHUNK_ELEMENTS logits.
     When gradients are wanted each chunk is recomputed in backward instead of kept (one
@@ -367,15 +370,17 @@ def _head_logprobs(
     flat, wanted = hidden.reshape(rows * k, size), targets.reshape(rows * k)
 
     def chunk_logprobs(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(h, weight).float()
-        if temperature != 1.0:
-            logits = logits / temperature
+        logits = F.linear(h, weight)
         # log_softmax, not gather minus logsumexp: its backward is one fused kernel where
         # logsumexp's makes two more vocabulary-wide tensors (3.4 GiB more at the peak of
         # a 0.5B model's step on an H100).
-        return torch.log_softmax(logits, dim=-1).gather(-1, t[:, None]).squeeze(-1)
+        logprobs = sampling.logprobs(logits, keep=t if sampling.truncates else None)
+        return logprobs.gather(-1, t[:, None]).squeeze(-1)
 
-    step = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
+    # Truncating sorts each row: its values, their int64 order and the probabilities take
+    # several times the logits' memory, so chunks are that much smaller.
+    budget = HEAD_CHUNK_ELEMENTS // (TRUNCATION_MEMORY if sampling.truncates else 1)
+    step = max(1, budget // weight.shape[0])
     if flat.shape[0] <= step:
         return chunk_logprobs(flat, wanted).view(rows, k)
     recompute = torch.is_grad_enabled()

@@ -13,6 +13,7 @@ import torch
 
 from ..engines.contract import EngineModel, device_of
 from .model import CausalLM
+from .sampling import PLAIN, Sampling
 
 __all__ = ["Packed", "pack", "response_logprobs", "response_positions"]
 
@@ -58,22 +59,22 @@ def pack(
 
 
 def response_logprobs(
-    model: CausalLM | EngineModel, packed: Packed, temperature: float = 1.0
+    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling = PLAIN
 ) -> torch.Tensor:
     """log π(response token | everything before it), [rows, longest response]; 0 where the
     mask is (padding, and tokens the model did not sample).
 
-    Logits are divided by ``temperature`` first: the distribution the generator sampled
-    from, so behaviour and recomputed log-probs compare like for like.
+    Under ``sampling`` (its temperature, top-k and top-p): the distribution the generator
+    sampled from, so behaviour and recomputed log-probs compare like for like.
     """
     device = device_of(model)
     inputs, columns, tokens = response_positions(packed, device)
     if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
-        picked = model.token_logprobs(inputs, columns, tokens, temperature)
+        picked = model.token_logprobs(inputs, columns, tokens, sampling)
         return picked * packed.mask.to(device)
     # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
     # vocabulary's logits at a time.
-    picked = model(inputs, columns=columns, targets=tokens, temperature=temperature)
+    picked = model(inputs, columns=columns, targets=tokens, sampling=sampling)
     return picked * packed.mask.to(device)
 
 

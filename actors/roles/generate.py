@@ -191,7 +191,11 @@ class Generate(StreamingActor):
         max_prompt = min(
             cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
         )
-        temperature = 1.0 if greedy_only else cfg.algorithm.temperature
+        # A greedy-only decoder's sequences take the most likely token whatever these are.
+        a = cfg.algorithm
+        sampling = (
+            {} if greedy_only else dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+        )
         if isinstance(self.engine, VLLMEngine):
             return VLLMDecoder(
                 self.engine,
@@ -199,8 +203,8 @@ class Generate(StreamingActor):
                 max_new_tokens=max_new,
                 max_prompt_tokens=max_prompt,
                 eos_id=self.codec.eos_ids,
-                temperature=temperature,
                 seed=cfg.run.seed + (self.ctx.index or 0),
+                **sampling,
             )
         if self.engine is not None:
             return SGLangDecoder(
@@ -209,7 +213,7 @@ class Generate(StreamingActor):
                 max_new_tokens=max_new,
                 max_prompt_tokens=max_prompt,
                 eos_id=self.codec.eos_ids,
-                temperature=temperature,
+                **sampling,
             )
         assert model is not None  # the PyTorch decoder runs our own model
         return Decoder(
@@ -219,7 +223,7 @@ class Generate(StreamingActor):
             max_prompt_tokens=max_prompt,
             eos_id=self.codec.eos_ids,
             pad_id=self.codec.pad_id,
-            temperature=temperature,
+            **sampling,
             seed=cfg.run.seed + (self.ctx.index or 0),
             version=self.loaded,
             cuda_graphs=cfg.backends.cuda_graphs,

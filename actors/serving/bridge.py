@@ -49,6 +49,7 @@ class Bridge:
         stop_when: Callable[[list[int]], bool] | None = None,
         *,
         greedy: bool = False,
+        seed: int | None = None,
     ) -> Future[Finished]:
         future: Future[Finished] = Future()
         with self._lock:
@@ -60,6 +61,7 @@ class Bridge:
                 stop_ids=stop_ids,
                 stop_when=stop_when,
                 greedy=greedy,
+                seed=seed,
             )
             self._queued.append(request)
             self._futures[tag] = future

@@ -11,11 +11,15 @@ call it makes to session ``sid``. Routes::
                                                the same calls decoded greedily, not recorded
                                                (harness validation sessions, judges)
 
-Each call is sampled at the run's ``algorithm.temperature`` (the trainer recomputes
-log-probs at it, so another would train on numbers that were never sampled): a request
-asking for another is refused. A request the server cannot honour exactly (streaming,
-several choices, top-p) gets a 400 naming the field, in OpenAI's error
-shape; so does a malformed one. Responses carry the sampled tokens' log-probs in
+Each call is sampled as the run samples: ``algorithm.temperature``, ``top_p`` and
+``top_k`` (the trainer recomputes log-probs under them, so others would train on numbers
+that were never sampled): a request may leave them out or name the run's, and one asking
+for others is refused. ``top_k`` is not in OpenAI's API: a client sends it as vLLM's
+clients do (the openai client's ``extra_body``), -1 or 0 for every token. A ``seed``
+makes a call's draws reproducible: the same seed, prompt and weights give the same
+tokens, whatever other calls share the decoder's steps. A request the server cannot
+honour exactly (streaming, several choices) gets a 400 naming the field, in OpenAI's
+error shape; so does a malformed one. Responses carry the sampled tokens' log-probs in
 OpenAI's shapes, ``usage`` and ``finish_reason``; the end token is among the tokens,
 since it was sampled and is trained. A ``stop`` text ends a call once the response holds
 it; the text returned stops before it (as OpenAI's), while every token sampled, those
@@ -80,10 +84,12 @@ def _greedy(request: Request) -> bool:
 @dataclass(frozen=True)
 class ApiSettings:
     token: str  # the bearer token every request must carry
-    temperature: float  # the run's sampling temperature, the only one served
+    temperature: float  # the run's sampling, the only one served (algorithm.*)
     max_new_tokens: int  # the decoder's limit: a larger max_tokens is capped to it
     max_prompt_tokens: int
     vocab_size: int  # token ids given as input must embed
+    top_p: float = 1.0
+    top_k: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,7 @@ class _Call:
     stop_texts: tuple[str, ...]
     logprobs: bool
     greedy: bool = False  # a greedy session's call: the most likely token each time
+    seed: int | None = None  # draws of its own, so seeded (None: the decoder's)
 
 
 def make_app(
@@ -225,21 +232,11 @@ class _Api:
             raise ApiError("stream: streaming is not served; ask without it", "stream")
         if body.get("n", 1) != 1:
             raise ApiError(f"n: got {body.get('n')!r}; allowed: 1", "n")
-        temperature = body.get("temperature")
-        if (
-            not greedy
-            and temperature is not None
-            and (not _number(temperature) or not math.isclose(temperature, s.temperature))
-        ):
-            raise ApiError(
-                f"temperature: got {temperature!r}; this run samples at "
-                f"algorithm.temperature={s.temperature:g} (the trainer recomputes log-probs "
-                "at it), so leave it out or pass that",
-                "temperature",
-            )
-        top_p = body.get("top_p")
-        if top_p is not None and top_p != 1:
-            raise ApiError(f"top_p: got {top_p!r}; allowed: 1 (the whole distribution)", "top_p")
+        if not greedy:
+            self._check_run_sampling(body)
+        seed = body.get("seed")
+        if seed is not None and not (_whole(seed) and seed < 2**64):
+            raise ApiError(f"seed: got {seed!r}; allowed: an integer from 0 to 2**64 - 1", "seed")
         if body.get("top_logprobs"):
             raise ApiError("top_logprobs: only 0 is served (no alternatives)", "top_logprobs")
         if len(prompt) > s.max_prompt_tokens:
@@ -249,7 +246,24 @@ class _Api:
                 field,
             )
         stops = self._stop_texts(body)
-        return _Call(prompt, self._max_tokens(body), self._stop_ids(body), stops, logprobs, greedy)
+        return _Call(
+            prompt, self._max_tokens(body), self._stop_ids(body), stops, logprobs, greedy, seed
+        )
+
+    def _check_run_sampling(self, body: dict[str, Any]) -> None:
+        """ApiError unless the request samples as the run does (or names no sampling)."""
+        s = self.settings
+        temperature, top_p, top_k = body.get("temperature"), body.get("top_p"), body.get("top_k")
+        if temperature is not None and not (
+            _number(temperature) and math.isclose(temperature, s.temperature)
+        ):
+            raise _not_the_runs("temperature", temperature, s.temperature)
+        if top_p is not None and not (_number(top_p) and math.isclose(top_p, s.top_p)):
+            raise _not_the_runs("top_p", top_p, s.top_p)
+        if top_k is not None and top_k == -1:
+            top_k = 0  # vLLM's every token
+        if top_k is not None and not (_whole(top_k) and top_k == s.top_k):
+            raise _not_the_runs("top_k", top_k, s.top_k)
 
     def _max_tokens(self, body: dict[str, Any]) -> int:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
@@ -332,7 +346,12 @@ class _Api:
         cancelled leaves no call behind, decoding or recorded."""
         stop_when = self._stop_when(call.stop_texts)
         future = self.bridge.submit(
-            call.prompt, call.max_new_tokens, call.stop_ids, stop_when, greedy=call.greedy
+            call.prompt,
+            call.max_new_tokens,
+            call.stop_ids,
+            stop_when,
+            greedy=call.greedy,
+            seed=call.seed,
         )
         sampled = asyncio.wrap_future(future)
         gone = asyncio.ensure_future(_disconnected(request))
@@ -424,6 +443,14 @@ def _message(message: object, index: int) -> dict[str, Any]:
     if content is not None and not isinstance(content, str):
         raise ApiError(f"{where}.content: expected text", "messages")
     return {**message, "content": content or ""}
+
+
+def _not_the_runs(name: str, got: object, runs: float) -> ApiError:
+    return ApiError(
+        f"{name}: got {got!r}; this run samples at algorithm.{name}={runs:g} (the trainer "
+        "recomputes log-probs under it), so leave it out or pass that",
+        name,
+    )
 
 
 def _token_ids(call: _Call, finished: Finished) -> dict[str, list[int]]:

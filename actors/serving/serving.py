@@ -57,6 +57,8 @@ class Serving:
         settings = ApiSettings(
             token=secrets.token_urlsafe(32),
             temperature=cfg.algorithm.temperature,
+            top_p=cfg.algorithm.top_p,
+            top_k=cfg.algorithm.top_k,
             max_new_tokens=cfg.model.max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
             vocab_size=vocab_size,

@@ -26,6 +26,7 @@ from asyncrl.runtime.contract.config import RunConfig
 
 from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM
+from ..policy.sampling import Sampling
 from ..policy.scoring import response_logprobs, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
@@ -150,7 +151,7 @@ class Learner(LearnerState):
         for chunk, chunk_advantages, real in passes:
             packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
             with self._autocast():
-                logp = response_logprobs(self.model, packed, self.cfg.algorithm.temperature)
+                logp = response_logprobs(self.model, packed, Sampling.of(self.cfg.algorithm))
             loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
@@ -194,8 +195,8 @@ class Learner(LearnerState):
             return loss
 
         batches = [response_positions(one, self.device) for one in packed]
-        temperature = self.cfg.algorithm.temperature
-        self.engine.train_in_stages(batches, loss_of, temperature, self._autocast)
+        sampling = Sampling.of(self.cfg.algorithm)
+        self.engine.train_in_stages(batches, loss_of, sampling, self._autocast)
         return total_loss, parts
 
     def _autocast(self):

@@ -32,6 +32,7 @@ from ..engines.contract import (
 from ..payloads import LogprobsOut, RolloutsOut
 from ..policy.model import CausalLM
 from ..policy.padding import like_width_runs
+from ..policy.sampling import Sampling
 from ..policy.scoring import Packed, pack, response_logprobs
 from ..startup.model_loading import load_policy
 from ..startup.role_checks import check_device, check_engine, check_model
@@ -58,7 +59,7 @@ class ScoringActor(Actor):
         return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
-        self.temperature = ctx.config.algorithm.temperature
+        self.sampling = Sampling.of(ctx.config.algorithm)
         self.gang = join_group(ctx.config)
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
@@ -93,13 +94,13 @@ class ScoringActor(Actor):
 
     def _score(self, lease: p.Lease, rollouts: list[RolloutsOut]) -> list[np.ndarray]:
         """Scores of ``lease``'s groups (their ``rollouts``), with the group if there is one."""
-        pad_id, temperature = self.codec.pad_id, self.temperature
+        pad_id, sampling = self.codec.pad_id, self.sampling
         if self.gang is None:
-            return score_rollouts(self.model, rollouts, pad_id, temperature)
+            return score_rollouts(self.model, rollouts, pad_id, sampling)
         gang = self.gang
         return gang.lead(  # the others read the lease from the order themselves
             Order.SCORE,
-            lambda: score_rollouts(self.model, rollouts, pad_id, temperature, gang),
+            lambda: score_rollouts(self.model, rollouts, pad_id, sampling, gang),
             pack_lease(lease),
         )
 
@@ -121,7 +122,7 @@ class ScoringActor(Actor):
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
             split_over_group(model, gang.size)
-            temperature = cfg.algorithm.temperature
+            sampling = Sampling.of(cfg.algorithm)
             while True:
                 order, body = gang.next_order()
                 if order is Order.STOP:
@@ -130,7 +131,7 @@ class ScoringActor(Actor):
                     load_group_weights(model, None)
                 elif order is Order.SCORE:
                     lease = unpack_lease(body)
-                    score_items(model, lease.items, codec.pad_id, temperature, gang)
+                    score_items(model, lease.items, codec.pad_id, sampling, gang)
                 else:
                     raise GangBroken(f"a scoring rank got the order {order}")
         finally:
@@ -141,7 +142,7 @@ def score_items(
     model: CausalLM | EngineModel,
     items: tuple[p.Item, ...],
     pad_id: int,
-    temperature: float,
+    sampling: Sampling,
     gang: Gang | None = None,
 ) -> list[np.ndarray]:
     """Per item, log-probs of its responses ``[n, longest]`` (float32; 0 past each end).
@@ -149,23 +150,23 @@ def score_items(
     With a ``gang`` every rank calls this with the same items (a collective).
     """
     rollouts = [RolloutsOut.of(item) for item in items]
-    return score_rollouts(model, rollouts, pad_id, temperature, gang)
+    return score_rollouts(model, rollouts, pad_id, sampling, gang)
 
 
 def score_rollouts(
     model: CausalLM | EngineModel,
     rollouts: list[RolloutsOut],
     pad_id: int,
-    temperature: float,
+    sampling: Sampling,
     gang: Gang | None = None,
 ) -> list[np.ndarray]:
     """:func:`score_items` for groups already read from their items."""
     packed = pack_rollouts(rollouts, pad_id)
     if gang is None:
         with torch.inference_mode():
-            scores = _score_by_length(model.eval(), packed, temperature)
+            scores = _score_by_length(model.eval(), packed, sampling)
     else:
-        scores = _score_shared(model, packed, temperature, gang)
+        scores = _score_shared(model, packed, sampling, gang)
     out, row = [], 0
     for group in rollouts:
         n, width = group.response_ids.shape
@@ -187,7 +188,7 @@ def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int) -> Packed:
 
 
 def _score_shared(
-    model: CausalLM | EngineModel, packed: Packed, temperature: float, gang: Gang
+    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling, gang: Gang
 ) -> np.ndarray:
     """Each copy of the model scores its share of the rows, and every rank gets every
     score back. (A copy is one rank of a sharded model of ours, or the ranks that hold
@@ -209,7 +210,7 @@ def _score_shared(
         for index in range(rounds):
             chosen = mine[index] if index < len(mine) else passes[-1][:1]
             # At least one column: a pass of empty responses still runs (and keeps nothing).
-            scores = response_logprobs(model, _chosen_rows(packed, chosen, 1), temperature)
+            scores = response_logprobs(model, _chosen_rows(packed, chosen, 1), sampling)
             if index < len(mine):
                 kept = _on_tokens(packed.lengths[chosen], scores.shape[1])
                 pieces.append(scores[kept.to(scores.device)])
@@ -261,19 +262,19 @@ def _passes_by_length(packed: Packed) -> list[torch.Tensor]:
 
 
 def _score_by_length(
-    model: CausalLM | EngineModel, packed: Packed, temperature: float
+    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling
 ) -> np.ndarray:
     """Log-probs of every row of ``packed`` [rows, longest], in passes of rows of like
     length (see SCORE_ROWS)."""
     passes = _passes_by_length(packed)
     if len(passes) == 1:
-        return response_logprobs(model, packed, temperature).cpu().numpy()
+        return response_logprobs(model, packed, sampling).cpu().numpy()
     out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
     for chosen in passes:
         part = _chosen_rows(packed, chosen)
         if part.mask.shape[1] == 0:
             continue  # empty responses: nothing to score
-        scores = response_logprobs(model, part, temperature).cpu().numpy()
+        scores = response_logprobs(model, part, sampling).cpu().numpy()
         out[chosen.numpy(), : scores.shape[1]] = scores
     return out
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from asyncrl.actors.policy.checkpoint import model_dir
-from asyncrl.actors.policy.decoder import Decoder
+from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
@@ -146,6 +146,11 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> No
     ("asked", "param"),
     [
         ({"temperature": 0.5}, "temperature"),
+        ({"top_p": 0.5}, "top_p"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"extra_body": {"top_k": "5"}}, "top_k"),
+        ({"seed": -1}, "seed"),
+        ({"extra_body": {"seed": 1.5}}, "seed"),
         ({"stream": True}, "stream"),
         ({"n": 2}, "n"),
         ({"stop": [""]}, "stop"),
@@ -176,6 +181,37 @@ def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
         client(entry, "t").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "1+1="}], temperature=0.2
         )
+
+
+def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
+    served: Served, monkeypatch
+) -> None:
+    submitted: list[Request] = []
+    submit = served.decoder.submit
+
+    def recording(requests) -> None:
+        requests = list(requests)
+        submitted.extend(requests)
+        submit(requests)
+
+    monkeypatch.setattr(served.decoder, "submit", recording)
+    api = client(served.entry, "seeded")
+    # The run's own sampling, named: accepted (top_k as vLLM's clients send it).
+    asked = {"temperature": 1.0, "top_p": 1, "seed": 9, "max_tokens": 6, "stop": ["+"]}
+    calls = [
+        api.completions.create(
+            model="policy", prompt="345+6789=", extra_body={"top_k": top_k}, **asked
+        )
+        for top_k in (0, -1)
+    ]
+    assert calls[0].choices[0].text == calls[1].choices[0].text
+    assert len(submitted) == 2
+    for request in submitted:
+        assert request.seed == 9 and request.max_new_tokens == 6 and request.stop_when
+        # The decoder's own sampling (the run's) stands: no per-request override.
+        assert (request.temperature, request.top_p, request.top_k) == (None, None, None)
+    first, second = records(served.entry, "seeded")
+    assert first.completion_ids == second.completion_ids and first.logprobs == second.logprobs
 
 
 def test_a_wrong_key_is_refused(served: Served) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.training.learner import Group, Learner, StepStats
 from asyncrl.transport import protocol as p
 
@@ -70,7 +71,7 @@ def score_in_turn(
         if lease is None:
             load_version()
             continue
-        scores = score_items(model, lease.items, pad_id, 1.0, gang)
+        scores = score_items(model, lease.items, pad_id, PLAIN, gang)
         if rank == 0:
             results.put([s.copy() for s in scores])
 
@@ -93,7 +94,7 @@ def assert_scores_like_one_model(
         if lease is None:
             load_state(model, next_version)
         else:
-            expected_all.append(score_items(model, lease.items, codec.pad_id, 1.0))
+            expected_all.append(score_items(model, lease.items, codec.pad_id, PLAIN))
     # The last lease is the first again, under the new version: the version mattered.
     assert np.abs(expected_all[-1][0] - expected_all[0][0]).max() > 1e-3
     for got, expected in zip(shared, expected_all, strict=True):

@@ -22,6 +22,7 @@ from torch import nn
 
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
 from asyncrl.actors.policy.model import ModelConfig
+from asyncrl.actors.policy.sampling import PLAIN, Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.contract.config import MegatronSection
 
@@ -87,13 +88,13 @@ class MegatronLM(HfWeights, nn.Module):
         input_ids: torch.Tensor,
         columns: torch.Tensor,
         targets: torch.Tensor,
-        temperature: float = 1.0,
+        sampling: Sampling = PLAIN,
     ) -> torch.Tensor:
         """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
         rank holding whole rows of logits (the vocabulary stays split)."""
 
         def chosen(logits: torch.Tensor) -> torch.Tensor:
-            return self._picked(logits, targets, temperature)
+            return self._picked(logits, targets, sampling)
 
         return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
 
@@ -111,14 +112,21 @@ class MegatronLM(HfWeights, nn.Module):
         return self.gpt(input_ids, positions, None, runtime_gather_output=False)
 
     def _picked(
-        self, logits: torch.Tensor, targets: torch.Tensor, temperature: float
+        self, logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling
     ) -> torch.Tensor:
         """log p(``targets``) from this rank's vocabulary slice of ``logits``."""
         group = None
         if self.sizes.tensor > 1:
             group = parallel_state.get_tensor_model_parallel_group()
+        vocab = self.config.vocab_size
+        if sampling.truncates:
+            # Top-k and top-p rank a row's whole vocabulary: the slices are joined (each
+            # rank then holds whole rows, the price of truncating), padding columns cut.
+            whole = logits if group is None else gather_vocab(logits, group)
+            logprobs = sampling.logprobs(whole[..., :vocab], keep=targets)
+            return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return vocab_parallel_logprobs(
-            logits, targets, group, vocab=self.config.vocab_size, temperature=temperature
+            logits, targets, group, vocab=vocab, temperature=sampling.temperature
         )
 
     # --- training through pipeline stages ---------------------------------------------
@@ -132,7 +140,7 @@ class MegatronLM(HfWeights, nn.Module):
         self,
         batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         loss_of: Callable[[int, torch.Tensor], torch.Tensor],
-        temperature: float,
+        sampling: Sampling,
         autocast: Callable[[], AbstractContextManager],
     ) -> None:
         """Forward and backward of every micro-batch (token ids, columns, targets, as
@@ -148,7 +156,7 @@ class MegatronLM(HfWeights, nn.Module):
                 out = self._stage_output(input_ids, received)
                 if not stages.last:
                     return out
-                picked = self._picked(_at(out, columns), targets, temperature)
+                picked = self._picked(_at(out, columns), targets, sampling)
             return loss_of(m, picked.float())
 
         def shape_of(m: int) -> tuple[int, ...]:

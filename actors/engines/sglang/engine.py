@@ -40,6 +40,7 @@ import structlog
 import torch
 
 from ...policy.decoder import Finished, Request, check_request
+from ...policy.sampling import Sampling
 from .buckets import Bucket
 from .runner import EngineRunner
 from .token_versions import Rollout
@@ -65,9 +66,11 @@ class SGLangDecoder:
         max_prompt_tokens: int,
         eos_id: int | Collection[int],
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature}: expected a number > 0")
+        # The defaults of requests that name none (ValueError naming a bad one).
+        self.sampling = Sampling(temperature, top_p, top_k)
         self.runner = runner
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -263,9 +266,23 @@ class SGLangDecoder:
             # in the response (it is trained, with its log-prob).
             "stop_token_ids": sorted(self.eos_ids | request.stop_ids),
             "no_stop_trim": True,
-            # 0 is SGLang's greedy; no top-p or top-k, as in the PyTorch decoder.
-            "temperature": 0.0 if request.greedy else self.temperature,
+            **self._sampling_of(request),
         }
+
+    def _sampling_of(self, request: Request) -> dict[str, Any]:
+        """The request's sampling (the decoder's where it names none) in SGLang's terms."""
+        if request.greedy:
+            return {"temperature": 0.0}  # SGLang's greedy
+        own = self.sampling
+        top_k = own.top_k if request.top_k is None else request.top_k
+        params = {
+            "temperature": own.temperature if request.temperature is None else request.temperature,
+            "top_p": own.top_p if request.top_p is None else request.top_p,
+            "top_k": top_k or -1,  # SGLang's every token is -1
+        }
+        if request.seed is not None:
+            params["sampling_seed"] = request.seed
+        return params
 
     def _is_cancelled(self, key: int) -> bool:
         with self._lock:

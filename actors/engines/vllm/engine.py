@@ -38,6 +38,7 @@ import structlog
 import torch
 
 from ...policy.decoder import Finished, Request, check_request
+from ...policy.sampling import Sampling
 from .extension import WEIGHT_LOADING, MappedTensor
 
 __all__ = ["VLLMDecoder", "VLLMEngine", "start_engine"]
@@ -141,10 +142,12 @@ class VLLMDecoder:
         max_prompt_tokens: int,
         eos_id: int | Collection[int],
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
     ) -> None:
-        if temperature <= 0:
-            raise ValueError(f"temperature={temperature}: expected a number > 0")
+        # The defaults of requests that name none (ValueError naming a bad one).
+        self.sampling = Sampling(temperature, top_p, top_k)
         self.engine = engine
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -152,7 +155,6 @@ class VLLMDecoder:
         self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
         if not self.eos_ids:
             raise ValueError("eos_id: expected at least one end-of-sequence id")
-        self.temperature = temperature
         # A seed makes each request's draws reproducible (vLLM seeds it alone: its tokens
         # do not depend on what else is in the batch).
         self.seed = seed
@@ -285,12 +287,31 @@ class VLLMDecoder:
             # trained, with its log-prob). The model's own end ids are among ours.
             stop_token_ids=sorted(self.eos_ids | request.stop_ids),
             ignore_eos=True,
-            temperature=0.0 if request.greedy else self.temperature,
+            **self._sampling_of(request, count),
             logprobs=0,  # the sampled token's own
-            seed=None if self.seed is None else self.seed * 1_000_003 + count,
             detokenize=False,  # token ids in and out: the codec is ours
             output_kind=RequestOutputKind.DELTA,
         )
+
+    def _sampling_of(self, request: Request, count: int) -> dict[str, Any]:
+        """The request's sampling (the decoder's where it names none) in vLLM's terms:
+        the temperature, then top-k, then top-p, as ours (``sampling.py``), so that the
+        log-probs are of the distribution the scorers compute."""
+        own = self.sampling
+        if request.seed is not None:
+            seed = request.seed  # vLLM draws a seeded request's tokens on their own
+        elif self.seed is not None:
+            seed = (self.seed * 1_000_003 + count) % (1 << 63)
+        else:
+            seed = None
+        if request.greedy:  # the log-prob is then of the untempered softmax
+            return {"temperature": 0.0, "seed": seed}
+        return {
+            "temperature": own.temperature if request.temperature is None else request.temperature,
+            "top_p": own.top_p if request.top_p is None else request.top_p,
+            "top_k": own.top_k if request.top_k is None else request.top_k,  # 0: every token
+            "seed": seed,
+        }
 
 
 def _logprob_of(logprobs: Any, index: int, token: int) -> float:

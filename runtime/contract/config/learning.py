@@ -277,6 +277,22 @@ class AlgorithmSection:
         ),
     )
     temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
+    # Generators sample, and scorers and the trainer recompute log-probs, under the same
+    # truncation (actors/policy/sampling.py), so behaviour and recomputed log-probs are of
+    # one distribution.
+    top_p: float = field(
+        default=1.0,
+        metadata=doc(
+            "nucleus sampling: the fewest most likely tokens whose probability reaches "
+            "this (after top_k); 1: the whole distribution",
+            exclusive_min=0,
+            max=1,
+        ),
+    )
+    top_k: int = field(
+        default=0,
+        metadata=doc("sample among the k most likely tokens (ties kept); 0: every token", min=0),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ import torch
 
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, state_for_saving
 from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
+from asyncrl.actors.policy.sampling import Sampling
 from tests.support import fake_sglang
 
 # |engine log-prob - our float32 forward's|: vLLM's largest measured here was 3.0e-5.
@@ -38,9 +39,11 @@ class Engine:
     never_ends: int  # an end id it never samples: responses run their whole budget
     eos: int
     weights: Callable[[int], Mapping[str, torch.Tensor]]  # version -> its weights
-    # The log-prob each token should have, given the version it says sampled it.
-    expected: Callable[[Finished, float], list[float]]
+    # The log-prob each token should have, given the version it says sampled it and the
+    # sampling (temperature, top-p, top-k) it was drawn with.
+    expected: Callable[[Finished, Sampling], list[float]]
     closers: list[Callable[[], None]] = field(default_factory=list)
+    samples: bool = True  # draws from the model's distribution (the stand-in does not)
 
 
 class OurForward:
@@ -70,13 +73,13 @@ class OurForward:
         return self.models[version]
 
     @torch.no_grad()
-    def expected(self, finished: Finished, temperature: float) -> list[float]:
+    def expected(self, finished: Finished, sampling: Sampling) -> list[float]:
         ids = torch.tensor([[*finished.prompt, *finished.tokens]])
         start = len(finished.prompt)
         out = []
         for version in sorted(set(finished.versions)):
             logits = self.model(version)(ids)[0].float()
-            out.append(torch.log_softmax(logits / temperature, dim=-1))
+            out.append(sampling.logprobs(logits))
         by_version = dict(zip(sorted(set(finished.versions)), out, strict=True))
         return [
             float(by_version[v][start + i - 1, t])
@@ -129,13 +132,13 @@ def _fake_sglang() -> Engine:
         runners.append(decoder.runner)
         return decoder
 
-    def expected(finished: Finished, temperature: float) -> list[float]:
+    def expected(finished: Finished, sampling: Sampling) -> list[float]:
         return [-float(v) for v in finished.versions]
 
     return Engine(
         make, [(1,), (20,), (40,), (60,)], 10_000, fake_sglang.EOS,
         lambda version: fake_sglang.state(float(version)), expected,
-        [lambda: [runner.close() for runner in runners]],
+        [lambda: [runner.close() for runner in runners]], samples=False,
     )  # fmt: skip
 
 
@@ -175,8 +178,8 @@ def drain(decoder: Decoding, count: int, between: Callable[[], None] | None = No
     return results
 
 
-def assert_logprobs_are_their_versions(engine: Engine, finished: Finished, temperature: float):
-    expected = engine.expected(finished, temperature)
+def assert_logprobs_are_their_versions(engine: Engine, finished: Finished, sampling: Sampling):
+    expected = engine.expected(finished, sampling)
     gap = max(abs(a - b) for a, b in zip(finished.logprobs, expected, strict=True))
     assert gap < LOGPROB_TOLERANCE, f"{finished.tag!r}: log-probs differ by {gap}"
 
@@ -209,7 +212,7 @@ def test_responses_end_at_an_end_id_or_their_budget_with_their_versions_logprobs
             assert finished.stopped_by == finished.tokens[-1] == engine.eos
         assert set(finished.versions) == {0}
         assert all(lp <= 0 for lp in finished.logprobs)
-        assert_logprobs_are_their_versions(engine, finished, TEMPERATURE)
+        assert_logprobs_are_their_versions(engine, finished, Sampling(TEMPERATURE))
     assert not decoder.busy and decoder.free_slots == 8
 
 
@@ -231,7 +234,7 @@ def test_tokens_after_a_load_carry_the_new_version_and_its_logprobs(engine: Engi
         assert len(finished.tokens) == 40 and finished.truncated
         assert finished.versions == sorted(finished.versions)
         assert set(finished.versions) <= {0, 1} and finished.versions[-1] == 1
-        assert_logprobs_are_their_versions(engine, finished, TEMPERATURE)
+        assert_logprobs_are_their_versions(engine, finished, Sampling(TEMPERATURE))
 
 
 def test_cancelled_requests_never_come_back_and_free_their_slots(engine: Engine) -> None:
@@ -282,3 +285,32 @@ def test_bad_requests_are_refused_at_submit_naming_what_is_wrong(engine: Engine)
     with pytest.raises(ValueError, match="already"):
         decoder.submit([Request("twice", engine.prompts[0])])
     decoder.close()
+
+
+def test_top_k_top_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(engine: Engine) -> None:
+    if not engine.samples:
+        pytest.skip("the stand-in draws from no distribution (its parameters: test_sglang_decoder)")
+    truncated = Sampling(1.2, top_p=0.9, top_k=5)
+    decoder = engine.make(
+        eos_id=engine.never_ends, max_new_tokens=16, temperature=1.2, top_p=0.9, top_k=5, seed=6
+    )
+    prompt = engine.prompts[1]
+    decoder.submit(
+        [
+            Request("truncated", prompt),
+            Request("seeded", prompt, seed=11),
+            Request("same seed", prompt, seed=11),
+            Request("other seed", prompt, seed=12),
+            Request("greedy", prompt, greedy=True),
+            Request("top_k=1", prompt, top_k=1, temperature=2.0),
+            Request("top_p tiny", prompt, top_p=1e-6),
+        ]
+    )
+    results = drain(decoder, 7)
+    assert_logprobs_are_their_versions(engine, results["truncated"], truncated)
+    assert results["seeded"].tokens == results["same seed"].tokens
+    assert results["seeded"].tokens != results["other seed"].tokens
+    # One token left: the greedy one, with all the probability.
+    for name in ("top_k=1", "top_p tiny"):
+        assert results[name].tokens == results["greedy"].tokens, name
+        assert max(abs(lp) for lp in results[name].logprobs) < LOGPROB_TOLERANCE, name

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import Sampling
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import run_ranks
 from tests.unit.actors.engines.test_megatron_tensor_parallel import VARIANTS, inputs
@@ -43,7 +44,7 @@ def _stage(rank: int, port: int, directories: list[str], out: multiprocessing.Qu
             ids, columns, targets, weights = inputs(model.config.vocab_size)
             with torch.no_grad():
                 logits = model.eval()(ids)
-            logprobs = model.token_logprobs(ids, columns, targets, temperature=0.8)
+            logprobs = model.token_logprobs(ids, columns, targets, Sampling(temperature=0.8))
             (logprobs * weights).sum().backward()  # the same loss on both stages
             model.finish_gradients()
             norm = model.clip_grad_norm(1e9)  # the norm only: nothing is scaled

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import Sampling
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import run_ranks
 
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.ranks]
 
 VARIANTS = ("llama3-rope-untied-biases", "qwen3")  # untied + biases; tied + q/k norms
 RANKS = 2
+TRUNCATED = Sampling(temperature=0.8, top_p=0.9, top_k=5)
 
 
 def inputs(vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,13 +55,23 @@ def _rank(rank: int, port: int, directories: list[str], out: multiprocessing.Que
             ids, columns, targets, weights = inputs(model.config.vocab_size)
             with torch.no_grad():
                 logits = model.eval()(ids)
-            logprobs = model.token_logprobs(ids, columns, targets, temperature=0.8)
+            logprobs = model.token_logprobs(ids, columns, targets, Sampling(temperature=0.8))
             (logprobs * weights).sum().backward()  # the same loss on both ranks
             grad = model.gpt.embedding.word_embeddings.weight.grad
+            with torch.no_grad():  # top-k and top-p rank whole rows: the slices are joined
+                truncated = model.token_logprobs(ids, columns, targets, TRUNCATED)
             weights = {name: t.numpy() for name, t in model.hf_state().items()}
             # numpy, not tensors: a queued tensor is shared by a handle that dies with us
             out.put(
-                (rank, directory, logits.numpy(), logprobs.detach().numpy(), grad.numpy(), weights)
+                (
+                    rank,
+                    directory,
+                    logits.numpy(),
+                    logprobs.detach().numpy(),
+                    grad.numpy(),
+                    truncated.numpy(),
+                    weights,
+                )
             )
     finally:
         dist.destroy_process_group()
@@ -69,7 +81,7 @@ def test_two_tensor_parallel_ranks_compute_what_one_model_does(tmp_path: Path) -
     directories = [str(hf_model_dir(tmp_path / v, v)) for v in VARIANTS]
     results = run_ranks(_rank, 2, directories, results=RANKS * len(directories))
     for rank, directory, *arrays, saved_arrays in results:
-        logits, logprobs, grad = (torch.from_numpy(a) for a in arrays)
+        logits, logprobs, grad, truncated = (torch.from_numpy(a) for a in arrays)
         weights = {name: torch.from_numpy(a) for name, a in saved_arrays.items()}
         ours, _ = load_model(directory)
         ids, columns, targets, loss_weights = inputs(ours.config.vocab_size)
@@ -79,6 +91,10 @@ def test_two_tensor_parallel_ranks_compute_what_one_model_does(tmp_path: Path) -
         expected = whole.gather(-1, targets[..., None]).squeeze(-1)
         (expected * loss_weights).sum().backward()
         assert (logprobs - expected.detach()).abs().max() <= 1e-4
+        with torch.no_grad():
+            scored = TRUNCATED.logprobs(ours(ids, columns), keep=targets)
+        expected_truncated = scored.gather(-1, targets[..., None]).squeeze(-1)
+        assert (truncated - expected_truncated).abs().max() <= 1e-4
         half = ours.config.vocab_size // RANKS
         expected_grad = ours.model.embed_tokens.weight.grad[rank * half : (rank + 1) * half]
         assert (grad - expected_grad).abs().max() <= 1e-4

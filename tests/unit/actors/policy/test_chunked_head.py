@@ -11,6 +11,7 @@ import torch
 
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.scoring import pack, response_logprobs
 from tests.support.hf_families import hf_model_dir
 
@@ -39,7 +40,7 @@ def test_chunks_give_the_whole_softmax_and_its_gradients(
         model.zero_grad()
         if chunked:  # 4 tokens a chunk: 7 chunks of 27 positions
             monkeypatch.setattr(model_module, "HEAD_CHUNK_ELEMENTS", 4 * 40)
-            got = response_logprobs(model, packed, temperature=0.7)
+            got = response_logprobs(model, packed, Sampling(temperature=0.7))
         else:
             got = _whole_softmax(model, packed, temperature=0.7)
         (got * torch.linspace(-1, 1, got.numel()).view_as(got)).sum().backward()
@@ -51,4 +52,5 @@ def test_chunks_give_the_whole_softmax_and_its_gradients(
     for name, grad in grads.items():
         assert (grad - expected_grads[name]).abs().max() <= 1e-5, name
     with torch.no_grad():  # scoring: no recompute, the same numbers
-        assert (response_logprobs(model, packed, 0.7) - expected).abs().max() <= 1e-5
+        scored = response_logprobs(model, packed, Sampling(temperature=0.7))
+        assert (scored - expected).abs().max() <= 1e-5

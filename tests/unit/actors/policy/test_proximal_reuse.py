@@ -8,6 +8,7 @@ import pytest
 from asyncrl.actors.payloads import RolloutsOut
 from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.roles.logp import Logp, reuses_generator_logprobs
 from asyncrl.actors.tasks.arithmetic import task
 from asyncrl.actors.training.scorer import score_items
@@ -48,7 +49,7 @@ def generated_groups(n_groups: int = 3, group_size: int = 8) -> list[p.Item]:
 def test_the_generators_log_probs_agree_with_scoring_again_to_1e_4() -> None:
     items = generated_groups()
     model, codec = load_model("embedded")
-    scored = score_items(model, tuple(items), codec.pad_id, temperature=1.0)
+    scored = score_items(model, tuple(items), codec.pad_id, PLAIN)
     for item, again in zip(items, scored, strict=True):
         rollouts = RolloutsOut.of(item)
         mask = np.arange(again.shape[1])[None] < rollouts.lengths[:, None]

@@ -9,6 +9,7 @@ import torch
 
 from asyncrl.actors.payloads import RolloutsOut, Sampled
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.policy.scoring import response_logprobs
 from asyncrl.actors.rl import LossConfig, policy_loss
 from asyncrl.actors.training.scorer import pack_rollouts, score_rollouts
@@ -75,7 +76,7 @@ def test_a_group_whose_sequences_share_no_first_token_is_refused() -> None:
 def test_logp_scores_are_exactly_zero_on_tool_tokens() -> None:
     model, codec = load_model("embedded")
     out = RolloutsOut.from_sequences([TWO_TURNS, ONE_TURN])
-    (scores,) = score_rollouts(model, [out], codec.pad_id, temperature=1.0)
+    (scores,) = score_rollouts(model, [out], codec.pad_id, PLAIN)
     trained = out.trained_mask()
     assert (scores[~trained] == 0).all()
     assert (scores[trained] < 0).all()

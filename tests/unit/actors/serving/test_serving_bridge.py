@@ -23,6 +23,15 @@ def test_a_request_is_taken_once_and_its_future_resolved_by_its_sequence() -> No
     assert future.result(0).tokens == [2] and not bridge.busy
 
 
+def test_a_seed_and_greediness_reach_the_request() -> None:
+    bridge = Bridge()
+    bridge.submit([1], 3, frozenset(), seed=42)
+    bridge.submit([1], 3, frozenset(), greedy=True)
+    seeded, greedy = bridge.take()[0]
+    assert seeded.seed == 42 and not seeded.greedy
+    assert greedy.greedy and greedy.seed is None
+
+
 def test_a_cancelled_request_leaves_the_decoder_and_a_late_result_is_ignored() -> None:
     bridge = Bridge()
     queued = bridge.submit([1], None, frozenset())

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.training import scorer
 from asyncrl.actors.training.scorer import score_items
 from tests.integration.test_train_group import _lease
@@ -21,11 +22,11 @@ def test_passes_by_length_score_as_one_pass_over_every_row(monkeypatch) -> None:
     monkeypatch.setattr(
         scorer, "response_logprobs", lambda *a: passes.append(1) or real_logprobs(*a)
     )
-    by_length = score_items(model, items, codec.pad_id, 1.0)
+    by_length = score_items(model, items, codec.pad_id, PLAIN)
     assert len(passes) > 1, "the lease was scored in one pass: nothing was cut"
     monkeypatch.setattr(scorer, "SCORE_ROWS", 10_000)  # every row in one pass
     monkeypatch.setattr(scorer, "SCORE_SLACK", float("inf"))
-    whole = score_items(model, items, codec.pad_id, 1.0)
+    whole = score_items(model, items, codec.pad_id, PLAIN)
     assert len(by_length) == len(whole) == 6
     for got, want in zip(by_length, whole, strict=True):
         assert got.shape == want.shape

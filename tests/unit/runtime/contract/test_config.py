@@ -385,3 +385,27 @@ def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
 def test_the_critic_may_run_as_a_group_of_ranks() -> None:
     cfg = load_config(None, ["algorithm.estimator=gae", "pipeline.workers.critic=2"])
     assert workers_to_start(cfg)["critic"] == 2
+
+
+# ------------------------------------------------------------------------------ sampling
+
+
+def test_sampling_truncation_defaults_off_and_is_set_by_key() -> None:
+    assert (RunConfig().algorithm.top_p, RunConfig().algorithm.top_k) == (1.0, 0)
+    cfg = config_from_dict({}, ("algorithm.top_p=0.9", "algorithm.top_k=50"))
+    assert (cfg.algorithm.top_p, cfg.algorithm.top_k) == (0.9, 50)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.top_p=0", "algorithm.top_p"),
+        ("algorithm.top_p=1.5", "algorithm.top_p"),
+        ("algorithm.top_p=-0.1", "algorithm.top_p"),
+        ("algorithm.top_k=-1", "algorithm.top_k"),
+        ("algorithm.top_k=2.5", "algorithm.top_k"),
+    ],
+)
+def test_sampling_truncation_out_of_bounds_is_refused_by_key(override: str, key: str) -> None:
+    message = error_of(overrides=(override,))
+    assert key in message and override.split("=")[1] in message
