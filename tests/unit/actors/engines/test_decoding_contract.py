@@ -126,8 +126,10 @@ def _fake_sglang() -> Engine:
 
     def make(**options: Any) -> Decoding:
         options.pop("seed")
+        # A token every 20 ms: a response of 40 is still running after the few steps the
+        # tests take before a load or a cancel, even on a loaded machine.
         decoder = fake_sglang.decoder_over(
-            fake_sglang.FakeSGLangEngine(token_s=0.002), max_prompt_tokens=32, **options
+            fake_sglang.FakeSGLangEngine(token_s=0.02), max_prompt_tokens=32, **options
         )
         runners.append(decoder.runner)
         return decoder
