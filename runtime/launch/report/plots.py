@@ -210,7 +210,7 @@ def mismatch(data: RunData) -> Figure:
         gap.text(0.5, 0.5, "no token was scored under the version\nthat sampled it",
                  ha="center", va="center", transform=gap.transAxes)  # fmt: skip
     gap.set_xlabel("train step")
-    gap.set_ylabel("trainer logp - generator logp")
+    gap.set_ylabel("nats (log scale)")
     tokens.bar(steps, compared, color="#2ca02c", width=0.8)
     tokens.set_xlabel("train step")
     tokens.set_ylabel("tokens compared")

@@ -324,6 +324,8 @@ class SchedulerService:
         (The critic's versions are never rolled back: its routes stay.)"""
         self.routes.forget_after(notice.step)
         cut = self.metrics.reconcile(notice.step)
+        if self.progress.mismatch.get("step", 0) > notice.step:
+            self.progress.mismatch = {}  # its line is cut with the lost steps'
         log.warning(
             "training rolled back",
             step=notice.step,
