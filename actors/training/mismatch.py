@@ -3,9 +3,10 @@
 A token carries the log-prob its generator gave it (the behaviour log-prob) and the
 version of the weights that sampled it; logp scores it again under the version it holds
 (the proximal log-prob). Where the two versions are one, the two numbers differ only by
-the engines' numerics: ~1e-7 for our own decoder in float32, more for another engine's
-kernels, much more in bfloat16. That gap ("training-inference mismatch") biases the
-off-policy correction silently, so each step measures it on the tokens it can:
+the engines' numerics (the run guide gives what our own decoder measured; another
+engine's kernels, or bfloat16, are further apart). That gap ("training-inference
+mismatch") biases the off-policy correction silently, so each step measures it on the
+tokens it can:
 
 - ``logprob_mismatch_tokens``: tokens compared (trained tokens whose behaviour version is
   the version logp scored them with, in groups logp really scored);

@@ -32,7 +32,9 @@ def hand_built(
     return RolloutsOut.stack([3, 4], rows)
 
 
-def group(rollouts: RolloutsOut, scored: np.ndarray, version: int, *, reused: bool = False):
+def group(
+    rollouts: RolloutsOut, scored: np.ndarray, version: int, *, reused: bool = False
+) -> Group:
     proximal = LogprobsOut(scored.astype(np.float32), version, reused)
     rewards = np.zeros(rollouts.lengths.shape[0], np.float32)
     return Group(0, rollouts, proximal, None, rewards)
