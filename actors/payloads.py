@@ -281,18 +281,28 @@ def _within(lengths: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class LogprobsOut:
-    """logp's (under a policy ``version``) or ref_logp's (``version`` None): [n, longest]."""
+    """logp's (under a policy ``version``) or ref_logp's (``version`` None): [n, longest].
+
+    ``reused``: logp took the generator's log-probs as its own instead of scoring (see
+    :func:`..roles.logp.reuses_generator_logprobs`); they then say nothing of how far
+    generator and trainer are apart.
+    """
 
     logprobs: np.ndarray
     version: int | None
+    reused: bool = False
 
     def to_payload(self) -> p.Payload:
-        return {"logprobs": self.logprobs, "version": self.version}
+        return {"logprobs": self.logprobs, "version": self.version, "reused": self.reused}
 
     @classmethod
     def of(cls, item: p.Item, role: Role) -> LogprobsOut:
         version = _field(item, role, "version")
-        return cls(_array(item, role, "logprobs", "float32", 2), version)  # type: ignore[arg-type]
+        reused = item.data[role.value].get("reused", False)  # absent: a payload of before
+        if type(reused) is not bool:
+            raise PayloadError(f"group {item.key!r}: {role.value}.reused is not a bool")
+        logprobs = _array(item, role, "logprobs", "float32", 2)
+        return cls(logprobs, version, reused)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from ..startup.role_checks import check_device, check_engine, check_lora, check_
 from ..training.gang import Order
 from ..training.learner import Group, Learner, StepStats
 from ..training.learner_role import LearnerRole
+from ..training.mismatch import step_mismatch
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
 
@@ -106,7 +107,7 @@ class Train(LearnerRole):
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
             **stats.metrics,
-            **_mismatch(groups),
+            **step_mismatch(groups),
             "grad_norm": stats.grad_norm,
             "train_tokens_per_s": round(stats.tokens / seconds, 1),
             "train_step_s": round(seconds, 4),
@@ -137,16 +138,3 @@ class Train(LearnerRole):
         else:
             save_state(config, self.newest, self.source, final)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
-
-
-def _mismatch(groups: list[Group]) -> dict:
-    """Behaviour vs proximal log-probs on tokens both computed with the same version."""
-    diffs = []
-    for g in groups:
-        r, version = g.rollouts, g.proximal.version
-        same = r.trained_mask() & (r.versions == version)
-        diffs.append(np.abs(r.logprobs - g.proximal.logprobs)[same])
-    joined = np.concatenate(diffs) if diffs else np.zeros(0)
-    if joined.size == 0:
-        return {"same_version_tokens": 0}
-    return {"same_version_tokens": int(joined.size), "logprob_mismatch": float(joined.mean())}

@@ -56,10 +56,10 @@ class Group:
         )
         proximal = self.proximal
         if proximal is not None:
-            proximal = LogprobsOut(cut(proximal.logprobs), proximal.version)
+            proximal = replace(proximal, logprobs=cut(proximal.logprobs))
         reference = self.reference
         if reference is not None:
-            reference = LogprobsOut(cut(reference.logprobs), reference.version)
+            reference = replace(reference, logprobs=cut(reference.logprobs))
         values = self.values
         if values is not None:
             values = ValuesOut(cut(values.values), values.version)

@@ -74,6 +74,7 @@ class ScoringActor(Actor):
     def process(self, lease: p.Lease) -> Outcome:
         rollouts = {item.gid: RolloutsOut.of(item) for item in lease.items}  # read once
         known = {gid: self.known_scores(r) for gid, r in rollouts.items()}
+        reused = {gid for gid, scores in known.items() if scores is not None}
         unknown = tuple(item for item in lease.items if known[item.gid] is None)
         if unknown:
             scored = self._score(
@@ -82,7 +83,10 @@ class ScoringActor(Actor):
             )
             known.update(zip((item.gid for item in unknown), scored, strict=True))
         results = tuple(
-            p.Result(item.gid, LogprobsOut(known[item.gid], self.version).to_payload())
+            p.Result(
+                item.gid,
+                LogprobsOut(known[item.gid], self.version, item.gid in reused).to_payload(),
+            )
             for item in lease.items
         )
         tokens = sum(r.trained_tokens() for r in rollouts.values())

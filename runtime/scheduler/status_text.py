@@ -17,6 +17,8 @@ def render_status(s: dict[str, Any]) -> str:
         f"max staleness {stale['max_staleness']}, worst trained lag {stale['worst_trained']}",
         "leases    " + (_pairs(s["leases"]) or "none"),
     ]
+    if "mismatch" in s:
+        lines.append("mismatch  " + _mismatch(s["mismatch"]))
     if "critic" in s:
         c = s["critic"]
         lines.insert(
@@ -43,6 +45,18 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("refused   " + _pairs({k: v for k, v in refused.items() if v}))
     lines.append(f"journal   {s['journal']['records']} records, {s['journal']['durable']} fsynced")
     return "\n".join(lines)
+
+
+def _mismatch(m: dict[str, Any]) -> str:
+    """The newest step's gap between generator and trainer log-probs of one version."""
+    tokens = m.get("logprob_mismatch_tokens", 0)
+    if not tokens or "logprob_mismatch_mean" not in m:
+        return f"step {m['step']}: no token scored under the version that sampled it"
+    return (
+        f"step {m['step']}: |logp gap| mean {m['logprob_mismatch_mean']:.2e}, "
+        f"max {m['logprob_mismatch_max']:.2e}, k3 KL {m['logprob_mismatch_kl']:.2e} "
+        f"over {tokens} tokens"
+    )
 
 
 def _pairs(mapping: dict[str, Any]) -> str:

@@ -143,7 +143,7 @@ def test_report_renders_every_picture_of_a_real_run(
     assert done.returncode == 0, done.stderr
     page = _Page()
     page.feed((run_dir / "report" / "index.html").read_text())
-    names = {"gantt", "reward", "staleness", "roles", "weights", "response_length"}
+    names = {"gantt", "reward", "staleness", "roles", "weights", "response_length", "mismatch"}
     assert {p.stem for p in (run_dir / "report").glob("*.png")} == names
     assert len(page.images) == len(names)
     for src in page.images:
@@ -152,6 +152,12 @@ def test_report_renders_every_picture_of_a_real_run(
         assert pixels.ndim == 3 and pixels.std() > 0.02  # not a blank canvas
     assert "Lease timeline" in page.headings and "Configuration" in page.headings
     assert "Not in this run directory" not in page.headings
+    # Every step says how many tokens it compared with the generator's log-probs; where
+    # it compared some, our decoder and the trainer agree to float32's numerics.
+    steps = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    compared = [s for s in steps if s["logprob_mismatch_tokens"]]
+    assert all(s["logprob_mismatch_max"] < 1e-4 for s in compared)
+    assert all("logprob_mismatch_mean" not in s for s in steps if s not in compared)
 
 
 @pytest.mark.skipif(not TENSORBOARD, reason="the tensorboard extra is not installed")

@@ -23,13 +23,23 @@ pytestmark = pytest.mark.timeout(120)
 STEPS = 4
 
 
-def rl_config(tmp_path: Path, weights: dict[str, Any] | None = None, **data: Any) -> RunConfig:
+def rl_config(
+    tmp_path: Path,
+    weights: dict[str, Any] | None = None,
+    algorithm: dict[str, Any] | None = None,
+    **data: Any,
+) -> RunConfig:
     return config_from_dict(
         {
             "run": {"dir": str(tmp_path / "run"), "total_steps": STEPS},
             "data": {"group_size": 4, "val_every_versions": 2, "val_prompts": 4, **data},
             "model": {"path": str(tiny_model(tmp_path / "model")), "max_new_tokens": 12},
-            "algorithm": {"lr": 1e-3, "micro_batch_groups": 1, "kl_coef": 0.01},
+            "algorithm": {
+                "lr": 1e-3,
+                "micro_batch_groups": 1,
+                "kl_coef": 0.01,
+                **(algorithm or {}),
+            },
             "pipeline": {"train_batch_groups": 2, "checkpoint_every": 2, "max_attempts": 2},
             "scheduler": {"heartbeat_interval_s": 0.2},
             "weights": weights or {},
@@ -48,7 +58,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 
 def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> None:
-    cfg = rl_config(tmp_path)
+    # logp scores every group: the generator's log-probs are compared, not reused.
+    cfg = rl_config(tmp_path, algorithm={"proximal_logp": "recompute"})
     status = run(cfg)
     assert status["run"]["finished"] and status["dead"] == {}
     run_dir = Path(cfg.run.dir)
@@ -60,8 +71,9 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
         assert s["kl_ref"] >= 0 and 0 <= s["clip_frac"] <= 1
     # Behaviour and proximal log-probs of one version agree. A step whose groups logp scored
     # under another version than generated them has no token to compare (timing decides).
-    measured = [s["logprob_mismatch"] for s in steps if s["same_version_tokens"]]
-    assert measured and max(measured) < 1e-4
+    measured = [s for s in steps if s["logprob_mismatch_tokens"]]
+    assert measured and max(s["logprob_mismatch_max"] for s in measured) < 1e-4
+    assert all(0 <= s["logprob_mismatch_kl"] < 1e-8 for s in measured)
     validated = [v["version"] for v in lines(run_dir / "validation.jsonl")]
     assert validated[0] == 0 and validated == sorted(set(validated))
     assert steps[-1]["val_version"] in validated  # step lines carry a reported validation

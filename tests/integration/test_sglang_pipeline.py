@@ -127,7 +127,7 @@ def test_the_rl_roles_run_with_backends_generate_sglang(tmp_path: Path, monkeypa
     assert loads and loads == engine.versions[: len(loads)]
     # Every token's version names the weights that sampled it: logp, scoring again under
     # the same version, gets the same log-probs.
-    measured = [s["logprob_mismatch"] for s in steps if s["same_version_tokens"]]
+    measured = [s["logprob_mismatch_mean"] for s in steps if s["logprob_mismatch_tokens"]]
     assert measured and max(measured) < 1e-4
     validated = [v["version"] for v in lines(run_dir / "validation.jsonl")]
     assert validated and validated[0] == 0

@@ -30,6 +30,7 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
         _mean_of(out, "staleness, mean", steps, "staleness_mean")
         # a learned critic's: critic versions its values lagged its steps (PPO's runs)
         _mean_of(out, "critic staleness, mean", steps, "critic_staleness_mean")
+        _mismatch(out, steps)
         groups, created = last.get("group_states"), last.get("groups_created")
         if isinstance(groups, dict) and isinstance(created, int):
             counts = ", ".join(f"{state} {n}" for state, n in groups.items())
@@ -57,3 +58,14 @@ def _mean_of(out: dict[str, str], label: str, lines: list[dict[str, Any]], key: 
     values = [line[key] for line in lines if isinstance(line.get(key), int | float)]
     if values:
         out[label] = f"{statistics.fmean(values):.3f}"
+
+
+def _mismatch(out: dict[str, str], lines: list[dict[str, Any]]) -> None:
+    """The widest gap between generator and trainer log-probs of one version, and over
+    how many tokens of how many steps it was measured."""
+    worst = [line["logprob_mismatch_max"] for line in lines if "logprob_mismatch_max" in line]
+    if worst:
+        tokens = sum(line.get("logprob_mismatch_tokens", 0) for line in lines)
+        out["generator-trainer log-prob gap, max"] = (
+            f"{max(worst):.2e} ({tokens} tokens in {len(worst)} steps)"
+        )

@@ -185,6 +185,40 @@ def response_length(data: RunData) -> Figure:
     return fig
 
 
+def mismatch(data: RunData) -> Figure:
+    _need(data)
+    steps, compared = _series(data.steps, "step", "logprob_mismatch_tokens")
+    if not steps:
+        raise NoData("the step lines carry no logprob_mismatch_tokens")
+    fig, (gap, tokens) = _figure(2)
+    drawn = False
+    for key, label, colour in (
+        ("logprob_mismatch_max", "|gap|, max", "0.5"),
+        ("logprob_mismatch_mean", "|gap|, mean", "#1f77b4"),
+        ("logprob_mismatch_kl", "k3 KL(behaviour || trainer)", "#d62728"),
+    ):
+        # A log scale: 1e-7 and 1e-2 are both meaningful; a gap of exactly 0 is not drawn.
+        points = [(x, y) for x, y in zip(*_series(data.steps, "step", key), strict=True) if y > 0]
+        if points:
+            x, y = zip(*points, strict=True)
+            gap.plot(x, y, ".-", color=colour, label=label, markersize=3, linewidth=0.8)
+            drawn = True
+    if drawn:
+        gap.set_yscale("log")
+        gap.legend(fontsize="small")
+    else:
+        gap.text(0.5, 0.5, "no token was scored under the version\nthat sampled it",
+                 ha="center", va="center", transform=gap.transAxes)  # fmt: skip
+    gap.set_xlabel("train step")
+    gap.set_ylabel("nats (log scale)")
+    tokens.bar(steps, compared, color="#2ca02c", width=0.8)
+    tokens.set_xlabel("train step")
+    tokens.set_ylabel("tokens compared")
+    for ax in (gap, tokens):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def _smooth(values: list[float], window: int = 10) -> list[float]:
     out, run = [], 0.0
     for i, v in enumerate(values):
@@ -207,4 +241,9 @@ PLOTS = (
          "transfer rate.", weights),
     Plot("response_length", "Response length", "Distribution of each train batch's mean "
          "response length, and its mean and longest response over the run.", response_length),
+    Plot("mismatch", "Generator and trainer log-probs", "Per step, on the tokens logp scored "
+         "under the very version that sampled them: the mean and max of |trainer logp - "
+         "generator logp| and the k3 estimate of KL(behaviour || trainer) (log scale), and "
+         "how many tokens were compared (none where logp reused the generator's log-probs).",
+         mismatch),
 )  # fmt: skip

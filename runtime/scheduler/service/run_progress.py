@@ -11,8 +11,9 @@ __all__ = ["RunProgress"]
 
 class RunProgress:
     """The run's plan, when it started and last stepped, whether a stall was warned of,
-    the critic's newest step (for the next step's line), and why no new leases are
-    handed out, if none are."""
+    the critic's newest step (for the next step's line), the newest step's
+    training-inference mismatch (for the status), and why no new leases are handed out,
+    if none are."""
 
     def __init__(self, plan: RunPlan, started_at: float) -> None:
         self.plan = plan
@@ -20,6 +21,7 @@ class RunProgress:
         self.progress_at = started_at  # the last step, or the start
         self.stall_warned_at: float | None = None
         self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
+        self.mismatch: dict[str, Any] = {}  # the newest step's logprob_mismatch_* and step
         self.draining: str | None = None  # why no new leases are handed out
 
     def finished(self, steps_done: int) -> bool:

@@ -254,8 +254,9 @@ class SchedulerService:
     # --- status ----------------------------------------------------------------------
 
     def status(self, now: float) -> dict[str, Any]:
-        """The status reply's summary: the core's, with the run, the journal, the weights'
-        routes, the payload stores, the requests answered and the loop's timings."""
+        """The status reply's summary: the core's, with the run, the newest step's
+        training-inference mismatch, the journal, the weights' routes, the payload stores,
+        the requests answered and the loop's timings."""
         core = self.core
         summary = summarize(core.state)
         for name, worker in summary["workers"].items():
@@ -274,6 +275,8 @@ class SchedulerService:
             "lag_policy_behind_steps": steps - core.state.policy_version,
             "worst_trained": summary.pop("worst_staleness_trained"),
         }
+        if self.progress.mismatch:
+            summary["mismatch"] = dict(self.progress.mismatch)
         summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
         summary["protocol_errors"] = self.protocol_errors
         writer = self.durable.writer
@@ -321,6 +324,8 @@ class SchedulerService:
         (The critic's versions are never rolled back: its routes stay.)"""
         self.routes.forget_after(notice.step)
         cut = self.metrics.reconcile(notice.step)
+        if self.progress.mismatch.get("step", 0) > notice.step:
+            self.progress.mismatch = {}  # its line is cut with the lost steps'
         log.warning(
             "training rolled back",
             step=notice.step,

@@ -27,6 +27,10 @@ __all__ = ["StepLines"]
 
 log = structlog.get_logger("asyncrl.scheduler")
 
+# The trainer's fields of the gap between generator and trainer log-probs (the status shows
+# the newest step's).
+MISMATCH_PREFIX = "logprob_mismatch_"
+
 
 class StepLines:
     """Writes each train step's line, given what goes into it and where it goes."""
@@ -78,6 +82,9 @@ class StepLines:
             "group_states": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
             "groups_created": state.next_gid,
         }
+        mismatch = {k: v for k, v in line.items() if k.startswith(MISMATCH_PREFIX)}
+        if mismatch:
+            progress.mismatch = {"step": state.steps_done, **mismatch}
         reached = self.path.take_reached()  # earlier steps' versions, now run by every generator
         if reached:
             line["versions_loaded"] = reached

@@ -64,6 +64,31 @@ def test_an_older_run_dir_is_reported_with_what_it_lacks(tmp_path: Path) -> None
     assert "no lease timeline" in page
 
 
+def test_the_log_prob_gap_is_plotted_per_step_and_its_widest_named(tmp_path: Path) -> None:
+    from asyncrl.runtime.launch.report import write_report
+    from asyncrl.runtime.launch.report.headline import headline
+    from asyncrl.runtime.launch.report.run_files import load_run
+
+    def line(s: int) -> dict:
+        if s % 3 == 0:  # logp reused the generator's log-probs: nothing compared
+            return {"step": s, "elapsed_s": s * 0.5, "logprob_mismatch_tokens": 0}
+        return {"step": s, "elapsed_s": s * 0.5, "logprob_mismatch_tokens": 40,
+                "logprob_mismatch_mean": 1e-7 * s, "logprob_mismatch_max": 1e-6 * s,
+                "logprob_mismatch_kl": 1e-14 * s}  # fmt: skip
+
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(line(s)) + "\n" for s in range(1, 7))
+    )
+    report = write_report(tmp_path)
+    assert "mismatch" in {p.stem for p in report.pictures}
+    figures = headline(load_run(tmp_path), None)
+    assert figures["generator-trainer log-prob gap, max"] == "5.00e-06 (160 tokens in 4 steps)"
+    # A run that compared nothing still draws the counts (all 0), and names no gap.
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(line(3)) + "\n")
+    assert "mismatch" in {p.stem for p in write_report(tmp_path).pictures}
+    assert not any("gap" in label for label in headline(load_run(tmp_path), None))
+
+
 def test_a_backend_or_endpoint_whose_package_is_missing_is_named_before_the_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

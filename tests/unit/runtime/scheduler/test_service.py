@@ -11,6 +11,7 @@ import pytest
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.scheduler.service.assembly import StagesChanged, open_service
 from asyncrl.runtime.scheduler.service.service import SchedulerService
+from asyncrl.runtime.scheduler.status_text import render_status
 from asyncrl.transport import protocol as p
 
 ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
@@ -93,6 +94,24 @@ def test_a_run_writes_one_metrics_line_per_step_and_then_shuts_workers_down(
     assert [x["step"] for x in lines] == [1, 2] and lines[0]["loss"] == 0.5
     topics = [e.topic for e in service.take_events()]
     assert "transition.pending.generating" in topics and topics[-1] == "run.finished"
+
+
+def test_the_status_shows_the_newest_steps_log_prob_gap(tmp_path: Path) -> None:
+    service = make(tmp_path, total_steps=3)
+    assert "mismatch" not in service.status(0.0)  # no step yet
+    gap = {"logprob_mismatch_tokens": 7, "logprob_mismatch_mean": 1e-7}
+    one_step(service, "a", {**gap, "logprob_mismatch_max": 3e-7, "logprob_mismatch_kl": 4e-15})
+    assert (
+        "mismatch  step 1: |logp gap| mean 1.00e-07, max 3.00e-07, k3 KL 4.00e-15 over 7 "
+        "tokens" in render_status(service.status(0.0)).splitlines()
+    )
+    one_step(service, "b", {"logprob_mismatch_tokens": 0})  # nothing of its version
+    summary = service.status(0.0)
+    assert summary["mismatch"] == {"step": 2, "logprob_mismatch_tokens": 0}
+    lines = render_status(summary).splitlines()
+    assert "mismatch  step 2: no token scored under the version that sampled it" in lines
+    one_step(service, "c", {"loss": 1.0})  # a trainer that measures nothing: the newest stays
+    assert service.status(0.0)["mismatch"]["step"] == 2
 
 
 def test_metrics_lines_ahead_of_the_journal_are_cut_on_resume(tmp_path: Path) -> None:
@@ -178,7 +197,7 @@ def test_a_rollback_cuts_the_lost_steps_lines_and_weights_and_says_so(tmp_path: 
     one_step(service, "a", {"loss": 0.5})
     manifest = {"format": 1}
     assert service.handle(p.PublishVersion("train", 1, manifest, b"addr"), 0.0) == p.Ack()
-    one_step(service, "b", {"loss": 0.4})
+    one_step(service, "b", {"loss": 0.4, "logprob_mismatch_tokens": 0})
     service.take_events()
     # A trainer that starts again learns where the run is, and finds its state older.
     ready = service.handle(p.Hello("train", "train", p.PROTOCOL_VERSION, 2), 0.0)
@@ -187,7 +206,7 @@ def test_a_rollback_cuts_the_lost_steps_lines_and_weights_and_says_so(tmp_path: 
     assert service.core.state.steps_done == 0
     assert service.routes.newest is None  # version 1's weights are gone with it
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert lines == []
+    assert lines == [] and "mismatch" not in service.status(0.0)  # nor its status line
     topics = [e.topic for e in service.take_events()]
     assert "version.rolled_back" in topics
     # the generator ran on version 0 only: it stays; the prompts come back to be trained again
