@@ -65,6 +65,11 @@ def test_the_default_run_with_vllm_reaches_validation_reward_0_8(tmp_path: Path)
     # Every version the trainer published reached the engine, in order.
     loads = [json.loads(x)["version"] for x in (run_dir / "weights.jsonl").read_text().splitlines()]
     assert loads == sorted(loads) and loads[-1] >= 290
+    # The engine's log-probs against the trainer side's, for tokens of the version that
+    # scored them (every group is scored with vLLM: none reuses the engine's numbers).
+    compared = [s for s in steps(run_dir) if s["logprob_mismatch_tokens"]]
+    assert len(compared) > 200
+    assert max(s["logprob_mismatch_max"] for s in compared) < 1e-3
 
 
 def test_the_calculator_environment_learns_with_vllm(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from asyncrl.actors.payloads import LogprobsOut, PayloadError, RewardsOut, RolloutsOut
 from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.roles.logp import Logp
 from asyncrl.actors.training.group import Group
 from asyncrl.actors.training.mismatch import mismatch_metrics, same_version_gaps, step_mismatch
@@ -117,7 +118,7 @@ def logp_role(*, reuses: bool, perturbed: bool = False) -> Logp:
     or that model with noise added to every weight (the version label unchanged)."""
     actor = Logp()
     actor.model, actor.codec = load_model("embedded")
-    actor.temperature, actor.gang, actor.loaded, actor.reuses = 1.0, None, 0, reuses
+    actor.sampling, actor.gang, actor.loaded, actor.reuses = PLAIN, None, 0, reuses
     if perturbed:  # what a bfloat16 engine or a bad weight load might do, and more
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
