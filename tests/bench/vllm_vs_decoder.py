@@ -4,8 +4,8 @@
         [--models embedded,llama-110m] [--runs 3] [--steps 300] [--no-decode] [--no-runs]
         [-c CONFIG] [section.key=value ...]
 
-Two parts, each taking turns between the engines (ABBA: torch first in even rounds, vLLM
-first in odd ones), so that drift in the machine's load falls on both.
+Two parts, each taking turns between the engines (torch first in the first round, vLLM
+first in the second, and so on), so that drift in the machine's load falls on both.
 
 **Decode throughput**, in this process, each engine on one thread: ``--prompts`` prompts of
 the config's task (its training split, index 0 up, as the dataloader hands them out), each
@@ -40,7 +40,7 @@ model (2 prompts of 16 new tokens on ``llama-110m``), then 1 round of 5-step run
 vLLM's CPU settings are taken from the environment where set, else these defaults:
 ``VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1`` (one thread, unbound),
 ``VLLM_CPU_KVCACHE_SPACE=1``, ``TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-VLLM_NO_USAGE_STATS=1``; the runs' processes inherit them.
+VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=ERROR``; the runs' processes inherit them.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ VLLM_ENVIRONMENT = {
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
 # The larger model: a Llama shape of about 110M parameters (with the config model's
 # vocabulary), where a step's compute outweighs vLLM's per-step overhead.
@@ -389,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, value)
     cfg = load_config(args.config, args.overrides)
     args.models = [cfg.model.path if m == "config" else m for m in args.models.split(",")]
-    print(f"#### {args.config} on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(
+        f"#### {args.config} on {os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M %Z')}, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     if not args.no_decode:
         if importlib.util.find_spec("vllm") is None:
             print("decode throughput skipped: vLLM is not installed here", flush=True)
