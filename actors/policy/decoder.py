@@ -176,7 +176,12 @@ class Decoder:
     def submit(self, requests: Iterable[Request]) -> None:
         for request in requests:
             check_request(request, self.max_prompt_tokens)
+            if request.tag in self._tags():
+                raise ValueError(f"request {request.tag!r} is already running")
             self.waiting.append(request)
+
+    def _tags(self) -> set[Any]:
+        return {r.tag for r in self.waiting} | {s.request.tag for s in self.active.values()}
 
     def cancel(self, tags: Collection[Any]) -> None:
         """Drop the sequences tagged ``tags``, waiting or running (their group failed)."""

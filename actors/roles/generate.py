@@ -13,9 +13,11 @@ complete.
 New versions load between two decode steps (the worker calls ``on_version`` there);
 sequences in flight continue under the new weights and their tokens say so.
 
-With ``backends.generate: sglang`` an SGLang engine does the decoding instead of our own
-decoder (:mod:`..engines.sglang`): the same episodes, validation and served API drive it,
-new versions go into it in flattened buckets, and it holds the only copy of the weights.
+With ``backends.generate: vllm`` or ``sglang`` another engine does the decoding instead of
+our own decoder (:mod:`..engines.vllm`, :mod:`..engines.sglang`): the same episodes,
+validation and served API drive it, new versions go into it between two of its steps, and
+it holds the only copy of the weights. vLLM runs inside this process (it ends with it);
+SGLang in processes of its own, new versions sent in flattened buckets.
 
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
 versions, the generator with index 0 (or no index) decodes the validation prompts
@@ -49,12 +51,13 @@ from asyncrl.transport.weights import make_receiver
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..engines.sglang.engine import SGLangDecoder
+from ..engines.vllm.engine import VLLMDecoder, VLLMEngine
 from ..episodes import EpisodeDone, EpisodeLimits, Episodes
 from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished
 from ..policy.model import CausalLM
 from ..serving.serving import Serving
-from ..startup.model_loading import load_policy, start_sglang
+from ..startup.model_loading import load_policy, start_sglang, start_vllm
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
@@ -115,10 +118,13 @@ class Generate(StreamingActor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.ctx = ctx
-        # SGLang (backends.generate: sglang) loads model.path itself and holds the weights;
-        # this process keeps no model of its own then.
+        # vLLM and SGLang load model.path themselves and hold the weights; this process
+        # keeps no model of its own then.
         self.engine = None
-        if cfg.backends.generate == "sglang":
+        if cfg.backends.generate == "vllm":
+            self.model = None
+            self.engine, self.codec, self.model_config = start_vllm(cfg, ctx.index)
+        elif cfg.backends.generate == "sglang":
             self.model = None
             self.engine, self.codec, self.model_config = start_sglang(cfg, ctx.index)
         else:
@@ -178,7 +184,7 @@ class Generate(StreamingActor):
         )
 
     def _decoder(self, model: CausalLM | None, *, greedy_only: bool) -> Decoding:
-        """A decoder over ``model``, or over the SGLang engine (which has no model here)."""
+        """A decoder over ``model``, or over the engine (which has no model here)."""
         cfg = self.ctx.config
         max_new = cfg.model.max_new_tokens
         # Not the model's whole context: a real model's would make a cache of many GiB.
@@ -186,6 +192,16 @@ class Generate(StreamingActor):
             cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
         )
         temperature = 1.0 if greedy_only else cfg.algorithm.temperature
+        if isinstance(self.engine, VLLMEngine):
+            return VLLMDecoder(
+                self.engine,
+                slots=self.slots,
+                max_new_tokens=max_new,
+                max_prompt_tokens=max_prompt,
+                eos_id=self.codec.eos_ids,
+                temperature=temperature,
+                seed=cfg.run.seed + (self.ctx.index or 0),
+            )
         if self.engine is not None:
             return SGLangDecoder(
                 self.engine,
@@ -242,7 +258,7 @@ class Generate(StreamingActor):
             return
         self.last_validated = self.loaded
         # The decoder's model changes under training: validation decodes a frozen copy.
-        # An SGLang engine holds one set of weights: validation shares it, and a response
+        # Another engine holds one set of weights: validation shares it, and a response
         # that spans a new version is scored as it came out.
         frozen = copy.deepcopy(self.model) if self.engine is None else None
         episodes = self._episodes(frozen, greedy_only=True)

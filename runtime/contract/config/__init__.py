@@ -1,6 +1,12 @@
 """Typed run configuration: one YAML file -> a frozen `RunConfig`."""
 
-from .engines import BackendsSection, MegatronSection, PayloadsSection, WeightsSection
+from .engines import (
+    BackendsSection,
+    MegatronSection,
+    PayloadsSection,
+    VLLMSection,
+    WeightsSection,
+)
 from .learning import AlgorithmSection, DataSection, LoraSection, ModelSection
 from .load import (
     ConfigError,
@@ -38,6 +44,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "SchedulerSection",
+    "VLLMSection",
     "WeightsSection",
     "config_from_dict",
     "config_to_dict",

