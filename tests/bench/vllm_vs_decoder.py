@@ -13,29 +13,32 @@ sampled ``data.group_size`` times at ``algorithm.temperature`` with up to
 ``model.max_new_tokens`` new tokens, fed to a decoder of the generate role's 64 slots a
 whole group at a time as slots free up (as the generate role claims leases). The own
 decoder (:class:`~asyncrl.actors.policy.decoder.Decoder`) and vLLM (an in-process engine
-through :class:`~asyncrl.actors.engines.vllm.engine.VLLMDecoder`, prefix caching on) decode
-the same prompts. Two models: the config's (``embedded``: 4 layers, hidden 128) and
-``llama-110m``, a Llama shape of 12 layers and hidden 768 (113M parameters) with random
-weights (normal, standard deviation 0.02, as transformers initializes a Llama) and the
-config model's tokenizer, written to a temporary directory. Its next-token distribution is
-near uniform, so a response ends at an end-of-sequence token by chance (vLLM refuses an
-end id outside the vocabulary, which would have made every response run its budget):
-tokens/s, not a round's seconds, is what compares. Start-up and one warm-up round per
-engine are not timed; vLLM's prefix cache is emptied before each round, so what it finds
-there is a group's samples sharing their prompt's pages (whole pages of 32 tokens on CPU).
-Printed per round: tokens/s of each engine, the ratio own/vLLM, vLLM's prompt tokens found
-in its prefix cache; then each figure's median and its min-max over the rounds.
+through :class:`~asyncrl.actors.engines.vllm.engine.VLLMDecoder`, set up from
+``backends.vllm`` as the generate role sets it up, prefix caching on) decode the same
+prompts. Two models: the config's (``embedded``: 4 layers, hidden 128) and ``llama-110m``,
+a Llama shape of 12 layers and hidden 768 (113M parameters) with random weights (normal,
+standard deviation 0.02, as transformers initializes a Llama) and the config model's
+tokenizer, written to a temporary directory. Its next-token distribution is near uniform,
+so a response ends at an end-of-sequence token by chance (vLLM refuses an end id outside
+the vocabulary, which would have made every response run its budget): tokens/s, not a
+round's seconds, is what compares. Start-up and one warm-up round per engine are not
+timed; vLLM's prefix cache is emptied before each round, so what it finds there is a
+group's samples sharing their prompt's pages (whole pages of ``backends.vllm.block_size``
+tokens, 32). Printed per round: tokens/s of each engine, the ratio own/vLLM, vLLM's prompt
+tokens found in its prefix cache; then each figure's median and its min-max.
 
 **The default run's wall**: ``asyncrl run -c CONFIG run.total_steps=STEPS
 backends.generate=torch`` and ``... backends.generate=vllm``, ``--runs`` rounds, each a
 real run (a scheduler and a worker process per role) into its own directory. Printed per
-run: its wall-clock seconds, its steps and its last validation reward; then per engine the
-median and min-max, and the ratio vLLM/torch per round. If this checkout's config refuses
-``backends.generate=vllm``, or vLLM is not installed, the vLLM runs are skipped with a
-message and the torch runs still go.
+run: its wall-clock seconds, the seconds from its first step to its last (the pace without
+the start-up, vLLM's included), its steps and its last validation reward; then per engine
+the median and min-max of both times, and the ratios vLLM/torch per round. If this
+checkout's config refuses ``backends.generate=vllm``, or vLLM is not installed, the vLLM
+runs are skipped with a message and the torch runs still go.
 
-``--quick`` (about a minute on an idle 2-core machine): 2 rounds of 8 prompts on each
-model (2 prompts of 16 new tokens on ``llama-110m``), then 1 round of 5-step runs.
+``--quick`` (about a minute on an idle 2-core machine): 2 rounds of 8 prompts on the
+config's model and 2 prompts of up to 16 new tokens on ``llama-110m``, then 1 round of
+5-step runs.
 
 vLLM's CPU settings are taken from the environment where set, else these defaults:
 ``VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1`` (one thread, unbound),
@@ -86,7 +89,6 @@ LARGER_SHAPE = {
     "head_dim": 64,
 }
 SLOTS = 64  # the generate role's decoder (actors/roles/generate.py DEFAULT_SLOTS)
-PAGE_TOKENS = 32  # start_engine's block_size: vLLM's prefix cache shares whole pages
 
 
 # ------------------------------------------------------------------------ decode throughput
@@ -165,8 +167,14 @@ def bench_model(model: Model, cfg: RunConfig, rounds: int) -> dict[str, list[Rou
     prompts = [tuple(codec.encode(task.sample("train", i).prompt)) for i in range(model.prompts)]
     n = cfg.data.group_size
     started = time.perf_counter()
+    # As the generate role starts it for backends.generate=vllm (start_vllm).
     engine = start_engine(
-        str(model.directory), dtype=cfg.model.dtype, context_length=context, seed=cfg.run.seed
+        str(model.directory),
+        dtype=cfg.model.dtype,
+        context_length=min(cfg.model.max_prompt_tokens + max_new, context),
+        seed=cfg.run.seed,
+        kv_cache_gib=cfg.backends.vllm.kv_cache_gib,
+        block_size=cfg.backends.vllm.block_size,
     )
     print(
         f"   vLLM engine started in {time.perf_counter() - started:.1f} s; torch threads "
@@ -174,9 +182,10 @@ def bench_model(model: Model, cfg: RunConfig, rounds: int) -> dict[str, list[Rou
         f"{max(map(len, prompts))} tokens",
         flush=True,
     )
-    if max(map(len, prompts)) <= PAGE_TOKENS:
+    page = cfg.backends.vllm.block_size  # vLLM's prefix cache shares whole pages
+    if max(map(len, prompts)) <= page:
         print(
-            f"   (no prompt is longer than a page of vLLM's cache, {PAGE_TOKENS} tokens: a "
+            f"   (no prompt is longer than a page of vLLM's cache, {page} tokens: a "
             "group's samples have no whole page to share)",
             flush=True,
         )
@@ -286,6 +295,9 @@ class Run:
     wall_s: float
     steps: int
     final_val: float | None
+    # From the first step's line in metrics.jsonl to the last's (the scheduler's clock):
+    # the pace once both engines run, without the processes' and vLLM's start-up.
+    stepping_s: float
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
@@ -313,11 +325,15 @@ def run_once(config: Path, engine: str, overrides: list[str], steps: int, work: 
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"asyncrl run with backends.generate={engine} exited {proc.returncode}")
     validation = _lines(run_dir / "validation.jsonl")
+    metrics = _lines(run_dir / "metrics.jsonl")
+    if not metrics:
+        raise SystemExit(f"{run_dir}: the run wrote no step to metrics.jsonl")
     return Run(
         engine=engine,
         wall_s=wall,
-        steps=len(_lines(run_dir / "metrics.jsonl")),
+        steps=len(metrics),
         final_val=validation[-1]["val_reward"] if validation else None,
+        stepping_s=metrics[-1]["elapsed_s"] - metrics[0]["elapsed_s"],
     )
 
 
@@ -347,17 +363,26 @@ def bench_runs(config: Path, args: argparse.Namespace) -> None:
             results[engine].append(run)
             val = "-" if run.final_val is None else f"{run.final_val:.3f}"
             print(
-                f"   round {i + 1} {engine:<5}: {run.wall_s:6.1f} s, {run.steps} steps, last "
-                f"validation {val} (load average {load:.1f} before)",
+                f"   round {i + 1} {engine:<5}: {run.wall_s:6.1f} s in all, "
+                f"{run.stepping_s:6.1f} s from step 1 to {run.steps}, last validation {val} "
+                f"(load average {load:.1f} before)",
                 flush=True,
             )
     for engine, runs in results.items():
         walls = [r.wall_s for r in runs]
-        print(f"{engine}: {args.steps} steps in {spread(walls, '.1f')} s, median (min-max)")
+        stepping = [r.stepping_s for r in runs]
+        print(
+            f"{engine}: {args.steps} steps in {spread(walls, '.1f')} s in all, "
+            f"{spread(stepping, '.1f')} s from the first step, median (min-max)"
+        )
     if len(results) == len(ENGINES):
-        pairs = zip(results["torch"], results["vllm"], strict=True)
-        ratios = [vllm.wall_s / torch.wall_s for torch, vllm in pairs]
-        print(f"vLLM/torch wall per round: {', '.join(f'{r:.2f}x' for r in ratios)}")
+        pairs = list(zip(results["torch"], results["vllm"], strict=True))
+        walls = [vllm.wall_s / torch.wall_s for torch, vllm in pairs]
+        stepping = [vllm.stepping_s / torch.stepping_s for torch, vllm in pairs]
+        print(
+            f"vLLM/torch per round: in all {', '.join(f'{r:.2f}x' for r in walls)}; "
+            f"from the first step {', '.join(f'{r:.2f}x' for r in stepping)}"
+        )
     sys.stdout.flush()
 
 
