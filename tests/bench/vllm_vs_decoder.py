@@ -36,9 +36,9 @@ the median and min-max of both times, and the ratios vLLM/torch per round. If th
 checkout's config refuses ``backends.generate=vllm``, or vLLM is not installed, the vLLM
 runs are skipped with a message and the torch runs still go.
 
-``--quick`` (about a minute on an idle 2-core machine): 2 rounds of 8 prompts on the
-config's model and 2 prompts of up to 16 new tokens on ``llama-110m``, then 1 round of
-5-step runs.
+``--quick``, a smoke run: 2 rounds of 8 prompts on the config's model and of 2 prompts of
+up to 16 new tokens on ``llama-110m``, then 1 round of 5-step runs (2 min 52 s on the 2-core
+VM under other work's load, 2026-11-28; most of it the processes' and vLLM's start-up).
 
 vLLM's CPU settings are taken from the environment where set, else these defaults:
 ``VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1`` (one thread, unbound),
