@@ -211,9 +211,13 @@ def _generator_ready_s(logs: Path) -> float:
 
 
 def _first_time(log: Path, event: str) -> datetime:
-    for line in _lines(log):
-        if line.get("event") == event:
-            return datetime.fromisoformat(line["timestamp"])
+    for text in log.read_text().splitlines():
+        # A process's log holds our JSON lines and whatever a library writes to its stderr
+        # (vLLM's own log and warnings, with backends.generate=vllm): those are skipped.
+        with contextlib.suppress(ValueError):
+            line = json.loads(text)
+            if isinstance(line, dict) and line.get("event") == event:
+                return datetime.fromisoformat(line["timestamp"])
     raise SystemExit(f"{log}: no {event!r} line")
 
 
