@@ -88,7 +88,6 @@ LARGER_SHAPE = {
     "num_key_value_heads": 12,
     "head_dim": 64,
 }
-SLOTS = 64  # the generate role's decoder (actors/roles/generate.py DEFAULT_SLOTS)
 
 
 # ------------------------------------------------------------------------ decode throughput
@@ -155,6 +154,7 @@ def bench_model(model: Model, cfg: RunConfig, rounds: int) -> dict[str, list[Rou
     from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
     from asyncrl.actors.policy.checkpoint import load_model
     from asyncrl.actors.policy.decoder import Decoder
+    from asyncrl.actors.roles.generate import DEFAULT_SLOTS
     from asyncrl.actors.workload import load_workload
 
     torch.set_num_threads(1)  # before vLLM starts: it makes set_num_threads a no-op
@@ -189,7 +189,7 @@ def bench_model(model: Model, cfg: RunConfig, rounds: int) -> dict[str, list[Rou
             "group's samples have no whole page to share)",
             flush=True,
         )
-    common = {"slots": SLOTS, "max_new_tokens": max_new, "max_prompt_tokens": max_prompt}
+    common = {"slots": DEFAULT_SLOTS, "max_new_tokens": max_new, "max_prompt_tokens": max_prompt}
     temperature = cfg.algorithm.temperature
 
     def own(seed: int) -> Round:
