@@ -2,7 +2,7 @@
 
     python -m tests.bench.vs_trl [--variant default|long_tail|both|CONFIG] [--pairs 2]
         [--steps N] [--target 0.8] [--without-trl] [--trl-threads N] [--record FILE]
-        [section.key=value ...]
+        [--engine torch|vllm] [section.key=value ...]
 
 Three contenders train the config's model on its task, one at a time, each with the whole
 machine:
@@ -12,6 +12,11 @@ machine:
 - ``asyncrl``: ``asyncrl run`` with the config as it is (a scheduler and six worker
   processes, one torch thread each);
 - ``asyncrl sync``: the same with ``pipeline.max_staleness=0``.
+
+Both asyncrl contenders generate with ``backends.generate`` of ``--engine`` (``torch``, the
+own decoder, by default; ``vllm`` where this checkout has it: on the embedded models the own
+decoder decoded faster, tests/bench/vllm_vs_decoder.py). TRL generates with transformers
+(``use_vllm=False``) either way.
 
 A variant is a config: ``default`` is ``deploy/configs/default.yaml`` (long addition of up
 to 6 digits on the embedded model, responses of 11 to 62 tokens, 80 new tokens at most),
@@ -206,9 +211,13 @@ def _generator_ready_s(logs: Path) -> float:
 
 
 def _first_time(log: Path, event: str) -> datetime:
-    for line in _lines(log):
-        if line.get("event") == event:
-            return datetime.fromisoformat(line["timestamp"])
+    for text in log.read_text().splitlines():
+        # A process's log holds our JSON lines and whatever a library writes to its stderr
+        # (vLLM's own log and warnings, with backends.generate=vllm): those are skipped.
+        with contextlib.suppress(ValueError):
+            line = json.loads(text)
+            if isinstance(line, dict) and line.get("event") == event:
+                return datetime.fromisoformat(line["timestamp"])
     raise SystemExit(f"{log}: no {event!r} line")
 
 
@@ -374,7 +383,8 @@ def bench_variant(
     variant: str, contenders: list[Contender], args: argparse.Namespace
 ) -> dict[str, Figures]:
     cfg_path = VARIANTS.get(variant) or Path(variant)
-    cfg = load_config(cfg_path, args.overrides)
+    # An engine this checkout's config refuses stops the bench here, before any run.
+    cfg = load_config(cfg_path, [*args.overrides, f"backends.generate={args.engine}"])
     steps = args.steps or cfg.run.total_steps
     every = cfg.data.val_every_versions or 10
     evaluator = Evaluator(cfg)
@@ -388,6 +398,8 @@ def bench_variant(
     for pair in range(args.pairs):
         for c in contenders if pair % 2 == 0 else contenders[::-1]:
             overrides = [*args.overrides, *c.overrides]
+            if not c.trl:
+                overrides.append(f"backends.generate={args.engine}")
             load = os.getloadavg()[0]  # anything else running skews this run
             with tempfile.TemporaryDirectory(prefix="asyncrl-vs-trl-") as tmp:
                 work = Path(tmp)
@@ -414,7 +426,10 @@ def bench_variant(
                     about = {"contender": c.name, "variant": variant, "pair": pair + 1}
                     extra = {"figures": asdict(fig), "load_before": load}
                     out.write(json.dumps(run.record(**about) | extra) + "\n")
-    print(f"{variant}: {steps} steps, medians over {args.pairs} pair(s)")
+    print(
+        f"{variant}: {steps} steps, medians over {args.pairs} pair(s); asyncrl generating "
+        f"with backends.generate={args.engine}"
+    )
     medians = {name: median_figures(runs) for name, runs in results.items()}
     report(steps, args.target, medians)
     return medians
@@ -431,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--without-trl", action="store_true", help="only the asyncrl contenders")
     parser.add_argument("--trl-threads", type=int, default=0, help="TRL's torch threads; 0: all")
     parser.add_argument("--record", type=Path, help="append each run's figures to this file")
+    parser.add_argument(
+        "--engine", default="torch", help="backends.generate of the asyncrl contenders"
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value, for every contender")
     args = parser.parse_args(argv)
     with_trl = not args.without_trl and importlib.util.find_spec("trl") is not None

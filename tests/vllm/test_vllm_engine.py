@@ -192,6 +192,19 @@ def test_stop_when_ends_a_response_the_engine_would_continue(engine, base) -> No
     assert not engine.engine.has_unfinished_requests()
 
 
+def test_a_groups_samples_share_their_prompts_cached_pages(engine, base) -> None:
+    _, codec = base
+    decoder = _decoder(engine, codec, seed=5, max_prompt_tokens=64, max_new_tokens=4)
+    prompt = tuple(codec.encode("12345678901234567890+98765432109876543210="))
+    assert len(prompt) > 32  # more than one page of the cache (start_engine's block_size)
+    engine.engine.reset_prefix_cache()
+    decoder.submit(Request(j, prompt) for j in range(8))
+    _drain(decoder, 8)
+    assert decoder.prompt_tokens == 8 * len(prompt)
+    # The first computes the prompt; the other seven find its first page cached.
+    assert decoder.cached_prompt_tokens == 7 * 32
+
+
 # A generate worker's stand-in: an engine (over ``tensor_parallel_size`` worker processes
 # when > 1), a new version loaded and checked against our own forward, then waiting to die.
 _WORKER = """

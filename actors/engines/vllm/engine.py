@@ -162,6 +162,10 @@ class VLLMDecoder:
         self._requests = itertools.count()
         self._live: dict[Any, _Response] = {}  # tag → response so far
         self._tags: dict[str, Any] = {}  # request id → tag
+        # Prompt tokens submitted, and those vLLM found in its prefix cache (whole pages of
+        # block_size tokens: a group's samples share their prompt's).
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
 
     # --- the caller's side ------------------------------------------------------------
 
@@ -181,6 +185,7 @@ class VLLMDecoder:
             self.engine.add(request_id, list(request.prompt), self._params(request, count, budget))
             self._live[request.tag] = response
             self._tags[request_id] = request.tag
+            self.prompt_tokens += len(request.prompt)
 
     def step(self) -> list[Finished]:
         """Advance the engine one step; the responses that ended."""
@@ -234,6 +239,8 @@ class VLLMDecoder:
         ``version`` that sampled it; the response if it ended."""
         completion = output.outputs[0]
         request = response.request
+        if not response.tokens:  # its first output: the prefill's
+            self.cached_prompt_tokens += output.num_cached_tokens or 0
         for index, token in enumerate(completion.token_ids):
             response.tokens.append(token)
             response.logprobs.append(_logprob_of(completion.logprobs, index, token))
