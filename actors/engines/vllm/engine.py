@@ -63,7 +63,9 @@ class VLLMEngine:
         return number
 
     def add(self, request_id: str, prompt: list[int], params: Any) -> None:
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+        # Token ids as the engine takes them (vLLM's TokensInput): our codec tokenized the
+        # prompt, so vLLM's renderer has nothing to do.
+        self.engine.add_request(request_id, {"type": "token", "prompt_token_ids": prompt}, params)
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
