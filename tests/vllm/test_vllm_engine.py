@@ -182,6 +182,23 @@ def test_cancel_aborts_running_requests_in_the_engine(engine, base) -> None:
     assert not engine.engine.has_unfinished_requests()
 
 
+def test_close_aborts_every_request_in_the_engine_as_abandoning_the_leases_does(
+    engine, base
+) -> None:
+    """What the generate role does when its leases go back (the run stops, a decode step
+    failed, the scheduler refused them): the engine ends every request at once."""
+    _, codec = base
+    decoder = _decoder(engine, codec, seed=6, eos_id=codec.pad_id)
+    decoder.submit(Request(j, tuple(codec.encode("3+4="))) for j in range(5))
+    for _ in range(3):
+        decoder.step()
+    assert engine.engine.has_unfinished_requests()
+    decoder.close()
+    assert not decoder.busy and decoder.free_slots == 16
+    assert not engine.engine.has_unfinished_requests()
+    engine.step()  # nothing is delivered to a closed decoder
+
+
 def test_stop_when_ends_a_response_the_engine_would_continue(engine, base) -> None:
     _, codec = base
     decoder = _decoder(engine, codec, seed=4, eos_id=codec.pad_id)
