@@ -17,7 +17,15 @@ from collections.abc import Mapping, Sequence
 
 from asyncrl.runtime.contract.config import RunConfig
 
-__all__ = ["VISIBLE_ENV", "gpu_roles", "hand_out", "machine_gpus", "parse_gpus", "visible_gpus"]
+__all__ = [
+    "VISIBLE_ENV",
+    "gpu_roles",
+    "gpus_per_worker",
+    "hand_out",
+    "machine_gpus",
+    "parse_gpus",
+    "visible_gpus",
+]
 
 VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
 _SMI_LINE = re.compile(r"^GPU (\d+):", re.MULTILINE)
@@ -67,15 +75,33 @@ def _listed_by_nvidia_smi() -> tuple[str, ...]:
 
 
 def hand_out(
-    workers: Sequence[tuple[str, str]], roles: frozenset[str], gpus: Sequence[str]
+    workers: Sequence[tuple[str, str]],
+    roles: frozenset[str],
+    gpus: Sequence[str],
+    per_worker: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """``{worker name: GPU}`` for the ``(name, role)`` of ``workers`` whose role is in
-    ``roles``, in their order, one GPU each; with more such workers than GPUs the GPUs are
-    handed out again from the first (shared, as every worker shared GPU 0 before)."""
+    """``{worker name: its GPUs}`` (as CUDA_VISIBLE_DEVICES takes them) for the ``(name,
+    role)`` of ``workers`` whose role is in ``roles``, in their order: one GPU each, or
+    ``per_worker[role]`` GPUs for a worker whose engine splits its model over several;
+    with more wanted than there are, the GPUs are handed out again from the first
+    (shared, as every worker shared GPU 0 before)."""
     if not gpus:
         return {}
-    wanting = [name for name, role in workers if role in roles]
-    return {name: gpus[i % len(gpus)] for i, name in enumerate(wanting)}
+    wanting = [(name, role) for name, role in workers if role in roles]
+    given, at = {}, 0
+    for name, role in wanting:
+        count = (per_worker or {}).get(role, 1)
+        given[name] = ",".join(gpus[(at + k) % len(gpus)] for k in range(count))
+        at += count
+    return given
+
+
+def gpus_per_worker(cfg: RunConfig) -> dict[str, int]:
+    """The roles whose workers each need several GPUs in ``cfg``: a vLLM engine split over
+    ``backends.vllm.tensor_parallel_size`` ranks, one GPU each."""
+    if cfg.backends.generate == "vllm" and cfg.backends.device == "cuda":
+        return {"generate": cfg.backends.vllm.tensor_parallel_size}
+    return {}
 
 
 def machine_gpus(cfg: RunConfig, given: str | None = None) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from asyncrl.runtime.contract.config.schema import WORKER_ROLES
 from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
 from asyncrl.transport.identity import worker_env
 
-from .gpus import VISIBLE_ENV, gpu_roles, hand_out
+from .gpus import VISIBLE_ENV, gpu_roles, gpus_per_worker, hand_out
 from .supervisor import ChildSpec
 
 __all__ = ["GROUPED_ROLES", "SCHEDULER", "WORKER_MODULE", "NodePlan", "node_specs", "parse_roles"]
@@ -128,7 +128,9 @@ def node_specs(
     """
     specs = [_scheduler_spec(cfg, config_args, resume)] if plan.scheduler else []
     workers = list(_workers(plan))
-    gpu_of = hand_out([(w[0], w[1]) for w in workers], gpu_roles(cfg), plan.gpus)
+    gpu_of = hand_out(
+        [(w[0], w[1]) for w in workers], gpu_roles(cfg), plan.gpus, gpus_per_worker(cfg)
+    )
     dial = ["--scheduler", plan.dial] if plan.dial else []
     for name, role, index, ranks in workers:
         argv = [sys.executable, "-m", WORKER_MODULE, "--role", role, "--index", str(index)]

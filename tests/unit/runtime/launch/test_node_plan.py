@@ -13,6 +13,7 @@ from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
 from asyncrl.runtime.launch.gpus import (
     VISIBLE_ENV,
     gpu_roles,
+    gpus_per_worker,
     hand_out,
     machine_gpus,
     parse_gpus,
@@ -148,6 +149,21 @@ def test_gpus_go_one_per_gpu_worker_and_around_again_when_short() -> None:
         "train-0": "3",
     }
     assert hand_out(workers, roles, []) == {}
+
+
+def test_a_vllm_generator_split_over_gpus_gets_one_gpu_per_rank() -> None:
+    workers = [("generate-0", "generate"), ("generate-1", "generate"), ("train-0", "train")]
+    roles = frozenset({"generate", "train"})
+    assert hand_out(workers, roles, ["0", "1", "2", "3", "4"], {"generate": 2}) == {
+        "generate-0": "0,1",
+        "generate-1": "2,3",
+        "train-0": "4",
+    }
+    cfg = config_from_dict(
+        {"backends": {"device": "cuda", "generate": "vllm", "vllm": {"tensor_parallel_size": 2}}}
+    )
+    assert gpus_per_worker(cfg) == {"generate": 2}
+    assert gpus_per_worker(config_from_dict({"backends": {"device": "cuda"}})) == {}
 
 
 def test_each_gpu_worker_sees_one_gpu_and_cpu_roles_none() -> None:
