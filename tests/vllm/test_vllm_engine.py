@@ -222,6 +222,25 @@ def test_a_groups_samples_share_their_prompts_cached_pages(engine, base) -> None
     assert decoder.cached_prompt_tokens == 7 * 32
 
 
+def test_a_conversations_next_turn_finds_the_last_turns_pages_cached(engine, base) -> None:
+    """A multi-turn episode submits each turn as the conversation so far: what the last
+    turn computed (its prompt and its response) is in the cache, page by page."""
+    _, codec = base
+    decoder = _decoder(
+        engine, codec, seed=7, eos_id=codec.pad_id, max_prompt_tokens=96, max_new_tokens=50
+    )
+    engine.engine.reset_prefix_cache()
+    first = tuple(codec.encode("1234567890+1234567890="))
+    decoder.submit([Request("turn 1", first, max_new_tokens=50)])
+    (turn,) = _drain(decoder, 1)
+    conversation = (*first, *turn.tokens, *codec.encode("=7;"))
+    assert len(first) + len(turn.tokens) > 64  # two whole pages computed by turn 1
+    before = decoder.cached_prompt_tokens
+    decoder.submit([Request("turn 2", conversation, max_new_tokens=4)])
+    _drain(decoder, 1)
+    assert decoder.cached_prompt_tokens - before == 64  # the response's page too
+
+
 # A generate worker's stand-in: an engine (over ``tensor_parallel_size`` worker processes
 # when > 1), a new version loaded and checked against our own forward, then waiting to die.
 _WORKER = """
