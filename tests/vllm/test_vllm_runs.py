@@ -62,9 +62,11 @@ def test_the_default_run_with_vllm_reaches_validation_reward_0_8(tmp_path: Path)
     assert_every_step_and_group_once(run_dir, 300)
     seen = validations(run_dir)
     assert seen[0]["val_reward"] < 0.6 and seen[-1]["val_reward"] >= 0.8, seen[-3:]
-    # Every version the trainer published reached the engine, in order.
-    loads = [json.loads(x)["version"] for x in (run_dir / "weights.jsonl").read_text().splitlines()]
-    assert loads == sorted(loads) and loads[-1] >= 290
+    # New versions went into the engine all along, in order (a generator may skip one
+    # that a newer replaced before it loaded).
+    loads = [json.loads(x) for x in (run_dir / "weights.jsonl").read_text().splitlines()]
+    engine = [x["version"] for x in loads if x["worker"] == "generate-0"]
+    assert engine == sorted(set(engine)) and len(engine) > 100 and engine[-1] >= 290
     # The engine's log-probs against the trainer side's, for tokens of the version that
     # scored them (every group is scored with vLLM: none reuses the engine's numbers).
     compared = [s for s in steps(run_dir) if s["logprob_mismatch_tokens"]]
