@@ -1,7 +1,8 @@
 """LoRA with vLLM generating, for real, on CPU: versions are adapters (tensors, no file),
 served by the engine as an adapter on its unchanged base; a version loaded under running
 requests, every token's log-prob against our own forward with that token's version
-merged (W + alpha / rank * B @ A, as the PyTorch generator merges it).
+merged (W + alpha / rank * B @ A, as the PyTorch generator merges it); and a short
+``asyncrl run`` of deploy/configs/lora.yaml with vLLM generating.
 
 Marked ``vllm``: run with ``python -m pytest -m vllm tests/vllm`` where vLLM is installed.
 """
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,9 @@ import torch
 from asyncrl.actors.policy.adapters import MergedAdapters, adapted_modules
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, state_for_saving
 from asyncrl.actors.policy.decoder import Finished, Request
+from asyncrl.runtime.contract.config import config_from_dict, load_config
+
+from .test_vllm_runs import assert_every_step_and_group_once, run
 
 pytestmark = [
     pytest.mark.vllm,
@@ -177,3 +183,45 @@ def test_a_version_that_is_not_whole_adapters_is_refused_and_changes_nothing(eng
     decoder.submit([Request("after", tuple(codec.encode("7+8=")))])
     (finished,) = _drain(decoder, 1)
     assert _gap(finished, {version: _merged(model, current)}) < LOGPROB_TOLERANCE
+
+
+def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() -> None:
+    lora = {"rank": 16, "target_modules": ["q_proj"]}
+    cfg = config_from_dict({"model": {"lora": lora}, "backends": {"generate": "vllm"}})
+    assert cfg.model.lora.enabled and cfg.backends.generate == "vllm"
+    with pytest.raises(ValueError, match=r"model\.lora\.rank: got 1024 .* up to 512"):
+        config_from_dict(
+            {"model": {"lora": lora | {"rank": 1024}}, "backends": {"generate": "vllm"}}
+        )
+    with pytest.raises(ValueError, match=r"backends\.generate .torch. or .vllm. with adapters"):
+        config_from_dict({"model": {"lora": lora}, "backends": {"generate": "sglang"}})
+
+
+def test_a_short_lora_run_with_vllm_generating_serves_the_trainers_adapters(
+    tmp_path: Path,
+) -> None:
+    """Every step once; what reached the generator were the adapters alone, one version
+    after another; and the engine's log-probs are the trainer's for tokens of the version
+    it trains (``logprob_mismatch``: about 1e-7 a step, 2026-11-28), which they would not be
+    if the engine served the base or another version."""
+    pytest.importorskip("peft")  # the trainer's adapters are peft's
+    run_dir = tmp_path / "run"
+    total = 12
+    run(run_dir, "lora.yaml", f"run.total_steps={total}", timeout=600)
+    assert_every_step_and_group_once(run_dir, total)
+    loads = [json.loads(line) for line in (run_dir / "weights.jsonl").read_text().splitlines()]
+    generated = [x for x in loads if x["worker"].startswith("generate-")]
+    assert generated and [x["version"] for x in generated] == sorted(
+        x["version"] for x in generated
+    )
+    lora = load_config(run_dir / "config.yaml").model.lora
+    model, _ = load_model("embedded", torch.float32)
+    adapter_bytes = sum(  # float32 A [rank, in] and B [out, rank] of each adapted layer
+        4 * lora.rank * sum(model.get_submodule(m).weight.shape)
+        for m in adapted_modules(model, lora.target_modules)
+    )
+    assert {x["bytes"] for x in generated} == {adapter_bytes}
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    compared = [s for s in steps if s.get("same_version_tokens")]
+    assert compared, "no step compared the engine's log-probs with the trainer's"
+    assert max(s["logprob_mismatch"] for s in compared) < LOGPROB_TOLERANCE, compared[-1]
