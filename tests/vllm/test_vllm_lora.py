@@ -13,6 +13,8 @@ import copy
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,6 +213,51 @@ def test_without_the_preemption_tokens_after_a_load_would_be_off(engine, base, m
     print(f"without the preemption: log-probs off by up to {gap:.3g}")
     assert gap > 0.1
     engine.load(after, version + 1)  # a real load: the stale keys and values go
+
+
+# Two tensor-parallel ranks, each a process of vLLM's holding half of every adapted
+# layer: the adapters reach both (pickled over vLLM's queue) and are split as the layers
+# are. In a process of its own: one engine a process.
+_TWO_RANKS = """
+import os, sys
+os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+import torch
+from tests.vllm import test_vllm_lora as t
+from asyncrl.actors.engines.vllm.engine import LoraServing, start_engine
+from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR
+from asyncrl.actors.policy.decoder import Request
+
+if __name__ == "__main__":
+    model, codec = t.load_model("embedded", torch.float32)
+    engine = start_engine(str(EMBEDDED_DIR), dtype="float32", context_length=128, seed=0,
+                          tensor_parallel_size=2, lora=LoraServing(rank=t.RANK, alpha=t.ALPHA))
+    adapters = t._adapters(model, seed=11)
+    decoder = t._decoder(engine, codec, seed=2, eos_id=codec.pad_id)
+    decoder.submit(Request(j, tuple(codec.encode("12+34="))) for j in range(4))
+    steps = [0]
+    def load_after_five_steps():
+        steps[0] += 1
+        if steps[0] == 5:
+            decoder.load(adapters, 1)
+    results = t._drain(decoder, 4, each_step=load_after_five_steps)
+    assert all(f.versions[:5] == [0] * 5 and set(f.versions[5:]) == {1} for f in results)
+    gap = max(t._gap(f, {0: model, 1: t._merged(model, adapters)}) for f in results)
+    engine.close()
+    print(f"GAP {gap}")
+"""
+
+
+def test_two_tensor_parallel_ranks_serve_the_adapters_too(tmp_path: Path) -> None:
+    script = tmp_path / "two_ranks.py"
+    script.write_text(_TWO_RANKS)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=400, cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    gaps = [line for line in done.stdout.splitlines() if line.startswith("GAP ")]
+    assert gaps and float(gaps[-1].split()[1]) < LOGPROB_TOLERANCE, done.stdout[-2000:]
 
 
 def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() -> None:
