@@ -127,8 +127,9 @@ def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextC
 def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec, ModelConfig]:
     """A vLLM engine in this process serving ``model.path`` (``backends.generate: vllm``),
     with its tokenizer and config: on this process's share of the CPU, or on the GPU its
-    index picks (``backends.device``). vLLM loads the Hugging Face directory itself."""
-    from ..engines.vllm.engine import start_engine
+    index picks (``backends.device``). vLLM loads the Hugging Face directory itself. With
+    ``model.lora`` it keeps that base and serves each version's adapters on it."""
+    from ..engines.vllm.engine import LoraServing, start_engine
 
     directory = model_dir(cfg.model.path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
@@ -151,5 +152,6 @@ def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec
         kv_cache_gib=cfg.backends.vllm.kv_cache_gib,
         block_size=cfg.backends.vllm.block_size,
         tensor_parallel_size=cfg.backends.vllm.tensor_parallel_size,
+        lora=LoraServing(lora.rank, lora.alpha) if (lora := cfg.model.lora).enabled else None,
     )
     return engine, TextCodec.from_dir(directory), config

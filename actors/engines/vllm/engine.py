@@ -15,6 +15,14 @@ is exact, with no pause to settle. After the load the running requests are preem
 every cached prefix, were computed by the old weights, and are computed again under the
 new ones at the next step, as the PyTorch decoder does.
 
+With LoRA (:class:`LoraServing`) the base weights stay as vLLM loaded them and a version
+is the adapters alone, served as one vLLM adapter that every request carries from the
+start (all B zero until the first version: the base exactly). A load puts the new
+adapters in place of the old under the same adapter id (a request's adapter is fixed
+when vLLM admits it), then preempts the running requests as for whole weights, so that
+they go on under the new adapters from the next token with their keys and values
+computed again.
+
 Log-probs are vLLM's ``processed_logprobs``: of the distribution sampled from, after the
 temperature, as the PyTorch decoder records them.
 
@@ -41,20 +49,52 @@ from ...policy.decoder import Finished, Request, check_request
 from ...policy.sampling import Sampling
 from .extension import WEIGHT_LOADING, MappedTensor
 
-__all__ = ["VLLMDecoder", "VLLMEngine", "start_engine"]
+__all__ = ["LoraServing", "VLLMDecoder", "VLLMEngine", "start_engine"]
 
 log = structlog.get_logger("asyncrl.vllm")
+
+# The one adapter a LoRA engine serves, by vLLM's id and name. vLLM requires a path but
+# never reads it: the adapter is registered from tensors before any request names it,
+# and the cache holds this adapter alone, so it is never evicted and looked for.
+ADAPTER_ID = 1
+ADAPTER_NAME = "policy"
+ADAPTER_PATH = "asyncrl:adapters-from-the-weight-plane"
+# vLLM's LoRA slots come in these ranks; a smaller adapter is padded into the next.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True)
+class LoraServing:
+    """A LoRA run's adapters: ``rank`` and ``alpha`` (each adds ``alpha / rank * B @ A``)."""
+
+    rank: int
+    alpha: float
+
+    @property
+    def slot_rank(self) -> int:
+        """The smallest of vLLM's LoRA ranks that holds ``rank``."""
+        for allowed in VLLM_LORA_RANKS:
+            if allowed >= self.rank:
+                return allowed
+        raise ValueError(f"model.lora.rank={self.rank}: vLLM serves ranks up to {allowed}")
 
 
 class VLLMEngine:
     """One in-process ``LLMEngine``, the version its weights are, and whose requests are
     whose: each decoder registers and gets the outputs of the requests it added."""
 
-    def __init__(self, engine: Any, *, version: int = 0) -> None:
+    def __init__(self, engine: Any, *, version: int = 0, lora: LoraServing | None = None) -> None:
         self.engine = engine
         self.version = version
+        self.lora = lora
         self._decoders = itertools.count()
         self._inboxes: dict[int, list[Any]] = {}
+        self._adapter = None
+        if lora is not None:
+            from vllm.lora.request import LoRARequest
+
+            self.engine.collective_rpc("asyncrl_zero_adapter", args=(ADAPTER_ID, lora.slot_rank))
+            self._adapter = LoRARequest(ADAPTER_NAME, ADAPTER_ID, ADAPTER_PATH)
 
     def register(self) -> int:
         """A new decoder's number: its request ids start with it."""
@@ -65,7 +105,12 @@ class VLLMEngine:
     def add(self, request_id: str, prompt: list[int], params: Any) -> None:
         # Token ids as the engine takes them (vLLM's TokensInput): our codec tokenized the
         # prompt, so vLLM's renderer has nothing to do.
-        self.engine.add_request(request_id, {"type": "token", "prompt_token_ids": prompt}, params)
+        self.engine.add_request(
+            request_id,
+            {"type": "token", "prompt_token_ids": prompt},
+            params,
+            lora_request=self._adapter,
+        )
 
     def abort(self, request_ids: list[str]) -> None:
         if request_ids:
@@ -91,15 +136,25 @@ class VLLMEngine:
         return taken
 
     def load(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """``state`` (Hugging Face names) into the engine's model between two steps."""
+        """``state`` (Hugging Face names) into the engine's model between two steps: the
+        whole weights, or with LoRA the adapters alone (published names,
+        ``<module>.lora_A.weight`` and ``<module>.lora_B.weight``)."""
         self._check_newer(version)
         # The worker is in this process: the tensors are handed over, not serialized.
-        self.engine.collective_rpc("asyncrl_load", args=(list(state.items()),))
+        named = list(state.items())
+        if self.lora is None:
+            self.engine.collective_rpc("asyncrl_load", args=(named,))
+        else:
+            self.engine.collective_rpc(
+                "asyncrl_load_adapter", args=(named, ADAPTER_ID, self.lora.rank, self.lora.alpha)
+            )
         self._loaded(version)
 
     def load_mapped(self, path: str, layout: Sequence[MappedTensor], version: int) -> None:
         """The tensors ``layout`` places in the shared-memory file at ``path``, mapped by the
         engine's worker itself: the way in when that worker is another process."""
+        if self.lora is not None:
+            raise NotImplementedError("a LoRA engine takes adapters as tensors (load), not mapped")
         self._check_newer(version)
         self.engine.collective_rpc("asyncrl_load_mapped", args=(path, list(layout)))
         self._loaded(version)
@@ -109,8 +164,9 @@ class VLLMEngine:
             raise ValueError(f"version {version} after {self.version}: versions only go up")
 
     def _loaded(self, version: int) -> None:
-        # Running requests hold keys and values of the old weights: they are preempted and
-        # their prefixes computed again at the next step; cached prefixes go too.
+        # Running requests hold keys and values of the old weights (or adapters): they are
+        # preempted and their prefixes computed again at the next step; cached prefixes go
+        # too (vLLM keys them by adapter id, which stays the same across versions).
         if not self.engine.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError(f"vLLM kept its prefix cache after loading version {version}")
         self.version = version
@@ -339,6 +395,7 @@ def start_engine(
     kv_cache_gib: float = 1.0,
     block_size: int = 32,
     tensor_parallel_size: int = 1,
+    lora: LoraServing | None = None,
 ) -> VLLMEngine:
     """A vLLM engine in this process serving the Hugging Face directory ``model_dir``.
 
@@ -347,7 +404,8 @@ def start_engine(
     multiples of 32); prefix caching shares whole pages. ``tensor_parallel_size`` > 1
     starts vLLM's multiprocess executor, a worker process per rank that ends with this
     process (its pipe to it closes); new versions reach them pickled over vLLM's
-    shared-memory queue. Run here on CPU with 2 ranks; never on GPUs.
+    shared-memory queue. Run here on CPU with 2 ranks; never on GPUs. ``lora``: versions
+    are adapters, served on the unchanged base (the module's docstring).
     """
     # The engine core in this process (vLLM's default runs it in a process of its own,
     # which outlives a parent killed with SIGKILL).
@@ -372,10 +430,23 @@ def start_engine(
         tensor_parallel_size=tensor_parallel_size,
         distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
         disable_log_stats=True,
+        **_lora_args(lora),
     )
     with _environment_kept():
         engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
-    return VLLMEngine(engine, version=version)
+    return VLLMEngine(engine, version=version, lora=lora)
+
+
+def _lora_args(lora: LoraServing | None) -> dict[str, Any]:
+    if lora is None:
+        return {}
+    # One adapter, the current version's: one slot, and nothing else cached.
+    return {
+        "enable_lora": True,
+        "max_lora_rank": lora.slot_rank,
+        "max_loras": 1,
+        "max_cpu_loras": 1,
+    }
 
 
 @contextlib.contextmanager

@@ -267,15 +267,27 @@ def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
         )
 
 
+# vLLM's largest LoRA rank (0.32); smaller ranks are padded into its slots.
+VLLM_MAX_LORA_RANK = 512
+
+
 def _check_lora_engines(cfg: RunConfig) -> None:
-    """Adapters are trained by the torch engine and merged by the torch generator and
-    scorer, each holding the whole model (a scorer group would have to merge shards)."""
-    if not cfg.model.lora.enabled:
+    """Adapters are trained by the torch engine and merged by the torch scorer, holding
+    the whole model (a scorer group would have to merge shards); the torch generator
+    merges them too, and vLLM serves them as an adapter on its base."""
+    lora = cfg.model.lora
+    if not lora.enabled:
         return
-    if cfg.backends.train != "torch" or cfg.backends.generate != "torch":
+    if cfg.backends.train != "torch" or cfg.backends.generate not in ("torch", "vllm"):
         raise ValueError(
             f"model.lora: got backends.train={cfg.backends.train!r}, backends.generate="
-            f"{cfg.backends.generate!r}; allowed: 'torch' for both with adapters"
+            f"{cfg.backends.generate!r}; allowed: backends.train 'torch' and "
+            "backends.generate 'torch' or 'vllm' with adapters"
+        )
+    if cfg.backends.generate == "vllm" and lora.rank > VLLM_MAX_LORA_RANK:
+        raise ValueError(
+            f"model.lora.rank: got {lora.rank} with backends.generate='vllm'; allowed: up "
+            f"to {VLLM_MAX_LORA_RANK}, the largest adapter vLLM serves"
         )
     if cfg.pipeline.workers.get("logp", 1) > 1:
         raise ValueError(
