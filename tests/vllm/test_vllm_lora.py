@@ -27,7 +27,7 @@ from asyncrl.actors.policy.adapters import MergedAdapters, adapted_modules
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, state_for_saving
 from asyncrl.actors.policy.config import ModelConfig
 from asyncrl.actors.policy.decoder import Finished, Request
-from asyncrl.runtime.contract.config import config_from_dict, load_config
+from asyncrl.runtime.contract.config import load_config
 from tests.support.hf_families import VARIANTS, hf_model, save_hf_model
 
 from .test_vllm_families import CPU_SHAPE, largest_gap
@@ -309,18 +309,6 @@ def test_two_tensor_parallel_ranks_serve_the_adapters_too(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     gaps = [line for line in done.stdout.splitlines() if line.startswith("GAP ")]
     assert gaps and float(gaps[-1].split()[1]) < LOGPROB_TOLERANCE, done.stdout[-2000:]
-
-
-def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() -> None:
-    lora = {"rank": 16, "target_modules": ["q_proj"]}
-    cfg = config_from_dict({"model": {"lora": lora}, "backends": {"generate": "vllm"}})
-    assert cfg.model.lora.enabled and cfg.backends.generate == "vllm"
-    with pytest.raises(ValueError, match=r"model\.lora\.rank: got 1024 .* up to 512"):
-        config_from_dict(
-            {"model": {"lora": lora | {"rank": 1024}}, "backends": {"generate": "vllm"}}
-        )
-    with pytest.raises(ValueError, match=r"backends\.generate .torch. or .vllm. with adapters"):
-        config_from_dict({"model": {"lora": lora}, "backends": {"generate": "sglang"}})
 
 
 def test_a_short_lora_run_with_vllm_generating_serves_the_trainers_adapters(

@@ -409,3 +409,15 @@ def test_sampling_truncation_defaults_off_and_is_set_by_key() -> None:
 def test_sampling_truncation_out_of_bounds_is_refused_by_key(override: str, key: str) -> None:
     message = error_of(overrides=(override,))
     assert key in message and override.split("=")[1] in message
+
+
+def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() -> None:
+    lora = {"rank": 16, "target_modules": ["q_proj"]}
+    cfg = config_from_dict({"model": {"lora": lora}, "backends": {"generate": "vllm"}})
+    assert cfg.model.lora.enabled and cfg.backends.generate == "vllm"
+    with pytest.raises(ValueError, match=r"model\.lora\.rank: got 1024 .* up to 512"):
+        config_from_dict(
+            {"model": {"lora": lora | {"rank": 1024}}, "backends": {"generate": "vllm"}}
+        )
+    with pytest.raises(ValueError, match=r"backends\.generate .torch. or .vllm. with adapters"):
+        config_from_dict({"model": {"lora": lora}, "backends": {"generate": "sglang"}})
