@@ -24,7 +24,8 @@ they go on under the new adapters from the next token with their keys and values
 computed again.
 
 Log-probs are vLLM's ``processed_logprobs``: of the distribution sampled from, after the
-temperature, as the PyTorch decoder records them.
+temperature, top-k and top-p, as the PyTorch decoder records them and the scorers compute
+them (:mod:`~asyncrl.actors.policy.sampling`).
 
 Several decoders may share one engine (validation's beside the rollouts'):
 :class:`VLLMEngine` steps it and hands each decoder its own requests' outputs.
