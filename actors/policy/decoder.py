@@ -44,7 +44,7 @@ from .model import CausalLM
 from .padding import like_width_runs
 from .sampling import PLAIN, Sampling, sampled_logprobs, sampling_problem
 
-__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request"]
+__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request", "end_ids"]
 
 # Sequences catching up are fed in runs padded to at most this many times their tokens.
 CATCH_UP_SLACK = 1.25
@@ -71,6 +71,15 @@ class Request:
     # Draws this sequence's tokens from a generator of its own, seeded so: the same seed
     # gives the same tokens whatever other sequences share its steps. None: the decoder's.
     seed: int | None = None
+
+
+def end_ids(eos_id: int | Collection[int]) -> frozenset[int]:
+    """The ids that end a response: one, or several (a chat model may end with any of
+    them); ValueError for none."""
+    ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
+    if not ids:
+        raise ValueError("eos_id: expected at least one end-of-sequence id")
+    return ids
 
 
 def check_request(request: Request, max_prompt_tokens: int) -> None:
@@ -180,12 +189,8 @@ class Decoder:
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
-        # One id, or several: a chat model may end a response with any of them.
-        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
-        if not self.eos_ids:
-            raise ValueError("eos_id: expected at least one end-of-sequence id")
+        self.eos_ids = end_ids(eos_id)
         self.pad_id = pad_id
-        self.temperature = temperature
         self.version = version
         self.device = model.lm_head.weight.device  # inputs go there; tokens come back
         # CUDA graphs (graphs.py) only where they can run: on a GPU, for a model whose

@@ -26,6 +26,7 @@ from asyncrl.actors.policy.checkpoint import (
     state_for_saving,
 )
 from asyncrl.actors.policy.decoder import Finished, Request
+from tests.support.decoding import drain
 
 pytestmark = [
     pytest.mark.vllm,
@@ -62,17 +63,6 @@ def _decoder(engine, codec, **options):
     return VLLMDecoder(engine, **{**settings, **options})
 
 
-def _drain(decoder, count: int, *, each_step=None) -> list[Finished]:
-    results: list[Finished] = []
-    deadline = time.monotonic() + 120
-    while len(results) < count:
-        results += decoder.step()
-        if each_step is not None:
-            each_step()
-        assert time.monotonic() < deadline, "vLLM did not finish the requests in 120 s"
-    return results
-
-
 @torch.no_grad()
 def _our_logprobs(model, finished: Finished, temperature: float = 1.0) -> list[float]:
     ids = torch.tensor([[*finished.prompt, *finished.tokens]])
@@ -97,7 +87,7 @@ def test_sampled_tokens_carry_logprobs_of_our_own_forward(engine, base) -> None:
     decoder = _decoder(engine, codec, temperature=0.7, seed=1)
     prompts = [tuple(codec.encode(text)) for text in ("12+34=", "7+8=", "99+1=")]
     decoder.submit(Request(j, prompts[j % 3]) for j in range(9))
-    results = _drain(decoder, 9)
+    results = drain(decoder, 9)
     assert sorted(f.tag for f in results) == list(range(9))
     for finished in results:
         assert len(finished.tokens) == len(finished.logprobs) == len(finished.versions)
@@ -124,7 +114,7 @@ def test_tokens_after_a_load_carry_the_new_version_and_its_logprobs(engine, base
         if steps[0] == 5:
             assert decoder.load(new_state, old_version + 1) == []
 
-    results = _drain(decoder, 6, each_step=load_after_five_steps)
+    results = drain(decoder, 6, each_step=load_after_five_steps)
     new_model, _ = load_model("embedded", torch.float32)
     load_state(new_model, new_state)
     for finished in results:
@@ -156,7 +146,7 @@ def test_a_version_mapped_from_a_file_by_the_engine_itself(engine, base, tmp_pat
     engine.load_mapped(str(path), layout, engine.version + 1)
     decoder = _decoder(engine, codec, seed=5)
     decoder.submit([Request("mapped", tuple(codec.encode("12+34=")))])
-    (finished,) = _drain(decoder, 1)
+    (finished,) = drain(decoder, 1)
     new_model, _ = load_model("embedded", torch.float32)
     load_state(new_model, changed)
     ours = _our_logprobs(new_model, finished)
@@ -177,7 +167,7 @@ def test_cancel_aborts_running_requests_in_the_engine(engine, base) -> None:
         assert decoder.step() == []
     decoder.cancel([0, 1])
     assert decoder.free_slots == 14
-    results = _drain(decoder, 2)
+    results = drain(decoder, 2)
     assert sorted(f.tag for f in results) == [2, 3]
     assert not engine.engine.has_unfinished_requests()
 
@@ -204,7 +194,7 @@ def test_stop_when_ends_a_response_the_engine_would_continue(engine, base) -> No
     decoder = _decoder(engine, codec, seed=4, eos_id=codec.pad_id)
     request = Request("short", tuple(codec.encode("1+2=")), stop_when=lambda r: len(r) >= 3)
     decoder.submit([request])
-    (finished,) = _drain(decoder, 1)
+    (finished,) = drain(decoder, 1)
     assert len(finished.tokens) == 3 and not finished.truncated
     assert not engine.engine.has_unfinished_requests()
 
@@ -216,7 +206,7 @@ def test_a_groups_samples_share_their_prompts_cached_pages(engine, base) -> None
     assert len(prompt) > 32  # more than one page of the cache (start_engine's block_size)
     engine.engine.reset_prefix_cache()
     decoder.submit(Request(j, prompt) for j in range(8))
-    _drain(decoder, 8)
+    drain(decoder, 8)
     assert decoder.prompt_tokens == 8 * len(prompt)
     # The first computes the prompt; the other seven find its first page cached.
     assert decoder.cached_prompt_tokens == 7 * 32
@@ -232,12 +222,12 @@ def test_a_conversations_next_turn_finds_the_last_turns_pages_cached(engine, bas
     engine.engine.reset_prefix_cache()
     first = tuple(codec.encode("1234567890+1234567890="))
     decoder.submit([Request("turn 1", first, max_new_tokens=50)])
-    (turn,) = _drain(decoder, 1)
+    (turn,) = drain(decoder, 1)
     conversation = (*first, *turn.tokens, *codec.encode("=7;"))
     assert len(first) + len(turn.tokens) > 64  # two whole pages computed by turn 1
     before = decoder.cached_prompt_tokens
     decoder.submit([Request("turn 2", conversation, max_new_tokens=4)])
-    _drain(decoder, 1)
+    drain(decoder, 1)
     assert decoder.cached_prompt_tokens - before == 64  # the response's page too
 
 

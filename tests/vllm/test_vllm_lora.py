@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, state_for
 from asyncrl.actors.policy.config import ModelConfig
 from asyncrl.actors.policy.decoder import Finished, Request
 from asyncrl.runtime.contract.config import load_config
+from tests.support.decoding import drain
 from tests.support.hf_families import VARIANTS, hf_model, save_hf_model
 
 from .test_vllm_families import CPU_SHAPE, largest_gap
@@ -109,17 +109,6 @@ def _decoder_of(engine, **settings):
     return VLLMDecoder(engine, eos_id=0, seed=0, **settings)
 
 
-def _drain(decoder, count: int, *, each_step=None) -> list[Finished]:
-    results: list[Finished] = []
-    deadline = time.monotonic() + 120
-    while len(results) < count:
-        results += decoder.step()
-        if each_step is not None:
-            each_step()
-        assert time.monotonic() < deadline, "vLLM did not finish the requests in 120 s"
-    return results
-
-
 @torch.no_grad()
 def _our_logprobs(model, finished: Finished) -> list[float]:
     ids = torch.tensor([[*finished.prompt, *finished.tokens]])
@@ -143,7 +132,7 @@ def test_versions_are_adapters_served_by_the_engine_and_switched_under_running_r
     prompt = tuple(codec.encode("12+34="))
     # Version 0, before any adapter arrived: the base model's log-probs exactly.
     decoder.submit([Request("base", prompt)])
-    (finished,) = _drain(decoder, 1)
+    (finished,) = drain(decoder, 1)
     assert set(finished.versions) == {engine.version}
     assert _gap(finished, {engine.version: model}) < LOGPROB_TOLERANCE
 
@@ -158,7 +147,7 @@ def test_versions_are_adapters_served_by_the_engine_and_switched_under_running_r
         if steps[0] == 5:
             assert decoder.load(adapters, first) == []
 
-    results = _drain(decoder, 6, each_step=load_after_five_steps)
+    results = drain(decoder, 6, each_step=load_after_five_steps)
     # The receiver's buffers are the engine's to read, never to change.
     for name, tensor in adapters.items():
         assert torch.equal(tensor, sent[name]), name
@@ -173,7 +162,7 @@ def test_versions_are_adapters_served_by_the_engine_and_switched_under_running_r
     later = _adapters(model, seed=22)
     decoder.load(later, first + 3)
     decoder.submit(Request(("later", j), prompt) for j in range(3))
-    for finished in _drain(decoder, 3):
+    for finished in drain(decoder, 3):
         assert set(finished.versions) == {first + 3}
         assert _gap(finished, {first + 3: _merged(model, later)}) < LOGPROB_TOLERANCE
         # Not the version before it: the adapters really changed.
@@ -194,7 +183,7 @@ def test_a_version_that_is_not_whole_adapters_is_refused_and_changes_nothing(eng
     assert engine.version == version
     decoder = _decoder(engine, codec, seed=3)
     decoder.submit([Request("after", tuple(codec.encode("7+8=")))])
-    (finished,) = _drain(decoder, 1)
+    (finished,) = drain(decoder, 1)
     assert _gap(finished, {version: _merged(model, current)}) < LOGPROB_TOLERANCE
 
 
@@ -216,7 +205,7 @@ def test_without_the_preemption_tokens_after_a_load_would_be_off(engine, base, m
         if steps[0] == 5:
             decoder.load(after, version)
 
-    results = _drain(decoder, 4, each_step=load_after_five_steps)
+    results = drain(decoder, 4, each_step=load_after_five_steps)
     monkeypatch.undo()
     models = {version - 1: _merged(model, before), version: _merged(model, after)}
     gap = max(_gap(finished, models) for finished in results)
@@ -258,7 +247,7 @@ def test_every_family_vllm_runs_serves_adapters_with_our_logprobs(
             if steps[0] == 3:
                 decoder.load(adapters, 1)
 
-        results = _drain(decoder, 4, each_step=load_after_three_steps)
+        results = drain(decoder, 4, each_step=load_after_three_steps)
     finally:
         engine.close()
     assert {v for f in results for v in f.versions} == {0, 1}
@@ -290,7 +279,7 @@ if __name__ == "__main__":
         steps[0] += 1
         if steps[0] == 5:
             decoder.load(adapters, 1)
-    results = t._drain(decoder, 4, each_step=load_after_five_steps)
+    results = t.drain(decoder, 4, each_step=load_after_five_steps)
     assert all(f.versions[:5] == [0] * 5 and set(f.versions[5:]) == {1} for f in results)
     gap = max(t._gap(f, {0: model, 1: t._merged(model, adapters)}) for f in results)
     engine.close()

@@ -39,7 +39,7 @@ from typing import Any
 import structlog
 import torch
 
-from ...policy.decoder import Finished, Request, check_request
+from ...policy.decoder import Finished, Request, check_request, end_ids
 from ...policy.sampling import Sampling
 from .buckets import Bucket
 from .runner import EngineRunner
@@ -75,10 +75,7 @@ class SGLangDecoder:
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
-        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
-        if not self.eos_ids:
-            raise ValueError("eos_id: expected at least one end-of-sequence id")
-        self.temperature = temperature
+        self.eos_ids = end_ids(eos_id)
         # What the loop hands back: a response, or the error a request failed with.
         self._finished: queue.Queue[tuple[int, Finished | Exception]] = queue.Queue()
         # Read and written on both threads, under the lock: the requests this decoder still

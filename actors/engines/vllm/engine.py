@@ -46,7 +46,7 @@ from typing import Any
 import structlog
 import torch
 
-from ...policy.decoder import Finished, Request, check_request
+from ...policy.decoder import Finished, Request, check_request, end_ids
 from ...policy.sampling import Sampling
 from .extension import WEIGHT_LOADING, MappedTensor
 
@@ -211,9 +211,7 @@ class VLLMDecoder:
         self.slots = slots
         self.max_new_tokens = max_new_tokens
         self.max_prompt_tokens = max_prompt_tokens
-        self.eos_ids = frozenset([eos_id] if isinstance(eos_id, int) else eos_id)
-        if not self.eos_ids:
-            raise ValueError("eos_id: expected at least one end-of-sequence id")
+        self.eos_ids = end_ids(eos_id)
         # A seed makes each request's draws reproducible (vLLM seeds it alone: its tokens
         # do not depend on what else is in the batch).
         self.seed = seed

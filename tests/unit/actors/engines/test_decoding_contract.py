@@ -12,7 +12,6 @@ its version's weight value.
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_stat
 from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
 from asyncrl.actors.policy.sampling import Sampling
 from tests.support import fake_sglang
+from tests.support.decoding import drain
 
 # |engine log-prob - our float32 forward's|: vLLM's largest measured here was 3.0e-5.
 LOGPROB_TOLERANCE = 1e-4
@@ -169,15 +169,9 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         close()
 
 
-def drain(decoder: Decoding, count: int, between: Callable[[], None] | None = None):
-    results: dict[Any, Finished] = {}
-    deadline = time.monotonic() + 120
-    while len(results) < count:
-        results |= {f.tag: f for f in decoder.step()}
-        if between is not None:
-            between()
-        assert time.monotonic() < deadline, f"{len(results)} of {count} responses in 120 s"
-    return results
+def finish(decoder: Decoding, count: int, between: Callable[[], None] | None = None):
+    """The ``count`` responses by tag."""
+    return {f.tag: f for f in drain(decoder, count, each_step=between)}
 
 
 def assert_logprobs_are_their_versions(engine: Engine, finished: Finished, sampling: Sampling):
@@ -202,7 +196,7 @@ def test_responses_end_at_an_end_id_or_their_budget_with_their_versions_logprobs
         for j, (prompt, budget) in enumerate(zip(engine.prompts, budgets, strict=True))
     )
     assert decoder.busy and decoder.free_slots == 4
-    results = drain(decoder, 4)
+    results = finish(decoder, 4)
     for j, budget in enumerate(budgets):
         finished = results[j]
         assert finished.prompt == engine.prompts[j]
@@ -231,7 +225,7 @@ def test_tokens_after_a_load_carry_the_new_version_and_its_logprobs(engine: Engi
             decoder.load(engine.weights(1), 1, copy=False)
             assert decoder.version == 1
 
-    results = drain(decoder, 4, load_after_three_steps)
+    results = finish(decoder, 4, load_after_three_steps)
     for finished in results.values():
         assert len(finished.tokens) == 40 and finished.truncated
         assert finished.versions == sorted(finished.versions)
@@ -246,7 +240,7 @@ def test_cancelled_requests_never_come_back_and_free_their_slots(engine: Engine)
         decoder.step()
     decoder.cancel([0, 1, "never submitted"])
     assert decoder.free_slots == 6
-    assert set(drain(decoder, 2)) == {2, 3}
+    assert set(finish(decoder, 2)) == {2, 3}
     assert not decoder.busy and decoder.free_slots == 8
     decoder.submit([Request("after", engine.prompts[0], max_new_tokens=2)])
     decoder.close()  # what the generate role does when it abandons its leases
@@ -257,7 +251,7 @@ def test_stop_when_and_stop_ids_end_a_response_at_their_token(engine: Engine) ->
     decoder = engine.make(eos_id=engine.never_ends, max_new_tokens=20, temperature=1.0, seed=4)
     prompt = engine.prompts[0]
     decoder.submit([Request("free", prompt, greedy=True)])
-    free = drain(decoder, 1)["free"].tokens
+    free = finish(decoder, 1)["free"].tokens
     # Greedy: the same prompt gives the same tokens, so a stop id from the middle of
     # that response ends the next one at its first occurrence.
     stop = free[len(free) // 2]
@@ -268,7 +262,7 @@ def test_stop_when_and_stop_ids_end_a_response_at_their_token(engine: Engine) ->
             Request("stop_when", prompt, greedy=True, stop_when=lambda r: len(r) >= 3),
         ]
     )
-    results = drain(decoder, 3)
+    results = finish(decoder, 3)
     assert results["again"].tokens == free
     ended = results["stop_id"]
     assert ended.tokens == free[: free.index(stop) + 1] and ended.stopped_by == stop
@@ -308,7 +302,7 @@ def test_top_k_top_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(engine:
             Request("top_p tiny", prompt, top_p=1e-6),
         ]
     )
-    results = drain(decoder, 7)
+    results = finish(decoder, 7)
     assert_logprobs_are_their_versions(engine, results["truncated"], truncated)
     assert results["seeded"].tokens == results["same seed"].tokens
     assert results["seeded"].tokens != results["other seed"].tokens
