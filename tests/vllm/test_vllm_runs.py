@@ -74,23 +74,33 @@ def test_the_default_run_with_vllm_reaches_validation_reward_0_8(tmp_path: Path)
     assert max(s["logprob_mismatch_max"] for s in compared) < 1e-3
 
 
+def assert_the_calculator_learned(run_dir: Path) -> None:
+    """The base model calls the tool on the product alone: about 0.35 of its answers are
+    right (0.2 of the first steps' samples); ten versions on, about 0.9 (runs of 2026-11-28:
+    the last five steps' samples 0.78-0.95). The rewards of what was sampled show it
+    whenever the run ends; a validation after version 0 is there only if it finished
+    before the run did (the last is abandoned when the trainer is done)."""
+    lines = steps(run_dir)
+    assert sum(s["reward_mean"] for s in lines[:2]) / 2 < 0.4, lines[:2]
+    assert sum(s["reward_mean"] for s in lines[-5:]) / 5 >= 0.75, lines[-5:]
+    seen = validations(run_dir)
+    assert seen[0]["version"] == 0 and seen[0]["val_reward"] < 0.5, seen
+    assert all(v["val_reward"] >= 0.8 for v in seen if v["version"] >= 10), seen
+
+
 def test_the_calculator_environment_learns_with_vllm(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run(run_dir, "calculator.yaml", "run.total_steps=20", timeout=600)
     assert_every_step_and_group_once(run_dir, 20)
-    seen = validations(run_dir)
-    # 0.35 at the start (the base model calls the tool on the product alone), about 0.9
-    # after ten versions with our own decoder.
-    assert seen[0]["val_reward"] < 0.5 and seen[-1]["val_reward"] >= 0.8, seen
+    assert_the_calculator_learned(run_dir)
 
 
 def test_the_calculator_through_an_openai_client_harness_learns_with_vllm(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run(run_dir, "calculator-openai.yaml", "run.total_steps=20", timeout=600)
     assert_every_step_and_group_once(run_dir, 20)
-    seen = validations(run_dir)
-    assert seen[0]["worker"].startswith("harness-")  # validated through the API
-    assert seen[0]["val_reward"] < 0.5 and seen[-1]["val_reward"] >= 0.8, seen
+    assert validations(run_dir)[0]["worker"].startswith("harness-")  # through the API
+    assert_the_calculator_learned(run_dir)
 
 
 def children_of(pid: int) -> set[int]:
