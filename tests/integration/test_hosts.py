@@ -215,9 +215,11 @@ def test_counters_count_each_hosts_traffic(hosts: Hosts, tmp_path: Path) -> None
         n: (after[n].sent - before[n].sent, after[n].received - before[n].received)
         for n in hosts.names()
     }
-    # 1 MiB of payload and its headers one way, acknowledgements the other.
-    assert 1 << 20 < grew["h1"][0] < 1.1 * (1 << 20)
-    assert 1 << 20 < grew["h2"][1] < 1.1 * (1 << 20)
+    # 1 MiB of payload and its headers one way, acknowledgements the other; TCP resends
+    # segments on a loaded machine (12.6% more than the payload once, in CI on 2026-11-29),
+    # so the bound is what tells one host's megabyte from two.
+    assert 1 << 20 < grew["h1"][0] < 1.5 * (1 << 20)
+    assert 1 << 20 < grew["h2"][1] < 1.5 * (1 << 20)
     assert grew["h1"][1] < 0.05 * (1 << 20) and grew["h2"][0] < 0.05 * (1 << 20)
     assert grew["h3"][0] < 1024 and grew["h3"][1] < 4096  # at most a broadcast or two
 
