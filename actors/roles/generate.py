@@ -51,7 +51,8 @@ from asyncrl.transport.weights import make_receiver
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..engines.sglang.engine import SGLangDecoder
-from ..engines.vllm.engine import VLLMDecoder, VLLMEngine
+from ..engines.vllm.decoder import VLLMDecoder
+from ..engines.vllm.engine import VLLMEngine
 from ..episodes import EpisodeDone, EpisodeLimits, Episodes
 from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished

@@ -4,6 +4,7 @@ engine."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,23 +99,29 @@ def _load_megatron(
     return load_megatron(cfg.model.path, dtype, device, sizes)
 
 
+def _engine_model(cfg: RunConfig) -> tuple[Path, ModelConfig, int]:
+    """For an engine that loads ``model.path`` itself: its directory (the packaged names,
+    ``embedded``, are directories too), its config, and the context it needs: a prompt
+    and a response, within the model's positions."""
+    directory = model_dir(cfg.model.path)
+    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    wanted = cfg.model.max_prompt_tokens + cfg.model.max_new_tokens
+    return directory, config, min(wanted, config.max_position_embeddings)
+
+
 def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextCodec, ModelConfig]:
     """An SGLang engine serving ``model.path`` (``backends.generate: sglang``), with its
     tokenizer and config. SGLang loads the Hugging Face directory itself, on the GPU this
     worker's index picks; the packaged names (``embedded``) are directories too."""
     from ..engines.sglang.engine import start_engine
 
-    directory = model_dir(cfg.model.path)
-    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    directory, config, context_length = _engine_model(cfg)
     torch.manual_seed(cfg.run.seed)
     runner = start_engine(
         str(directory),
         device=torch.device("cuda", (index or 0) % max(1, torch.cuda.device_count())),
         dtype=cfg.model.dtype,
-        context_length=min(
-            cfg.model.max_prompt_tokens + cfg.model.max_new_tokens,
-            config.max_position_embeddings,
-        ),
+        context_length=context_length,
         seed=cfg.run.seed + (index or 0),
         version=0,
         bucket_mb=cfg.weights.consume_bucket_mb,
@@ -131,8 +138,7 @@ def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec
     ``model.lora`` it keeps that base and serves each version's adapters on it."""
     from ..engines.vllm.engine import LoraServing, start_engine
 
-    directory = model_dir(cfg.model.path)
-    config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    directory, config, context_length = _engine_model(cfg)
     # Before the engine starts: vLLM's CPU worker keeps the threads it finds, and refuses
     # torch.set_num_threads afterwards.
     torch.set_num_threads(threads_for(cfg, "generate"))
@@ -143,10 +149,7 @@ def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec
     engine = start_engine(
         str(directory),
         dtype=cfg.model.dtype,
-        context_length=min(
-            cfg.model.max_prompt_tokens + cfg.model.max_new_tokens,
-            config.max_position_embeddings,
-        ),
+        context_length=context_length,
         seed=cfg.run.seed + (index or 0),
         version=0,
         kv_cache_gib=cfg.backends.vllm.kv_cache_gib,

@@ -151,7 +151,8 @@ def bench_model(model: Model, cfg: RunConfig, rounds: int) -> dict[str, list[Rou
     """Both engines on ``model``, taking turns; each round's tokens and seconds."""
     import torch
 
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
+    from asyncrl.actors.engines.vllm.engine import start_engine
     from asyncrl.actors.policy.checkpoint import load_model
     from asyncrl.actors.policy.decoder import Decoder
     from asyncrl.actors.roles.generate import DEFAULT_SLOTS

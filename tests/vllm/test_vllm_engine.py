@@ -57,7 +57,7 @@ def base() -> tuple:
 
 
 def _decoder(engine, codec, **options):
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
 
     settings = dict(slots=16, max_new_tokens=40, max_prompt_tokens=32, eos_id=codec.eos_ids)
     return VLLMDecoder(engine, **{**settings, **options})
@@ -237,7 +237,8 @@ _WORKER = """
 import os, sys, time
 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
 import torch
-from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
+from asyncrl.actors.engines.vllm.engine import start_engine
 from asyncrl.actors.policy.checkpoint import load_model, load_state, state_for_saving
 from asyncrl.actors.policy.decoder import Request
 engine = start_engine(sys.argv[1], dtype="float32", context_length=128, seed=0,

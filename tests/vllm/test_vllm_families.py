@@ -63,7 +63,8 @@ def largest_gap(models: dict[int, torch.nn.Module], results: list[Finished]) -> 
 def test_every_family_generates_in_vllm_with_our_logprobs_across_a_load(
     variant: str, tmp_path: Path
 ) -> None:
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
+    from asyncrl.actors.engines.vllm.engine import start_engine
 
     model_type, fields = VARIANTS[variant]
     directory = save_hf_model(hf_model(model_type, **(fields | CPU_SHAPE)), tmp_path / variant)

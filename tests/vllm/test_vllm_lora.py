@@ -97,14 +97,14 @@ def _merged(model, adapters: dict[str, torch.Tensor]):
 
 
 def _decoder(engine, codec, **options):
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
 
     settings = dict(slots=16, max_new_tokens=40, max_prompt_tokens=32, eos_id=codec.eos_ids)
     return VLLMDecoder(engine, **{**settings, **options})
 
 
 def _decoder_of(engine, **settings):
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
 
     return VLLMDecoder(engine, eos_id=0, seed=0, **settings)
 

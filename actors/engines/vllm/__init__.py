@@ -1,8 +1,10 @@
 """vLLM as the generation engine (``backends.generate: vllm``).
 
-- :mod:`.engine`: :class:`~.engine.VLLMDecoder`, the decoder surface
-  (:class:`~asyncrl.actors.policy.decoder.Decoding`) over vLLM's ``LLMEngine`` run inside
-  the generate worker's own process, and :func:`~.engine.start_engine`;
+- :mod:`.engine`: vLLM's ``LLMEngine`` run inside the generate worker's own process
+  (:func:`~.engine.start_engine`), new versions and LoRA adapters loaded into it, its
+  outputs handed to the decoders sharing it;
+- :mod:`.decoder`: :class:`~.decoder.VLLMDecoder`, the decoder surface
+  (:class:`~asyncrl.actors.policy.decoder.Decoding`) over that engine;
 - :mod:`.extension`: what vLLM mixes into its worker class (``worker_extension_cls``),
   called through ``collective_rpc``: new weights loaded in place, from tensors handed over
   in this process or from a file in shared memory that the worker maps itself, and LoRA

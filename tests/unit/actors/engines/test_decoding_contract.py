@@ -104,7 +104,8 @@ def _ours() -> Engine:
 
 
 def _vllm() -> Engine:
-    from asyncrl.actors.engines.vllm.engine import VLLMDecoder, start_engine
+    from asyncrl.actors.engines.vllm.decoder import VLLMDecoder
+    from asyncrl.actors.engines.vllm.engine import start_engine
 
     forward = OurForward()
     engine = start_engine(str(EMBEDDED_DIR), dtype="float32", context_length=128, seed=0)
