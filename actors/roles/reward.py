@@ -28,6 +28,7 @@ from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..payloads import PromptIn, RewardsOut, RolloutsOut
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
+from ..rollout_dump import RolloutDump
 from ..startup.role_checks import check_task
 from ..tasks import TaskError
 from ..tasks.rewards import MODEL_PREFIX
@@ -56,6 +57,7 @@ class Reward(Actor):
             torch.set_num_threads(threads_for(cfg, self.role))
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
+        self.dump = RolloutDump.of(cfg, ctx.worker)
 
     def process(self, lease: p.Lease) -> Outcome:
         tokens = sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
@@ -64,7 +66,7 @@ class Reward(Actor):
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)
         if rollouts.rewards is not None:  # an environment or a harness paid them already
-            return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
+            return self._scored(item, rollouts, RewardsOut(rollouts.rewards))
         sample = PromptIn.of(item).sample()
         try:
             texts = [self.codec.decode(response) for response in rollouts.responses()]
@@ -73,4 +75,12 @@ class Reward(Actor):
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
             raise
-        return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
+        return self._scored(item, rollouts, RewardsOut(np.asarray(rewards, np.float32)))
+
+    def _scored(self, item: p.Item, rollouts: RolloutsOut, rewards: RewardsOut) -> p.Result:
+        # JOIN(filter_groups): reason = filter_reason(rewards, cfg.algorithm.filter_groups)
+        # from ..rl.filtering, which marks the group filtered; None: it carries signal.
+        reason: str | None = None
+        if reason is not None:
+            self.dump.filtered(item, rollouts, rewards, reason)
+        return p.Result(item.gid, rewards.to_payload())

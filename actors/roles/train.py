@@ -37,6 +37,7 @@ from asyncrl.transport import protocol as p
 from ..actor import Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
 from ..policy.lora import save_adapter_checkpoint, save_final
+from ..rollout_dump import RolloutDump
 from ..startup.model_loading import load_policy
 from ..startup.role_checks import check_device, check_engine, check_lora, check_model
 from ..training.gang import Order
@@ -67,6 +68,8 @@ class Train(LearnerRole):
         cfg = ctx.config
         self.source = model_dir(cfg.model.path)
         self._join(ctx, RunDir.of(cfg).weight_dirs(cfg.weights))
+        self.dump = RolloutDump.of(cfg, ctx.worker)
+        self.resumed_at = self.step
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
         model, codec = load_policy(cfg, self.role, index)
@@ -80,6 +83,9 @@ class Train(LearnerRole):
         seconds = time.perf_counter() - started
         metrics = self._metrics(groups, stats, seconds)
         metrics["keys"] = [item.key for item in lease.items]  # the data this step consumed
+        # Before the completion goes out: a step the scheduler counts has its lines.
+        values = None if groups[0].values is None else [g.values.values for g in groups]
+        self.dump.trained(self.step, self.resumed_at, lease.items, self.cfg.algorithm, values)
         if self._checkpoint_due() or self._last_step:
             self.save_checkpoint()
         if self._last_step:

@@ -159,6 +159,12 @@ class RunDir:
         return self.root / "api-servers"
 
     @property
+    def rollouts(self) -> Path:
+        """The rollout dumps (``run.dump_rollouts``): every trained and filtered sample as
+        a JSON line, files laid out and read by :mod:`.rollout_dumps`."""
+        return self.root / "rollouts"
+
+    @property
     def trace(self) -> Path:
         """Leases, weight versions and train steps as Chrome trace events (trace.py)."""
         return self.root / "trace.json"

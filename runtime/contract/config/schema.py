@@ -53,6 +53,14 @@ class RunSection:
             min=0,
         ),
     )
+    dump_rollouts: bool = field(
+        default=False,
+        metadata=doc(
+            "write every trained sample (and every sample of a filtered group) as a JSON "
+            "line under the run directory's rollouts/: prompt and response text and ids, "
+            "reward and its parts, advantage, versions, group and step",
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Expanded here, after overrides are merged, so `run.name=x` alone moves the dir.

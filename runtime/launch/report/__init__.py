@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from asyncrl.runtime.contract.rundir import RunDir
+
     from .page import Section
 
 __all__ = ["MissingExtra", "Report", "write_report"]
@@ -75,9 +77,25 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
             continue
         sections.append(_save(out, plot.name, plot.title, plot.caption, figure, report))
     figures = headline(data, timeline)
-    page = render_page(f"asyncrl run {name}", figures, sections, report.missing, data.config_text)
+    samples = _samples(data.run, data.config, report)
+    page = render_page(
+        f"asyncrl run {name}", figures, sections, report.missing, data.config_text, samples
+    )
     report.page.write_text(page, encoding="utf-8")
     return report
+
+
+def _samples(run: RunDir, config: dict, report: Report) -> str:
+    """The samples section's HTML if the run dumped its rollouts, else ""."""
+    from asyncrl.runtime.contract.rollout_dumps import read_rollouts
+
+    from .samples import samples_html
+
+    if not run.rollouts.is_dir():
+        if (config.get("run") or {}).get("dump_rollouts") is True:
+            report.missing.append(f"{run.rollouts.name}/: no sample of the run is shown")
+        return ""
+    return samples_html(read_rollouts(run.rollouts))
 
 
 _GANTT = (

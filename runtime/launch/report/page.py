@@ -22,6 +22,8 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1300px; 
 table { border-collapse: collapse } td, th { padding: 2px 12px 2px 0; text-align: left }
 td.v { font-variant-numeric: tabular-nums } img { max-width: 100%; border: 1px solid #ddd }
 .missing { color: #a33 } pre { background: #f6f6f6; padding: 1em; overflow-x: auto }
+table.samples td { vertical-align: top } table.samples pre { padding: 0.3em; margin: 0;
+  white-space: pre-wrap; max-width: 450px }
 """
 
 
@@ -31,8 +33,11 @@ def render_page(
     sections: Sequence[Section],
     missing: Sequence[str],
     config_text: str,
+    samples: str = "",
 ) -> str:
-    """The page: headline figures, what is missing, every picture, the configuration."""
+    """The page: headline figures, what is missing, every picture, the samples the model
+    wrote (``samples``: HTML that samples.py built, every dumped value escaped there), the
+    configuration."""
     e = html.escape
     parts = [
         "<!DOCTYPE html>",
@@ -56,6 +61,8 @@ def render_page(
         parts.append(
             f'<p>{e(s.caption)}</p><img alt="{e(s.title)}" src="data:image/png;base64,{data}">'
         )
+    if samples:
+        parts.append(f"<h2>Samples</h2>{samples}")
     if config_text:
         parts.append(f"<h2>Configuration</h2><pre>{e(config_text)}</pre>")
     parts.append("</body></html>")

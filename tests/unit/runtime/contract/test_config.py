@@ -356,6 +356,7 @@ def test_config_to_dict_is_plain_builtins() -> None:
         "seed": 0,
         "total_steps": 300,
         "keep_checkpoints": 3,
+        "dump_rollouts": False,
     }
     yaml.safe_dump(data)  # raises on anything that is not a YAML builtin
 
