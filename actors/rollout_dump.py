@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
 from asyncrl.runtime.contract.config import AlgorithmSection, RunConfig
 from asyncrl.runtime.contract.rollout_dumps import (
@@ -30,11 +32,13 @@ from asyncrl.runtime.contract.rollout_dumps import (
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport import protocol as p
 
-from .payloads import PayloadError, PromptIn, RewardsOut, RolloutsOut
+from .payloads import RewardsOut, RolloutsOut
 from .policy.directories import model_dir
 from .policy.tokenizer import TextCodec
 
 __all__ = ["TOKEN_LEVEL_ESTIMATORS", "RolloutDump", "reward_parts"]
+
+log = structlog.get_logger("asyncrl.rollout_dump")
 
 # Estimators whose advantage differs from token to token: a line gives the mean over the
 # sequence's trained tokens ("token_mean"); the others give each token its sequence's.
@@ -110,7 +114,7 @@ class RolloutDump:
                     time=now,
                 )
                 lines.append(line)
-        return append_lines(steps_file(self.directory, step), lines)
+        return self._append(steps_file(self.directory, step), lines)
 
     # --- the reward role's ---------------------------------------------------------------
 
@@ -124,7 +128,16 @@ class RolloutDump:
         now = time.time()
         for line in lines:
             line.update(filtered=reason, writer=self.writer, time=now)
-        return append_lines(filtered_file(self.directory, self.writer), lines)
+        return self._append(filtered_file(self.directory, self.writer), lines)
+
+    def _append(self, path: Path, lines: list[dict[str, Any]]) -> int:
+        # A dump is for reading, not for training: a full disk costs its lines, logged,
+        # and the step or the group goes on.
+        try:
+            return append_lines(path, lines)
+        except OSError as error:
+            log.warning("rollout dump lines not written", path=str(path), error=str(error))
+            return 0
 
     # --- a group's lines -----------------------------------------------------------------
 
@@ -137,7 +150,6 @@ class RolloutDump:
         prompt = codec.decode(prompt_ids)
         parts = reward_parts(rewards)
         mask = rollouts.trained_mask()
-        index = _prompt_index(item)
         lines = []
         for row, response_ids in enumerate(rollouts.responses()):
             trajectory = int(rollouts.owners[row])
@@ -148,7 +160,6 @@ class RolloutDump:
                     "kind": kind,
                     "gid": item.gid,
                     "key": item.key,
-                    "prompt_index": index,
                     "row": row,
                     "trajectory": trajectory,
                     "prompt": prompt,
@@ -165,11 +176,3 @@ class RolloutDump:
                 }
             )
         return lines
-
-
-def _prompt_index(item: p.Item) -> int | None:
-    """The task sample the group answers, if the dataloader's payload came with it."""
-    try:
-        return PromptIn.of(item).index
-    except PayloadError:  # a group made without the dataloader's (a test's)
-        return None

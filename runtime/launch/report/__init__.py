@@ -92,7 +92,8 @@ def _samples(run: RunDir, config: dict, report: Report) -> str:
     from .samples import samples_html
 
     if not run.rollouts.is_dir():
-        if (config.get("run") or {}).get("dump_rollouts") is True:
+        section = config.get("run")
+        if isinstance(section, dict) and section.get("dump_rollouts") is True:
             report.missing.append(f"{run.rollouts.name}/: no sample of the run is shown")
         return ""
     return samples_html(read_rollouts(run.rollouts))

@@ -74,7 +74,7 @@ def test_a_step_is_dumped_as_it_was_trained(tmp_path: Path, codec: TextCodec) ->
         assert line["advantage"] == pytest.approx(advantages[group][line["row"], 0], abs=1e-6)
         assert line["advantage_per"] == "sequence"  # grpo: one advantage per sequence
         assert line["truncated"] is (line["row"] == 1)
-        assert line["key"] == f"g{line['gid']}" and line["prompt_index"] == line["gid"]
+        assert line["key"] == f"g{line['gid']}"
         assert line["step"] == 3 and line["resumed_at"] == 2
         assert line["trainer_start"] == dump.started
     assert [x["response"] for x in lines[:3]] == ["8", "9999", "80"]
@@ -149,3 +149,11 @@ def test_nothing_is_written_when_the_key_is_off(tmp_path: Path, codec: TextCodec
     assert dump.trained(1, 0, [item], cfg.algorithm) == 0
     assert dump.filtered(item, RolloutsOut.of(item), RewardsOut.of(item), "why") == 0
     assert not RunDir.of(cfg).rollouts.exists()
+
+
+def test_a_line_that_cannot_be_written_costs_only_itself(tmp_path: Path, codec: TextCodec) -> None:
+    cfg = _cfg(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    RunDir.of(cfg).rollouts.write_text("a file where the directory should be")
+    item = _item(codec, 1, ["2"], [1.0])
+    assert RolloutDump.of(cfg, "train-0").trained(1, 0, [item], cfg.algorithm) == 0
