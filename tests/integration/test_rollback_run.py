@@ -3,7 +3,8 @@ trainer is killed with SIGKILL and its staged state wiped from shared memory bef
 comes back, so only the last checkpoint survives. The run rolls back to it exactly and
 finishes on its own: the lost steps' lines leave ``metrics.jsonl`` and are trained again,
 the groups they trained come back with their prompts (keys ``...#rollback1``), and no
-step count goes on without the state that goes with it.
+step count goes on without the state that goes with it. The rollout dumps, read back,
+hold each step's final groups, the first training of the lost steps superseded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.runtime.contract.rollout_dumps import read_rollouts
 from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
 
@@ -41,6 +43,7 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
         f"pipeline.train_batch_groups={_BATCH}",
         f"pipeline.checkpoint_every={_EVERY}",
         "data.val_every_versions=0",
+        "run.dump_rollouts=true",
         *more,
     )
     staged = RunDir(run_dir).staged_state
@@ -77,6 +80,14 @@ def test_a_trainer_whose_staged_state_is_lost_rolls_the_run_back_to_its_checkpoi
     assert len(redone) == lost_steps * _BATCH, redone
     first = {k.removesuffix("#rollback1") for k in redone}
     assert not first & set(keys), "a group of a lost step kept its first training too"
+    # The rollout dumps say the same: each step's lines are of the groups it trained in the
+    # end; the lines the first trainer wrote of the lost steps are superseded.
+    dumps = read_rollouts(RunDir(run_dir).rollouts)
+    dumped = {step: sorted({x["key"] for x in lines}) for step, lines in dumps.trained.items()}
+    assert dumped == {s["step"]: sorted(s["keys"]) for s in steps}
+    group_size = len(dumps.trained[1]) // _BATCH
+    assert dumps.superseded >= lost_steps * _BATCH * group_size, dumps.superseded
+    assert dumps.skipped <= 1  # the line being written when the trainer was killed
     # Whatever ran on a lost version started afresh, saying why.
     afresh = [
         r
