@@ -107,7 +107,7 @@ class RolloutDump:
                 chosen = advantage[line["row"]][mask[line["row"]]]
                 line.update(
                     step=step,
-                    advantage=round(float(chosen.mean()), 6) if chosen.size else 0.0,
+                    advantage=_number(chosen.mean()) if chosen.size else 0.0,
                     advantage_per=per,
                     trainer_start=self.started,
                     resumed_at=resumed_at,
@@ -131,11 +131,11 @@ class RolloutDump:
         return self._append(filtered_file(self.directory, self.writer), lines)
 
     def _append(self, path: Path, lines: list[dict[str, Any]]) -> int:
-        # A dump is for reading, not for training: a full disk costs its lines, logged,
-        # and the step or the group goes on.
+        # A dump is for reading, not for training: a full disk (or a number JSON cannot
+        # hold) costs its lines, logged, and the step or the group goes on.
         try:
             return append_lines(path, lines)
-        except OSError as error:
+        except (OSError, ValueError) as error:
             log.warning("rollout dump lines not written", path=str(path), error=str(error))
             return 0
 
@@ -167,12 +167,17 @@ class RolloutDump:
                     "prompt_ids": prompt_ids,
                     "response_ids": response_ids,
                     "model_tokens": int(mask[row].sum()),
-                    "reward": float(rewards.rewards[trajectory]),
+                    "reward": _number(rewards.rewards[trajectory]),
                     "reward_parts": {
-                        name: float(values[trajectory]) for name, values in parts.items()
+                        name: _number(values[trajectory]) for name, values in parts.items()
                     },
                     "versions": [int(used.min()), int(used.max())] if used.size else None,
                     "truncated": bool(rollouts.truncated[row]),
                 }
             )
         return lines
+
+
+def _number(value: np.floating) -> float:
+    """A float32 as the shortest decimal that reads back as it (0.1, not 0.10000000149)."""
+    return float(str(np.float32(value)))
