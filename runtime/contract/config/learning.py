@@ -227,15 +227,15 @@ class ScheduleSection:
     kind: ScheduleKind = field(
         default="constant",
         metadata=doc(
-            "after the warm-up: constant (the rate itself), linear or cosine (decay to "
-            "min_lr_ratio x the rate by step decay_steps, the floor after it)"
+            "after the warm-up: constant (the rate itself), linear or cosine (decay from "
+            "the rate to min_lr_ratio x the rate over decay_steps steps, the floor after)"
         ),
     )
     warmup_steps: int = field(
         default=0,
         metadata=doc(
-            "train steps of linear warm-up: step k of them (from 1) takes k / warmup_steps "
-            "of the rate; 0 = none",
+            "train steps of linear warm-up: the k-th (from 1) takes k / warmup_steps of "
+            "the rate; 0 = none",
             min=0,
         ),
     )
@@ -246,8 +246,8 @@ class ScheduleSection:
     decay_steps: int = field(
         default=0,
         metadata=doc(
-            "the train step at which the decay reaches its floor (linear, cosine); "
-            "0 = run.total_steps",
+            "train steps after which the decay is at its floor, warm-up included "
+            "(linear, cosine); 0 = run.total_steps",
             min=0,
         ),
     )
