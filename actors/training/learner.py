@@ -153,11 +153,14 @@ class Learner(LearnerState):
 
     def set_lr(self, steps_done: int) -> float:
         """Set the optimizer's rate for the step after ``steps_done``, and return it."""
-        a = self.cfg.algorithm
-        lr = lr_at(steps_done, a.lr, a.lr_schedule, self.cfg.run.total_steps)
+        lr = self._scheduled_lr(steps_done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         return lr
+
+    def _scheduled_lr(self, steps_done: int) -> float:
+        a = self.cfg.algorithm
+        return lr_at(steps_done, a.lr, a.lr_schedule, self.cfg.run.total_steps)
 
     def _update(
         self, groups: list[Group], advantages: list[np.ndarray]
@@ -182,8 +185,7 @@ class Learner(LearnerState):
         """A step that takes its batch without an update: the policy waits while the
         critic warms up (``critic.warmup_steps``). The schedule counts it all the same."""
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
-        a = self.cfg.algorithm
-        lr = lr_at(steps_done, a.lr, a.lr_schedule, self.cfg.run.total_steps)
+        lr = self._scheduled_lr(steps_done)
         return StepStats({"warmup": 1.0, "lr": lr, "updates": 0}, 0.0, tokens)
 
     def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.checkpoint import load_model, model_dir, save_state
 from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.scoring import response_logprobs
 from asyncrl.actors.training.learner import Group, Learner
 from asyncrl.actors.training.mini_batches import mini_batch_groups
-from asyncrl.actors.training.resume import Source, restore, stage
+from asyncrl.actors.training.resume import Source, restore, resume_files, stage
 from asyncrl.actors.training.scorer import pack_rollouts
 from asyncrl.actors.training.staged_state import StagedState
 from asyncrl.actors.training.step_advantages import step_advantages
@@ -152,6 +152,31 @@ def test_a_learner_taken_up_from_its_staged_state_goes_on_exactly_as_one_that_di
     again = _learner(**setting)
     choice = restore(again, StagedState(tmp_path / "staged", 0, {"ranks": 1}), {}, 2)
     assert (choice.step, choice.source) == (2, Source.STAGED)
+    for step in (2, 3):
+        assert undisturbed.step(_groups(step), step) == again.step(_groups(step), step)
+    for (name, mine), (_, theirs) in zip(
+        again.model.named_parameters(), undisturbed.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(mine, theirs), name
+
+
+def test_a_learner_rolled_back_to_a_checkpoint_goes_on_exactly_as_one_that_did_not_stop(
+    tmp_path,
+) -> None:
+    """A rollback takes up a checkpoint (weights, AdamW's state, no staged state); the
+    steps after it are the undisturbed learner's, rate and mini-batches alike."""
+    schedule = {"kind": "linear", "warmup_steps": 1, "min_lr_ratio": 0.2, "decay_steps": 4}
+    setting = {"mini_batches": 2, "epochs": 2, "lr_schedule": schedule}
+    undisturbed, stopped = _learner(**setting), _learner(**setting)
+    for step in range(2):
+        undisturbed.step(_groups(step), step)
+        stopped.step(_groups(step), step)
+    target = tmp_path / "step-2"
+    extra = resume_files(2, stopped.full_optimizer_state(), {"step": 2})
+    save_state(stopped.model.config, stopped.full_weights(), model_dir("embedded"), target, extra)
+    again = _learner(**setting)
+    empty = StagedState(tmp_path / "staged", 0, {"ranks": 1})
+    assert restore(again, empty, {2: target}, 2).source is Source.CHECKPOINT
     for step in (2, 3):
         assert undisturbed.step(_groups(step), step) == again.step(_groups(step), step)
     for (name, mine), (_, theirs) in zip(
