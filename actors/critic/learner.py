@@ -1,5 +1,9 @@
 """The critic's update on one rank: a step of the clipped value loss over a batch.
 
+A step takes as many optimizer steps as the policy's (``algorithm.mini_batches`` x
+``epochs``, the batch's groups split the same way), each normalised over its mini-batch;
+its rate follows ``critic.lr_schedule`` over the critic's own step count.
+
 The targets are GAE's returns (``R_t = A_t + V_t``) computed from the batch's rewards and
 the values the ``values`` stage made for it (the *old* values, which also anchor the
 clip). Micro-batches and their split over a group of ranks are the trainer's
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -23,6 +28,8 @@ from ..training.group import Group
 from ..training.host_copies import HostCopies
 from ..training.learner_state import LearnerState
 from ..training.micro_batches import by_length, rank_passes, stacked
+from ..training.mini_batches import mini_batch_groups
+from ..training.schedule import lr_at
 from ..training.scorer import pack_rollouts
 from ..training.step_advantages import step_advantages
 from .model import ValueModel, load_value_weights, response_values
@@ -36,8 +43,11 @@ class CriticStats:
 
     value_loss: float
     value_clip_frac: float  # model tokens whose clipped error was the larger
-    grad_norm: float
+    grad_norm: float  # the mean over the step's updates
     tokens: int
+    lr: float = 0.0  # the rate of the step's updates (critic.lr_schedule)
+    updates: int = 1  # optimizer steps taken (algorithm.mini_batches x epochs)
+    grad_norm_max: float = 0.0
 
 
 class CriticLearner(LearnerState):
@@ -54,6 +64,7 @@ class CriticLearner(LearnerState):
         group_size: int = 1,
     ) -> None:
         self.cfg, self.pad_id, self.clip = cfg, pad_id, clip
+        self.base_lr = lr  # the rate critic.lr_schedule scales
         self.size = group_size
         self.rank = dist.get_rank() if group_size > 1 else 0
         self.model = model
@@ -69,17 +80,50 @@ class CriticLearner(LearnerState):
         )
         self.optimized = {name for name, _ in model.named_parameters()}
 
-    def step(self, groups: list[Group]) -> CriticStats:
-        """One optimizer step towards the batch's returns (every rank the same list)."""
+    def step(self, groups: list[Group], steps_done: int = 0) -> CriticStats:
+        """One critic step towards the batch's returns (every rank the same list): as the
+        policy's, ``algorithm.mini_batches`` x ``epochs`` optimizer steps over the same
+        split, at the rate ``critic.lr_schedule`` gives the step after ``steps_done``."""
         if any(g.values is None for g in groups):
             raise ValueError("a critic step needs every group's values (the values stage's)")
+        a = self.cfg.algorithm
         _, returns = step_advantages(
             [g.rollouts for g in groups],
             [g.rewards for g in groups],
-            replace(self.cfg.algorithm, estimator="gae"),  # its targets are GAE's returns
+            replace(a, estimator="gae"),  # its targets are GAE's returns
             [g.values.values for g in groups],  # type: ignore[union-attr]
         )
         assert returns is not None
+        c = self.cfg.critic
+        lr = lr_at(steps_done, self.base_lr, c.lr_schedule, self.cfg.run.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        split = mini_batch_groups(
+            len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
+        )
+        losses, norms, clipped_tokens, seen_tokens = [], [], 0.0, 0
+        for chosen in split:
+            loss, clipped, tokens, grad_norm = self._update(
+                [groups[i] for i in chosen], [returns[i] for i in chosen]
+            )
+            losses.append(loss)
+            norms.append(grad_norm)
+            clipped_tokens += clipped
+            seen_tokens += tokens
+        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        return CriticStats(
+            float(np.mean(losses)),
+            clipped_tokens / max(seen_tokens, 1),
+            float(np.mean(norms)),
+            tokens,
+            lr=lr,
+            updates=len(split),
+            grad_norm_max=max(norms),
+        )
+
+    def _update(self, groups: list[Group], returns: list[np.ndarray]):
+        """One optimizer step on a mini-batch, its loss normalised over its own tokens:
+        the loss, clipped tokens, tokens and grad norm."""
         self.model.train()
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
         batches = by_length(groups, returns, self.cfg.algorithm.micro_batch_groups)
@@ -111,7 +155,7 @@ class CriticLearner(LearnerState):
         self.optimizer.zero_grad(set_to_none=True)
         loss, clipped = sums.tolist()
         grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        return CriticStats(loss, clipped / max(tokens, 1), float(grad), tokens)
+        return loss, clipped, tokens, float(grad)
 
     def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
         """A critic checkpoint's weights (``model.*``, ``score.*``: no output layer to tie);

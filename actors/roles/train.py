@@ -1,11 +1,12 @@
-"""The ``train`` role: ready → trained, one optimizer step per lease, then a new version.
+"""The ``train`` role: ready → trained, one train step per lease, then a new version.
 
 Consumes ``transition.*.ready``; a lease is one step's batch (``pipeline.train_batch_groups``
 groups), with what every earlier role left: prompts, responses with behaviour log-probs
 and versions, proximal log-probs (logp), reference log-probs (ref_logp), rewards. The
-step: group-normalised advantages, then the decoupled PPO-clip loss over micro-batches
-(gradients accumulated), gradient clipping, AdamW. Its metrics go with the completion
-into the run's ``metrics.jsonl``.
+step: group-normalised advantages, then ``algorithm.mini_batches`` x ``epochs`` updates
+(one by default), each the decoupled PPO-clip loss over its micro-batches (gradients
+accumulated), gradient clipping and AdamW at the step's scheduled rate. Its metrics go
+with the completion into the run's ``metrics.jsonl``.
 
 Every rank stages its state after each step in host shared memory (:mod:`..training.staged_state`)
 before the step's completion goes out, so the scheduler never counts a step whose state

@@ -10,6 +10,9 @@ the reduce-scatter's average).
 
 Every rank runs the same number of forward/backward passes (FSDP's all-gathers must pair
 up); a rank with fewer micro-batches than the others repeats one with its loss times 0.
+With several mini-batches a step is several such updates in a row, each on the same
+groups on every rank (the split is a function of the seed and the step), so the pairing
+holds per update.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState
 from .micro_batches import MICRO_BATCH_SLACK, by_length, rank_passes, stacked
+from .mini_batches import mini_batch_groups
+from .schedule import lr_at
 from .scorer import pack_rollouts
 from .step_advantages import step_advantages
 
@@ -45,8 +50,9 @@ __all__ = ["MICRO_BATCH_SLACK", "Group", "Learner", "StepStats"]
 class StepStats:
     """One step's numbers, the same on every rank."""
 
-    metrics: dict[str, float]  # loss and the loss statistics (loss_metrics)
-    grad_norm: float
+    # loss, the loss statistics (loss_metrics), lr, updates, grad_norm_max
+    metrics: dict[str, float]
+    grad_norm: float  # the mean over the step's updates
     tokens: int
 
 
@@ -108,15 +114,60 @@ class Learner(LearnerState):
 
     # --- a step ----------------------------------------------------------------------
 
-    def step(self, groups: list[Group]) -> StepStats:
-        """One optimizer step on ``groups`` (every rank passes the same list)."""
+    def step(self, groups: list[Group], steps_done: int = 0) -> StepStats:
+        """One train step on ``groups`` (every rank passes the same list): the batch's
+        advantages, then ``algorithm.mini_batches`` x ``epochs`` optimizer steps, each on
+        its mini-batch's groups (:func:`~.mini_batches.mini_batch_groups`) at the rate
+        the schedule gives the step after ``steps_done`` steps."""
+        a = self.cfg.algorithm
         # Per group and token; each sequence takes its trajectory's (a harness session's
         # several sequences share one). GAE reads the critic's values (the values stage's).
+        # Over the whole batch, before it is split: a mini-batch's advantages are the batch's.
         values = None if groups[0].values is None else [g.values.values for g in groups]
         advantages, _ = step_advantages(
-            [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm, values
+            [g.rollouts for g in groups], [g.rewards for g in groups], a, values
         )
-        loss, stats, tokens = self._accumulate(groups, advantages)
+        lr = self.set_lr(steps_done)
+        split = mini_batch_groups(
+            len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
+        )
+        losses, parts, norms = [], [], []
+        for chosen in split:
+            loss, stats, grad_norm = self._update(
+                [groups[i] for i in chosen], [advantages[i] for i in chosen]
+            )
+            losses.append(loss)
+            parts.append(stats)
+            norms.append(grad_norm)
+        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        # The updates' loss statistics pooled over their tokens; the loss (each update's
+        # normalised over its mini-batch) and the gradient norms averaged over the updates.
+        metrics = {
+            "loss": float(np.mean(losses)),
+            **loss_metrics(parts),
+            "lr": lr,
+            "updates": len(split),
+            "grad_norm_max": max(norms),
+        }
+        return StepStats(metrics, float(np.mean(norms)), tokens)
+
+    def set_lr(self, steps_done: int) -> float:
+        """Set the optimizer's rate for the step after ``steps_done``, and return it."""
+        lr = self._scheduled_lr(steps_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _scheduled_lr(self, steps_done: int) -> float:
+        a = self.cfg.algorithm
+        return lr_at(steps_done, a.lr, a.lr_schedule, self.cfg.run.total_steps)
+
+    def _update(
+        self, groups: list[Group], advantages: list[np.ndarray]
+    ) -> tuple[float, LossStats, float]:
+        """One optimizer step on a mini-batch: its loss normalised over its own tokens
+        and sequences, its gradient clipped by itself. Its loss, stats and grad norm."""
+        loss, stats, _ = self._accumulate(groups, advantages)
         max_norm = self.cfg.algorithm.max_grad_norm
         if self.engine is not None:
             self.engine.finish_gradients()
@@ -128,14 +179,14 @@ class Learner(LearnerState):
         if self.engine is not None:
             self.engine.finish_step()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = {"loss": loss, **loss_metrics(stats)}
-        return StepStats(metrics, float(_whole(grad_norm)), tokens)
+        return loss, stats, float(_whole(grad_norm))
 
-    def skip(self, groups: list[Group]) -> StepStats:
+    def skip(self, groups: list[Group], steps_done: int = 0) -> StepStats:
         """A step that takes its batch without an update: the policy waits while the
-        critic warms up (``critic.warmup_steps``)."""
+        critic warms up (``critic.warmup_steps``). The schedule counts it all the same."""
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
-        return StepStats({"warmup": 1.0}, 0.0, tokens)
+        lr = self._scheduled_lr(steps_done)
+        return StepStats({"warmup": 1.0, "lr": lr, "updates": 0}, 0.0, tokens)
 
     def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
         self.model.train()

@@ -101,7 +101,12 @@ class TrainRank:
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, torch.Tensor]]:
         # The policy's first steps in a run with a critic's warmup: the critic learns alone.
         update = self.critic or self.step >= self.cfg.critic.warmup_steps
-        stats = self.learner.step(groups) if update else self.learner.skip(groups)
+        # The step's number, not a counter of the learner's: a restarted rank's rate (and
+        # mini-batch split) is the one its predecessor would have used.
+        if update:
+            stats = self.learner.step(groups, self.step)
+        else:
+            stats = self.learner.skip(groups, self.step)
         self.step += 1
         self._stage()
         return stats, self.learner.full_weights()

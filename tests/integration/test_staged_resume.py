@@ -4,7 +4,11 @@ step the scheduler counts, bit for bit the state its predecessor staged (the che
 logged when it was staged), and no step is lost, none trained twice.
 
 Alone and as a group of 2 ranks (either rank killed: the group restarts together and
-every rank takes up the same step).
+every rank takes up the same step). With several updates per step and a learning-rate
+schedule, the killed run ends with the very weights of a run that was not disturbed: the
+rate and the mini-batches come from the step's number. Such runs are the same run to run
+only with ``pipeline.max_staleness=0`` and one generator (which version generated which
+group is then fixed), so that comparison uses them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from asyncrl.runtime.contract.rundir import RunDir
 from tests.support import default_run
@@ -59,6 +65,18 @@ def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str, *more
             proc.kill()
             proc.wait()
         shutil.rmtree(RunDir(run_dir).staged_state, ignore_errors=True)
+    return run_dir
+
+
+def _run_undisturbed(tmp_path: Path, *more: str) -> Path:
+    run_dir, log = tmp_path / "undisturbed", tmp_path / "undisturbed.log"
+    proc = _start(run_dir, log, 1, *more)
+    try:
+        assert proc.wait(200) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     return run_dir
 
 
@@ -115,3 +133,34 @@ def test_a_group_with_a_rank_killed_resumes_every_rank_at_the_same_staged_step(
     run_dir = _kill_after_a_step_and_finish(tmp_path, 2, victim)
     _check_no_step_lost(run_dir, 2)
     assert all(s["train_ranks"] == 2 for s in _steps(run_dir))
+
+
+_SCHEDULED_UPDATES = (
+    "pipeline.max_staleness=0",  # one generator and on-policy: the same groups run to run
+    "algorithm.mini_batches=2",
+    "algorithm.epochs=2",
+    "algorithm.lr_schedule.kind=cosine",
+    "algorithm.lr_schedule.warmup_steps=2",
+    "algorithm.lr_schedule.min_lr_ratio=0.1",
+)
+
+
+@pytest.mark.heavy  # two runs, 40-60 s
+def test_a_killed_trainer_with_mini_batches_and_a_schedule_ends_as_an_undisturbed_run(
+    tmp_path: Path,
+) -> None:
+    undisturbed = _run_undisturbed(tmp_path, *_SCHEDULED_UPDATES)
+    run_dir = _kill_after_a_step_and_finish(tmp_path, 1, "train-0", *_SCHEDULED_UPDATES)
+    _check_no_step_lost(run_dir, 1)
+    killed_steps, calm_steps = _steps(run_dir), _steps(undisturbed)
+    assert all(s["updates"] == 4 for s in killed_steps)  # 2 mini-batches x 2 epochs
+    # the rate of every step, the restarted trainer's too, is the undisturbed run's
+    assert [s["lr"] for s in killed_steps] == [s["lr"] for s in calm_steps]
+    assert killed_steps[0]["lr"] == 1e-4 and killed_steps[1]["lr"] == 2e-4  # the warm-up
+    assert [s["keys"] for s in killed_steps] == [s["keys"] for s in calm_steps]
+    final, expected = (
+        load_file(str(RunDir(d).final_model / "model.safetensors")) for d in (run_dir, undisturbed)
+    )
+    assert final.keys() == expected.keys()
+    for name, weight in expected.items():
+        torch.testing.assert_close(final[name], weight, rtol=0, atol=1e-6, msg=name)

@@ -41,9 +41,16 @@ _GROUPS, _RESPONSES = 5, 4
 _LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
 
 
-def _config(lora: bool = False):
+# Several updates a step: each of the 5 groups a mini-batch of its own (one micro-batch,
+# or two), twice, with a warm-up's rate; a rank often has only a zero-weighted pass.
+_UPDATES = {"mini_batches": _GROUPS, "epochs": 2, "lr_schedule": {"warmup_steps": 2}}
+
+
+def _config(lora: bool = False, updates: bool = False):
     model = {"lora": _LORA} if lora else {}
-    return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}, "model": model})
+    algorithm = {"micro_batch_groups": 2, "lr": 1e-3, **(_UPDATES if updates else {})}
+    pipeline = {"train_batch_groups": _GROUPS}
+    return config_from_dict({"algorithm": algorithm, "model": model, "pipeline": pipeline})
 
 
 def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) -> p.Lease:
@@ -70,14 +77,16 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
 
 
-def _one_rank(lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False):
+def _one_rank(
+    lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False, updates=False
+):
     torch.manual_seed(0)
     model, codec = load_model(path)
     model.gradient_checkpointing = recompute
     if lora:
         torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
         add_adapters(model, _config(lora).model.lora)
-    learner = Learner(model, _config(lora), codec.pad_id)
+    learner = Learner(model, _config(lora, updates), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -97,7 +106,8 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
         if lora:  # adapters made the same on every rank (seeded), as in a run's load_policy
             torch.manual_seed(0)
             add_adapters(model, _config(lora).model.lora)
-        learner = Learner(model, _config(lora), codec.pad_id, group_size=2)
+        updates = mode == "mini-batches"
+        learner = Learner(model, _config(lora, updates), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
             gang.order(Order.STEP, pack_lease(lease))
@@ -138,6 +148,7 @@ MODES = [
     pytest.param("chunked-output-layer", marks=pytest.mark.slow),
     "chunked-output-layer-untied",
     "lora",  # adapters trained on a frozen base in the same units: the adapters published
+    "mini-batches",  # _UPDATES: every rank the same passes per update
 ]
 
 
@@ -160,7 +171,9 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
         assert process.exitcode == 0
 
     lora = mode == "lora"
-    expected, expected_weights = _one_rank(_lease(), recompute=False, path=path, lora=lora)
+    updates = mode == "mini-batches"
+    expected, expected_weights = _one_rank(_lease(), False, path, lora, updates)
+    assert expected.metrics["updates"] == (10 if updates else 1)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     for name in ("clip_frac", "ratio_mean", "is_weight_max"):

@@ -8,12 +8,22 @@ from typing import Literal
 
 from .fields import doc
 
-__all__ = ["AlgorithmSection", "CriticSection", "DataSection", "Estimator", "ModelSection", "Ratio"]
+__all__ = [
+    "AlgorithmSection",
+    "CriticSection",
+    "DataSection",
+    "Estimator",
+    "ModelSection",
+    "Ratio",
+    "ScheduleKind",
+    "ScheduleSection",
+]
 
 # The advantage estimators and importance ratios a run may select, declared once: the
 # loss functions (actors/rl) take their names from here.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 Ratio = Literal["token", "sequence"]
+ScheduleKind = Literal["constant", "linear", "cosine"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -210,6 +220,48 @@ class ModelSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleSection:
+    """How a learning rate moves over a run's train steps (actors/training/schedule.py has
+    the formula): a linear warm-up, then constant, or a linear or cosine decay to a floor."""
+
+    kind: ScheduleKind = field(
+        default="constant",
+        metadata=doc(
+            "after the warm-up: constant (the rate itself), linear or cosine (decay from "
+            "the rate to min_lr_ratio x the rate over decay_steps steps, the floor after)"
+        ),
+    )
+    warmup_steps: int = field(
+        default=0,
+        metadata=doc(
+            "train steps of linear warm-up: the k-th (from 1) takes k / warmup_steps of "
+            "the rate; 0 = none",
+            min=0,
+        ),
+    )
+    min_lr_ratio: float = field(
+        default=0.0,
+        metadata=doc("the decay's floor, as a fraction of the rate (linear, cosine)", min=0, max=1),
+    )
+    decay_steps: int = field(
+        default=0,
+        metadata=doc(
+            "train steps after which the decay is at its floor, warm-up included "
+            "(linear, cosine); 0 = run.total_steps",
+            min=0,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        # A decay that ends before the warm-up does would skip from the rate to the floor.
+        if self.kind != "constant" and self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise ValueError(
+                f"decay_steps: got {self.decay_steps} with warmup_steps={self.warmup_steps}; "
+                "allowed: more than warmup_steps, or 0 (run.total_steps)"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmSection:
     estimator: Estimator = field(
         default="grpo",
@@ -233,6 +285,10 @@ class AlgorithmSection:
     )
     # Suits the small embedded model; billion-parameter models want about 1e-6.
     lr: float = field(default=2e-4, metadata=doc("learning rate", exclusive_min=0))
+    lr_schedule: ScheduleSection = field(
+        default_factory=ScheduleSection,
+        metadata=doc("the learning rate's warm-up and decay over the train steps"),
+    )
     clip_low: float = field(
         default=0.2, metadata=doc("PPO ratio clip below 1 (1 - clip_low)", min=0)
     )
@@ -276,6 +332,23 @@ class AlgorithmSection:
             min=1,
         ),
     )
+    mini_batches: int = field(
+        default=1,
+        metadata=doc(
+            "optimizer steps per epoch over a train step's batch: the batch's groups are "
+            "split into this many mini-batches (it must divide "
+            "pipeline.train_batch_groups)",
+            min=1,
+        ),
+    )
+    epochs: int = field(
+        default=1,
+        metadata=doc(
+            "passes over a train step's batch, each in mini_batches optimizer steps (the "
+            "groups shuffled anew per step and epoch); still one version per train step",
+            min=1,
+        ),
+    )
     temperature: float = field(default=1.0, metadata=doc("sampling temperature", exclusive_min=0))
     # Generators sample, and scorers and the trainer recompute log-probs, under the same
     # truncation (actors/policy/sampling.py), so behaviour and recomputed log-probs are of
@@ -305,6 +378,10 @@ class CriticSection:
         ),
     )
     lr: float = field(default=1e-4, metadata=doc("the critic's learning rate", exclusive_min=0))
+    lr_schedule: ScheduleSection = field(
+        default_factory=ScheduleSection,
+        metadata=doc("the critic's learning rate's warm-up and decay over its steps"),
+    )
     clip: float = field(
         default=0.2,
         metadata=doc(

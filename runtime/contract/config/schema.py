@@ -43,7 +43,12 @@ class RunSection:
         default=0, metadata=doc("seed for every random number generator of the run", min=0)
     )
     total_steps: int = field(
-        default=300, metadata=doc("optimizer steps before the run ends", min=1)
+        default=300,
+        metadata=doc(
+            "train steps before the run ends: batches, each one new version (a step takes "
+            "algorithm.mini_batches x algorithm.epochs optimizer steps)",
+            min=1,
+        ),
     )
     keep_checkpoints: int = field(
         default=3,
@@ -81,7 +86,7 @@ class PipelineSection:
             "weight versions a sample may lag the trainer; 0 = synchronous on-policy", min=0
         ),
     )
-    train_batch_groups: int = field(default=8, metadata=doc("groups per optimizer step", min=1))
+    train_batch_groups: int = field(default=8, metadata=doc("groups per train step", min=1))
     max_attempts: int = field(default=3, metadata=doc("tries per task before it is failed", min=1))
     lease_timeout_s: float = field(
         default=60.0,
@@ -94,7 +99,7 @@ class PipelineSection:
         ),
     )
     checkpoint_every: int = field(
-        default=50, metadata=doc("optimizer steps between checkpoints", min=1)
+        default=50, metadata=doc("train steps between checkpoints", min=1)
     )
     actors: str = field(
         default="asyncrl.actors.roles",
@@ -263,6 +268,7 @@ class RunConfig:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data)
         _check_lora_engines(self)
+        _check_mini_batches(self.algorithm, self.pipeline)
 
 
 def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
@@ -272,6 +278,16 @@ def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
         raise ValueError(
             f"algorithm.estimator: got 'rloo' with data.group_size={data.group_size}; "
             "allowed: data.group_size >= 2, or another estimator"
+        )
+
+
+def _check_mini_batches(algorithm: AlgorithmSection, pipeline: PipelineSection) -> None:
+    """A train step's batch is split by groups, the same number in every mini-batch."""
+    if pipeline.train_batch_groups % algorithm.mini_batches:
+        raise ValueError(
+            f"algorithm.mini_batches: got {algorithm.mini_batches}, which does not divide "
+            f"pipeline.train_batch_groups={pipeline.train_batch_groups}; allowed: a divisor "
+            "of the groups per train step"
         )
 
 

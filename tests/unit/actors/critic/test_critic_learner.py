@@ -76,3 +76,25 @@ def test_a_staged_critic_step_is_taken_up_bit_for_bit(tmp_path) -> None:
     for p, q in zip(first.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q)
     assert first.step(groups) == again.step(groups)
+
+
+def test_mini_batches_and_epochs_are_the_critics_updates_too_at_its_scheduled_rate() -> None:
+    torch.manual_seed(0)
+    model, codec = load_value_model("embedded")
+    schedule = {"kind": "cosine", "min_lr_ratio": 0.5}
+    cfg = config_from_dict(
+        {
+            "run": {"total_steps": 2},
+            "algorithm": {"mini_batches": 2, "epochs": 3},
+            "critic": {"lr_schedule": schedule},
+            "pipeline": {"train_batch_groups": 4},
+        }
+    )
+    learner = CriticLearner(model, cfg, codec.pad_id, lr=1e-3, clip=0.5)
+    stats = learner.step(_groups(0.2), steps_done=0)
+    assert stats.lr == 1e-3 and stats.updates == 6  # the decay starts at the whole rate
+    assert stats.grad_norm_max >= stats.grad_norm > 0
+    (entry, *_) = learner.optimizer.state.values()
+    assert int(entry["step"]) == 6
+    # step 2 of 2: cosine halfway, 0.5 + 0.5 * (1 + cos(pi / 2)) / 2 = 0.75 of the rate
+    assert learner.step(_groups(0.2), steps_done=1).lr == pytest.approx(7.5e-4)

@@ -162,3 +162,33 @@ def test_the_megatron_trainer_keeps_float32_master_weights_and_publishes_bfloat1
     published = learner.full_weights()
     assert {t.dtype for t in published.values()} == {torch.bfloat16}
     assert all(torch.equal(published[n], after[n].bfloat16()) for n in published)
+
+
+def test_the_megatron_trainer_takes_mini_batches_and_the_schedule_as_the_torch_one() -> None:
+    """The rate is set on the megatron trainer's AdamW as on the torch one's, and its
+    updates (two mini-batches, two epochs) move the weights the same way."""
+    from asyncrl.actors.startup.model_loading import load_policy
+    from asyncrl.actors.training.learner import Group, Learner
+    from asyncrl.runtime.contract.config import config_from_dict
+    from tests.integration.test_train_group import _lease
+
+    schedule = {"kind": "linear", "warmup_steps": 4}
+    algorithm = {"lr": 1e-3, "mini_batches": 2, "epochs": 2, "lr_schedule": schedule}
+    groups = [Group.of(item) for item in _lease(seed=3, groups=4, responses=4).items]
+    after = {}
+    for engine in ("torch", "megatron"):
+        cfg = config_from_dict(
+            {
+                "algorithm": algorithm,
+                "backends": {"train": engine},
+                "pipeline": {"train_batch_groups": 4},
+            }
+        )
+        model, codec = load_policy(cfg, "train")
+        learner = Learner(model, cfg, pad_id=codec.pad_id)
+        stats = learner.step(groups, steps_done=1)
+        assert stats.metrics["updates"] == 4 and stats.metrics["lr"] == pytest.approx(5e-4)
+        assert {g["lr"] for g in learner.optimizer.param_groups} == {stats.metrics["lr"]}
+        after[engine] = weights_of(model)
+    for name, expected in after["torch"].items():
+        assert (after["megatron"][name] - expected).abs().max() <= 1e-5, name
