@@ -244,7 +244,11 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if lease.role == REWARD:  # dynamic sampling: some groups carry no signal
                 flags = data.draw(st.lists(st.booleans(), min_size=len(gids), max_size=len(gids)))
                 verdicts = [("no signal" if flag else None) for flag in flags]
-            filtered = frozenset(g for g, why in zip(gids, verdicts or []) if why)
+            filtered = (
+                frozenset()
+                if verdicts is None
+                else frozenset(g for g, why in zip(gids, verdicts, strict=True) if why)
+            )
             # a result for a group a sibling filtered while this lease held it: ignored
             late = sorted(lease.dropped)
             if late and data.draw(st.booleans()) and lease.role not in (TRAIN, CRITIC):

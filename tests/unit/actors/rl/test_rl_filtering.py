@@ -73,5 +73,5 @@ def test_the_task_metric_reads_the_task_part_and_the_reward_metric_the_sum():
 
 
 def test_mean_low_above_mean_high_is_refused():
-    with pytest.raises(ValueError, match="mean_low: got 0.9 above mean_high=0.1"):
+    with pytest.raises(ValueError, match=r"mean_low: got 0\.9 above mean_high=0\.1"):
         FilterGroupsSection(mean_low=0.9, mean_high=0.1)
