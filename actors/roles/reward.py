@@ -7,7 +7,10 @@ paid. Otherwise the reward is
 classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
 the lease fails with a reason naming the reward and the problem: that group is tried
-again and, after ``pipeline.max_attempts``, reported dead; the run goes on. The math
+again and, after ``pipeline.max_attempts``, reported dead; the run goes on. With
+``algorithm.filter_groups`` on, a group whose rewards carry no signal
+(:func:`..rl.filtering.filter_reason`) is said to be filtered with its result: the
+scheduler moves it to ``filtered`` (``transition.generated.filtered``), never trained. The math
 verifier, a plug-in and a task's own reward run in a child process that is killed when
 its call runs past its time (:mod:`..tasks.sandbox`), so no response can hold up the
 worker. A reward model's call past its time keeps running on a thread left behind; after
@@ -16,11 +19,13 @@ a few such, the worker leaves to be started afresh (nothing else stops a thread)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 
 from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.config.learning import FilterGroupsSection
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
@@ -56,6 +61,14 @@ class Reward(Actor):
             torch.set_num_threads(threads_for(cfg, self.role))
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
+        self.filter_rule = cfg.algorithm.filter_groups
+        self.filter_reason: Callable[[RewardsOut, FilterGroupsSection], str | None] | None = None
+        if self.filter_rule.enabled:
+            # Here, not at the top: the package's losses import torch, which a reward
+            # worker otherwise never loads.
+            from ..rl.filtering import filter_reason
+
+            self.filter_reason = filter_reason
 
     def process(self, lease: p.Lease) -> Outcome:
         tokens = sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
@@ -64,7 +77,7 @@ class Reward(Actor):
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)
         if rollouts.rewards is not None:  # an environment or a harness paid them already
-            return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
+            return self._result(item.gid, RewardsOut(rollouts.rewards))
         sample = PromptIn.of(item).sample()
         try:
             texts = [self.codec.decode(response) for response in rollouts.responses()]
@@ -73,4 +86,11 @@ class Reward(Actor):
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
             raise
-        return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
+        return self._result(item.gid, RewardsOut(np.asarray(rewards, np.float32)))
+
+    def _result(self, gid: int, rewards: RewardsOut) -> p.Result:
+        """The group's rewards, and with dynamic sampling on, whether it is filtered."""
+        filtered = None
+        if self.filter_reason is not None:
+            filtered = self.filter_reason(rewards, self.filter_rule)
+        return p.Result(gid, rewards.to_payload(), filtered=filtered)
