@@ -52,6 +52,9 @@ class Reward(Actor):
         return check_task(cfg)
 
     claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
+    # dynamic sampling (algorithm.filter_groups): off until on_start reads the config
+    filter_rule: FilterGroupsSection = FilterGroupsSection()
+    filter_reason: Callable[[RewardsOut, FilterGroupsSection], str | None] | None = None
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
@@ -62,7 +65,6 @@ class Reward(Actor):
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
         self.filter_rule = cfg.algorithm.filter_groups
-        self.filter_reason: Callable[[RewardsOut, FilterGroupsSection], str | None] | None = None
         if self.filter_rule.enabled:
             # Here, not at the top: the package's losses import torch, which a reward
             # worker otherwise never loads.
