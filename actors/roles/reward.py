@@ -7,14 +7,15 @@ paid. Otherwise the reward is
 classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
 the lease fails with a reason naming the reward and the problem: that group is tried
-again and, after ``pipeline.max_attempts``, reported dead; the run goes on. With
-``algorithm.filter_groups`` on, a group whose rewards carry no signal
-(:func:`..rl.filtering.filter_reason`) is said to be filtered with its result: the
-scheduler moves it to ``filtered`` (``transition.generated.filtered``), never trained. The math
+again and, after ``pipeline.max_attempts``, reported dead; the run goes on. The math
 verifier, a plug-in and a task's own reward run in a child process that is killed when
 its call runs past its time (:mod:`..tasks.sandbox`), so no response can hold up the
 worker. A reward model's call past its time keeps running on a thread left behind; after
 a few such, the worker leaves to be started afresh (nothing else stops a thread).
+
+With ``algorithm.filter_groups`` on, a result also says whether its group carries a
+learning signal (:func:`..rl.filtering.filter_reason`); one that does not is moved by the
+scheduler to ``filtered`` (``transition.generated.filtered``) and never trained.
 """
 
 from __future__ import annotations
