@@ -12,15 +12,21 @@ verifier, a plug-in and a task's own reward run in a child process that is kille
 its call runs past its time (:mod:`..tasks.sandbox`), so no response can hold up the
 worker. A reward model's call past its time keeps running on a thread left behind; after
 a few such, the worker leaves to be started afresh (nothing else stops a thread).
+
+With ``algorithm.filter_groups`` on, a result also says whether its group carries a
+learning signal (:func:`..rl.filtering.filter_reason`); one that does not is moved by the
+scheduler to ``filtered`` (``transition.generated.filtered``) and never trained.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
 
 from asyncrl.runtime.contract.config import RunConfig
+from asyncrl.runtime.contract.config.learning import FilterGroupsSection
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
@@ -48,6 +54,9 @@ class Reward(Actor):
         return check_task(cfg)
 
     claim_size: ClassVar[int] = 1  # a failing reward function fails one group only
+    # dynamic sampling (algorithm.filter_groups): off until on_start reads the config
+    filter_rule: FilterGroupsSection = FilterGroupsSection()
+    filter_reason: Callable[[RewardsOut, FilterGroupsSection], str | None] | None = None
 
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
@@ -58,6 +67,13 @@ class Reward(Actor):
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
         self.dump = RolloutDump.of(cfg, ctx.worker)
+        self.filter_rule = cfg.algorithm.filter_groups
+        if self.filter_rule.enabled:
+            # Here, not at the top: the package's losses import torch, which a reward
+            # worker otherwise never loads.
+            from ..rl.filtering import filter_reason
+
+            self.filter_reason = filter_reason
 
     def process(self, lease: p.Lease) -> Outcome:
         tokens = sum(RolloutsOut.of(item).trained_tokens() for item in lease.items)
@@ -66,7 +82,7 @@ class Reward(Actor):
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)
         if rollouts.rewards is not None:  # an environment or a harness paid them already
-            return self._scored(item, rollouts, RewardsOut(rollouts.rewards))
+            return self._result(item, rollouts, RewardsOut(rollouts.rewards))
         sample = PromptIn.of(item).sample()
         try:
             texts = [self.codec.decode(response) for response in rollouts.responses()]
@@ -75,12 +91,14 @@ class Reward(Actor):
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
             raise
-        return self._scored(item, rollouts, RewardsOut(np.asarray(rewards, np.float32)))
+        return self._result(item, rollouts, RewardsOut(np.asarray(rewards, np.float32)))
 
-    def _scored(self, item: p.Item, rollouts: RolloutsOut, rewards: RewardsOut) -> p.Result:
-        # JOIN(filter_groups): reason = filter_reason(rewards, cfg.algorithm.filter_groups)
-        # from ..rl.filtering, which marks the group filtered; None: it carries signal.
-        reason: str | None = None
-        if reason is not None:
-            self.dump.filtered(item, rollouts, rewards, reason)
-        return p.Result(item.gid, rewards.to_payload())
+    def _result(self, item: p.Item, rollouts: RolloutsOut, rewards: RewardsOut) -> p.Result:
+        """The group's rewards, and with dynamic sampling on, whether it is filtered (its
+        samples then go to the rollout dump here: the trainer never sees them)."""
+        filtered = None
+        if self.filter_reason is not None:
+            filtered = self.filter_reason(rewards, self.filter_rule)
+        if filtered is not None:
+            self.dump.filtered(item, rollouts, rewards, filtered)
+        return p.Result(item.gid, rewards.to_payload(), filtered=filtered)

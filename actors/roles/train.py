@@ -108,6 +108,8 @@ class Train(LearnerRole):
         return {
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
+            # groups whose responses were all paid alike: no advantage, nothing learned
+            "groups_no_spread": int(sum(np.ptp(g.rewards) == 0 for g in groups)),
             "response_len_mean": float(lengths.mean()),
             "response_len_max": int(lengths.max()),
             "truncated_frac": float(np.mean([g.rollouts.truncated.mean() for g in groups])),

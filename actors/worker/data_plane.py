@@ -129,7 +129,7 @@ class WorkerPayloads:
             keys.append(ref.key)
             with self._lock:
                 self._keys_of.setdefault(result.gid, []).append(ref.key)
-            out.append(p.Result(result.gid, {}, result.behaviour, ref))
+            out.append(p.Result(result.gid, {}, result.behaviour, ref, result.filtered))
         return tuple(out), tuple(keys)
 
     def settled(self, keys: Sequence[int]) -> None:

@@ -7,7 +7,8 @@ A group state is a node; a stage is an edge labelled with its role (and its gate
 has one). An exclusive stage is two edges through its working state, drawn as a rounded
 node: a group is there only while leased. Branch stages are parallel edges from their
 common source into their common target, which is where they join. Final states are drawn
-with a double border.
+with a double border. A stage that ``filters`` has a dotted edge from its source into
+``filtered``: where a group whose rewards carry no signal leaves.
 
 Regenerate the README's block with ``python -m asyncrl.runtime.contract.stage_diagram``.
 """
@@ -30,6 +31,10 @@ def mermaid_flowchart(pipeline: Pipeline) -> str:
     lines += [f"    {_node(state, working)}" for state in _states_in_order(pipeline)]
     for stage in pipeline.stages:
         label = str(stage.role) if stage.gate is Gate.FREE else f"{stage.role}: {stage.gate}"
+        if stage.filters:
+            lines.append(
+                f'    {stage.source} -.->|"{stage.role}: no signal"| {GroupState.FILTERED}'
+            )
         if stage.working is None:
             lines.append(f'    {stage.source} -->|"{label}"| {stage.target}')
             continue
@@ -44,6 +49,8 @@ def _states_in_order(pipeline: Pipeline) -> list[GroupState]:
         for state in (stage.source, stage.working, stage.target):
             if state is not None:
                 seen.setdefault(state, None)
+    if any(stage.filters for stage in pipeline.stages):
+        seen.setdefault(GroupState.FILTERED, None)
     return list(seen)
 
 

@@ -30,6 +30,11 @@ payload it was given. A row that names none reads everything made before it (the
 choice for a stage added without thought for it); :data:`ENTRY` names the entry role's
 payload, whatever the table calls that role.
 
+A branch stage that ``filters`` may say, with its result, that a group carries no learning
+signal (dynamic sampling: the rewards of all its responses alike): the group then leaves
+the pipeline from the stage's source as ``filtered``, a final state no row names, its
+sibling branches let go of it, and it is never trained (scheduler/core/transitions.py).
+
 A *serving* role takes no stage: its workers register, follow the policy versions and
 serve another role's work outside the table (generators answering a harness's model calls
 over HTTP while the ``harness`` role holds the admit stage; :meth:`Pipeline.admitting_with`).
@@ -68,9 +73,14 @@ class GroupState(StrEnum):
     # (the RolledBack rule, scheduler/core/transitions.py), and this one is counted here,
     # never in the table again.
     SUPERSEDED = "superseded"
+    # Its rewards carried no learning signal (dynamic sampling, algorithm.filter_groups):
+    # left out of training by the stage that found it so, from that stage's source.
+    FILTERED = "filtered"
 
 
-FINAL_STATES = frozenset({GroupState.TRAINED, GroupState.DEAD, GroupState.SUPERSEDED})
+FINAL_STATES = frozenset(
+    {GroupState.TRAINED, GroupState.DEAD, GroupState.SUPERSEDED, GroupState.FILTERED}
+)
 """States a group never leaves: the rest are in flight."""
 
 
@@ -120,6 +130,8 @@ class Stage:
     reads_policy: bool = False  # its result depends on the policy version it ran with
     reads_critic: bool = False  # its result depends on the critic version its worker holds
     reads: tuple[str, ...] | None = None  # the roles' payloads it is handed; None: all before
+    # its result may say a group carries no learning signal: the group is then filtered
+    filters: bool = False
 
     def __str__(self) -> str:
         via = f" → {self.working}" if self.working else ""
@@ -272,6 +284,9 @@ class Pipeline:
         for stage in self.stages:  # its payload lost with its holder: made again
             for later in self._downstream(stage.target):
                 yield later, stage.source
+        for stage in self.stages:  # a result that says the group carries no signal
+            if stage.filters:
+                yield stage.source, GroupState.FILTERED
         for state in self._states():
             if state is not GroupState.DEAD:
                 yield state, GroupState.DEAD
@@ -316,6 +331,12 @@ def _check_rows(pipeline: Pipeline) -> None:
             raise PipelineError(f"{stage}: 'dead' is reached by failure only, never by a row")
         if GroupState.SUPERSEDED in (stage.source, stage.target, stage.working):
             raise PipelineError(f"{stage}: 'superseded' is reached by a rollback, never by a row")
+        if GroupState.FILTERED in (stage.source, stage.target, stage.working):
+            raise PipelineError(f"{stage}: 'filtered' is reached by a filtering stage, never a row")
+        if stage.filters and (stage.working is not None or stage.gate is not Gate.FREE):
+            # A gated stage makes promises (admission, the step) that a group leaving from
+            # its working state would break; a branch leaves nothing half done.
+            raise PipelineError(f"{stage}: only a branch stage filters groups")
         if stage.source == stage.target:
             raise PipelineError(f"{stage}: source and target are the same state")
         if (stage.reads_policy or stage.reads_critic) and stage.working is not None:
@@ -398,8 +419,9 @@ DEFAULT_PIPELINE = Pipeline(
         Stage(R.GENERATE, S.PENDING, S.GENERATED, S.GENERATING, Gate.ADMIT, reads=(ENTRY,)),
         Stage(R.LOGP, S.GENERATED, S.READY, reads_policy=True, reads=(R.GENERATE,)),
         Stage(R.REF_LOGP, S.GENERATED, S.READY, reads=(R.GENERATE,)),
-        # the prompt's answer and the responses
-        Stage(R.REWARD, S.GENERATED, S.READY, reads=(ENTRY, R.GENERATE)),
+        # the prompt's answer and the responses; a group whose rewards carry no signal is
+        # filtered here (algorithm.filter_groups)
+        Stage(R.REWARD, S.GENERATED, S.READY, reads=(ENTRY, R.GENERATE), filters=True),
         Stage(
             R.TRAIN,
             S.READY,

@@ -2,7 +2,8 @@
 
 The first spec with `restart=False` is the *primary* (the scheduler): when it exits the run is
 over, and `run()` returns its exit status; unless it failed and has a `resume_argv`, which
-starts it again (the scheduler resuming from its journal) with the workers left running.
+starts it again (the scheduler resuming from its journal) with the workers left running,
+or it exited `STOPS_THE_RUN`: the run cannot go on (its reason is on the terminal).
 Without a primary (a machine of a run whose scheduler is elsewhere) the run is over for the
 supervisor when every child has left on purpose, or when `finish()` says so.
 A child with `restart=True` (a worker) is started again whenever it fails (exits non-zero
@@ -325,7 +326,9 @@ class Supervisor:
     def _resumes(self, primary: _Child, returncode: int, lived_s: float) -> bool:
         """A primary that failed (not one that finished) starts again, resuming, unless the
         run is stopping or it fails the same way every start."""
-        if returncode == 0 or primary.spec.resume_argv is None or self._stop_reason is not None:
+        if returncode in (0, STOPS_THE_RUN):  # finished, or said that no restart can help
+            return False
+        if primary.spec.resume_argv is None or self._stop_reason is not None:
             return False
         if self._failing_every_start(primary, returncode, lived_s):
             self._primary_status = shell_status(returncode)

@@ -19,6 +19,10 @@ def render_status(s: dict[str, Any]) -> str:
     ]
     if "mismatch" in s:
         lines.append("mismatch  " + _mismatch(s["mismatch"]))
+    if "filtered" in s:
+        lines.append("filtered  " + _filtered(s["filtered"]))
+    if run.get("failure"):
+        lines.insert(1, f"stopping  {run['failure']}")
     if "critic" in s:
         c = s["critic"]
         lines.insert(
@@ -57,6 +61,17 @@ def _mismatch(m: dict[str, Any]) -> str:
         f"max {m['logprob_mismatch_max']:.2e}, k3 KL {m['logprob_mismatch_kl']:.2e} "
         f"over {tokens} tokens"
     )
+
+
+def _filtered(f: dict[str, Any]) -> str:
+    """Dynamic sampling: groups left out for lack of signal, and what filling a batch took."""
+    per_batch = f["prompts_per_batch"]
+    text = f"{f['groups_filtered']} groups ({100 * f['filtered_fraction']:.1f}% of those judged)"
+    if per_batch is not None:
+        text += f", {per_batch:g} prompts per trained batch"
+    if f["filtered_bound"]:
+        text += f", {f['filtered_in_a_row']} in a row (stops past {f['filtered_bound']})"
+    return text
 
 
 def _pairs(mapping: dict[str, Any]) -> str:

@@ -18,8 +18,11 @@ Printed, and checked (exit status 1 if any fails):
   once (the steps' ``keys``), none retrained by a rollback;
 - every trainer restart resumed at the scheduler's step count: a restart that found only
   an older state would roll training back, and no log says "training rolled back";
-- no group died: groups created, trained and dead are counted from the journal, and a
-  dead one means a kill that had nothing to do with it was blamed on it;
+- no group died: groups created, trained, filtered (dynamic sampling, with
+  ``algorithm.filter_groups.enabled=true``) and dead are counted from the journal, and a
+  dead one means a kill that had nothing to do with it was blamed on it; every group made
+  is in exactly one state (trained, filtered, dead, superseded or still in flight), and
+  the groups the journal counts trained are the keys the steps' lines name;
 - no stretch without a step is longer than ``--max-gap`` seconds (30), counted from the
   first step, by the wall clock of this bench (it watches metrics.jsonl);
 - the final validation reward is at most 0.05 below the undisturbed run's;
@@ -187,14 +190,17 @@ def final_val(run_dir: Path) -> float | None:
 
 
 def group_fates(run_dir: Path) -> dict[str, Any]:
-    """Groups created, trained and dead, and why each died, from the run's journal."""
+    """Groups created, trained, filtered and dead, why each died, and every state's
+    count, from the run's journal."""
     summary = replay_journal(RunDir(run_dir))
     groups = summary["groups"]
     return {
         "created": summary["created"],
         "trained": groups.get("trained", 0),
+        "filtered": groups.get("filtered", 0),
         "dead": groups.get("dead", 0),
         "why_dead": summary["dead"],
+        "states": groups,
     }
 
 
@@ -202,9 +208,11 @@ def check(outcome: Outcome, steps: int, baseline: float | None, max_gap: float) 
     problems = []
     fates = group_fates(outcome.run_dir)
     print(f"  groups: {fates['created']} created, {fates['trained']} trained, "
-          f"{fates['dead']} dead")  # fmt: skip
+          f"{fates['filtered']} filtered, {fates['dead']} dead")  # fmt: skip
     if fates["dead"]:
         problems.append(f"groups died: {fates['why_dead']}")
+    if sum(fates["states"].values()) != fates["created"]:  # each group in one state, once
+        problems.append(f"group states {fates['states']} do not add up to {fates['created']}")
     gap, at_step = outcome.longest_gap()
     print(f"  first step after {outcome.first_step_s() or 0:.1f} s; longest stretch without "
           f"a step after it: {gap:.1f} s (ending at step {at_step})")  # fmt: skip
@@ -222,6 +230,10 @@ def check(outcome: Outcome, steps: int, baseline: float | None, max_gap: float) 
     twice = sorted(k for k, n in trained.items() if n > 1)
     if twice:
         problems.append(f"groups trained twice: {twice[:5]}")
+    if trained and len(trained) != fates["trained"]:  # a filtered one trained would show
+        problems.append(
+            f"{len(trained)} keys trained by the steps, {fates['trained']} in the journal"
+        )
     redone = sorted(k for k in trained if "#rollback" in k)
     if redone:
         problems.append(f"groups trained again after a rollback: {len(redone)}")

@@ -169,3 +169,26 @@ def test_status_and_stop_from_another_process(cluster) -> None:
     assert 2 <= steps < 1000
     lines = c.metrics()
     assert [line["step"] for line in lines] == list(range(1, steps + 1))
+
+
+def test_with_groups_filtered_a_scheduler_and_a_scorer_killed_leave_each_group_once(
+    cluster,
+) -> None:
+    # The demo's reward filters every third group: the killed scheduler resumes from a
+    # journal holding filtered groups, and a logp worker killed mid-lease leaves its
+    # groups, some filtered meanwhile, to be taken again; each group is trained, filtered
+    # or dead once, and no filtered one trained (check_exactly_once).
+    c: Cluster = cluster(
+        run={"total_steps": 10},
+        algorithm={"kl_coef": 0.01, "filter_groups": {"enabled": True}},
+        scheduler={"control_port": free_port(), "events_port": free_port()},
+    )
+    c.scheduler()
+    c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "train=0.2,generate=0.05,logp=0.1"})
+    wait_for(lambda: c.steps_done() >= 3, 60, "three train steps")
+    c.kill9("scheduler")
+    c.scheduler(resume=True)
+    c.kill9("logp-0")
+    c.worker("logp", 1)
+    assert c.wait("scheduler", 90) == 0
+    c.check_exactly_once()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from asyncrl.runtime.contract.child_status import STOPS_THE_RUN
 from asyncrl.runtime.launch import ChildSpec, OnEvent, Supervisor
 from asyncrl.runtime.launch._backoff import Backoff
 
@@ -580,6 +581,19 @@ def test_a_primary_failing_on_every_resume_ends_the_run_with_why(tmp_path: Path)
     assert status == 1  # gave up, as for a worker failing on every start
     assert len(starts.read_text().splitlines()) == 3
     assert [f["name"] for f in events.of("failing")] == ["scheduler"]
+
+
+def test_a_primary_that_says_the_run_cannot_go_on_is_not_resumed(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    says = f"import sys; open({str(starts)!r}, 'a').write('start\\n'); sys.exit({STOPS_THE_RUN})"
+    specs = [
+        ChildSpec("scheduler", py(says), restart=False, resume_argv=py(says)),
+        ChildSpec("generate-0", py("import time; time.sleep(60)"), restart=True),
+    ]
+    status, _ = supervise(tmp_path, specs, backoff_initial_s=0.01)
+
+    assert status == STOPS_THE_RUN  # its exit status is the run's
+    assert starts.read_text().splitlines() == ["start"]  # no resume could help
 
 
 # A gang member: records its rank and leader address; rank 1 fails once, 0.3 s in.

@@ -40,6 +40,7 @@ from .pipeline_model import (
     CRITIC_TABLE,
     DEFAULT_TABLE,
     GENERATE,
+    REWARD,
     TRAIN,
     VALUES,
     ModelLease,
@@ -239,8 +240,27 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
             if lease.role == TRAIN:  # a checkpoint now and then
                 upto = self.model.steps_done + 1
                 durable = data.draw(st.one_of(st.none(), st.integers(0, upto)))
-            self._ok(self.core.complete(lease.lid, lease.fence, gids, behaviour, None, durable))
-            self.model.complete(lease.lid, gids, behaviour)
+            verdicts = None
+            if lease.role == REWARD:  # dynamic sampling: some groups carry no signal
+                flags = data.draw(st.lists(st.booleans(), min_size=len(gids), max_size=len(gids)))
+                verdicts = [("no signal" if flag else None) for flag in flags]
+            filtered = (
+                frozenset()
+                if verdicts is None
+                else frozenset(g for g, why in zip(gids, verdicts, strict=True) if why)
+            )
+            # a result for a group a sibling filtered while this lease held it: ignored
+            late = sorted(lease.dropped)
+            if late and data.draw(st.booleans()) and lease.role not in (TRAIN, CRITIC):
+                gids = sorted(gids + late)
+                if verdicts is not None:
+                    verdicts = [None if g in late else ("no signal" if g in filtered else None)
+                                for g in gids]  # fmt: skip
+            reply = self.core.complete(
+                lease.lid, lease.fence, gids, behaviour, None, durable, verdicts
+            )
+            self._ok(reply)
+            self.model.complete(lease.lid, gids, behaviour, filtered)
             if lease.role == TRAIN:
                 self._check_step(gids)
                 self.model.durable_step = max(self.model.durable_step, durable or 0)
@@ -459,7 +479,7 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
         @invariant()
         def groups_match_the_model(self) -> None:
             for gid, expected in self.model.groups.items():
-                if expected.state in ("trained", "superseded"):
+                if expected.state in ("trained", "superseded", "filtered"):
                     assert gid not in self.core.state.groups, f"trained {gid} kept in the table"
                     continue
                 group = self.core.state.groups[gid]
@@ -472,13 +492,24 @@ def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -
                     assert group.suspects == expected.suspects, f"group {gid}: suspects"
 
         @invariant()
+        def filtered_groups_are_never_trained(self) -> None:
+            """Every group is trained, filtered or dead at most once, and a filtered one
+            never reaches a batch; the bound on filtering in a row counts as the model."""
+            filtered = {g for g, m in self.model.groups.items() if m.state == "filtered"}
+            trained = {gid for batch in self.model.batches for gid in batch}
+            assert not filtered & trained, f"filtered groups trained: {filtered & trained}"
+            assert self.core.state.filtered_in_a_row == self.model.filtered_in_a_row
+            for lease in self.core.state.leases.values():
+                assert not lease.gids & filtered, f"lease {lease.lid} holds filtered groups"
+
+        @invariant()
         def groups_are_conserved(self) -> None:
             """Every group made is in exactly one state: created = trained + superseded +
-            dead + in flight, in the core's counts and in what status reports."""
+            filtered + dead + in flight, in the core's counts and in what status reports."""
             counts = self.core.state.counts
             assert all(n >= 0 for n in counts.values()), counts
             assert sum(counts.values()) == len(self.model.groups) == self.core.state.next_gid
-            for final in ("trained", "superseded", "dead"):
+            for final in ("trained", "superseded", "filtered", "dead"):
                 expected = sum(1 for g in self.model.groups.values() if g.state == final)
                 assert counts[final] == expected, f"{final}: {counts[final]} != {expected}"
             summary = summarize(self.core.state)
@@ -617,8 +648,13 @@ def _one_round(machine: RuleBasedStateMachine, rng: random.Random | None) -> boo
         gids = list(reply.groups)
         version = reply.version
         behaviour = [(version, version)] * len(gids) if role == GENERATE else None
-        machine._ok(core.complete(reply.lease_id, reply.fence, gids, behaviour))
-        model.complete(reply.lease_id, gids, behaviour)
+        filtered: frozenset[int] = frozenset()
+        if role == REWARD and rng is not None:  # some groups carry no signal
+            filtered = frozenset(g for g in gids if rng.random() < 0.3)
+        verdicts = [("all alike" if g in filtered else None) for g in gids] if filtered else None
+        reply_ = core.complete(reply.lease_id, reply.fence, gids, behaviour, None, None, verdicts)
+        machine._ok(reply_)
+        model.complete(reply.lease_id, gids, behaviour, filtered)
         if role == TRAIN:
             machine._check_step(gids)
             machine._ok(core.publish_version(worker, model.steps_done))

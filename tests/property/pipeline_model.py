@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 GENERATE, LOGP, REF_LOGP, REWARD, TRAIN = "generate", "logp", "ref_logp", "reward", "train"
 VALUES, CRITIC = "values", "critic"
-# "superseded": trained by a step that training rolled back; trained again as a new group
-FINAL = frozenset({"trained", "dead", "superseded"})
+# "superseded": trained by a step that training rolled back; trained again as a new group;
+# "filtered": its rewards carried no signal (dynamic sampling), never trained
+FINAL = frozenset({"trained", "dead", "superseded", "filtered"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ DEFAULT_TABLE = Table(
             ("training", "pending"),
             ("ready", "generated"),
             ("training", "generated"),
+            ("generated", "filtered"),  # the reward said it carries no signal
         }
         | {(s, "dead") for s in ("pending", "generating", "generated", "ready", "training")}
     ),
@@ -99,6 +101,7 @@ CRITIC_TABLE = Table(
             ("critic_trained", "training"),
             ("training", "trained"),
             ("training", "critic_trained"),
+            ("generated", "filtered"),  # the reward said it carries no signal
         }
         # a payload lost with its holder: back to the stage that made it
         | {(s, "pending") for s in _CRITIC_ALIVE[2:]}
@@ -132,6 +135,7 @@ class ModelLease:
     expires_at: float
     gids: set[int]
     version: int | None
+    dropped: set[int] = field(default_factory=set)  # filtered by a sibling while held
 
 
 @dataclass
@@ -169,6 +173,7 @@ class PipelineModel:
     critic_steps_done: int = 0
     critic_version: int = 0
     critic_batches: list[list[int]] = field(default_factory=list)
+    filtered_in_a_row: int = 0  # filtered since the train step last took a batch
 
     # --- questions -------------------------------------------------------------------
 
@@ -250,9 +255,19 @@ class PipelineModel:
             if working:
                 group.state = working
         self.leases[lease.lid] = lease
+        if lease.role == TRAIN:
+            self.filtered_in_a_row = 0
 
-    def complete(self, lid: int, gids: list[int], behaviour: list[tuple[int, int]] | None) -> None:
+    def complete(
+        self,
+        lid: int,
+        gids: list[int],
+        behaviour: list[tuple[int, int]] | None,
+        filtered: frozenset[int] = frozenset(),
+    ) -> None:
+        """``filtered``: groups of a reward lease whose rewards carry no signal."""
         lease = self.leases[lid]
+        gids = [gid for gid in gids if gid not in lease.dropped]  # ignored: filtered away
         if lease.role == TRAIN:
             self.steps_done += 1
             self.batches.append(sorted(gids))
@@ -267,8 +282,23 @@ class PipelineModel:
                 group.behaviour = behaviour[i]
             if lease.role == VALUES:
                 group.critic_version = lease.version
+            if gid in filtered:
+                assert lease.role == REWARD, f"a {lease.role} result filtered group {gid}"
+                self._filter(gid)
+                continue
             self._advance(gid, group, lease.role)
         self._drop(lease, gids)
+
+    def _filter(self, gid: int) -> None:
+        """Out of the pipeline, never trained: its other leases let go of it."""
+        group = self.groups[gid]
+        assert group.state == "generated", f"group {gid} filtered in {group.state}"
+        group.state, group.done, group.leased = "filtered", set(), set()
+        self.filtered_in_a_row += 1
+        for other in list(self.leases.values()):
+            if gid in other.gids:
+                other.dropped.add(gid)
+                self._drop(other, [gid])
 
     def _advance(self, gid: int, group: ModelGroup, role: str) -> None:
         if role in self.table.branches:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.demo_pipeline import expected_value, prompt_key
+from tests.support.demo_pipeline import expected_value, filtered_demo, prompt_key
 
 ROLES = ("dataloader", "generate", "logp", "ref_logp", "reward", "train")
 
@@ -175,6 +175,14 @@ class Cluster:
         assert max(seen.values()) == 1, [k for k, n in seen.items() if n > 1]
         assert len(seen) == steps * batch
         assert set(seen) <= {prompt_key(i) for i in range(10 * steps * batch)}
+        if self.config.get("algorithm", {}).get("filter_groups", {}).get("enabled"):
+            # trained, filtered or dead once each: no group the reward filtered was trained
+            trained_filtered = sorted(k for k in seen if filtered_demo(int(k[1:])))
+            assert not trained_filtered, trained_filtered
+            last = lines[-1]
+            assert last["groups_filtered"] > 0, last
+            states = last["group_states"]
+            assert sum(states.values()) == last["groups_created"], states
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:

@@ -6,7 +6,8 @@ For the group with key ``q{i:06d}`` (the dataloader's payload ``{"x": i}``)::
     generate    {"tokens": arange(1 + i % 7) + i}      pending → generated, behaviour (v, v)
     logp        {"logp": 0.5 * sum(tokens)}            generated → ready (with the two below)
     ref_logp    {"ref": -sum(tokens)}
-    reward      {"reward": i % 2}
+    reward      {"reward": i % 2}; with algorithm.filter_groups on, the groups with
+                ``i % 3 == 0`` are said to carry no signal (``filtered``, never trained)
     train       logp + ref + reward + len(tokens)      ready → trained, one value per group
                 in the step's metrics, under "groups" ({key: value})
 
@@ -28,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+import msgspec
 import numpy as np
 
 from asyncrl.actors.actor import Actor, Outcome, WorkerContext
@@ -35,6 +37,7 @@ from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 __all__ = [
+    "DEMO_FILTERED",
     "ROLES",
     "WORK_ENV",
     "Dataloader",
@@ -44,6 +47,7 @@ __all__ = [
     "Reward",
     "Train",
     "expected_value",
+    "filtered_demo",
     "generate_tokens",
     "logp_of",
     "prompt_key",
@@ -72,6 +76,14 @@ def logp_of(tokens: np.ndarray) -> float:
 
 def ref_logp_of(tokens: np.ndarray) -> float:
     return -float(tokens.sum())
+
+
+DEMO_FILTERED = "demo: i divisible by 3"
+
+
+def filtered_demo(x: int) -> bool:
+    """Whether the demo's reward, filtering, says group ``x`` carries no signal."""
+    return x % 3 == 0
 
 
 def reward_of(x: int) -> float:
@@ -189,6 +201,22 @@ class RefLogp(_PerGroup):
 
 class Reward(_PerGroup):
     role: ClassVar[str] = Role.REWARD.value
+    filtering: bool = False  # algorithm.filter_groups.enabled
+
+    def on_start(self, ctx: WorkerContext) -> None:
+        super().on_start(ctx)
+        self.filtering = ctx.config.algorithm.filter_groups.enabled
+
+    def process(self, lease: p.Lease) -> Outcome:
+        outcome = super().process(lease)
+        if not self.filtering:
+            return outcome
+        xs = {item.gid: item.data[Role.DATALOADER]["x"] for item in lease.items}
+        results = tuple(
+            msgspec.structs.replace(r, filtered=DEMO_FILTERED) if filtered_demo(xs[r.gid]) else r
+            for r in outcome.results
+        )
+        return Outcome(results)
 
     def work(self, item: p.Item) -> p.Payload:
         return {"reward": reward_of(item.data[Role.DATALOADER]["x"])}

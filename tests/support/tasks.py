@@ -51,3 +51,17 @@ def sleepy_reward(sample: Sample, response: str) -> float:
 
         time.sleep(2.0)
     return 1.0 if response.endswith(sample.answer) else 0.0
+
+
+def half_signal_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in under which half the prompts carry no signal: every response to a
+    prompt with an even sum is paid 0.5 alike (dynamic sampling filters those), the rest
+    the share of digits in the response."""
+    if int(sample.answer) % 2 == 0:
+        return 0.5
+    return digits_reward(sample, response)
+
+
+def constant_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in that pays every response the same: no group carries a signal."""
+    return 1.0

@@ -48,13 +48,16 @@ class Result(WireStruct):
     """One group's result; admitted work (generate) carries its (min, max) policy versions.
 
     The payload travels inline in ``data``, or, when ``ref`` is set, stays with the worker
-    that made it and ``data`` is empty.
+    that made it and ``data`` is empty. ``filtered``, from a stage that filters (the
+    reward): why the group carries no learning signal, in one line; it is then never
+    trained (dynamic sampling, ``algorithm.filter_groups``).
     """
 
     gid: int
     data: Payload
     behaviour: tuple[int, int] | None = None
     ref: PayloadRef | None = None
+    filtered: str | None = None
 
 
 class LostPayload(WireStruct):

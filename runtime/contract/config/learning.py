@@ -13,6 +13,8 @@ __all__ = [
     "CriticSection",
     "DataSection",
     "Estimator",
+    "FilterGroupsSection",
+    "FilterMetric",
     "ModelSection",
     "Ratio",
     "ScheduleKind",
@@ -23,6 +25,9 @@ __all__ = [
 # loss functions (actors/rl) take their names from here.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 Ratio = Literal["token", "sequence"]
+# What dynamic sampling judges a group by: the task's own reward, or the reward trained on
+# (the task's plus any shaping, such as an overlong penalty).
+FilterMetric = Literal["task", "reward"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 
 
@@ -262,6 +267,53 @@ class ScheduleSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FilterGroupsSection:
+    """Dynamic sampling (DAPO): groups whose rewards carry no signal never reach the trainer."""
+
+    enabled: bool = field(
+        default=False,
+        metadata=doc(
+            "leave out of training each group whose rewards carry no signal (state "
+            "'filtered'); the freed slot is admitted again at once, so batches stay full"
+        ),
+    )
+    metric: FilterMetric = field(
+        default="task",
+        metadata=doc(
+            "what a group is judged by: task (the task's own reward) or reward (the one "
+            "trained on, shaping included)"
+        ),
+    )
+    min_std: float = field(
+        default=0.0,
+        metadata=doc("a group carries signal iff the metric's std over it is above this", min=0),
+    )
+    mean_low: float | None = field(
+        default=None,
+        metadata=doc("a group whose metric mean is below this is filtered; empty: no bound"),
+    )
+    mean_high: float | None = field(
+        default=None,
+        metadata=doc("a group whose metric mean is above this is filtered; empty: no bound"),
+    )
+    max_filtered_batches: int = field(
+        default=10,
+        metadata=doc(
+            "the run stops with an error once more than this many train batches' worth of "
+            "groups are filtered in a row with no train step between",
+            min=1,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        low, high = self.mean_low, self.mean_high
+        if low is not None and high is not None and low > high:
+            raise ValueError(
+                f"mean_low: got {low} above mean_high={high}; allowed: mean_low <= mean_high"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmSection:
     estimator: Estimator = field(
         default="grpo",
@@ -365,6 +417,10 @@ class AlgorithmSection:
     top_k: int = field(
         default=0,
         metadata=doc("sample among the k most likely tokens (ties kept); 0: every token", min=0),
+    )
+    filter_groups: FilterGroupsSection = field(
+        default_factory=FilterGroupsSection,
+        metadata=doc("dynamic sampling: groups without signal are filtered, not trained"),
     )
 
 

@@ -267,8 +267,20 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data)
+        _check_filter_groups(self.algorithm, self.data)
         _check_lora_engines(self)
         _check_mini_batches(self.algorithm, self.pipeline)
+
+
+def _check_filter_groups(algorithm: AlgorithmSection, data: DataSection) -> None:
+    rule = algorithm.filter_groups
+    if rule.enabled and data.group_size < 2:
+        # The std of one response is 0: every group would be filtered and nothing trained.
+        raise ValueError(
+            f"algorithm.filter_groups.enabled: got true with data.group_size={data.group_size}; "
+            "allowed: data.group_size >= 2 (one response has no spread, so every group "
+            "would be filtered)"
+        )
 
 
 def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:

@@ -35,6 +35,7 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
         if isinstance(groups, dict) and isinstance(created, int):
             counts = ", ".join(f"{state} {n}" for state, n in groups.items())
             out["groups at the last step"] = f"{counts} (of {created} created)"
+        _filtered(out, last)
         for role, r in sorted((last.get("roles") or {}).items()):
             if isinstance(r, dict) and isinstance(r.get("waiting_for_work"), int | float):
                 out[f"{role}: waiting for work"] = f"{r['waiting_for_work']:.0%}"
@@ -58,6 +59,17 @@ def _mean_of(out: dict[str, str], label: str, lines: list[dict[str, Any]], key: 
     values = [line[key] for line in lines if isinstance(line.get(key), int | float)]
     if values:
         out[label] = f"{statistics.fmean(values):.3f}"
+
+
+def _filtered(out: dict[str, str], last: dict[str, Any]) -> None:
+    """Dynamic sampling: groups left out for lack of signal, and the prompts it took to
+    fill each trained batch (counted from the start of the run)."""
+    filtered, fraction = last.get("groups_filtered"), last.get("filtered_fraction")
+    if isinstance(filtered, int) and isinstance(fraction, int | float):
+        out["groups filtered (no signal)"] = f"{filtered} ({fraction:.1%} of those judged)"
+    per_batch = last.get("prompts_per_batch")
+    if isinstance(per_batch, int | float):
+        out["prompts per trained batch"] = f"{per_batch:.2f}"
 
 
 def _mismatch(out: dict[str, str], lines: list[dict[str, Any]]) -> None:

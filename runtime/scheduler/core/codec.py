@@ -42,6 +42,7 @@ def dump_state(state: CoreState) -> dict[str, Any]:
             state.counts[GroupState.SUPERSEDED],
         ],
         "critic": [state.critic_steps_done, state.critic_version, state.worst_critic_staleness],
+        "filtered": [state.counts[GroupState.FILTERED], state.filtered_in_a_row],
         "groups": [_dump_group(g) for g in state.groups.values()],
         "leases": [_dump_lease(lease) for lease in state.leases.values()],
         "workers": {name: [w.role, w.loaded] for name, w in sorted(state.workers.items())},
@@ -80,6 +81,7 @@ def _dump_lease(lease: Lease) -> list[Any]:
         sorted(lease.gids),
         lease.version,
         sorted(lease.locks.items()),
+        sorted(lease.dropped),
     ]
 
 
@@ -105,11 +107,18 @@ def load_state(
     (state.critic_steps_done, state.critic_version, state.worst_critic_staleness) = snap.get(
         "critic", [0, 0, -1]
     )
+    # absent before groups could be filtered
+    filtered, state.filtered_in_a_row = snap.get("filtered", [0, 0])
+    state.counts[GroupState.FILTERED] = filtered
     for row in snap["groups"]:
         _load_group(state, row)
     # Absent before superseded groups were counted: every group made that is neither in
     # the table nor trained is one a rollback superseded.
-    superseded = training[3] if len(training) > 3 else state.next_gid - trained - len(state.groups)
+    superseded = (
+        training[3]
+        if len(training) > 3
+        else state.next_gid - trained - filtered - len(state.groups)
+    )
     state.counts[GroupState.SUPERSEDED] = superseded
     for row in snap["leases"]:
         _load_lease(state, row)
@@ -149,7 +158,8 @@ def _load_group(state: CoreState, row: list[Any]) -> None:
 
 
 def _load_lease(state: CoreState, row: list[Any]) -> None:
-    lid, fence, role, source, worker, expires_at, gids, version, locks = row
+    lid, fence, role, source, worker, expires_at, gids, version, locks = row[:9]
+    dropped = row[9] if len(row) > 9 else []  # absent before groups could be filtered
     lease = state.leases[lid] = Lease(
         lid,
         fence,
@@ -160,5 +170,6 @@ def _load_lease(state: CoreState, row: list[Any]) -> None:
         set(gids),
         version,
         dict(map(tuple, locks)),
+        set(dropped),
     )
     state.indexes.leased(lease)

@@ -48,6 +48,9 @@ class Lease:
     gids: set[int]
     version: int | None = None  # admitted work: the version the generator had loaded
     locks: dict[int, str] = field(default_factory=dict)  # token -> resource
+    # groups let go of while leased because a sibling branch filtered them: the holder's
+    # result for them is ignored, not refused (it could not know)
+    dropped: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)

@@ -121,10 +121,14 @@ class Renewed(NamedTuple):
 
 
 class Completed(NamedTuple):
+    """``filtered``, from a stage that filters: per group, why it carries no learning
+    signal (it goes to ``filtered``, out of every lease), or None (it goes on as ever)."""
+
     lid: int
     gids: Sequence[int]
     behaviour: Sequence[Sequence[int]] | None  # [[vmin, vmax], ...] for admitted work
     data: Sequence[Any] | None  # what the scheduler keeps of each group's result
+    filtered: Sequence[str | None] | None = None
 
 
 class Failed(NamedTuple):

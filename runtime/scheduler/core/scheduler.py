@@ -259,17 +259,36 @@ class SchedulerCore:
         behaviour: Sequence[Sequence[int]] | None = None,
         data: Sequence[Any] | None = None,
         durable: int | None = None,
+        filtered: Sequence[str | None] | None = None,
     ) -> Accepted | Rejected:
         """Results for ``gids`` of a lease; admitted work carries (min, max) versions each.
 
         ``data`` holds one payload per group, kept with the group for the next stages. A
         train step may say which step's state now survives the loss of the trainer's host
         (``durable``): the groups of steps up to it need not be kept to be trained again.
+        A stage that filters may say, per group, why it carries no learning signal
+        (``filtered``; None for one that does): such a group is filtered, never trained.
+        Results for groups a sibling branch filtered while this lease held them are
+        ignored: the worker could not know.
         """
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
             return lease
         stage = self.pipeline.stage_at(lease.source, lease.role)
+        if filtered is not None and not stage.filters:
+            return self._reject(Reason.BAD_RESULT, f"a {lease.role} result cannot filter groups")
+        if filtered is not None and len(filtered) != len(gids):
+            return self._reject(
+                Reason.BAD_RESULT, f"{len(filtered)} filter verdicts for {len(gids)} groups"
+            )
+        if lease.dropped and any(g in lease.dropped for g in gids):
+            kept = [i for i, g in enumerate(gids) if g not in lease.dropped]
+            if not kept:
+                return Accepted(0)
+            gids, behaviour, data, filtered = (
+                None if seq is None else [seq[i] for i in kept]
+                for seq in (gids, behaviour, data, filtered)
+            )
         problem = completion_problem(stage, lease, gids, behaviour, self.state.policy_version)
         if problem is not None:
             return self._reject(*problem)
@@ -282,7 +301,9 @@ class SchedulerCore:
                 Reason.BAD_VERSION, f"durable step {durable} is ahead of the step it completes"
             )
         rows = None if behaviour is None else [[int(lo), int(hi)] for lo, hi in behaviour]
-        self._commit(r.Completed(lease.lid, list(gids), rows, _listed(data)))
+        if filtered is not None and all(why is None for why in filtered):
+            filtered = None
+        self._commit(r.Completed(lease.lid, list(gids), rows, _listed(data), _listed(filtered)))
         if durable is not None and durable > self.state.durable_step:
             self._commit(r.Durable(durable))
         return Accepted(len(gids))
@@ -307,7 +328,12 @@ class SchedulerCore:
         lease = self._held(lease_id, fence)
         if isinstance(lease, Rejected):
             return lease
-        gids = sorted(lease.gids) if gids is None else list(gids)
+        if gids is None:
+            gids = sorted(lease.gids)
+        else:  # groups a sibling branch filtered while this lease held them are gone
+            gids = [g for g in gids if g not in lease.dropped]
+            if not gids:
+                return Accepted(0)
         problem = membership_problem(lease, gids) or self._lost_problem(lease, lost)
         if problem is not None:
             return self._reject(*problem)
@@ -341,6 +367,20 @@ class SchedulerCore:
         if lease.fence != fence:
             return self._reject(Reason.STALE_FENCE, f"lease {lease_id}: fence {fence} is stale")
         return lease
+
+    def filter_bound_passed(self) -> str | None:
+        """Why the run must stop, once dynamic sampling filtered more groups in a row, no
+        train step taking a batch between, than its bound allows: nothing the generators
+        make carries signal, and going on would spin. None while within it."""
+        bound, filtered = self.settings.max_filtered_in_a_row, self.state.filtered_in_a_row
+        if not bound or filtered <= bound:
+            return None
+        batch = self.settings.train_batch_groups
+        return (
+            f"algorithm.filter_groups: {filtered} groups filtered in a row without a train "
+            f"step (more than max_filtered_batches={bound // batch} batches of {batch}): "
+            "no group carries a learning signal"
+        )
 
     # --- locks -----------------------------------------------------------------------
 

@@ -15,6 +15,16 @@ stragglers rather than leave them behind.
 
 With ``max_staleness = 0`` this is synchronous RL: a generator gets work only once it has
 loaded the newest version, and exactly one batch is in flight per step.
+
+Dynamic sampling (``algorithm.filter_groups``) needs nothing more: a group the reward
+filters is no longer due (transitions.py's ``_filter`` forgets its promise), so the room
+computed here grows by one and the next claim admits a fresh group in its place. The
+lookahead is the bound itself, ``max_staleness + 1`` steps of ``batch`` groups: the
+pipeline keeps that much in flight and refills every filtered slot, so each step still
+takes a full batch of groups with signal. Where nothing carries signal the refilling
+would go on forever; the core counts groups filtered since the last step
+(``CoreState.filtered_in_a_row``) and the scheduler stops the run past
+``max_filtered_batches`` batches' worth (``SchedulerCore.filter_bound_passed``).
 """
 
 from __future__ import annotations

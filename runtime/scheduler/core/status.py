@@ -9,7 +9,7 @@ from asyncrl.runtime.contract.stages import GroupState
 
 from .transitions import CoreState
 
-__all__ = ["summarize"]
+__all__ = ["filtering", "summarize"]
 
 
 def summarize(state: CoreState) -> dict[str, Any]:
@@ -32,6 +32,28 @@ def summarize(state: CoreState) -> dict[str, Any]:
         "dead": dict(Counter(g.reason for g in groups if g.state is GroupState.DEAD)),
         "regenerated": dict(state.regenerated),  # payloads lost with their holder, by role
         **_critic(state),
+    }
+
+
+def filtering(state: CoreState, bound: int) -> dict[str, Any]:
+    """Dynamic sampling's counts, all from the start of the run (so a restart or a
+    rollback keeps them exact):
+
+    - ``groups_filtered``: groups left out of training, their rewards without signal;
+    - ``filtered_fraction``: of the groups judged (trained or filtered), those filtered;
+    - ``prompts_per_batch``: groups judged per train step, so the prompts it took to fill
+      each batch (the batch size when nothing is filtered);
+    - ``filtered_in_a_row``: filtered since the train step last took a batch, against
+      ``bound`` (``max_filtered_batches`` batches' worth) past which the run stops.
+    """
+    filtered, trained = state.counts[GroupState.FILTERED], state.counts[GroupState.TRAINED]
+    judged = filtered + trained
+    return {
+        "groups_filtered": filtered,
+        "filtered_fraction": round(filtered / judged, 4) if judged else 0.0,
+        "prompts_per_batch": round(judged / state.steps_done, 3) if state.steps_done else None,
+        "filtered_in_a_row": state.filtered_in_a_row,
+        "filtered_bound": bound,
     }
 
 

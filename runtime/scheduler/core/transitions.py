@@ -42,6 +42,7 @@ from .indexes import Indexes
 __all__ = ["TRANSITIONS", "CoreState"]
 
 DEAD = GroupState.DEAD
+FILTERED = GroupState.FILTERED
 EPOCH_SHIFT = 32  # 4 billion fences per epoch; MessagePack carries 64-bit ints
 
 
@@ -69,6 +70,8 @@ class CoreState:
         self.counts: Counter[GroupState] = Counter()
         self.epoch = 0  # restarts so far: the high bits of every fence and lease id
         self.worst_staleness = -1  # the most versions a trained group lagged its step
+        # groups filtered since the train step last took a batch (dynamic sampling's bound)
+        self.filtered_in_a_row = 0
         # The critic's own count, version and worst lag (values' version behind its step).
         self.critic_steps_done = 0
         self.critic_version = 0
@@ -236,6 +239,8 @@ def _lease_granted(
     s.next_lid = lid + 1
     s.fence += 1  # the record carries the token; the count moves on by one
     s.indexes.leased(lease)
+    if stage.gate is Gate.STEP:  # the trainer takes a batch: filtering has not starved it
+        s.filtered_in_a_row = 0
     for gid in gids:
         group = s.groups[gid]
         group.leases[role] = lid
@@ -259,6 +264,7 @@ def _completed(
     gids: Sequence[int],
     behaviour: Sequence | None,
     data: Sequence | None,
+    filtered: Sequence[str | None] | None = None,
 ) -> None:
     lease = s.leases[lid]
     stage = s.pipeline.stage_at(lease.source, lease.role)
@@ -276,6 +282,9 @@ def _completed(
             s.worst_critic_staleness = max(s.worst_critic_staleness, lag)
         # whatever killed its workers, it was not this
         s.indexes.suspect_cleared(group, lease.role)
+        if filtered is not None and filtered[i] is not None:
+            _filter(s, group, filtered[i])
+            continue
         if behaviour is not None:
             group.behaviour = (behaviour[i][0], behaviour[i][1])
         if data is not None:
@@ -305,6 +314,27 @@ def _finish_branch(s: CoreState, group: Group, stage: Stage) -> None:
     if group.behaviour is not None:
         lag = s.steps_done - 1 - group.behaviour[0]
         s.worst_staleness = max(s.worst_staleness, lag)
+
+
+def _filter(s: CoreState, group: Group, reason: str) -> None:
+    """``group`` carries no learning signal: it leaves the pipeline as ``filtered``.
+
+    Its sibling branches' leases let go of it (what their holders later report for it is
+    ignored: ``Lease.dropped``); its train-by promise is forgotten, so admission refills
+    its slot at once (staleness.py), which is how batches stay full; and it leaves the
+    table as a trained group does, its transition journaled, published and counted.
+    """
+    for held in group.leases.values():
+        lease = s.leases[held]
+        lease.dropped.add(group.gid)
+        _release_groups(s, lease, (group.gid,))
+    group.leases.clear()
+    group.done = NONE
+    s.forget_train_by(group)
+    s.move(group, FILTERED, reason)
+    s.indexes.forgotten(group)
+    del s.groups[group.gid]
+    s.filtered_in_a_row += 1
 
 
 def _failed(

@@ -233,9 +233,13 @@ class LeaseRequests:
         stores = {r.ref.store for r in m.results if r.ref is not None}
         if stores:  # a live process keeps its results in one store
             self.payloads.live[holder] = stores.pop()
+        verdicts = [r.filtered for r in m.results]
+        filtered = None if all(why is None for why in verdicts) else verdicts
         steps_before = self.core.state.steps_done
         critic_before = self.core.state.critic_steps_done
-        reply = self.core.complete(m.lease_id, m.fence, gids, behaviour, data, m.durable_step)
+        reply = self.core.complete(
+            m.lease_id, m.fence, gids, behaviour, data, m.durable_step, filtered
+        )
         if isinstance(reply, Rejected):
             return error_of(reply)
         if lease is not None:

@@ -25,6 +25,7 @@ from asyncrl.runtime.contract.bus import (
     dialable,
     read_endpoints,
 )
+from asyncrl.runtime.contract.child_status import STOPS_THE_RUN, note_failure
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.gc_policy import settle_after_startup
 from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile
@@ -71,7 +72,9 @@ def serve(
     endpoints: tuple[str, str] | None = None,
     on_listening: Callable[[], None] | None = None,
 ) -> int:
-    """Run the scheduler until the run is finished or it is stopped; returns the exit code.
+    """Run the scheduler until the run is finished or it is stopped; returns the exit code
+    (child_status.STOPS_THE_RUN when the run cannot go on, its reason noted for the
+    supervisor).
 
     ``endpoints`` (control, events) replaces the config's host and ports, e.g. with
     ``ipc://`` paths for a benchmark on one machine. ``on_listening`` is called once the
@@ -127,6 +130,9 @@ def serve(
             on_listening()
         with _stop_signals(daemon):
             code = daemon.run()
+        if service.failure is not None:  # no restart of the scheduler can help
+            note_failure(service.failure)
+            code = STOPS_THE_RUN
         if service.finished:  # for machines whose workers missed the end on the bus
             announce_finished(RunDir.of(cfg), service.core.state.steps_done)
         RunDir.of(cfg).endpoints.unlink(missing_ok=True)  # finished or stopped: nobody dials

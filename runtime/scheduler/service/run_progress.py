@@ -23,6 +23,9 @@ class RunProgress:
         self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
         self.mismatch: dict[str, Any] = {}  # the newest step's logprob_mismatch_* and step
         self.draining: str | None = None  # why no new leases are handed out
+        # why the run cannot go on (dynamic sampling found no signal for too long): it
+        # drains, and the scheduler exits saying so (child_status.STOPS_THE_RUN)
+        self.failure: str | None = None
 
     def finished(self, steps_done: int) -> bool:
         """Every step of the run is done."""

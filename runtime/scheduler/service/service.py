@@ -39,7 +39,7 @@ from asyncrl.runtime.scheduler.core.effects import (
     WorkerLost,
 )
 from asyncrl.runtime.scheduler.core.starvation import why_no_step
-from asyncrl.runtime.scheduler.core.status import summarize
+from asyncrl.runtime.scheduler.core.status import filtering, summarize
 from asyncrl.runtime.scheduler.durable import JournaledCore
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
@@ -144,6 +144,7 @@ class SchedulerService:
             metrics,
             trace,
             self.emit,
+            core.settings.max_filtered_in_a_row,
         )
         self.lease_requests = LeaseRequests(
             core,
@@ -237,6 +238,19 @@ class SchedulerService:
         """Nothing is leased: a drain may end."""
         return not self.core.state.leases
 
+    @property
+    def failure(self) -> str | None:
+        """Why the run cannot go on, if it cannot: the scheduler drains and exits saying so."""
+        return self.progress.failure
+
+    def fail_run(self, reason: str) -> None:
+        """The run cannot go on: no new leases; the scheduler exits with ``reason`` once
+        the leases out are settled."""
+        if self.progress.failure is None:
+            self.progress.failure = reason
+            log.error("the run cannot go on", reason=reason)
+            self.drain(reason)
+
     def drain(self, reason: str) -> None:
         if self.progress.draining is None:
             self.progress.draining = reason
@@ -277,6 +291,11 @@ class SchedulerService:
         }
         if self.progress.mismatch:
             summary["mismatch"] = dict(self.progress.mismatch)
+        bound = core.settings.max_filtered_in_a_row
+        if bound or core.state.counts[GroupState.FILTERED]:
+            summary["filtered"] = filtering(core.state, bound)
+        if self.progress.failure is not None:
+            summary["run"]["failure"] = self.progress.failure
         summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
         summary["protocol_errors"] = self.protocol_errors
         writer = self.durable.writer
@@ -318,6 +337,10 @@ class SchedulerService:
         if len(self.outbox) > first:
             moves = [(e.topic, e.body) for e in self.outbox[first:]]
             self.outbox.extend(self.events.make(t, {}) for t in self.waiting.to_wake(moves))
+        if notices and self.progress.failure is None:
+            why = self.core.filter_bound_passed()
+            if why is not None:
+                self.fail_run(why)
 
     def _rolled_back(self, notice: RolledBackTo) -> None:
         """Nothing of the lost steps may be offered again: their weights and their lines.
@@ -344,6 +367,9 @@ def _log_losses(notices: list[Notice]) -> None:
     for notice in notices:
         if isinstance(notice, WorkerLost):
             log.warning("worker lost", worker=notice.worker, reason=notice.reason)
+        elif isinstance(notice, Transition) and notice.target is GroupState.FILTERED:
+            # dynamic sampling at work, not a fault: counted in the status and the metrics
+            log.debug("groups filtered", groups=list(notice.groups[:20]), reason=notice.reason)
         elif isinstance(notice, Transition) and notice.reason is not None:
             level = log.error if notice.target is GroupState.DEAD else log.warning
             level(

@@ -1,6 +1,8 @@
 """The line of metrics.jsonl that each train step writes: what the trainer reported, where
 each role's time went (activity.py), the step's critical path (step_path.py), the newest
-reports (reports.py) and the group counts; and, after the last step, the run's end."""
+reports (reports.py) and the group counts, with dynamic sampling's (core/status.py's
+``filtering``: groups filtered, their fraction of those judged, prompts per trained batch,
+all counted from the start of the run); and, after the last step, the run's end."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import structlog
 
 from asyncrl.runtime.contract.bus import ACTIVITY_KEY
 from asyncrl.runtime.contract.stages import GroupState
+from asyncrl.runtime.scheduler.core.status import filtering
 from asyncrl.runtime.scheduler.core.transitions import CoreState
 from asyncrl.transport import protocol as p
 from asyncrl.transport.topics import Topic, topic
@@ -45,6 +48,7 @@ class StepLines:
         metrics: MetricsLog,
         trace: Trace,
         emit: Callable[[str, dict[str, Any]], None],
+        filter_bound: int = 0,  # dynamic sampling's bound; 0: filtering is off
     ) -> None:
         self.state = state
         self.progress = progress
@@ -54,6 +58,7 @@ class StepLines:
         self.metrics = metrics
         self.trace = trace
         self.emit = emit
+        self.filter_bound = filter_bound
 
     def critic_stepped(self, m: p.Complete) -> None:
         """The critic's step goes into the next policy step's line."""
@@ -82,6 +87,10 @@ class StepLines:
             "group_states": {s.value: state.counts[s] for s in GroupState if state.counts[s]},
             "groups_created": state.next_gid,
         }
+        if self.filter_bound or state.counts[GroupState.FILTERED]:
+            counts = filtering(state, self.filter_bound)
+            del counts["filtered_bound"]  # the configuration's, not the step's
+            line.update(counts)
         mismatch = {k: v for k, v in line.items() if k.startswith(MISMATCH_PREFIX)}
         if mismatch:
             progress.mismatch = {"step": state.steps_done, **mismatch}

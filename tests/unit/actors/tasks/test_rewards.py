@@ -241,3 +241,30 @@ def test_a_judge_must_be_an_async_function_and_is_checked_before_a_run() -> None
         check_reward_choice("judge:tests.support.judges:not_async", None, "t")
     with pytest.raises(TaskError, match="cannot import 'nope'"):
         check_reward_choice("judge:nope:judge", None, "t")
+
+
+def test_the_reward_role_says_which_groups_carry_no_signal_with_filter_groups_on() -> None:
+    from asyncrl.actors.actor import WorkerContext
+    from asyncrl.runtime.contract.config import config_from_dict
+
+    cfg = config_from_dict(
+        {
+            "data": {"reward": "tests.support.tasks:half_signal_reward", "group_size": 2},
+            "algorithm": {"filter_groups": {"enabled": True}},
+        }
+    )
+    actor = Reward()
+    actor.on_start(WorkerContext("reward-0", "reward", cfg, "run", 1.0, 60.0, 1 << 20, 0))
+    rows = [([6], [-0.1], [0], False), ([7, 8], [-0.1, -0.2], [0, 0], False)]
+    rollouts = RolloutsOut.stack([4, 13, 5, 14], rows).to_payload()
+
+    def scored(gid: int, answer: str) -> p.Result:
+        prompt = PromptIn(gid, "1+1=", answer).to_payload()
+        item = p.Item(gid, f"train-{gid:09d}", {"dataloader": prompt, "generate": rollouts})
+        (result,) = actor.process(p.Lease(gid, gid, "reward", 60.0, None, (item,))).results
+        return result
+
+    even = scored(0, "2")  # every response paid 0.5: no signal
+    assert even.data["rewards"].tolist() == [0.5, 0.5]
+    assert even.filtered == "task reward 0.5 for all 2 responses"
+    assert Reward().filter_reason is None  # off unless the config turns it on

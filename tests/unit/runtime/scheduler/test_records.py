@@ -76,7 +76,7 @@ def test_fields_keep_their_journal_order() -> None:
         "LEASE": ("lid", "fence", "role", "source", "worker", "expires_at", "gids", "version",
                   "train_by"),
         "RENEW": ("lids", "expires_at"),
-        "COMPLETE": ("lid", "gids", "behaviour", "data"),
+        "COMPLETE": ("lid", "gids", "behaviour", "data", "filtered"),
         "FAIL": ("lid", "gids", "reason", "counted", "suspect"),
         "KILL": ("gids", "reason"),
         "PUBLISH": ("version", "critic"),
