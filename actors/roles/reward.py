@@ -2,7 +2,7 @@
 
 Consumes ``transition.*.generated``; produces :class:`RewardsOut`. Trajectories an
 environment or a harness already paid (:attr:`RolloutsOut.rewards`) keep what they were
-paid. Otherwise the reward is
+paid as their task reward. Otherwise the task reward is
 ``data.reward`` (a plug-in's import path, ``math``, or ``model:DIR`` for a sequence
 classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
@@ -12,6 +12,12 @@ verifier, a plug-in and a task's own reward run in a child process that is kille
 its call runs past its time (:mod:`..tasks.sandbox`), so no response can hold up the
 worker. A reward model's call past its time keeps running on a thread left behind; after
 a few such, the worker leaves to be started afresh (nothing else stops a thread).
+
+With ``algorithm.overlong_buffer`` on, every trajectory's reward is its task reward plus
+the soft overlong punishment (:mod:`..tasks.overlong`), paid ones included: the punishment is
+about the length of what the model generated, whoever judged its content. The length is
+the trajectory's longest turn, its longest run of model tokens (a single-turn response's
+whole length), since ``model.max_new_tokens`` limits each turn.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..payloads import PromptIn, RewardsOut, RolloutsOut
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
+from ..tasks.overlong import longest_turns, overlong_penalty
 from ..startup.role_checks import check_task
 from ..tasks import TaskError
 from ..tasks.rewards import MODEL_PREFIX
@@ -54,6 +61,7 @@ class Reward(Actor):
             import torch  # a reward model computes: on this worker's share of the cores
 
             torch.set_num_threads(threads_for(cfg, self.role))
+        self.cfg = cfg
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
 
@@ -63,8 +71,20 @@ class Reward(Actor):
 
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)
+        task = self._task_rewards(item, rollouts)
+        parts = {"task": task}
+        a = self.cfg.algorithm
+        if a.overlong_buffer:
+            lengths = longest_turns(rollouts.trained_mask(), rollouts.owners, len(task))
+            budget = self.cfg.model.max_new_tokens
+            parts["overlong"] = overlong_penalty(
+                lengths, budget, a.overlong_buffer, a.overlong_penalty
+            )
+        return p.Result(item.gid, RewardsOut.summed(parts).to_payload())
+
+    def _task_rewards(self, item: p.Item, rollouts: RolloutsOut) -> np.ndarray:
         if rollouts.rewards is not None:  # an environment or a harness paid them already
-            return p.Result(item.gid, RewardsOut(rollouts.rewards).to_payload())
+            return rollouts.rewards
         sample = PromptIn.of(item).sample()
         try:
             texts = [self.codec.decode(response) for response in rollouts.responses()]
@@ -73,4 +93,4 @@ class Reward(Actor):
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
             raise
-        return p.Result(item.gid, RewardsOut(np.asarray(rewards, np.float32)).to_payload())
+        return np.asarray(rewards, np.float32)

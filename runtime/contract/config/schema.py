@@ -254,6 +254,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data)
+        _check_overlong(self.algorithm, self.model)
         _check_lora_engines(self)
 
 
@@ -264,6 +265,16 @@ def _check_estimator(algorithm: AlgorithmSection, data: DataSection) -> None:
         raise ValueError(
             f"algorithm.estimator: got 'rloo' with data.group_size={data.group_size}; "
             "allowed: data.group_size >= 2, or another estimator"
+        )
+
+
+def _check_overlong(algorithm: AlgorithmSection, model: ModelSection) -> None:
+    """The overlong buffer is the last part of the generation budget."""
+    if algorithm.overlong_buffer >= model.max_new_tokens:
+        raise ValueError(
+            f"algorithm.overlong_buffer: got {algorithm.overlong_buffer} with "
+            f"model.max_new_tokens={model.max_new_tokens}; allowed: fewer tokens than "
+            "model.max_new_tokens (0 = off)"
         )
 
 
