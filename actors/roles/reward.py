@@ -34,9 +34,9 @@ from ..actor import Actor, ActorBroken, Outcome, WorkerContext
 from ..payloads import PromptIn, RewardsOut, RolloutsOut
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
-from ..tasks.overlong import longest_turns, overlong_penalty
 from ..startup.role_checks import check_task
 from ..tasks import TaskError
+from ..tasks.overlong import longest_turns, overlong_penalty
 from ..tasks.rewards import MODEL_PREFIX
 from ..worker.threads import threads_for
 from ..workload import reward_choice, reward_for

@@ -2,7 +2,8 @@
 tokens of the generation budget, so that the model learns to stop before the limit cuts
 its answer off, without the cliff a truncated answer's zero reward would be.
 
-Pure numpy (the reward role imports no torch); the reward role (actors/roles/reward.py) adds it to every trajectory's reward.
+The reward role (actors/roles/reward.py) adds it to every trajectory's reward; pure
+numpy, since that role imports no torch.
 """
 
 from __future__ import annotations

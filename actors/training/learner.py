@@ -25,9 +25,13 @@ from torch.distributed.tensor import DTensor
 from asyncrl.runtime.contract.config import RunConfig
 
 from ..engines.contract import EngineModel, device_of
-from ..policy.model import CausalLM
+from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
-from ..policy.scoring import response_logprobs, response_positions
+from ..policy.scoring import (
+    response_logprobs,
+    response_logprobs_and_entropy,
+    response_positions,
+)
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
 from ..startup.model_loading import DTYPES
@@ -35,6 +39,7 @@ from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState
 from .micro_batches import MICRO_BATCH_SLACK, by_length, rank_passes, stacked
+from .overlong_filter import without_truncated
 from .scorer import pack_rollouts
 from .step_advantages import step_advantages
 
@@ -92,7 +97,14 @@ class Learner(LearnerState):
             loss_agg=a.loss_agg,
             estimator=a.estimator,
             ratio=a.ratio,
+            clip_ratio_c=a.clip_ratio_c,
+            entropy_coef=a.entropy_coef,
         )
+        # Our model gives each token's entropy from the logits it scores with; another
+        # engine's split vocabulary does not (train_checks refuses an entropy bonus there).
+        self.entropy: Entropy = "off"
+        if self.engine is None:
+            self.entropy = "trained" if a.entropy_coef > 0 else "measured"
         # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
         # clipping and the staged state cover them and not the frozen base.
         self.lora = cfg.model.lora.enabled
@@ -116,6 +128,14 @@ class Learner(LearnerState):
         advantages, _ = step_advantages(
             [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm, values
         )
+        filtered: dict[str, float] = {}
+        if self.cfg.algorithm.overlong_filter:
+            rows = sum(len(g.rollouts.lengths) for g in groups)
+            groups, advantages = without_truncated(groups, advantages)
+            kept = sum(len(g.rollouts.lengths) for g in groups)
+            filtered["overlong_filtered_frac"] = 1.0 - kept / rows
+            if not groups:  # every response was cut off: nothing to learn from
+                return StepStats({"loss": 0.0, **filtered}, 0.0, 0)
         loss, stats, tokens = self._accumulate(groups, advantages)
         max_norm = self.cfg.algorithm.max_grad_norm
         if self.engine is not None:
@@ -128,7 +148,7 @@ class Learner(LearnerState):
         if self.engine is not None:
             self.engine.finish_step()
         self.optimizer.zero_grad(set_to_none=True)
-        metrics = {"loss": loss, **loss_metrics(stats)}
+        metrics = {"loss": loss, **loss_metrics(stats), **filtered}
         return StepStats(metrics, float(_whole(grad_norm)), tokens)
 
     def skip(self, groups: list[Group]) -> StepStats:
@@ -150,9 +170,17 @@ class Learner(LearnerState):
         total_loss = torch.zeros((), device=self.device)
         for chunk, chunk_advantages, real in passes:
             packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
+            sampling, entropy = Sampling.of(self.cfg.algorithm), None
             with self._autocast():
-                logp = response_logprobs(self.model, packed, Sampling.of(self.cfg.algorithm))
-            loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals)
+                if self.entropy == "off":
+                    logp = response_logprobs(self.model, packed, sampling)
+                else:
+                    model = self.model
+                    assert isinstance(model, CausalLM)
+                    logp, entropy = response_logprobs_and_entropy(
+                        model, packed, sampling, self.entropy
+                    )
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals, entropy)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
             # FSDP's reduce-scatter averages over ranks (gloo has no pre-scaled sum); the
@@ -207,16 +235,14 @@ class Learner(LearnerState):
         in_stages = self.engine is not None and self.engine.pipelined
         if self.parts == 1 and not in_stages:  # one copy: its ranks saw the same batches
             return float(loss), merge_stats(parts)
-        names = [f.name for f in fields(LossStats)]
         merged = merge_stats(parts) if parts else None
-        with_kl = self.loss_config.kl_coef > 0
+        # Every rank measures the same optional stats (the same config), even a rank
+        # with no micro-batch of its own, so that the sums line up.
+        measured = {"kl_sum": self.loss_config.kl_coef > 0, "entropy_sum": self.entropy != "off"}
+        names = [f.name for f in fields(LossStats) if measured.get(f.name, True)]
         sums = torch.stack(
             [loss.float()]
-            + [
-                _value(merged, name, self.device)
-                for name in names
-                if name != "is_weight_max" and (name != "kl_sum" or with_kl)
-            ]
+            + [_value(merged, name, self.device) for name in names if name != "is_weight_max"]
         )
         peak = _value(merged, "is_weight_max", self.device).reshape(1)
         if in_stages:  # computed on the last stage only
@@ -228,18 +254,25 @@ class Learner(LearnerState):
             dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict.fromkeys(measured)  # None unless measured
         for name in names:
             if name == "is_weight_max":
                 out[name] = peak[0]
-            elif name == "kl_sum" and not with_kl:
-                out[name] = None
             else:
                 out[name] = torch.tensor(next(values), device=self.device)
         return total_loss, LossStats(**out)
 
-    def _loss(self, groups, advantages, logp: torch.Tensor, packed, totals: tuple[int, int]):
-        """The policy loss of one micro-batch from its log-probs, and its statistics."""
+    def _loss(
+        self,
+        groups,
+        advantages,
+        logp: torch.Tensor,
+        packed,
+        totals: tuple[int, int],
+        entropy: torch.Tensor | None = None,
+    ):
+        """The policy loss of one micro-batch from its log-probs (and the entropies of the
+        distributions they are of, when measured), and its statistics."""
         width = packed.mask.shape[1]
         d = self.device
         reference = _reference_rows(groups, width)
@@ -252,6 +285,7 @@ class Learner(LearnerState):
             packed.mask.to(d),
             self.loss_config,
             ref_logp=None if reference is None else reference.to(d),
+            entropy=entropy,
             total_tokens=total_tokens,
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,
