@@ -255,8 +255,8 @@ class SchedulerService:
 
     def status(self, now: float) -> dict[str, Any]:
         """The status reply's summary: the core's, with the run, the newest step's
-        training-inference mismatch, the journal, the weights' routes, the payload stores,
-        the requests answered and the loop's timings."""
+        training-inference mismatch and learning figures, the journal, the weights' routes,
+        the payload stores, the requests answered and the loop's timings."""
         core = self.core
         summary = summarize(core.state)
         for name, worker in summary["workers"].items():
@@ -277,6 +277,8 @@ class SchedulerService:
         }
         if self.progress.mismatch:
             summary["mismatch"] = dict(self.progress.mismatch)
+        if self.progress.learning:
+            summary["learning"] = dict(self.progress.learning)
         summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
         summary["protocol_errors"] = self.protocol_errors
         writer = self.durable.writer
@@ -326,6 +328,8 @@ class SchedulerService:
         cut = self.metrics.reconcile(notice.step)
         if self.progress.mismatch.get("step", 0) > notice.step:
             self.progress.mismatch = {}  # its line is cut with the lost steps'
+        if self.progress.learning.get("step", 0) > notice.step:
+            self.progress.learning = {}
         log.warning(
             "training rolled back",
             step=notice.step,
