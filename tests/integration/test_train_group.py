@@ -41,9 +41,12 @@ _GROUPS, _RESPONSES = 5, 4
 _LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
 
 
-def _config(lora: bool = False):
+def _config(lora: bool = False, bonus: bool = False):
     model = {"lora": _LORA} if lora else {}
-    return config_from_dict({"algorithm": {"micro_batch_groups": 2, "lr": 1e-3}, "model": model})
+    algorithm = {"micro_batch_groups": 2, "lr": 1e-3}
+    if bonus:  # the entropy's gradient through the sharded output layer; and dual clip
+        algorithm |= {"entropy_coef": 0.01, "clip_ratio_c": 3.0}
+    return config_from_dict({"algorithm": algorithm, "model": model})
 
 
 def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) -> p.Lease:
@@ -70,14 +73,16 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
 
 
-def _one_rank(lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False):
+def _one_rank(
+    lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False, bonus=False
+):
     torch.manual_seed(0)
     model, codec = load_model(path)
     model.gradient_checkpointing = recompute
     if lora:
         torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
         add_adapters(model, _config(lora).model.lora)
-    learner = Learner(model, _config(lora), codec.pad_id)
+    learner = Learner(model, _config(lora, bonus), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -97,7 +102,8 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
         if lora:  # adapters made the same on every rank (seeded), as in a run's load_policy
             torch.manual_seed(0)
             add_adapters(model, _config(lora).model.lora)
-        learner = Learner(model, _config(lora), codec.pad_id, group_size=2)
+        bonus = mode.endswith("entropy-bonus")
+        learner = Learner(model, _config(lora, bonus), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
             gang.order(Order.STEP, pack_lease(lease))
@@ -137,6 +143,7 @@ MODES = [
     # for the whole forward; the untied case, a unit of its own, is the one that can break.
     pytest.param("chunked-output-layer", marks=pytest.mark.slow),
     "chunked-output-layer-untied",
+    "chunked-output-layer-untied-entropy-bonus",
     "lora",  # adapters trained on a frozen base in the same units: the adapters published
 ]
 
@@ -147,7 +154,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     # Untied, the output layer is a unit of FSDP's own (gathered for each chunk, and again
     # for its recompute); tied, it is the embedding, in the root unit.
     path = "embedded"
-    if mode.endswith("untied"):
+    if "untied" in mode:
         path = str(hf_model_dir(tmp_path / "untied", "qwen3-untied-bias"))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -160,10 +167,12 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
         assert process.exitcode == 0
 
     lora = mode == "lora"
-    expected, expected_weights = _one_rank(_lease(), recompute=False, path=path, lora=lora)
+    bonus = mode.endswith("entropy-bonus")
+    expected, expected_weights = _one_rank(_lease(), False, path, lora, bonus)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
-    for name in ("clip_frac", "ratio_mean", "is_weight_max"):
+    assert expected.metrics["entropy"] > 0.0
+    for name in ("clip_frac", "ratio_mean", "is_weight_max", "entropy", "dual_clip_frac"):
         assert metrics[name] == pytest.approx(expected.metrics[name], abs=1e-5)
     assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
     weights = {name: torch.from_numpy(a) for name, a in weights.items()}
