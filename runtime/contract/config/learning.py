@@ -267,7 +267,7 @@ class AlgorithmSection:
         metadata=doc(
             "entropy bonus: the loss minus this times the mean token entropy of the "
             "sampling distribution (aggregated as loss_agg); 0 = off (the entropy is "
-            "still measured)",
+            "still measured); with backends.train 'torch' only",
             min=0,
         ),
     )
@@ -276,7 +276,7 @@ class AlgorithmSection:
         metadata=doc(
             "soft overlong punishment (DAPO): a response longer than model.max_new_tokens "
             "- overlong_buffer tokens loses overlong_penalty times its share of the buffer "
-            "it used; 0 = off",
+            "it used; fewer than model.max_new_tokens; 0 = off",
             min=0,
         ),
     )
