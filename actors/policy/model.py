@@ -406,7 +406,7 @@ def _head_logprobs(
         # From the log-probs the chosen tokens' come from: no second pass over the
         # vocabulary's logits. "measured" keeps nothing more for backward.
         with torch.set_grad_enabled(entropy == "trained" and torch.is_grad_enabled()):
-            spread = entropy_of(logprobs)
+            spread = entropy_of(logprobs, truncated=sampling.truncates)
         return torch.stack([picked, spread], dim=-1)
 
     if entropy != "off":
@@ -415,12 +415,15 @@ def _head_logprobs(
     return _in_chunks(chunk_logprobs, flat, wanted, weight.shape[0], sampling).view(rows, k)
 
 
-def entropy_of(logprobs: torch.Tensor) -> torch.Tensor:
-    """``-sum(p * log p)`` over the last dimension of log-probs that may hold -inf (tokens
-    truncation left out: they add 0, and no NaN reaches a gradient)."""
-    kept = torch.isfinite(logprobs)
-    finite = logprobs.masked_fill(~kept, 0.0)
-    return -(logprobs.exp() * finite).sum(dim=-1)
+def entropy_of(logprobs: torch.Tensor, truncated: bool = True) -> torch.Tensor:
+    """``-sum(p * log p)`` over the last dimension of log-probs; ``truncated``: they may
+    hold -inf (tokens truncation left out: those add 0, and no NaN reaches a gradient).
+
+    A batched dot product rather than a product then a sum: no third vocabulary-wide
+    tensor beside the log-probs and their exponentials."""
+    finite = logprobs.masked_fill(torch.isinf(logprobs), 0.0) if truncated else logprobs
+    dot = logprobs.exp().unsqueeze(-2) @ finite.unsqueeze(-1)
+    return -dot.squeeze(-1).squeeze(-1)
 
 
 def _in_chunks(
