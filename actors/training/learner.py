@@ -128,14 +128,9 @@ class Learner(LearnerState):
         advantages, _ = step_advantages(
             [g.rollouts for g in groups], [g.rewards for g in groups], self.cfg.algorithm, values
         )
-        filtered: dict[str, float] = {}
-        if self.cfg.algorithm.overlong_filter:
-            rows = sum(len(g.rollouts.lengths) for g in groups)
-            groups, advantages = without_truncated(groups, advantages)
-            kept = sum(len(g.rollouts.lengths) for g in groups)
-            filtered["overlong_filtered_frac"] = 1.0 - kept / rows
-            if not groups:  # every response was cut off: nothing to learn from
-                return StepStats({"loss": 0.0, **filtered}, 0.0, 0)
+        groups, advantages, filtered = self._overlong_filtered(groups, advantages)
+        if not groups:  # every response was cut off: nothing to learn from
+            return StepStats({"loss": 0.0, **filtered}, 0.0, 0)
         loss, stats, tokens = self._accumulate(groups, advantages)
         max_norm = self.cfg.algorithm.max_grad_norm
         if self.engine is not None:
@@ -156,6 +151,17 @@ class Learner(LearnerState):
         critic warms up (``critic.warmup_steps``)."""
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
         return StepStats({"warmup": 1.0}, 0.0, tokens)
+
+    def _overlong_filtered(self, groups: list[Group], advantages: list[np.ndarray]):
+        """``groups`` and their advantages without the truncated trajectories under
+        ``algorithm.overlong_filter`` (overlong_filter.py), and the share of rows taken
+        out (``overlong_filtered_frac``); as they are with the filter off."""
+        if not self.cfg.algorithm.overlong_filter:
+            return groups, advantages, {}
+        rows = sum(len(g.rollouts.lengths) for g in groups)
+        groups, advantages = without_truncated(groups, advantages)
+        kept = sum(len(g.rollouts.lengths) for g in groups)
+        return groups, advantages, {"overlong_filtered_frac": 1.0 - kept / rows}
 
     def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
         self.model.train()
