@@ -176,16 +176,8 @@ class Learner(LearnerState):
         total_loss = torch.zeros((), device=self.device)
         for chunk, chunk_advantages, real in passes:
             packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
-            sampling, entropy = Sampling.of(self.cfg.algorithm), None
             with self._autocast():
-                if self.entropy == "off":
-                    logp = response_logprobs(self.model, packed, sampling)
-                else:
-                    model = self.model
-                    assert isinstance(model, CausalLM)
-                    logp, entropy = response_logprobs_and_entropy(
-                        model, packed, sampling, self.entropy
-                    )
+                logp, entropy = self._logprobs(packed)
             loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals, entropy)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
@@ -198,6 +190,15 @@ class Learner(LearnerState):
                 parts.append(part)
                 total_loss += loss.detach()
         return (*self._summed(total_loss, parts), total_tokens)
+
+    def _logprobs(self, packed) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A micro-batch's log-probs, and the entropies of their distributions where they
+        are measured (``self.entropy``), from the same pass."""
+        sampling = Sampling.of(self.cfg.algorithm)
+        if self.entropy == "off":
+            return response_logprobs(self.model, packed, sampling), None
+        assert isinstance(self.model, CausalLM)  # another engine measures none
+        return response_logprobs_and_entropy(self.model, packed, sampling, self.entropy)
 
     def _passes(self, groups: list[Group], advantages: list[np.ndarray]):
         """This rank's micro-batches: (row sets of groups, their advantages, real). The

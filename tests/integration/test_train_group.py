@@ -143,7 +143,9 @@ MODES = [
     # for the whole forward; the untied case, a unit of its own, is the one that can break.
     pytest.param("chunked-output-layer", marks=pytest.mark.slow),
     "chunked-output-layer-untied",
-    "chunked-output-layer-untied-entropy-bonus",
+    # Slow (20 s): the untied case again, with the entropy's gradient through the output
+    # layer's own unit (and dual clip); every mode above measures the entropy.
+    pytest.param("chunked-output-layer-untied-entropy-bonus", marks=pytest.mark.slow),
     "lora",  # adapters trained on a frozen base in the same units: the adapters published
 ]
 
