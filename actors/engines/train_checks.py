@@ -22,14 +22,6 @@ def train_engine_problems(cfg: RunConfig, role: str) -> list[str]:
     """Why ``role`` cannot run on ``backends.train`` here, one line each; [] if it can."""
     if cfg.backends.train == "torch":
         return []
-    if cfg.algorithm.entropy_coef > 0 and role == "train":
-        # Its vocabulary is split over tensor-parallel ranks and its last pipeline stage
-        # alone scores: the entropy is not computed there, and a bonus of 0 would be silent.
-        return [
-            f"algorithm.entropy_coef={cfg.algorithm.entropy_coef}: "
-            f"backends.train={cfg.backends.train!r} does not compute token entropies "
-            "(only backends.train='torch' does); use entropy_coef=0 or backends.train='torch'"
-        ]
     missing = _megatron_missing()
     if missing:
         return [missing]

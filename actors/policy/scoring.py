@@ -85,16 +85,19 @@ def response_logprobs(
 
 
 def response_logprobs_and_entropy(
-    model: CausalLM, packed: Packed, sampling: Sampling, entropy: Entropy
+    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling, entropy: Entropy
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`response_logprobs`, and the entropy of the distribution each response token
     was drawn from (``sampling``'s: temperature-scaled, truncated as the log-probs are),
     from the same logits in the same pass; both 0 off the mask. ``entropy``: "measured"
     (no gradient) or "trained"."""
     inputs, columns, tokens = response_positions(packed, device_of(model))
-    picked, spread = model(
-        inputs, columns=columns, targets=tokens, sampling=sampling, entropy=entropy
-    )
+    if isinstance(model, EngineModel):
+        picked, spread = model.token_logprobs(inputs, columns, tokens, sampling, entropy)
+    else:
+        picked, spread = model(
+            inputs, columns=columns, targets=tokens, sampling=sampling, entropy=entropy
+        )
     real = packed.mask.to(picked.device)
     return picked * real, torch.where(real > 0, spread, 0.0)
 

@@ -27,11 +27,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
-from ..policy.scoring import (
-    response_logprobs,
-    response_logprobs_and_entropy,
-    response_positions,
-)
+from ..policy.scoring import response_logprobs_and_entropy, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
 from ..startup.model_loading import DTYPES
@@ -100,11 +96,9 @@ class Learner(LearnerState):
             clip_ratio_c=a.clip_ratio_c,
             entropy_coef=a.entropy_coef,
         )
-        # Our model gives each token's entropy from the logits it scores with; another
-        # engine's split vocabulary does not (train_checks refuses an entropy bonus there).
-        self.entropy: Entropy = "off"
-        if self.engine is None:
-            self.entropy = "trained" if a.entropy_coef > 0 else "measured"
+        # Each token's entropy, from the logits the step scores with: with gradient only
+        # under an entropy bonus.
+        self.entropy: Entropy = "trained" if a.entropy_coef > 0 else "measured"
         # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
         # clipping and the staged state cover them and not the frozen base.
         self.lora = cfg.model.lora.enabled
@@ -191,13 +185,10 @@ class Learner(LearnerState):
                 total_loss += loss.detach()
         return (*self._summed(total_loss, parts), total_tokens)
 
-    def _logprobs(self, packed) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A micro-batch's log-probs, and the entropies of their distributions where they
-        are measured (``self.entropy``), from the same pass."""
+    def _logprobs(self, packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch's log-probs, and the entropies of their distributions, from the
+        same pass."""
         sampling = Sampling.of(self.cfg.algorithm)
-        if self.entropy == "off":
-            return response_logprobs(self.model, packed, sampling), None
-        assert isinstance(self.model, CausalLM)  # another engine measures none
         return response_logprobs_and_entropy(self.model, packed, sampling, self.entropy)
 
     def _passes(self, groups: list[Group], advantages: list[np.ndarray]):
@@ -219,10 +210,10 @@ class Learner(LearnerState):
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
 
-        def loss_of(m: int, picked: torch.Tensor) -> torch.Tensor:
+        def loss_of(m: int, picked: torch.Tensor, entropy: torch.Tensor | None) -> torch.Tensor:
             chunk, chunk_advantages, real = passes[m]
             logp = picked * packed[m].mask.to(self.device)
-            loss, part = self._loss(chunk, chunk_advantages, logp, packed[m], totals)
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed[m], totals, entropy)
             if not real:
                 return loss * 0.0
             parts.append(part)
@@ -231,7 +222,7 @@ class Learner(LearnerState):
 
         batches = [response_positions(one, self.device) for one in packed]
         sampling = Sampling.of(self.cfg.algorithm)
-        self.engine.train_in_stages(batches, loss_of, sampling, self._autocast)
+        self.engine.train_in_stages(batches, loss_of, sampling, self._autocast, self.entropy)
         return total_loss, parts
 
     def _autocast(self):
@@ -245,7 +236,7 @@ class Learner(LearnerState):
         merged = merge_stats(parts) if parts else None
         # Every rank measures the same optional stats (the same config), even a rank
         # with no micro-batch of its own, so that the sums line up.
-        measured = {"kl_sum": self.loss_config.kl_coef > 0, "entropy_sum": self.entropy != "off"}
+        measured = {"kl_sum": self.loss_config.kl_coef > 0, "entropy_sum": True}
         names = [f.name for f in fields(LossStats) if measured.get(f.name, True)]
         sums = torch.stack(
             [loss.float()]

@@ -267,7 +267,7 @@ class AlgorithmSection:
         metadata=doc(
             "entropy bonus: the loss minus this times the mean token entropy of the "
             "sampling distribution (aggregated as loss_agg); 0 = off (the entropy is "
-            "still measured); with backends.train 'torch' only",
+            "still measured)",
             min=0,
         ),
     )

@@ -223,7 +223,7 @@ def entropy(data: RunData) -> Figure:
     _need(data)
     steps, nats = _series(data.steps, "step", "entropy")
     if not steps:
-        raise NoData("the step lines carry no entropy (a training engine that measures none)")
+        raise NoData("the step lines carry no entropy (a run from before it was measured)")
     fig, (spread, clipped) = _figure(2)
     spread.plot(steps, nats, color="0.7", linewidth=0.8, label="per step")
     spread.plot(steps, _smooth(nats), color="#9467bd", label="smoothed")

@@ -84,16 +84,6 @@ def test_a_trainer_group_is_taken_and_what_is_not_wired_is_refused_by_name() -> 
     assert "backends.megatron" in problem
 
 
-def test_an_entropy_bonus_on_megatron_is_refused_by_name_and_a_metric_alone_is_not() -> None:
-    data = megatron()
-    data["algorithm"] = {"entropy_coef": 0.01}
-    cfg = config_from_dict(data)
-    (problem,) = train_engine_problems(cfg, "train")
-    assert "algorithm.entropy_coef=0.01" in problem and "backends.train='megatron'" in problem
-    # Only the trainer's loss reads it: the scorers start.
-    assert all("entropy" not in line for line in train_engine_problems(cfg, "logp"))
-
-
 def test_expert_parallel_ranks_are_taken_for_a_mixture_of_experts_only(tmp_path) -> None:
     """What the model's experts rule out is named with the key and the model's path: tensor
     parallelism with experts, expert parallelism without any, or not dividing them."""
