@@ -11,7 +11,7 @@ A group's sequences are stored padded to the longest one, ``[rows, longest]``, w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -307,16 +307,50 @@ class LogprobsOut:
 
 @dataclass(frozen=True)
 class RewardsOut:
-    """reward's: one number per response."""
+    """reward's: one number per trajectory, and the parts it is the sum of.
+
+    ``parts`` names each part (float32 ``[n]``): ``"task"``, the task's, environment's or
+    harness's own reward, and ``"overlong"``, the soft overlong punishment (<= 0; present
+    when ``algorithm.overlong_buffer`` is on). Built without parts, or read from a payload
+    that has none (one of before parts were kept), ``parts`` is ``{"task": rewards}``.
+    """
 
     rewards: np.ndarray  # float32 [n]
+    parts: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            object.__setattr__(self, "parts", {"task": self.rewards})
+
+    @classmethod
+    def summed(cls, parts: Mapping[str, np.ndarray]) -> RewardsOut:
+        """The rewards that are the sum of ``parts`` (at least one)."""
+        arrays = {name: np.asarray(part, np.float32) for name, part in parts.items()}
+        total = np.sum(np.stack(list(arrays.values())), axis=0, dtype=np.float32)
+        return cls(total, arrays)
 
     def to_payload(self) -> p.Payload:
-        return {"rewards": self.rewards}
+        return {"rewards": self.rewards, "parts": dict(self.parts)}
 
     @classmethod
     def of(cls, item: p.Item) -> RewardsOut:
-        return cls(_array(item, Role.REWARD, "rewards", "float32", 1))
+        rewards = _array(item, Role.REWARD, "rewards", "float32", 1)
+        parts = item.data[Role.REWARD.value].get("parts")
+        if parts is None:
+            return cls(rewards)
+        if not isinstance(parts, dict) or not parts:
+            raise PayloadError(f"group {item.key!r}: reward.parts is not a map of arrays")
+        for name, part in parts.items():
+            if not (
+                isinstance(part, np.ndarray)
+                and part.dtype == "float32"
+                and part.shape == rewards.shape
+            ):
+                raise PayloadError(
+                    f"group {item.key!r}: reward.parts[{name!r}] is not a float32 array "
+                    f"shaped like the rewards {rewards.shape}"
+                )
+        return cls(rewards, parts)
 
 
 @dataclass(frozen=True)

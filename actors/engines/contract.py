@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from ..policy.model import CausalLM, Decoder, ModelConfig
+    from ..policy.model import CausalLM, Decoder, Entropy, ModelConfig
     from ..policy.sampling import Sampling
 
 __all__ = [
@@ -49,9 +49,12 @@ class EngineModel(Protocol):
         columns: torch.Tensor,
         targets: torch.Tensor,
         sampling: Sampling,
-    ) -> torch.Tensor:
+        entropy: Entropy = "off",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32, under the
-        distribution ``sampling`` draws from (``sampled_logprobs``)."""
+        distribution ``sampling`` draws from (``sampled_logprobs``); with ``entropy``
+        "measured" (no gradient) or "trained", also (log-probs, entropies) of that
+        distribution at each position."""
         ...
 
     # Training, where the engine may split the model over a group of ranks:
@@ -69,13 +72,14 @@ class EngineModel(Protocol):
     def train_in_stages(
         self,
         batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-        loss_of: Callable[[int, torch.Tensor], torch.Tensor],
+        loss_of: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor],
         sampling: Sampling,
         autocast: Callable[[], AbstractContextManager],
+        entropy: Entropy = "off",
     ) -> None:
         """Forward and backward of every micro-batch (token ids, columns, targets) through
-        the stages; ``loss_of(m, log-probs)`` gives a micro-batch's loss on the stage that
-        has its log-probs."""
+        the stages; ``loss_of(m, log-probs, entropies)`` gives a micro-batch's loss on the
+        stage that has its log-probs (entropies None when ``entropy`` is "off")."""
         ...
 
     def from_last_stage(self, tensor: torch.Tensor) -> None:

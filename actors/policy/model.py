@@ -19,7 +19,7 @@ Two ways in:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +36,15 @@ from .sampling import PLAIN, Sampling
 if TYPE_CHECKING:
     from .adapters import MergedAdapters
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "CausalLM", "Decoder", "KVCache", "ModelConfig"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "CausalLM",
+    "Decoder",
+    "Entropy",
+    "KVCache",
+    "ModelConfig",
+    "entropy_of",
+]
 
 
 class KVCache:
@@ -256,7 +264,8 @@ class CausalLM(Decoder):
         columns: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         sampling: Sampling = PLAIN,
-    ) -> torch.Tensor:
+        entropy: Entropy = "off",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
 
         ``columns`` [batch, k]: only the logits at those positions of each row, [batch, k,
@@ -267,10 +276,12 @@ class CausalLM(Decoder):
         log-probability of each target token at its column under the distribution
         ``sampling`` draws from those logits (sampling.py). Then no more than
         :data:`HEAD_CHUNK_ELEMENTS` logits exist at once (see :class:`_OutputLayer`).
+        ``entropy`` (with ``targets``): also the entropy of that distribution at each
+        column, ``(log-probs, entropies)``; see :data:`Entropy`.
         """
         h = self.hidden(input_ids, columns)
         if targets is not None:
-            return self.lm_head(h, targets, sampling)
+            return self.lm_head(h, targets, sampling, entropy)
         return self.lm_head(h)
 
     def new_cache(self, slots: int, max_len: int) -> KVCache:
@@ -340,6 +351,11 @@ class CausalLM(Decoder):
 HEAD_CHUNK_ELEMENTS = 2**30
 TRUNCATION_MEMORY = 8  # about how many logits' worth of memory a truncated row takes
 
+# Whether the output layer also gives each scored position's entropy: "off"; "measured"
+# (computed without gradient: a metric, kept for backward by nothing); "trained" (with
+# gradient: an entropy bonus in the loss).
+Entropy = Literal["off", "measured", "trained"]
+
 
 class _OutputLayer(nn.Linear):
     """The output layer (``lm_head``): logits, or with ``targets`` the log-probs of those
@@ -348,19 +364,28 @@ class _OutputLayer(nn.Linear):
     recompute, whatever the number of chunks (which differs between ranks)."""
 
     def forward(
-        self, x: torch.Tensor, targets: torch.Tensor | None = None, sampling: Sampling = PLAIN
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        sampling: Sampling = PLAIN,
+        entropy: Entropy = "off",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if targets is None:
             return super().forward(x)
-        return _head_logprobs(self.weight, x, targets, sampling)
+        return _head_logprobs(self.weight, x, targets, sampling, entropy)
 
 
 def _head_logprobs(
-    weight: torch.Tensor, hidden: torch.Tensor, targets: torch.Tensor, sampling: Sampling
-) -> torch.Tensor:
+    weight: torch.Tensor,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    sampling: Sampling,
+    entropy: Entropy = "off",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """log_softmax(hidden @ weight.T / temperature)[target], float32, shaped like
     ``targets``; with top-k or top-p, over the tokens they keep (the target always among
-    them: see ``sampled_logprobs``).
+    them: see ``sampled_logprobs``). With ``entropy`` other than "off", also the entropy
+    of that same distribution at each position (:func:`entropy_of`), shaped alike.
 
     Tokens go through the output layer in chunks of at most HEAD_CHUNK_ELEMENTS logits.
     When gradients are wanted each chunk is recomputed in backward instead of kept (one
@@ -375,14 +400,46 @@ def _head_logprobs(
         # logsumexp's makes two more vocabulary-wide tensors (3.4 GiB more at the peak of
         # a 0.5B model's step on an H100).
         logprobs = sampling.logprobs(logits, keep=t if sampling.truncates else None)
-        return logprobs.gather(-1, t[:, None]).squeeze(-1)
+        picked = logprobs.gather(-1, t[:, None]).squeeze(-1)
+        if entropy == "off":
+            return picked
+        # From the log-probs the chosen tokens' come from: no second pass over the
+        # vocabulary's logits. "measured" keeps nothing more for backward.
+        with torch.set_grad_enabled(entropy == "trained" and torch.is_grad_enabled()):
+            spread = entropy_of(logprobs, truncated=sampling.truncates)
+        return torch.stack([picked, spread], dim=-1)
 
+    if entropy != "off":
+        both = _in_chunks(chunk_logprobs, flat, wanted, weight.shape[0], sampling)
+        return both[:, 0].view(rows, k), both[:, 1].view(rows, k)
+    return _in_chunks(chunk_logprobs, flat, wanted, weight.shape[0], sampling).view(rows, k)
+
+
+def entropy_of(logprobs: torch.Tensor, truncated: bool = True) -> torch.Tensor:
+    """``-sum(p * log p)`` over the last dimension of log-probs; ``truncated``: they may
+    hold -inf (tokens truncation left out: those add 0, and no NaN reaches a gradient).
+
+    A batched dot product rather than a product then a sum: no third vocabulary-wide
+    tensor beside the log-probs and their exponentials."""
+    finite = logprobs.masked_fill(torch.isinf(logprobs), 0.0) if truncated else logprobs
+    dot = logprobs.exp().unsqueeze(-2) @ finite.unsqueeze(-1)
+    return -dot.squeeze(-1).squeeze(-1)
+
+
+def _in_chunks(
+    chunk_logprobs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    flat: torch.Tensor,
+    wanted: torch.Tensor,
+    vocab: int,
+    sampling: Sampling,
+) -> torch.Tensor:
+    """``chunk_logprobs`` over ``flat``'s tokens, a chunk of logits at a time."""
     # Truncating sorts each row: its values, their int64 order and the probabilities take
     # several times the logits' memory, so chunks are that much smaller.
     budget = HEAD_CHUNK_ELEMENTS // (TRUNCATION_MEMORY if sampling.truncates else 1)
-    step = max(1, budget // weight.shape[0])
+    step = max(1, budget // vocab)
     if flat.shape[0] <= step:
-        return chunk_logprobs(flat, wanted).view(rows, k)
+        return chunk_logprobs(flat, wanted)
     recompute = torch.is_grad_enabled()
     parts = []
     for start in range(0, flat.shape[0], step):
@@ -391,7 +448,7 @@ def _head_logprobs(
             parts.append(checkpoint(chunk_logprobs, h, t, use_reentrant=False))
         else:
             parts.append(chunk_logprobs(h, t))
-    return torch.cat(parts).view(rows, k)
+    return torch.cat(parts)
 
 
 # Not cuDNN's attention for decode steps: it builds an execution plan for every new shape,

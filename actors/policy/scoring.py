@@ -12,10 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from ..engines.contract import EngineModel, device_of
-from .model import CausalLM
+from .model import CausalLM, Entropy
 from .sampling import PLAIN, Sampling
 
-__all__ = ["Packed", "pack", "response_logprobs", "response_positions"]
+__all__ = [
+    "Packed",
+    "pack",
+    "response_logprobs",
+    "response_logprobs_and_entropy",
+    "response_positions",
+]
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,24 @@ def response_logprobs(
     # vocabulary's logits at a time.
     picked = model(inputs, columns=columns, targets=tokens, sampling=sampling)
     return picked * packed.mask.to(device)
+
+
+def response_logprobs_and_entropy(
+    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling, entropy: Entropy
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`response_logprobs`, and the entropy of the distribution each response token
+    was drawn from (``sampling``'s: temperature-scaled, truncated as the log-probs are),
+    from the same logits in the same pass; both 0 off the mask. ``entropy``: "measured"
+    (no gradient) or "trained"."""
+    inputs, columns, tokens = response_positions(packed, device_of(model))
+    if isinstance(model, EngineModel):
+        picked, spread = model.token_logprobs(inputs, columns, tokens, sampling, entropy)
+    else:
+        picked, spread = model(
+            inputs, columns=columns, targets=tokens, sampling=sampling, entropy=entropy
+        )
+    real = packed.mask.to(picked.device)
+    return picked * real, torch.where(real > 0, spread, 0.0)
 
 
 def response_positions(

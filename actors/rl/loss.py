@@ -62,6 +62,12 @@ class LossConfig:
     loss normaliser (see :func:`policy_loss`).
     ``ratio``: ``"token"`` (PPO's per-token ratio) or ``"sequence"`` (GSPO's: the geometric
     mean of the sequence's token ratios, one trust region per sequence).
+    ``clip_ratio_c``: dual clip (Ye et al. 2019): where the advantage is negative, a
+    token's surrogate loss is at most ``-A * clip_ratio_c``, however large its ratio (a
+    stale token whose probability grew a hundredfold would otherwise push a hundredfold);
+    0 turns it off, else it must be > 1.
+    ``entropy_coef``: weight of the entropy bonus (the loss minus it times the entropy,
+    aggregated like the loss); 0 turns it off.
     """
 
     clip_low: float = 0.2
@@ -72,6 +78,8 @@ class LossConfig:
     loss_agg: LossAgg = "token"
     estimator: Estimator = "grpo"
     ratio: Ratio = "token"
+    clip_ratio_c: float = 0.0
+    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low < 1.0:
@@ -92,6 +100,10 @@ class LossConfig:
         check_estimator(self.estimator)
         if self.ratio not in RATIOS:
             raise ValueError(f"ratio must be one of {RATIOS}, got {self.ratio!r}")
+        if self.clip_ratio_c != 0.0 and not 1.0 < self.clip_ratio_c < math.inf:
+            raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {self.clip_ratio_c!r}")
+        if not 0.0 <= self.entropy_coef < math.inf:
+            raise ValueError(f"entropy_coef must be finite and >= 0, got {self.entropy_coef!r}")
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,9 @@ class LossStats:
 
     The importance-weight fields describe the weight *before* truncation, since that is
     what shows how stale the data was; ``is_capped`` counts the tokens truncation changed.
-    ``kl_sum`` is None when no ``ref_logp`` was given.
+    ``dual_clipped`` counts the tokens whose loss the dual clip bound.
+    ``kl_sum`` is None when no ``ref_logp`` was given, ``entropy_sum`` when no
+    ``entropy`` was.
     """
 
     tokens: torch.Tensor
@@ -115,7 +129,9 @@ class LossStats:
     is_capped: torch.Tensor
     ratio_sum: torch.Tensor
     behaviour_proximal_abs_diff_sum: torch.Tensor
+    dual_clipped: torch.Tensor
     kl_sum: torch.Tensor | None = None
+    entropy_sum: torch.Tensor | None = None
 
 
 def policy_loss(
@@ -127,6 +143,7 @@ def policy_loss(
     cfg: LossConfig,
     *,
     ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
     total_tokens: float,
     total_sequences: float,
     max_len: int,
@@ -136,7 +153,9 @@ def policy_loss(
     Shapes: every log-prob tensor and ``mask`` are ``[B, T]`` (B sequences, T response
     positions; ``mask`` is bool or 0/1, true on real response tokens); ``advantages`` is
     ``[B]``, one per sequence shared by its tokens, or ``[B, T]``, one per token. Only
-    ``logp`` gets a gradient; the others are detached here whatever the caller passes.
+    ``logp`` gets a gradient, and ``entropy`` (``[B, T]``, the entropy of the distribution
+    each token was drawn from) when ``entropy_coef > 0``; the others are detached here
+    whatever the caller passes.
     Padded positions may hold any value, even inf or NaN: they are zeroed before any
     arithmetic so they cannot leak into the loss or its gradient.
 
@@ -146,6 +165,10 @@ def policy_loss(
         loss_t = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * kl_t
 
     where ``kl_t`` is k1 ``logp - ref`` or k3 ``exp(ref - logp) - (ref - logp) - 1``. With
+    ``clip_ratio_c`` (dual clip), where ``A < 0`` the ``min(...)`` is first raised to at
+    least ``clip_ratio_c * A``, so ``loss_t <= -w * clip_ratio_c * A + kl``. With
+    ``entropy_coef > 0``, ``- entropy_coef * entropy_t`` is added to ``loss_t`` (a bonus
+    for keeping the distribution spread). With
     ``ratio="sequence"`` (GSPO), ``r`` is ``s_i = exp(mean_t(logp - proximal_logp))`` on
     every token of sequence ``i``, written ``sg(s_i) * exp(logp_t - sg(logp_t))`` so that its
     value is ``s_i`` and each token's gradient is its own log-prob's times ``s_i``. The KL
@@ -169,7 +192,7 @@ def policy_loss(
     With data parallelism whose gradient all-reduce averages over ``world`` ranks, pass the
     global totals divided by ``world``.
     """
-    _check_inputs(logp, proximal_logp, behaviour_logp, advantages, mask, ref_logp, cfg)
+    _check_inputs(logp, proximal_logp, behaviour_logp, advantages, mask, ref_logp, entropy, cfg)
     _check_totals(total_tokens=total_tokens, total_sequences=total_sequences, max_len=max_len)
 
     real = mask.to(torch.bool)
@@ -188,15 +211,23 @@ def policy_loss(
     else:  # padding may hold anything, and NaN * 0 in the backward pass is NaN
         per_token_advantages = _masked(per_token_advantages, real)
     surrogate, clipped = _clipped_surrogate(ratio, per_token_advantages, cfg)
+    surrogate, dual_clipped = _dual_clipped(surrogate, per_token_advantages, cfg.clip_ratio_c)
     per_token = -weight * surrogate
 
     kl = None if ref is None else _kl(logp, ref, real, cfg.kl_estimator)
     if kl is not None and cfg.kl_coef > 0:
         per_token = per_token + cfg.kl_coef * kl
+    if entropy is not None:
+        # where, not a product: a padded position may hold anything (see the docstring)
+        entropy = _masked(entropy.to(dtype) if cfg.entropy_coef > 0 else entropy.detach(), real)
+        if cfg.entropy_coef > 0:
+            per_token = per_token - cfg.entropy_coef * entropy
     per_token = _masked(per_token, real)
 
     loss = _aggregate(per_token, real, cfg, total_tokens, total_sequences, max_len)
-    stats = _stats(real, ratio, raw_weight, clipped, proximal_minus_behaviour, kl, cfg.is_cap)
+    stats = _stats(
+        real, ratio, raw_weight, clipped, dual_clipped, proximal_minus_behaviour, kl, entropy, cfg
+    )
     return loss, stats
 
 
@@ -232,6 +263,20 @@ def _clipped_surrogate(
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     took_clipped = clipped < unclipped
     return torch.where(took_clipped, clipped, unclipped), took_clipped
+
+
+def _dual_clipped(
+    surrogate: torch.Tensor, advantages: torch.Tensor, clip_ratio_c: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The surrogate raised to at least ``clip_ratio_c * A`` where ``A < 0``, and where that
+    bound won. PPO's clip bounds a negative advantage's loss only from below (a ratio
+    under ``1 - clip_low``): a ratio far above 1 leaves it unbounded. Where the bound wins
+    it is a constant, so those tokens give no gradient."""
+    if not clip_ratio_c:
+        return surrogate, torch.zeros_like(surrogate, dtype=torch.bool)
+    bound = clip_ratio_c * advantages
+    bound_won = (advantages < 0) & (bound > surrogate)
+    return torch.where(bound_won, bound, surrogate), bound_won
 
 
 def _kl(logp: torch.Tensor, ref: torch.Tensor, real: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -270,9 +315,11 @@ def _stats(
     ratio: torch.Tensor,
     raw_weight: torch.Tensor,
     clipped: torch.Tensor,
+    dual_clipped: torch.Tensor,
     proximal_minus_behaviour: torch.Tensor,
     kl: torch.Tensor | None,
-    is_cap: float,
+    entropy: torch.Tensor | None,
+    cfg: LossConfig,
 ) -> LossStats:
     """The micro-batch's :class:`LossStats`; every input is already 0 or 1 at padding."""
     dtype = ratio.dtype
@@ -281,10 +328,12 @@ def _stats(
         clipped=(clipped & real).sum().to(dtype),
         is_weight_sum=_masked(raw_weight, real).sum(),
         is_weight_max=_masked(raw_weight, real).amax(),  # weights are > 0, so 0 is neutral
-        is_capped=((raw_weight > is_cap) & real).sum().to(dtype),
+        is_capped=((raw_weight > cfg.is_cap) & real).sum().to(dtype),
         ratio_sum=_masked(ratio, real).sum(),
         behaviour_proximal_abs_diff_sum=proximal_minus_behaviour.abs().sum(),
+        dual_clipped=(dual_clipped & real).sum().to(dtype),
         kl_sum=None if kl is None else kl.sum(),
+        entropy_sum=None if entropy is None else entropy.sum().to(dtype),
     )
 
 
@@ -292,9 +341,10 @@ def merge_stats(stats: Sequence[LossStats]) -> LossStats:
     """One :class:`LossStats` for several micro-batches: sums add, the max is the max."""
     if not stats:
         raise ValueError("stats must hold at least one LossStats")
-    with_kl = sum(s.kl_sum is not None for s in stats)
-    if with_kl not in (0, len(stats)):
-        raise ValueError("stats mix micro-batches with and without kl_sum")
+    for optional in ("kl_sum", "entropy_sum"):
+        given = sum(getattr(s, optional) is not None for s in stats)
+        if given not in (0, len(stats)):
+            raise ValueError(f"stats mix micro-batches with and without {optional}")
     merged: dict[str, torch.Tensor | None] = {}
     for field in fields(LossStats):
         values = [getattr(s, field.name) for s in stats]
@@ -310,8 +360,9 @@ def merge_stats(stats: Sequence[LossStats]) -> LossStats:
 def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
     """Per-token means and fractions of a step's stats, as plain floats for logging.
 
-    Keys: ``clip_frac``, ``is_weight_mean``, ``is_weight_max``, ``is_capped_frac``,
-    ``ratio_mean``, ``behaviour_proximal_abs_diff`` and, when KL was measured, ``kl_ref``.
+    Keys: ``clip_frac``, ``dual_clip_frac``, ``is_weight_mean``, ``is_weight_max``,
+    ``is_capped_frac``, ``ratio_mean``, ``behaviour_proximal_abs_diff`` and, when they
+    were measured, ``kl_ref`` and ``entropy`` (mean nats per token).
     All values are copied to the host in one transfer.
     """
     s = stats if isinstance(stats, LossStats) else merge_stats(stats)
@@ -321,6 +372,7 @@ def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
     tokens = max(v["tokens"], 1.0)  # a step with no tokens reports zeros, not NaN
     metrics = {
         "clip_frac": v["clipped"] / tokens,
+        "dual_clip_frac": v["dual_clipped"] / tokens,
         "is_weight_mean": v["is_weight_sum"] / tokens,
         "is_weight_max": v["is_weight_max"],
         "is_capped_frac": v["is_capped"] / tokens,
@@ -329,6 +381,8 @@ def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
     }
     if "kl_sum" in v:
         metrics["kl_ref"] = v["kl_sum"] / tokens
+    if "entropy_sum" in v:
+        metrics["entropy"] = v["entropy_sum"] / tokens
     return metrics
 
 
@@ -339,6 +393,7 @@ def _check_inputs(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     ref_logp: torch.Tensor | None,
+    entropy: torch.Tensor | None,
     cfg: LossConfig,
 ) -> None:
     """Shape and type checks, each ValueError naming the argument at fault."""
@@ -353,6 +408,7 @@ def _check_inputs(
         "behaviour_logp": behaviour_logp,
         "mask": mask,
         "ref_logp": ref_logp,
+        "entropy": entropy,
     }
     for name, tensor in named.items():
         if tensor is None:
@@ -371,6 +427,8 @@ def _check_inputs(
         )
     if cfg.kl_coef > 0 and ref_logp is None:
         raise ValueError(f"ref_logp is required when kl_coef > 0 (kl_coef={cfg.kl_coef})")
+    if cfg.entropy_coef > 0 and entropy is None:
+        raise ValueError(f"entropy is required when entropy_coef > 0 ({cfg.entropy_coef})")
 
 
 def _check_totals(**totals: float) -> None:

@@ -2,7 +2,7 @@
 
 Consumes ``transition.*.generated``; produces :class:`RewardsOut`. Trajectories an
 environment or a harness already paid (:attr:`RolloutsOut.rewards`) keep what they were
-paid. Otherwise the reward is
+paid as their task reward. Otherwise the task reward is
 ``data.reward`` (a plug-in's import path, ``math``, or ``model:DIR`` for a sequence
 classifier), or the task's own when that is empty (:mod:`..tasks.rewards`). If it raises,
 returns something that is not a finite number, or runs past ``data.reward_timeout_s``,
@@ -16,6 +16,12 @@ a few such, the worker leaves to be started afresh (nothing else stops a thread)
 With ``algorithm.filter_groups`` on, a result also says whether its group carries a
 learning signal (:func:`..rl.filtering.filter_reason`); one that does not is moved by the
 scheduler to ``filtered`` (``transition.generated.filtered``) and never trained.
+
+With ``algorithm.overlong_buffer`` on, every trajectory's reward is its task reward plus
+the soft overlong punishment (:mod:`..tasks.overlong`), paid ones included: the punishment is
+about the length of what the model generated, whoever judged its content. The length is
+the trajectory's longest turn, its longest run of model tokens (a single-turn response's
+whole length), since ``model.max_new_tokens`` limits each turn.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ..policy.tokenizer import TextCodec
 from ..rollout_dump import RolloutDump
 from ..startup.role_checks import check_task
 from ..tasks import TaskError
+from ..tasks.overlong import longest_turns, overlong_penalty
 from ..tasks.rewards import MODEL_PREFIX
 from ..worker.threads import threads_for
 from ..workload import reward_choice, reward_for
@@ -64,6 +71,7 @@ class Reward(Actor):
             import torch  # a reward model computes: on this worker's share of the cores
 
             torch.set_num_threads(threads_for(cfg, self.role))
+        self.cfg = cfg
         self.reward = reward_for(cfg)
         self.codec = TextCodec.from_dir(model_dir(cfg.model.path))
         self.dump = RolloutDump.of(cfg, ctx.worker)
@@ -81,8 +89,20 @@ class Reward(Actor):
 
     def _score(self, item: p.Item) -> p.Result:
         rollouts = RolloutsOut.of(item)
+        task = self._task_rewards(item, rollouts)
+        parts = {"task": task}
+        a = self.cfg.algorithm
+        if a.overlong_buffer:
+            lengths = longest_turns(rollouts.trained_mask(), rollouts.owners, len(task))
+            budget = self.cfg.model.max_new_tokens
+            parts["overlong"] = overlong_penalty(
+                lengths, budget, a.overlong_buffer, a.overlong_penalty
+            )
+        return self._result(item, rollouts, RewardsOut.summed(parts))
+
+    def _task_rewards(self, item: p.Item, rollouts: RolloutsOut) -> np.ndarray:
         if rollouts.rewards is not None:  # an environment or a harness paid them already
-            return self._result(item, rollouts, RewardsOut(rollouts.rewards))
+            return rollouts.rewards
         sample = PromptIn.of(item).sample()
         try:
             texts = [self.codec.decode(response) for response in rollouts.responses()]
@@ -91,7 +111,7 @@ class Reward(Actor):
             if self.reward.stuck >= _MAX_STUCK:
                 raise ActorBroken(f"{error}; {self.reward.stuck} reward calls stuck") from error
             raise
-        return self._result(item, rollouts, RewardsOut(np.asarray(rewards, np.float32)))
+        return np.asarray(rewards, np.float32)
 
     def _result(self, item: p.Item, rollouts: RolloutsOut, rewards: RewardsOut) -> p.Result:
         """The group's rewards, and with dynamic sampling on, whether it is filtered (its

@@ -113,6 +113,7 @@ class Train(LearnerRole):
             "response_len_mean": float(lengths.mean()),
             "response_len_max": int(lengths.max()),
             "truncated_frac": float(np.mean([g.rollouts.truncated.mean() for g in groups])),
+            **_reward_parts(groups),
             "staleness_mean": float(np.mean(staleness)),
             "staleness_max": int(max(staleness)),
             **stats.metrics,
@@ -147,3 +148,13 @@ class Train(LearnerRole):
         else:
             save_state(config, self.newest, self.source, final)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
+
+
+def _reward_parts(groups: list[Group]) -> dict[str, float]:
+    """Each reward part's mean beside the reward's (``reward_task_mean``,
+    ``reward_overlong_mean``), when the rewards have more than one part."""
+    parts = [g.reward_parts or {} for g in groups]
+    names = set.intersection(*(set(p) for p in parts))
+    if len(names) < 2:
+        return {}
+    return {f"reward_{n}_mean": float(np.mean([p[n] for p in parts])) for n in sorted(names)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,16 +25,19 @@ class Group:
     reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
     rewards: np.ndarray
     values: ValuesOut | None = None  # the critic's (PPO's values stage); None: no critic
+    reward_parts: Mapping[str, np.ndarray] | None = None  # RewardsOut.parts; None: unread
 
     @classmethod
     def of(cls, item: p.Item) -> Group:
+        rewards = RewardsOut.of(item)
         return cls(
             gid=item.gid,
             rollouts=RolloutsOut.of(item),
             proximal=LogprobsOut.of(item, Role.LOGP) if Role.LOGP in item.data else None,
             reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
-            rewards=RewardsOut.of(item).rewards,
+            rewards=rewards.rewards,
             values=ValuesOut.of(item) if Role.VALUES in item.data else None,
+            reward_parts=rewards.parts,
         )
 
     def rows(self, chosen: np.ndarray) -> Group:
@@ -63,4 +67,6 @@ class Group:
         values = self.values
         if values is not None:
             values = ValuesOut(cut(values.values), values.version)
-        return Group(self.gid, rollouts, proximal, reference, self.rewards, values)
+        return replace(
+            self, rollouts=rollouts, proximal=proximal, reference=reference, values=values
+        )

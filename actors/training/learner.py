@@ -28,9 +28,9 @@ from torch.distributed.tensor import DTensor
 from asyncrl.runtime.contract.config import RunConfig
 
 from ..engines.contract import EngineModel, device_of
-from ..policy.model import CausalLM
+from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
-from ..policy.scoring import response_logprobs, response_positions
+from ..policy.scoring import response_logprobs_and_entropy, response_positions
 from ..policy.sharding import shard
 from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
 from ..startup.model_loading import DTYPES
@@ -39,6 +39,7 @@ from .host_copies import HostCopies
 from .learner_state import LearnerState
 from .micro_batches import MICRO_BATCH_SLACK, by_length, rank_passes, stacked
 from .mini_batches import mini_batch_groups
+from .overlong_filter import without_truncated
 from .schedule import lr_at
 from .scorer import pack_rollouts
 from .step_advantages import step_advantages
@@ -98,7 +99,12 @@ class Learner(LearnerState):
             loss_agg=a.loss_agg,
             estimator=a.estimator,
             ratio=a.ratio,
+            clip_ratio_c=a.clip_ratio_c,
+            entropy_coef=a.entropy_coef,
         )
+        # Each token's entropy, from the logits the step scores with: with gradient only
+        # under an entropy bonus.
+        self.entropy: Entropy = "trained" if a.entropy_coef > 0 else "measured"
         # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
         # clipping and the staged state cover them and not the frozen base.
         self.lora = cfg.model.lora.enabled
@@ -128,26 +134,36 @@ class Learner(LearnerState):
             [g.rollouts for g in groups], [g.rewards for g in groups], a, values
         )
         lr = self.set_lr(steps_done)
+        # Split first, then leave the truncated rows out of each mini-batch: the split is
+        # the same with the overlong filter on or off, and a group whose every response
+        # was cut off cannot make the groups uneven between mini-batches.
         split = mini_batch_groups(
             len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
         )
+        kept, filtered = self._overlong_filtered(groups, advantages)
         losses, parts, norms = [], [], []
         for chosen in split:
-            loss, stats, grad_norm = self._update(
+            picked = self._without_truncated(
                 [groups[i] for i in chosen], [advantages[i] for i in chosen]
             )
+            if not picked[0]:  # every response of the mini-batch was cut off
+                continue
+            loss, stats, grad_norm = self._update(*picked)
             losses.append(loss)
             parts.append(stats)
             norms.append(grad_norm)
-        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        if not losses:  # every response was cut off: nothing to learn from
+            return StepStats({"loss": 0.0, "lr": lr, "updates": 0, **filtered}, 0.0, 0)
+        tokens = sum(g.rollouts.trained_tokens() for g in kept)
         # The updates' loss statistics pooled over their tokens; the loss (each update's
         # normalised over its mini-batch) and the gradient norms averaged over the updates.
         metrics = {
             "loss": float(np.mean(losses)),
             **loss_metrics(parts),
             "lr": lr,
-            "updates": len(split),
+            "updates": len(losses),
             "grad_norm_max": max(norms),
+            **filtered,
         }
         return StepStats(metrics, float(np.mean(norms)), tokens)
 
@@ -188,6 +204,27 @@ class Learner(LearnerState):
         lr = self._scheduled_lr(steps_done)
         return StepStats({"warmup": 1.0, "lr": lr, "updates": 0}, 0.0, tokens)
 
+    def _overlong_filtered(
+        self, groups: list[Group], advantages: list[np.ndarray]
+    ) -> tuple[list[Group], dict[str, float]]:
+        """The groups the step trains on, and the share of rows the overlong filter takes
+        out (``overlong_filtered_frac``; none with the filter off)."""
+        if not self.cfg.algorithm.overlong_filter:
+            return groups, {}
+        rows = sum(len(g.rollouts.lengths) for g in groups)
+        kept, _ = without_truncated(groups, advantages)
+        left = sum(len(g.rollouts.lengths) for g in kept)
+        return kept, {"overlong_filtered_frac": 1.0 - left / rows}
+
+    def _without_truncated(
+        self, groups: list[Group], advantages: list[np.ndarray]
+    ) -> tuple[list[Group], list[np.ndarray]]:
+        """A mini-batch without the truncated trajectories under ``algorithm.overlong_filter``
+        (overlong_filter.py): they give no loss and count in none of its totals."""
+        if not self.cfg.algorithm.overlong_filter:
+            return groups, advantages
+        return without_truncated(groups, advantages)
+
     def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
         self.model.train()
         total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
@@ -202,8 +239,8 @@ class Learner(LearnerState):
         for chunk, chunk_advantages, real in passes:
             packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
             with self._autocast():
-                logp = response_logprobs(self.model, packed, Sampling.of(self.cfg.algorithm))
-            loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals)
+                logp, entropy = self._logprobs(packed)
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals, entropy)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
             # FSDP's reduce-scatter averages over ranks (gloo has no pre-scaled sum); the
@@ -215,6 +252,12 @@ class Learner(LearnerState):
                 parts.append(part)
                 total_loss += loss.detach()
         return (*self._summed(total_loss, parts), total_tokens)
+
+    def _logprobs(self, packed) -> tuple[torch.Tensor, torch.Tensor]:
+        """A micro-batch's log-probs, and the entropies of their distributions, from the
+        same pass."""
+        sampling = Sampling.of(self.cfg.algorithm)
+        return response_logprobs_and_entropy(self.model, packed, sampling, self.entropy)
 
     def _passes(self, groups: list[Group], advantages: list[np.ndarray]):
         """This rank's micro-batches: (row sets of groups, their advantages, real). The
@@ -235,10 +278,10 @@ class Learner(LearnerState):
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
 
-        def loss_of(m: int, picked: torch.Tensor) -> torch.Tensor:
+        def loss_of(m: int, picked: torch.Tensor, entropy: torch.Tensor | None) -> torch.Tensor:
             chunk, chunk_advantages, real = passes[m]
             logp = picked * packed[m].mask.to(self.device)
-            loss, part = self._loss(chunk, chunk_advantages, logp, packed[m], totals)
+            loss, part = self._loss(chunk, chunk_advantages, logp, packed[m], totals, entropy)
             if not real:
                 return loss * 0.0
             parts.append(part)
@@ -247,7 +290,7 @@ class Learner(LearnerState):
 
         batches = [response_positions(one, self.device) for one in packed]
         sampling = Sampling.of(self.cfg.algorithm)
-        self.engine.train_in_stages(batches, loss_of, sampling, self._autocast)
+        self.engine.train_in_stages(batches, loss_of, sampling, self._autocast, self.entropy)
         return total_loss, parts
 
     def _autocast(self):
@@ -258,16 +301,14 @@ class Learner(LearnerState):
         in_stages = self.engine is not None and self.engine.pipelined
         if self.parts == 1 and not in_stages:  # one copy: its ranks saw the same batches
             return float(loss), merge_stats(parts)
-        names = [f.name for f in fields(LossStats)]
         merged = merge_stats(parts) if parts else None
-        with_kl = self.loss_config.kl_coef > 0
+        # Every rank measures the same optional stats (the same config), even a rank
+        # with no micro-batch of its own, so that the sums line up.
+        measured = {"kl_sum": self.loss_config.kl_coef > 0, "entropy_sum": True}
+        names = [f.name for f in fields(LossStats) if measured.get(f.name, True)]
         sums = torch.stack(
             [loss.float()]
-            + [
-                _value(merged, name, self.device)
-                for name in names
-                if name != "is_weight_max" and (name != "kl_sum" or with_kl)
-            ]
+            + [_value(merged, name, self.device) for name in names if name != "is_weight_max"]
         )
         peak = _value(merged, "is_weight_max", self.device).reshape(1)
         if in_stages:  # computed on the last stage only
@@ -279,18 +320,25 @@ class Learner(LearnerState):
             dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = dict.fromkeys(measured)  # None unless measured
         for name in names:
             if name == "is_weight_max":
                 out[name] = peak[0]
-            elif name == "kl_sum" and not with_kl:
-                out[name] = None
             else:
                 out[name] = torch.tensor(next(values), device=self.device)
         return total_loss, LossStats(**out)
 
-    def _loss(self, groups, advantages, logp: torch.Tensor, packed, totals: tuple[int, int]):
-        """The policy loss of one micro-batch from its log-probs, and its statistics."""
+    def _loss(
+        self,
+        groups,
+        advantages,
+        logp: torch.Tensor,
+        packed,
+        totals: tuple[int, int],
+        entropy: torch.Tensor | None = None,
+    ):
+        """The policy loss of one micro-batch from its log-probs (and the entropies of the
+        distributions they are of, when measured), and its statistics."""
         width = packed.mask.shape[1]
         d = self.device
         reference = _reference_rows(groups, width)
@@ -303,6 +351,7 @@ class Learner(LearnerState):
             packed.mask.to(d),
             self.loss_config,
             ref_logp=None if reference is None else reference.to(d),
+            entropy=entropy,
             total_tokens=total_tokens,
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,

@@ -17,6 +17,8 @@ def render_status(s: dict[str, Any]) -> str:
         f"max staleness {stale['max_staleness']}, worst trained lag {stale['worst_trained']}",
         "leases    " + (_pairs(s["leases"]) or "none"),
     ]
+    if "learning" in s:
+        lines.append("learning  " + _learning(s["learning"]))
     if "mismatch" in s:
         lines.append("mismatch  " + _mismatch(s["mismatch"]))
     if "filtered" in s:
@@ -49,6 +51,16 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("refused   " + _pairs({k: v for k, v in refused.items() if v}))
     lines.append(f"journal   {s['journal']['records']} records, {s['journal']['durable']} fsynced")
     return "\n".join(lines)
+
+
+def _learning(m: dict[str, Any]) -> str:
+    """The newest step's mean reward and mean token entropy (nats), those it reported."""
+    figures = []
+    if "reward_mean" in m:
+        figures.append(f"reward {m['reward_mean']:.3f}")
+    if "entropy" in m:
+        figures.append(f"entropy {m['entropy']:.3f} nats/token")
+    return f"step {m['step']}: " + ", ".join(figures)
 
 
 def _mismatch(m: dict[str, Any]) -> str:

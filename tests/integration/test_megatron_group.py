@@ -63,7 +63,8 @@ def _rank_main(rank: int, port: int, split: tuple[int, int, int], results) -> No
             tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
         )
         model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
-        learner = Learner(model, _config(), codec.pad_id, group_size=ranks)
+        # with an entropy bonus: its gradient through the split vocabulary and the stages
+        learner = Learner(model, _config(bonus=True), codec.pad_id, group_size=ranks)
         done = step_and_reload(learner, rank, _lease(), "embedded")
         if rank == 0:
             moment = done.optimizer["state"][MOMENT]["exp_avg_sq"].numpy()
@@ -88,7 +89,7 @@ def _one_rank():
 
     torch.manual_seed(0)
     model, codec = load_model("embedded")
-    learner = Learner(model, _config(), codec.pad_id)
+    learner = Learner(model, _config(bonus=True), codec.pad_id)
     stats = learner.step([Group.of(item) for item in _lease().items])
     moment = learner.full_optimizer_state()["state"][MOMENT]["exp_avg_sq"]
     return stats, learner.full_weights(), moment
@@ -108,6 +109,7 @@ def test_megatron_ranks_train_like_one_torch_rank(split: tuple[int, int, int]) -
         assert process.exitcode == 0
     expected, expected_weights, expected_moment = _one_rank()
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
+    assert metrics["entropy"] == pytest.approx(expected.metrics["entropy"], abs=1e-5)
     assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
     assert set(weights) == set(expected_weights)
     worst = max(

@@ -46,9 +46,11 @@ _LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
 _UPDATES = {"mini_batches": _GROUPS, "epochs": 2, "lr_schedule": {"warmup_steps": 2}}
 
 
-def _config(lora: bool = False, updates: bool = False):
+def _config(lora: bool = False, updates: bool = False, bonus: bool = False):
     model = {"lora": _LORA} if lora else {}
     algorithm = {"micro_batch_groups": 2, "lr": 1e-3, **(_UPDATES if updates else {})}
+    if bonus:  # the entropy's gradient through the sharded output layer; and dual clip
+        algorithm |= {"entropy_coef": 0.01, "clip_ratio_c": 3.0}
     pipeline = {"train_batch_groups": _GROUPS}
     return config_from_dict({"algorithm": algorithm, "model": model, "pipeline": pipeline})
 
@@ -78,7 +80,12 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
 
 
 def _one_rank(
-    lease: p.Lease, recompute: bool, path: str = "embedded", lora: bool = False, updates=False
+    lease: p.Lease,
+    recompute: bool,
+    path: str = "embedded",
+    lora: bool = False,
+    updates: bool = False,
+    bonus: bool = False,
 ):
     torch.manual_seed(0)
     model, codec = load_model(path)
@@ -86,7 +93,7 @@ def _one_rank(
     if lora:
         torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
         add_adapters(model, _config(lora).model.lora)
-    learner = Learner(model, _config(lora, updates), codec.pad_id)
+    learner = Learner(model, _config(lora, updates, bonus), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -107,7 +114,8 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
             torch.manual_seed(0)
             add_adapters(model, _config(lora).model.lora)
         updates = mode == "mini-batches"
-        learner = Learner(model, _config(lora, updates), codec.pad_id, group_size=2)
+        bonus = mode.endswith("entropy-bonus")
+        learner = Learner(model, _config(lora, updates, bonus), codec.pad_id, group_size=2)
         if rank == 0:
             lease = _lease()
             gang.order(Order.STEP, pack_lease(lease))
@@ -147,6 +155,9 @@ MODES = [
     # for the whole forward; the untied case, a unit of its own, is the one that can break.
     pytest.param("chunked-output-layer", marks=pytest.mark.slow),
     "chunked-output-layer-untied",
+    # Slow (20 s): the untied case again, with the entropy's gradient through the output
+    # layer's own unit (and dual clip); every mode above measures the entropy.
+    pytest.param("chunked-output-layer-untied-entropy-bonus", marks=pytest.mark.slow),
     "lora",  # adapters trained on a frozen base in the same units: the adapters published
     "mini-batches",  # _UPDATES: every rank the same passes per update
 ]
@@ -158,7 +169,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     # Untied, the output layer is a unit of FSDP's own (gathered for each chunk, and again
     # for its recompute); tied, it is the embedding, in the root unit.
     path = "embedded"
-    if mode.endswith("untied"):
+    if "untied" in mode:
         path = str(hf_model_dir(tmp_path / "untied", "qwen3-untied-bias"))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -172,11 +183,13 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
 
     lora = mode == "lora"
     updates = mode == "mini-batches"
-    expected, expected_weights = _one_rank(_lease(), False, path, lora, updates)
+    bonus = mode.endswith("entropy-bonus")
+    expected, expected_weights = _one_rank(_lease(), False, path, lora, updates, bonus)
     assert expected.metrics["updates"] == (10 if updates else 1)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
-    for name in ("clip_frac", "ratio_mean", "is_weight_max"):
+    assert expected.metrics["entropy"] > 0.0
+    for name in ("clip_frac", "ratio_mean", "is_weight_max", "entropy", "dual_clip_frac"):
         assert metrics[name] == pytest.approx(expected.metrics[name], abs=1e-5)
     assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
     weights = {name: torch.from_numpy(a) for name, a in weights.items()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["gather_vocab", "vocab_parallel_logprobs"]
+__all__ = ["gather_vocab", "vocab_parallel_logprobs", "vocab_parallel_logprobs_and_entropy"]
 
 
 def vocab_parallel_logprobs(
@@ -34,6 +34,23 @@ def vocab_parallel_logprobs(
     ``group`` (None: not split). ``vocab``: the real vocabulary, when the split padded it
     (padding columns are no tokens, so they get no probability).
     """
+    return vocab_parallel_logprobs_and_entropy(logits, targets, group, vocab, temperature)[0]
+
+
+def vocab_parallel_logprobs_and_entropy(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    vocab: int | None = None,
+    temperature: float = 1.0,
+    entropy: str = "off",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`vocab_parallel_logprobs`, and with ``entropy`` "measured" (no gradient) or
+    "trained" the entropy of each row's distribution (None when "off").
+
+    With ``z`` the shifted logits, ``Z = sum exp(z)`` and ``p = exp(z) / Z``, the entropy
+    is ``log Z - sum(exp(z) * z) / Z``: one more sum per rank, all-reduced like ``Z``.
+    """
     ranks = 1 if group is None else dist.get_world_size(group)
     rank = 0 if group is None else dist.get_rank(group)
     shard = logits.shape[-1]
@@ -41,14 +58,16 @@ def vocab_parallel_logprobs(
     logits = logits.float()
     if temperature != 1.0:
         logits = logits / temperature
+    padded = None
     if vocab is not None and start + shard > vocab:
-        columns = torch.arange(start, start + shard, device=logits.device)
-        logits = logits.masked_fill(columns >= vocab, float("-inf"))
+        padded = torch.arange(start, start + shard, device=logits.device) >= vocab
+        logits = logits.masked_fill(padded, float("-inf"))
     peak = logits.detach().amax(dim=-1)
     if ranks > 1:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - peak.unsqueeze(-1)
-    total = shifted.exp().sum(dim=-1)
+    exps = shifted.exp()
+    total = exps.sum(dim=-1)
     mine = (targets >= start) & (targets < start + shard)
     local = (targets - start).clamp(0, shard - 1)
     # where, not a product: a padding column's -inf times 0 would be nan
@@ -56,7 +75,16 @@ def vocab_parallel_logprobs(
     if ranks > 1:
         total = _SumOverRanks.apply(total, group)
         picked = _SumOverRanks.apply(picked, group)
-    return picked - total.log()
+    log_total = total.log()
+    if entropy == "off":
+        return picked - log_total, None
+    with torch.set_grad_enabled(entropy == "trained" and torch.is_grad_enabled()):
+        finite = shifted if padded is None else shifted.masked_fill(padded, 0.0)
+        weighted = (exps.unsqueeze(-2) @ finite.unsqueeze(-1)).squeeze(-1).squeeze(-1)
+        if ranks > 1:
+            weighted = _SumOverRanks.apply(weighted, group)
+        spread = log_total - weighted / total
+    return picked - log_total, spread
 
 
 class _SumOverRanks(torch.autograd.Function):

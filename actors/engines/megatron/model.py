@@ -21,7 +21,7 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from torch import nn
 
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
-from asyncrl.actors.policy.model import ModelConfig
+from asyncrl.actors.policy.model import Entropy, ModelConfig, entropy_of
 from asyncrl.actors.policy.sampling import PLAIN, Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.runtime.contract.config import MegatronSection
@@ -29,7 +29,7 @@ from asyncrl.runtime.contract.config import MegatronSection
 from .experts import is_expert
 from .gpt_build import ParallelSizes, build_gpt, layout_of, te_available
 from .hf_weights import HfWeights
-from .logprobs import gather_vocab, vocab_parallel_logprobs
+from .logprobs import gather_vocab, vocab_parallel_logprobs_and_entropy
 from .optimizer import DistributedOptimizer, Share
 from .schedule import one_forward_one_backward
 from .stage_links import Stages
@@ -89,14 +89,26 @@ class MegatronLM(HfWeights, nn.Module):
         columns: torch.Tensor,
         targets: torch.Tensor,
         sampling: Sampling = PLAIN,
-    ) -> torch.Tensor:
+        entropy: Entropy = "off",
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
-        rank holding whole rows of logits (the vocabulary stays split)."""
+        rank holding whole rows of logits (the vocabulary stays split); with ``entropy``
+        other than "off", also each position's entropy of that distribution."""
+        if entropy == "off":
 
-        def chosen(logits: torch.Tensor) -> torch.Tensor:
-            return self._picked(logits, targets, sampling)
+            def chosen(logits: torch.Tensor) -> torch.Tensor:
+                return self._picked(logits, targets, sampling)[0]
 
-        return self._through_stages(input_ids, columns, chosen, tuple(targets.shape), torch.float32)
+            shape = tuple(targets.shape)
+            return self._through_stages(input_ids, columns, chosen, shape, torch.float32)
+
+        def both(logits: torch.Tensor) -> torch.Tensor:  # one tensor between the stages
+            picked, spread = self._picked(logits, targets, sampling, entropy)
+            return torch.stack([picked, spread], dim=-1)
+
+        shape = (*targets.shape, 2)
+        stacked = self._through_stages(input_ids, columns, both, shape, torch.float32)
+        return stacked[..., 0], stacked[..., 1]
 
     def _stage_output(
         self, input_ids: torch.Tensor, received: torch.Tensor | None = None
@@ -112,9 +124,14 @@ class MegatronLM(HfWeights, nn.Module):
         return self.gpt(input_ids, positions, None, runtime_gather_output=False)
 
     def _picked(
-        self, logits: torch.Tensor, targets: torch.Tensor, sampling: Sampling
-    ) -> torch.Tensor:
-        """log p(``targets``) from this rank's vocabulary slice of ``logits``."""
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        sampling: Sampling,
+        entropy: Entropy = "off",
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """log p(``targets``) from this rank's vocabulary slice of ``logits``, and the
+        entropy of each row's distribution unless ``entropy`` is "off" (then None)."""
         group = None
         if self.sizes.tensor > 1:
             group = parallel_state.get_tensor_model_parallel_group()
@@ -124,9 +141,13 @@ class MegatronLM(HfWeights, nn.Module):
             # rank then holds whole rows, the price of truncating), padding columns cut.
             whole = logits if group is None else gather_vocab(logits, group)
             logprobs = sampling.logprobs(whole[..., :vocab], keep=targets)
-            return logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return vocab_parallel_logprobs(
-            logits, targets, group, vocab=vocab, temperature=sampling.temperature
+            picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            if entropy == "off":
+                return picked, None
+            with torch.set_grad_enabled(entropy == "trained" and torch.is_grad_enabled()):
+                return picked, entropy_of(logprobs)
+        return vocab_parallel_logprobs_and_entropy(
+            logits, targets, group, vocab, sampling.temperature, entropy
         )
 
     # --- training through pipeline stages ---------------------------------------------
@@ -139,14 +160,16 @@ class MegatronLM(HfWeights, nn.Module):
     def train_in_stages(
         self,
         batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-        loss_of: Callable[[int, torch.Tensor], torch.Tensor],
+        loss_of: Callable[[int, torch.Tensor, torch.Tensor | None], torch.Tensor],
         sampling: Sampling,
         autocast: Callable[[], AbstractContextManager],
+        entropy: Entropy = "off",
     ) -> None:
         """Forward and backward of every micro-batch (token ids, columns, targets, as
         :meth:`token_logprobs` takes them), the stages overlapping in 1F1B order. On the
-        last stage ``loss_of(m, log-probs)`` gives micro-batch m's loss; the forward
-        runs under ``autocast()``, the loss outside it."""
+        last stage ``loss_of(m, log-probs, entropies)`` gives micro-batch m's loss (the
+        entropies None when ``entropy`` is "off"); the forward runs under ``autocast()``,
+        the loss outside it."""
         stages = self.stages
         assert stages is not None
 
@@ -156,8 +179,8 @@ class MegatronLM(HfWeights, nn.Module):
                 out = self._stage_output(input_ids, received)
                 if not stages.last:
                     return out
-                picked = self._picked(_at(out, columns), targets, sampling)
-            return loss_of(m, picked.float())
+                picked, spread = self._picked(_at(out, columns), targets, sampling, entropy)
+            return loss_of(m, picked.float(), spread)
 
         def shape_of(m: int) -> tuple[int, ...]:
             batch, tokens = batches[m][0].shape  # megatron's activations: [tokens, batch, hidden]

@@ -362,6 +362,43 @@ class AlgorithmSection:
     is_cap: float = field(
         default=5.0, metadata=doc("cap on the behaviour/proximal importance weight", min=1)
     )
+    clip_ratio_c: float = field(
+        default=0.0,
+        metadata=doc(
+            "dual clip: where the advantage is negative, a token's loss is at most "
+            "-advantage * clip_ratio_c however large its ratio; 0 = off, else > 1",
+            min=0,
+        ),
+    )
+    entropy_coef: float = field(
+        default=0.0,
+        metadata=doc(
+            "entropy bonus: the loss minus this times the mean token entropy of the "
+            "sampling distribution (aggregated as loss_agg); 0 = off (the entropy is "
+            "still measured)",
+            min=0,
+        ),
+    )
+    overlong_buffer: int = field(
+        default=0,
+        metadata=doc(
+            "soft overlong punishment (DAPO): a response longer than model.max_new_tokens "
+            "- overlong_buffer tokens loses overlong_penalty times its share of the buffer "
+            "it used; fewer than model.max_new_tokens; 0 = off",
+            min=0,
+        ),
+    )
+    overlong_penalty: float = field(
+        default=1.0,
+        metadata=doc("the overlong punishment of a response that uses the whole buffer", min=0),
+    )
+    overlong_filter: bool = field(
+        default=False,
+        metadata=doc(
+            "truncated responses (a length limit, not the model, ended them) give no loss; "
+            "their group's advantages still count them"
+        ),
+    )
     proximal_logp: Literal["auto", "recompute"] = field(
         default="auto",
         metadata=doc(
@@ -422,6 +459,13 @@ class AlgorithmSection:
         default_factory=FilterGroupsSection,
         metadata=doc("dynamic sampling: groups without signal are filtered, not trained"),
     )
+
+    def __post_init__(self) -> None:
+        # Between 0 and 1 the bound would sit below the clipped loss it is meant to cap.
+        if self.clip_ratio_c and not self.clip_ratio_c > 1:
+            raise ValueError(
+                f"clip_ratio_c: got {self.clip_ratio_c!r}; allowed: 0 (off) or a number > 1"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

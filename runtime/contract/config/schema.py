@@ -268,6 +268,7 @@ class RunConfig:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data)
         _check_filter_groups(self.algorithm, self.data)
+        _check_overlong(self.algorithm, self.model)
         _check_lora_engines(self)
         _check_mini_batches(self.algorithm, self.pipeline)
 
@@ -300,6 +301,16 @@ def _check_mini_batches(algorithm: AlgorithmSection, pipeline: PipelineSection) 
             f"algorithm.mini_batches: got {algorithm.mini_batches}, which does not divide "
             f"pipeline.train_batch_groups={pipeline.train_batch_groups}; allowed: a divisor "
             "of the groups per train step"
+        )
+
+
+def _check_overlong(algorithm: AlgorithmSection, model: ModelSection) -> None:
+    """The overlong buffer is the last part of the generation budget."""
+    if algorithm.overlong_buffer >= model.max_new_tokens:
+        raise ValueError(
+            f"algorithm.overlong_buffer: got {algorithm.overlong_buffer} with "
+            f"model.max_new_tokens={model.max_new_tokens}; allowed: fewer tokens than "
+            "model.max_new_tokens (0 = off)"
         )
 
 

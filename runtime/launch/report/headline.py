@@ -27,6 +27,8 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
             out["steps/s"] = f"{len(steps) / elapsed:.2f}"
         _mean_of(out, "reward, last 10 steps", steps[-_LAST:], "reward_mean")
         _mean_of(out, "reward, first 10 steps", steps[:_LAST], "reward_mean")
+        _mean_of(out, "entropy, first 10 steps (nats/token)", steps[:_LAST], "entropy")
+        _mean_of(out, "entropy, last 10 steps (nats/token)", steps[-_LAST:], "entropy")
         _mean_of(out, "staleness, mean", steps, "staleness_mean")
         # a learned critic's: critic versions its values lagged its steps (PPO's runs)
         _mean_of(out, "critic staleness, mean", steps, "critic_staleness_mean")

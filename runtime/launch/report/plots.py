@@ -219,6 +219,32 @@ def mismatch(data: RunData) -> Figure:
     return fig
 
 
+def entropy(data: RunData) -> Figure:
+    _need(data)
+    steps, nats = _series(data.steps, "step", "entropy")
+    if not steps:
+        raise NoData("the step lines carry no entropy (a run from before it was measured)")
+    fig, (spread, clipped) = _figure(2)
+    spread.plot(steps, nats, color="0.7", linewidth=0.8, label="per step")
+    spread.plot(steps, _smooth(nats), color="#9467bd", label="smoothed")
+    spread.set_xlabel("train step")
+    spread.set_ylabel("mean token entropy (nats)")
+    spread.legend(fontsize="small")
+    for key, label, colour in (
+        ("clip_frac", "ratio clipped", "#1f77b4"),
+        ("dual_clip_frac", "dual clip bound", "#d62728"),
+    ):
+        x, y = _series(data.steps, "step", key)
+        if x:
+            clipped.plot(x, y, color=colour, linewidth=0.8, label=label)
+    clipped.set_xlabel("train step")
+    clipped.set_ylabel("share of trained tokens")
+    clipped.legend(fontsize="small")
+    for ax in (spread, clipped):
+        ax.grid(alpha=0.3)
+    return fig
+
+
 def _smooth(values: list[float], window: int = 10) -> list[float]:
     out, run = [], 0.0
     for i, v in enumerate(values):
@@ -246,4 +272,8 @@ PLOTS = (
          "generator logp| and the k3 estimate of KL(behaviour || trainer) (log scale), and "
          "how many tokens were compared (none where logp reused the generator's log-probs).",
          mismatch),
+    Plot("entropy", "Entropy and clipping", "The mean entropy of the sampling distribution "
+         "over each step's trained tokens (a collapse towards 0 is the policy turning "
+         "deterministic), and the share of tokens the PPO clip and the dual clip bound.",
+         entropy),
 )  # fmt: skip

@@ -12,8 +12,8 @@ __all__ = ["RunProgress"]
 class RunProgress:
     """The run's plan, when it started and last stepped, whether a stall was warned of,
     the critic's newest step (for the next step's line), the newest step's
-    training-inference mismatch (for the status), and why no new leases are handed out,
-    if none are."""
+    training-inference mismatch and learning figures (for the status), and why no new
+    leases are handed out, if none are."""
 
     def __init__(self, plan: RunPlan, started_at: float) -> None:
         self.plan = plan
@@ -22,6 +22,7 @@ class RunProgress:
         self.stall_warned_at: float | None = None
         self.critic_step: dict[str, Any] = {}  # the critic's newest step (PPO's), if any
         self.mismatch: dict[str, Any] = {}  # the newest step's logprob_mismatch_* and step
+        self.learning: dict[str, Any] = {}  # the newest step's reward and entropy, and step
         self.draining: str | None = None  # why no new leases are handed out
         # why the run cannot go on (dynamic sampling found no signal for too long): it
         # drains, and the scheduler exits saying so (child_status.STOPS_THE_RUN)

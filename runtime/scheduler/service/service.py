@@ -269,8 +269,8 @@ class SchedulerService:
 
     def status(self, now: float) -> dict[str, Any]:
         """The status reply's summary: the core's, with the run, the newest step's
-        training-inference mismatch, the journal, the weights' routes, the payload stores,
-        the requests answered and the loop's timings."""
+        training-inference mismatch and learning figures, the journal, the weights' routes,
+        the payload stores, the requests answered and the loop's timings."""
         core = self.core
         summary = summarize(core.state)
         for name, worker in summary["workers"].items():
@@ -296,6 +296,8 @@ class SchedulerService:
             summary["filtered"] = filtering(core.state, bound)
         if self.progress.failure is not None:
             summary["run"]["failure"] = self.progress.failure
+        if self.progress.learning:
+            summary["learning"] = dict(self.progress.learning)
         summary["refused"] = {str(k): v for k, v in sorted(core.rejections.items())}
         summary["protocol_errors"] = self.protocol_errors
         writer = self.durable.writer
@@ -349,6 +351,8 @@ class SchedulerService:
         cut = self.metrics.reconcile(notice.step)
         if self.progress.mismatch.get("step", 0) > notice.step:
             self.progress.mismatch = {}  # its line is cut with the lost steps'
+        if self.progress.learning.get("step", 0) > notice.step:
+            self.progress.learning = {}
         log.warning(
             "training rolled back",
             step=notice.step,

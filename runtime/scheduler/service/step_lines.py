@@ -33,6 +33,8 @@ log = structlog.get_logger("asyncrl.scheduler")
 # The trainer's fields of the gap between generator and trainer log-probs (the status shows
 # the newest step's).
 MISMATCH_PREFIX = "logprob_mismatch_"
+# The trainer's fields of how the policy learns that the status shows of the newest step.
+LEARNING_KEYS = ("reward_mean", "entropy")
 
 
 class StepLines:
@@ -94,6 +96,9 @@ class StepLines:
         mismatch = {k: v for k, v in line.items() if k.startswith(MISMATCH_PREFIX)}
         if mismatch:
             progress.mismatch = {"step": state.steps_done, **mismatch}
+        learning = {k: line[k] for k in LEARNING_KEYS if k in line}
+        if learning:
+            progress.learning = {"step": state.steps_done, **learning}
         reached = self.path.take_reached()  # earlier steps' versions, now run by every generator
         if reached:
             line["versions_loaded"] = reached

@@ -52,6 +52,34 @@ def test_a_missing_or_mistyped_field_names_the_group_and_field() -> None:
         RewardsOut.of(item)
 
 
+def test_reward_parts_round_trip_and_sum_to_the_reward() -> None:
+    out = RewardsOut.summed(
+        {"task": np.array([1.0, 0.0, 1.0]), "overlong": np.array([0.0, -0.25, -1.0])}
+    )
+    assert out.rewards.dtype == np.float32 and out.rewards.tolist() == [1.0, -0.25, 0.0]
+    got = RewardsOut.of(over_the_wire(p.Item(3, "k3", {Role.REWARD.value: out.to_payload()})))
+    assert got.rewards.tolist() == [1.0, -0.25, 0.0]
+    assert {name: part.tolist() for name, part in got.parts.items()} == {
+        "task": [1.0, 0.0, 1.0],
+        "overlong": [0.0, -0.25, -1.0],
+    }
+
+
+def test_a_reward_payload_without_parts_is_all_task_reward() -> None:
+    rewards = np.array([0.5, 1.0], np.float32)
+    got = RewardsOut.of(p.Item(1, "k1", {Role.REWARD.value: {"rewards": rewards}}))
+    assert list(got.parts) == ["task"] and got.parts["task"].tolist() == [0.5, 1.0]
+    assert list(RewardsOut(rewards).parts) == ["task"]
+
+
+def test_a_reward_part_of_another_shape_or_type_is_refused() -> None:
+    rewards = np.zeros(2, np.float32)
+    for parts in ({"overlong": np.zeros(3, np.float32)}, {"task": np.zeros(2)}, {}, [1]):
+        item = p.Item(1, "k1", {Role.REWARD.value: {"rewards": rewards, "parts": parts}})
+        with pytest.raises(PayloadError, match=r"'k1'.*reward\.parts"):
+            RewardsOut.of(item)
+
+
 def test_a_data_file_rows_source_and_extras_reach_the_reward_functions_sample() -> None:
     messages = ({"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"})
     sample = Sample("What is 2+2?", "4", "my_math", {"id": 7, "tags": ["easy"]}, messages)

@@ -298,6 +298,7 @@ def _stats(tokens: float, clipped: float, w_max: float, kl: float | None) -> Los
         is_capped=one(1.0),
         ratio_sum=one(tokens),
         behaviour_proximal_abs_diff_sum=one(tokens * 0.1),
+        dual_clipped=one(clipped / 2),
         kl_sum=None if kl is None else one(kl),
     )
 
@@ -307,6 +308,7 @@ def test_metrics_merge_micro_batches_as_token_means() -> None:
     assert metrics == pytest.approx(
         {
             "clip_frac": 2.0 / 8,
+            "dual_clip_frac": 1.0 / 8,
             "is_weight_mean": 1.5,
             "is_weight_max": 7.0,
             "is_capped_frac": 2.0 / 8,
