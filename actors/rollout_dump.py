@@ -15,7 +15,7 @@ the same ``trajectory``, reward and parts.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +36,13 @@ from .payloads import RewardsOut, RolloutsOut
 from .policy.directories import model_dir
 from .policy.tokenizer import TextCodec
 
-__all__ = ["TOKEN_LEVEL_ESTIMATORS", "RolloutDump", "reward_parts"]
+__all__ = ["TOKEN_LEVEL_ESTIMATORS", "RolloutDump"]
 
 log = structlog.get_logger("asyncrl.rollout_dump")
 
 # Estimators whose advantage differs from token to token: a line gives the mean over the
 # sequence's trained tokens ("token_mean"); the others give each token its sequence's.
 TOKEN_LEVEL_ESTIMATORS = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
-
-
-def reward_parts(rewards: RewardsOut) -> Mapping[str, np.ndarray]:
-    """The named parts the rewards are the sum of; a payload without parts is all task."""
-    # RewardsOut.parts comes with the overlong penalty; until then every reward is the task's.
-    parts = getattr(rewards, "parts", None)
-    return parts if parts else {"task": rewards.rewards}
 
 
 class RolloutDump:
@@ -148,7 +141,7 @@ class RolloutDump:
         codec = self.codec
         prompt_ids = rollouts.prompt_ids.tolist()
         prompt = codec.decode(prompt_ids)
-        parts = reward_parts(rewards)
+        parts = rewards.parts
         mask = rollouts.trained_mask()
         lines = []
         for row, response_ids in enumerate(rollouts.responses()):

@@ -17,25 +17,26 @@ the pipeline as ``filtered`` (the scheduler's core, transitions.py) and is never
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from asyncrl.runtime.contract.config.learning import FilterGroupsSection
 
+if TYPE_CHECKING:
+    from ..payloads import RewardsOut
+
 __all__ = ["filter_reason", "metric_values"]
 
 
-def metric_values(rewards: Any, metric: str) -> np.ndarray:
+def metric_values(rewards: RewardsOut, metric: str) -> np.ndarray:
     """The per-response values ``metric`` judges a group by, from a ``RewardsOut``."""
     if metric == "reward":
         return np.asarray(rewards.rewards, np.float64)
-    # A reward without parts is the task's own and nothing else.
-    parts = getattr(rewards, "parts", None) or {}
-    return np.asarray(parts.get("task", rewards.rewards), np.float64)
+    return np.asarray(rewards.parts.get("task", rewards.rewards), np.float64)
 
 
-def filter_reason(rewards: Any, rule: FilterGroupsSection) -> str | None:
+def filter_reason(rewards: RewardsOut, rule: FilterGroupsSection) -> str | None:
     """None if the group (its ``RewardsOut``) carries signal; else why not, in one line."""
     values = metric_values(rewards, rule.metric)
     n, what = len(values), f"{rule.metric} reward"

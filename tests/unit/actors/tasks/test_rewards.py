@@ -199,7 +199,10 @@ def reward_lease(gid: int, answer: str) -> p.Lease:
 
 
 def test_the_reward_role_fails_a_hung_group_and_leaves_once_calls_pile_up() -> None:
+    from asyncrl.runtime.contract.config import RunConfig
+
     actor = Reward()
+    actor.cfg = RunConfig()
     actor.codec = TextCodec.from_dir(EMBEDDED_DIR)
     actor.reward = RewardFunction(
         lambda s, r: time.sleep(3) if s.answer == "hang" else 1.0, "my.plugin:f", timeout_s=0.1

@@ -100,6 +100,7 @@ def test_a_step_of_truncated_responses_only_changes_nothing() -> None:
     before = {n: t.detach().clone() for n, t in model.named_parameters()}
     cfg = config_from_dict({"algorithm": {"overlong_filter": True}})
     stats = Learner(model, cfg, codec.pad_id).step(_groups({g: [0, 1, 2, 3] for g in range(3)}))
-    assert stats.metrics == {"loss": 0.0, "overlong_filtered_frac": 1.0} and stats.tokens == 0
+    expected = {"loss": 0.0, "lr": 2e-4, "updates": 0, "overlong_filtered_frac": 1.0}
+    assert stats.metrics == expected and stats.tokens == 0
     for name, weight in model.named_parameters():
         assert torch.equal(weight, before[name]), name
