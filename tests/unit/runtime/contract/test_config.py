@@ -422,3 +422,17 @@ def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() ->
         )
     with pytest.raises(ValueError, match=r"backends\.generate .torch. or .vllm. with adapters"):
         config_from_dict({"model": {"lora": lora}, "backends": {"generate": "sglang"}})
+
+
+def test_the_dapo_config_is_the_recipe_and_punishes_no_right_answer() -> None:
+    from asyncrl.actors.tasks.arithmetic import solution
+
+    cfg = load_config(DEFAULT_YAML.with_name("dapo.yaml"))
+    a = cfg.algorithm
+    assert a.filter_groups.enabled and a.filter_groups.metric == "task"
+    assert (a.clip_low, a.clip_high, a.loss_agg, a.kl_coef) == (0.2, 0.28, "token", 0.0)
+    assert "ref_logp" not in workers_to_start(cfg)
+    # The longest right answer of the embedded task (six columns, a seven-digit sum and the
+    # end token) stays short of the punished tail.
+    longest_right = len(solution(999_999, 999_999)) + 1
+    assert longest_right <= cfg.model.max_new_tokens - a.overlong_buffer < cfg.model.max_new_tokens
