@@ -70,7 +70,7 @@ def test_a_run_where_nothing_carries_signal_stops_with_the_rule_named(tmp_path: 
     code = _finish(proc, log, 200)
     text = log.read_text()
     assert code == STOPS_THE_RUN, text[-3000:]
-    assert "algorithm.filter_groups" in text and "no group carries a learning signal" in text
+    assert "algorithm.filter_groups" in text and "the task gives no learning signal" in text
     assert "max_filtered_batches=1" in text
     assert steps(run_dir) == []  # not one step: nothing was worth training
     assert time.monotonic() - began < 200

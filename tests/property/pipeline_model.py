@@ -173,7 +173,7 @@ class PipelineModel:
     critic_steps_done: int = 0
     critic_version: int = 0
     critic_batches: list[list[int]] = field(default_factory=list)
-    filtered_in_a_row: int = 0  # filtered since the train step last took a batch
+    filtered_in_a_row: int = 0  # filtered since the last group judged to carry signal
 
     # --- questions -------------------------------------------------------------------
 
@@ -255,8 +255,6 @@ class PipelineModel:
             if working:
                 group.state = working
         self.leases[lease.lid] = lease
-        if lease.role == TRAIN:
-            self.filtered_in_a_row = 0
 
     def complete(
         self,
@@ -286,6 +284,8 @@ class PipelineModel:
                 assert lease.role == REWARD, f"a {lease.role} result filtered group {gid}"
                 self._filter(gid)
                 continue
+            if lease.role == REWARD:  # judged to carry signal
+                self.filtered_in_a_row = 0
             self._advance(gid, group, lease.role)
         self._drop(lease, gids)
 

@@ -369,17 +369,18 @@ class SchedulerCore:
         return lease
 
     def filter_bound_passed(self) -> str | None:
-        """Why the run must stop, once dynamic sampling filtered more groups in a row, no
-        train step taking a batch between, than its bound allows: nothing the generators
-        make carries signal, and going on would spin. None while within it."""
+        """Why the run must stop, once dynamic sampling filtered more groups in a row, none
+        judged to carry signal between, than its bound allows: nothing the generators make
+        carries signal, and going on would spin. None while within it."""
         bound, filtered = self.settings.max_filtered_in_a_row, self.state.filtered_in_a_row
         if not bound or filtered <= bound:
             return None
         batch = self.settings.train_batch_groups
         return (
-            f"algorithm.filter_groups: {filtered} groups filtered in a row without a train "
-            f"step (more than max_filtered_batches={bound // batch} batches of {batch}): "
-            "no group carries a learning signal"
+            f"algorithm.filter_groups: {filtered} groups filtered in a row, none with signal "
+            f"between (more than max_filtered_batches={bound // batch} batches of {batch}): "
+            "the task gives no learning signal (any more); raise "
+            "algorithm.filter_groups.max_filtered_batches to go on"
         )
 
     # --- locks -----------------------------------------------------------------------

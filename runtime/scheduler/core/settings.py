@@ -22,8 +22,8 @@ class CoreSettings:
     lease_timeout: float = 60.0
     worker_timeout: float = 15.0
     resources: Mapping[str, int] = field(default_factory=dict)
-    # Dynamic sampling's bound: more groups than this filtered in a row, no train step
-    # taking a batch between, and the run stops (nothing it generates carries signal).
+    # Dynamic sampling's bound: more groups than this filtered in a row, none judged to
+    # carry signal between, and the run stops (nothing it generates carries signal).
     # 0: no bound (filtering is off, or a test wants none).
     max_filtered_in_a_row: int = 0
     # Keys the fences (fences.py): from the run's secret, so that a resumed scheduler

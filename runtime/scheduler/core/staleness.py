@@ -22,9 +22,12 @@ computed here grows by one and the next claim admits a fresh group in its place.
 lookahead is the bound itself, ``max_staleness + 1`` steps of ``batch`` groups: the
 pipeline keeps that much in flight and refills every filtered slot, so each step still
 takes a full batch of groups with signal. Where nothing carries signal the refilling
-would go on forever; the core counts groups filtered since the last step
-(``CoreState.filtered_in_a_row``) and the scheduler stops the run past
-``max_filtered_batches`` batches' worth (``SchedulerCore.filter_bound_passed``).
+would go on forever; the core counts the groups filtered since the last one judged to
+carry signal (``CoreState.filtered_in_a_row``) and the scheduler stops the run past
+``max_filtered_batches`` batches' worth (``SchedulerCore.filter_bound_passed``). Not since
+the last step: while the trainer works on a step (or writes a checkpoint) the generators
+go on judging groups, and at a high filtered fraction hundreds can be filtered between two
+steps of a run that learns well.
 """
 
 from __future__ import annotations

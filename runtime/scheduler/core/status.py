@@ -43,7 +43,7 @@ def filtering(state: CoreState, bound: int) -> dict[str, Any]:
     - ``filtered_fraction``: of the groups judged (trained or filtered), those filtered;
     - ``prompts_per_batch``: groups judged per train step, so the prompts it took to fill
       each batch (the batch size when nothing is filtered);
-    - ``filtered_in_a_row``: filtered since the train step last took a batch, against
+    - ``filtered_in_a_row``: filtered since the last group judged to carry signal, against
       ``bound`` (``max_filtered_batches`` batches' worth) past which the run stops.
     """
     filtered, trained = state.counts[GroupState.FILTERED], state.counts[GroupState.TRAINED]

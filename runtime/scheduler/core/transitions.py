@@ -70,7 +70,7 @@ class CoreState:
         self.counts: Counter[GroupState] = Counter()
         self.epoch = 0  # restarts so far: the high bits of every fence and lease id
         self.worst_staleness = -1  # the most versions a trained group lagged its step
-        # groups filtered since the train step last took a batch (dynamic sampling's bound)
+        # groups filtered since the last one judged to carry signal (dynamic sampling's bound)
         self.filtered_in_a_row = 0
         # The critic's own count, version and worst lag (values' version behind its step).
         self.critic_steps_done = 0
@@ -239,8 +239,6 @@ def _lease_granted(
     s.next_lid = lid + 1
     s.fence += 1  # the record carries the token; the count moves on by one
     s.indexes.leased(lease)
-    if stage.gate is Gate.STEP:  # the trainer takes a batch: filtering has not starved it
-        s.filtered_in_a_row = 0
     for gid in gids:
         group = s.groups[gid]
         group.leases[role] = lid
@@ -285,6 +283,8 @@ def _completed(
         if filtered is not None and filtered[i] is not None:
             _filter(s, group, filtered[i])
             continue
+        if stage.filters:  # judged, and it carries signal: the filtering is not starving
+            s.filtered_in_a_row = 0
         if behaviour is not None:
             group.behaviour = (behaviour[i][0], behaviour[i][1])
         if data is not None:

@@ -10,10 +10,12 @@ from asyncrl.runtime.scheduler.core.effects import Accepted, Rejected, Transitio
 from .test_core import generate, grant, make_core
 
 
-def filter_first(core: SchedulerCore, why: str = "task reward 1 for all 8 responses") -> None:
-    """Reward every generated group, the first said to carry no signal."""
+def filter_first(
+    core: SchedulerCore, why: str = "task reward 1 for all 8 responses", which: int = 0
+) -> None:
+    """Reward every generated group, the first (or ``which``) said to carry no signal."""
     lease = grant(core.claim("reward", "rw", 100, 0.0))
-    verdicts = [why if i == 0 else None for i in range(len(lease.groups))]
+    verdicts = [why if i == which else None for i in range(len(lease.groups))]
     assert core.complete(lease.lease_id, lease.fence, list(lease.groups), filtered=verdicts)
 
 
@@ -24,7 +26,8 @@ def test_a_filtered_group_leaves_the_table_counted_with_its_reason() -> None:
     core.drain()
     filter_first(core)
     s = core.state
-    assert 0 not in s.groups and s.counts["filtered"] == 1 and s.filtered_in_a_row == 1
+    assert 0 not in s.groups and s.counts["filtered"] == 1
+    assert s.filtered_in_a_row == 0  # "b", judged after it, carries signal
     moves = [(n.source, n.target, n.groups, n.reason)
              for n in core.drain()[1] if isinstance(n, Transition)]  # fmt: skip
     assert ("generated", "filtered", (0,), "task reward 1 for all 8 responses") in moves
@@ -74,7 +77,7 @@ def test_only_a_filtering_stage_may_filter() -> None:
     assert isinstance(reply, Rejected) and reply.reason is Reason.BAD_RESULT
 
 
-def test_the_bound_counts_filtered_groups_until_a_step_takes_a_batch() -> None:
+def test_the_bound_counts_filtered_groups_until_one_carries_signal() -> None:
     core = make_core(train_batch_groups=1, max_staleness=3, max_filtered_in_a_row=2)
     core.add_groups([f"k{i}" for i in range(4)])
     for _ in range(3):
@@ -84,10 +87,12 @@ def test_the_bound_counts_filtered_groups_until_a_step_takes_a_batch() -> None:
     assert why is not None and "3 groups filtered in a row" in why
     assert "max_filtered_batches=2" in why
     generate(core, 1)
-    for worker, role in (("lp", "logp"), ("ref", "ref_logp"), ("rw", "reward")):
+    for worker, role in (("lp", "logp"), ("ref", "ref_logp")):
         lease = grant(core.claim(role, worker, 1, 0.0))
         core.complete(lease.lease_id, lease.fence, list(lease.groups))
-    grant(core.claim("train", "tr", 1, 0.0))
+    assert core.state.filtered_in_a_row == 3  # scoring is no verdict
+    lease = grant(core.claim("reward", "rw", 1, 0.0))
+    core.complete(lease.lease_id, lease.fence, list(lease.groups), filtered=[None])
     assert core.state.filtered_in_a_row == 0 and core.filter_bound_passed() is None
 
 
@@ -96,7 +101,7 @@ def test_replay_and_snapshot_rebuild_the_filtered_state() -> None:
     core.add_groups(["a", "b"])
     generate(core, 2)
     grant(core.claim("logp", "lp", 100, 0.0))
-    filter_first(core)
+    filter_first(core, which=1)  # the last judged: one filtered in a row
     records, _ = core.drain()
     replayed = SchedulerCore.restore(core.settings, [list(r) for r in records])
     assert dump_state(replayed.state) == dump_state(core.state)

@@ -57,7 +57,8 @@ def test_filtered_groups_are_counted_in_the_status_and_each_step_line(tmp_path: 
     assert status["groups"]["filtered"] == 1
     assert status["filtered"]["groups_filtered"] == 1
     assert (
-        status["filtered"]["filtered_in_a_row"] == 1 and status["filtered"]["filtered_bound"] == 2
+        status["filtered"]["filtered_in_a_row"] == 0  # "b" was judged to carry signal
+        and status["filtered"]["filtered_bound"] == 2
     )
     assert "filtered  1 groups (100.0% of those judged)" in render_status(status)
     lease = service.handle(p.Claim("train", "train", 1), 0.0)
@@ -67,7 +68,7 @@ def test_filtered_groups_are_counted_in_the_status_and_each_step_line(tmp_path: 
     line = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert line["groups_filtered"] == 1 and line["filtered_fraction"] == 0.5
     assert line["prompts_per_batch"] == 2.0  # two groups judged for the step's batch of one
-    assert line["filtered_in_a_row"] == 0  # the step took a batch
+    assert line["filtered_in_a_row"] == 0
     assert "2 prompts per trained batch" in render_status(service.status(0.0))
 
 
