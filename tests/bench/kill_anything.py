@@ -1,11 +1,13 @@
 """Kill anything, lose nothing: the default run with ``kill -9`` of a random process every
 few seconds, beside the same run undisturbed.
 
-    python -m tests.bench.kill_anything [--steps 200] [--every 2 6] [--seed 0] [--max-gap 30]
-        [--no-baseline | --baseline-val V] [--work DIR] [section.key=value ...]
+    python -m tests.bench.kill_anything [-c CONFIG] [--steps 200] [--every 2 6] [--seed 0]
+        [--max-gap 30] [--no-baseline | --baseline-val V] [--work DIR] [section.key=value ...]
 
-Both are real ``asyncrl run`` invocations of ``deploy/configs/default.yaml`` (the embedded
-model learning long addition), one after the other so neither slows the other. While the
+Both are real ``asyncrl run`` invocations of ``CONFIG`` (by default
+``deploy/configs/default.yaml``, the embedded model learning long addition; with
+``deploy/configs/dapo.yaml`` the groups dynamic sampling filters are counted too), one
+after the other so neither slows the other. While the
 disturbed one runs, a killer picks one of the supervisor's children at random (the
 scheduler and every worker, each role alike; never the supervisor itself) every
 ``--every`` seconds (uniform between the two bounds) and sends it SIGKILL, until the run
@@ -127,9 +129,9 @@ def _name(cmdline: list[bytes]) -> str:
 
 
 def run(name: str, work: Path, steps: int, overrides: list[str], kill: tuple[float, float] | None,
-        rng: random.Random) -> Outcome:  # fmt: skip
+        rng: random.Random, config: Path = CONFIG) -> Outcome:  # fmt: skip
     run_dir = work / name
-    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(CONFIG),
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run", "-c", str(config),
             f"run.dir={run_dir}", f"run.name={name}", f"run.total_steps={steps}",
             "scheduler.control_port=0", "scheduler.events_port=0", *overrides]  # fmt: skip
     log = open(work / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
@@ -287,6 +289,7 @@ def _pids_mentioning(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--config", type=Path, default=CONFIG)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=float, nargs=2, default=(2.0, 6.0))
     parser.add_argument("--seed", type=int, default=0)
@@ -309,11 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     baseline = args.baseline_val
     if not args.no_baseline and baseline is None:
         print(f"undisturbed run, {args.steps} steps ...", flush=True)
-        calm = run("undisturbed", work, args.steps, args.overrides, None, rng)
+        calm = run("undisturbed", work, args.steps, args.overrides, None, rng, args.config)
         baseline = final_val(calm.run_dir)
         print(f"  exit {calm.returncode}, {calm.wall_s:.0f} s, final validation {baseline}")
     print(f"disturbed run: kill -9 every {args.every[0]:g}-{args.every[1]:g} s ...", flush=True)
-    wild = run("disturbed", work, args.steps, args.overrides, tuple(args.every), rng)
+    wild = run("disturbed", work, args.steps, args.overrides, tuple(args.every), rng, args.config)
     by_role = Counter(k.name for k in wild.kills)
     print(f"  exit {wild.returncode}, {wild.wall_s:.0f} s, {len(wild.kills)} kills: "
           + ", ".join(f"{name} {n}" for name, n in sorted(by_role.items())))  # fmt: skip
