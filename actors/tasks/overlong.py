@@ -31,7 +31,8 @@ def overlong_penalty(
             f"({max_new_tokens})"
         )
     over = np.clip(lengths - (max_new_tokens - buffer), 0.0, buffer)
-    return (-over / buffer * factor).astype(np.float32)
+    # 0 - x, not -x: no -0.0 for a response inside the budget (it shows in dumps as such)
+    return (0.0 - over / buffer * factor).astype(np.float32)
 
 
 def longest_turns(trained: np.ndarray, owners: np.ndarray, trajectories: int) -> np.ndarray:

@@ -42,3 +42,8 @@ def test_a_trajectorys_length_is_its_longest_run_of_model_tokens() -> None:
     )
     owners = np.array([0, 1, 1])
     assert longest_turns(trained, owners, 3).tolist() == [4, 3, 0]
+
+
+def test_a_response_inside_the_budget_has_a_penalty_of_plus_zero() -> None:
+    penalty = overlong_penalty(np.array([10, 64]), 80, 16, 1.0)
+    assert not np.signbit(penalty).any()  # -0.0 would show as such in dumps and reports
