@@ -119,7 +119,7 @@ def children(parent: int) -> dict[int, str]:
 
 def _name(cmdline: list[bytes]) -> str:
     words = [w.decode(errors="replace") for w in cmdline]
-    if any(w.endswith("cli.scheduler") for w in words):
+    if any(w.endswith(("scheduler.cli", "cli.scheduler")) for w in words):  # now, before
         return "scheduler"
     for flag in ("--role", "--rank"):
         if flag in words:

@@ -282,21 +282,23 @@ class PipelineModel:
                 group.critic_version = lease.version
             if gid in filtered:
                 assert lease.role == REWARD, f"a {lease.role} result filtered group {gid}"
-                self._filter(gid)
+                self._filter(gid, lid)
                 continue
             if lease.role == REWARD:  # judged to carry signal
                 self.filtered_in_a_row = 0
             self._advance(gid, group, lease.role)
         self._drop(lease, gids)
 
-    def _filter(self, gid: int) -> None:
-        """Out of the pipeline, never trained: its other leases let go of it."""
+    def _filter(self, gid: int, judged_by: int) -> None:
+        """Out of the pipeline, never trained: its other leases let go of it (the lease
+        whose result filtered it has completed it: a second result for it there is a
+        result for a group not in the lease, not a late one)."""
         group = self.groups[gid]
         assert group.state == "generated", f"group {gid} filtered in {group.state}"
         group.state, group.done, group.leased = "filtered", set(), set()
         self.filtered_in_a_row += 1
         for other in list(self.leases.values()):
-            if gid in other.gids:
+            if gid in other.gids and other.lid != judged_by:
                 other.dropped.add(gid)
                 self._drop(other, [gid])
 
