@@ -140,21 +140,27 @@ class Learner(LearnerState):
         split = mini_batch_groups(
             len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
         )
-        kept, filtered = self._overlong_filtered(groups, advantages)
         losses, parts, norms = [], [], []
-        for chosen in split:
+        kept_rows = tokens = 0  # counted over the first epoch, which takes every group once
+        for update, chosen in enumerate(split):
             picked = self._without_truncated(
                 [groups[i] for i in chosen], [advantages[i] for i in chosen]
             )
+            if update < a.mini_batches:
+                kept_rows += sum(len(g.rollouts.lengths) for g in picked[0])
+                tokens += sum(g.rollouts.trained_tokens() for g in picked[0])
             if not picked[0]:  # every response of the mini-batch was cut off
                 continue
             loss, stats, grad_norm = self._update(*picked)
             losses.append(loss)
             parts.append(stats)
             norms.append(grad_norm)
+        filtered = {}
+        if a.overlong_filter:  # the share of the step's rows the filter took out
+            rows = sum(len(g.rollouts.lengths) for g in groups)
+            filtered["overlong_filtered_frac"] = 1.0 - kept_rows / rows
         if not losses:  # every response was cut off: nothing to learn from
             return StepStats({"loss": 0.0, "lr": lr, "updates": 0, **filtered}, 0.0, 0)
-        tokens = sum(g.rollouts.trained_tokens() for g in kept)
         # The updates' loss statistics pooled over their tokens; the loss (each update's
         # normalised over its mini-batch) and the gradient norms averaged over the updates.
         metrics = {
@@ -203,18 +209,6 @@ class Learner(LearnerState):
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
         lr = self._scheduled_lr(steps_done)
         return StepStats({"warmup": 1.0, "lr": lr, "updates": 0}, 0.0, tokens)
-
-    def _overlong_filtered(
-        self, groups: list[Group], advantages: list[np.ndarray]
-    ) -> tuple[list[Group], dict[str, float]]:
-        """The groups the step trains on, and the share of rows the overlong filter takes
-        out (``overlong_filtered_frac``; none with the filter off)."""
-        if not self.cfg.algorithm.overlong_filter:
-            return groups, {}
-        rows = sum(len(g.rollouts.lengths) for g in groups)
-        kept, _ = without_truncated(groups, advantages)
-        left = sum(len(g.rollouts.lengths) for g in kept)
-        return kept, {"overlong_filtered_frac": 1.0 - left / rows}
 
     def _without_truncated(
         self, groups: list[Group], advantages: list[np.ndarray]
