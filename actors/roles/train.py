@@ -69,7 +69,12 @@ class Train(LearnerRole):
         cfg = ctx.config
         self.source = model_dir(cfg.model.path)
         self._join(ctx, RunDir.of(cfg).weight_dirs(cfg.weights))
-        self.dump = RolloutDump.of(cfg, ctx.worker)
+        self._took_up()
+
+    def _took_up(self) -> None:
+        # The dump's lines of the steps trained again must supersede the lost ones: a new
+        # writer orders them as a restarted trainer's.
+        self.dump = RolloutDump.of(self.cfg, self.ctx.worker)
         self.resumed_at = self.step
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:

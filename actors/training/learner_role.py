@@ -121,6 +121,8 @@ class LearnerRole(Actor):
     def _train(self, lease: p.Lease) -> tuple[list[Group], Any]:
         """One step on ``lease`` with every rank: its groups and the step's stats. Every
         rank stages its state after the step before the step can count (TrainRank)."""
+        if lease.version is not None and lease.version < self.step:
+            self._behind_the_scheduler(lease.version)
         if lease.version is not None and lease.version != self.step:
             raise ActorBroken(
                 f"leased a {self.step_name} from version {lease.version}, but this "
@@ -131,6 +133,23 @@ class LearnerRole(Actor):
         body = pack_lease(lease) if self.gang is not None else b""
         stats, self.newest = self._together(Order.STEP, groups, body)
         return groups, stats
+
+    def _behind_the_scheduler(self, counted: int) -> None:
+        """The scheduler counts ``counted`` steps, fewer than this state's: it lost the
+        record of the steps after (its host died before they were journaled). Take up the
+        state for its count in place, as a restart of this process would."""
+        self.log.warning(
+            f"the scheduler counts {counted} {self.step_name}s and this {self.learner} is "
+            f"at step {self.step}: its record of the steps after was lost; taking up the "
+            f"state of step {counted}",
+            scheduler_steps=counted,
+            **{f"{self.learner}_step": self.step},
+        )
+        self._resume(counted)
+        self._took_up()
+
+    def _took_up(self) -> None:
+        """After a state was taken up in place: what the role keeps per take-up."""
 
     def _together(self, order: Order, groups: list[Group] | None = None, body: bytes = b""):
         """Carry out ``order`` with every rank of the group (alone: just carry it out).
