@@ -119,16 +119,17 @@ def load_parameters(
             f"weights do not fit the model: missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}"
         )
+    for name, tensor in state.items():
+        param = params[name]
+        if tensor.shape != param.shape:  # a copy would broadcast some shapes silently
+            raise ValueError(
+                f"weight {name!r} is {tuple(tensor.shape)} {tensor.dtype}; the model's is "
+                f"{tuple(param.shape)} {param.dtype}"
+            )
     if not copy and any(param.device.type != "cpu" for param in params.values()):
         copy = True  # CPU buffers cannot be a GPU model's weights: copy them over
-    if not copy:
-        for name, tensor in state.items():
-            param = params[name]
-            if tensor.shape != param.shape or tensor.dtype != param.dtype:
-                raise ValueError(
-                    f"weight {name!r} is {tuple(tensor.shape)} {tensor.dtype}; the model's is "
-                    f"{tuple(param.shape)} {param.dtype}"
-                )
+    if not copy and any(state[name].dtype != params[name].dtype for name in state):
+        copy = True  # a model in another precision than the weights (model.generate_dtype)
     superseded: list[torch.Tensor] = []
     with torch.no_grad():
         for name, tensor in state.items():

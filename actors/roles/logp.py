@@ -38,10 +38,12 @@ def reuses_generator_logprobs(cfg: RunConfig) -> bool:
 
     The torch generator runs this same model code: under the same weights its log-probs
     are what scoring would give. Another engine's kernels are not (SGLang generating, or
-    megatron scoring: 1e-7 apart in float32, 1e-3 in bfloat16), so they are recomputed.
+    megatron scoring: 1e-7 apart in float32, 1e-3 in bfloat16), nor are a generator's in
+    another precision (``model.generate_dtype``), so they are recomputed.
     """
     same_code = cfg.backends.generate == "torch" and cfg.backends.train == "torch"
-    return cfg.algorithm.proximal_logp == "auto" and same_code
+    same_numbers = cfg.model.generator_dtype == cfg.model.dtype
+    return cfg.algorithm.proximal_logp == "auto" and same_code and same_numbers
 
 
 class Logp(ScoringActor):

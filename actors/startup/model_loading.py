@@ -57,7 +57,7 @@ def load_policy(
         raise RuntimeError(problems[0])
     torch.set_num_threads(threads_for(cfg, role))
     torch.manual_seed(cfg.run.seed)
-    dtype = DTYPES[cfg.model.dtype]
+    dtype = DTYPES[cfg.model.generator_dtype if role == "generate" else cfg.model.dtype]
     # The trainer keeps float32 master weights and computes in model.dtype (autocast, in
     # the Learner): AdamW's updates at RL learning rates (1e-6 of a weight) are below
     # bfloat16's resolution (2**-8 of it) and would round away on bfloat16 weights.
@@ -120,7 +120,7 @@ def start_sglang(cfg: RunConfig, index: int | None) -> tuple[EngineRunner, TextC
     runner = start_engine(
         str(directory),
         device=torch.device("cuda", (index or 0) % max(1, torch.cuda.device_count())),
-        dtype=cfg.model.dtype,
+        dtype=cfg.model.generator_dtype,
         context_length=context_length,
         seed=cfg.run.seed + (index or 0),
         version=0,
@@ -148,7 +148,7 @@ def start_vllm(cfg: RunConfig, index: int | None) -> tuple[VLLMEngine, TextCodec
         torch.cuda.set_device(device)
     engine = start_engine(
         str(directory),
-        dtype=cfg.model.dtype,
+        dtype=cfg.model.generator_dtype,
         context_length=context_length,
         seed=cfg.run.seed + (index or 0),
         version=0,

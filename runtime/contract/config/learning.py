@@ -200,6 +200,14 @@ class ModelSection:
             "trainer publishes and of checkpoints; the trainer keeps float32 master weights"
         ),
     )
+    generate_dtype: Literal["float32", "bfloat16"] | None = field(
+        default=None,
+        metadata=doc(
+            "the generator's weights and compute dtype, null: model.dtype; another dtype "
+            "than logp's makes the engine gap a serving engine in bfloat16 makes against "
+            "a float32 trainer (logp then scores every group)"
+        ),
+    )
     max_new_tokens: int = field(
         default=80, metadata=doc("most tokens generated per response", min=1)
     )
@@ -222,6 +230,11 @@ class ModelSection:
         default_factory=LoraSection,
         metadata=doc("train low-rank adapters on a frozen base instead of every weight"),
     )
+
+    @property
+    def generator_dtype(self) -> str:
+        """The dtype the generator runs in: ``generate_dtype``, else ``dtype``."""
+        return self.generate_dtype or self.dtype
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -89,6 +89,17 @@ def test_logprobs_are_reused_only_from_the_same_model_code(
     assert reuses_generator_logprobs(cfg) is reuses
 
 
+@pytest.mark.parametrize(
+    ("dtype", "generate_dtype", "reuses"),
+    [("float32", None, True), ("float32", "float32", True), ("float32", "bfloat16", False)],
+)
+def test_logprobs_of_a_generator_in_another_precision_are_scored_again(
+    dtype: str, generate_dtype: str | None, reuses: bool
+) -> None:
+    cfg = config_from_dict({"model": {"dtype": dtype, "generate_dtype": generate_dtype}})
+    assert reuses_generator_logprobs(cfg) is reuses
+
+
 def test_a_group_wholly_of_the_held_version_is_not_scored_again() -> None:
     rollouts = rollouts_of_versions([3, 3])
     known = logp_holding(3).known_scores(rollouts)

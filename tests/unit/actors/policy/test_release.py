@@ -3,9 +3,11 @@ emptied before it goes."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import load_state, state_for_saving
@@ -82,3 +84,25 @@ def test_a_tensor_that_cannot_be_emptied_does_not_stop_the_releases_after_it() -
     while before - _resident_bytes() < 48 * MiB and time.monotonic() < deadline:
         time.sleep(0.01)
     assert before - _resident_bytes() >= 48 * MiB  # room for what logging the first allocates
+
+
+def test_weights_in_another_precision_are_copied_in_cast_and_supersede_nothing() -> None:
+    """A generator in bfloat16 (``model.generate_dtype``) takes a float32 publisher's
+    weights: they cannot become its parameters, so they are cast into them."""
+    torch.manual_seed(1)
+    model = CausalLM(ModelConfig.from_hf(TINY)).to(torch.bfloat16)
+    new = {name: t.float() + 1 for name, t in state_for_saving(model).items()}
+    assert load_state(model, new, copy=False) == []
+    running = dict(model.named_parameters())
+    for name, tensor in new.items():
+        assert running[name].dtype == torch.bfloat16
+        assert torch.equal(running[name], tensor.to(torch.bfloat16)), name
+
+
+def test_a_weight_of_another_shape_is_refused_even_when_copied() -> None:
+    model = CausalLM(ModelConfig.from_hf(TINY))
+    state = {name: t.clone() for name, t in state_for_saving(model).items()}
+    name = next(iter(state))
+    state[name] = state[name][:1]  # a copy would broadcast it over every row
+    with pytest.raises(ValueError, match=rf"weight '{re.escape(name)}' is \(1,"):
+        load_state(model, state, copy=True)
