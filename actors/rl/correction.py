@@ -73,7 +73,7 @@ def check_correction(name: str, c: CorrectionSection) -> None:
         raise ValueError(f"{name}.cap must be > 0, got {c.cap!r}")
     if not 0.0 < c.low <= 1.0:
         raise ValueError(f"{name}.low must be in (0, 1], got {c.low!r}")
-    if not 1.0 <= c.high:
+    if not c.high >= 1.0:  # not >= also refuses NaN
         raise ValueError(f"{name}.high must be >= 1, got {c.high!r}")
 
 

@@ -126,7 +126,9 @@ class LossConfig:
         if self.policy_loss == "cispo" and self.ratio != "token":
             raise ValueError(f"policy_loss 'cispo' needs ratio 'token', got {self.ratio!r}")
         if self.policy_loss == "cispo" and self.clip_ratio_c:
-            raise ValueError(f"policy_loss 'cispo' takes no clip_ratio_c, got {self.clip_ratio_c!r}")
+            raise ValueError(
+                f"policy_loss 'cispo' takes no clip_ratio_c, got {self.clip_ratio_c!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -396,12 +398,9 @@ def merge_stats(stats: Sequence[LossStats]) -> LossStats:
         if given not in (0, len(stats)):
             raise ValueError(f"stats mix micro-batches with and without {optional}")
     merged: dict[str, torch.Tensor | None] = {}
-    for field in fields(LossStats):
-        values = [getattr(s, field.name) for s in stats]
-        if values[0] is None:
-            merged[field.name] = None
-        else:
-            merged[field.name] = torch.stack(values).sum()
+    for stat in fields(LossStats):
+        values = [getattr(s, stat.name) for s in stats]
+        merged[stat.name] = None if values[0] is None else torch.stack(values).sum()
     return LossStats(**merged)  # type: ignore[arg-type]
 
 

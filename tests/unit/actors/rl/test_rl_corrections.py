@@ -269,7 +269,8 @@ CISPO = LossConfig(policy_loss="cispo", clip_low=0.2, clip_high=0.28)
 def test_cispo_weighs_each_tokens_log_prob_by_its_clipped_detached_ratio(
     advantage: float,
 ) -> None:
-    # current ratios r = [1.5, 0.5, 1.0], clipped to [1 - 0.2, 1 + 0.28]: [1.28, 0.8, 1.0]. proximal = -1, so logp = [-1 + ln 1.5, -1 + ln 0.5, -1].
+    # current ratios r = [1.5, 0.5, 1.0], clipped to [1 - 0.2, 1 + 0.28]: [1.28, 0.8, 1.0].
+    # proximal = -1, so logp = [-1 + ln 1.5, -1 + ln 0.5, -1].
     # loss = -A * sum(clip(r) * logp) / 3; its gradient d/dlogp = -A * clip(r) / 3, the
     # clip's own dependence on logp left out (the weight is detached). PPO would give
     # token 0 (r above the clip, A > 0) no gradient at all.
