@@ -5,8 +5,11 @@ tokens, possibly several weight versions ago. The *proximal* policy is a recent 
 log-probs the ``logp`` role recomputed. The current policy is the trainer's, whose ``logp``
 carries the gradient. Decoupled PPO (as in AReaL) clips the current policy's ratio against
 the proximal policy, so the trust region is anchored on recent weights, and corrects for
-the off-policy sampling with a per-token importance weight proximal/behaviour, truncated so
-one very stale token cannot dominate the step.
+the off-policy sampling with an importance weight of proximal/behaviour, truncated so one
+very stale token cannot dominate the step (correction.py: that ratio's off-policy and
+engine parts, each weighted and possibly rejected on its own). CISPO (MiniMax-M1) instead
+weighs a REINFORCE term by the clipped, detached current/proximal ratio, so that no token
+loses its gradient to the clip.
 
 All functions are pure: tensors in, tensors out; nothing here reads a model or the bus.
 """
@@ -15,18 +18,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
 
 import torch
 
-from asyncrl.runtime.contract.config.learning import Estimator, Ratio
+from asyncrl.runtime.contract.config.learning import (
+    CorrectionSection,
+    Estimator,
+    PolicyLoss,
+    Ratio,
+)
 
 from .advantages import check_estimator
+from .correction import check_correction, correct
 
 __all__ = [
     "KL_ESTIMATORS",
     "LOSS_AGGS",
+    "POLICY_LOSSES",
     "RATIOS",
     "KLEstimator",
     "LossAgg",
@@ -43,6 +53,7 @@ LossAgg = Literal["token", "sequence"]
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 LOSS_AGGS: tuple[str, ...] = get_args(LossAgg)
 RATIOS: tuple[str, ...] = get_args(Ratio)
+POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLoss)
 
 
 @dataclass(frozen=True)
@@ -52,8 +63,10 @@ class LossConfig:
     ``clip_low``/``clip_high``: the ratio is clipped to ``[1 - clip_low, 1 + clip_high]``. A
     larger ``clip_high`` ("clip-higher", DAPO) lets unlikely tokens with positive advantage
     grow faster, which keeps entropy from collapsing.
-    ``is_cap``: the behaviour importance weight is truncated at this value (``math.inf``
-    turns truncation off).
+    ``offpolicy`` / ``engine``: the corrections of the two parts of the proximal/behaviour
+    ratio (correction.py); the defaults weigh each token by ``min(proximal/behaviour, 5)``.
+    ``policy_loss``: ``"ppo"`` (the clipped surrogate) or ``"cispo"`` (see
+    :func:`policy_loss`); CISPO takes ``ratio="token"`` and no dual clip.
     ``kl_coef``: weight of the per-token KL to the reference policy; 0 turns the penalty off.
     ``kl_estimator``: ``"k1"`` (``log p - log ref``) or ``"k3"`` (non-negative, low variance).
     ``loss_agg``: ``"token"`` (every token in the step weighs the same) or ``"sequence"``
@@ -72,7 +85,9 @@ class LossConfig:
 
     clip_low: float = 0.2
     clip_high: float = 0.28
-    is_cap: float = 5.0
+    offpolicy: CorrectionSection = field(default_factory=CorrectionSection)
+    engine: CorrectionSection = field(default_factory=CorrectionSection)
+    policy_loss: PolicyLoss = "ppo"
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     loss_agg: LossAgg = "token"
@@ -87,8 +102,12 @@ class LossConfig:
             raise ValueError(f"clip_low must be in [0, 1), got {self.clip_low!r}")
         if not 0.0 <= self.clip_high < math.inf:
             raise ValueError(f"clip_high must be finite and >= 0, got {self.clip_high!r}")
-        if not self.is_cap > 0.0:
-            raise ValueError(f"is_cap must be > 0, got {self.is_cap!r}")
+        check_correction("offpolicy", self.offpolicy)
+        check_correction("engine", self.engine)
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(
+                f"policy_loss must be one of {POLICY_LOSSES}, got {self.policy_loss!r}"
+            )
         if not 0.0 <= self.kl_coef < math.inf:
             raise ValueError(f"kl_coef must be finite and >= 0, got {self.kl_coef!r}")
         if self.kl_estimator not in KL_ESTIMATORS:
@@ -104,29 +123,34 @@ class LossConfig:
             raise ValueError(f"clip_ratio_c must be 0 (off) or > 1, got {self.clip_ratio_c!r}")
         if not 0.0 <= self.entropy_coef < math.inf:
             raise ValueError(f"entropy_coef must be finite and >= 0, got {self.entropy_coef!r}")
+        if self.policy_loss == "cispo" and self.ratio != "token":
+            raise ValueError(f"policy_loss 'cispo' needs ratio 'token', got {self.ratio!r}")
+        if self.policy_loss == "cispo" and self.clip_ratio_c:
+            raise ValueError(
+                f"policy_loss 'cispo' takes no clip_ratio_c, got {self.clip_ratio_c!r}"
+            )
 
 
 @dataclass(frozen=True)
 class LossStats:
-    """Sums over one micro-batch's masked tokens, to be added up across a step.
+    """Sums over one micro-batch's tokens in the loss (trained, and not taken out by a
+    correction), to be added up across a step.
 
     Every field is a detached 0-d tensor on the inputs' device (counts too, stored as
     floats), so that a trainer pays no device-to-host copy per micro-batch: it collects them
-    and calls :func:`loss_metrics` once per step. Being sums (and one max), they also
-    all-reduce across data-parallel ranks unchanged (SUM, and MAX for ``is_weight_max``).
+    and calls :func:`loss_metrics` once per step. Being sums, they also all-reduce across
+    data-parallel ranks unchanged. (What the corrections did is counted over the rows before
+    any is taken out: correction.CorrectionStats.)
 
-    The importance-weight fields describe the weight *before* truncation, since that is
-    what shows how stale the data was; ``is_capped`` counts the tokens truncation changed.
-    ``dual_clipped`` counts the tokens whose loss the dual clip bound.
+    ``clipped`` counts the tokens whose ratio the clip bound (PPO: where the clipped side
+    won; CISPO: where the weight's clip changed it). ``dual_clipped`` counts the tokens
+    whose loss the dual clip bound.
     ``kl_sum`` is None when no ``ref_logp`` was given, ``entropy_sum`` when no
     ``entropy`` was.
     """
 
     tokens: torch.Tensor
     clipped: torch.Tensor
-    is_weight_sum: torch.Tensor
-    is_weight_max: torch.Tensor
-    is_capped: torch.Tensor
     ratio_sum: torch.Tensor
     behaviour_proximal_abs_diff_sum: torch.Tensor
     dual_clipped: torch.Tensor
@@ -147,6 +171,7 @@ def policy_loss(
     total_tokens: float,
     total_sequences: float,
     max_len: int,
+    engine_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The scalar loss of one micro-batch, and its :class:`LossStats`.
 
@@ -159,10 +184,21 @@ def policy_loss(
     Padded positions may hold any value, even inf or NaN: they are zeroed before any
     arithmetic so they cannot leak into the loss or its gradient.
 
-    Per token, with ``r = exp(logp - proximal_logp)`` and
-    ``w = min(exp(proximal_logp - behaviour_logp), is_cap)``::
+    Per token, with ``r = exp(logp - proximal_logp)`` and ``w`` the corrections' weight of
+    ``proximal/behaviour`` (correction.py: by default ``min(exp(proximal_logp -
+    behaviour_logp), 5)``; ``engine_tokens``, bool ``[B, T]``, marks the tokens whose ratio
+    is its engine part, None: none is)::
 
         loss_t = -w * min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) + kl_coef * kl_t
+
+    or with ``policy_loss="cispo"``::
+
+        loss_t = -w * sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * logp_t + kl_coef * kl_t
+
+    whose gradient is the REINFORCE one, ``-w * clip(r) * A * grad(logp_t)``, on every
+    token (PPO's clip zeroes a clipped token's gradient; CISPO only bounds its size).
+    A token a correction rejects is out of the loss, of every statistic here and of the
+    GSPO sequence ratio's mean; the caller leaves it out of the normalisers too.
 
     where ``kl_t`` is k1 ``logp - ref`` or k3 ``exp(ref - logp) - (ref - logp) - 1``. With
     ``clip_ratio_c`` (dual clip), where ``A < 0`` the ``min(...)`` is first raised to at
@@ -192,27 +228,35 @@ def policy_loss(
     With data parallelism whose gradient all-reduce averages over ``world`` ranks, pass the
     global totals divided by ``world``.
     """
-    _check_inputs(logp, proximal_logp, behaviour_logp, advantages, mask, ref_logp, entropy, cfg)
+    _check_inputs(
+        logp, proximal_logp, behaviour_logp, advantages, mask, ref_logp, entropy, cfg, engine_tokens
+    )
     _check_totals(total_tokens=total_tokens, total_sequences=total_sequences, max_len=max_len)
 
-    real = mask.to(torch.bool)
+    trained = mask.to(torch.bool)
     dtype = torch.promote_types(logp.dtype, torch.float32)  # no log-prob math in half precision
     logp = logp.to(dtype)
     proximal, behaviour = (t.detach().to(dtype) for t in (proximal_logp, behaviour_logp))
     ref = None if ref_logp is None else ref_logp.detach().to(dtype)
 
+    corrected = correct(proximal, behaviour, engine_tokens, trained, cfg.offpolicy, cfg.engine)
+    real = corrected.keep  # the tokens in the loss, from here on
+    weight = _masked(corrected.weight, real)
     ratio = _ratio(logp, proximal, real, cfg.ratio)
     proximal_minus_behaviour = _masked(proximal - behaviour, real)
-    raw_weight = proximal_minus_behaviour.exp()
-    weight = raw_weight.clamp(max=cfg.is_cap)
     per_token_advantages = advantages.detach().to(dtype)
     if per_token_advantages.ndim == 1:
         per_token_advantages = per_token_advantages[:, None]
     else:  # padding may hold anything, and NaN * 0 in the backward pass is NaN
         per_token_advantages = _masked(per_token_advantages, real)
-    surrogate, clipped = _clipped_surrogate(ratio, per_token_advantages, cfg)
-    surrogate, dual_clipped = _dual_clipped(surrogate, per_token_advantages, cfg.clip_ratio_c)
-    per_token = -weight * surrogate
+    if cfg.policy_loss == "cispo":
+        per_token, clipped = _cispo(logp, ratio, per_token_advantages, real, cfg)
+        dual_clipped = torch.zeros_like(clipped)
+    else:
+        surrogate, clipped = _clipped_surrogate(ratio, per_token_advantages, cfg)
+        surrogate, dual_clipped = _dual_clipped(surrogate, per_token_advantages, cfg.clip_ratio_c)
+        per_token = surrogate
+    per_token = -weight * per_token
 
     kl = None if ref is None else _kl(logp, ref, real, cfg.kl_estimator)
     if kl is not None and cfg.kl_coef > 0:
@@ -225,9 +269,7 @@ def policy_loss(
     per_token = _masked(per_token, real)
 
     loss = _aggregate(per_token, real, cfg, total_tokens, total_sequences, max_len)
-    stats = _stats(
-        real, ratio, raw_weight, clipped, dual_clipped, proximal_minus_behaviour, kl, entropy, cfg
-    )
+    stats = _stats(real, ratio, clipped, dual_clipped, proximal_minus_behaviour, kl, entropy)
     return loss, stats
 
 
@@ -263,6 +305,21 @@ def _clipped_surrogate(
     clipped = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high) * adv
     took_clipped = clipped < unclipped
     return torch.where(took_clipped, clipped, unclipped), took_clipped
+
+
+def _cispo(
+    logp: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    real: torch.Tensor,
+    cfg: LossConfig,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO's term ``sg(clip(r)) * A * logp`` per token (the loss is minus it, times the
+    corrections' weight), and where the clip changed the ratio. The weight is detached, so
+    every token keeps its log-prob's gradient, only scaled by at most ``1 + clip_high``."""
+    bounded = ratio.detach().clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+    changed = bounded != ratio.detach()
+    return bounded * advantages * _masked(logp, real), changed
 
 
 def _dual_clipped(
@@ -313,22 +370,17 @@ def _aggregate(
 def _stats(
     real: torch.Tensor,
     ratio: torch.Tensor,
-    raw_weight: torch.Tensor,
     clipped: torch.Tensor,
     dual_clipped: torch.Tensor,
     proximal_minus_behaviour: torch.Tensor,
     kl: torch.Tensor | None,
     entropy: torch.Tensor | None,
-    cfg: LossConfig,
 ) -> LossStats:
     """The micro-batch's :class:`LossStats`; every input is already 0 or 1 at padding."""
     dtype = ratio.dtype
     return LossStats(
         tokens=real.sum().to(dtype),
         clipped=(clipped & real).sum().to(dtype),
-        is_weight_sum=_masked(raw_weight, real).sum(),
-        is_weight_max=_masked(raw_weight, real).amax(),  # weights are > 0, so 0 is neutral
-        is_capped=((raw_weight > cfg.is_cap) & real).sum().to(dtype),
         ratio_sum=_masked(ratio, real).sum(),
         behaviour_proximal_abs_diff_sum=proximal_minus_behaviour.abs().sum(),
         dual_clipped=(dual_clipped & real).sum().to(dtype),
@@ -338,7 +390,7 @@ def _stats(
 
 
 def merge_stats(stats: Sequence[LossStats]) -> LossStats:
-    """One :class:`LossStats` for several micro-batches: sums add, the max is the max."""
+    """One :class:`LossStats` for several micro-batches: the sums add."""
     if not stats:
         raise ValueError("stats must hold at least one LossStats")
     for optional in ("kl_sum", "entropy_sum"):
@@ -346,23 +398,19 @@ def merge_stats(stats: Sequence[LossStats]) -> LossStats:
         if given not in (0, len(stats)):
             raise ValueError(f"stats mix micro-batches with and without {optional}")
     merged: dict[str, torch.Tensor | None] = {}
-    for field in fields(LossStats):
-        values = [getattr(s, field.name) for s in stats]
-        if values[0] is None:
-            merged[field.name] = None
-        elif field.name == "is_weight_max":
-            merged[field.name] = torch.stack(values).amax()
-        else:
-            merged[field.name] = torch.stack(values).sum()
+    for stat in fields(LossStats):
+        values = [getattr(s, stat.name) for s in stats]
+        merged[stat.name] = None if values[0] is None else torch.stack(values).sum()
     return LossStats(**merged)  # type: ignore[arg-type]
 
 
 def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
     """Per-token means and fractions of a step's stats, as plain floats for logging.
 
-    Keys: ``clip_frac``, ``dual_clip_frac``, ``is_weight_mean``, ``is_weight_max``,
-    ``is_capped_frac``, ``ratio_mean``, ``behaviour_proximal_abs_diff`` and, when they
-    were measured, ``kl_ref`` and ``entropy`` (mean nats per token).
+    Keys: ``clip_frac``, ``dual_clip_frac``, ``ratio_mean``,
+    ``behaviour_proximal_abs_diff`` and, when they were measured, ``kl_ref`` and
+    ``entropy`` (mean nats per token); per token in the loss. (What the corrections did:
+    correction.correction_metrics.)
     All values are copied to the host in one transfer.
     """
     s = stats if isinstance(stats, LossStats) else merge_stats(stats)
@@ -373,9 +421,6 @@ def loss_metrics(stats: LossStats | Sequence[LossStats]) -> dict[str, float]:
     metrics = {
         "clip_frac": v["clipped"] / tokens,
         "dual_clip_frac": v["dual_clipped"] / tokens,
-        "is_weight_mean": v["is_weight_sum"] / tokens,
-        "is_weight_max": v["is_weight_max"],
-        "is_capped_frac": v["is_capped"] / tokens,
         "ratio_mean": v["ratio_sum"] / tokens,
         "behaviour_proximal_abs_diff": v["behaviour_proximal_abs_diff_sum"] / tokens,
     }
@@ -395,6 +440,7 @@ def _check_inputs(
     ref_logp: torch.Tensor | None,
     entropy: torch.Tensor | None,
     cfg: LossConfig,
+    engine_tokens: torch.Tensor | None = None,
 ) -> None:
     """Shape and type checks, each ValueError naming the argument at fault."""
     if not isinstance(cfg, LossConfig):
@@ -407,6 +453,7 @@ def _check_inputs(
         "proximal_logp": proximal_logp,
         "behaviour_logp": behaviour_logp,
         "mask": mask,
+        "engine_tokens": engine_tokens,
         "ref_logp": ref_logp,
         "entropy": entropy,
     }

@@ -32,13 +32,24 @@ from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
 from ..policy.scoring import response_logprobs_and_entropy, response_positions
 from ..policy.sharding import shard
-from ..rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from ..rl import (
+    CorrectionStats,
+    LossConfig,
+    LossStats,
+    correct,
+    correction_metrics,
+    loss_metrics,
+    merge_correction_stats,
+    merge_stats,
+    policy_loss,
+)
 from ..startup.model_loading import DTYPES
 from .group import Group
 from .host_copies import HostCopies
 from .learner_state import LearnerState
 from .micro_batches import MICRO_BATCH_SLACK, by_length, rank_passes, stacked
 from .mini_batches import mini_batch_groups
+from .mismatch import engine_tokens
 from .overlong_filter import without_truncated
 from .schedule import lr_at
 from .scorer import pack_rollouts
@@ -93,7 +104,9 @@ class Learner(LearnerState):
         self.loss_config = LossConfig(
             clip_low=a.clip_low,
             clip_high=a.clip_high,
-            is_cap=a.is_cap,
+            offpolicy=a.correction.offpolicy,
+            engine=a.correction.engine,
+            policy_loss=a.policy_loss,
             kl_coef=a.kl_coef,
             kl_estimator=a.kl_estimator,
             loss_agg=a.loss_agg,
@@ -141,6 +154,7 @@ class Learner(LearnerState):
             len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
         )
         losses, parts, norms = [], [], []
+        corrections: list[CorrectionStats] = []
         kept_rows = tokens = 0  # counted over the first epoch, which takes every group once
         for update, chosen in enumerate(split):
             picked = self._without_truncated(
@@ -151,7 +165,13 @@ class Learner(LearnerState):
                 tokens += sum(g.rollouts.trained_tokens() for g in picked[0])
             if not picked[0]:  # every response of the mini-batch was cut off
                 continue
-            loss, stats, grad_norm = self._update(*picked)
+            corrected = self._corrected(picked[0])
+            if update < a.mini_batches:
+                corrections.append(corrected)
+            totals = (int(corrected.kept_tokens), int(corrected.kept_sequences))
+            if not totals[0]:  # the corrections took out every token of the mini-batch
+                continue
+            loss, stats, grad_norm = self._update(*picked, totals)
             losses.append(loss)
             parts.append(stats)
             norms.append(grad_norm)
@@ -159,7 +179,9 @@ class Learner(LearnerState):
         if a.overlong_filter:  # the share of the step's rows the filter took out
             rows = sum(len(g.rollouts.lengths) for g in groups)
             filtered["overlong_filtered_frac"] = 1.0 - kept_rows / rows
-        if not losses:  # every response was cut off: nothing to learn from
+        if corrections:
+            filtered.update(correction_metrics(corrections))
+        if not losses:  # every response was cut off or rejected: nothing to learn from
             return StepStats({"loss": 0.0, "lr": lr, "updates": 0, **filtered}, 0.0, 0)
         # The updates' loss statistics pooled over their tokens; the loss (each update's
         # normalised over its mini-batch) and the gradient norms averaged over the updates.
@@ -185,11 +207,12 @@ class Learner(LearnerState):
         return lr_at(steps_done, a.lr, a.lr_schedule, self.cfg.run.total_steps)
 
     def _update(
-        self, groups: list[Group], advantages: list[np.ndarray]
+        self, groups: list[Group], advantages: list[np.ndarray], totals: tuple[int, int]
     ) -> tuple[float, LossStats, float]:
-        """One optimizer step on a mini-batch: its loss normalised over its own tokens
-        and sequences, its gradient clipped by itself. Its loss, stats and grad norm."""
-        loss, stats, _ = self._accumulate(groups, advantages)
+        """One optimizer step on a mini-batch: its loss normalised over its own ``totals``
+        (tokens and sequences in the loss), its gradient clipped by itself. Its loss,
+        stats and grad norm."""
+        loss, stats = self._accumulate(groups, advantages, totals)
         max_norm = self.cfg.algorithm.max_grad_norm
         if self.engine is not None:
             self.engine.finish_gradients()
@@ -219,15 +242,37 @@ class Learner(LearnerState):
             return groups, advantages
         return without_truncated(groups, advantages)
 
-    def _accumulate(self, groups: list[Group], advantages: list[np.ndarray]):
+    def _corrected(self, groups: list[Group]) -> CorrectionStats:
+        """What the corrections do to a mini-batch's rows (correction.py), from the
+        proximal and behaviour log-probs and versions alone, so known before its first
+        micro-batch: its kept tokens and rows are the loss's normalisers (a rejected
+        sequence or masked token is in neither, as a truncated one under the overlong
+        filter). The same on every rank, which sees the same groups."""
+        c = self.loss_config
+        stats = []
+        for g in groups:
+            r = g.rollouts
+            assert g.proximal is not None  # a train lease carries logp's
+            stats.append(
+                correct(
+                    torch.from_numpy(np.asarray(g.proximal.logprobs, np.float32)),
+                    torch.from_numpy(np.asarray(r.logprobs, np.float32)),
+                    torch.from_numpy(engine_tokens(g)),
+                    torch.from_numpy(r.trained_mask()),
+                    c.offpolicy,
+                    c.engine,
+                ).stats
+            )
+        return merge_correction_stats(stats)
+
+    def _accumulate(
+        self, groups: list[Group], advantages: list[np.ndarray], totals: tuple[int, int]
+    ) -> tuple[float, LossStats]:
         self.model.train()
-        total_tokens = sum(g.rollouts.trained_tokens() for g in groups)
-        total_sequences = sum(len(g.rollouts.lengths) for g in groups)
-        totals = (total_tokens, total_sequences)
         passes = self._passes(groups, advantages)
         if self.engine is not None and self.engine.pipelined:
             loss, parts = self._accumulate_in_stages(passes, totals)
-            return (*self._summed(loss, parts), total_tokens)
+            return self._summed(loss, parts)
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
         for chunk, chunk_advantages, real in passes:
@@ -245,7 +290,7 @@ class Learner(LearnerState):
             if real:
                 parts.append(part)
                 total_loss += loss.detach()
-        return (*self._summed(total_loss, parts), total_tokens)
+        return self._summed(total_loss, parts)
 
     def _logprobs(self, packed) -> tuple[torch.Tensor, torch.Tensor]:
         """A micro-batch's log-probs, and the entropies of their distributions, from the
@@ -300,26 +345,17 @@ class Learner(LearnerState):
         # with no micro-batch of its own, so that the sums line up.
         measured = {"kl_sum": self.loss_config.kl_coef > 0, "entropy_sum": True}
         names = [f.name for f in fields(LossStats) if measured.get(f.name, True)]
-        sums = torch.stack(
-            [loss.float()]
-            + [_value(merged, name, self.device) for name in names if name != "is_weight_max"]
-        )
-        peak = _value(merged, "is_weight_max", self.device).reshape(1)
+        sums = torch.stack([loss.float()] + [_value(merged, name, self.device) for name in names])
         if in_stages:  # computed on the last stage only
             assert self.engine is not None
             self.engine.from_last_stage(sums)
-            self.engine.from_last_stage(peak)
         if self.parts > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.stats_group)
-            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=self.stats_group)
         values = iter(sums.tolist())
         total_loss = next(values)
         out: dict[str, Any] = dict.fromkeys(measured)  # None unless measured
         for name in names:
-            if name == "is_weight_max":
-                out[name] = peak[0]
-            else:
-                out[name] = torch.tensor(next(values), device=self.device)
+            out[name] = torch.tensor(next(values), device=self.device)
         return total_loss, LossStats(**out)
 
     def _loss(
@@ -349,6 +385,7 @@ class Learner(LearnerState):
             total_tokens=total_tokens,
             total_sequences=total_sequences,
             max_len=self.cfg.model.max_new_tokens,
+            engine_tokens=_rows(groups, engine_tokens, width).to(d) > 0.5,
         )
 
 

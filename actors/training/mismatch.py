@@ -14,11 +14,18 @@ tokens it can:
   ``|trainer logp - behaviour logp|`` over them;
 - ``logprob_mismatch_kl``: the k3 estimate of KL(behaviour || trainer) over them,
   ``mean(exp(d) - 1 - d)`` with ``d = trainer logp - behaviour logp`` (the tokens were
-  drawn from the behaviour policy, so it is unbiased and never negative).
+  drawn from the behaviour policy, so it is unbiased and never negative);
+- ``logprob_mismatch_log_ppl``: the log-perplexity gap, the trainer's log-perplexity of
+  those tokens minus the generator's, ``mean(behaviour logp - trainer logp) = -mean(d)``
+  (signed: above 0 when the trainer finds the sampled tokens less likely than the
+  generator did, as a lower-precision generator's own samples tend to be).
+
+The same tokens are the ones whose ratio the engine correction acts on
+(``algorithm.correction.engine``): :func:`engine_tokens`.
 
 A group whose log-probs logp reused from the generator (``algorithm.proximal_logp:
 auto``) is left out: its gap is 0 by construction. A step with no token to compare has
-``logprob_mismatch_tokens`` 0 and none of the three figures.
+``logprob_mismatch_tokens`` 0 and none of the other figures.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import numpy as np
 
 from .group import Group
 
-__all__ = ["mismatch_metrics", "same_version_gaps", "step_mismatch"]
+__all__ = ["engine_tokens", "mismatch_metrics", "same_version_gaps", "step_mismatch"]
 
 
 def same_version_gaps(
@@ -61,7 +68,18 @@ def mismatch_metrics(gaps: np.ndarray) -> dict[str, float | int]:
         "logprob_mismatch_mean": float(np.abs(gaps).mean()),
         "logprob_mismatch_max": float(np.abs(gaps).max()),
         "logprob_mismatch_kl": float(k3.mean()),
+        "logprob_mismatch_log_ppl": float(-gaps.mean()),
     }
+
+
+def engine_tokens(group: Group) -> np.ndarray:
+    """bool ``[rows, longest]``: the trained tokens sampled by the version logp scored them
+    with, in a group logp really scored (not reused): where the proximal/behaviour ratio
+    is the engines' numerics alone. None of them without a logp that scored."""
+    proximal, r = group.proximal, group.rollouts
+    if proximal is None or proximal.reused or proximal.version is None:
+        return np.zeros(r.response_ids.shape, dtype=bool)
+    return r.trained_mask() & (r.versions == proximal.version)
 
 
 def step_mismatch(groups: Sequence[Group]) -> dict[str, float | int]:

@@ -21,6 +21,8 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("learning  " + _learning(s["learning"]))
     if "mismatch" in s:
         lines.append("mismatch  " + _mismatch(s["mismatch"]))
+        if "offpolicy_weight_mean" in s["mismatch"]:
+            lines.append("corrected " + _corrected(s["mismatch"]))
     if "filtered" in s:
         lines.append("filtered  " + _filtered(s["filtered"]))
     if run.get("failure"):
@@ -70,9 +72,27 @@ def _mismatch(m: dict[str, Any]) -> str:
         return f"step {m['step']}: no token scored under the version that sampled it"
     return (
         f"step {m['step']}: |logp gap| mean {m['logprob_mismatch_mean']:.2e}, "
-        f"max {m['logprob_mismatch_max']:.2e}, k3 KL {m['logprob_mismatch_kl']:.2e} "
-        f"over {tokens} tokens"
+        f"max {m['logprob_mismatch_max']:.2e}, k3 KL {m['logprob_mismatch_kl']:.2e}"
+        + (
+            f", log-ppl gap {m['logprob_mismatch_log_ppl']:+.2e}"
+            if "logprob_mismatch_log_ppl" in m
+            else ""
+        )
+        + f" over {tokens} tokens"
     )
+
+
+def _corrected(m: dict[str, Any]) -> str:
+    """What the newest step's corrections did, per part of the proximal/behaviour ratio."""
+    parts = []
+    for part, name in (("offpolicy", "off-policy"), ("engine", "engine")):
+        parts.append(
+            f"{name} weight mean {m[f'{part}_weight_mean']:.3f} max "
+            f"{m[f'{part}_weight_max']:.3g} ({100 * m[f'{part}_truncated_frac']:.1f}% "
+            f"truncated), {100 * m[f'{part}_masked_frac']:.1f}% tokens masked, "
+            f"{100 * m[f'{part}_rejected_frac']:.1f}% sequences rejected"
+        )
+    return f"step {m['step']}: " + "; ".join(parts)
 
 
 def _filtered(f: dict[str, Any]) -> str:

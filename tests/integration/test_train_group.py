@@ -189,7 +189,7 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     assert expected.metrics["entropy"] > 0.0
-    for name in ("clip_frac", "ratio_mean", "is_weight_max", "entropy", "dual_clip_frac"):
+    for name in ("clip_frac", "ratio_mean", "offpolicy_weight_max", "entropy", "dual_clip_frac"):
         assert metrics[name] == pytest.approx(expected.metrics[name], abs=1e-5)
     assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
     weights = {name: torch.from_numpy(a) for name, a in weights.items()}

@@ -10,12 +10,17 @@ from .fields import doc
 
 __all__ = [
     "AlgorithmSection",
+    "CorrectionReject",
+    "CorrectionSection",
+    "CorrectionWeight",
+    "CorrectionsSection",
     "CriticSection",
     "DataSection",
     "Estimator",
     "FilterGroupsSection",
     "FilterMetric",
     "ModelSection",
+    "PolicyLoss",
     "Ratio",
     "ScheduleKind",
     "ScheduleSection",
@@ -25,6 +30,11 @@ __all__ = [
 # loss functions (actors/rl) take their names from here.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 Ratio = Literal["token", "sequence"]
+PolicyLoss = Literal["ppo", "cispo"]
+# How a correction weighs a part of the proximal/behaviour ratio, and which tokens or
+# sequences it takes out of the loss (actors/rl/correction.py has the formulas).
+CorrectionWeight = Literal["none", "token", "sequence", "geometric"]
+CorrectionReject = Literal["none", "token", "sequence", "geometric"]
 # What dynamic sampling judges a group by: the task's own reward, or the reward trained on
 # (the task's plus any shaping, such as an overlong penalty).
 FilterMetric = Literal["task", "reward"]
@@ -330,6 +340,57 @@ class FilterGroupsSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CorrectionSection:
+    """One part of the proximal/behaviour ratio (the off-policy part or the engine part):
+    how it weighs the loss and what it takes out of it (docs: concepts/estimators)."""
+
+    weight: CorrectionWeight = field(
+        default="token",
+        metadata=doc(
+            "truncated importance weight: none, token (the token's own part), sequence "
+            "(the product of the sequence's token parts) or geometric (their geometric "
+            "mean), capped at cap; a sequence kind weighs every token of the sequence"
+        ),
+    )
+    cap: float = field(
+        default=5.0, metadata=doc("the weight is truncated at this value", exclusive_min=0)
+    )
+    reject: CorrectionReject = field(
+        default="none",
+        metadata=doc(
+            "none; token (IcePop: a token whose part leaves [low, high] gives no loss); "
+            "sequence or geometric (a sequence whose product or geometric mean of parts "
+            "leaves [low, high] gives no loss at all)"
+        ),
+    )
+    low: float = field(
+        default=0.5,
+        metadata=doc("the lower bound of reject's interval", exclusive_min=0, max=1),
+    )
+    high: float = field(default=2.0, metadata=doc("the upper bound of reject's interval", min=1))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorrectionsSection:
+    """The proximal/behaviour ratio of a token, split in two parts that multiply back to
+    it: a token sampled by the version logp scored it with (in a group logp scored, not
+    reused) has its whole ratio as its engine part; any other token has it as its
+    off-policy part."""
+
+    offpolicy: CorrectionSection = field(
+        default_factory=CorrectionSection,
+        metadata=doc("the part of tokens sampled by another version than logp's (staleness)"),
+    )
+    engine: CorrectionSection = field(
+        default_factory=CorrectionSection,
+        metadata=doc(
+            "the part of tokens sampled by logp's own version: the generator's numerics "
+            "against the trainer side's"
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmSection:
     estimator: Estimator = field(
         default="grpo",
@@ -375,8 +436,16 @@ class AlgorithmSection:
     loss_agg: Literal["token", "sequence"] = field(
         default="token", metadata=doc("average the loss per token or per sequence")
     )
-    is_cap: float = field(
-        default=5.0, metadata=doc("cap on the behaviour/proximal importance weight", min=1)
+    policy_loss: PolicyLoss = field(
+        default="ppo",
+        metadata=doc(
+            "ppo (the clipped surrogate, on algorithm.ratio's ratio) or cispo (a REINFORCE "
+            "term weighted by the clipped, detached token ratio)"
+        ),
+    )
+    correction: CorrectionsSection = field(
+        default_factory=CorrectionsSection,
+        metadata=doc("off-policy and engine-mismatch corrections of the behaviour sampling"),
     )
     clip_ratio_c: float = field(
         default=0.0,
@@ -481,6 +550,19 @@ class AlgorithmSection:
         if self.clip_ratio_c and not self.clip_ratio_c > 1:
             raise ValueError(
                 f"clip_ratio_c: got {self.clip_ratio_c!r}; allowed: 0 (off) or a number > 1"
+            )
+        if self.policy_loss == "cispo" and self.ratio != "token":
+            # CISPO's weight is each token's own clipped ratio; GSPO's sequence ratio has
+            # no per-token ratio to clip.
+            raise ValueError(
+                f"policy_loss: got 'cispo' with algorithm.ratio={self.ratio!r}; allowed: "
+                "ratio token with cispo"
+            )
+        if self.policy_loss == "cispo" and self.clip_ratio_c:
+            # CISPO's weight never exceeds 1 + clip_high, so the dual clip could not bind.
+            raise ValueError(
+                f"policy_loss: got 'cispo' with algorithm.clip_ratio_c={self.clip_ratio_c!r}; "
+                "allowed: clip_ratio_c 0 with cispo (its clipped weight already bounds the loss)"
             )
 
 

@@ -176,7 +176,17 @@ def _check_keys(data: Mapping[Any, Any], known: Iterable[str], path: str) -> Non
             raise ConfigError(_unknown_key(path, key, known))
 
 
+# Keys a run's config no longer takes, and what took their place: naming the new key
+# spares a user the schema's listing.
+MOVED_KEYS = {
+    "algorithm.is_cap": "algorithm.correction.offpolicy.cap and algorithm.correction.engine.cap",
+}
+
+
 def _unknown_key(path: str, key: Any, known: list[str]) -> str:
+    moved = MOVED_KEYS.get(_join(path, key))
+    if moved is not None:
+        return f"{_join(path, key)}: moved to {moved}"
     close = difflib.get_close_matches(str(key), known, n=1)
     guess = f"; did you mean {close[0]!r}?" if close else ""
     listing = ", ".join(known)

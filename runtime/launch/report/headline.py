@@ -33,6 +33,7 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
         # a learned critic's: critic versions its values lagged its steps (PPO's runs)
         _mean_of(out, "critic staleness, mean", steps, "critic_staleness_mean")
         _mismatch(out, steps)
+        _corrections(out, steps)
         groups, created = last.get("group_states"), last.get("groups_created")
         if isinstance(groups, dict) and isinstance(created, int):
             counts = ", ".join(f"{state} {n}" for state, n in groups.items())
@@ -82,4 +83,22 @@ def _mismatch(out: dict[str, str], lines: list[dict[str, Any]]) -> None:
         tokens = sum(line.get("logprob_mismatch_tokens", 0) for line in lines)
         out["generator-trainer log-prob gap, max"] = (
             f"{max(worst):.2e} ({tokens} tokens in {len(worst)} steps)"
+        )
+    ppl = [line["logprob_mismatch_log_ppl"] for line in lines if "logprob_mismatch_log_ppl" in line]
+    if ppl:
+        out["log-perplexity gap (trainer - generator), mean"] = f"{statistics.fmean(ppl):+.2e}"
+
+
+def _corrections(out: dict[str, str], lines: list[dict[str, Any]]) -> None:
+    """What each part's correction did, averaged over the steps that report it."""
+    for part, name in (("offpolicy", "off-policy"), ("engine", "engine")):
+        keys = [f"{part}_{k}" for k in ("weight_mean", "truncated_frac", "masked_frac")]
+        keys.append(f"{part}_rejected_frac")
+        reporting = [line for line in lines if all(k in line for k in keys)]
+        if not reporting:
+            continue
+        mean = {k: statistics.fmean(line[k] for line in reporting) for k in keys}
+        out[f"{name} correction, mean per step"] = (
+            f"weight {mean[keys[0]]:.3f} before truncation, {mean[keys[1]]:.2%} of tokens "
+            f"truncated, {mean[keys[2]]:.2%} masked, {mean[keys[3]]:.2%} of sequences rejected"
         )

@@ -196,9 +196,12 @@ def mismatch(data: RunData) -> Figure:
         ("logprob_mismatch_max", "|gap|, max", "0.5"),
         ("logprob_mismatch_mean", "|gap|, mean", "#1f77b4"),
         ("logprob_mismatch_kl", "k3 KL(behaviour || trainer)", "#d62728"),
+        ("logprob_mismatch_log_ppl", "|log-ppl gap|", "#ff7f0e"),
     ):
         # A log scale: 1e-7 and 1e-2 are both meaningful; a gap of exactly 0 is not drawn.
-        points = [(x, y) for x, y in zip(*_series(data.steps, "step", key), strict=True) if y > 0]
+        # (The log-perplexity gap is signed: its size is drawn, the headline gives its sign.)
+        series = zip(*_series(data.steps, "step", key), strict=True)
+        points = [(x, abs(y)) for x, y in series if y != 0]
         if points:
             x, y = zip(*points, strict=True)
             gap.plot(x, y, ".-", color=colour, label=label, markersize=3, linewidth=0.8)
@@ -215,6 +218,37 @@ def mismatch(data: RunData) -> Figure:
     tokens.set_xlabel("train step")
     tokens.set_ylabel("tokens compared")
     for ax in (gap, tokens):
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def corrections(data: RunData) -> Figure:
+    _need(data)
+    if not any("offpolicy_weight_mean" in line for line in data.steps):
+        raise NoData("the step lines carry no correction figures (offpolicy_weight_mean)")
+    fig, (shares, weights) = _figure(2)
+    for part, name, colour in (
+        ("offpolicy", "off-policy", "#1f77b4"),
+        ("engine", "engine", "#d62728"),
+    ):
+        for key, label, style in (
+            ("truncated_frac", "tokens truncated", "-"),
+            ("masked_frac", "tokens masked", "--"),
+            ("rejected_frac", "sequences rejected", ":"),
+        ):
+            x, y = _series(data.steps, "step", f"{part}_{key}")
+            if x:
+                shares.plot(x, y, style, color=colour, linewidth=0.9, label=f"{name}: {label}")
+        for key, label, style in (("weight_max", "max", ":"), ("weight_mean", "mean", "-")):
+            x, y = _series(data.steps, "step", f"{part}_{key}")
+            if x:
+                weights.plot(x, y, style, color=colour, linewidth=0.9, label=f"{name}: {label}")
+    shares.set_ylabel("share of trained tokens / sequences")
+    weights.set_ylabel("weight before truncation (log scale)")
+    weights.set_yscale("log")
+    for ax in (shares, weights):
+        ax.set_xlabel("train step")
+        ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
     return fig
 
@@ -272,6 +306,11 @@ PLOTS = (
          "generator logp| and the k3 estimate of KL(behaviour || trainer) (log scale), and "
          "how many tokens were compared (none where logp reused the generator's log-probs).",
          mismatch),
+    Plot("corrections", "Off-policy and engine corrections", "Per step and per part of the "
+         "proximal/behaviour ratio (off-policy: tokens of older versions; engine: tokens of "
+         "logp's own version): the share of tokens whose weight was truncated or that were "
+         "masked, and of sequences rejected; and the weight's mean and max before truncation.",
+         corrections),
     Plot("entropy", "Entropy and clipping", "The mean entropy of the sampling distribution "
          "over each step's trained tokens (a collapse towards 0 is the policy turning "
          "deterministic), and the share of tokens the PPO clip and the dual clip bound.",

@@ -33,6 +33,9 @@ log = structlog.get_logger("asyncrl.scheduler")
 # The trainer's fields of the gap between generator and trainer log-probs (the status shows
 # the newest step's).
 MISMATCH_PREFIX = "logprob_mismatch_"
+# What the corrections of the behaviour sampling did per part (algorithm.correction), which
+# the status shows beside the gap.
+CORRECTION_PREFIXES = ("offpolicy_", "engine_")
 # The trainer's fields of how the policy learns that the status shows of the newest step.
 LEARNING_KEYS = ("reward_mean", "entropy")
 
@@ -93,7 +96,9 @@ class StepLines:
             counts = filtering(state, self.filter_bound)
             del counts["filtered_bound"]  # the configuration's, not the step's
             line.update(counts)
-        mismatch = {k: v for k, v in line.items() if k.startswith(MISMATCH_PREFIX)}
+        mismatch = {
+            k: v for k, v in line.items() if k.startswith((MISMATCH_PREFIX, *CORRECTION_PREFIXES))
+        }
         if mismatch:
             progress.mismatch = {"step": state.steps_done, **mismatch}
         learning = {k: line[k] for k in LEARNING_KEYS if k in line}

@@ -11,10 +11,24 @@ import math
 import pytest
 import torch
 
-from asyncrl.actors.rl import LossConfig, LossStats, loss_metrics, merge_stats, policy_loss
+from asyncrl.actors.rl import (
+    LossConfig,
+    LossStats,
+    correct,
+    loss_metrics,
+    merge_stats,
+    policy_loss,
+)
+from asyncrl.runtime.contract.config.learning import CorrectionSection
 
 F64 = torch.float64
-CFG = LossConfig(clip_low=0.2, clip_high=0.28, is_cap=5.0, kl_coef=0.0)
+CFG = LossConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.0)
+
+
+def capped(cap: float, **kwargs: object) -> LossConfig:
+    """A config whose corrections truncate both parts' weights at ``cap``."""
+    part = CorrectionSection(cap=cap)
+    return LossConfig(offpolicy=part, engine=part, **kwargs)  # type: ignore[arg-type]
 
 
 def assert_close(actual: torch.Tensor | None, expected: torch.Tensor) -> None:
@@ -123,15 +137,17 @@ def test_importance_weight_is_truncated_at_the_cap_and_carries_no_gradient() -> 
     proximal = leaf(t([[-1.0, -1.0, -1.0]]))
     behaviour = leaf(proximal.detach() - t([[math.log(w) for w in raw_w]]))
     logp = leaf(proximal.detach())  # ratio 1
-    cfg = LossConfig(clip_low=0.2, clip_high=0.28, is_cap=2.0)
+    cfg = capped(2.0, clip_low=0.2, clip_high=0.28)
     loss, stats = loss_of(logp, proximal, [1.0], torch.ones(1, 3), cfg, behaviour=behaviour)
     assert loss.item() == pytest.approx((-2.0 - 0.5 - 1.0) / 3)
     loss.backward()
     assert_close(logp.grad, t([[-2.0, -0.5, -1.0]]) / 3)
     assert proximal.grad is None and behaviour.grad is None
-    assert stats.is_weight_sum.item() == pytest.approx(4.5)  # before truncation
-    assert stats.is_weight_max.item() == pytest.approx(3.0)
-    assert stats.is_capped.item() == 1.0
+    part = CorrectionSection(cap=2.0)
+    corrected = correct(proximal, behaviour, None, torch.ones(1, 3), part, part).stats
+    assert corrected.offpolicy_weight_sum.item() == pytest.approx(4.5)  # before truncation
+    assert corrected.offpolicy_weight_max.item() == pytest.approx(3.0)
+    assert corrected.offpolicy_truncated.item() == 1.0
     assert stats.behaviour_proximal_abs_diff_sum.item() == pytest.approx(math.log(3) + math.log(2))
 
 
@@ -250,8 +266,8 @@ def _random_step() -> dict[str, torch.Tensor]:
     ("loss_agg", "estimator"), [("token", "grpo"), ("sequence", "grpo"), ("token", "dr_grpo")]
 )
 def test_two_micro_batches_sum_to_the_whole_step(loss_agg: str, estimator: str) -> None:
-    cfg = LossConfig(
-        is_cap=1.5,
+    cfg = capped(
+        1.5,
         kl_coef=0.05,
         loss_agg=loss_agg,  # type: ignore[arg-type]
         estimator=estimator,  # type: ignore[arg-type]
@@ -293,9 +309,6 @@ def _stats(tokens: float, clipped: float, w_max: float, kl: float | None) -> Los
     return LossStats(
         tokens=one(tokens),
         clipped=one(clipped),
-        is_weight_sum=one(tokens * 1.5),
-        is_weight_max=one(w_max),
-        is_capped=one(1.0),
         ratio_sum=one(tokens),
         behaviour_proximal_abs_diff_sum=one(tokens * 0.1),
         dual_clipped=one(clipped / 2),
@@ -309,9 +322,6 @@ def test_metrics_merge_micro_batches_as_token_means() -> None:
         {
             "clip_frac": 2.0 / 8,
             "dual_clip_frac": 1.0 / 8,
-            "is_weight_mean": 1.5,
-            "is_weight_max": 7.0,
-            "is_capped_frac": 2.0 / 8,
             "ratio_mean": 1.0,
             "behaviour_proximal_abs_diff": 0.1,
             "kl_ref": 0.8 / 8,
@@ -325,8 +335,6 @@ def test_metrics_from_the_2x3_example() -> None:
     assert "kl_ref" not in metrics
     assert metrics["clip_frac"] == pytest.approx(2 / 6)
     assert metrics["ratio_mean"] == pytest.approx(6.0 / 6)
-    assert metrics["is_weight_mean"] == pytest.approx(1.0)
-    assert metrics["is_capped_frac"] == 0.0
 
 
 def test_merge_rejects_empty_and_mixed_kl() -> None:
@@ -395,7 +403,9 @@ def test_kl_coefficient_without_a_reference_is_an_error() -> None:
         ("estimator", "ppo"),
         ("clip_low", 1.0),
         ("clip_high", -0.1),
-        ("is_cap", 0.0),
+        ("offpolicy", CorrectionSection(cap=0.0)),
+        ("engine", CorrectionSection(low=1.5)),
+        ("policy_loss", "reinforce"),
         ("kl_coef", -1.0),
     ],
 )

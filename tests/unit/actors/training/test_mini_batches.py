@@ -70,7 +70,11 @@ def _one_update_as_before(learner: Learner, groups: list[Group]) -> None:
     a = learner.cfg.algorithm
     rewards = [g.rewards for g in groups]
     advantages, _ = step_advantages([g.rollouts for g in groups], rewards, a, None)
-    learner._accumulate(groups, advantages)
+    totals = (
+        sum(g.rollouts.trained_tokens() for g in groups),
+        sum(len(g.rollouts.lengths) for g in groups),
+    )
+    learner._accumulate(groups, advantages, totals)
     trained = [p for p in learner.model.parameters() if p.requires_grad]
     torch.nn.utils.clip_grad_norm_(trained, a.max_grad_norm)
     learner.optimizer.step()

@@ -15,7 +15,12 @@ from asyncrl.actors.policy.checkpoint import load_model
 from asyncrl.actors.policy.sampling import PLAIN
 from asyncrl.actors.roles.logp import Logp
 from asyncrl.actors.training.group import Group
-from asyncrl.actors.training.mismatch import mismatch_metrics, same_version_gaps, step_mismatch
+from asyncrl.actors.training.mismatch import (
+    engine_tokens,
+    mismatch_metrics,
+    same_version_gaps,
+    step_mismatch,
+)
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from tests.unit.actors.policy.test_proximal_reuse import generated_groups
@@ -61,6 +66,18 @@ def test_the_figures_are_the_abs_mean_max_and_k3_of_the_gaps() -> None:
     k3 = [math.exp(d) - 1 - d for d in gaps]
     assert m["logprob_mismatch_kl"] == pytest.approx(sum(k3) / 4, rel=1e-12)
     assert all(v >= 0 for v in k3)  # k3 is never negative, whichever side is larger
+    # the log-perplexity gap: trainer's minus generator's, -mean(d) = -(0.3) / 4, signed
+    assert m["logprob_mismatch_log_ppl"] == pytest.approx(-0.075)
+
+
+def test_engine_tokens_are_the_trained_ones_of_logps_version_in_scored_groups() -> None:
+    # row 0: versions [1, 1, 2] of length 3; row 1: [2, 2] of length 2 (3rd is padding)
+    rollouts = hand_built([[1, 1, 2], [2, 2, 2]], [[-1.0, -1.0, -1.0]] * 2, [3, 2])
+    scored = group(rollouts, np.full((2, 3), -1.0), version=2)
+    assert engine_tokens(scored).tolist() == [[False, False, True], [True, True, False]]
+    # logp reused the generator's log-probs: no token's ratio is the engines' gap
+    reused = group(rollouts, rollouts.logprobs, version=2, reused=True)
+    assert not engine_tokens(reused).any()
 
 
 def test_k3_keeps_its_precision_for_gaps_of_float32_rounding() -> None:

@@ -236,7 +236,49 @@ def test_input_mapping_is_not_modified() -> None:
             {"data": {"val_every_versions": -1}},
             ["data.val_every_versions: got -1; allowed: an integer >= 0"],
         ),
-        ({"algorithm": {"is_cap": 0.5}}, ["algorithm.is_cap: got 0.5; allowed: a number >= 1"]),
+        (
+            {"algorithm": {"is_cap": 5.0}},
+            [
+                "algorithm.is_cap: moved to algorithm.correction.offpolicy.cap and "
+                "algorithm.correction.engine.cap"
+            ],
+        ),
+        (
+            {"algorithm": {"correction": {"offpolicy": {"cap": 0}}}},
+            ["algorithm.correction.offpolicy.cap: got 0; allowed: a number > 0"],
+        ),
+        (
+            {"algorithm": {"correction": {"engine": {"low": 0}}}},
+            ["algorithm.correction.engine.low: got 0; allowed: a number > 0 and <= 1"],
+        ),
+        (
+            {"algorithm": {"correction": {"engine": {"low": 1.5}}}},
+            ["algorithm.correction.engine.low: got 1.5"],
+        ),
+        (
+            {"algorithm": {"correction": {"engine": {"high": 0.9}}}},
+            ["algorithm.correction.engine.high: got 0.9; allowed: a number >= 1"],
+        ),
+        (
+            {"algorithm": {"correction": {"engine": {"reject": "icepop"}}}},
+            ["algorithm.correction.engine.reject: got 'icepop'", "'geometric'"],
+        ),
+        (
+            {"algorithm": {"correction": {"offpolicy": {"weight": "product"}}}},
+            ["algorithm.correction.offpolicy.weight: got 'product'", "'sequence'"],
+        ),
+        (
+            {"algorithm": {"policy_loss": "cispo", "ratio": "sequence"}},
+            ["algorithm.policy_loss: got 'cispo' with algorithm.ratio='sequence'"],
+        ),
+        (
+            {"algorithm": {"policy_loss": "cispo", "clip_ratio_c": 3.0}},
+            ["algorithm.policy_loss: got 'cispo' with algorithm.clip_ratio_c=3.0"],
+        ),
+        (
+            {"algorithm": {"policy_loss": "grpo"}},
+            ["algorithm.policy_loss: got 'grpo'", "'cispo'"],
+        ),
         ({"algorithm": {"lr": float("nan")}}, ["algorithm.lr: got nan"]),
         ({"scheduler": {"events_port": 65536}}, ["scheduler.events_port: got 65536", "0..65535"]),
         ({"pipeline": {"workers": {"train": -1}}}, ["pipeline.workers.train: got -1", ">= 0"]),

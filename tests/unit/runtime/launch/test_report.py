@@ -89,6 +89,34 @@ def test_the_log_prob_gap_is_plotted_per_step_and_its_widest_named(tmp_path: Pat
     assert not any("gap" in label for label in headline(load_run(tmp_path), None))
 
 
+def test_the_corrections_are_plotted_and_their_means_headlined(tmp_path: Path) -> None:
+    from asyncrl.runtime.launch.report import write_report
+    from asyncrl.runtime.launch.report.headline import headline
+    from asyncrl.runtime.launch.report.run_files import load_run
+
+    def line(s: int) -> dict:
+        # steps 1 and 2: engine masked 0.1 and 0.3 (mean 0.2), one sequence in 8 rejected
+        # at step 2 (mean 0.0625); the log-ppl gap -1e-3 and +3e-3 (mean +1e-3)
+        return {"step": s, "elapsed_s": s * 0.5, "logprob_mismatch_tokens": 40,
+                "logprob_mismatch_mean": 1e-3, "logprob_mismatch_max": 1e-2,
+                "logprob_mismatch_kl": 1e-6, "logprob_mismatch_log_ppl": -1e-3 if s == 1 else 3e-3,
+                "offpolicy_weight_mean": 1.0, "offpolicy_weight_max": 2.0,
+                "offpolicy_truncated_frac": 0.0, "offpolicy_masked_frac": 0.0,
+                "offpolicy_rejected_frac": 0.0, "engine_weight_mean": 1.5 * s,
+                "engine_weight_max": 4.0, "engine_truncated_frac": 0.01 * s,
+                "engine_masked_frac": 0.1 if s == 1 else 0.3,
+                "engine_rejected_frac": 0.0 if s == 1 else 0.125}  # fmt: skip
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line(s)) + "\n" for s in (1, 2)))
+    assert "corrections" in {p.stem for p in write_report(tmp_path).pictures}
+    figures = headline(load_run(tmp_path), None)
+    assert figures["log-perplexity gap (trainer - generator), mean"] == "+1.00e-03"
+    assert figures["engine correction, mean per step"] == (
+        "weight 2.250 before truncation, 1.50% of tokens truncated, 20.00% masked, "
+        "6.25% of sequences rejected"
+    )
+
+
 def test_a_backend_or_endpoint_whose_package_is_missing_is_named_before_the_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -100,10 +100,32 @@ def test_the_status_shows_the_newest_steps_log_prob_gap(tmp_path: Path) -> None:
     service = make(tmp_path, total_steps=3)
     assert "mismatch" not in service.status(0.0)  # no step yet
     gap = {"logprob_mismatch_tokens": 7, "logprob_mismatch_mean": 1e-7}
-    one_step(service, "a", {**gap, "logprob_mismatch_max": 3e-7, "logprob_mismatch_kl": 4e-15})
+    corrected = {
+        f"{part}_{name}": value
+        for part in ("offpolicy", "engine")
+        for name, value in (
+            ("weight_mean", 1.02),
+            ("weight_max", 7.5),
+            ("truncated_frac", 0.001),
+            ("masked_frac", 0.25 if part == "engine" else 0.0),
+            ("rejected_frac", 0.125 if part == "offpolicy" else 0.0),
+        )
+    }
+    one_step(
+        service,
+        "a",
+        {**gap, "logprob_mismatch_max": 3e-7, "logprob_mismatch_kl": 4e-15,
+         "logprob_mismatch_log_ppl": -2e-8, **corrected},
+    )  # fmt: skip
+    lines = render_status(service.status(0.0)).splitlines()
     assert (
-        "mismatch  step 1: |logp gap| mean 1.00e-07, max 3.00e-07, k3 KL 4.00e-15 over 7 "
-        "tokens" in render_status(service.status(0.0)).splitlines()
+        "mismatch  step 1: |logp gap| mean 1.00e-07, max 3.00e-07, k3 KL 4.00e-15, log-ppl "
+        "gap -2.00e-08 over 7 tokens" in lines
+    )
+    assert (
+        "corrected step 1: off-policy weight mean 1.020 max 7.5 (0.1% truncated), 0.0% "
+        "tokens masked, 12.5% sequences rejected; engine weight mean 1.020 max 7.5 (0.1% "
+        "truncated), 25.0% tokens masked, 0.0% sequences rejected" in lines
     )
     one_step(service, "b", {"logprob_mismatch_tokens": 0})  # nothing of its version
     summary = service.status(0.0)
