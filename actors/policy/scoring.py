@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engines.contract import EngineModel, device_of
-from .model import CausalLM, Entropy
+from .model import CausalLM, Entropy, Routing
 from .sampling import PLAIN, Sampling
 
 __all__ = [
@@ -32,6 +32,16 @@ class Packed:
     starts: torch.Tensor  # [rows] index of each response's first token
     lengths: torch.Tensor  # [rows] response tokens per row
     mask: torch.Tensor  # [rows, longest response] 1.0 on response tokens that count
+    # Router replay: the experts each token of ``ids`` goes through, [rows, width, layers,
+    # per_token] (0 on padding); None: each token goes where the router sends it.
+    routes: torch.Tensor | None = None
+
+    def routing(self, device: torch.device) -> Routing | None:
+        """The routes of the tokens a model reads (every column but the last), laid out
+        [layers, rows, tokens, per_token] as :class:`Routing` takes them."""
+        if self.routes is None:
+            return None
+        return Routing(self.routes[:, :-1].permute(2, 0, 1, 3).to(device, torch.long))
 
 
 def pack(
@@ -39,9 +49,12 @@ def pack(
     responses: Sequence[Sequence[int]],
     pad_id: int,
     trained: Sequence[Sequence[bool]] | None = None,
+    routes: Sequence[torch.Tensor] | None = None,
 ) -> Packed:
     """``trained``: per response, which of its tokens count (the loss mask: observation
-    and tool tokens of a multi-turn trajectory do not); None: every token."""
+    and tool tokens of a multi-turn trajectory do not); None: every token. ``routes``:
+    per row, the experts of its first tokens [tokens, layers, per_token] (router replay;
+    at most prompt + response tokens)."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
     if trained is not None and len(trained) != len(responses):
@@ -61,7 +74,25 @@ def pack(
             mask[row, : len(response)] = torch.tensor(counted, dtype=torch.float32)
     starts = torch.tensor([len(p) for p in prompts])
     lengths = torch.tensor([len(r) for r in responses])
-    return Packed(ids, starts, lengths, mask)
+    return Packed(ids, starts, lengths, mask, _packed_routes(routes, len(prompts), width))
+
+
+def _packed_routes(
+    routes: Sequence[torch.Tensor] | None, rows: int, width: int
+) -> torch.Tensor | None:
+    if routes is None:
+        return None
+    if len(routes) != rows:
+        raise ValueError(f"{len(routes)} route records for {rows} rows")
+    out = torch.zeros(rows, width, *routes[0].shape[1:], dtype=routes[0].dtype)
+    for row, record in enumerate(routes):
+        if record.shape[1:] != out.shape[2:] or record.shape[0] > width:
+            raise ValueError(
+                f"row {row}: routes {tuple(record.shape)}; expected [<= {width}, "
+                f"{', '.join(map(str, out.shape[2:]))}]"
+            )
+        out[row, : record.shape[0]] = record
+    return out
 
 
 def response_logprobs(
@@ -76,11 +107,13 @@ def response_logprobs(
     device = device_of(model)
     inputs, columns, tokens = response_positions(packed, device)
     if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
+        _no_replay(packed)
         picked = model.token_logprobs(inputs, columns, tokens, sampling)
         return picked * packed.mask.to(device)
     # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
     # vocabulary's logits at a time.
-    picked = model(inputs, columns=columns, targets=tokens, sampling=sampling)
+    routing = packed.routing(device)
+    picked = model(inputs, columns=columns, targets=tokens, sampling=sampling, routing=routing)
     return picked * packed.mask.to(device)
 
 
@@ -91,15 +124,28 @@ def response_logprobs_and_entropy(
     was drawn from (``sampling``'s: temperature-scaled, truncated as the log-probs are),
     from the same logits in the same pass; both 0 off the mask. ``entropy``: "measured"
     (no gradient) or "trained"."""
-    inputs, columns, tokens = response_positions(packed, device_of(model))
+    device = device_of(model)
+    inputs, columns, tokens = response_positions(packed, device)
     if isinstance(model, EngineModel):
+        _no_replay(packed)
         picked, spread = model.token_logprobs(inputs, columns, tokens, sampling, entropy)
     else:
         picked, spread = model(
-            inputs, columns=columns, targets=tokens, sampling=sampling, entropy=entropy
+            inputs,
+            columns=columns,
+            targets=tokens,
+            sampling=sampling,
+            entropy=entropy,
+            routing=packed.routing(device),
         )
     real = packed.mask.to(picked.device)
     return picked * real, torch.where(real > 0, spread, 0.0)
+
+
+def _no_replay(packed: Packed) -> None:
+    # The config refuses router replay with another engine first; this is the backstop.
+    if packed.routes is not None:
+        raise ValueError("router replay: this training engine cannot route by a record")
 
 
 def response_positions(

@@ -1,0 +1,134 @@
+"""Router replay on a tiny Qwen3-MoE: the decoder records each token's experts, and a
+scorer that replays them routes every token as the generator did; the gates' weights still
+come from the scorer's own router, which gets a gradient."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from asyncrl.actors.policy.checkpoint import load_model
+from asyncrl.actors.policy.decoder import Decoder, Finished, Request
+from asyncrl.actors.policy.model import CausalLM, Routing
+from asyncrl.actors.policy.scoring import Packed, pack, response_logprobs, response_positions
+from tests.support.hf_families import hf_model_dir
+
+PROMPTS = 32
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> Path:
+    return hf_model_dir(tmp_path_factory.mktemp("moe"), "qwen3-moe")  # 4 experts, 2 a token
+
+
+def generate(model: CausalLM) -> list[Finished]:
+    decoder = Decoder(
+        model,
+        slots=8,
+        max_new_tokens=16,
+        max_prompt_tokens=16,
+        eos_id=1,
+        pad_id=0,
+        seed=1,
+        record_routes=True,
+    )
+    draw = torch.Generator().manual_seed(3)
+    for tag in range(PROMPTS):
+        length = int(torch.randint(3, 10, (1,), generator=draw))
+        decoder.submit(
+            [Request(tag, tuple(torch.randint(2, 40, (length,), generator=draw).tolist()))]
+        )
+    finished: list[Finished] = []
+    while decoder.busy:
+        finished += decoder.step()
+    return sorted(finished, key=lambda f: f.tag)
+
+
+def packed(finished: list[Finished], replay: bool) -> Packed:
+    records = [torch.from_numpy(f.routes.astype(np.int16)) for f in finished] if replay else None
+    return pack([f.prompt for f in finished], [f.tokens for f in finished], 0, routes=records)
+
+
+def behaviour(finished: list[Finished], like: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros_like(like)
+    for row, f in enumerate(finished):
+        out[row, : len(f.logprobs)] = torch.tensor(f.logprobs)
+    return out
+
+
+def routes_taken(model: CausalLM, batch: Packed, replay: bool) -> torch.Tensor:
+    """The experts each read token went through, [rows, tokens, layers, per_token]."""
+    inputs, _, _ = response_positions(batch, torch.device("cpu"))
+    routing = batch.routing(torch.device("cpu")) if replay else Routing()
+    routing.recorded = []
+    with torch.no_grad():
+        model(inputs, routing=routing)
+    return torch.stack(routing.recorded, dim=2)
+
+
+def route_mismatches(finished: list[Finished], taken: torch.Tensor) -> int:
+    """(token, layer) pairs whose set of experts differs from the generator's record."""
+    differ = 0
+    for row, f in enumerate(finished):
+        recorded = torch.from_numpy(f.routes.astype(np.int64)).sort(-1).values
+        mine = taken[row, : len(f.routes)].sort(-1).values
+        differ += int((recorded != mine).any(-1).sum())
+    return differ
+
+
+def test_the_decoder_records_every_read_token_and_matches_its_own_forward(moe_dir: Path) -> None:
+    model, _ = load_model(str(moe_dir))
+    finished = generate(model)
+    for f in finished:
+        # Every token the model read: the prompt and the response but its last token.
+        assert f.routes is not None and f.routes.dtype == np.uint8
+        assert f.routes.shape == (len(f.prompt) + len(f.tokens) - 1, 2, 2)
+    # The same weights and dtype: the whole-sequence forward routes as the decoder did.
+    assert route_mismatches(finished, routes_taken(model, packed(finished, False), False)) == 0
+
+
+def test_replay_closes_the_gap_of_a_bfloat16_generator(moe_dir: Path) -> None:
+    scorer, _ = load_model(str(moe_dir), torch.float32)
+    generator, _ = load_model(str(moe_dir), torch.bfloat16)
+    finished = generate(generator)
+    plain, replayed = packed(finished, False), packed(finished, True)
+    with torch.no_grad():
+        without = response_logprobs(scorer, plain)
+        with_replay = response_logprobs(scorer, replayed)
+    real = plain.mask > 0
+    sampled = behaviour(finished, without)
+    gap = (without - sampled).abs()[real]
+    gap_replayed = (with_replay - sampled).abs()[real]
+    flipped = route_mismatches(finished, routes_taken(scorer, plain, False))
+    replay_flipped = route_mismatches(finished, routes_taken(scorer, replayed, True))
+    pairs = sum(len(f.routes) for f in finished) * 2
+    print(
+        f"\n{int(real.sum())} tokens; (token, layer) routes unlike the generator's: "
+        f"{flipped} of {pairs} without replay, {replay_flipped} with; |log-prob gap| "
+        f"without replay mean {gap.mean():.3e} max {gap.max():.3e}, with replay mean "
+        f"{gap_replayed.mean():.3e} max {gap_replayed.max():.3e}: the max "
+        f"{gap.max() / gap_replayed.max():.1f}x smaller, the mean "
+        f"{gap.mean() / gap_replayed.mean():.1f}x"
+    )
+    assert flipped > 0 and replay_flipped == 0
+    assert gap.max() >= 10 * gap_replayed.max()
+    assert gap.mean() > gap_replayed.mean()
+
+
+def test_replay_with_the_routers_own_choice_changes_nothing_and_trains_the_router(
+    moe_dir: Path,
+) -> None:
+    model, _ = load_model(str(moe_dir))
+    finished = generate(model)
+    plain, replayed = packed(finished, False), packed(finished, True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            response_logprobs(model, replayed), response_logprobs(model, plain), rtol=0, atol=1e-5
+        )
+    response_logprobs(model, replayed).sum().backward()
+    for layer in model.model.layers:
+        grad = layer.mlp.gate.weight.grad
+        assert grad is not None and grad.abs().sum() > 0  # the router keeps learning
