@@ -90,10 +90,24 @@ def test_the_decoder_records_every_read_token_and_matches_its_own_forward(moe_di
     assert route_mismatches(finished, routes_taken(model, packed(finished, False), False)) == 0
 
 
-def test_replay_closes_the_gap_of_a_bfloat16_generator(moe_dir: Path) -> None:
+def perturbed_generator(moe_dir: Path, how: str) -> CausalLM:
+    """The generator's model: in bfloat16, or in float32 with noise of 1% of each router's
+    mean weight on its weights (numerics that differ in the routing alone)."""
+    if how == "bfloat16":
+        return load_model(str(moe_dir), torch.bfloat16)[0]
+    model, _ = load_model(str(moe_dir), torch.float32)
+    noise = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            weight = layer.mlp.gate.weight
+            weight.add_(0.01 * weight.abs().mean() * torch.randn(weight.shape, generator=noise))
+    return model
+
+
+@pytest.mark.parametrize("how", ["bfloat16", "router-noise"])
+def test_replay_closes_the_gap_of_a_generator_with_other_numerics(moe_dir: Path, how: str) -> None:
     scorer, _ = load_model(str(moe_dir), torch.float32)
-    generator, _ = load_model(str(moe_dir), torch.bfloat16)
-    finished = generate(generator)
+    finished = generate(perturbed_generator(moe_dir, how))
     plain, replayed = packed(finished, False), packed(finished, True)
     with torch.no_grad():
         without = response_logprobs(scorer, plain)
@@ -106,8 +120,8 @@ def test_replay_closes_the_gap_of_a_bfloat16_generator(moe_dir: Path) -> None:
     replay_flipped = route_mismatches(finished, routes_taken(scorer, replayed, True))
     pairs = sum(len(f.routes) for f in finished) * 2
     print(
-        f"\n{int(real.sum())} tokens; (token, layer) routes unlike the generator's: "
-        f"{flipped} of {pairs} without replay, {replay_flipped} with; |log-prob gap| "
+        f"\n{how} generator, {int(real.sum())} tokens; (token, layer) routes unlike the "
+        f"generator's: {flipped} of {pairs} without replay, {replay_flipped} with; |log-prob gap| "
         f"without replay mean {gap.mean():.3e} max {gap.max():.3e}, with replay mean "
         f"{gap_replayed.mean():.3e} max {gap_replayed.max():.3e}: the max "
         f"{gap.max() / gap_replayed.max():.1f}x smaller, the mean "
