@@ -54,6 +54,8 @@ class ScoringActor(Actor):
     """Log-probs of every response of a lease's groups, under this actor's model."""
 
     claim_size: ClassVar[int] = 4
+    # Router replay: through the experts the generator recorded (on_start reads the config).
+    replay: bool = False
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
