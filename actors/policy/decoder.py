@@ -327,8 +327,11 @@ class Decoder:
             if request.seed is not None:
                 sequence.generator = torch.Generator(self.device).manual_seed(request.seed)
             if self.routes_dtype is not None:
+                # Room for the tokens this sequence may read: its prompt and its budget.
                 config = self.model.config
-                shape = (self.cache.max_len, config.num_hidden_layers, config.experts.per_token)
+                budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
+                tokens = len(request.prompt) + budget
+                shape = (tokens, config.num_hidden_layers, config.experts.per_token)
                 sequence.routes = np.zeros(shape, self.routes_dtype)
             self.active[slot] = sequence
 

@@ -94,3 +94,18 @@ def test_bad_route_shapes_are_named() -> None:
     item = p.Item(1, "k9", {Role.GENERATE.value: payload})
     with pytest.raises(PayloadError, match=r"generate\.routes is not a uint8/int16 array"):
         RolloutsOut.of(item)
+
+
+def test_a_micro_batchs_rows_keep_their_routes() -> None:
+    from asyncrl.actors.training.group import Group
+
+    prompt = routes(2, 8)
+    records = [np.concatenate([prompt, routes(n, 9 + n)]) for n in (1, 4, 2)]
+    rollouts = RolloutsOut.from_sequences(
+        [sequence([5, 6], [3] * n + [1], r) for n, r in zip((1, 4, 2), records, strict=True)]
+    )
+    group = Group(1, rollouts, None, None, np.zeros(3, np.float32))
+    part = group.rows(np.array([0, 2])).rollouts
+    assert part.routes is not None and part.routes.shape == (2, 3, LAYERS, PER_TOKEN)
+    for got, record in zip(part.row_routes(), (records[0], records[2]), strict=True):
+        np.testing.assert_array_equal(got[: len(record)], record)
