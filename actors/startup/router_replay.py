@@ -49,9 +49,12 @@ def router_replay_problems(cfg: RunConfig, role: str) -> list[str]:
 
 
 _ENGINE_CANNOT = {
+    # vLLM 0.32 returns the experts it routed to (enable_return_routed_experts) only from
+    # its V2 model runner, which needs Triton: not on CPU, and not what the engine here runs.
     "vllm": (
-        "algorithm.router_replay.enabled with backends.generate='vllm': its routes are not "
-        "wired into the rollouts yet; use backends.generate=torch"
+        "algorithm.router_replay.enabled with backends.generate='vllm': vLLM returns its "
+        "routes only from its V2 model runner, which this engine does not run; use "
+        "backends.generate=torch"
     ),
     "sglang": (
         "algorithm.router_replay.enabled with backends.generate='sglang': SGLang does not "

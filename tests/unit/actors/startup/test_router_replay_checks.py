@@ -49,7 +49,7 @@ def test_a_model_without_experts_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("role", "backends", "expected"),
     [
-        ("generate", {"generate": "vllm"}, "backends.generate='vllm': its routes are not wired"),
+        ("generate", {"generate": "vllm"}, "backends.generate='vllm': vLLM returns its routes"),
         ("generate", {"generate": "sglang"}, "backends.generate='sglang': SGLang does not give"),
         ("train", {"train": "megatron"}, "backends.train='megatron': megatron's router replay"),
         ("logp", {"train": "megatron"}, "backends.train='megatron'"),
