@@ -451,6 +451,6 @@ class Decoder:
 
 
 def route_dtype(experts: int) -> np.dtype:
-    """The narrowest integer that holds an expert's index of ``experts``: uint8 up to 256
-    (a byte per expert a token and layer), int16 beyond."""
+    """The narrowest integer that holds an index of ``experts`` experts: uint8 up to 256
+    (one byte an index), int16 beyond."""
     return np.dtype(np.uint8) if experts <= 256 else np.dtype(np.int16)

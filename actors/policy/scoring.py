@@ -36,11 +36,22 @@ class Packed:
     # per_token] (0 on padding); None: each token goes where the router sends it.
     routes: torch.Tensor | None = None
 
-    def routing(self, device: torch.device) -> Routing | None:
+    def routing(self, device: torch.device, model: CausalLM | None = None) -> Routing | None:
         """The routes of the tokens a model reads (every column but the last), laid out
-        [layers, rows, tokens, per_token] as :class:`Routing` takes them."""
+        [layers, rows, tokens, per_token] as :class:`Routing` takes them; ValueError if
+        they are not shaped for ``model``'s layers and experts."""
         if self.routes is None:
             return None
+        experts = None if model is None else model.config.experts
+        if model is not None:
+            layers = model.config.num_hidden_layers
+            if experts is None or tuple(self.routes.shape[2:]) != (layers, experts.per_token):
+                per_token = "no" if experts is None else experts.per_token
+                raise ValueError(
+                    f"routes recorded for {self.routes.shape[2]} layers x "
+                    f"{self.routes.shape[3]} experts a token; the model has {layers} layers "
+                    f"x {per_token} (a generator of another model?)"
+                )
         return Routing(self.routes[:, :-1].permute(2, 0, 1, 3).to(device, torch.long))
 
 
@@ -112,7 +123,7 @@ def response_logprobs(
         return picked * packed.mask.to(device)
     # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
     # vocabulary's logits at a time.
-    routing = packed.routing(device)
+    routing = packed.routing(device, model)
     picked = model(inputs, columns=columns, targets=tokens, sampling=sampling, routing=routing)
     return picked * packed.mask.to(device)
 
@@ -136,7 +147,7 @@ def response_logprobs_and_entropy(
             targets=tokens,
             sampling=sampling,
             entropy=entropy,
-            routing=packed.routing(device),
+            routing=packed.routing(device, model),
         )
     real = packed.mask.to(picked.device)
     return picked * real, torch.where(real > 0, spread, 0.0)

@@ -170,3 +170,11 @@ def test_a_reload_records_the_new_versions_routes(moe_dir: Path) -> None:
     # every token as the record says.
     taken = routes_taken(decoder.model, packed(finished, False), False)
     assert route_mismatches(finished, taken) == 0
+
+
+def test_routes_of_another_shape_are_refused_by_name(moe_dir: Path) -> None:
+    model, _ = load_model(str(moe_dir))
+    three_a_token = [torch.zeros(6, 2, 3, dtype=torch.int16)]
+    batch = pack([(5, 6, 7)], [(8, 9, 1, 1)], 0, routes=three_a_token)
+    with pytest.raises(ValueError, match=r"routes recorded for 2 layers x 3 experts a token; "):
+        response_logprobs(model, batch)
