@@ -178,3 +178,17 @@ def test_routes_of_another_shape_are_refused_by_name(moe_dir: Path) -> None:
     batch = pack([(5, 6, 7)], [(8, 9, 1, 1)], 0, routes=three_a_token)
     with pytest.raises(ValueError, match=r"routes recorded for 2 layers x 3 experts a token; "):
         response_logprobs(model, batch)
+
+
+def test_an_unnormalising_model_replays_its_own_choice_unchanged(tmp_path: Path) -> None:
+    """norm_topk_prob false: the replayed experts' weights are the router's probabilities
+    as they are, not renormalised over the chosen ones."""
+    model, _ = load_model(str(hf_model_dir(tmp_path, "qwen3-moe-unnormalised-tied")))
+    finished = generate(model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            response_logprobs(model, packed(finished, True)),
+            response_logprobs(model, packed(finished, False)),
+            rtol=0,
+            atol=1e-5,
+        )
