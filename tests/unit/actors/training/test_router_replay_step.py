@@ -76,3 +76,30 @@ def test_the_trainer_routes_by_the_groups_record(moe_dir: Path) -> None:
     assert ratio_mean(moe_dir, False, [forced]) == pytest.approx(1.0, abs=1e-4)  # ignored
     # Replayed: the tokens' ratios scatter (up and down: their mean moves less than each).
     assert abs(ratio_mean(moe_dir, True, [forced]) - 1.0) > 1e-3
+
+
+def test_logp_scores_by_the_record_in_passes_of_like_length(moe_dir: Path) -> None:
+    """Groups of different lengths, scored in several passes (SCORE_SLACK): each pass's
+    rows keep their own routes."""
+    from asyncrl.actors.policy.sampling import PLAIN
+    from asyncrl.actors.training.scorer import _passes_by_length, pack_rollouts, score_rollouts
+
+    model, codec = load_model(str(moe_dir))
+    groups = [group(moe_dir).rollouts]
+    short = group(moe_dir).rollouts
+    keep = 3  # the same group cut short: a pass of its own
+    short = replace(
+        short,
+        response_ids=short.response_ids[:, :keep],
+        lengths=np.minimum(short.lengths, keep),
+        logprobs=short.logprobs[:, :keep],
+        versions=short.versions[:, :keep],
+        loss_mask=short.loss_mask[:, :keep],
+        routes=short.routes[:, :keep],
+    )
+    groups.append(short)
+    assert len(_passes_by_length(pack_rollouts(groups, codec.pad_id, True))) > 1
+    scores = score_rollouts(model, groups, codec.pad_id, PLAIN, replay=True)
+    for got, rollouts in zip(scores, groups, strict=True):
+        real = rollouts.trained_mask()
+        np.testing.assert_allclose(got[real], rollouts.logprobs[real], atol=1e-5)
