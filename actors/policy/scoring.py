@@ -36,7 +36,9 @@ class Packed:
     # per_token] (0 on padding); None: each token goes where the router sends it.
     routes: torch.Tensor | None = None
 
-    def routing(self, device: torch.device, model: CausalLM | None = None) -> Routing | None:
+    def routing(
+        self, device: torch.device, model: CausalLM | EngineModel | None = None
+    ) -> Routing | None:
         """The routes of the tokens a model reads (every column but the last), laid out
         [layers, rows, tokens, per_token] as :class:`Routing` takes them; ValueError if
         they are not shaped for ``model``'s layers and experts."""
@@ -118,8 +120,8 @@ def response_logprobs(
     device = device_of(model)
     inputs, columns, tokens = response_positions(packed, device)
     if isinstance(model, EngineModel):  # the engine's own way (a split vocabulary, say)
-        _no_replay(packed)
-        picked = model.token_logprobs(inputs, columns, tokens, sampling)
+        replay = _engine_routes(model, packed, device)
+        picked = model.token_logprobs(inputs, columns, tokens, sampling, routes=replay)
         return picked * packed.mask.to(device)
     # Only the response positions, in fp32 whatever the weights' dtype, a chunk of the
     # vocabulary's logits at a time.
@@ -138,8 +140,8 @@ def response_logprobs_and_entropy(
     device = device_of(model)
     inputs, columns, tokens = response_positions(packed, device)
     if isinstance(model, EngineModel):
-        _no_replay(packed)
-        picked, spread = model.token_logprobs(inputs, columns, tokens, sampling, entropy)
+        replay = _engine_routes(model, packed, device)
+        picked, spread = model.token_logprobs(inputs, columns, tokens, sampling, entropy, replay)
     else:
         picked, spread = model(
             inputs,
@@ -153,10 +155,9 @@ def response_logprobs_and_entropy(
     return picked * real, torch.where(real > 0, spread, 0.0)
 
 
-def _no_replay(packed: Packed) -> None:
-    # The config refuses router replay with another engine first; this is the backstop.
-    if packed.routes is not None:
-        raise ValueError("router replay: this training engine cannot route by a record")
+def _engine_routes(model: EngineModel, packed: Packed, device: torch.device) -> torch.Tensor | None:
+    routing = packed.routing(device, model)
+    return None if routing is None else routing.replay
 
 
 def response_positions(

@@ -34,11 +34,13 @@ def router_replay_problems(cfg: RunConfig, role: str) -> list[str]:
             "algorithm.router_replay.enabled with data.harness: a harness's calls through "
             "the served API do not record routes; turn one of them off"
         )
-    if replays_routes(cfg, role) and cfg.backends.train != "torch":
+    pipeline = cfg.backends.megatron.pipeline_parallel
+    if replays_routes(cfg, role) and cfg.backends.train == "megatron" and pipeline > 1:
+        # Stages overlapping micro-batches (1F1B) would each need their own replay set
+        # for every forward; not wired.
         problems.append(
-            f"algorithm.router_replay.enabled with backends.train={cfg.backends.train!r}: "
-            "megatron's router replay is not wired to the recorded routes; use "
-            "backends.train=torch"
+            f"algorithm.router_replay.enabled with backends.megatron.pipeline_parallel="
+            f"{pipeline}: megatron replays routes here without pipeline stages only; use 1"
         )
     if _has_no_experts(cfg.model.path):
         problems.append(

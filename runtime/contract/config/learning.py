@@ -328,8 +328,8 @@ class RouterReplaySection:
         metadata=doc(
             "the generator records each token's experts in every mixture-of-experts layer "
             "and logp and train route the token through them, the gates' weights still "
-            "from the current router (a model with experts; backends.generate=torch and "
-            "backends.train=torch)"
+            "from the current router (a model with experts; backends.generate=torch; "
+            "backends.train=torch, or megatron without pipeline stages)"
         ),
     )
     ref_logp: bool = field(

@@ -16,20 +16,22 @@ def moe(tmp_path_factory) -> str:
     return str(hf_model_dir(tmp_path_factory.mktemp("moe"), "qwen3-moe"))
 
 
-def config(path: str, ref_logp: bool = False, **backends: str):
+def config(path: str, ref_logp: bool = False, workers: int = 1, **backends):
     return config_from_dict(
         {
             "model": {"path": path},
             "backends": backends,
+            "pipeline": {"workers": {"train": workers}},
             "algorithm": {"router_replay": {"enabled": True, "ref_logp": ref_logp}},
         }
     )
 
 
 def test_a_mixture_of_experts_on_our_engines_passes(moe: str) -> None:
+    for cfg in (config(moe), config(moe, train="megatron")):
+        for role in ("generate", "logp", "ref_logp", "train"):
+            assert router_replay_problems(cfg, role) == []
     cfg = config(moe)
-    for role in ("generate", "logp", "ref_logp", "train"):
-        assert router_replay_problems(cfg, role) == []
     assert [replays_routes(cfg, r) for r in ("logp", "ref_logp", "train", "critic")] == [
         True,
         False,
@@ -51,14 +53,17 @@ def test_a_model_without_experts_is_refused(tmp_path: Path) -> None:
     [
         ("generate", {"generate": "vllm"}, "backends.generate='vllm': vLLM returns its routes"),
         ("generate", {"generate": "sglang"}, "backends.generate='sglang': SGLang does not give"),
-        ("train", {"train": "megatron"}, "backends.train='megatron': megatron's router replay"),
-        ("logp", {"train": "megatron"}, "backends.train='megatron'"),
+        (
+            "train",
+            {"train": "megatron", "megatron": {"pipeline_parallel": 2}},
+            "backends.megatron.pipeline_parallel=2: megatron replays routes here without",
+        ),
     ],
 )
 def test_an_engine_that_cannot_record_or_replay_is_named(
     moe: str, role: str, backends: dict[str, str], expected: str
 ) -> None:
-    (problem,) = router_replay_problems(config(moe, **backends), role)
+    (problem,) = router_replay_problems(config(moe, workers=2, **backends), role)
     assert expected in problem and "\n" not in problem
 
 
