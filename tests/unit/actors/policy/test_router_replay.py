@@ -192,3 +192,38 @@ def test_an_unnormalising_model_replays_its_own_choice_unchanged(tmp_path: Path)
             rtol=0,
             atol=1e-5,
         )
+
+
+def test_a_sequence_spanning_a_reload_replays_exactly_under_the_newer_version(
+    moe_dir: Path,
+) -> None:
+    """The record holds the newer version's routes for the whole prefix: scored under the
+    newer version with replay, its tokens' log-probs are the generator's; under the older
+    one, the older tokens' are not (the engine gap shows it)."""
+    older, _ = load_model(str(moe_dir))
+    newer = perturbed_generator(moe_dir, "router-noise")
+    generator, _ = load_model(str(moe_dir))
+    decoder = Decoder(
+        generator, slots=8, max_new_tokens=12, max_prompt_tokens=16, eos_id=-1, pad_id=0,
+        record_routes=True,
+    )  # fmt: skip
+    decoder.submit([Request(tag, (5 + tag, 7, 9, 11, 13)) for tag in range(8)])
+    finished: list[Finished] = []
+    for _ in range(6):
+        finished += decoder.step()
+    decoder.load(newer.state_dict(), version=1)
+    while decoder.busy:
+        finished += decoder.step()
+    finished.sort(key=lambda f: f.tag)
+    batch = packed(finished, True)
+    sampled = behaviour(finished, batch.mask)
+    versions = torch.zeros_like(batch.mask)
+    for row, f in enumerate(finished):
+        versions[row, : len(f.versions)] = torch.tensor(f.versions, dtype=torch.float32)
+    gaps = {}
+    with torch.no_grad():
+        for version, model in ((0, older), (1, newer)):
+            gap = (response_logprobs(model, batch) - sampled).abs()[versions == version]
+            gaps[version] = float(gap.max())
+    print(f"\nmax |gap| of each version's tokens under that version, replayed: {gaps}")
+    assert gaps[1] < 1e-5 < gaps[0]
