@@ -26,6 +26,8 @@ from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .policy.decoder import Decoding, Finished, Request
 from .policy.tokenizer import TextCodec
 from .tasks import Sample
@@ -59,6 +61,9 @@ class EpisodeDone:
     reward: float | None  # the environment's sum; None without one
     last_turn: list[int]  # the model's final turn (what a reward function scores)
     turns: int
+    # The experts of the tokens the model read, as its last turn recorded them
+    # (Finished.routes); None: its decoder does not record.
+    routes: np.ndarray | None = None
 
 
 @dataclass
@@ -100,6 +105,7 @@ class _Episode:
     last_turn: list[int] = field(default_factory=list)
     turns: int = 0
     reward: float = 0.0
+    routes: np.ndarray | None = None  # the last turn's (Finished.routes)
     call: _Call | None = None
     kind: str = ""  # the call in flight: "reset" or "step"
 
@@ -261,6 +267,8 @@ class Episodes:
     def _turn_ended(self, episode: _Episode, turn: Finished) -> EpisodeDone | None:
         episode.add(turn.tokens, turn.logprobs, turn.versions, trained=True)
         episode.last_turn = list(turn.tokens)
+        # A turn's prompt is the whole episode so far: its record covers every turn before.
+        episode.routes = turn.routes
         episode.turns += 1
         if episode.environment is None:
             return self._finish(episode, truncated=turn.truncated)
@@ -283,4 +291,5 @@ class Episodes:
             reward=episode.reward if episode.environment is not None else None,
             last_turn=episode.last_turn,
             turns=episode.turns,
+            routes=episode.routes,
         )

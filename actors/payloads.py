@@ -11,7 +11,7 @@ A group's sequences are stored padded to the longest one, ``[rows, longest]``, w
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -119,6 +119,9 @@ class Sampled:
     trained: Sequence[bool]  # the loss mask: True on the model's own sampled tokens
     truncated: bool = False  # a length or turn limit, not the model, ended it
     owner: int = 0  # which of the group's trajectories it belongs to
+    # Router replay's record: the experts of the sequence's first tokens, [tokens, layers,
+    # per_token] (every token the model read; see Finished.routes); None: not recorded.
+    routes: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,13 @@ class RolloutsOut:
     tool tokens, which ``loss_mask`` leaves out of every log-prob, loss and gradient; a
     harness session whose calls do not extend each other is several sequences of one
     trajectory (``owners``). ``prompt_ids`` is the prefix every sequence shares.
+
+    Router replay (a generator that records): ``routes`` holds the experts each
+    mixture-of-experts layer chose for every response token the model read, and
+    ``prompt_routes`` those of the prompt's tokens: once, ``[prompt, layers, per_token]``,
+    when every sequence's prompt went the same way, else ``[rows, prompt, layers,
+    per_token]``. uint8 up to 256 experts, int16 beyond: layers x per_token bytes (or
+    twice that) a token. A response's last token was never read; its route is 0.
     """
 
     prompt_ids: np.ndarray  # int32 [prompt tokens]
@@ -142,6 +152,8 @@ class RolloutsOut:
     loss_mask: np.ndarray  # uint8 [rows, longest] 1 on tokens the model sampled
     owners: np.ndarray  # int32 [rows] the trajectory (0..n-1) each sequence belongs to
     rewards: np.ndarray | None = None  # float32 [n]: what an environment or harness paid
+    routes: np.ndarray | None = None  # uint8|int16 [rows, longest, layers, per_token]
+    prompt_routes: np.ndarray | None = None  # [prompt, layers, per_token] or per row
 
     def to_payload(self) -> p.Payload:
         payload = {
@@ -156,10 +168,15 @@ class RolloutsOut:
         }
         if self.rewards is not None:
             payload["rewards"] = self.rewards
+        if self.routes is not None:
+            payload["routes"] = self.routes
+            payload["prompt_routes"] = self.prompt_routes
         return payload
 
     @classmethod
-    def of(cls, item: p.Item) -> RolloutsOut:
+    def of(cls, item: p.Item, *, routes: bool = False) -> RolloutsOut:
+        """``routes``: the group must carry the generator's routes (router replay is on);
+        PayloadError naming it if it does not."""
         # Filed under the role that made it: the generators', or the agent harnesses' when
         # they hold the admit stage (data.harness).
         g = Role.HARNESS if Role.HARNESS.value in item.data else Role.GENERATE
@@ -197,6 +214,14 @@ class RolloutsOut:
                 raise PayloadError(f"group {item.key!r}: {g.value}.{name} is not {shape}")
         if out.owners.shape != lengths.shape or out.truncated.shape != lengths.shape:
             raise PayloadError(f"group {item.key!r}: {g.value}.owners/truncated: one per row")
+        if "routes" in data:
+            return replace(out, **_routes_of(item, g, out))
+        if routes:
+            raise PayloadError(
+                f"group {item.key!r} has no {g.value}.routes: router replay "
+                "(algorithm.router_replay.enabled) needs a generator that records each "
+                "token's experts (backends.generate=torch)"
+            )
         return out
 
     @classmethod
@@ -247,6 +272,7 @@ class RolloutsOut:
             logprobs[row, :n] = s.logprobs[shared:]
             versions[row, :n] = s.versions[shared:]
             mask[row, :n] = s.trained[shared:]
+        prompt_routes, routes = _stacked_routes(sequences, shared, longest)
         return cls(
             prompt_ids=np.asarray(first[:shared], np.int32),
             response_ids=ids,
@@ -257,6 +283,8 @@ class RolloutsOut:
             loss_mask=mask,
             owners=np.array([s.owner for s in sequences], np.int32),
             rewards=None if rewards is None else np.asarray(rewards, np.float32),
+            routes=routes,
+            prompt_routes=prompt_routes,
         )
 
     def responses(self) -> list[list[int]]:
@@ -273,6 +301,82 @@ class RolloutsOut:
         """The oldest and newest policy version among the tokens the model sampled."""
         used = self.versions[self.trained_mask()]
         return int(used.min()), int(used.max())
+
+    def row_routes(self) -> list[np.ndarray]:
+        """Per row, the routes of its prompt and response, [prompt + length, layers,
+        per_token] (router replay; the group must carry them)."""
+        if self.routes is None or self.prompt_routes is None:
+            raise ValueError("the group carries no routes")
+        out = []
+        for row, n in enumerate(self.lengths):
+            prompt = self.prompt_routes if self.prompt_routes.ndim == 3 else self.prompt_routes[row]
+            out.append(np.concatenate([prompt, self.routes[row, :n]]))
+        return out
+
+    def route_bytes(self) -> int:
+        """The routes' size in the payload (0 without them)."""
+        if self.routes is None or self.prompt_routes is None:
+            return 0
+        return self.routes.nbytes + self.prompt_routes.nbytes
+
+
+_ROUTE_DTYPES = ("uint8", "int16")
+
+
+def _stacked_routes(
+    sequences: Sequence[Sampled], shared: int, longest: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(prompt_routes, routes) of sequences that all carry routes; (None, None) if any
+    does not. The shared prompt's are kept once if every sequence's are equal."""
+    records = [s.routes for s in sequences]
+    if any(r is None for r in records):
+        return None, None
+    first = records[0]
+    assert first is not None
+    for i, (s, r) in enumerate(zip(sequences, records, strict=True)):
+        assert r is not None
+        if r.ndim != 3 or r.shape[1:] != first.shape[1:] or r.dtype != first.dtype:
+            raise ValueError(f"sequence {i}: routes {r.dtype} {r.shape}, unlike sequence 0's")
+        if not shared <= len(r) <= len(s.tokens):
+            raise ValueError(
+                f"sequence {i}: routes for {len(r)} tokens; expected {shared}.."
+                f"{len(s.tokens)} (its prompt up to all its tokens)"
+            )
+    prompts = np.stack([r[:shared] for r in records])  # type: ignore[index]
+    same = all(np.array_equal(prompts[0], one) for one in prompts[1:])
+    routes = np.zeros((len(sequences), longest, *first.shape[1:]), first.dtype)
+    for row, r in enumerate(records):
+        tail = r[shared:]  # type: ignore[index]
+        routes[row, : len(tail)] = tail
+    return (prompts[0] if same else prompts), routes
+
+
+def _routes_of(item: p.Item, g: Role, out: RolloutsOut) -> dict[str, np.ndarray]:
+    """The routes of a group that carries them, their shapes checked against ``out``'s."""
+    data = item.data[g.value]
+    routes, prompt = data.get("routes"), data.get("prompt_routes")
+    for name, value in (("routes", routes), ("prompt_routes", prompt)):
+        if not isinstance(value, np.ndarray) or value.dtype.name not in _ROUTE_DTYPES:
+            raise PayloadError(f"group {item.key!r}: {g.value}.{name} is not a uint8/int16 array")
+    assert isinstance(routes, np.ndarray) and isinstance(prompt, np.ndarray)
+    rows, width = out.response_ids.shape
+    if routes.ndim != 4 or routes.shape[:2] != (rows, width):
+        raise PayloadError(
+            f"group {item.key!r}: {g.value}.routes is {list(routes.shape)}; expected "
+            f"[{rows}, {width}, layers, per_token]"
+        )
+    each = routes.shape[2:]
+    tokens = len(out.prompt_ids)
+    if prompt.dtype != routes.dtype or prompt.shape not in (
+        (tokens, *each),
+        (rows, tokens, *each),
+    ):
+        raise PayloadError(
+            f"group {item.key!r}: {g.value}.prompt_routes is {prompt.dtype} "
+            f"{list(prompt.shape)}; expected {routes.dtype} [{tokens}, {each[0]}, {each[1]}] "
+            f"or [{rows}, {tokens}, {each[0]}, {each[1]}]"
+        )
+    return {"routes": routes, "prompt_routes": prompt}
 
 
 def _within(lengths: np.ndarray, width: int) -> np.ndarray:

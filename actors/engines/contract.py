@@ -50,11 +50,13 @@ class EngineModel(Protocol):
         targets: torch.Tensor,
         sampling: Sampling,
         entropy: Entropy = "off",
+        routes: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(``targets`` [batch, k]) at ``columns`` [batch, k], float32, under the
         distribution ``sampling`` draws from (``sampled_logprobs``); with ``entropy``
         "measured" (no gradient) or "trained", also (log-probs, entropies) of that
-        distribution at each position."""
+        distribution at each position. ``routes`` [layers, batch, tokens, per_token]: a
+        mixture of experts routes each token through those (router replay)."""
         ...
 
     # Training, where the engine may split the model over a group of ranks:

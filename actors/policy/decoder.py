@@ -36,6 +36,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from .checkpoint import load_state
@@ -44,7 +45,15 @@ from .model import CausalLM
 from .padding import like_width_runs
 from .sampling import PLAIN, Sampling, sampled_logprobs, sampling_problem
 
-__all__ = ["Decoder", "Decoding", "Finished", "Request", "check_request", "end_ids"]
+__all__ = [
+    "Decoder",
+    "Decoding",
+    "Finished",
+    "Request",
+    "check_request",
+    "end_ids",
+    "route_dtype",
+]
 
 # Sequences catching up are fed in runs padded to at most this many times their tokens.
 CATCH_UP_SLACK = 1.25
@@ -117,6 +126,10 @@ class Finished:
     versions: list[int]
     truncated: bool  # stopped by the length limit rather than end-of-sequence or a stop id
     stopped_by: int | None = None  # the end-of-sequence or stop id it ended with
+    # Router replay's record (a decoder that records them): the experts each mixture-of-
+    # experts layer chose for every token the model read, [prompt + response - 1, layers,
+    # per_token] (the last token is sampled, never read); None: not recorded.
+    routes: np.ndarray | None = None
 
 
 @runtime_checkable
@@ -158,6 +171,7 @@ class _Sequence:
     versions: list[int] = field(default_factory=list)
     sampling: Sampling = PLAIN  # the request's, or the decoder's (the same object)
     generator: torch.Generator | None = None  # a seeded request's own
+    routes: np.ndarray | None = None  # [context, layers, per_token]: see Finished.routes
 
     @property
     def response(self) -> list[int]:
@@ -182,7 +196,10 @@ class Decoder:
         seed: int = 0,
         version: int = 0,
         cuda_graphs: bool = False,
+        record_routes: bool = False,
     ) -> None:
+        """``record_routes``: each finished sequence carries the experts its tokens were
+        routed to (:attr:`Finished.routes`; a mixture-of-experts model)."""
         # The defaults of requests that name none (ValueError naming a bad one).
         self.sampling = Sampling(temperature, top_p, top_k)
         self.model = model.eval()
@@ -201,6 +218,12 @@ class Decoder:
         self.cache = model.new_cache(slots + spare, max_prompt_tokens + max_new_tokens)
         self.graphed = GraphedSteps(model, self.cache, slots) if graphed else None
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        experts = model.config.experts
+        if record_routes and experts is None:
+            raise ValueError("record_routes: the model has no mixture-of-experts layers")
+        self.routes_dtype = (
+            None if not record_routes else route_dtype(experts.count)  # type: ignore[union-attr]
+        )
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Sequence] = {}  # slot → sequence
 
@@ -303,6 +326,13 @@ class Decoder:
             sequence = _Sequence(request, list(request.prompt), sampling=self._sampling_of(request))
             if request.seed is not None:
                 sequence.generator = torch.Generator(self.device).manual_seed(request.seed)
+            if self.routes_dtype is not None:
+                # Room for the tokens this sequence may read: its prompt and its budget.
+                config = self.model.config
+                budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
+                tokens = len(request.prompt) + budget
+                shape = (tokens, config.num_hidden_layers, config.experts.per_token)
+                sequence.routes = np.zeros(shape, self.routes_dtype)
             self.active[slot] = sequence
 
     def _sampling_of(self, request: Request) -> Sampling:
@@ -319,6 +349,7 @@ class Decoder:
         sequences = [self.active[slot] for slot in slots]
         ids, positions = self._inputs(sequences)
         d = self.device
+        recorded: list[torch.Tensor] | None = [] if self.routes_dtype is not None else None
         # Positions and slots stay in CPU memory: the model reads the step's shapes from
         # them without a round trip to the device.
         if self.graphed is not None and ids.shape[1] == 1:
@@ -328,8 +359,10 @@ class Decoder:
             # position, and would otherwise stretch every row's attention to the whole cache.
             span = max(len(seq.tokens) for seq in sequences)
             logits = self.model.step(
-                ids.to(d), positions, torch.tensor(slots), self.cache, span=span
+                ids.to(d), positions, torch.tensor(slots), self.cache, span, recorded
             )
+        if recorded is not None:
+            self._keep_routes(sequences, recorded)
         ends = torch.tensor([len(seq.tokens) - seq.fed - 1 for seq in sequences], device=d)
         last = logits[torch.arange(len(slots), device=d), ends]
         chosen, logprobs = self._pick(last, sequences)
@@ -343,6 +376,17 @@ class Decoder:
             if result is not None:
                 done.append(result)
         return done
+
+    def _keep_routes(self, sequences: list[_Sequence], recorded: list[torch.Tensor]) -> None:
+        """Each sequence's routes of the tokens this step fed it ([rows, tokens, per_token]
+        per layer in ``recorded``), at those tokens' positions of its record (a reload's
+        recompute writes the new version's over the old)."""
+        # [rows, tokens, layers, per_token], to host memory once for the step.
+        routes = torch.stack(recorded, dim=2).to("cpu", torch.int32).numpy()
+        for row, seq in enumerate(sequences):
+            assert seq.routes is not None
+            fed = len(seq.tokens) - seq.fed
+            seq.routes[seq.fed : len(seq.tokens)] = routes[row, :fed]
 
     def _inputs(self, sequences: list[_Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sequence's unfed tokens and their positions, right-padded into a batch."""
@@ -402,4 +446,11 @@ class Decoder:
             versions=seq.versions,
             truncated=not ended,
             stopped_by=response[-1] if ended else None,
+            routes=None if seq.routes is None else seq.routes[: len(seq.tokens) - 1].copy(),
         )
+
+
+def route_dtype(experts: int) -> np.dtype:
+    """The narrowest integer that holds an index of ``experts`` experts: uint8 up to 256
+    (one byte an index), int16 beyond."""
+    return np.dtype(np.uint8) if experts <= 256 else np.dtype(np.int16)

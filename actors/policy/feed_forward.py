@@ -8,7 +8,22 @@ from torch import nn
 
 from .config import ModelConfig
 
-__all__ = ["MLP", "MixtureOfExperts"]
+__all__ = ["MLP", "MixtureOfExperts", "Routing"]
+
+
+class Routing:
+    """What a forward pass does with the routers of a mixture of experts: ``replay``
+    [layers, batch, tokens, per_token] routes each token through those experts instead of
+    its router's top-k (router replay); ``record`` keeps each layer's choice, [batch,
+    tokens, per_token] per layer in order (the generator's). Layer i of the model reads
+    and writes entry i; a model without experts never asks."""
+
+    def __init__(self, replay: torch.Tensor | None = None, *, record: bool = False) -> None:
+        self.replay = replay
+        self.recorded: list[torch.Tensor] | None = [] if record else None
+
+    def layer(self, index: int) -> torch.Tensor | None:
+        return None if self.replay is None else self.replay[index]
 
 
 class MLP(nn.Module):
@@ -38,14 +53,31 @@ class MixtureOfExperts(nn.Module):
             MLP(config, self.spec.intermediate_size) for _ in range(self.spec.count)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        replay: torch.Tensor | None = None,
+        recorded: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """``replay`` [*x's leading dims, per_token]: the experts each token goes through
+        (recorded by the generator), weighted by this router's probabilities of them; the
+        router's own choice otherwise. ``recorded``: the choice is appended to it, shaped
+        like ``replay``."""
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         logits = self.gate(tokens)
         # The softmax in float32 and the chosen weights back in the activations' dtype, as
         # transformers computes them: the trainer's log-probs match the checkpoint's own.
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.spec.per_token, dim=-1)
+        if replay is None:
+            weights, chosen = torch.topk(probs, self.spec.per_token, dim=-1)
+        else:
+            # The recorded experts, their weights from this router's softmax: the gate's
+            # gradient flows through them, so the router keeps learning.
+            chosen = replay.reshape(-1, self.spec.per_token).to(torch.long)
+            weights = probs.gather(-1, chosen)
+        if recorded is not None:
+            recorded.append(chosen.reshape(*shape[:-1], self.spec.per_token))
         if self.spec.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(logits.dtype)

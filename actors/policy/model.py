@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .attention_runs import attention_runs
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
-from .feed_forward import MLP, MixtureOfExperts
+from .feed_forward import MLP, MixtureOfExperts, Routing
 from .rotary import Rotary, rotate
 from .sampling import PLAIN, Sampling
 
@@ -43,6 +43,7 @@ __all__ = [
     "Entropy",
     "KVCache",
     "ModelConfig",
+    "Routing",
     "entropy_of",
 ]
 
@@ -191,10 +192,18 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, attend: Callable[[_Attention, torch.Tensor], torch.Tensor]
+        self,
+        x: torch.Tensor,
+        attend: Callable[[_Attention, torch.Tensor], torch.Tensor],
+        replay: torch.Tensor | None = None,
+        recorded: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """``replay``/``recorded``: this layer's routes (see :class:`Routing`)."""
         x = x + attend(self.self_attn, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        if isinstance(self.mlp, MixtureOfExperts):
+            return x + self.mlp(h, replay, recorded)
+        return x + self.mlp(h)
 
 
 class _Backbone(nn.Module):
@@ -220,9 +229,15 @@ class Decoder(nn.Module):
         # (model.gradient_checkpointing), about a third more compute for far less memory.
         self.gradient_checkpointing = False
 
-    def hidden(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor | None = None,
+        routing: Routing | None = None,
+    ) -> torch.Tensor:
         """Final-normed hidden states [batch, tokens, hidden] of right-padded sequences
-        (padding never leaks back); ``columns`` [batch, k]: only those positions' states."""
+        (padding never leaks back); ``columns`` [batch, k]: only those positions' states.
+        ``routing``: the experts to route through, or to record (a mixture of experts)."""
         batch, tokens = input_ids.shape
         device = input_ids.device
         positions = torch.arange(tokens, device=device).expand(batch, tokens)
@@ -233,14 +248,19 @@ class Decoder(nn.Module):
         }
         x = self.model.embed_tokens(input_ids)
         recompute = self.gradient_checkpointing and torch.is_grad_enabled()
-        for layer, window in zip(self.model.layers, self.windows, strict=True):
+        recorded = None if routing is None else routing.recorded
+        for i, (layer, window) in enumerate(zip(self.model.layers, self.windows, strict=True)):
             mask = masks[window]
+            replay = None if routing is None else routing.layer(i)
 
             def attend(attn, h, mask=mask):
                 return attn(h, rope, mask)
 
             # Recomputing keeps only each layer's input; the rest comes back in backward.
-            x = checkpoint(layer, x, attend, use_reentrant=False) if recompute else layer(x, attend)
+            if recompute:
+                x = checkpoint(layer, x, attend, replay, recorded, use_reentrant=False)
+            else:
+                x = layer(x, attend, replay, recorded)
         if columns is not None:
             x = x[torch.arange(batch, device=device)[:, None], columns]
         return self.model.norm(x)
@@ -265,6 +285,7 @@ class CausalLM(Decoder):
         targets: torch.Tensor | None = None,
         sampling: Sampling = PLAIN,
         entropy: Entropy = "off",
+        routing: Routing | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [batch, tokens, vocab] of right-padded sequences (padding never leaks back).
 
@@ -277,9 +298,10 @@ class CausalLM(Decoder):
         ``sampling`` draws from those logits (sampling.py). Then no more than
         :data:`HEAD_CHUNK_ELEMENTS` logits exist at once (see :class:`_OutputLayer`).
         ``entropy`` (with ``targets``): also the entropy of that distribution at each
-        column, ``(log-probs, entropies)``; see :data:`Entropy`.
+        column, ``(log-probs, entropies)``; see :data:`Entropy`. ``routing``: the experts
+        each token goes through, or a record of them (:class:`Routing`).
         """
-        h = self.hidden(input_ids, columns)
+        h = self.hidden(input_ids, columns, routing)
         if targets is not None:
             return self.lm_head(h, targets, sampling, entropy)
         return self.lm_head(h)
@@ -295,6 +317,7 @@ class CausalLM(Decoder):
         slots: torch.Tensor,
         cache: KVCache,
         span: int | None = None,
+        recorded: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Logits [rows, tokens, vocab] for ``input_ids`` [rows, tokens] placed at ``positions``
         of cache ``slots`` [rows]; each token sees its slot's cache up to its own position
@@ -307,6 +330,8 @@ class CausalLM(Decoder):
         row's own), so that nothing is read back from the device: a step captured in a
         CUDA graph (graphs.py) passes the cache's length, the decoder its rows' longest
         real prefix (padding tokens sit at the cache's last position, beyond it).
+        ``recorded``: each mixture-of-experts layer's chosen experts [rows, tokens,
+        per_token] are appended to it, in order (router replay's record).
         """
         device = input_ids.device
         # Attend over the longest prefix any row needs, not the whole cache.
@@ -337,6 +362,7 @@ class CausalLM(Decoder):
                     lambda attn, h, kv=kv, seen=seen: attn.step(
                         h, rope, kv, slots, positions, seen, rows_of, runs
                     ),
+                    recorded=recorded,
                 )
         return self.lm_head(self.model.norm(x))
 

@@ -60,6 +60,7 @@ from ..policy.model import CausalLM
 from ..serving.serving import Serving
 from ..startup.model_loading import load_policy, start_sglang, start_vllm
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
+from ..startup.router_replay import router_replay_problems
 from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
 from ..worker.weight_following import StallBounds, WeightFollower, weights_access
@@ -104,6 +105,7 @@ class Generate(StreamingActor):
             *check_device(cfg),
             *check_model(cfg),
             *check_task(cfg),
+            *router_replay_problems(cfg, cls.role),
         ]
 
     def __init__(self, slots: int = DEFAULT_SLOTS) -> None:
@@ -228,6 +230,8 @@ class Generate(StreamingActor):
             seed=cfg.run.seed + (self.ctx.index or 0),
             version=self.loaded,
             cuda_graphs=cfg.backends.cuda_graphs,
+            # Validation's rollouts are never trained: they need no routes.
+            record_routes=cfg.algorithm.router_replay.enabled and not greedy_only,
         )
 
     def _answer_served(self, finished: Finished) -> None:
@@ -355,7 +359,7 @@ class Generate(StreamingActor):
                 continue
             rows = [episode for _, episode in sorted(running.rows[item.gid].items())]
             sequences = [
-                Sampled(e.tokens, e.logprobs, e.versions, e.trained, e.truncated, owner)
+                Sampled(e.tokens, e.logprobs, e.versions, e.trained, e.truncated, owner, e.routes)
                 for owner, e in enumerate(rows)
             ]
             rewards = None if self.environment is None else [e.reward for e in rows]

@@ -41,6 +41,7 @@ from ..policy.lora import save_adapter_checkpoint, save_final
 from ..rollout_dump import RolloutDump
 from ..startup.model_loading import load_policy
 from ..startup.role_checks import check_device, check_engine, check_lora, check_model
+from ..startup.router_replay import router_replay_problems
 from ..training.gang import Order
 from ..training.learner import Group, Learner, StepStats
 from ..training.learner_role import LearnerRole
@@ -63,6 +64,7 @@ class Train(LearnerRole):
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
         problems = [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        problems += router_replay_problems(cfg, cls.role)
         return problems or check_lora(cfg)  # the targets are checked on a model that loads
 
     def on_start(self, ctx: WorkerContext) -> None:

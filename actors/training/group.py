@@ -28,11 +28,12 @@ class Group:
     reward_parts: Mapping[str, np.ndarray] | None = None  # RewardsOut.parts; None: unread
 
     @classmethod
-    def of(cls, item: p.Item) -> Group:
+    def of(cls, item: p.Item, *, routes: bool = False) -> Group:
+        """``routes``: the group must carry the generator's routes (router replay)."""
         rewards = RewardsOut.of(item)
         return cls(
             gid=item.gid,
-            rollouts=RolloutsOut.of(item),
+            rollouts=RolloutsOut.of(item, routes=routes),
             proximal=LogprobsOut.of(item, Role.LOGP) if Role.LOGP in item.data else None,
             reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
             rewards=rewards.rewards,
@@ -57,6 +58,12 @@ class Group:
             truncated=r.truncated[chosen],
             loss_mask=cut(r.loss_mask),
             owners=r.owners[chosen],
+            routes=None if r.routes is None else cut(r.routes),
+            prompt_routes=(
+                r.prompt_routes
+                if r.prompt_routes is None or r.prompt_routes.ndim == 3
+                else r.prompt_routes[chosen]
+            ),
         )
         proximal = self.proximal
         if proximal is not None:

@@ -118,6 +118,8 @@ class Learner(LearnerState):
         # Each token's entropy, from the logits the step scores with: with gradient only
         # under an entropy bonus.
         self.entropy: Entropy = "trained" if a.entropy_coef > 0 else "measured"
+        # Router replay: each token through the experts the generator chose for it.
+        self.replay = a.router_replay.enabled
         # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
         # clipping and the staged state cover them and not the frozen base.
         self.lora = cfg.model.lora.enabled
@@ -276,7 +278,7 @@ class Learner(LearnerState):
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
         for chunk, chunk_advantages, real in passes:
-            packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id)
+            packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id, self.replay)
             with self._autocast():
                 logp, entropy = self._logprobs(packed)
             loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals, entropy)
@@ -313,7 +315,10 @@ class Learner(LearnerState):
         """The passes through the engine's pipeline stages, which overlap on different
         micro-batches (1F1B); the loss and its statistics exist on the last stage."""
         assert self.engine is not None
-        packed = [pack_rollouts([g.rollouts for g in chunk], self.pad_id) for chunk, _, _ in passes]
+        packed = [
+            pack_rollouts([g.rollouts for g in chunk], self.pad_id, self.replay)
+            for chunk, _, _ in passes
+        ]
         parts: list[LossStats] = []
         total_loss = torch.zeros((), device=self.device)
 

@@ -27,6 +27,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
 
 from ..actor import Actor, ActorBroken, WorkerContext
+from ..startup.router_replay import replays_routes
 from ..worker.weight_following import weights_access
 from .gang import Gang, Order, join_group, join_group_at, pack_lease, unpack_lease
 from .group import Group
@@ -129,7 +130,8 @@ class LearnerRole(Actor):
                 f"{self.learner}'s state is at step {self.step}: another {self.learner} must "
                 "have trained the steps between"
             )
-        groups = [Group.of(item) for item in lease.items]
+        replay = replays_routes(self.cfg, self.role)
+        groups = [Group.of(item, routes=replay) for item in lease.items]
         body = pack_lease(lease) if self.gang is not None else b""
         stats, self.newest = self._together(Order.STEP, groups, body)
         return groups, stats
@@ -213,7 +215,8 @@ class LearnerRole(Actor):
                     return 0
                 groups = None
                 if order is Order.STEP:
-                    groups = [Group.of(item) for item in unpack_lease(body).items]
+                    replay = replays_routes(cfg, self.role)
+                    groups = [Group.of(item, routes=replay) for item in unpack_lease(body).items]
                 rank.carry_out(order, groups, body)
         finally:
             gang.close()

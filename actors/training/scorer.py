@@ -36,6 +36,7 @@ from ..policy.sampling import Sampling
 from ..policy.scoring import Packed, pack, response_logprobs
 from ..startup.model_loading import load_policy
 from ..startup.role_checks import check_device, check_engine, check_model
+from ..startup.router_replay import replays_routes, router_replay_problems
 from .gang import (
     Gang,
     GangBroken,
@@ -53,13 +54,21 @@ class ScoringActor(Actor):
     """Log-probs of every response of a lease's groups, under this actor's model."""
 
     claim_size: ClassVar[int] = 4
+    # Router replay: through the experts the generator recorded (on_start reads the config).
+    replay: bool = False
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return [*check_engine(cfg, cls.role), *check_device(cfg), *check_model(cfg)]
+        return [
+            *check_engine(cfg, cls.role),
+            *check_device(cfg),
+            *check_model(cfg),
+            *router_replay_problems(cfg, cls.role),
+        ]
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.sampling = Sampling.of(ctx.config.algorithm)
+        self.replay = replays_routes(ctx.config, self.role)
         self.gang = join_group(ctx.config)
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
@@ -72,7 +81,8 @@ class ScoringActor(Actor):
         return None
 
     def process(self, lease: p.Lease) -> Outcome:
-        rollouts = {item.gid: RolloutsOut.of(item) for item in lease.items}  # read once
+        # Read once; a group without the routes replay needs is refused by name.
+        rollouts = {item.gid: RolloutsOut.of(item, routes=self.replay) for item in lease.items}
         known = {gid: self.known_scores(r) for gid, r in rollouts.items()}
         reused = {gid for gid, scores in known.items() if scores is not None}
         unknown = tuple(item for item in lease.items if known[item.gid] is None)
@@ -100,11 +110,11 @@ class ScoringActor(Actor):
         """Scores of ``lease``'s groups (their ``rollouts``), with the group if there is one."""
         pad_id, sampling = self.codec.pad_id, self.sampling
         if self.gang is None:
-            return score_rollouts(self.model, rollouts, pad_id, sampling)
+            return score_rollouts(self.model, rollouts, pad_id, sampling, replay=self.replay)
         gang = self.gang
         return gang.lead(  # the others read the lease from the order themselves
             Order.SCORE,
-            lambda: score_rollouts(self.model, rollouts, pad_id, sampling, gang),
+            lambda: score_rollouts(self.model, rollouts, pad_id, sampling, gang, self.replay),
             pack_lease(lease),
         )
 
@@ -127,6 +137,7 @@ class ScoringActor(Actor):
             model, codec = load_policy(cfg, self.role, place.rank)
             split_over_group(model, gang.size)
             sampling = Sampling.of(cfg.algorithm)
+            replay = replays_routes(cfg, self.role)
             while True:
                 order, body = gang.next_order()
                 if order is Order.STOP:
@@ -135,7 +146,7 @@ class ScoringActor(Actor):
                     load_group_weights(model, None)
                 elif order is Order.SCORE:
                     lease = unpack_lease(body)
-                    score_items(model, lease.items, codec.pad_id, sampling, gang)
+                    score_items(model, lease.items, codec.pad_id, sampling, gang, replay)
                 else:
                     raise GangBroken(f"a scoring rank got the order {order}")
         finally:
@@ -148,13 +159,15 @@ def score_items(
     pad_id: int,
     sampling: Sampling,
     gang: Gang | None = None,
+    replay: bool = False,
 ) -> list[np.ndarray]:
     """Per item, log-probs of its responses ``[n, longest]`` (float32; 0 past each end).
 
-    With a ``gang`` every rank calls this with the same items (a collective).
+    With a ``gang`` every rank calls this with the same items (a collective). ``replay``:
+    through the experts the generator recorded (router replay).
     """
-    rollouts = [RolloutsOut.of(item) for item in items]
-    return score_rollouts(model, rollouts, pad_id, sampling, gang)
+    rollouts = [RolloutsOut.of(item, routes=replay) for item in items]
+    return score_rollouts(model, rollouts, pad_id, sampling, gang, replay)
 
 
 def score_rollouts(
@@ -163,9 +176,11 @@ def score_rollouts(
     pad_id: int,
     sampling: Sampling,
     gang: Gang | None = None,
+    replay: bool = False,
 ) -> list[np.ndarray]:
-    """:func:`score_items` for groups already read from their items."""
-    packed = pack_rollouts(rollouts, pad_id)
+    """:func:`score_items` for groups already read from their items; ``replay``: through
+    the experts the generator chose (router replay)."""
+    packed = pack_rollouts(rollouts, pad_id, replay)
     if gang is None:
         with torch.inference_mode():
             scores = _score_by_length(model.eval(), packed, sampling)
@@ -179,16 +194,20 @@ def score_rollouts(
     return out
 
 
-def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int) -> Packed:
-    """Every sequence of ``rollouts``, packed, masked to the tokens the model sampled."""
+def pack_rollouts(rollouts: list[RolloutsOut], pad_id: int, replay: bool = False) -> Packed:
+    """Every sequence of ``rollouts``, packed, masked to the tokens the model sampled;
+    ``replay``: with the experts the generator routed each token to (router replay)."""
     prompts, responses, trained = [], [], []
+    routes: list[torch.Tensor] | None = [] if replay else None
     for group in rollouts:
         prompt = group.prompt_ids.tolist()
         for response, mask in zip(group.responses(), group.trained_mask(), strict=True):
             prompts.append(prompt)
             responses.append(response)
             trained.append(mask[: len(response)].tolist())
-    return pack(prompts, responses, pad_id, trained)
+        if routes is not None:
+            routes += [torch.from_numpy(r.astype(np.int16)) for r in group.row_routes()]
+    return pack(prompts, responses, pad_id, trained, routes)
 
 
 def _score_shared(
@@ -290,4 +309,5 @@ def _chosen_rows(packed: Packed, chosen: torch.Tensor, columns: int = 0) -> Pack
     longest = max(int(lengths.max()), columns)
     mask = packed.mask[chosen, :longest]
     mask = torch.nn.functional.pad(mask, (0, longest - mask.shape[1]))
-    return Packed(packed.ids[chosen, :width], starts, lengths, mask)
+    routes = None if packed.routes is None else packed.routes[chosen, :width]
+    return Packed(packed.ids[chosen, :width], starts, lengths, mask, routes)

@@ -14,6 +14,7 @@ real ``asyncrl run``, on the config as given, by default deploy/configs/default.
 - ``bfloat16-icepop``: the gap, tokens whose engine ratio leaves [0.8, 1.25] give no
   loss (IcePop's masking).
 
+Each round runs every one with one ``run.seed`` (``--seeds 0 1 2``: three rounds).
 Printed per run: the final validation and the mean of the last three, the steps' mean
 and largest engine gap (``logprob_mismatch_*``), and the means over steps of what the
 engine correction did (every ``engine_*`` field of the step lines); then each run's
@@ -82,27 +83,36 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-c", "--config", type=Path, default=CONFIG)
     parser.add_argument("--only", action="append", choices=sorted(RUNS), help="repeatable")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="run.seed of each round (default 0)"
+    )
     parser.add_argument("overrides", nargs="*", help="section.key=value, for every run")
     args = parser.parse_args(argv)
     names = args.only or list(RUNS)
-    results: dict[str, dict[str, float | None]] = {}
+    last3: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="asyncrl-engine-gap-") as tmp:
-        for name in names:
-            outcome = run_once(name, args.config, [*args.overrides, *RUNS[name]], Path(tmp), 2.0)
-            results[name] = summary(Path(tmp) / name)
-            figures = ", ".join(f"{k} {_fmt(v)}" for k, v in results[name].items())
-            print(f"{name}: {outcome.steps} steps in {outcome.wall_s:.0f} s; {figures}", flush=True)
-    reference = results.get("float32", {}).get("last3_val")
+        for seed in args.seeds:  # a round of every run per seed: drift spreads evenly
+            for name in names:
+                label = f"{name}-seed{seed}"
+                overrides = [*args.overrides, *RUNS[name], f"run.seed={seed}"]
+                outcome = run_once(label, args.config, overrides, Path(tmp), 2.0)
+                figures = summary(Path(tmp) / label)
+                if figures["last3_val"] is not None:
+                    last3[name].append(figures["last3_val"])
+                shown = ", ".join(f"{k} {_fmt(v)}" for k, v in figures.items())
+                print(f"{label}: {outcome.steps} steps in {outcome.wall_s:.0f} s; {shown}")
+    print("\nlast-3 validation per run, mean (min-max) over seeds", args.seeds)
+    for name, values in last3.items():
+        if values:
+            print(f"{name}: {_mean(values):.3f} ({min(values):.3f}-{max(values):.3f})")
+    reference = _mean(last3.get("float32", []))
     if reference is not None:
-        print()
-        for name, figures in results.items():
-            if name == "float32" or figures["last3_val"] is None:
+        for name, values in last3.items():
+            if name == "float32" or not values:
                 continue
-            apart = abs(figures["last3_val"] - reference)
+            apart = abs(_mean(values) - reference)
             within = "within" if apart <= SAME_VALIDATION else "NOT within"
-            print(
-                f"{name}: last-3 validation {apart:.3f} from float32's, {within} {SAME_VALIDATION}"
-            )
+            print(f"{name}: {apart:.3f} from float32's, {within} {SAME_VALIDATION}")
     return 0
 
 

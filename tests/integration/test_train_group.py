@@ -46,16 +46,25 @@ _LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
 _UPDATES = {"mini_batches": _GROUPS, "epochs": 2, "lr_schedule": {"warmup_steps": 2}}
 
 
-def _config(lora: bool = False, updates: bool = False, bonus: bool = False):
+def _config(lora: bool = False, updates: bool = False, bonus: bool = False, replay: bool = False):
     model = {"lora": _LORA} if lora else {}
     algorithm = {"micro_batch_groups": 2, "lr": 1e-3, **(_UPDATES if updates else {})}
     if bonus:  # the entropy's gradient through the sharded output layer; and dual clip
         algorithm |= {"entropy_coef": 0.01, "clip_ratio_c": 3.0}
+    if replay:
+        algorithm |= {"router_replay": {"enabled": True}}
     pipeline = {"train_batch_groups": _GROUPS}
     return config_from_dict({"algorithm": algorithm, "model": model, "pipeline": pipeline})
 
 
-def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) -> p.Lease:
+# Routes for the tests' qwen3-moe (2 layers, 4 experts, 2 a token), with replay.
+_MOE_ROUTES = (2, 4, 2)
+
+
+def _lease(
+    seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES, routes: bool = False
+) -> p.Lease:
+    """``routes``: each group carries random routes (router replay), per row its prompt's."""
     rng = np.random.default_rng(seed)
     items = []
     for gid in range(groups):
@@ -63,9 +72,10 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
         lengths = rng.integers(1, longest + 1, size=responses).astype(np.int32)
         lengths[0] = longest
         logprobs = -rng.random((responses, longest), dtype=np.float32)
+        prompt = int(rng.integers(2, 6))
         data = {
             Role.GENERATE.value: {
-                "prompt_ids": rng.integers(3, 20, size=int(rng.integers(2, 6))).astype(np.int32),
+                "prompt_ids": rng.integers(3, 20, size=prompt).astype(np.int32),
                 "response_ids": rng.integers(3, 20, size=(responses, longest)).astype(np.int32),
                 "lengths": lengths,
                 "logprobs": logprobs,
@@ -75,8 +85,20 @@ def _lease(seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES) ->
             Role.LOGP.value: {"logprobs": logprobs - 0.01, "version": 0},
             Role.REWARD.value: {"rewards": rng.integers(0, 2, responses).astype(np.float32)},
         }
+        if routes:
+            data[Role.GENERATE.value] |= {
+                "routes": _drawn_routes(rng, responses, longest),
+                "prompt_routes": _drawn_routes(rng, responses, prompt),
+            }
         items.append(p.Item(gid, f"g{gid}", data))
     return p.Lease(1, 1, Role.TRAIN.value, 60.0, 0, tuple(items))
+
+
+def _drawn_routes(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    """Random routes of ``shape`` tokens: distinct experts a token (a permutation's first)."""
+    layers, experts, per_token = _MOE_ROUTES
+    order = rng.random((*shape, layers, experts)).argsort(-1)
+    return order[..., :per_token].astype(np.uint8)
 
 
 def _one_rank(
@@ -86,6 +108,7 @@ def _one_rank(
     lora: bool = False,
     updates: bool = False,
     bonus: bool = False,
+    replay: bool = False,
 ):
     torch.manual_seed(0)
     model, codec = load_model(path)
@@ -93,7 +116,7 @@ def _one_rank(
     if lora:
         torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
         add_adapters(model, _config(lora).model.lora)
-    learner = Learner(model, _config(lora, updates, bonus), codec.pad_id)
+    learner = Learner(model, _config(lora, updates, bonus, replay), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -115,9 +138,10 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
             add_adapters(model, _config(lora).model.lora)
         updates = mode == "mini-batches"
         bonus = mode.endswith("entropy-bonus")
-        learner = Learner(model, _config(lora, updates, bonus), codec.pad_id, group_size=2)
+        replay = mode == "moe-router-replay"
+        learner = Learner(model, _config(lora, updates, bonus, replay), codec.pad_id, group_size=2)
         if rank == 0:
-            lease = _lease()
+            lease = _lease(routes=replay)
             gang.order(Order.STEP, pack_lease(lease))
         else:
             order, body = gang.next_order()
@@ -160,6 +184,9 @@ MODES = [
     pytest.param("chunked-output-layer-untied-entropy-bonus", marks=pytest.mark.slow),
     "lora",  # adapters trained on a frozen base in the same units: the adapters published
     "mini-batches",  # _UPDATES: every rank the same passes per update
+    # A mixture of experts (its experts' layers in FSDP's units) routing every token by a
+    # record: the routers trained through the replayed experts' gate weights.
+    "moe-router-replay",
 ]
 
 
@@ -171,6 +198,9 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     path = "embedded"
     if "untied" in mode:
         path = str(hf_model_dir(tmp_path / "untied", "qwen3-untied-bias"))
+    replay = mode == "moe-router-replay"
+    if replay:
+        path = str(hf_model_dir(tmp_path / "moe", "qwen3-moe"))
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = free_port()
@@ -184,7 +214,9 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     lora = mode == "lora"
     updates = mode == "mini-batches"
     bonus = mode.endswith("entropy-bonus")
-    expected, expected_weights = _one_rank(_lease(), False, path, lora, updates, bonus)
+    expected, expected_weights = _one_rank(
+        _lease(routes=replay), False, path, lora, updates, bonus, replay
+    )
     assert expected.metrics["updates"] == (10 if updates else 1)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
@@ -197,6 +229,8 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     worst = max(float((weights[n] - expected_weights[n]).abs().max()) for n in weights)
     assert worst <= 1e-5, f"updated weights differ by {worst}"
     name = "model.layers.0.mlp.up_proj." + ("lora_B.weight" if lora else "weight")
+    if replay:
+        name = "model.layers.0.mlp.gate.weight"  # the router learns under replay
     before = torch.zeros(()) if lora else load_model(path)[0].state_dict()[name]  # B starts 0
     moved = float((expected_weights[name] - before).abs().max())
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous

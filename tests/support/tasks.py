@@ -44,6 +44,12 @@ def digits_reward(sample: Sample, response: str) -> float:
     return sum(c.isdigit() for c in response) / max(1, len(response))
 
 
+def sevens_reward(sample: Sample, response: str) -> float:
+    """A reward plug-in a random model earns little of (about one token in the alphabet's
+    17): the share of sevens in its response. A run that learns raises it quickly."""
+    return response.count("7") / max(1, len(response))
+
+
 def sleepy_reward(sample: Sample, response: str) -> float:
     """A reward plug-in that hangs for a while on sums ending in 3 (past any short limit)."""
     if sample.answer.endswith("3"):

@@ -70,6 +70,9 @@ def moe_fields(config: ModelConfig) -> dict[str, Any]:
         # The gate's logits in the activations' dtype (None), as transformers computes
         # them: fp32 would route bfloat16 checkpoints slightly differently from their own.
         "moe_router_dtype": None,
+        # Each router holds a RouterReplay, idle (routing by its own top-k) until the
+        # model sets it to replay recorded routes (MegatronModel.token_logprobs).
+        "moe_enable_routing_replay": True,
     }
 
 

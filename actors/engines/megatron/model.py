@@ -10,14 +10,16 @@ Hugging Face name, whole, to and from this rank's part of them in :mod:`.hf_weig
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.transformer.moe.router_replay import RouterReplayAction
 from torch import nn
 
 from asyncrl.actors.policy.checkpoint import model_dir, read_weights
@@ -90,10 +92,45 @@ class MegatronLM(HfWeights, nn.Module):
         targets: torch.Tensor,
         sampling: Sampling = PLAIN,
         entropy: Entropy = "off",
+        routes: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(``targets`` [batch, k]) at ``columns`` of each row, float32, without any
         rank holding whole rows of logits (the vocabulary stays split); with ``entropy``
-        other than "off", also each position's entropy of that distribution."""
+        other than "off", also each position's entropy of that distribution. ``routes``
+        [layers, batch, tokens, per_token]: each token through those experts (router
+        replay), their weights from this model's routers."""
+        with self._replaying(routes):
+            return self._token_logprobs(input_ids, columns, targets, sampling, entropy)
+
+    @contextlib.contextmanager
+    def _replaying(self, routes: torch.Tensor | None) -> Iterator[None]:
+        """This stage's routers replay ``routes`` (megatron's RouterReplay) while inside.
+        No replay is needed in backward: no layer's forward is recomputed there, and the
+        gate weights' gather stays in the graph."""
+        if routes is None:
+            yield
+            return
+        routers = [layer.mlp.router for layer in self.gpt.decoder.layers]
+        for layer, router in zip(self.gpt.decoder.layers, routers, strict=True):
+            # megatron's tokens are [tokens, batch] flattened, ours [batch, tokens].
+            mine = routes[layer.layer_number - 1].transpose(0, 1)
+            router.router_replay.set_target_indices(mine.reshape(-1, mine.shape[-1]))
+            router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        try:
+            yield
+        finally:
+            for router in routers:
+                router.router_replay.clear_indices()
+                router.router_replay.clear_router_replay_action()
+
+    def _token_logprobs(
+        self,
+        input_ids: torch.Tensor,
+        columns: torch.Tensor,
+        targets: torch.Tensor,
+        sampling: Sampling,
+        entropy: Entropy,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if entropy == "off":
 
             def chosen(logits: torch.Tensor) -> torch.Tensor:

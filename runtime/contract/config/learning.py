@@ -22,6 +22,7 @@ __all__ = [
     "ModelSection",
     "PolicyLoss",
     "Ratio",
+    "RouterReplaySection",
     "ScheduleKind",
     "ScheduleSection",
 ]
@@ -391,6 +392,31 @@ class CorrectionsSection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RouterReplaySection:
+    """Router replay for a mixture-of-experts model: the generator records the experts its
+    router chose for every token, and the scorers and the trainer route each token through
+    those experts (guides/router-replay.md)."""
+
+    enabled: bool = field(
+        default=False,
+        metadata=doc(
+            "the generator records each token's experts in every mixture-of-experts layer "
+            "and logp and train route the token through them, the gates' weights still "
+            "from the current router (a model with experts; backends.generate=torch; "
+            "backends.train=torch, or megatron without pipeline stages)"
+        ),
+    )
+    ref_logp: bool = field(
+        default=False,
+        metadata=doc("ref_logp replays the recorded experts too (with enabled)"),
+    )
+
+    def __post_init__(self) -> None:
+        if self.ref_logp and not self.enabled:
+            raise ValueError("ref_logp: got true with enabled=false; allowed: enabled=true")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AlgorithmSection:
     estimator: Estimator = field(
         default="grpo",
@@ -543,6 +569,10 @@ class AlgorithmSection:
     filter_groups: FilterGroupsSection = field(
         default_factory=FilterGroupsSection,
         metadata=doc("dynamic sampling: groups without signal are filtered, not trained"),
+    )
+    router_replay: RouterReplaySection = field(
+        default_factory=RouterReplaySection,
+        metadata=doc("route each token through the experts the generator chose for it"),
     )
 
     def __post_init__(self) -> None:

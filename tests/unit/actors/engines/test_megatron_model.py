@@ -192,3 +192,36 @@ def test_the_megatron_trainer_takes_mini_batches_and_the_schedule_as_the_torch_o
         after[engine] = weights_of(model)
     for name, expected in after["torch"].items():
         assert (after["megatron"][name] - expected).abs().max() <= 1e-5, name
+
+
+@pytest.mark.parametrize("variant", ["qwen3-moe", "qwen3-moe-unnormalised-tied"])
+def test_megatron_replays_recorded_routes_as_the_torch_engine(variant: str, tmp_path: Path) -> None:
+    """Router replay through megatron's RouterReplay: every token forced through experts
+    its router would not all choose, the log-probs and the routers' gradients as the torch
+    engine's under the same routes."""
+    from asyncrl.actors.policy.scoring import pack, response_logprobs
+
+    directory = hf_model_dir(tmp_path, variant)
+    ours, _ = load_model(str(directory))
+    model, _ = load(str(directory))
+    draw = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(2, 40, (n,), generator=draw).tolist() for n in (4, 6, 3)]
+    responses = [torch.randint(2, 40, (n,), generator=draw).tolist() for n in (5, 2, 7)]
+    experts = 4 if variant == "qwen3-moe" else 3
+    routes = [
+        torch.rand(len(p) + len(r), SMALL["num_hidden_layers"], experts, generator=draw)
+        .argsort(-1)[..., :2]
+        .to(torch.int16)
+        for p, r in zip(prompts, responses, strict=True)
+    ]
+    replayed = pack(prompts, responses, 0, routes=routes)
+    plain = pack(prompts, responses, 0)
+    mine, theirs = response_logprobs(ours, replayed), response_logprobs(model, replayed)
+    assert (mine - theirs).abs().max() <= TOLERANCE
+    assert (mine - response_logprobs(ours, plain)).abs().max() > 1e-3  # the routes mattered
+    mine.sum().backward()
+    theirs.sum().backward()
+    for layer in range(SMALL["num_hidden_layers"]):
+        expected = ours.model.layers[layer].mlp.gate.weight.grad
+        got = model.gpt.decoder.layers[layer].mlp.router.weight.grad
+        assert expected.abs().sum() > 0 and (got - expected).abs().max() <= 1e-5
