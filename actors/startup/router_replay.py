@@ -59,8 +59,8 @@ _ENGINE_CANNOT = {
         "backends.generate=torch"
     ),
     "sglang": (
-        "algorithm.router_replay.enabled with backends.generate='sglang': SGLang does not "
-        "give the routes it chose; use backends.generate=torch"
+        "algorithm.router_replay.enabled with backends.generate='sglang': this SGLang "
+        "adapter does not record the routes SGLang chose; use backends.generate=torch"
     ),
 }
 

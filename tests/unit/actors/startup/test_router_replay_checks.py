@@ -52,7 +52,7 @@ def test_a_model_without_experts_is_refused(tmp_path: Path) -> None:
     ("role", "backends", "expected"),
     [
         ("generate", {"generate": "vllm"}, "backends.generate='vllm': vLLM returns its routes"),
-        ("generate", {"generate": "sglang"}, "backends.generate='sglang': SGLang does not give"),
+        ("generate", {"generate": "sglang"}, "backends.generate='sglang': this SGLang adapter"),
         (
             "train",
             {"train": "megatron", "megatron": {"pipeline_parallel": 2}},
