@@ -56,12 +56,15 @@ def render_status(s: dict[str, Any]) -> str:
 
 
 def _learning(m: dict[str, Any]) -> str:
-    """The newest step's mean reward and mean token entropy (nats), those it reported."""
+    """The newest step's mean reward, mean token entropy (nats) and learning rate, those
+    it reported."""
     figures = []
     if "reward_mean" in m:
         figures.append(f"reward {m['reward_mean']:.3f}")
     if "entropy" in m:
         figures.append(f"entropy {m['entropy']:.3f} nats/token")
+    if "lr" in m:
+        figures.append(f"lr {m['lr']:.3g}")
     return f"step {m['step']}: " + ", ".join(figures)
 
 

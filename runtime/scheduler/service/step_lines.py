@@ -37,7 +37,7 @@ MISMATCH_PREFIX = "logprob_mismatch_"
 # the status shows beside the gap.
 CORRECTION_PREFIXES = ("offpolicy_", "engine_")
 # The trainer's fields of how the policy learns that the status shows of the newest step.
-LEARNING_KEYS = ("reward_mean", "entropy")
+LEARNING_KEYS = ("reward_mean", "entropy", "lr")
 
 
 class StepLines:
