@@ -145,6 +145,7 @@ def test_report_renders_every_picture_of_a_real_run(
     page.feed((run_dir / "report" / "index.html").read_text())
     names = {"gantt", "reward", "staleness", "roles", "weights", "response_length", "mismatch"}
     names.add("entropy")  # every step measures it
+    names.add("corrections")  # every step says what each part's correction did
     assert {p.stem for p in (run_dir / "report").glob("*.png")} == names
     assert len(page.images) == len(names)
     for src in page.images:
