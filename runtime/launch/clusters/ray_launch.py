@@ -48,7 +48,12 @@ def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
     ray = _import_ray()
     _connect(ray, plan, address or os.environ.get("RAY_ADDRESS") or "auto")
     try:
-        actors = _start(ray, plan)
+        going_on = _alive(ray, plan, "scheduler")
+        actors = _start(ray, plan, going_on)
+        if going_on:
+            # Said only now that its actors are found: a Ctrl-C before lands among Ray's
+            # calls, which can hold it back, with nothing yet to stop.
+            _say("the run goes on already: following its actors")
         _say(f"{plan.cfg.run.name}: {len(actors)} actors in namespace {plan.namespace}; "
              f"logs in {RunDir.of(plan.cfg).logs}")  # fmt: skip
         return _follow(ray, plan)
@@ -93,13 +98,12 @@ def _reachable(address: str) -> None:
         raise ConnectionError(error.strerror or str(error)) from None
 
 
-def _start(ray: ModuleType, plan: RayPlan) -> list[Any]:
-    """Every actor of the plan, made now or found running."""
+def _start(ray: ModuleType, plan: RayPlan, going_on: bool) -> list[Any]:
+    """Every actor of the plan, made now or found running (``going_on``: its scheduler's
+    actor is alive)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if _alive(ray, plan, "scheduler"):
-        _say("the run goes on already: following its actors")
-    else:
+    if not going_on:
         # A new start: endpoints left by an earlier one name a scheduler nobody serves,
         # and the failures its actors counted are not this start's.
         RunDir.of(plan.cfg).endpoints.unlink(missing_ok=True)
