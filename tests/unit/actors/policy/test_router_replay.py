@@ -160,27 +160,33 @@ def test_replay_with_the_routers_own_choice_changes_nothing_and_trains_the_route
         assert grad is not None and grad.abs().sum() > 0  # the router keeps learning
 
 
-def test_a_reload_records_the_new_versions_routes(moe_dir: Path) -> None:
-    """Weights that change mid-sequence: the cached tokens are read again under the new
-    version, and the record is that version's, as the trainer of that version routes."""
-    model, _ = load_model(str(moe_dir))
-    newer = perturbed_generator(moe_dir, "router-noise").state_dict()
+def generate_across_a_reload(model: CausalLM, newer: dict, rows: int) -> list[Finished]:
+    """``rows`` sequences recording their routes, ``newer`` loaded after six steps (mid-
+    sequence), decoded to their ends; sorted by tag."""
     decoder = Decoder(
-        model, slots=4, max_new_tokens=12, max_prompt_tokens=16, eos_id=-1, pad_id=0,
+        model, slots=rows, max_new_tokens=12, max_prompt_tokens=16, eos_id=-1, pad_id=0,
         record_routes=True,
     )  # fmt: skip
-    decoder.submit([Request(tag, (5 + tag, 7, 9, 11, 13)) for tag in range(4)])
+    decoder.submit([Request(tag, (5 + tag, 7, 9, 11, 13)) for tag in range(rows)])
     finished: list[Finished] = []
     for _ in range(6):
         finished += decoder.step()
     decoder.load(newer, version=1)
     while decoder.busy:
         finished += decoder.step()
-    finished.sort(key=lambda f: f.tag)
+    return sorted(finished, key=lambda f: f.tag)
+
+
+def test_a_reload_records_the_new_versions_routes(moe_dir: Path) -> None:
+    """Weights that change mid-sequence: the cached tokens are read again under the new
+    version, and the record is that version's, as the trainer of that version routes."""
+    model, _ = load_model(str(moe_dir))
+    newer = perturbed_generator(moe_dir, "router-noise").state_dict()
+    finished = generate_across_a_reload(model, newer, rows=4)
     assert {v for f in finished for v in f.versions} == {0, 1}
     # The decoder's model now holds the new weights: its whole-sequence forward routes
     # every token as the record says.
-    taken = routes_taken(decoder.model, packed(finished, False), False)
+    taken = routes_taken(model, packed(finished, False), False)
     assert route_mismatches(finished, taken) == 0
 
 
@@ -215,18 +221,7 @@ def test_a_sequence_spanning_a_reload_replays_exactly_under_the_newer_version(
     older, _ = load_model(str(moe_dir))
     newer = perturbed_generator(moe_dir, "router-noise")
     generator, _ = load_model(str(moe_dir))
-    decoder = Decoder(
-        generator, slots=8, max_new_tokens=12, max_prompt_tokens=16, eos_id=-1, pad_id=0,
-        record_routes=True,
-    )  # fmt: skip
-    decoder.submit([Request(tag, (5 + tag, 7, 9, 11, 13)) for tag in range(8)])
-    finished: list[Finished] = []
-    for _ in range(6):
-        finished += decoder.step()
-    decoder.load(newer.state_dict(), version=1)
-    while decoder.busy:
-        finished += decoder.step()
-    finished.sort(key=lambda f: f.tag)
+    finished = generate_across_a_reload(generator, newer.state_dict(), rows=8)
     batch = packed(finished, True)
     sampled = behaviour(finished, batch.mask)
     versions = torch.zeros_like(batch.mask)
