@@ -37,7 +37,7 @@ from typing import get_args
 
 import torch
 
-from asyncrl.runtime.contract.config.learning import (
+from asyncrl.runtime.contract.config.recipes import (
     CorrectionReject,
     CorrectionSection,
     CorrectionWeight,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asyncrl.runtime.contract.config.learning import FilterGroupsSection
+from asyncrl.runtime.contract.config.recipes import FilterGroupsSection
 
 if TYPE_CHECKING:
     from ..payloads import RewardsOut

@@ -23,12 +23,8 @@ from typing import Literal, get_args
 
 import torch
 
-from asyncrl.runtime.contract.config.learning import (
-    CorrectionSection,
-    Estimator,
-    PolicyLoss,
-    Ratio,
-)
+from asyncrl.runtime.contract.config.learning import Estimator, PolicyLoss, Ratio
+from asyncrl.runtime.contract.config.recipes import CorrectionSection
 
 from .advantages import check_estimator
 from .correction import check_correction, correct

@@ -32,7 +32,7 @@ from typing import ClassVar
 import numpy as np
 
 from asyncrl.runtime.contract.config import RunConfig
-from asyncrl.runtime.contract.config.learning import FilterGroupsSection
+from asyncrl.runtime.contract.config.recipes import FilterGroupsSection
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from asyncrl.runtime.contract.config.learning import ScheduleSection
+from asyncrl.runtime.contract.config.recipes import ScheduleSection
 
 __all__ = ["lr_at"]
 

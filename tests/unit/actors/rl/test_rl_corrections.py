@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from asyncrl.actors.rl import LossConfig, correct, correction_metrics, policy_loss
-from asyncrl.runtime.contract.config.learning import CorrectionSection
+from asyncrl.runtime.contract.config.recipes import CorrectionSection
 
 F64 = torch.float64
 NONE = CorrectionSection(weight="none")

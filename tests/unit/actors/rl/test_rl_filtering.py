@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.actors.payloads import RewardsOut
 from asyncrl.actors.rl.filtering import filter_reason
-from asyncrl.runtime.contract.config.learning import FilterGroupsSection
+from asyncrl.runtime.contract.config.recipes import FilterGroupsSection
 
 ON = FilterGroupsSection(enabled=True)
 

@@ -19,7 +19,7 @@ from asyncrl.actors.rl import (
     merge_stats,
     policy_loss,
 )
-from asyncrl.runtime.contract.config.learning import CorrectionSection
+from asyncrl.runtime.contract.config.recipes import CorrectionSection
 
 F64 = torch.float64
 CFG = LossConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.0)

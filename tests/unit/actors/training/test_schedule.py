@@ -8,7 +8,7 @@ import math
 import pytest
 
 from asyncrl.actors.training.schedule import lr_at
-from asyncrl.runtime.contract.config.learning import ScheduleSection
+from asyncrl.runtime.contract.config.recipes import ScheduleSection
 
 
 def _rates(total: int, **schedule) -> list[float]:
