@@ -137,6 +137,16 @@ class Actor:
         """Reports made since the last call (validation results); the worker sends them."""
         return []
 
+    def on_run_over(self) -> None:
+        """Every step of the run is done (the scheduler said so); ``abandon`` comes next.
+        A generator keeps its validation then, to validate the run's last version."""
+
+    def lingers(self) -> bool:
+        """After :meth:`on_run_over`: whether the worker should stay, following versions
+        and advancing while busy, for work of the actor's own (a final validation). The
+        worker asks again each time it is idle; the default is to leave."""
+        return False
+
     def on_stop(self) -> None:
         """The worker is leaving; release what ``on_start`` took."""
 
@@ -213,3 +223,9 @@ class OneLeaseAtATime(StreamingActor):
     def abandon(self) -> list[p.Lease]:
         lease, self._lease = self._lease, None
         return [] if lease is None else [lease]
+
+    def on_run_over(self) -> None:
+        self.actor.on_run_over()
+
+    def lingers(self) -> bool:
+        return self.actor.lingers()

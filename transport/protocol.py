@@ -28,6 +28,7 @@ import numpy as np
 
 from .messages import (
     PROTOCOL_VERSION,
+    RUN_FINISHED,
     Ack,
     Added,
     AddGroups,
@@ -73,6 +74,7 @@ from .protocol_errors import ProtocolError, bad_utf8_at, what_is_wrong
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "RUN_FINISHED",
     "Ack",
     "AddGroups",
     "Added",

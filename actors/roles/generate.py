@@ -20,8 +20,11 @@ it holds the only copy of the weights. vLLM runs inside this process (it ends wi
 SGLang in processes of its own, new versions sent in flattened buckets.
 
 Validation runs beside training, on the same decode loop: every ``data.val_every_versions``
-versions, the generator with index 0 (or no index) decodes the validation prompts
-greedily with a frozen copy of that version and reports their mean reward. With
+versions, the generator with index 0 (or no index) decodes ``data.val_samples`` responses
+to each prompt of every validation set with a frozen copy of that version, sampled by
+``data.val_sampling`` (greedy by default), and reports mean@k, pass@k and more, per data
+source and overall (:mod:`..evaluation`). When the run is over it validates the run's
+last version before it leaves, and the scheduler waits for that report. With
 ``data.val_every_versions: 0`` it never validates (a benchmark that scores checkpoints
 afterwards keeps the generator's time for training).
 
@@ -40,9 +43,6 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import numpy as np
-import structlog
-
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
@@ -54,6 +54,8 @@ from ..engines.sglang.engine import SGLangDecoder
 from ..engines.vllm.decoder import VLLMDecoder
 from ..engines.vllm.engine import VLLMEngine
 from ..episodes import EpisodeDone, EpisodeLimits, Episodes
+from ..evaluation.passes import ValidationPass
+from ..evaluation.sets import validation_sets
 from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished
 from ..policy.model import CausalLM
@@ -61,20 +63,21 @@ from ..serving.serving import Serving
 from ..startup.model_loading import load_policy, start_sglang, start_vllm
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..startup.router_replay import router_replay_problems
-from ..tasks import Sample, TaskError, validation_samples
 from ..tasks.environment import load_environment, stop_ids
 from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
 
-log = structlog.get_logger("asyncrl.generate")
 
 DEFAULT_SLOTS = 64  # sequences decoded at once
 # An idle generator serving harnesses looks for requests this often (the worker's own idle
 # poll waits for the scheduler's events, which say nothing of HTTP requests).
 SERVE_POLL_S = 0.005
 _MAX_STUCK = 3  # environment calls left running past their time before a fresh process
+# When the run is over, how long the validating generator waits for the run's last
+# version before it validates the newest it has (a trainer that died publishing it).
+FINAL_VERSION_WAIT_S = 60.0
 
 
 @dataclass
@@ -83,16 +86,6 @@ class _Running:
     waiting: int  # trajectories not yet finished
     rows: dict[int, dict[int, EpisodeDone]] = field(default_factory=dict)  # gid → j → done
     failed: dict[int, str] = field(default_factory=dict)  # gid → why
-
-
-@dataclass
-class _Validation:
-    version: int
-    episodes: Episodes
-    samples: list[Sample]
-    started: float
-    rewards: list[float] = field(default_factory=list)
-    errors: int = 0  # responses the reward function or environment failed on (counted as 0)
 
 
 class Generate(StreamingActor):
@@ -111,7 +104,9 @@ class Generate(StreamingActor):
     def __init__(self, slots: int = DEFAULT_SLOTS) -> None:
         self.slots = slots
         self.running: dict[int, _Running] = {}
-        self.validation: _Validation | None = None
+        self.validation: ValidationPass | None = None
+        self.validation_started = 0.0
+        self.finishing_since: float | None = None  # the run is over: the final validation
         self.reports: list[p.Report] = []
         self.loaded = 0
         self.last_validated: int | None = None
@@ -152,7 +147,7 @@ class Generate(StreamingActor):
         self.stop_ids = (
             stop_ids(self.environment(), self.codec.encode) if self.environment else frozenset()
         )
-        self.episodes = self._episodes(self.model, greedy_only=False)
+        self.episodes = self._episodes(self.model)
         # Harnesses hold the generate stage: this generator then takes no lease and serves
         # their calls only. A judge's calls join the batch of the leases.
         self.serves_only = bool(data.harness)
@@ -166,9 +161,9 @@ class Generate(StreamingActor):
                 version=self.loaded,
             )
 
-    def _episodes(self, model, *, greedy_only: bool) -> Episodes:
+    def _episodes(self, model: CausalLM | None, *, validation: bool = False) -> Episodes:
         cfg = self.ctx.config
-        decoder = self._decoder(model, greedy_only=greedy_only)
+        decoder = self._decoder(model, validation=validation)
         data = cfg.data
         context = decoder.max_prompt_tokens + decoder.max_new_tokens
         limits = EpisodeLimits(
@@ -186,19 +181,22 @@ class Generate(StreamingActor):
             others=self._answer_served,
         )
 
-    def _decoder(self, model: CausalLM | None, *, greedy_only: bool) -> Decoding:
-        """A decoder over ``model``, or over the engine (which has no model here)."""
+    def _decoder(self, model: CausalLM | None, *, validation: bool = False) -> Decoding:
+        """A decoder over ``model``, or over the engine (which has no model here); sampling
+        as training does, or as validation does."""
         cfg = self.ctx.config
         max_new = cfg.model.max_new_tokens
         # Not the model's whole context: a real model's would make a cache of many GiB.
         max_prompt = min(
             cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
         )
-        # A greedy-only decoder's sequences take the most likely token whatever these are.
-        a = cfg.algorithm
-        sampling = (
-            {} if greedy_only else dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
-        )
+        a, v = cfg.algorithm, cfg.data.val_sampling
+        if not validation:
+            sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+        elif v.greedy:  # its requests are greedy: they take the most likely token
+            sampling = {}
+        else:
+            sampling = dict(temperature=v.temperature, top_p=v.top_p, top_k=v.top_k)
         if isinstance(self.engine, VLLMEngine):
             return VLLMDecoder(
                 self.engine,
@@ -231,7 +229,7 @@ class Generate(StreamingActor):
             version=self.loaded,
             cuda_graphs=cfg.backends.cuda_graphs,
             # Validation's rollouts are never trained: they need no routes.
-            record_routes=cfg.algorithm.router_replay.enabled and not greedy_only,
+            record_routes=cfg.algorithm.router_replay.enabled and not validation,
         )
 
     def _answer_served(self, finished: Finished) -> None:
@@ -260,21 +258,64 @@ class Generate(StreamingActor):
 
     def _maybe_validate(self) -> None:
         every = self.ctx.config.data.val_every_versions
-        if every == 0:
+        if every == 0 or not self.validates or self.validation is not None:
             return
-        due = self.last_validated is None or self.loaded // every > self.last_validated // every
-        if not (self.validates and due and self.validation is None):
+        last = self.last_validated
+        if self.finishing_since is not None:
+            # The run is over: its last version, once it is here (or the newest, if it
+            # does not come), unless that one is validated already.
+            here = self.loaded >= self._final_version or self._waited_out
+            if last == self.loaded or not here:
+                return
+        elif last is not None and self.loaded // every <= last // every:
             return
         self.last_validated = self.loaded
+        self.validation = self._validation_pass()
+        self.validation_started = time.monotonic()
+
+    def _validation_pass(self) -> ValidationPass:
+        data = self.ctx.config.data
         # The decoder's model changes under training: validation decodes a frozen copy.
         # Another engine holds one set of weights: validation shares it, and a response
         # that spans a new version is scored as it came out.
         frozen = copy.deepcopy(self.model) if self.engine is None else None
-        episodes = self._episodes(frozen, greedy_only=True)
-        samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
-        for i, sample in enumerate(samples):
-            episodes.begin(i, sample, tuple(self.codec.encode(sample.prompt)), greedy=True)
-        self.validation = _Validation(self.loaded, episodes, samples, time.monotonic())
+        return ValidationPass(
+            self.loaded,
+            self._episodes(frozen, validation=True),
+            validation_sets(self.task, data.val_prompts),
+            samples=data.val_samples,
+            greedy=data.val_sampling.greedy,
+            reward=self.reward,
+            encode=self.codec.encode,
+            decode=self.codec.decode,
+            threshold=data.val_pass_threshold,
+        )
+
+    def on_run_over(self) -> None:
+        # Validation, if the run has it, goes on to the run's last version (lingers).
+        self.finishing_since = time.monotonic()
+
+    def lingers(self) -> bool:
+        """The run is over and its last version's validation is still to come."""
+        if self.finishing_since is None or self.ctx.config.data.val_every_versions == 0:
+            return False
+        if not self.validates:
+            return False
+        self._maybe_validate()  # the wait for the last version may be over
+        if self.validation is not None:
+            return True
+        validated = self.last_validated == self.loaded
+        return not (validated and (self.loaded >= self._final_version or self._waited_out))
+
+    @property
+    def _final_version(self) -> int:
+        return self.ctx.config.run.total_steps
+
+    @property
+    def _waited_out(self) -> bool:
+        """The run's last version has not come in time: the newest one will do."""
+        since = self.finishing_since
+        return since is not None and time.monotonic() - since >= FINAL_VERSION_WAIT_S
 
     # --- leases --------------------------------------------------------------------------
 
@@ -343,11 +384,13 @@ class Generate(StreamingActor):
     def abandon(self) -> list[p.Lease]:
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
-        if self.validation is not None:
-            self.validation.episodes.decoder.close()
-        self.validation = None  # measured again at the next due version
+        # Measured again at the next due version; but at the end of the run the pass goes
+        # on (it has its own decoder), to report the last version.
+        if self.validation is not None and self.finishing_since is None:
+            self.validation.close()
+            self.validation = None
         self.decoder.close()  # an engine's requests would go on sampling otherwise
-        self.episodes = self._episodes(self.model, greedy_only=False)
+        self.episodes = self._episodes(self.model)
         if self.serving is not None:
             self.serving.dropped("its decode step failed")
         return leases
@@ -379,34 +422,15 @@ class Generate(StreamingActor):
         v = self.validation
         if v is None:
             return
-        finished, failed = v.episodes.step()
-        for _, reason in failed:
-            log.warning("validation episode failed", version=v.version, reason=reason)
-            v.rewards.append(0.0)
-            v.errors += 1
-        for episode in finished:
-            v.rewards.append(self._validation_reward(v, episode))
-        if v.episodes.busy:
+        v.step()
+        if not v.done:
             return
-        rewards = np.asarray(v.rewards, np.float64)
-        metrics = {
-            "val_reward": float(rewards.mean()),
-            "val_prompts": len(rewards),
-            "val_reward_errors": v.errors,
-            "val_seconds": round(time.monotonic() - v.started, 3),
-        }
+        metrics = v.metrics()
+        metrics["val_seconds"] = round(time.monotonic() - self.validation_started, 3)
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
+        v.close()
         self.validation = None
-
-    def _validation_reward(self, v: _Validation, episode: EpisodeDone) -> float:
-        if episode.reward is not None:
-            return episode.reward  # what the environment paid
-        try:
-            return self.reward(v.samples[episode.tag], self.codec.decode(episode.last_turn))
-        except TaskError as error:
-            log.warning("validation reward failed", version=v.version, reason=str(error))
-            v.errors += 1
-            return 0.0
+        self._maybe_validate()  # at the end of the run, the last version may be next
 
     def on_stop(self) -> None:
         if self.serving is not None:

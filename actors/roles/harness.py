@@ -11,9 +11,11 @@ reward role keeps. Sessions run on an asyncio loop of this worker's own
 scheduler nor any generator.
 
 Validation: every ``data.val_every_versions`` versions the harness worker with index 0 (or
-none) runs the harness once on each of the first ``data.val_prompts`` validation samples,
-on validation sessions whose calls the generators decode greedily and do not record, and
-reports the mean reward (a failed session counts 0), as a generator validates a task.
+none) runs the harness once on each of the first ``data.val_prompts`` samples of every
+validation set, on validation sessions whose calls the generators decode greedily and do
+not record, and reports the figures a generator reports of a task, per data source and
+overall (a failed session counts 0). Greedy calls make one response per prompt: a
+harness run takes ``data.val_samples`` 1 only.
 Its calls run on the live generators, so a version loaded meanwhile serves the rest: the
 report names the version that was loaded when it began.
 
@@ -49,11 +51,12 @@ from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from ..evaluation.scores import Scores
+from ..evaluation.sets import ValidationSet, validation_sets
 from ..payloads import PromptIn, RolloutsOut
 from ..serving.directory import ApiDirectory, ApiEntry
 from ..serving.sessions import HarnessFailed, SessionRunner, load_harness
 from ..startup.role_checks import check_harness
-from ..tasks import validation_samples
 from ..workload import load_workload
 
 __all__ = ["Harness"]
@@ -76,7 +79,8 @@ class _Running:
 class _Validation:
     version: int
     started: float
-    results: concurrent.futures.Future  # per sample: its reward, or why it failed
+    sets: list[ValidationSet]
+    results: concurrent.futures.Future  # per sample, set by set: its reward, or why it failed
 
 
 class Harness(StreamingActor):
@@ -150,31 +154,39 @@ class Harness(StreamingActor):
         if last is not None and self.loaded // every <= last // every:
             return
         self.last_validated = self.loaded
-        samples = validation_samples(self.task, self.ctx.config.data.val_prompts)
+        sets = validation_sets(self.task, self.ctx.config.data.val_prompts)
+        samples = [sample for validation_set in sets for sample in validation_set.samples]
         prefix = f"{self.ctx.worker}-validation-{self.loaded}-{secrets.token_hex(4)}"
         assert self.runner is not None
         results = self.runner.run_validation(samples, prefix)
         results.add_done_callback(lambda _: self._finished.set())
-        self.validation = _Validation(self.loaded, time.monotonic(), results)
+        self.validation = _Validation(self.loaded, time.monotonic(), sets, results)
 
     def _finish_validation(self) -> None:
         v = self.validation
         if v is None or not v.results.done():
             return
         self.validation = None
-        outcomes = v.results.result()
-        rewards = [r if isinstance(r, float) else 0.0 for r in outcomes]
-        errors = [r for r in outcomes if isinstance(r, str)]
+        outcomes = iter(v.results.result())
+        scores = Scores(v.sets, 1, self.ctx.config.data.val_pass_threshold)
+        errors = []
+        for which, validation_set in enumerate(v.sets):
+            for index in range(len(validation_set.samples)):
+                outcome = next(outcomes)
+                if isinstance(outcome, str):
+                    errors.append(outcome)
+                    scores.failed(which, index)
+                else:  # a session's response lengths are the generators' to know
+                    scores.record(which, index, outcome, 0)
         if errors:
             log.warning(
                 "validation sessions failed", version=v.version, count=len(errors), first=errors[0]
             )
-        metrics = {
-            "val_reward": sum(rewards) / max(len(rewards), 1),
-            "val_prompts": len(rewards),
-            "val_reward_errors": len(errors),
-            "val_seconds": round(time.monotonic() - v.started, 3),
-        }
+        metrics = scores.metrics()
+        del metrics["val_response_tokens"]
+        for figures in metrics["val_by_source"].values():
+            figures.pop("response_tokens", None)
+        metrics["val_seconds"] = round(time.monotonic() - v.started, 3)
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
 
     def take_reports(self) -> list[p.Report]:

@@ -370,6 +370,8 @@ class Worker(SchedulerQuestions):
                 if isinstance(reply, p.Shutdown):
                     # Work in flight now would only be refused: hand it back and leave.
                     self._log.info("the scheduler says the run is over", reason=reply.reason)
+                    if reply.reason == p.RUN_FINISHED:
+                        actor.on_run_over()
                     self._leases.give_back(actor.abandon(), f"shutdown: {reply.reason}")
                     claims.run_over = True
                 elif is_error(reply, Reason.BAD_VERSION) and self._versions.loaded is not None:
@@ -381,7 +383,7 @@ class Worker(SchedulerQuestions):
             if actor.busy:
                 if self._advance(actor):
                     claims.found_nothing()  # the claim with its last Complete
-            elif not claims.open:
+            elif not claims.open and (self._stopping or not actor.lingers()):
                 self._log.info("stopping" if self._stopping else "run over: leaving")
                 return
             elif self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s):

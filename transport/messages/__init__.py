@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .base import PROTOCOL_VERSION, Kind, Payload
 from .control import (
+    RUN_FINISHED,
     Ack,
     Added,
     AddGroups,
@@ -47,6 +48,7 @@ from .weights import LoadedVersion, PublishVersion, Rewind, StepDone, WantWeight
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "RUN_FINISHED",
     "Ack",
     "AddGroups",
     "Added",

@@ -223,6 +223,10 @@ class StatusReply(WireStruct):
     summary: dict[str, Any]
 
 
+# A Shutdown's reason once every step of the run is done (any other: a drain, a failure).
+RUN_FINISHED = "the run is finished"
+
+
 class Shutdown(WireStruct):
     """The run is over or draining: the worker finishes what it holds and exits."""
 

@@ -13,6 +13,7 @@ from .recipes import (
     RouterReplaySection,
     ScheduleSection,
 )
+from .validation import ValSamplingSection
 
 __all__ = [
     "AlgorithmSection",
@@ -97,7 +98,24 @@ class DataSection:
         default=10,
         metadata=doc("validate every this many weight versions; 0 = never validate", min=0),
     )
-    val_prompts: int = field(default=128, metadata=doc("prompts per validation pass", min=1))
+    val_prompts: int = field(
+        default=128,
+        metadata=doc("prompts per validation set (each data source) in a validation pass", min=1),
+    )
+    val_samples: int = field(
+        default=1,
+        metadata=doc("responses sampled per validation prompt: the k of mean@k and pass@k", min=1),
+    )
+    val_sampling: ValSamplingSection = field(
+        default_factory=ValSamplingSection,
+        metadata=doc("how validation samples, apart from training (temperature 0: greedy)"),
+    )
+    val_pass_threshold: float = field(
+        default=1.0,
+        metadata=doc(
+            "a validation response counts as correct (for pass@k) when its reward is at least this"
+        ),
+    )
     harness: str = field(
         default="",
         metadata=doc(
@@ -124,6 +142,20 @@ class DataSection:
     )
 
     def __post_init__(self) -> None:
+        # Greedy decoding gives one response k times: pass@k would be pass@1, at k times
+        # the cost.
+        if self.val_samples > 1 and self.val_sampling.greedy:
+            raise ValueError(
+                f"val_samples: got {self.val_samples} with data.val_sampling.temperature=0 "
+                "(greedy: k copies of one response); allowed: 1, or a temperature > 0"
+            )
+        # A harness's validation calls are decoded greedily by the generators' API.
+        if self.harness and (self.val_samples > 1 or not self.val_sampling.greedy):
+            raise ValueError(
+                f"val_samples: got {self.val_samples} (val_sampling.temperature="
+                f"{self.val_sampling.temperature:g}) with data.harness set; allowed: 1 and "
+                "temperature 0 (a harness's validation calls are decoded greedily)"
+            )
         # Validation would otherwise quietly score prompts of data.task, another workload.
         if self.train_files and not self.val_files and self.val_every_versions > 0:
             raise ValueError(

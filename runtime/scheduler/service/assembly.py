@@ -16,6 +16,7 @@ from asyncrl.runtime.contract.config import (
     pipeline_for,
 )
 from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.runtime.scheduler.core import CoreSettings
 from asyncrl.runtime.scheduler.durable import JournaledCore
 from asyncrl.runtime.scheduler.journal import JournalWriter
@@ -90,7 +91,15 @@ def open_service(
         heartbeat_interval_s=sched.heartbeat_interval_s,
         max_message_bytes=sched.max_message_mb << 20,
         started_at=now,
+        validating_role=_validating_role(cfg),
     )
+
+
+def _validating_role(cfg: RunConfig) -> str | None:
+    if cfg.data.val_every_versions == 0:
+        return None
+    # With harnesses, the harness role validates through the generators' API.
+    return Role.HARNESS.value if cfg.data.harness else Role.GENERATE.value
 
 
 def _trace(cfg: RunConfig, run: RunDir, now: float) -> Trace:

@@ -293,6 +293,8 @@ class SchedulerDaemon:
             self._draining_since = now
         if self._held or not service.idle:
             return False
+        if service.awaits_final_validation and not self._stops:
+            return False
         workers_gone = not service.core.state.workers
         return workers_gone or now - self._draining_since >= self.exit_grace_s
 

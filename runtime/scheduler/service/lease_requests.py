@@ -17,6 +17,7 @@ and says which handler answers which message).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import structlog
@@ -81,6 +82,7 @@ class LeaseRequests:
         activity: RoleActivity,
         trace: Trace,
         step_lines: StepLines,
+        awaits_final_validation: Callable[[], bool] = lambda: False,
     ) -> None:
         self.core = core
         self.progress = progress
@@ -91,6 +93,7 @@ class LeaseRequests:
         self.trace = trace
         self.step_lines = step_lines
         self.step_role = core.pipeline.gated(Gate.STEP).role
+        self.awaits_final_validation = awaits_final_validation
 
     def claim(self, m: p.Claim, now: float) -> p.Message:
         reply = self._claim(m, now)
@@ -102,6 +105,10 @@ class LeaseRequests:
 
     def _claim(self, m: p.Claim, now: float) -> p.Message:
         if self.progress.draining is not None:
+            # The trainer holds the last version's weights: it stays while the run's
+            # validation of that version may still need to fetch them.
+            if m.role == self.step_role and self.awaits_final_validation():
+                return p.NoWork("the last version is being validated")
             return p.Shutdown(self.progress.draining)
         if m.role == self.core.pipeline.entry_role:
             return self._want(m)

@@ -102,8 +102,12 @@ class SchedulerService:
         relay_fanout: int = 2,
         trace: Trace = NO_TRACE,
         stall_warning_s: float = 60.0,
+        validating_role: str | None = None,
     ) -> None:
         self.durable = durable
+        # The role whose worker validates the run's versions (None: the run never does):
+        # at the end of the run the scheduler stays for its validation of the last one.
+        self.validating_role = validating_role
         self.core: SchedulerCore = durable.core
         self.plan = plan
         self.metrics = metrics
@@ -155,6 +159,7 @@ class SchedulerService:
             self.activity,
             trace,
             step_lines,
+            lambda: self.awaits_final_validation,
         )
         self.weight_requests = WeightRequests(
             core, self.routes, self.critic_routes, self.path, trace, self.emit, self.lease_requests
@@ -164,7 +169,7 @@ class SchedulerService:
         )
         metrics.reconcile(self.core.state.steps_done)
         if self.finished:
-            self.progress.draining = "the run is finished"
+            self.progress.draining = p.RUN_FINISHED
 
     # --- the loop's calls ------------------------------------------------------------
 
@@ -237,6 +242,19 @@ class SchedulerService:
     def idle(self) -> bool:
         """Nothing is leased: a drain may end."""
         return not self.core.state.leases
+
+    @property
+    def awaits_final_validation(self) -> bool:
+        """The run is finished and a worker that validates is still here without having
+        reported the last version's validation: the scheduler stays to write it down.
+        That worker leaves once it has; one that dies is forgotten by its silence."""
+        validations = self.reports.get("validation")
+        if not self.finished or self.validating_role is None or validations is None:
+            return False
+        last = validations.latest
+        if last is not None and last["version"] >= self.plan.total_steps:
+            return False
+        return any(w.role == self.validating_role for w in self.core.state.workers.values())
 
     @property
     def failure(self) -> str | None:

@@ -113,7 +113,7 @@ class StepLines:
         if progress.finished(state.steps_done):
             log.info("run finished", steps=state.steps_done)
             self.emit(topic(Topic.RUN, "finished"), {"steps": state.steps_done})
-            progress.draining = "the run is finished"
+            progress.draining = p.RUN_FINISHED
 
     def _workers_per_role(self) -> dict[str, int]:
         return dict(Counter(w.role for w in self.state.workers.values()))
