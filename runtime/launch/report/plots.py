@@ -18,6 +18,7 @@ from typing import Any
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .run_files import RunData
 from .style import role_colour
@@ -104,7 +105,10 @@ def validation_sources(data: RunData) -> Figure:
             x, y = _source_series(data.validation, name, key)
             ax.plot(x, y, "o-", color=colour, markersize=3, linewidth=1, label=name)
         x, y = _series(data.validation, "version", overall)
-        ax.plot(x, y, "o-", color="black", markersize=3, linewidth=2, label="all sources")
+        # beneath the sources, which it would hide where one of them is the whole mean
+        ax.plot(x, y, "o-", color="black", markersize=3, linewidth=2, label="all sources",
+                zorder=1.5)  # fmt: skip
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("policy version")
         ax.set_ylabel(f"validation {label}")
         ax.grid(alpha=0.3)
@@ -140,6 +144,7 @@ def pass_at_k(data: RunData) -> Figure:
     by_version.plot(x, y, "s--", color="0.4", markersize=3, linewidth=1, label=f"best of {k}")
     x, y = _series(data.validation, "version", "val_reward")
     by_version.plot(x, y, "o-", color="#d62728", markersize=3, label=f"mean@{k}")
+    by_version.xaxis.set_major_locator(MaxNLocator(integer=True))
     by_version.set_xlabel("policy version")
     by_version.set_ylabel("validation")
     by_version.legend(fontsize="small")
@@ -150,6 +155,8 @@ def pass_at_k(data: RunData) -> Figure:
         by_j.plot([j for j, _ in points], [v for _, v in points], "o-", color=colour,
                   label=f"version {line.get('version')}")  # fmt: skip
     by_j.set_xscale("log", base=2)
+    by_j.set_xticks(js, [str(j) for j in js])
+    by_j.xaxis.set_minor_locator(NullLocator())
     by_j.set_xlabel("J (samples drawn per prompt)")
     by_j.set_ylabel("validation pass@J")
     by_j.legend(fontsize="small")
