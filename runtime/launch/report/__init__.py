@@ -2,7 +2,8 @@
 
 Reads the run's files (run_files.py), draws each plot (plots.py) and the lease timeline
 (timeline.py, gantt.py), and writes ``<run.dir>/report/``: one PNG per picture and
-``index.html`` with all of them embedded, the headline figures and the configuration.
+``index.html`` with all of them embedded, the headline figures, the evaluations of
+checkpoints (evals.py) and the configuration.
 Works on a run still going (it draws what is there) and on one from an earlier version
 (each missing file is named, with what it would have shown).
 
@@ -47,10 +48,11 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
             "asyncrl report draws with matplotlib, which this environment lacks: "
             "pip install matplotlib (or install asyncrl again)"
         ) from None
+    from .evals import evals_html
     from .gantt import draw_gantt
     from .headline import headline
     from .page import Section, render_page
-    from .plots import PLOTS, NoData
+    from .plots import PLOTS, NoData, NothingToAdd
     from .run_files import load_run
     from .timeline import timeline_from_trace
 
@@ -71,6 +73,8 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
     for plot in PLOTS:
         try:
             figure = plot.draw(data)
+        except NothingToAdd:
+            continue
         except NoData as why:
             report.missing.append(f"{plot.title}: {why}")
             sections.append(Section(plot.title, f"Not drawn: {why}.", None))
@@ -78,8 +82,15 @@ def write_report(run_dir: Path, out: Path | None = None) -> Report:
         sections.append(_save(out, plot.name, plot.title, plot.caption, figure, report))
     figures = headline(data, timeline)
     samples = _samples(data.run, data.config, report)
+    evals = evals_html(data.evals, data.validation)
     page = render_page(
-        f"asyncrl run {name}", figures, sections, report.missing, data.config_text, samples
+        f"asyncrl run {name}",
+        figures,
+        sections,
+        report.missing,
+        data.config_text,
+        samples,
+        evals,
     )
     report.page.write_text(page, encoding="utf-8")
     return report

@@ -8,6 +8,7 @@ from typing import Any
 
 from .run_files import RunData
 from .timeline import GENERATE_ROLE, TRAIN_ROLE, Timeline, busy_overlap
+from .validation import largest_k, number, source_metric, sources
 
 __all__ = ["headline"]
 
@@ -46,6 +47,7 @@ def headline(data: RunData, timeline: Timeline | None) -> dict[str, str]:
     if vals:
         out["validation reward, first"] = f"{vals[0]['val_reward']:.3f} (v{vals[0]['version']})"
         out["validation reward, last"] = f"{vals[-1]['val_reward']:.3f} (v{vals[-1]['version']})"
+        _sampled_validation(out, vals[-1])
     loads = [w for w in data.weight_loads if isinstance(w.get("stall_s"), int | float)]
     if loads:
         stall = statistics.median(w["stall_s"] for w in loads)
@@ -62,6 +64,30 @@ def _mean_of(out: dict[str, str], label: str, lines: list[dict[str, Any]], key: 
     values = [line[key] for line in lines if isinstance(line.get(key), int | float)]
     if values:
         out[label] = f"{statistics.fmean(values):.3f}"
+
+
+def _sampled_validation(out: dict[str, str], last: dict[str, Any]) -> None:
+    """The last validation's pass@k beside its mean@k where it drew k > 1 samples per
+    prompt, and each data source's where it names several."""
+    k = largest_k(last)
+    pass_k = number(last.get(f"val_pass@{k}")) if k > 1 else None
+    if pass_k is not None:
+        out[f"validation mean@{k} / pass@{k}, last"] = (
+            f"{last['val_reward']:.3f} / {pass_k:.3f} (v{last['version']})"
+        )
+    names = sources([last])
+    if len(names) < 2:
+        return
+    shown = []
+    for name in names:
+        reward = source_metric(last, name, "reward")
+        passed = source_metric(last, name, f"pass@{k}") if k > 1 else None
+        if reward is not None:
+            tail = f" / {passed:.3f}" if passed is not None else ""
+            shown.append(f"{name} {reward:.3f}{tail}")
+    if shown:
+        label = f"mean@{k} / pass@{k}" if k > 1 else "reward"
+        out[f"validation per source ({label}), last"] = ", ".join(shown)
 
 
 def _filtered(out: dict[str, str], last: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ td.v { font-variant-numeric: tabular-nums } img { max-width: 100%; border: 1px s
 .missing { color: #a33 } pre { background: #f6f6f6; padding: 1em; overflow-x: auto }
 table.samples td { vertical-align: top } table.samples pre { padding: 0.3em; margin: 0;
   white-space: pre-wrap; max-width: 450px }
+table.evals th.eval { padding-top: 1em; font-family: monospace; font-weight: normal }
 """
 
 
@@ -34,8 +35,10 @@ def render_page(
     missing: Sequence[str],
     config_text: str,
     samples: str = "",
+    evals: str = "",
 ) -> str:
-    """The page: headline figures, what is missing, every picture, the samples the model
+    """The page: headline figures, what is missing, every picture, the evaluations of
+    checkpoints (``evals``: HTML that evals.py built, escaped there), the samples the model
     wrote (``samples``: HTML that samples.py built, every dumped value escaped there), the
     configuration."""
     e = html.escape
@@ -61,6 +64,8 @@ def render_page(
         parts.append(
             f'<p>{e(s.caption)}</p><img alt="{e(s.title)}" src="data:image/png;base64,{data}">'
         )
+    if evals:
+        parts.append(f"<h2>Evaluations</h2>{evals}")
     if samples:
         parts.append(f"<h2>Samples</h2>{samples}")
     if config_text:

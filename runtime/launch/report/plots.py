@@ -1,8 +1,11 @@
 """The report's plots of a run's step lines and reports, one function per picture.
 
 Each takes the run's data and returns a figure, or raises :class:`NoData` saying what it
-would need; the page shows that sentence in the picture's place. Figures are built on
-matplotlib's object API (no pyplot): no global state, no display, safe in any process.
+would need; the page shows that sentence in the picture's place. A plot that would only
+repeat another for this run (per data source, with one source; pass@k, with one sample
+per prompt) raises :class:`NothingToAdd` instead, and is left out without a note. Figures
+are built on matplotlib's object API (no pyplot): no global state, no display, safe in any
+process.
 """
 
 from __future__ import annotations
@@ -10,18 +13,27 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import cycle
 from typing import Any
 
+import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from .run_files import RunData
 from .style import role_colour
+from .validation import largest_k, number, pass_ks, source_metric, sources
 
-__all__ = ["PLOTS", "NoData", "Plot"]
+__all__ = ["PLOTS", "NoData", "NothingToAdd", "Plot"]
 
 
 class NoData(Exception):
     """A plot has nothing to draw; the message says what is missing."""
+
+
+class NothingToAdd(Exception):
+    """A plot would show only what another already does for this run; the message says
+    which. Not a loss: the page leaves it out and lists nothing as missing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +82,86 @@ def reward(data: RunData) -> Figure:
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)
     by_time.legend(fontsize="small")
+    return fig
+
+
+# Data sources take these in the order the run names them; red is the overall validation
+# reward's in every picture, black the overall curve beside the sources.
+_SOURCE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2",
+                   "#7f7f7f", "#bcbd22", "#17becf")  # fmt: skip
+
+
+def validation_sources(data: RunData) -> Figure:
+    names = sources(data.validation)
+    if len(names) < 2:
+        raise NothingToAdd("one data source: its curve is the Reward picture's validation")
+    k = largest_k(data.validation[-1])
+    panels = [("reward", "val_reward", "mean reward (mean@k)")]
+    if k > 1:  # with one sample per prompt, pass@1 is the reward again
+        panels.append((f"pass@{k}", f"val_pass@{k}", f"pass@{k}"))
+    fig, axes = _figure(len(panels))
+    for ax, (key, overall, label) in zip(axes, panels, strict=True):
+        for name, colour in zip(names, cycle(_SOURCE_COLOURS), strict=False):
+            x, y = _source_series(data.validation, name, key)
+            ax.plot(x, y, "o-", color=colour, markersize=3, linewidth=1, label=name)
+        x, y = _series(data.validation, "version", overall)
+        # beneath the sources, which it would hide where one of them is the whole mean
+        ax.plot(x, y, "o-", color="black", markersize=3, linewidth=2, label="all sources",
+                zorder=1.5)  # fmt: skip
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("policy version")
+        ax.set_ylabel(f"validation {label}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize="small")
+    return fig
+
+
+def _source_series(
+    lines: list[dict[str, Any]], source: str, key: str
+) -> tuple[list[float], list[float]]:
+    pairs = [
+        (line["version"], value)
+        for line in lines
+        if number(line.get("version")) is not None
+        and (value := source_metric(line, source, key)) is not None
+    ]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
+def pass_at_k(data: RunData) -> Figure:
+    sampled = [line for line in data.validation if largest_k(line) > 1]
+    if not sampled:
+        raise NothingToAdd("one sample per prompt: pass@1 is the Reward picture's validation")
+    k = largest_k(sampled[-1])
+    js = sorted({j for line in sampled for j in pass_ks(line)})
+    fig, (by_version, by_j) = _figure(2)
+    shades = matplotlib.colormaps["Blues"]
+    for i, j in enumerate(js):
+        x, y = _series(data.validation, "version", f"val_pass@{j}")
+        shade = shades(0.4 + 0.6 * i / max(1, len(js) - 1))
+        by_version.plot(x, y, "o-", color=shade, markersize=3, linewidth=1, label=f"pass@{j}")
+    x, y = _series(data.validation, "version", "val_best_reward")
+    by_version.plot(x, y, "s--", color="0.4", markersize=3, linewidth=1, label=f"best of {k}")
+    x, y = _series(data.validation, "version", "val_reward")
+    by_version.plot(x, y, "o-", color="#d62728", markersize=3, label=f"mean@{k}")
+    by_version.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_version.set_xlabel("policy version")
+    by_version.set_ylabel("validation")
+    by_version.legend(fontsize="small")
+    ends = [sampled[0], sampled[-1]] if len(sampled) > 1 else sampled
+    for line, colour in zip(ends, ("0.6", "#1f77b4"), strict=False):
+        values = [(j, number(line.get(f"val_pass@{j}"))) for j in pass_ks(line)]
+        points = [(j, v) for j, v in values if v is not None]
+        by_j.plot([j for j, _ in points], [v for _, v in points], "o-", color=colour,
+                  label=f"version {line.get('version')}")  # fmt: skip
+    by_j.set_xscale("log", base=2)
+    by_j.set_xticks(js, [str(j) for j in js])
+    by_j.xaxis.set_minor_locator(NullLocator())
+    by_j.set_xlabel("J (samples drawn per prompt)")
+    by_j.set_ylabel("validation pass@J")
+    by_j.legend(fontsize="small")
+    for ax in (by_version, by_j):
+        ax.grid(alpha=0.3)
     return fig
 
 
@@ -289,7 +381,16 @@ def _smooth(values: list[float], window: int = 10) -> list[float]:
 
 PLOTS = (
     Plot("reward", "Reward", "Train batch reward (grey, smoothed in blue) and validation "
-         "reward (red), against wall time and against the policy version.", reward),
+         "reward (red; with k samples per prompt, their mean: mean@k), against wall time and "
+         "against the policy version.", reward),
+    Plot("validation_sources", "Validation per data source", "Each data source's "
+         "validation reward (mean@k) against the policy version, beside all sources' (black); "
+         "with k samples per prompt, each source's pass@k too.", validation_sources),
+    Plot("pass_at_k", "Validation mean@k and pass@k", "Per validation pass with k samples "
+         "per prompt: pass@J for each J up to k (the chance that one of J samples is correct, "
+         "estimated without bias from the k), the mean reward (mean@k) and the mean of each "
+         "prompt's best reward, against the policy version; and pass@J against J at the "
+         "first and the last validation.", pass_at_k),
     Plot("staleness", "Staleness", "How many versions behind the trainer the trained tokens "
          "were: per-step mean as a histogram, and its trend with the configured bound (and, "
          "with a learned critic, how many critic versions its values lagged its steps).",

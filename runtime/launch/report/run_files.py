@@ -3,7 +3,9 @@
 Every file is optional: a run still going has written only part of them, a run from an
 earlier version of asyncrl lacks the newer ones (trace.json), a crash may have torn a
 last line. Each file that is absent or unreadable becomes a line in ``missing`` saying what
-the report cannot show without it, and the rest is drawn.
+the report cannot show without it, and the rest is drawn. The evaluations of checkpoints
+(``asyncrl eval``'s ``eval.jsonl`` under ``<run.dir>/eval/``) are read where there are
+any; a run that was never evaluated lacks nothing.
 
 ``elapsed_s`` counts from the start of the scheduler that wrote a line, so it starts again
 at 0 when a run is resumed. Each line gets ``run_s`` too: the same time with the
@@ -21,7 +23,10 @@ from typing import Any
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.scheduler.service.trace import read_trace
 
-__all__ = ["RunData", "load_run"]
+__all__ = ["EVAL_DIR", "EVAL_FILE", "RunData", "load_run"]
+
+EVAL_DIR = "eval"  # asyncrl eval's default --out, in the run directory
+EVAL_FILE = "eval.jsonl"  # one line per evaluation, in each of its output directories
 
 
 @dataclass(slots=True)
@@ -31,6 +36,7 @@ class RunData:
     config: dict[str, Any] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl
     validation: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # eval/**/eval.jsonl, by time
     weight_loads: list[dict[str, Any]] = field(default_factory=list)
     trace: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # what is absent, and what it costs
@@ -54,7 +60,10 @@ def load_run(root: Path) -> RunData:
     else:
         data.missing.append(f"{run.config.name}: the run's configuration is not shown")
     data.steps = _jsonl(run.metrics, data.missing, "reward, staleness, throughput plots")
-    data.validation = _jsonl(run.validation, data.missing, "validation reward")
+    data.validation = _jsonl(
+        run.validation, data.missing, "validation reward, per data source or pass@k"
+    )
+    data.evals = _evals(run.root / EVAL_DIR)
     data.weight_loads = _jsonl(run.weight_loads, data.missing, "weight transfer and load plot")
     if not run.trace.exists():
         data.missing.append(
@@ -96,6 +105,27 @@ def _join_lifetimes(lines: list[dict[str, Any]], offsets: list[float]) -> None:
             lifetime = min(lifetime + 1, len(offsets) - 1)
         last = elapsed
         line["run_s"] = offsets[lifetime] + elapsed
+
+
+def _evals(root: Path) -> list[dict[str, Any]]:
+    """Every evaluation line under ``root`` (each ``--out`` of ``asyncrl eval`` given
+    inside it has its own ``eval.jsonl``), oldest first; a line that names no checkpoint
+    is not an evaluation's and is skipped, as a torn one."""
+    if not root.is_dir():
+        return []
+    lines = [
+        line
+        for path in sorted(root.rglob(EVAL_FILE))
+        if path.is_file()
+        for line in _jsonl(path, [], "")
+        if isinstance(line.get("checkpoint"), str)
+    ]
+    # unix times sort them; a line without one keeps its place after those with one
+    return sorted(lines, key=lambda x: _time(x.get("time")))
+
+
+def _time(value: object) -> float:
+    return float(value) if isinstance(value, int | float) else float("inf")
 
 
 def _jsonl(path: Path, missing: list[str], shows: str) -> list[dict[str, Any]]:
