@@ -21,6 +21,7 @@ within one index per level of splitting: with two parts, ``floor`` or ``ceil`` o
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -73,8 +74,10 @@ class MixedOrder:
         if not parts:
             raise ValueError("a mixture needs at least one part")
         for part in parts:
-            if not part.weight > 0 or part.weight == float("inf"):
-                raise ValueError(f"part {part.name!r}: weight {part.weight}; expected > 0")
+            if not 0 < part.weight < math.inf:
+                raise ValueError(
+                    f"part {part.name!r}: weight {part.weight}; expected a finite number > 0"
+                )
         self.parts = tuple(parts)
         self._orders = [ShuffledOrder(len(p.rows), seed, salt=p.name) for p in parts]
         # Exact fractions of the weights as given, so the split of index n never depends

@@ -224,7 +224,7 @@ def test_weights_the_config_alone_refuses(data: dict[str, Any], message: str) ->
 def test_a_mixture_needs_parts_with_positive_weights() -> None:
     with pytest.raises(ValueError, match="at least one part"):
         MixedOrder([], seed=0)
-    with pytest.raises(ValueError, match=r"part 'b': weight 0.0; expected > 0"):
+    with pytest.raises(ValueError, match=r"part 'b': weight 0.0; expected a finite number > 0"):
         MixedOrder([Part("a", 1.0, [0]), Part("b", 0.0, [1])], seed=0)
     with pytest.raises(ValueError, match="index -1"):
         mixture([1.0, 1.0]).locate(-1)
