@@ -7,11 +7,15 @@ a row under no weight or under two, is one line naming it."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncrl.actors.startup.role_checks import check_task
 from asyncrl.actors.tasks.datafiles import DataFiles
@@ -65,6 +69,27 @@ def test_any_weights_give_each_part_its_share_of_every_window(parts: int, bound:
     for _ in range(5):
         weights = [rng.uniform(0.05, 20.0) for _ in range(parts)]
         assert worst_window_error(mixture(weights), 240) < bound, weights
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.lists(
+        st.floats(min_value=1e-3, max_value=1e3, allow_nan=False), min_size=2, max_size=8
+    ),
+    start=st.integers(min_value=0, max_value=10**9),
+)
+def test_every_window_anywhere_is_within_one_prompt_per_halving(
+    weights: list[float], start: int
+) -> None:
+    order = mixture(weights)
+    bound = math.ceil(math.log2(len(weights)))  # 2 parts: 1, 3-4: 2, 5-8: 3
+    exact = [Fraction(w) for w in weights]  # as the order splits: no rounding to blame
+    shares = [w / sum(exact) for w in exact]
+    base = order.counts(start)
+    for length in range(1, 120):
+        taken = order.counts(start + length)
+        for part, share in enumerate(shares):
+            assert abs(taken[part] - base[part] - length * share) < bound
 
 
 def test_counts_and_locate_agree_on_any_index_far_out() -> None:
