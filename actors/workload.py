@@ -52,7 +52,13 @@ def load_workload(cfg: RunConfig) -> Task:
             )
         return prompt
 
-    return DataFiles.read(data.train_files, data.val_files, seed=cfg.run.seed, prepare=prepare)
+    return DataFiles.read(
+        data.train_files,
+        data.val_files,
+        seed=cfg.run.seed,
+        prepare=prepare,
+        train_weights=data.train_weights,
+    )
 
 
 def workload_name(cfg: RunConfig) -> str:

@@ -1,8 +1,9 @@
 """The ``dataloader`` role: feeds the task's training prompts into ``pending``.
 
 The task is ``data.task``'s plug-in, or the data files of ``data.train_files``, whose
-rows it takes in a seeded shuffled order that depends on the index alone
-(:mod:`..tasks.order`), so what follows holds for them too.
+rows it takes in a seeded shuffled order, or a weighted mixture of them
+(``data.train_weights``), that depends on the index alone (:mod:`..tasks.order`), so what
+follows holds for them too.
 
 Consumes the scheduler's Want (how many groups it can take); produces one
 :class:`PromptIn` per group, keyed ``train-{index:09d}``. It keeps no cursor worth saving:

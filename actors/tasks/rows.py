@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DataFileError", "Row", "read_rows"]
+__all__ = ["DataFileError", "Row", "read_files", "read_rows"]
 
 # Suffix → the datasets builder that reads it.
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -45,14 +45,17 @@ class Row:
 
 def read_rows(paths: Sequence[str], key: str) -> list[Row]:
     """Every row of ``paths`` (the config ``key`` that named them), in file order."""
+    return [row for rows in read_files(paths, key) for row in rows]
+
+
+def read_files(paths: Sequence[str], key: str) -> list[list[Row]]:
+    """The rows of each of ``paths``, file by file (a file may hold none, not all may)."""
     if not paths:
         raise DataFileError(f"{key}: no files given")
-    rows: list[Row] = []
-    for path in paths:
-        rows += _read_file(Path(path).expanduser(), key)
-    if not rows:
+    files = [_read_file(Path(path).expanduser(), key) for path in paths]
+    if not any(files):
         raise DataFileError(f"{key}: the files hold no rows")
-    return rows
+    return files
 
 
 def _read_file(path: Path, key: str) -> list[Row]:

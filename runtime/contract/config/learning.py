@@ -3,6 +3,7 @@ fields' metadata: fields.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -59,6 +60,15 @@ class DataSection:
             "JSONL or Parquet files of chat prompts (verl's layout) to train on instead of "
             "data.task; one path or a list",
             one_or_list=True,
+        ),
+    )
+    train_weights: dict[str, float] = field(
+        default_factory=dict,
+        metadata=doc(
+            "a mixture: draw prompts in these proportions, keyed by a file as written in "
+            "data.train_files or by a data_source of their rows; every row under exactly "
+            "one key; empty: every row alike",
+            exclusive_min=0,
         ),
     )
     val_files: list[str] = field(
@@ -156,6 +166,16 @@ class DataSection:
                 f"{self.val_sampling.temperature:g}) with data.harness set; allowed: 1 and "
                 "temperature 0 (a harness's validation calls are decoded greedily)"
             )
+        if self.train_weights and not self.train_files:
+            raise ValueError(
+                f"train_weights: got {self.train_weights!r} with no data.train_files; "
+                "allowed: empty, or weights of the training files or their data sources"
+            )
+        for name, weight in self.train_weights.items():
+            if not 0 < weight < math.inf:  # NaN fails both
+                raise ValueError(
+                    f"train_weights.{name}: got {weight!r}; allowed: a finite number > 0"
+                )
         # Validation would otherwise quietly score prompts of data.task, another workload.
         if self.train_files and not self.val_files and self.val_every_versions > 0:
             raise ValueError(
