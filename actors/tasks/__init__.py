@@ -14,7 +14,6 @@ from .base import (
     TaskError,
     check_reward,
     load_task,
-    validation_samples,
 )
 
 __all__ = [
@@ -24,5 +23,4 @@ __all__ = [
     "TaskError",
     "check_reward",
     "load_task",
-    "validation_samples",
 ]

@@ -23,7 +23,6 @@ __all__ = [
     "import_path",
     "load_task",
     "sample_rng",
-    "validation_samples",
 ]
 
 
@@ -73,17 +72,6 @@ def load_task(path: str) -> Task:
         missing = [name for name in ("name", "sample", "reward") if not hasattr(task, name)]
         raise TaskError(f"data.task={path!r}: not a task (missing {', '.join(missing)})")
     return task
-
-
-def validation_samples(task: Task, count: int) -> list[Sample]:
-    """The first ``count`` validation samples, or every one of a shorter finite split."""
-    samples = []
-    for index in range(count):
-        try:
-            samples.append(task.sample("validation", index))
-        except IndexError:
-            break
-    return samples
 
 
 class RewardFunction:

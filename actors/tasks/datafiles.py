@@ -14,12 +14,13 @@ is too long fails at the start naming its file and row, not in the middle of a r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .base import Sample
 from .math_reward import math_reward
 from .order import MixedOrder, Order, Part, ShuffledOrder
-from .rows import DataFileError, Row, read_files, read_rows
+from .rows import DataFileError, Row, read_files
 
 __all__ = ["DataFiles"]
 
@@ -55,7 +56,7 @@ class DataFiles:
         else:
             order = ShuffledOrder(sum(map(len, files)), seed)
         train = _samples([row for rows in files for row in rows], prepare)
-        validation = _samples(read_rows(val_files, "data.val_files"), prepare) if val_files else []
+        validation = _validation(val_files, prepare) if val_files else []
         return cls(train, validation, order)
 
     def sample(self, split: str, index: int) -> Sample:
@@ -69,6 +70,16 @@ class DataFiles:
 
     def reward(self, sample: Sample, response: str) -> float:
         return math_reward(sample, response)
+
+
+def _validation(paths: Sequence[str], prepare: Callable[[Row], str]) -> list[Sample]:
+    """The validation rows, file by file; a row without a ``data_source`` is counted under
+    its file's name (validation reports each source apart)."""
+    samples = []
+    for path, rows in zip(paths, read_files(paths, "data.val_files"), strict=True):
+        name = Path(path).stem
+        samples += [replace(s, data_source=s.data_source or name) for s in _samples(rows, prepare)]
+    return samples
 
 
 def _samples(rows: list[Row], prepare: Callable[[Row], str]) -> list[Sample]:

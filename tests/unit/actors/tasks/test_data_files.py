@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from asyncrl.actors.evaluation.sets import validation_sets
 from asyncrl.actors.startup.role_checks import check_task
-from asyncrl.actors.tasks import validation_samples
 from asyncrl.actors.tasks.datafiles import DataFiles
 from asyncrl.actors.tasks.order import ShuffledOrder
 from asyncrl.actors.tasks.rows import DataFileError, read_rows
@@ -179,7 +179,8 @@ def test_the_workload_renders_prompts_with_the_models_template(tmp_path: Path) -
     # What verl's reward functions read beside the answer reaches ours in the sample.
     assert sample.data_source == "addition" and sample.extra_info == row["extra_info"]
     assert [dict(m) for m in sample.messages] == row["prompt"]  # for a harness's chat call
-    assert len(validation_samples(task, 128)) == 3  # a finite split: all there are
+    sets = validation_sets(task, 128)  # a finite split: all there are
+    assert [(s.name, len(s.samples)) for s in sets] == [("addition", 3)]
     with pytest.raises(IndexError):
         task.sample("validation", 3)
 
