@@ -5,6 +5,7 @@
     asyncrl-worker roles       # each role's stages: what it consumes and what it produces
     asyncrl-worker check [-c run.yaml] [--roles R,R] [section.key=value ...]   # what would
                                # stop a run (of those roles)
+    asyncrl-worker eval ...    # asyncrl eval (evaluation/command.py): a checkpoint scored
 
 The role's code is ``ROLES[role]`` of the module ``pipeline.actors`` names. The events
 endpoint defaults to the control port + 1. Without ``--scheduler`` the worker dials the
@@ -312,6 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_command("asyncrl-worker", build_roles_parser(), args[1:])
     if args[:1] == ["check"]:
         return run_command("asyncrl-worker check", build_check_parser(), args[1:])
+    if args[:1] == ["eval"]:
+        from .evaluation.command import build_eval_parser
+
+        return run_command("asyncrl eval", build_eval_parser(), args[1:])
     return run_command("asyncrl-worker", build_parser(), args)
 
 

@@ -50,16 +50,14 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
-from ..engines.sglang.engine import SGLangDecoder
-from ..engines.vllm.decoder import VLLMDecoder
-from ..engines.vllm.engine import VLLMEngine
-from ..episodes import EpisodeDone, EpisodeLimits, Episodes
+from ..episodes import EpisodeDone, Episodes
 from ..evaluation.passes import ValidationPass
 from ..evaluation.sets import validation_sets
 from ..payloads import PromptIn, RolloutsOut, Sampled
-from ..policy.decoder import Decoder, Decoding, Finished
+from ..policy.decoder import Decoding, Finished
 from ..policy.model import CausalLM
 from ..serving.serving import Serving
+from ..startup.decoding import DEFAULT_SLOTS, Generation
 from ..startup.model_loading import load_policy, start_sglang, start_vllm
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..startup.router_replay import router_replay_problems
@@ -70,7 +68,6 @@ from ..workload import load_workload, serves_api, validation_reward_for
 __all__ = ["Generate"]
 
 
-DEFAULT_SLOTS = 64  # sequences decoded at once
 # An idle generator serving harnesses looks for requests this often (the worker's own idle
 # poll waits for the scheduler's events, which say nothing of HTTP requests).
 SERVE_POLL_S = 0.005
@@ -147,6 +144,9 @@ class Generate(StreamingActor):
         self.stop_ids = (
             stop_ids(self.environment(), self.codec.encode) if self.environment else frozenset()
         )
+        self.generation = Generation(
+            cfg, self.engine, self.codec, self.model_config, self.slots, ctx.index
+        )
         self.episodes = self._episodes(self.model)
         # Harnesses hold the generate stage: this generator then takes no lease and serves
         # their calls only. A judge's calls join the batch of the leases.
@@ -162,74 +162,12 @@ class Generate(StreamingActor):
             )
 
     def _episodes(self, model: CausalLM | None, *, validation: bool = False) -> Episodes:
-        cfg = self.ctx.config
-        decoder = self._decoder(model, validation=validation)
-        data = cfg.data
-        context = decoder.max_prompt_tokens + decoder.max_new_tokens
-        limits = EpisodeLimits(
-            max_turns=data.max_turns if self.environment else 1,
-            max_total_tokens=min(data.max_total_tokens or context, context),
-            step_timeout_s=data.env_step_timeout_s,
-        )
-        return Episodes(
+        decoder = self.generation.decoder(model, version=self.loaded, validation=validation)
+        return self.generation.episodes(
             decoder,
-            self.codec,
             environment=self.environment,
-            name=data.environment,
-            limits=limits,
             stop_ids=self.stop_ids,
             others=self._answer_served,
-        )
-
-    def _decoder(self, model: CausalLM | None, *, validation: bool = False) -> Decoding:
-        """A decoder over ``model``, or over the engine (which has no model here); sampling
-        as training does, or as validation does."""
-        cfg = self.ctx.config
-        max_new = cfg.model.max_new_tokens
-        # Not the model's whole context: a real model's would make a cache of many GiB.
-        max_prompt = min(
-            cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
-        )
-        a, v = cfg.algorithm, cfg.data.val_sampling
-        if not validation:
-            sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
-        elif v.greedy:  # its requests are greedy: they take the most likely token
-            sampling = {}
-        else:
-            sampling = dict(temperature=v.temperature, top_p=v.top_p, top_k=v.top_k)
-        if isinstance(self.engine, VLLMEngine):
-            return VLLMDecoder(
-                self.engine,
-                slots=self.slots,
-                max_new_tokens=max_new,
-                max_prompt_tokens=max_prompt,
-                eos_id=self.codec.eos_ids,
-                seed=cfg.run.seed + (self.ctx.index or 0),
-                **sampling,
-            )
-        if self.engine is not None:
-            return SGLangDecoder(
-                self.engine,
-                slots=self.slots,
-                max_new_tokens=max_new,
-                max_prompt_tokens=max_prompt,
-                eos_id=self.codec.eos_ids,
-                **sampling,
-            )
-        assert model is not None  # the PyTorch decoder runs our own model
-        return Decoder(
-            model,
-            slots=self.slots,
-            max_new_tokens=max_new,
-            max_prompt_tokens=max_prompt,
-            eos_id=self.codec.eos_ids,
-            pad_id=self.codec.pad_id,
-            **sampling,
-            seed=cfg.run.seed + (self.ctx.index or 0),
-            version=self.loaded,
-            cuda_graphs=cfg.backends.cuda_graphs,
-            # Validation's rollouts are never trained: they need no routes.
-            record_routes=cfg.algorithm.router_replay.enabled and not validation,
         )
 
     def _answer_served(self, finished: Finished) -> None:

@@ -233,6 +233,12 @@ class RunDir:
         return self.root / f"{learner}-state"
 
     @property
+    def evaluations(self) -> Path:
+        """Where ``asyncrl eval`` writes by default: a directory per checkpoint, each with
+        its ``eval.jsonl`` (a line per evaluation) and the samples of the latest."""
+        return self.root / "eval"
+
+    @property
     def final_model(self) -> Path:
         """The trained model after the last step, as a Hugging Face directory."""
         return self.root / "final"

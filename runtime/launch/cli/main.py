@@ -10,6 +10,8 @@ asyncrl config keys                      # every key with its default and meanin
 asyncrl inspect runs/arithmetic [--json] # where a run's step time goes (live, done, crashed)
 asyncrl inspect runs/arithmetic --journal  # the journal replayed: where the run stands
 asyncrl report runs/arithmetic           # pictures and an HTML page in runs/arithmetic/report
+asyncrl eval -c run.yaml --checkpoint runs/arithmetic/final [--samples 8]
+                                         # a checkpoint scored as the run validates
 asyncrl clean [RUN_DIR ...] [--dry-run]  # what runs killed with -9 left in /dev/shm and runs
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -119,6 +122,21 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _evaluate(argv: Sequence[str]) -> int:
+    """``asyncrl eval``: the actors' code scores a checkpoint, in a process of its own as
+    every worker runs (this package starts actors' code, it does not import it)."""
+    import subprocess
+
+    from asyncrl.runtime.launch.plan import WORKER_MODULE
+
+    child = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "eval", *argv])
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # the child has it too (one process group): it cleans up
+            continue
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="asyncrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(title="commands")
@@ -156,11 +174,20 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, help="where to write (default RUN_DIR/report)")
     report.set_defaults(handler=_report)
     add_clean_parser(commands)
+    # Listed here; main() hands the arguments to the evaluation's own parser.
+    commands.add_parser(
+        "eval",
+        help="score a checkpoint on the run's validation sets: asyncrl eval --help",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_command("asyncrl", build_parser(), argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["eval"]:
+        return _evaluate(args[1:])
+    return run_command("asyncrl", build_parser(), args)
 
 
 if __name__ == "__main__":

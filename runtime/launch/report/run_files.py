@@ -23,9 +23,8 @@ from typing import Any
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.scheduler.service.trace import read_trace
 
-__all__ = ["EVAL_DIR", "EVAL_FILE", "RunData", "load_run"]
+__all__ = ["EVAL_FILE", "RunData", "load_run"]
 
-EVAL_DIR = "eval"  # asyncrl eval's default --out, in the run directory
 EVAL_FILE = "eval.jsonl"  # one line per evaluation, in each of its output directories
 
 
@@ -63,7 +62,7 @@ def load_run(root: Path) -> RunData:
     data.validation = _jsonl(
         run.validation, data.missing, "validation reward, per data source or pass@k"
     )
-    data.evals = _evals(run.root / EVAL_DIR)
+    data.evals = _evals(run.evaluations)
     data.weight_loads = _jsonl(run.weight_loads, data.missing, "weight transfer and load plot")
     if not run.trace.exists():
         data.missing.append(
