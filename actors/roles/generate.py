@@ -38,7 +38,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import structlog
@@ -196,9 +196,14 @@ class Generate(StreamingActor):
         )
         # A greedy-only decoder's sequences take the most likely token whatever these are.
         a = cfg.algorithm
-        sampling = (
-            {} if greedy_only else dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+        defaults: dict[str, Any] = (
+            {}
+            if greedy_only
+            else dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p)
         )
+        # Stop texts say where a response ends, not how it samples: every decoder has them,
+        # found on the codec's text whichever engine samples.
+        defaults |= dict(stop=tuple(a.stop), decode=self.codec.decode)
         if isinstance(self.engine, VLLMEngine):
             return VLLMDecoder(
                 self.engine,
@@ -207,7 +212,7 @@ class Generate(StreamingActor):
                 max_prompt_tokens=max_prompt,
                 eos_id=self.codec.eos_ids,
                 seed=cfg.run.seed + (self.ctx.index or 0),
-                **sampling,
+                **defaults,
             )
         if self.engine is not None:
             return SGLangDecoder(
@@ -216,7 +221,7 @@ class Generate(StreamingActor):
                 max_new_tokens=max_new,
                 max_prompt_tokens=max_prompt,
                 eos_id=self.codec.eos_ids,
-                **sampling,
+                **defaults,
             )
         assert model is not None  # the PyTorch decoder runs our own model
         return Decoder(
@@ -226,7 +231,7 @@ class Generate(StreamingActor):
             max_prompt_tokens=max_prompt,
             eos_id=self.codec.eos_ids,
             pad_id=self.codec.pad_id,
-            **sampling,
+            **defaults,
             seed=cfg.run.seed + (self.ctx.index or 0),
             version=self.loaded,
             cuda_graphs=cfg.backends.cuda_graphs,
