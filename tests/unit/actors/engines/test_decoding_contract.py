@@ -22,6 +22,7 @@ import torch
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, state_for_saving
 from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
 from asyncrl.actors.policy.sampling import Sampling
+from asyncrl.actors.policy.scoring import pack, response_logprobs
 from tests.support import fake_sglang
 from tests.support.decoding import drain
 
@@ -45,6 +46,8 @@ class Engine:
     decode: Callable[[list[int]], str]  # token ids to text, for stop texts
     closers: list[Callable[[], None]] = field(default_factory=list)
     samples: bool = True  # draws from the model's distribution (the stand-in does not)
+    # Our scorer's log-probs of version 0's responses (what the trainer recomputes).
+    score: Callable[[list[Finished], Sampling], list[list[float]]] | None = None
 
 
 class OurForward:
@@ -87,6 +90,13 @@ class OurForward:
             for i, (t, v) in enumerate(zip(finished.tokens, finished.versions, strict=True))
         ]
 
+    @torch.no_grad()
+    def score(self, finished: list[Finished], sampling: Sampling) -> list[list[float]]:
+        prompts = [list(f.prompt) for f in finished]
+        packed = pack(prompts, [f.tokens for f in finished], self.codec.pad_id)
+        scored = response_logprobs(self.model(0), packed, sampling)
+        return [scored[row, : len(f.tokens)].tolist() for row, f in enumerate(finished)]
+
     def prompts(self) -> list[tuple[int, ...]]:
         return [tuple(self.codec.encode(text)) for text in ("12+34=", "7+8=", "99+1=", "5+5=")]
 
@@ -100,7 +110,7 @@ def _ours() -> Engine:
 
     return Engine(
         make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
-        forward.weights, forward.expected, forward.codec.decode,
+        forward.weights, forward.expected, forward.codec.decode, score=forward.score,
     )  # fmt: skip
 
 
@@ -120,6 +130,7 @@ def _vllm() -> Engine:
     return Engine(
         make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
         forward.weights, forward.expected, forward.codec.decode, [engine.close],
+        score=forward.score,
     )  # fmt: skip
 
 
@@ -367,3 +378,33 @@ def test_top_k_top_p_min_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(
     for name in ("top_k=1", "top_p tiny", "min_p near 1"):
         assert results[name].tokens == results["greedy"].tokens, name
         assert max(abs(lp) for lp in results[name].logprobs) < LOGPROB_TOLERANCE, name
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(1.5, min_p=0.1), Sampling(2.0, top_p=0.8, top_k=6, min_p=0.05)],
+    ids=["min_p", "min_p+top_k+top_p"],
+)
+def test_the_scorer_recomputes_the_engines_log_probs_under_min_p(
+    engine: Engine, sampling: Sampling
+) -> None:
+    """The trainer's recomputed log-probs (old and reference policies, the loss) and the
+    engine's recorded ones are of one distribution: vLLM's processed log-probs, min-p's
+    mask included."""
+    if engine.score is None:
+        pytest.skip("the stand-in draws from no distribution (its parameters: test_sglang_decoder)")
+    decoder = engine.make(
+        eos_id=engine.eos,
+        max_new_tokens=12,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=8,
+    )
+    decoder.submit(Request(j, prompt) for j, prompt in enumerate(engine.prompts))
+    results = finish(decoder, len(engine.prompts))
+    finished = [results[j] for j in range(len(engine.prompts))]
+    for f, scored in zip(finished, engine.score(finished, sampling), strict=True):
+        gap = max(abs(a - b) for a, b in zip(f.logprobs, scored, strict=True))
+        assert gap < LOGPROB_TOLERANCE, f"{f.tag!r}: recorded and scored differ by {gap}"
