@@ -382,7 +382,7 @@ def test_top_k_top_p_min_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(
 
 @pytest.mark.parametrize(
     "sampling",
-    [Sampling(1.5, min_p=0.1), Sampling(2.0, top_p=0.8, top_k=6, min_p=0.05)],
+    [Sampling(1.5, min_p=0.1), Sampling(2.0, top_p=0.9, top_k=8, min_p=0.2)],
     ids=["min_p", "min_p+top_k+top_p"],
 )
 def test_the_scorer_recomputes_the_engines_log_probs_under_min_p(
