@@ -291,6 +291,8 @@ class SGLangDecoder:
             "temperature": own.temperature if request.temperature is None else request.temperature,
             "top_p": own.top_p if request.top_p is None else request.top_p,
             "top_k": top_k or -1,  # SGLang's every token is -1
+            # SGLang applies min-p after top-k and top-p, not before as vLLM and ours do:
+            # with top_p too its set may differ slightly from what the scorers recompute.
             "min_p": own.min_p if request.min_p is None else request.min_p,  # 0: off
         }
         if request.seed is not None:
