@@ -10,9 +10,16 @@ dropped: their cached keys and values are recomputed under the new weights at th
 step, then they go on. Every sampled token records the policy version whose
 distribution it was drawn from, and that distribution's log-probability of it, so a
 trainer recomputing log-probs of the same version gets the same numbers. The distribution
-is the logits tempered and truncated (top-k, top-p) as sampling.py defines it, the
+is the logits tempered and truncated (min-p, top-k, top-p) as sampling.py defines it, the
 scorers' definition too: the request's settings, or the decoder's where it names none. A
 request with a seed draws from a generator of its own.
+
+A response ends with an end-of-sequence or stop id, or with the token that completes one
+of the decoder's stop texts (``stop``) in its decoded text: the response is every token up
+to and including that one, all of them trained, the text after the stop text within that
+token too. Every engine's decoder ends a response so, through :class:`StopTexts`, on the
+text our codec decodes (not an engine's own detokenizer), so that the same tokens end the
+same response whichever engine samples them.
 
 Each slot keeps its tokens and how many of them are in the cache ("fed"). One step feeds
 each slot its unfed tokens (one, usually; a whole prompt for a new sequence; everything
@@ -50,6 +57,7 @@ __all__ = [
     "Decoding",
     "Finished",
     "Request",
+    "StopTexts",
     "check_request",
     "end_ids",
     "route_dtype",
@@ -57,6 +65,10 @@ __all__ = [
 
 # Sequences catching up are fed in runs padded to at most this many times their tokens.
 CATCH_UP_SLACK = 1.25
+# Tokens decoded beyond a stop text's length in characters when looking for it at a
+# response's end: a token holds at least one character, and a window that starts inside
+# a character's bytes decodes them as replacement characters.
+STOP_MARGIN_TOKENS = 4
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,7 @@ class Request:
     temperature: float | None = None
     top_p: float | None = None  # 1: the whole distribution
     top_k: int | None = None  # 0: every token
+    min_p: float | None = None  # 0: off
     # Draws this sequence's tokens from a generator of its own, seeded so: the same seed
     # gives the same tokens whatever other sequences share its steps. None: the decoder's.
     seed: int | None = None
@@ -105,6 +118,7 @@ def check_request(request: Request, max_prompt_tokens: int) -> None:
         1.0 if request.temperature is None else request.temperature,
         1.0 if request.top_p is None else request.top_p,
         0 if request.top_k is None else request.top_k,
+        0.0 if request.min_p is None else request.min_p,
     )
     if problem is not None:
         raise ValueError(problem)
@@ -113,6 +127,44 @@ def check_request(request: Request, max_prompt_tokens: int) -> None:
         raise ValueError(f"seed={seed!r}: expected an integer >= 0")
     if seed is not None and seed >= 2**64:
         raise ValueError(f"seed={seed}: expected below 2**64")
+
+
+class StopTexts:
+    """Whether a response so far ends a stop text: one of ``texts`` is in the decoded text
+    of its last tokens. Asked after every token, so the first token that completes one
+    ends the response."""
+
+    def __init__(self, texts: Iterable[str], decode: Callable[[list[int]], str]) -> None:
+        self.texts = tuple(texts)
+        if not self.texts or not all(isinstance(t, str) and t for t in self.texts):
+            raise ValueError(f"stop={self.texts!r}: expected one or more non-empty texts")
+        self.decode = decode
+        self.window = max(len(t) for t in self.texts) + STOP_MARGIN_TOKENS
+
+    def __call__(self, response: list[int]) -> bool:
+        text = self.decode(response[-self.window :])
+        return any(t in text for t in self.texts)
+
+    @classmethod
+    def of(
+        cls, texts: Iterable[str], decode: Callable[[list[int]], str] | None
+    ) -> StopTexts | None:
+        """The rule for ``texts``, None for none; ValueError if there are texts but no
+        ``decode`` to find them with."""
+        texts = tuple(texts)
+        if not texts:
+            return None
+        if decode is None:
+            raise ValueError(f"stop={texts!r}: stop texts need decode= (the codec's)")
+        return cls(texts, decode)
+
+
+def ends_by_rule(request: Request, stop_texts: StopTexts | None, response: list[int]) -> bool:
+    """Whether ``response`` ends by a rule beyond its last token's id: the decoder's stop
+    texts or the request's own ``stop_when``."""
+    if stop_texts is not None and stop_texts(response):
+        return True
+    return request.stop_when is not None and request.stop_when(response)
 
 
 @dataclass(frozen=True)
@@ -193,15 +245,21 @@ class Decoder:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        stop: tuple[str, ...] = (),
+        decode: Callable[[list[int]], str] | None = None,
         seed: int = 0,
         version: int = 0,
         cuda_graphs: bool = False,
         record_routes: bool = False,
     ) -> None:
-        """``record_routes``: each finished sequence carries the experts its tokens were
-        routed to (:attr:`Finished.routes`; a mixture-of-experts model)."""
+        """``stop``: texts that end every response (:class:`StopTexts`), found with
+        ``decode`` (token ids to text). ``record_routes``: each finished sequence carries
+        the experts its tokens were routed to (:attr:`Finished.routes`; a
+        mixture-of-experts model)."""
         # The defaults of requests that name none (ValueError naming a bad one).
-        self.sampling = Sampling(temperature, top_p, top_k)
+        self.sampling = Sampling(temperature, top_p, top_k, min_p)
+        self.stop_texts = StopTexts.of(stop, decode)
         self.model = model.eval()
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -337,12 +395,14 @@ class Decoder:
 
     def _sampling_of(self, request: Request) -> Sampling:
         own = self.sampling
-        if request.temperature is None and request.top_p is None and request.top_k is None:
+        given = (request.temperature, request.top_p, request.top_k, request.min_p)
+        if all(value is None for value in given):
             return own  # the decoder's own object: _pick knows such rows by identity
         return Sampling(
             own.temperature if request.temperature is None else request.temperature,
             own.top_p if request.top_p is None else request.top_p,
             own.top_k if request.top_k is None else request.top_k,
+            own.min_p if request.min_p is None else request.min_p,
         )
 
     def _advance(self, slots: list[int]) -> list[Finished]:
@@ -418,6 +478,7 @@ class Decoder:
                 torch.tensor([s.temperature for s in settings], device=d),
                 torch.tensor([s.top_p for s in settings], device=d),
                 torch.tensor([s.top_k for s in settings], device=d),
+                min_p=torch.tensor([s.min_p for s in settings], device=d),
             )
         probs = logprobs.exp()
         sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
@@ -433,7 +494,7 @@ class Decoder:
         response = seq.response
         request = seq.request
         ended = response[-1] in self.eos_ids or response[-1] in request.stop_ids
-        ended = ended or (request.stop_when is not None and request.stop_when(response))
+        ended = ended or ends_by_rule(request, self.stop_texts, response)
         budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
         if not ended and len(response) < budget:
             return None

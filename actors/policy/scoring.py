@@ -114,7 +114,7 @@ def response_logprobs(
     """log π(response token | everything before it), [rows, longest response]; 0 where the
     mask is (padding, and tokens the model did not sample).
 
-    Under ``sampling`` (its temperature, top-k and top-p): the distribution the generator
+    Under ``sampling`` (its temperature, min-p, top-k and top-p): the distribution the generator
     sampled from, so behaviour and recomputed log-probs compare like for like.
     """
     device = device_of(model)

@@ -11,11 +11,13 @@ call it makes to session ``sid``. Routes::
                                                the same calls decoded greedily, not recorded
                                                (harness validation sessions, judges)
 
-Each call is sampled as the run samples: ``algorithm.temperature``, ``top_p`` and
-``top_k`` (the trainer recomputes log-probs under them, so others would train on numbers
-that were never sampled): a request may leave them out or name the run's, and one asking
-for others is refused. ``top_k`` is not in OpenAI's API: a client sends it as vLLM's
-clients do (the openai client's ``extra_body``), -1 or 0 for every token. A ``seed``
+Each call is sampled as the run samples: ``algorithm.temperature``, ``top_p``, ``top_k``
+and ``min_p`` (the trainer recomputes log-probs under them, so others would train on
+numbers that were never sampled): a request may leave them out or name the run's, and one
+asking for others is refused. ``top_k`` and ``min_p`` are not in OpenAI's API: a client
+sends them as vLLM's clients do (the openai client's ``extra_body``), top_k -1 or 0 for
+every token. The run's ``algorithm.stop`` texts end a call's response too, besides the
+call's own ``stop`` (its text is cut before those, not before the run's). A ``seed``
 makes a call's draws reproducible: the same seed, prompt and weights give the same
 tokens, whatever other calls share the decoder's steps. A request the server cannot
 honour exactly (streaming, several choices) gets a 400 naming the field, in OpenAI's
@@ -90,6 +92,7 @@ class ApiSettings:
     vocab_size: int  # token ids given as input must embed
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,9 @@ class _Api:
             top_k = 0  # vLLM's every token
         if top_k is not None and not (_whole(top_k) and top_k == s.top_k):
             raise _not_the_runs("top_k", top_k, s.top_k)
+        min_p = body.get("min_p")
+        if min_p is not None and not (_number(min_p) and math.isclose(min_p, s.min_p)):
+            raise _not_the_runs("min_p", min_p, s.min_p)
 
     def _max_tokens(self, body: dict[str, Any]) -> int:
         name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"

@@ -59,6 +59,7 @@ class Serving:
             temperature=cfg.algorithm.temperature,
             top_p=cfg.algorithm.top_p,
             top_k=cfg.algorithm.top_k,
+            min_p=cfg.algorithm.min_p,
             max_new_tokens=cfg.model.max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
             vocab_size=vocab_size,

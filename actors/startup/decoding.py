@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from asyncrl.runtime.contract.config import RunConfig
 
@@ -53,12 +54,16 @@ class Generation:
             cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
         )
         a, v = cfg.algorithm, cfg.data.val_sampling
+        sampling: dict[str, Any]
         if not validation:
-            sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k)
+            sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p)
         elif v.greedy:  # its requests are greedy: they take the most likely token
             sampling = {}
         else:
-            sampling = dict(temperature=v.temperature, top_p=v.top_p, top_k=v.top_k)
+            sampling = dict(temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, min_p=v.min_p)
+        # Stop texts say where a response ends, not how it samples: training and validation
+        # alike, found on the codec's text whichever engine samples.
+        sampling |= dict(stop=tuple(a.stop), decode=self.codec.decode)
         seed = cfg.run.seed + (self.index or 0)
         eos = self.codec.eos_ids
         if isinstance(self.engine, VLLMEngine):

@@ -149,6 +149,7 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> No
         ({"top_p": 0.5}, "top_p"),
         ({"extra_body": {"top_k": 5}}, "top_k"),
         ({"extra_body": {"top_k": "5"}}, "top_k"),
+        ({"extra_body": {"min_p": 0.1}}, "min_p"),
         ({"seed": -1}, "seed"),
         ({"extra_body": {"seed": 1.5}}, "seed"),
         ({"stream": True}, "stream"),
@@ -196,11 +197,11 @@ def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
 
     monkeypatch.setattr(served.decoder, "submit", recording)
     api = client(served.entry, "seeded")
-    # The run's own sampling, named: accepted (top_k as vLLM's clients send it).
+    # The run's own sampling, named: accepted (top_k and min_p as vLLM's clients send them).
     asked = {"temperature": 1.0, "top_p": 1, "seed": 9, "max_tokens": 6, "stop": ["+"]}
     calls = [
         api.completions.create(
-            model="policy", prompt="345+6789=", extra_body={"top_k": top_k}, **asked
+            model="policy", prompt="345+6789=", extra_body={"top_k": top_k, "min_p": 0}, **asked
         )
         for top_k in (0, -1)
     ]

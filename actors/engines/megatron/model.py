@@ -174,7 +174,7 @@ class MegatronLM(HfWeights, nn.Module):
             group = parallel_state.get_tensor_model_parallel_group()
         vocab = self.config.vocab_size
         if sampling.truncates:
-            # Top-k and top-p rank a row's whole vocabulary: the slices are joined (each
+            # Truncation ranks a row's whole vocabulary: the slices are joined (each
             # rank then holds whole rows, the price of truncating), padding columns cut.
             whole = logits if group is None else gather_vocab(logits, group)
             logprobs = sampling.logprobs(whole[..., :vocab], keep=targets)

@@ -10,8 +10,8 @@ Threads: SGLang's engine is driven from an asyncio event loop, which an
 :class:`~.runner.EngineRunner` runs on a thread of its own; the decoder's methods are
 called on the worker's thread and hand work to the loop, and finished responses come back
 through a queue. Every request streams its tokens, so each token is tagged with the
-version it was sampled under as it arrives (:mod:`.versions`), and ``stop_when`` is asked
-after every token.
+version it was sampled under as it arrives (:mod:`.versions`), and the stop texts and
+``stop_when`` are asked after every token.
 
 A new version (``load``): the engine is paused in "retract" mode (running requests go
 back to its queue, their KV cache dropped), the weights go in as flattened buckets
@@ -33,13 +33,20 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import AsyncIterator, Collection, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any
 
 import structlog
 import torch
 
-from ...policy.decoder import Finished, Request, check_request, end_ids
+from ...policy.decoder import (
+    Finished,
+    Request,
+    StopTexts,
+    check_request,
+    end_ids,
+    ends_by_rule,
+)
 from ...policy.sampling import Sampling
 from .buckets import Bucket
 from .runner import EngineRunner
@@ -68,9 +75,17 @@ class SGLangDecoder:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        stop: tuple[str, ...] = (),
+        decode: Callable[[list[int]], str] | None = None,
     ) -> None:
+        """``stop``: texts that end every response, found with ``decode`` (token ids to
+        text; see :class:`StopTexts`). They are not SGLang's ``stop``: the engine runs
+        without a tokenizer (token ids in and out), and every engine's decoder finds them
+        on our codec's text, so a response ends at the same token whichever samples it."""
         # The defaults of requests that name none (ValueError naming a bad one).
-        self.sampling = Sampling(temperature, top_p, top_k)
+        self.sampling = Sampling(temperature, top_p, top_k, min_p)
+        self.stop_texts = StopTexts.of(stop, decode)
         self.runner = runner
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -224,7 +239,7 @@ class SGLangDecoder:
                 ended = self._ended_within(request, rollout, start, len(new))
                 if ended is not None:
                     if finish is None and ended == _STOPPED:
-                        # Ended here by a rule of ours (stop_when): the engine would go on.
+                        # Ended here by a rule of ours (stop texts): the engine would go on.
                         self.runner.engine.abort(rid)
                     return ended
                 if finish is not None:
@@ -243,12 +258,12 @@ class SGLangDecoder:
     ) -> str | None:
         """Whether the response ended among its ``count`` new tokens, asked token by token
         as the PyTorch decoder does; the response is cut right after the token it ended
-        with (an engine's report may run past a ``stop_when``)."""
+        with (an engine's report may run past a stop text or ``stop_when``)."""
         for length in range(start + 1, start + count + 1):
             response = rollout.tokens[:length]
             token = response[-1]
             stopped = token in self.eos_ids or token in request.stop_ids
-            if stopped or (request.stop_when is not None and request.stop_when(response)):
+            if stopped or ends_by_rule(request, self.stop_texts, response):
                 rollout.cut(length)
                 return _STOPPED
             if length >= rollout.budget:
@@ -276,6 +291,9 @@ class SGLangDecoder:
             "temperature": own.temperature if request.temperature is None else request.temperature,
             "top_p": own.top_p if request.top_p is None else request.top_p,
             "top_k": top_k or -1,  # SGLang's every token is -1
+            # SGLang applies min-p after top-k and top-p, not before as vLLM and ours do:
+            # with top_p too its set may differ slightly from what the scorers recompute.
+            "min_p": own.min_p if request.min_p is None else request.min_p,  # 0: off
         }
         if request.seed is not None:
             params["sampling_seed"] = request.seed
@@ -287,7 +305,7 @@ class SGLangDecoder:
 
 
 # How a submission ended.
-_STOPPED = "stopped"  # an end-of-sequence or stop id, or stop_when
+_STOPPED = "stopped"  # an end-of-sequence or stop id, a stop text, or stop_when
 _TRUNCATED = "truncated"  # the length budget
 _CUT_OFF = "cut off"  # aborted by the engine: to be continued
 

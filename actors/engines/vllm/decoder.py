@@ -7,8 +7,13 @@ API drive either the same way. vLLM does the batching, the paged KV cache, prefi
 and the sampling (:class:`~.engine.VLLMEngine` steps it); this module feeds it token ids
 and keeps the books: each token with the version current at the engine step that
 sampled it, and its log-prob, vLLM's ``processed_logprobs``: of the distribution sampled
-from, after the temperature, top-k and top-p, as the PyTorch decoder records them and the
-scorers compute them (:mod:`~asyncrl.actors.policy.sampling`).
+from, after the temperature, min-p, top-k and top-p, as the PyTorch decoder records them
+and the scorers compute them (:mod:`~asyncrl.actors.policy.sampling`).
+
+Stop texts are not vLLM's ``stop``: that needs vLLM to detokenize every response, and its
+detokenizer's text may differ from our codec's. They are found on our codec's text
+(:class:`~asyncrl.actors.policy.decoder.StopTexts`), as every engine's decoder finds them,
+and the response ends with the token that completes one, as with the PyTorch decoder.
 
 ``vllm`` is imported when a decoder first submits, so that this module loads without it.
 """
@@ -16,14 +21,21 @@ scorers compute them (:mod:`~asyncrl.actors.policy.sampling`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 import torch
 
-from ...policy.decoder import Finished, Request, check_request, end_ids
+from ...policy.decoder import (
+    Finished,
+    Request,
+    StopTexts,
+    check_request,
+    end_ids,
+    ends_by_rule,
+)
 from ...policy.sampling import Sampling
 from .engine import VLLMEngine
 
@@ -56,10 +68,16 @@ class VLLMDecoder:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
+        stop: tuple[str, ...] = (),
+        decode: Callable[[list[int]], str] | None = None,
         seed: int | None = None,
     ) -> None:
+        """``stop``: texts that end every response, found with ``decode`` (token ids to
+        text; see :class:`StopTexts`)."""
         # The defaults of requests that name none (ValueError naming a bad one).
-        self.sampling = Sampling(temperature, top_p, top_k)
+        self.sampling = Sampling(temperature, top_p, top_k, min_p)
+        self.stop_texts = StopTexts.of(stop, decode)
         self.engine = engine
         self.slots = slots
         self.max_new_tokens = max_new_tokens
@@ -156,9 +174,9 @@ class VLLMDecoder:
             response.logprobs.append(_logprob_of(completion.logprobs, index, token))
             response.versions.append(version)
             stopped = token in self.eos_ids or token in request.stop_ids
-            if stopped or (request.stop_when is not None and request.stop_when(response.tokens)):
+            if stopped or ends_by_rule(request, self.stop_texts, response.tokens):
                 if not output.finished:
-                    # Ended by a rule of ours (stop_when) that the engine does not know.
+                    # Ended by a rule of ours (stop texts) that the engine does not know.
                     self.engine.abort([response.request_id])
                 return self._finish(response, stopped_by=token)
             if len(response.tokens) >= response.budget:
@@ -212,8 +230,8 @@ class VLLMDecoder:
 
     def _sampling_of(self, request: Request, count: int) -> dict[str, Any]:
         """The request's sampling (the decoder's where it names none) in vLLM's terms:
-        the temperature, then top-k, then top-p, as ours (``sampling.py``), so that the
-        log-probs are of the distribution the scorers compute."""
+        the temperature, then min-p, then top-k, then top-p, as ours (``sampling.py``), so
+        that the log-probs are of the distribution the scorers compute."""
         own = self.sampling
         if request.seed is not None:
             seed = request.seed  # vLLM draws a seeded request's tokens on their own
@@ -227,6 +245,7 @@ class VLLMDecoder:
             "temperature": own.temperature if request.temperature is None else request.temperature,
             "top_p": own.top_p if request.top_p is None else request.top_p,
             "top_k": own.top_k if request.top_k is None else request.top_k,  # 0: every token
+            "min_p": own.min_p if request.min_p is None else request.min_p,  # 0: off
             "seed": seed,
         }
 

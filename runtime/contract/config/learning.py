@@ -439,6 +439,24 @@ class AlgorithmSection:
         default=0,
         metadata=doc("sample among the k most likely tokens (ties kept); 0: every token", min=0),
     )
+    min_p: float = field(
+        default=0.0,
+        metadata=doc(
+            "sample among the tokens at least this times as likely as the most likely one "
+            "(after the temperature, before top_k and top_p); 0: off",
+            min=0,
+        ),
+    )
+    # Matched on the decoded response by the generators (every engine alike): a response
+    # ends with the token that completes a stop string, and that token is trained.
+    stop: list[str] = field(
+        default_factory=list,
+        metadata=doc(
+            "texts that end a response, kept in it with the token that completes them (as "
+            "the end-of-sequence token is); one text or a list; empty: none",
+            one_or_list=True,
+        ),
+    )
     filter_groups: FilterGroupsSection = field(
         default_factory=FilterGroupsSection,
         metadata=doc("dynamic sampling: groups without signal are filtered, not trained"),
@@ -449,6 +467,12 @@ class AlgorithmSection:
     )
 
     def __post_init__(self) -> None:
+        # At 1 only the most likely token would be left: greedy decoding, which a
+        # sampled run's log-probs cannot describe.
+        if not self.min_p < 1:
+            raise ValueError(f"min_p: got {self.min_p!r}; allowed: a number in [0, 1) (0: off)")
+        if not all(self.stop):
+            raise ValueError(f"stop: got {self.stop!r}; allowed: non-empty texts")
         # Between 0 and 1 the bound would sit below the clipped loss it is meant to cap.
         if self.clip_ratio_c and not self.clip_ratio_c > 1:
             raise ValueError(

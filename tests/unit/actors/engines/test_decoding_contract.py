@@ -22,6 +22,7 @@ import torch
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, state_for_saving
 from asyncrl.actors.policy.decoder import Decoder, Decoding, Finished, Request
 from asyncrl.actors.policy.sampling import Sampling
+from asyncrl.actors.policy.scoring import pack, response_logprobs
 from tests.support import fake_sglang
 from tests.support.decoding import drain
 
@@ -34,7 +35,7 @@ TEMPERATURE = 0.8
 class Engine:
     """One engine under the contract, and how a test knows what it should have produced."""
 
-    make: Callable[..., Decoding]  # (eos_id, max_new_tokens, temperature, seed) -> decoder
+    make: Callable[..., Decoding]  # (eos_id, max_new_tokens, temperature, seed, ...) -> decoder
     prompts: list[tuple[int, ...]]
     never_ends: int  # an end id it never samples: responses run their whole budget
     eos: int
@@ -42,8 +43,11 @@ class Engine:
     # The log-prob each token should have, given the version it says sampled it and the
     # sampling (temperature, top-p, top-k) it was drawn with.
     expected: Callable[[Finished, Sampling], list[float]]
+    decode: Callable[[list[int]], str]  # token ids to text, for stop texts
     closers: list[Callable[[], None]] = field(default_factory=list)
     samples: bool = True  # draws from the model's distribution (the stand-in does not)
+    # Our scorer's log-probs of version 0's responses (what the trainer recomputes).
+    score: Callable[[list[Finished], Sampling], list[list[float]]] | None = None
 
 
 class OurForward:
@@ -86,6 +90,13 @@ class OurForward:
             for i, (t, v) in enumerate(zip(finished.tokens, finished.versions, strict=True))
         ]
 
+    @torch.no_grad()
+    def score(self, finished: list[Finished], sampling: Sampling) -> list[list[float]]:
+        prompts = [list(f.prompt) for f in finished]
+        packed = pack(prompts, [f.tokens for f in finished], self.codec.pad_id)
+        scored = response_logprobs(self.model(0), packed, sampling)
+        return [scored[row, : len(f.tokens)].tolist() for row, f in enumerate(finished)]
+
     def prompts(self) -> list[tuple[int, ...]]:
         return [tuple(self.codec.encode(text)) for text in ("12+34=", "7+8=", "99+1=", "5+5=")]
 
@@ -99,7 +110,7 @@ def _ours() -> Engine:
 
     return Engine(
         make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
-        forward.weights, forward.expected,
+        forward.weights, forward.expected, forward.codec.decode, score=forward.score,
     )  # fmt: skip
 
 
@@ -118,7 +129,8 @@ def _vllm() -> Engine:
 
     return Engine(
         make, forward.prompts(), forward.codec.pad_id, min(forward.codec.eos_ids),
-        forward.weights, forward.expected, [engine.close],
+        forward.weights, forward.expected, forward.codec.decode, [engine.close],
+        score=forward.score,
     )  # fmt: skip
 
 
@@ -141,6 +153,7 @@ def _fake_sglang() -> Engine:
     return Engine(
         make, [(1,), (20,), (40,), (60,)], 10_000, fake_sglang.EOS,
         lambda version: fake_sglang.state(float(version)), expected,
+        lambda ids: "".join(f"<{i}>" for i in ids),
         [lambda: [runner.close() for runner in runners]], samples=False,
     )  # fmt: skip
 
@@ -272,24 +285,74 @@ def test_stop_when_and_stop_ids_end_a_response_at_their_token(engine: Engine) ->
     assert ended.tokens == free[:3] and ended.stopped_by == free[2] and not ended.truncated
 
 
+def test_run_level_stop_texts_end_a_response_at_the_token_that_completes_one(
+    engine: Engine,
+) -> None:
+    prompt = engine.prompts[0]
+    free_decoder = engine.make(eos_id=engine.never_ends, max_new_tokens=20, temperature=1.0, seed=7)
+    free_decoder.submit([Request("free", prompt, greedy=True)])
+    free = finish(free_decoder, 1)["free"].tokens
+    free_decoder.close()
+    # Two tokens' text from the middle: a stop text that spans tokens. The response ends
+    # with the first token whose text completes it, that token kept (and trained).
+    middle = len(free) // 2
+    stop = engine.decode(free[middle : middle + 2])
+    cut = next(n for n in range(1, len(free) + 1) if stop in engine.decode(free[:n]))
+    assert cut <= middle + 2
+    decoder = engine.make(
+        eos_id=engine.never_ends,
+        max_new_tokens=20,
+        temperature=1.0,
+        seed=7,
+        stop=(stop, "a text it never writes"),
+        decode=engine.decode,
+    )
+    decoder.submit(
+        [
+            Request("stop text", prompt, greedy=True),
+            # A request's own rule still ends it first, and its budget too.
+            Request("stop_when", prompt, greedy=True, stop_when=lambda r: len(r) >= 2),
+            Request("budget", prompt, greedy=True, max_new_tokens=1),
+        ]
+    )
+    results = finish(decoder, 3)
+    ended = results["stop text"]
+    assert ended.tokens == free[:cut] and ended.stopped_by == free[cut - 1]
+    assert not ended.truncated and len(ended.logprobs) == len(ended.versions) == cut
+    assert results["stop_when"].tokens == free[:2] and not results["stop_when"].truncated
+    assert results["budget"].tokens == free[:1] and results["budget"].truncated
+    with pytest.raises(ValueError, match="stop texts need decode="):
+        engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=7, stop=("x",))
+
+
 def test_bad_requests_are_refused_at_submit_naming_what_is_wrong(engine: Engine) -> None:
     decoder = engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=5)
     with pytest.raises(ValueError, match="prompt of 33 tokens"):
         decoder.submit([Request("long", tuple([engine.prompts[0][0]] * 33))])
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         decoder.submit([Request("none", engine.prompts[0], max_new_tokens=0)])
+    with pytest.raises(ValueError, match=r"min_p=1\.0"):
+        decoder.submit([Request("greedy min_p", engine.prompts[0], min_p=1.0)])
     decoder.submit([Request("twice", engine.prompts[0], max_new_tokens=30)])
     with pytest.raises(ValueError, match="already"):
         decoder.submit([Request("twice", engine.prompts[0])])
     decoder.close()
 
 
-def test_top_k_top_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(engine: Engine) -> None:
+def test_top_k_top_p_min_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(
+    engine: Engine,
+) -> None:
     if not engine.samples:
         pytest.skip("the stand-in draws from no distribution (its parameters: test_sglang_decoder)")
-    truncated = Sampling(1.2, top_p=0.9, top_k=5)
+    truncated = Sampling(1.2, top_p=0.9, top_k=5, min_p=0.02)
     decoder = engine.make(
-        eos_id=engine.never_ends, max_new_tokens=16, temperature=1.2, top_p=0.9, top_k=5, seed=6
+        eos_id=engine.never_ends,
+        max_new_tokens=16,
+        temperature=1.2,
+        top_p=0.9,
+        top_k=5,
+        min_p=0.02,
+        seed=6,
     )
     prompt = engine.prompts[1]
     decoder.submit(
@@ -301,13 +364,47 @@ def test_top_k_top_p_and_seeds_draw_as_asked_with_the_truncated_logprobs(engine:
             Request("greedy", prompt, greedy=True),
             Request("top_k=1", prompt, top_k=1, temperature=2.0),
             Request("top_p tiny", prompt, top_p=1e-6),
+            Request("min_p", prompt, min_p=0.3, temperature=2.0, seed=13),
+            Request("min_p near 1", prompt, min_p=0.999),
         ]
     )
-    results = finish(decoder, 7)
+    results = finish(decoder, 9)
     assert_logprobs_are_their_versions(engine, results["truncated"], truncated)
+    own_min_p = Sampling(2.0, top_p=0.9, top_k=5, min_p=0.3)
+    assert_logprobs_are_their_versions(engine, results["min_p"], own_min_p)
     assert results["seeded"].tokens == results["same seed"].tokens
     assert results["seeded"].tokens != results["other seed"].tokens
     # One token left: the greedy one, with all the probability.
-    for name in ("top_k=1", "top_p tiny"):
+    for name in ("top_k=1", "top_p tiny", "min_p near 1"):
         assert results[name].tokens == results["greedy"].tokens, name
         assert max(abs(lp) for lp in results[name].logprobs) < LOGPROB_TOLERANCE, name
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(1.5, min_p=0.1), Sampling(2.0, top_p=0.9, top_k=8, min_p=0.2)],
+    ids=["min_p", "min_p+top_k+top_p"],
+)
+def test_the_scorer_recomputes_the_engines_log_probs_under_min_p(
+    engine: Engine, sampling: Sampling
+) -> None:
+    """The trainer's recomputed log-probs (old and reference policies, the loss) and the
+    engine's recorded ones are of one distribution: vLLM's processed log-probs, min-p's
+    mask included."""
+    if engine.score is None:
+        pytest.skip("the stand-in draws from no distribution (its parameters: test_sglang_decoder)")
+    decoder = engine.make(
+        eos_id=engine.eos,
+        max_new_tokens=12,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        seed=8,
+    )
+    decoder.submit(Request(j, prompt) for j, prompt in enumerate(engine.prompts))
+    results = finish(decoder, len(engine.prompts))
+    finished = [results[j] for j in range(len(engine.prompts))]
+    for f, scored in zip(finished, engine.score(finished, sampling), strict=True):
+        gap = max(abs(a - b) for a, b in zip(f.logprobs, scored, strict=True))
+        assert gap < LOGPROB_TOLERANCE, f"{f.tag!r}: recorded and scored differ by {gap}"

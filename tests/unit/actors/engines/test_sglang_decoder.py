@@ -90,22 +90,26 @@ def test_stop_ids_stop_when_and_greedy_are_honoured_with_a_fake_sglang_engine() 
 def test_each_requests_sampling_reaches_sglang_the_decoders_where_it_names_none() -> None:
     """The real engine needs a GPU; this fake records what it was asked."""
     engine = FakeSGLangEngine()
-    decoder = decoder_over(engine, temperature=0.7, top_p=0.9, top_k=20)
+    decoder = decoder_over(
+        engine, temperature=0.7, top_p=0.9, top_k=20, min_p=0.05, stop=("x",), decode=str
+    )
     decoder.submit(
         [
             Request("own", (10,)),
-            Request("named", (20,), temperature=1.3, top_p=0.5, top_k=0, seed=7),
+            Request("named", (20,), temperature=1.3, top_p=0.5, top_k=0, min_p=0.2, seed=7),
             Request("greedy", (30,), greedy=True, top_k=5),
         ]
     )
     finish_all(decoder)
     by_prompt = {tuple(ids): p for _, ids, p in engine.submitted}
     own, named, greedy = by_prompt[(10,)], by_prompt[(20,)], by_prompt[(30,)]
-    assert (own["temperature"], own["top_p"], own["top_k"]) == (0.7, 0.9, 20)
+    assert (own["temperature"], own["top_p"], own["top_k"], own["min_p"]) == (0.7, 0.9, 20, 0.05)
     assert "sampling_seed" not in own
     assert (named["temperature"], named["top_p"], named["top_k"]) == (1.3, 0.5, -1)
-    assert named["sampling_seed"] == 7
-    assert greedy["temperature"] == 0.0 and "top_k" not in greedy
+    assert named["min_p"] == 0.2 and named["sampling_seed"] == 7
+    assert greedy["temperature"] == 0.0 and "top_k" not in greedy and "min_p" not in greedy
+    # Stop texts are found on our codec's text, not by the engine (it has no tokenizer).
+    assert not any("stop" in params for _, _, params in engine.submitted)
     decoder.runner.close()
 
 

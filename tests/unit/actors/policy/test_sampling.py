@@ -99,14 +99,19 @@ def test_a_seed_draws_the_same_tokens_whatever_shares_the_batch(embedded) -> Non
     assert any(others[s].tokens != alone["s"].tokens for s in others), "seeds draw alike"
 
 
-def _independent_logprobs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int):
+def _independent_logprobs(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, min_p: float = 0.0
+):
     """The sampled distribution's log-probs, one row at a time, written plainly."""
     rows = []
     for row in logits.double():
         scaled = row / temperature
         kept = set(range(len(row)))
+        if min_p > 0:  # a token's probability over the most likely one's
+            kept = {t for t in kept if math.exp(scaled[t] - scaled.max()) >= min_p}
         if top_k > 0:
-            kth = sorted(scaled.tolist(), reverse=True)[min(top_k, len(row)) - 1]
+            ranked = sorted((scaled[t].item() for t in kept), reverse=True)
+            kth = ranked[min(top_k, len(ranked)) - 1]
             kept = {t for t in kept if scaled[t] >= kth}
         if top_p < 1:
             probs = torch.full_like(scaled, 0.0)
@@ -210,9 +215,92 @@ def test_ties_at_the_edge_are_kept_whole() -> None:
     assert torch.isfinite(sampled_logprobs(logits, top_p=0.5)).sum() == 1
 
 
+def test_min_p_keeps_the_tokens_that_likely_against_the_most_likely_one() -> None:
+    logits = torch.tensor([[2.0, 2.0, 1.0, 0.0, -3.0]])
+    # Against the most likely (two, tied): e^-1 = 0.37, e^-2 = 0.14, e^-5 = 0.007.
+    both = math.log(2 * math.e**2 + math.e)
+    expected = [2 - both, 2 - both, 1 - both, -math.inf, -math.inf]
+    got = sampled_logprobs(logits, min_p=0.3)
+    torch.testing.assert_close(got[0], torch.tensor(expected), rtol=0, atol=1e-6)
+    # Above e^-1 only the tied most likely pair is left, each half.
+    half = math.log(0.5)
+    expected = [half, half, -math.inf, -math.inf, -math.inf]
+    torch.testing.assert_close(sampled_logprobs(logits, min_p=0.5)[0], torch.tensor(expected))
+    # After the temperature: at 2, e^-0.5 = 0.61 and e^-1 = 0.37 against the most likely.
+    assert torch.isfinite(sampled_logprobs(logits, 2.0, min_p=0.5)).sum() == 3
+    assert torch.isfinite(sampled_logprobs(logits, 2.0, min_p=0.3)).sum() == 4
+    # Tied tokens fall the same side, whatever the threshold.
+    tied = torch.tensor([[1.0, 0.0, 0.0, 0.0, -1.0]])
+    for min_p in (0.2, 0.3, 0.36, 0.37, 0.5):
+        assert torch.isfinite(sampled_logprobs(tied, min_p=min_p)[0, 1:4]).sum() in (0, 3)
+
+
+def test_min_p_comes_before_top_k_and_top_p_as_in_vllm() -> None:
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    # min_p 0.3 leaves 0.4, 0.3, 0.2 (0.44, 0.33, 0.22 renormalized); top_p 0.75 is then
+    # reached by the first two. Top-p first, over all four, would have kept three.
+    expected = torch.tensor([0.4 / 0.7, 0.3 / 0.7, 0.0, 0.0]).log()
+    got = sampled_logprobs(logits, top_p=0.75, min_p=0.3)
+    torch.testing.assert_close(got[0], expected, rtol=0, atol=1e-6)
+    assert torch.isfinite(sampled_logprobs(logits, top_p=0.75)).sum() == 3
+    # Fewer tokens left than top_k asks for: min_p's set stands.
+    assert torch.isfinite(sampled_logprobs(logits, top_k=3, min_p=0.3)).sum() == 3
+    assert torch.isfinite(sampled_logprobs(logits, top_k=2, min_p=0.3)).sum() == 2
+
+
+def test_min_p_per_row_and_against_the_plain_definition() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(1)) * 3
+    settings = [(1.0, 1.0, 0, 0.0), (0.7, 0.9, 0, 0.05), (2.0, 1.0, 9, 0.2), (1.3, 0.8, 12, 0.1)]
+    together = sampled_logprobs(
+        logits,
+        torch.tensor([s[0] for s in settings]),
+        torch.tensor([s[1] for s in settings]),
+        torch.tensor([s[2] for s in settings]),
+        min_p=torch.tensor([s[3] for s in settings]),
+    )
+    for row, (t, p, k, m) in enumerate(settings):
+        alone = Sampling(t, p, k, m).logprobs(logits[row : row + 1])
+        torch.testing.assert_close(together[row : row + 1], alone)
+        expected = _independent_logprobs(logits[row : row + 1], t, p, k, m).float()
+        torch.testing.assert_close(alone, expected, atol=1e-5, rtol=0)
+    assert torch.isfinite(together[0]).all() and not torch.isfinite(together[1:]).all()
+
+
+def test_the_scorer_recomputes_what_the_decoder_recorded_under_min_p(embedded) -> None:
+    model, codec = embedded
+    sampling = Sampling(HOT, 0.95, 8, 0.05)
+    assert sampling.truncates
+    finished = _decode(
+        model,
+        codec,
+        [Request(i, _prompt(codec, i), seed=i) for i in range(6)],
+        temperature=HOT,
+        top_p=0.95,
+        top_k=8,
+        min_p=0.05,
+    )
+    rows = [finished[i] for i in range(6)]
+    packed = pack([list(f.prompt) for f in rows], [f.tokens for f in rows], codec.pad_id)
+    with torch.no_grad():
+        scored = response_logprobs(model, packed, sampling)
+    for row, f in enumerate(rows):
+        torch.testing.assert_close(
+            scored[row, : len(f.tokens)], torch.tensor(f.logprobs), rtol=0, atol=1e-5
+        )
+        ids = torch.tensor([[*f.prompt, *f.tokens]])
+        with torch.no_grad():
+            logits = model(ids)[0, len(f.prompt) - 1 : -1]
+        plain = _independent_logprobs(logits, HOT, 0.95, 8, 0.05)
+        picked = plain.gather(1, torch.tensor(f.tokens)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(f.logprobs).double(), picked, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
+        ({"min_p": 1.0}, "min_p=1.0"),
+        ({"min_p": -0.1}, "min_p=-0.1"),
+        ({"min_p": True}, "min_p=True"),
         ({"temperature": 0.0}, "temperature=0.0"),
         ({"temperature": -1}, "temperature=-1"),
         ({"top_p": 0.0}, "top_p=0.0"),
@@ -231,7 +319,14 @@ def test_a_bad_sampling_field_is_refused_by_name(fields: dict, named: str) -> No
 
 def test_the_decoders_own_settings_are_checked(embedded) -> None:
     model, _ = embedded
-    for bad, named in (({"top_p": 0}, "top_p=0"), ({"top_k": -2}, "top_k=-2")):
+    bad_fields = (
+        ({"top_p": 0}, "top_p=0"),
+        ({"top_k": -2}, "top_k=-2"),
+        ({"min_p": 1}, "min_p=1"),
+        ({"stop": ("</a>",)}, r"stop=\('</a>',\): stop texts need decode="),
+        ({"stop": ("",), "decode": str}, "stop=\\(''"),
+    )
+    for bad, named in bad_fields:
         with pytest.raises(ValueError, match=named):
             Decoder(
                 model, slots=1, max_new_tokens=1, max_prompt_tokens=4, eos_id=1, pad_id=0, **bad

@@ -454,6 +454,32 @@ def test_sampling_truncation_out_of_bounds_is_refused_by_key(override: str, key:
     assert key in message and override.split("=")[1] in message
 
 
+def test_min_p_and_stop_default_off_and_are_set_by_key() -> None:
+    assert (RunConfig().algorithm.min_p, RunConfig().algorithm.stop) == (0.0, [])
+    cfg = config_from_dict({}, ("algorithm.min_p=0.05", "algorithm.stop=</answer>"))
+    assert (cfg.algorithm.min_p, cfg.algorithm.stop) == (0.05, ["</answer>"])
+    cfg = config_from_dict({"algorithm": {"stop": ["</answer>", "\n\n"]}})
+    assert cfg.algorithm.stop == ["</answer>", "\n\n"]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "message"),
+    [
+        ({"min_p": 1}, r"algorithm\.min_p: got 1\.0; allowed: a number in \[0, 1\)"),
+        ({"min_p": -0.1}, r"algorithm\.min_p: got -0\.1; allowed: a number >= 0"),
+        ({"min_p": "a lot"}, r"algorithm\.min_p: got 'a lot' \(str\)"),
+        (
+            {"stop": ["</answer>", ""]},
+            r"algorithm\.stop: got \['</answer>', ''\]; allowed: non-empty",
+        ),
+        ({"stop": [3]}, r"algorithm\.stop\[0\]: got 3 \(int\)"),
+    ],
+)
+def test_a_bad_min_p_or_stop_is_refused_by_key(algorithm: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_from_dict({"algorithm": algorithm})
+
+
 def test_lora_with_vllm_generating_is_allowed_and_a_rank_past_vllms_refused() -> None:
     lora = {"rank": 16, "target_modules": ["q_proj"]}
     cfg = config_from_dict({"model": {"lora": lora}, "backends": {"generate": "vllm"}})
