@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[:1] == ["eval"]:
         from .evaluation.command import build_eval_parser
 
-        return run_command("asyncrl eval", build_eval_parser(), args[1:])
+        return run_command("asyncrl eval", build_eval_parser(), args[1:], intermixed=True)
     return run_command("asyncrl-worker", build_parser(), args)
 
 

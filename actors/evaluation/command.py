@@ -4,8 +4,9 @@
                  [section.key=value ...]
 
 DIR is any Hugging Face model directory: a run's ``final/``, one of its checkpoints, a
-model of one's own. The run's configuration says the rest, as it does for the validation
-of a run: the validation sets (``data.val_files``, or the task's; ``--data`` instead),
+model of one's own, or a packaged model's name (``embedded``: the model before training).
+The run's configuration says the rest, as it does for the validation of a run: the
+validation sets (``data.val_files``, or the task's; ``--data`` instead),
 ``data.val_prompts`` per set, ``data.val_samples`` responses each (``--samples``),
 ``data.val_sampling``, the reward (``data.reward``, the task's or the verifier), the
 engine (``backends.generate``) and its seed. With the same settings and weights it decodes
@@ -37,6 +38,7 @@ from asyncrl.runtime.contract.commands import UsageError, add_config_arguments, 
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 
+from ..policy.directories import packaged_or_path
 from ..startup.role_checks import check_device, check_engine, check_model, check_task
 from ..tasks import TaskError
 from ..tasks.rows import DataFileError
@@ -57,7 +59,8 @@ def build_eval_parser() -> argparse.ArgumentParser:
         "--checkpoint",
         type=Path,
         required=True,
-        help="a Hugging Face model directory (a run's final/, a checkpoint, a model)",
+        help="a Hugging Face model directory (a run's final/, a checkpoint, a model) or a "
+        "packaged model's name",
     )
     parser.add_argument(
         "--data",
@@ -109,11 +112,13 @@ def eval_config(
 
 
 def _eval(args: argparse.Namespace) -> int:
-    if not args.checkpoint.is_dir():
+    # A packaged model's name too: the embedded default before its training, say.
+    checkpoint = packaged_or_path(str(args.checkpoint))
+    if not checkpoint.is_dir():
         raise UsageError(f"--checkpoint {args.checkpoint}: no such directory")
     if args.samples is not None and args.samples < 1:
         raise UsageError(f"--samples {args.samples}: expected an integer >= 1")
-    checkpoint = args.checkpoint.resolve()
+    checkpoint = checkpoint.resolve()
     cfg = eval_config(config_from_args(args), checkpoint, args.data, args.samples)
     problems = [
         *check_engine(cfg, "generate"),

@@ -45,9 +45,17 @@ def require_extras(cfg: RunConfig) -> None:
         raise UsageError("; ".join(missing))
 
 
-def run_command(prog: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
-    """Parse, dispatch to ``args.handler``, and turn expected failures into one line."""
-    args = parser.parse_args(argv)
+def run_command(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    *,
+    intermixed: bool = False,
+) -> int:
+    """Parse, dispatch to ``args.handler``, and turn expected failures into one line.
+    ``intermixed``: overrides may come before and after options (a parser without
+    sub-commands)."""
+    args = parser.parse_intermixed_args(argv) if intermixed else parser.parse_args(argv)
     handler: Callable[[argparse.Namespace], int] | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)

@@ -159,3 +159,29 @@ def test_a_generator_killed_mid_run_takes_its_engine_with_it_and_nothing_is_lost
     text = log.read_text()
     assert text.count("started generate-0 (pid") == 2, text[-3000:]
     assert processes_mentioning(str(run_dir)) == []
+
+
+def test_eval_with_vllm_scores_a_model_as_our_decoder_does(tmp_path: Path) -> None:
+    """``asyncrl eval`` on vLLM: the engine a run configures scores its checkpoints too;
+    greedy on the embedded model, vLLM's responses are ours within a prompt or two (its
+    kernels sum in another order)."""
+
+    def evaluate(out: Path, *overrides: str) -> dict:
+        argv = [
+            sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "eval",
+            "--checkpoint", "embedded", "--out", str(out), "data.val_prompts=64",
+            f"run.dir={tmp_path / 'run'}", *overrides,
+        ]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return json.loads((out / "eval.jsonl").read_text().splitlines()[-1])
+
+    ours = evaluate(tmp_path / "torch")
+    theirs = evaluate(tmp_path / "vllm", VLLM)
+    assert theirs["engine"] == "vllm" and theirs["val_prompts"] == 64
+    assert abs(theirs["val_reward"] - ours["val_reward"]) <= 2 / 64, (theirs, ours)
+    sampled = evaluate(tmp_path / "sampled", VLLM, "data.val_samples=4",
+                       "data.val_sampling.temperature=1.0")  # fmt: skip
+    assert sampled["val_pass_ks"] == [1, 2, 4]
+    assert sampled["val_pass@1"] <= sampled["val_pass@4"]
+    assert processes_mentioning(str(tmp_path)) == []

@@ -71,11 +71,31 @@ def step_fields(reports: Mapping[str, ReportLog]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     validation = reports.get("validation")
     if validation is not None and validation.latest is not None:
-        latest = validation.latest
-        fields.update(val_reward=latest.get("val_reward"), val_version=latest["version"])
+        fields.update(_validation_fields(validation.latest))
     weights = reports.get("weights")
     if weights is not None and weights.latest is not None:
         fields.update(_weights_fields(weights.latest))
+    return fields
+
+
+def _validation_fields(latest: dict[str, Any]) -> dict[str, Any]:
+    """``val_reward`` (mean@k) of the newest validation and its version; with k > 1 its
+    pass@k, and with several data sources each one's figures (``val_by_source``)."""
+    fields: dict[str, Any] = {
+        "val_reward": latest.get("val_reward"),
+        "val_version": latest["version"],
+    }
+    ks = latest.get("val_pass_ks")
+    top = f"pass@{ks[-1]}" if isinstance(ks, list) and ks and ks[-1] > 1 else None
+    if top is not None and _number(latest.get(f"val_{top}")):
+        fields[f"val_{top}"] = latest[f"val_{top}"]
+    by_source = latest.get("val_by_source")
+    if isinstance(by_source, dict) and (len(by_source) > 1 or top is not None):
+        fields["val_by_source"] = {
+            name: {key: figures[key] for key in ("reward", top) if key and key in figures}
+            for name, figures in by_source.items()
+            if isinstance(figures, dict)
+        }
     return fields
 
 
