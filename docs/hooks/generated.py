@@ -40,6 +40,7 @@ CLI_PARSERS = (
     ("asyncrl-worker", "asyncrl.actors.cli:build_parser"),
     ("asyncrl-worker roles", "asyncrl.actors.cli:build_roles_parser"),
     ("asyncrl-worker check", "asyncrl.actors.cli:build_check_parser"),
+    ("asyncrl eval", "asyncrl.actors.evaluation.command:build_eval_parser"),
 )
 
 REPOSITORY = Path(__file__).resolve().parents[2]

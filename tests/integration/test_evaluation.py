@@ -96,9 +96,13 @@ def test_k_samples_and_two_validation_sets_are_reported_apart(tmp_path: Path) ->
     for figures in last["val_by_source"].values():
         assert figures["prompts"] == 12
         assert figures["pass@1"] <= figures["pass@2"] <= figures["pass@4"] <= 1
-    # Every step line carries the newest validation per source.
+    # Every step line carries the newest validation per source; the report draws them.
     steps = _lines(run_dir / "metrics.jsonl")
     assert set(steps[-1]["val_by_source"]) == {"short", "long"}
+    drawn = _asyncrl("report", str(run_dir), cwd=tmp_path)
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    assert (run_dir / "report" / "validation_sources.png").is_file()
+    assert (run_dir / "report" / "pass_at_k.png").is_file()
 
     done = _asyncrl(
         "eval", "-c", str(DEFAULT), "--checkpoint", str(run_dir / "final"),
