@@ -70,7 +70,7 @@ from .messages import (
     WantWeights,
     WeightsPlan,
 )
-from .protocol_errors import ProtocolError, bad_utf8_at, what_is_wrong
+from .protocol_errors import ProtocolError, bad_utf8_at, is_bad_utf8, what_is_wrong
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -318,11 +318,13 @@ def payload_from_frames(frames: Sequence[Any]) -> Payload:
         return _from_array_frames(_FRAMED_PAYLOAD, frames[0], frames[1:])
     except ProtocolError as error:  # an array reference, or an array frame unused
         raise ProtocolError(f"payload: {error}") from None
-    except UnicodeDecodeError:
-        where = bad_utf8_at(frames[0])
-        raise ProtocolError(f"payload is not a map of str: invalid UTF-8 - at `{where}`") from None
     except Exception as error:  # whatever its holder sent: an error that says what
-        raise ProtocolError(f"payload is not a map of str: {error}") from None
+        if is_bad_utf8(error):
+            where = bad_utf8_at(frames[0])
+            detail = f"invalid UTF-8 - at `{where}`"
+        else:
+            detail = str(error)
+        raise ProtocolError(f"payload is not a map of str: {detail}") from None
 
 
 # --- payloads at rest -------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-__all__ = ["ProtocolError", "bad_utf8_at", "what_is_wrong"]
+__all__ = ["ProtocolError", "bad_utf8_at", "is_bad_utf8", "what_is_wrong"]
 
 
 class ProtocolError(ValueError):
@@ -27,7 +27,7 @@ def what_is_wrong(cls: type, body: Any, error: Exception) -> str:
     message and, where msgspec says where, its field."""
     if isinstance(error, msgspec.ValidationError):
         return _describe(cls, str(error))
-    if isinstance(error, UnicodeDecodeError):  # msgspec says neither where nor in what
+    if is_bad_utf8(error):  # msgspec says neither where nor in what
         return _describe(cls, f"Invalid UTF-8 - at `{bad_utf8_at(body)}`")
     if isinstance(error, ProtocolError):  # an array reference, or an array frame unused
         return f"{cls.__name__}: {error}"
@@ -35,6 +35,14 @@ def what_is_wrong(cls: type, body: Any, error: Exception) -> str:
         return f"{cls.__name__}: body is not MessagePack: {error}"
     # Not foreseen: msgspec or numpy refusing hostile input in a way of their own.
     return f"{cls.__name__}: body does not decode: {type(error).__name__}: {error}"
+
+
+def is_bad_utf8(error: Exception) -> bool:
+    """Whether decoding failed on a string that is not UTF-8: msgspec before 0.23 raises
+    UnicodeDecodeError for it, from 0.23 on a DecodeError that says so."""
+    if isinstance(error, UnicodeDecodeError):
+        return True
+    return isinstance(error, msgspec.DecodeError) and "UTF-8" in str(error)
 
 
 def bad_utf8_at(packed: Any) -> str:

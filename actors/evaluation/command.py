@@ -10,8 +10,9 @@ validation sets (``data.val_files``, or the task's; ``--data`` instead),
 ``data.val_prompts`` per set, ``data.val_samples`` responses each (``--samples``),
 ``data.val_sampling``, the reward (``data.reward``, the task's or the verifier), the
 engine (``backends.generate``) and its seed. With the same settings and weights it decodes
-the same batches as the run's validation did, so a greedy evaluation of a version the run
-validated gives the same figures.
+the same batches as the run's validation did on our decoder, so a greedy evaluation of a
+version the run validated gives the same figures (vLLM's validation shares its batches
+with training's requests: there, within a few prompts).
 
 It runs in this process, on this machine: what it found wrong before loading anything (a
 checkpoint, a data file, a plug-in, a key) is one line and exit status 2. A progress bar
@@ -28,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -129,6 +131,7 @@ def _eval(args: argparse.Namespace) -> int:
     if problems:
         raise UsageError("; ".join(problems))
     out = args.out or RunDir.of(cfg).evaluations / checkpoint.name
+    _stop_on_signals()
     try:
         line, table = evaluate(cfg, checkpoint, out, progress=sys.stderr)
     except (DataFileError, TaskError) as error:
@@ -139,6 +142,20 @@ def _eval(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {out / 'eval.jsonl'} and {out / 'samples.jsonl'} ({line['seconds']:.1f} s)")
     return 0
+
+
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop the evaluation, once: even where the shell that started it
+    ignores SIGINT (a background job), and without a second signal cutting its cleanup
+    short."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
 
 
 def evaluate(cfg: RunConfig, checkpoint: Path, out: Path, *, progress=None) -> tuple[dict, str]:

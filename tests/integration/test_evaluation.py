@@ -152,7 +152,11 @@ def test_bad_input_fails_at_once_with_one_line(tmp_path: Path, args: list, says:
     assert not (tmp_path / "run").exists()
 
 
-def test_ctrl_c_leaves_no_file_and_no_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_leaves_no_file_and_no_process(tmp_path: Path, how: str) -> None:
+    """Ctrl-C reaches every process of the terminal's group; a SIGTERM, the command
+    alone (which passes it on). Either stops it, even where the shell that started it
+    ignores SIGINT (a background job without job control, as CI may run tests)."""
     from asyncrl.actors.policy.checkpoint import model_dir
 
     out = tmp_path / "out"
@@ -162,14 +166,17 @@ def test_ctrl_c_leaves_no_file_and_no_process(tmp_path: Path) -> None:
             "data.val_prompts=4096", f"run.dir={tmp_path / 'run'}",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=_ignore_sigint,
     )  # fmt: skip
     assert child.stderr is not None
     first = child.stderr.readline()  # the progress bar's first line: decoding is under way
     assert "samples" in first, first
     family = _descendants(child.pid)
     assert family, "the reward runs in a child process of its own"
-    os.killpg(child.pid, signal.SIGINT)  # as a terminal's Ctrl-C reaches the whole group
+    if how == "ctrl-c":
+        os.killpg(child.pid, signal.SIGINT)
+    else:
+        child.send_signal(signal.SIGTERM)
     _, err = child.communicate(timeout=60)
     assert child.returncode == 130, err
     assert "interrupted; nothing written" in err
@@ -178,6 +185,10 @@ def test_ctrl_c_leaves_no_file_and_no_process(tmp_path: Path) -> None:
     while any(Path(f"/proc/{pid}").exists() for pid in family) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [pid for pid in family if _alive(pid)] == []
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: what a background job gets
 
 
 def _descendants(pid: int) -> list[int]:

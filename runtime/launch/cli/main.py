@@ -125,16 +125,21 @@ def _report(args: argparse.Namespace) -> int:
 def _evaluate(argv: Sequence[str]) -> int:
     """``asyncrl eval``: the actors' code scores a checkpoint, in a process of its own as
     every worker runs (this package starts actors' code, it does not import it)."""
+    import signal
     import subprocess
 
     from asyncrl.runtime.launch.plan import WORKER_MODULE
 
     child = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, "eval", *argv])
-    while True:
-        try:
-            return child.wait()
-        except KeyboardInterrupt:  # the child has it too (one process group): it cleans up
-            continue
+
+    def forward(signum: int, _frame: object) -> None:
+        # A terminal's Ctrl-C reaches the child too; a kill of this process alone, only
+        # through here. The child stops once, whichever comes first, and cleans up.
+        child.send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    return child.wait()
 
 
 def build_parser() -> argparse.ArgumentParser:
