@@ -131,7 +131,6 @@ def test_k_samples_and_two_validation_sets_are_reported_apart(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["--checkpoint", "missing"], "--checkpoint missing: no such directory"),
         (["--checkpoint", "{empty}"], "config.json"),
         (["--checkpoint", "{model}", "--data", "nope.jsonl"], "nope.jsonl: no such file"),
         (["--checkpoint", "{model}", "data.val_sampels=2"], "val_sampels"),
@@ -139,17 +138,30 @@ def test_k_samples_and_two_validation_sets_are_reported_apart(tmp_path: Path) ->
         (["--checkpoint", "{model}", "--samples", "0"], "--samples 0"),
     ],
 )
-def test_bad_input_fails_at_once_with_one_line(tmp_path: Path, args: list, says: str) -> None:
-    (tmp_path / "empty").mkdir()
+def test_bad_input_fails_at_once_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list, says: str
+) -> None:
+    """The evaluation's own command, in this process: what ``asyncrl eval`` runs (the
+    next test runs it whole)."""
+    from asyncrl.actors.cli import main
     from asyncrl.actors.policy.checkpoint import model_dir
 
+    (tmp_path / "empty").mkdir()
     places = {"{empty}": str(tmp_path / "empty"), "{model}": str(model_dir("embedded"))}
-    args = [places.get(a, a) for a in args]
-    done = _asyncrl("eval", *args, f"run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=60)
-    assert done.returncode == 2, done.stdout + done.stderr
-    errors = done.stderr.strip().splitlines()
-    assert len(errors) == 1 and says in errors[0], done.stderr
+    argv = ["eval", *(places.get(a, a) for a in args), f"run.dir={tmp_path / 'run'}"]
+    assert main(argv) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and says in errors[0], errors
+    assert errors[0].startswith("asyncrl eval: error: ")
     assert not (tmp_path / "run").exists()
+
+
+def test_asyncrl_eval_names_a_missing_checkpoint_in_one_line(tmp_path: Path) -> None:
+    done = _asyncrl("eval", "--checkpoint", "missing", cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "asyncrl eval: error: --checkpoint missing: no such directory"
+    ]
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])

@@ -36,6 +36,7 @@ def _finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> int:
         raise AssertionError(f"the run did not end in {timeout:g} s:\n{tail}") from None
 
 
+@pytest.mark.slow  # the default tier's longest run (about 30 s): CI's slow stage
 def test_only_groups_with_signal_are_trained_and_the_filtered_are_counted(
     tmp_path: Path,
 ) -> None:

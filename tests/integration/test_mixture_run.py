@@ -23,7 +23,8 @@ from asyncrl.transport import protocol as p
 from tests.support.cluster import Cluster, wait_for
 from tests.support.datafiles import addition_rows, write_rows
 
-pytestmark = pytest.mark.timeout(120)
+# A dataloader killed with kill -9 mid-run: chaos with real processes, CI's heavy stage.
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(120)]
 
 STEPS, BATCH, STALENESS = 11, 100, 2  # 1,100 prompts; 400 wait to be generated at most
 
