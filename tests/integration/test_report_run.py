@@ -25,7 +25,8 @@ pytest.importorskip("prometheus_client", reason="the metrics extra is not instal
 
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = pytest.mark.timeout(240)
+# A whole run, then every picture of it drawn: CI's slow stage.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 TENSORBOARD = importlib.util.find_spec("tensorboard") is not None

@@ -19,7 +19,8 @@ from asyncrl.runtime.contract.rollout_dumps import read_rollouts
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.launch.report import write_report
 
-pytestmark = pytest.mark.timeout(240)
+# A whole run with every sample dumped: CI's slow stage.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
