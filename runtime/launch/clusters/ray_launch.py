@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from types import ModuleType
@@ -37,6 +38,10 @@ _POLL_S = 1.0
 _DIAL_S = 5.0
 _HEAD = "node:__internal_head__"  # a resource only the head node has
 _LEAVE_S = 30.0  # for workers to leave by themselves once the scheduler has ended the run
+# After a Ctrl-C: the actors are killed at once, but Ray's own calls (a request in flight
+# when the signal came, the driver's disconnect) have been seen to hang past a minute;
+# past this the launcher leaves without them.
+_STOP_S = 20.0
 
 
 class RayLaunchError(Exception):
@@ -58,11 +63,25 @@ def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
              f"logs in {RunDir.of(plan.cfg).logs}")  # fmt: skip
         return _follow(ray, plan)
     except KeyboardInterrupt:
+        _leave_by(_STOP_S, 130)
         _stop(ray, plan)
         _say("stopped: every actor killed; launch again to resume from the journal")
         return 130
     finally:
         ray.shutdown()
+
+
+def _leave_by(seconds: float, status: int) -> None:
+    """End this process with ``status`` in ``seconds`` if it has not ended by then."""
+
+    def leave() -> None:
+        _say(f"Ray did not let go within {seconds:g} s: leaving without it")
+        sys.stdout.flush()
+        os._exit(status)
+
+    timer = threading.Timer(seconds, leave)
+    timer.daemon = True
+    timer.start()
 
 
 def _import_ray() -> ModuleType:
