@@ -1,5 +1,6 @@
 """Typed run configuration: one YAML file -> a frozen `RunConfig`."""
 
+from .data import DataSection
 from .engines import (
     BackendsSection,
     MegatronSection,
@@ -7,7 +8,7 @@ from .engines import (
     VLLMSection,
     WeightsSection,
 )
-from .learning import AlgorithmSection, DataSection, LoraSection, ModelSection
+from .learning import AlgorithmSection, LoraSection, ModelSection
 from .load import (
     ConfigError,
     config_from_dict,

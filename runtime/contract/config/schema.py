@@ -1,8 +1,9 @@
 """A run's configuration: one typed, frozen tree of sections, `RunConfig`.
 
-The sections of what a run learns are in learning.py (data, model, algorithm), of how its
-work is carried in engines.py (weights, payloads, backends and megatron), and the rest
-here (run, pipeline, scheduler, logging). Each field declares its constraints in its
+What a run learns from is in data.py (data), how it learns in learning.py (model,
+algorithm, critic; their recipes in recipes.py), how its work is carried in engines.py
+(weights, payloads, backends and megatron), and the rest here (run, pipeline,
+scheduler, logging). Each field declares its constraints in its
 metadata (fields.py says how); the generic loader (`load.py`) enforces them. Every field
 has a default, so an empty YAML file is a valid config: the embedded CPU demo.
 """
@@ -14,9 +15,10 @@ from typing import Literal
 
 from asyncrl.runtime.contract.stages import DEFAULT_PIPELINE, Role
 
+from .data import DataSection
 from .engines import BackendsSection, PayloadsSection, WeightsSection
 from .fields import doc
-from .learning import AlgorithmSection, CriticSection, DataSection, ModelSection
+from .learning import AlgorithmSection, CriticSection, ModelSection
 from .placement import PlacementSection
 
 # Every role a derived pipeline may have, in data-flow order (the harness role last: only
