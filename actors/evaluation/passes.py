@@ -10,6 +10,7 @@ same responses.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,7 @@ class ValidationPass:
         self.decode = decode
         self.scores = Scores(sets, samples, threshold)
         self.kept: list[ScoredSample] | None = [] if keep else None
+        self.started = time.monotonic()
         for which, validation_set in enumerate(sets):
             for index, sample in enumerate(validation_set.samples):
                 prompt = tuple(encode(sample.prompt))
@@ -113,7 +115,8 @@ class ValidationPass:
         self.episodes.decoder.close()
 
     def metrics(self) -> dict[str, Any]:
-        return self.scores.metrics()
+        """The pass's figures (:mod:`.scores`) and the seconds it took."""
+        return {**self.scores.metrics(), "val_seconds": round(time.monotonic() - self.started, 3)}
 
     def _score(self, episode: EpisodeDone) -> ScoredSample:
         which, index, j = episode.tag

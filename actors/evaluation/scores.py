@@ -29,7 +29,7 @@ __all__ = ["Scores", "table_text"]
 class _Sample:
     reward: float
     correct: bool
-    tokens: int
+    tokens: int | None  # None: the length is not known here (a harness's session)
 
 
 class Scores:
@@ -46,15 +46,11 @@ class Scores:
         self._left = samples * sum(len(s.samples) for s in self.sets)
 
     @property
-    def expected(self) -> int:
-        return self.samples * sum(len(s.samples) for s in self.sets)
-
-    @property
     def left(self) -> int:
         """Samples not scored yet."""
         return self._left
 
-    def record(self, which: int, prompt: int, reward: float, tokens: int) -> None:
+    def record(self, which: int, prompt: int, reward: float, tokens: int | None) -> None:
         """One sample of prompt ``prompt`` of set ``which``."""
         got = self._got[which][prompt]
         if len(got) >= self.samples:
@@ -62,7 +58,7 @@ class Scores:
         got.append(_Sample(reward, reward >= self.threshold, tokens))
         self._left -= 1
 
-    def failed(self, which: int, prompt: int, tokens: int = 0) -> None:
+    def failed(self, which: int, prompt: int, tokens: int | None = 0) -> None:
         """A sample that could not be scored: reward 0, counted as an error."""
         self.errors += 1
         got = self._got[which][prompt]
@@ -101,7 +97,8 @@ def _figures(prompts: Sequence[Sequence[_Sample]], ks: Sequence[int]) -> dict[st
     for k in ks:
         figures[f"pass@{k}"] = mean_pass_at_k(correct, k)
     tokens = [s.tokens for prompt in prompts for s in prompt]
-    figures["response_tokens"] = math.fsum(tokens) / len(tokens)
+    if None not in tokens:  # a length unknown for some: none is said
+        figures["response_tokens"] = math.fsum(tokens) / len(tokens)  # type: ignore[arg-type]
     figures["prompts"] = len(prompts)
     return figures
 

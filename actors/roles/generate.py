@@ -102,7 +102,6 @@ class Generate(StreamingActor):
         self.slots = slots
         self.running: dict[int, _Running] = {}
         self.validation: ValidationPass | None = None
-        self.validation_started = 0.0
         self.finishing_since: float | None = None  # the run is over: the final validation
         self.reports: list[p.Report] = []
         self.loaded = 0
@@ -209,7 +208,6 @@ class Generate(StreamingActor):
             return
         self.last_validated = self.loaded
         self.validation = self._validation_pass()
-        self.validation_started = time.monotonic()
 
     def _validation_pass(self) -> ValidationPass:
         data = self.ctx.config.data
@@ -363,9 +361,7 @@ class Generate(StreamingActor):
         v.step()
         if not v.done:
             return
-        metrics = v.metrics()
-        metrics["val_seconds"] = round(time.monotonic() - self.validation_started, 3)
-        self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
+        self.reports.append(p.Report(self.ctx.worker, "validation", v.version, v.metrics()))
         v.close()
         self.validation = None
         self._maybe_validate()  # at the end of the run, the last version may be next

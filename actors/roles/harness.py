@@ -175,17 +175,14 @@ class Harness(StreamingActor):
                 outcome = next(outcomes)
                 if isinstance(outcome, str):
                     errors.append(outcome)
-                    scores.failed(which, index)
+                    scores.failed(which, index, None)
                 else:  # a session's response lengths are the generators' to know
-                    scores.record(which, index, outcome, 0)
+                    scores.record(which, index, outcome, None)
         if errors:
             log.warning(
                 "validation sessions failed", version=v.version, count=len(errors), first=errors[0]
             )
         metrics = scores.metrics()
-        del metrics["val_response_tokens"]
-        for figures in metrics["val_by_source"].values():
-            figures.pop("response_tokens", None)
         metrics["val_seconds"] = round(time.monotonic() - v.started, 3)
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
 

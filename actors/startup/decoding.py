@@ -53,17 +53,17 @@ class Generation:
         max_prompt = min(
             cfg.model.max_prompt_tokens, self.model_config.max_position_embeddings - max_new
         )
-        a, v = cfg.algorithm, cfg.data.val_sampling
-        sampling: dict[str, Any]
-        if not validation:
-            sampling = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p)
-        elif v.greedy:  # its requests are greedy: they take the most likely token
-            sampling = {}
-        else:
-            sampling = dict(temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, min_p=v.min_p)
+        # Training's settings (algorithm.*) or validation's (data.val_sampling), by the same
+        # names; a greedy validation's requests take the most likely token whatever they are.
+        source = cfg.data.val_sampling if validation else cfg.algorithm
+        sampling: dict[str, Any] = {}
+        if not (validation and cfg.data.val_sampling.greedy):
+            sampling = {
+                key: getattr(source, key) for key in ("temperature", "top_p", "top_k", "min_p")
+            }
         # Stop texts say where a response ends, not how it samples: training and validation
         # alike, found on the codec's text whichever engine samples.
-        sampling |= dict(stop=tuple(a.stop), decode=self.codec.decode)
+        sampling |= dict(stop=tuple(cfg.algorithm.stop), decode=self.codec.decode)
         seed = cfg.run.seed + (self.index or 0)
         eos = self.codec.eos_ids
         if isinstance(self.engine, VLLMEngine):

@@ -81,3 +81,13 @@ def test_the_table_has_a_row_per_source_and_one_for_all() -> None:
     one_source.record(0, 0, 1.0, 3)
     lines = table_text(one_source.metrics()).splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["a"]  # "all" would repeat it
+
+
+def test_a_length_not_known_is_left_out_not_counted_as_zero() -> None:
+    scores = Scores([_set("a", 2)], samples=1, threshold=1.0)
+    scores.record(0, 0, 1.0, None)  # a harness's session: the generators saw its tokens
+    scores.failed(0, 1, None)
+    metrics = scores.metrics()
+    assert "val_response_tokens" not in metrics
+    assert "response_tokens" not in metrics["val_by_source"]["a"]
+    assert metrics["val_reward"] == 0.5
