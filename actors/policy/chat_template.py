@@ -65,16 +65,22 @@ class ChatTemplate:
         return cls(source, _special_tokens(directory), origin)
 
     def render(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
-        """The prompt text of ``messages``, by default opening the assistant's turn."""
+        """The prompt text of ``messages``, by default opening the assistant's turn.
+        ``tools``: the function definitions offered (OpenAI's ``tools``), which the
+        template renders as its model was trained to read them; None: no tools."""
         # As transformers does: a None-valued key is left out (a Parquet row of messages
         # whose struct has a field only some messages use reads it back as None).
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         try:
             return self.template.render(
                 messages=chat,
-                tools=None,
+                tools=list(tools) if tools else None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self.special_tokens,
