@@ -16,6 +16,7 @@ __all__ = [
     "check_harness",
     "check_lora",
     "check_model",
+    "check_sandbox",
     "check_task",
 ]
 
@@ -81,7 +82,21 @@ def check_task(cfg: RunConfig) -> list[str]:
         return [_one_line(str(error))]
     except Exception as error:
         return [_one_line(f"data.reward={data.reward!r}: {type(error).__name__}: {error}")]
-    return check_environment(cfg)
+    return check_sandbox(task, key) + check_environment(cfg)
+
+
+def check_sandbox(task: object, key: str) -> list[str]:
+    """A task whose reward runs model-written code (``needs_sandbox``) has a sandbox to
+    run it in on this machine."""
+    if not getattr(task, "needs_sandbox", False):
+        return []
+    from ..sandbox import sandbox_problem
+
+    why = sandbox_problem()
+    if why is None:
+        return []
+    return [_one_line(f"{key}: its reward runs model-written code, and this machine "
+                      f"cannot give it a sandbox: {why}")]  # fmt: skip
 
 
 def check_environment(cfg: RunConfig) -> list[str]:

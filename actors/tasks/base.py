@@ -41,7 +41,11 @@ class Sample:
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task plug-in provides. Samples are a pure function of (split, index)."""
+    """What a task plug-in provides. Samples are a pure function of (split, index).
+
+    A task whose reward runs model-written code says so with ``needs_sandbox = True``: a
+    run on a machine that cannot give that code a sandbox (:mod:`asyncrl.actors.sandbox`)
+    is then refused before it starts."""
 
     name: str
 

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl.runtime.contract.logs import configure_logging
+
 from .base import RewardFunction, Sample, import_path, load_task
 from .errors import TaskError
 from .sandbox import RewardSource, SourceKind, receive, send
@@ -57,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     sys.path[:] = hello["path"]  # plug-ins import as they do in the worker
     name = str(hello["name"])
+    # What a reward logs (why a program scored 0, say) goes to the worker's log: this
+    # process's stderr is the worker's, as JSON lines beside the worker's own.
+    configure_logging(process="reward-child")
     try:
         kind, path = hello["source"]
         reward = RewardFunction(resolve(RewardSource(SourceKind(kind), path)), name)

@@ -67,6 +67,7 @@ from asyncrl.actors.policy.tokenizer import (
     write_tokenizer_files,
 )
 from asyncrl.actors.tasks import Task, calculator, load_task
+from asyncrl.actors.tasks import code as code_task
 from asyncrl.actors.tasks.arithmetic import Arithmetic
 
 __all__ = [
@@ -74,6 +75,7 @@ __all__ = [
     "BASE_CONFIG",
     "calculator_demonstrations",
     "calculator_reward",
+    "code_demonstrations",
     "main",
     "validation_reward",
 ]
@@ -170,6 +172,22 @@ def calculator_demonstrations(codec: TextCodec, start: int, size: int, slip: flo
     return pack(prompts, responses, codec.pad_id, trained)
 
 
+def code_demonstrations(
+    task: code_task.CodeTask, codec: TextCodec, start: int, size: int, slip: float, seed: int
+):
+    """Function bodies for the code task's prompts, ``slip`` of them with the function's
+    usual slip (one operator or name wrong)."""
+    indices = range(_SFT_OFFSET + start, _SFT_OFFSET + start + size)
+    samples = [task.sample("train", i) for i in indices]
+    slips = [random.Random(seed * 1_000_003 + i).random() < slip for i in indices]
+    prompts = [codec.encode(s.prompt) for s in samples]
+    responses = [
+        [*codec.encode(task.demonstration(s, slip=slipped)), codec.eos_id]
+        for s, slipped in zip(samples, slips, strict=True)
+    ]
+    return pack(prompts, responses, codec.pad_id)
+
+
 def _batch(task: Arithmetic, codec: TextCodec, start: int, size: int, slip: float, seed: int):
     indices = range(_SFT_OFFSET + start, _SFT_OFFSET + start + size)
     samples = [task.sample("train", i) for i in indices]
@@ -187,9 +205,10 @@ def train(args: argparse.Namespace) -> Path:
     torch.set_num_threads(1)
     task = load_task(args.task)
     tools = isinstance(task, calculator.CalculatorTask)
-    if not (tools or isinstance(task, Arithmetic)):
+    code = isinstance(task, code_task.CodeTask)
+    if not (tools or code or isinstance(task, Arithmetic)):
         raise SystemExit(
-            f"--task {args.task}: the warm-up knows the arithmetic and calculator tasks"
+            f"--task {args.task}: the warm-up knows the arithmetic, calculator and code tasks"
         )
     source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
     config = BASE_CONFIG | {
@@ -198,7 +217,8 @@ def train(args: argparse.Namespace) -> Path:
         "max_position_embeddings": args.positions,
     }
     (source / "config.json").write_text(json.dumps(config))
-    tokenizer = build_char_tokenizer(calculator.ALPHABET if tools else ALPHABET)
+    alphabet = calculator.ALPHABET if tools else code_task.ALPHABET if code else ALPHABET
+    tokenizer = build_char_tokenizer(alphabet)
     assert tokenizer.token_to_id(EOS) == 1 and tokenizer.token_to_id(PAD) == 0
     write_tokenizer_files(tokenizer, source)
     codec = TextCodec.from_dir(source)
@@ -214,6 +234,8 @@ def train(args: argparse.Namespace) -> Path:
             packed = calculator_demonstrations(
                 codec, step * args.batch, args.batch, args.slip, args.seed
             )
+        elif code:
+            packed = code_demonstrations(task, codec, step * args.batch, args.batch, args.slip, args.seed)
         else:
             data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
             packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
@@ -246,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="asyncrl.actors.tasks.arithmetic:task")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", default="", help="start from this model (a packaged name or DIR)")
-    parser.add_argument("--slip", type=float, default=0.75, help="share that forget to carry")
+    parser.add_argument("--slip", type=float, default=0.75, help="share of demonstrations with the task's bad habit")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
