@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -42,7 +43,7 @@ from asyncrl.actors.sandbox import CodeLimits, CodeRun, SandboxUnavailable, run_
 from .base import Sample, sample_rng
 from .errors import TaskError
 
-__all__ = ["ALPHABET", "FUNCTIONS", "CodeTask", "Case", "program", "task"]
+__all__ = ["ALPHABET", "FUNCTIONS", "Case", "CodeReward", "CodeTask", "program", "task"]
 
 log = structlog.get_logger("asyncrl.reward")
 
@@ -65,6 +66,7 @@ FUNCTIONS: dict[str, str] = {
     "(a+b)*2": "a+b*2",
 }
 _SPLIT_SEEDS = {"train": 0xC0DE_0001, "validation": 0xC0DE_0002}
+_AT_ONCE = 8  # a group's programs run together, at most this many
 _CASE = re.compile(r"f\((-?\d+),(-?\d+)\)=(-?\d+)")
 # Run in the sandbox with the response in place of {body}. Its last line of output is
 # the results; whatever the response prints itself comes before it. The expected values
@@ -117,7 +119,9 @@ class CodeTask:
     def sample(self, split: str, index: int) -> Sample:
         rng = sample_rng(_SPLIT_SEEDS, split, index)
         body = rng.choice(list(FUNCTIONS))
-        pairs = rng.sample([(a, b) for a in range(1, 10) for b in range(1, 10)], self.shown + self.hidden)
+        pairs = rng.sample(
+            [(a, b) for a in range(1, 10) for b in range(1, 10)], self.shown + self.hidden
+        )
         cases = [Case(a, b, _value(body, a, b)) for a, b in pairs]
         shown = ";".join(str(case) for case in cases[: self.shown])
         return Sample(
@@ -126,12 +130,22 @@ class CodeTask:
             extra_info={"reference": body},
         )
 
-    def reward(self, sample: Sample, response: str) -> float:
+    @property
+    def reward(self) -> CodeReward:
+        """``reward(sample, response)``; ``reward.batch(sample, responses)`` scores a
+        group, its programs running at once."""
+        return CodeReward(self)
+
+    def score(self, sample: Sample, response: str) -> float:
+        """The share of the tests that ``response`` passes, run in the sandbox."""
         cases = self.cases(sample)
+        source = program(response, cases)
         try:
-            run = run_python(program(response, cases), limits=CodeLimits(timeout_s=self.timeout_s))
+            run = run_python(source, limits=CodeLimits(timeout_s=self.timeout_s))
         except SandboxUnavailable as error:  # the machine's fault, not the program's
-            raise TaskError(f"task {self.name!r}: no sandbox to run the program in: {error}") from None
+            raise TaskError(
+                f"task {self.name!r}: no sandbox to run the program in: {error}"
+            ) from None
         passed, why = _passed(run, cases)
         if why is not None:
             log.info("program scored 0", task=self.name, reason=why, response=response[:200])
@@ -152,6 +166,23 @@ class CodeTask:
         """A response for the warm-up: the function's body, or with its usual slip."""
         body = str((sample.extra_info or {})["reference"])
         return FUNCTIONS[body] if slip else body
+
+
+class CodeReward:
+    """The code task's reward. A group's programs run at once: each waits mostly on its
+    sandbox being made (processes, namespaces, mounts), which overlaps."""
+
+    def __init__(self, task: CodeTask) -> None:
+        self.task = task
+
+    def __call__(self, sample: Sample, response: str) -> float:
+        return self.task.score(sample, response)
+
+    def batch(self, sample: Sample, responses: list[str]) -> list[float]:
+        if len(responses) <= 1:
+            return [self.task.score(sample, response) for response in responses]
+        with ThreadPoolExecutor(min(len(responses), _AT_ONCE)) as pool:
+            return list(pool.map(lambda response: self.task.score(sample, response), responses))
 
 
 def _value(body: str, a: int, b: int) -> int:

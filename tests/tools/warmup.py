@@ -6,6 +6,8 @@
     python -m tests.tools.warmup --task asyncrl.actors.tasks.arithmetic:long_task \
         --out actors/policy/embedded_long --init embedded --positions 384 \
         --max-new-tokens 320 --steps 400 --batch 32 --lr 1e-3
+    python -m tests.tools.warmup --task asyncrl.actors.tasks.code:task \
+        --out actors/policy/embedded_code --steps 600 --max-new-tokens 16
 
 The calculator model (``model.path: embedded-calculator``) learns from tool-use
 trajectories (:mod:`asyncrl.actors.tasks.calculator`) whose habits are mostly bad:
@@ -14,6 +16,14 @@ guess without it; it is scored by playing whole episodes against the calculator.
 calculator's answers are in the demonstrations but not trained on, as in RL. The
 shipped model: validation reward 0.35 on 128 prompts (greedy: the whole expression into
 the calculator on 14 of the 97 problems that need it, the product alone on the rest).
+
+The code model (``model.path: embedded-code``) learns to write a function's body from
+three examples of it (:mod:`asyncrl.actors.tasks.code`); ``--slip`` of the
+demonstrations (75%) write the function's usual slip instead (``a*b+b`` for ``a*b+a``,
+``min`` for ``max``). It is scored by running its programs in the sandbox, so the
+warm-up needs a machine that can give one. The shipped model (600 steps of 64, 2 min 52 s
+of CPU on the loaded 2-core machine, 2026-11-29): validation reward 0.19 on 128 prompts;
+greedy, it wrote the reference on 13, the slip on 70, another function on 45.
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
@@ -235,7 +245,9 @@ def train(args: argparse.Namespace) -> Path:
                 codec, step * args.batch, args.batch, args.slip, args.seed
             )
         elif code:
-            packed = code_demonstrations(task, codec, step * args.batch, args.batch, args.slip, args.seed)
+            packed = code_demonstrations(
+                task, codec, step * args.batch, args.batch, args.slip, args.seed
+            )
         else:
             data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
             packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
@@ -268,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="asyncrl.actors.tasks.arithmetic:task")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", default="", help="start from this model (a packaged name or DIR)")
-    parser.add_argument("--slip", type=float, default=0.75, help="share of demonstrations with the task's bad habit")
+    parser.add_argument(
+        "--slip", type=float, default=0.75, help="share of demonstrations with the task's bad habit"
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)

@@ -33,3 +33,21 @@ def test_a_plug_in_that_does_not_load_is_one_line_naming_its_key(
 ) -> None:
     (line,) = problems(**data)
     assert line.startswith(start) and "\n" not in line
+
+
+CODE = "asyncrl.actors.tasks.code:task"
+
+
+def test_a_task_that_needs_the_sandbox_is_refused_where_the_machine_cannot_give_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncrl.actors.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "unshare: Operation not permitted")
+    assert problems(task=CODE) == [
+        f"data.task={CODE!r}: its reward runs model-written code, and this machine cannot "
+        "give it a sandbox: unshare: Operation not permitted"
+    ]
+    assert problems() == []  # the arithmetic task runs no code: it does not ask
+    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: None)
+    assert problems(task=CODE) == []

@@ -107,3 +107,11 @@ def test_a_hostile_program_scores_0_with_its_reason_logged(kind: str) -> None:
     (record,) = logs
     assert record["event"] == "program scored 0" and record["reason"], record
     assert not Path(ESCAPED).exists()
+
+
+@runs_programs
+def test_a_group_is_scored_at_once_as_each_alone() -> None:
+    sample = task.sample("validation", 5)
+    group = [sample.extra_info["reference"], task.demonstration(sample, slip=True), "a+", "b"]
+    with capture_logs():
+        assert task.reward.batch(sample, group) == [task.reward(sample, r) for r in group]

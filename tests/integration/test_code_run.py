@@ -1,0 +1,76 @@
+"""``asyncrl run`` of the code config, real processes: the reward role runs every response
+as a program in the sandbox. Hostile programs each score 0 with their reason in the
+reward worker's log, and the run ends exactly as an undisturbed one does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asyncrl.actors.sandbox import sandbox_problem
+from tests.support.cluster import processes_mentioning
+from tests.support.default_run import records
+from tests.support.host_run import check_exactly_once
+from tests.support.hostile_code import ESCAPED, HOSTILE
+
+WHY_NO_SANDBOX = sandbox_problem()
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(WHY_NO_SANDBOX is not None, reason=f"no sandbox here: {WHY_NO_SANDBOX}"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 4
+
+
+def run_code(run_dir: Path, *overrides: str) -> None:
+    argv = [
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
+        "-c", str(REPO / "deploy" / "configs" / "code.yaml"),
+        f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=0",
+        "scheduler.control_port=0", "scheduler.events_port=0", *overrides,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=250, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def steps_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.heavy  # about a minute: with the heavy tests, which CI runs
+def test_the_code_config_trains_on_programs_run_in_the_sandbox(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_code(run_dir)
+    steps = steps_of(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    # The base model writes the right function now and then: rewards in between.
+    assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
+    assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.heavy
+def test_hostile_programs_score_0_with_their_reasons_and_the_run_ends_exactly(
+    tmp_path: Path,
+) -> None:
+    """A reward plug-in scores, in place of the model's, an infinite loop, a fork bomb, a
+    memory hog, a network connection, a write outside the program's directory, endless
+    output and a kill of its parent, each once: each scores 0 with its reason logged, no
+    group fails, every step and every group is trained once."""
+    run_dir = tmp_path / "run"
+    run_code(run_dir, "data.reward=tests.support.hostile_code:reward")
+    check_exactly_once(run_dir, STEPS)
+    scored = {r["response"]: r["reason"] for r in records(run_dir, "reward-0", "program scored 0")}
+    for kind, program in HOSTILE.items():
+        assert scored.get(program), f"{kind}: no record of it scoring 0"
+    assert "ran past 1 s" in scored[HOSTILE["infinite loop"]]
+    assert "memory" in scored[HOSTILE["memory hog"]]
+    assert "Network is unreachable" in scored[HOSTILE["network"]]
+    assert "printed over" in scored[HOSTILE["huge output"]]
+    assert records(run_dir, "reward-0", "group failed") == []
+    assert not Path(ESCAPED).exists()
+    assert processes_mentioning(str(run_dir)) == []
