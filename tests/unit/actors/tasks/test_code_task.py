@@ -115,3 +115,16 @@ def test_a_group_is_scored_at_once_as_each_alone() -> None:
     group = [sample.extra_info["reference"], task.demonstration(sample, slip=True), "a+", "b"]
     with capture_logs():
         assert task.reward.batch(sample, group) == [task.reward(sample, r) for r in group]
+
+
+def test_the_code_config_holds_the_longest_prompt_and_response_on_its_packaged_model() -> None:
+    from asyncrl.actors.policy.checkpoint import PACKAGED, load_model
+    from asyncrl.runtime.contract.config import load_config
+
+    cfg = load_config(Path(__file__).parents[4] / "deploy" / "configs" / "code.yaml")
+    assert cfg.data.task == "asyncrl.actors.tasks.code:task" and cfg.model.path in PACKAGED
+    _, codec = load_model(cfg.model.path)
+    longest = max((task.sample("train", i) for i in range(2000)), key=lambda s: len(s.prompt))
+    assert len(codec.encode(longest.prompt)) <= cfg.model.max_prompt_tokens
+    assert max(len(codec.encode(body)) for body in FUNCTIONS) < cfg.model.max_new_tokens
+    assert codec.decode(codec.encode(longest.prompt)) == longest.prompt  # no unknown token
