@@ -207,6 +207,9 @@ def supervise(control, init, timeout_s):
 
 
 def init_main(control, lifeline, source, limits, python, binds):
+    # A namespace's init gets from inside only the signals it handles: in a user namespace
+    # the program shares its uid, and Python's own SIGINT handler would let it end init.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
     if select.select([lifeline], [], [], 0)[0]:  # the launcher died before the prctl
         return 1

@@ -7,8 +7,12 @@ a program is the test process itself surviving it.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -390,3 +394,82 @@ def test_a_sandbox_that_cannot_be_made_says_why() -> None:
     with pytest.raises(SandboxUnavailable) as raised:
         sandbox_python._run(broken, "print(1)", "", QUICK)
     assert "\n" not in str(raised.value)
+
+
+_AS_NOBODY = """
+import json, os
+from asyncrl.actors.sandbox import CodeLimits, run_python, sandbox_problem
+from asyncrl.actors.sandbox import python as sandbox_python
+
+quick = CodeLimits(timeout_s=1.0)
+runs = {
+    "whoami": "import os\\nprint(os.getuid(), os.getcwd())",
+    "fork bomb": "import os\\nwhile True:\\n    os.fork()",
+    "network": "import socket\\nsocket.create_connection(('1.1.1.1', 53), timeout=1)",
+    "write": "open('/etc/x', 'w')",
+    "init": "import os, time\\nos.kill(1, 2)\\ntime.sleep(0.2)\\nprint('after')",
+    "group": "import os\\nos.killpg(0, 9)",
+}
+print(json.dumps({
+    "euid": os.geteuid(),
+    "problem": sandbox_problem(),
+    "uid": sandbox_python._plan().uid,
+    **{name: [run.reason, run.stdout] for name, run in (
+        (name, run_python(source, limits=quick)) for name, source in runs.items()
+    )},
+}))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not (shutil.which("unshare") and shutil.which("setpriv")),
+    reason="becomes another user: needs root, and util-linux's unshare and setpriv",
+)
+def test_without_root_each_run_gets_a_user_namespace(tmp_path: Path) -> None:
+    """An unprivileged caller: the same isolation from a user namespace per run. Run as
+    nobody, in a mount namespace where the directories on the way to this interpreter and
+    this tree that nobody may not enter (/root, here) are made passable."""
+    script = ["set -e"]
+    for number, (blocked, names) in enumerate(_blocked_ancestors().items()):
+        stage = tmp_path / f"stage{number}"
+        stage.mkdir()
+        script.append(f"mount -t tmpfs -o mode=755 tmpfs {stage}")
+        for name in names:
+            script.append(f"mkdir {stage / name} && mount --bind {blocked / name} {stage / name}")
+        script.append(f"mount --move {stage} {blocked}")
+    nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups --"
+    script.append(f'exec {nobody} {sys.executable} -c "$1"')
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script),
+         "sh", _AS_NOBODY],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert (seen["euid"], seen["problem"], seen["uid"]) == (65534, None, -1)
+    assert seen["whoami"] == [None, "1000 /tmp\n"]
+    assert seen["fork bomb"][0] == "over the process limit (16)"
+    assert "Network is unreachable" in seen["network"][0]
+    assert "Read-only file system" in seen["write"][0]
+    assert seen["init"] == [None, "after\n"]  # init ignores it; the run goes on
+    assert seen["group"][0] == "killed by SIGKILL"
+
+
+def _blocked_ancestors() -> dict[Path, list[str]]:
+    """The directories that others may not enter on the way to what the test needs, each
+    with the names under it on those ways; the shallowest first."""
+    needed = {
+        Path(os.path.realpath(sys._base_executable)),
+        Path(sys.prefix),
+        Path(os.path.realpath(sys.base_prefix)),
+        Path(__file__).resolve().parents[4],
+    }
+    blocked: dict[Path, list[str]] = {}
+    for path in needed:
+        for parent, child in zip(path.parents, [path, *path.parents], strict=False):
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                names = blocked.setdefault(parent, [])
+                if child.name not in names:
+                    names.append(child.name)
+    return dict(sorted(blocked.items(), key=lambda item: len(item[0].parts)))
