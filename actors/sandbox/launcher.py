@@ -214,6 +214,7 @@ def init_main(control, lifeline, source, limits, python, binds):
     if select.select([lifeline], [], [], 0)[0]:  # the launcher died before the prctl
         return 1
     memory, processes, file_bytes, uid = limits
+    os.umask(0)  # the modes below are meant as written, whatever the caller's umask
     build_root(source, binds, file_bytes, INSIDE_UID if uid < 0 else uid)
     program = os.fork()
     if program == 0:
@@ -335,6 +336,7 @@ def enter_root(root):
 
 def run_program(control, python, memory, processes, file_bytes, uid):
     os.setsid()  # its own group: a kill of "its group" reaches nothing outside
+    os.umask(0o022)
     os.chdir(WORKDIR)
     for sig in (
         signal.SIGINT,

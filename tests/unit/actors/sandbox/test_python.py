@@ -106,6 +106,15 @@ def test_a_program_prints_and_ends_well() -> None:
     assert 0 < run.seconds < QUICK.timeout_s + 1
 
 
+def test_a_strict_umask_of_the_caller_changes_nothing() -> None:
+    previous = os.umask(0o077)
+    try:
+        run = run_python("import os\nopen('/dev/null', 'w').write('x')\nprint(oct(os.umask(0)))")
+    finally:
+        os.umask(previous)
+    assert run.ok and run.stdout == "0o22\n", run
+
+
 def test_an_exception_gives_its_message_as_the_reason() -> None:
     run = run_python("def f(x):\n    return 1 / x\n\nf(0)")
     assert run.exit_code == 1
