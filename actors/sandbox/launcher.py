@@ -270,6 +270,7 @@ def build_root(source, binds, file_bytes, owner):
         ("stdin", "/proc/self/fd/0"),
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
+        ("shm", WORKDIR),  # POSIX semaphores and shared memory (multiprocessing's)
     ):
         os.symlink(target, f"{ROOT}/dev/{name}")
     fd = os.open(ROOT + PROGRAM, os.O_CREAT | os.O_WRONLY, 0o444)
@@ -374,6 +375,9 @@ def run_program(control, python, memory, processes, file_bytes, uid):
         "HOME": WORKDIR,
         "TMPDIR": WORKDIR,
         "LANG": "C.UTF-8",
+        # glibc reserves 64 MiB of address space per malloc arena, one per thread up to
+        # 8 per core: under RLIMIT_AS a few threads would exhaust the limit unused.
+        "MALLOC_ARENA_MAX": "2",
     }
     os.execve(python, [python, "-I", "-S", "-B", "-u", "-X", "utf8", PROGRAM], env)
 

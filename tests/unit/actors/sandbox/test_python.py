@@ -132,6 +132,26 @@ def test_a_test_harness_passes_and_fails_by_its_asserts() -> None:
     assert (exiting.ok, exiting.exit_code, exiting.reason) == (False, 3, "exited with status 3")
 
 
+def test_threads_subprocesses_and_multiprocessing_work_within_the_limits() -> None:
+    source = """
+import multiprocessing, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    with ThreadPoolExecutor(8) as pool:
+        print(sum(pool.map(square, range(10))))
+    with multiprocessing.Pool(2) as pool:
+        print(pool.map(square, range(4)))
+    print(subprocess.run([sys.executable, "-c", "print('child')"], capture_output=True).stdout)
+"""
+    run = run_python(source)
+    assert run.ok, run
+    assert run.stdout == "285\n[0, 1, 4, 9]\nb'child\\n'\n"
+
+
 def test_stdin_is_the_program_input() -> None:
     run = run_python("import sys\nprint(sys.stdin.read().upper(), end='')", stdin="abc\ndé\n")
     assert run.stdout == "ABC\nDÉ\n"
@@ -190,11 +210,11 @@ def test_the_process_limit_is_the_run_s_own() -> None:
     """A fork bomb next to an ordinary run takes nothing from it: each run's processes
     are counted apart."""
     bomb = threading.Thread(
-        target=run_python, args=(STUBBORN_BOMB,), kwargs={"limits": CodeLimits(timeout_s=2.0)}
+        target=run_python, args=(STUBBORN_BOMB,), kwargs={"limits": CodeLimits(timeout_s=1.5)}
     )
     bomb.start()
     try:
-        time.sleep(0.5)
+        time.sleep(0.3)  # it holds its 16 processes by now
         runs = [
             run_python(
                 "import subprocess, sys\n"
@@ -304,7 +324,7 @@ def test_it_gets_a_minimal_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     run = run_python(source, limits=QUICK)
     assert run.ok, run
     assert "hunter2" not in run.stdout
-    assert run.stdout.splitlines()[0] == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    assert run.stdout.splitlines()[0] == "['HOME', 'LANG', 'MALLOC_ARENA_MAX', 'PATH', 'TMPDIR']"
 
 
 def test_a_detached_child_goes_with_its_run() -> None:
