@@ -185,11 +185,11 @@ def _run(plan: _Plan, source: str, stdin: str, limits: CodeLimits) -> CodeRun:
     except BaseException:
         ours.close()
         raise
+    watch = _Watch(launcher, ours, payload, limits, started)
     try:
-        watch = _Watch(launcher, ours, payload, limits, started)
         watch.run()
     finally:
-        _end(launcher, ours)
+        _end(launcher, ours, watch.patience())
     return watch.result(time.monotonic() - started)
 
 
@@ -232,6 +232,12 @@ class _Watch:
                 until = self.give_up_at if self.give_up_at is not None else self.deadline
                 for key, _ in selector.select(max(until - now, 0.0)):
                     self._ready(key.fd, selector)
+
+    def patience(self) -> float:
+        """How long the launcher may still take to leave before it is killed outright."""
+        if self.give_up_at is None:
+            return _GRACE_S
+        return max(self.give_up_at - time.monotonic(), 0.0)
 
     def _ready(self, fd: int, selector: selectors.BaseSelector) -> None:
         if fd == self.stdin:
@@ -309,14 +315,15 @@ class _Watch:
         return CodeRun(reason is None, ended, stdout, stderr, reason, seconds)
 
 
-def _end(launcher: subprocess.Popen[bytes], control: socket.socket) -> None:
+def _end(launcher: subprocess.Popen[bytes], control: socket.socket, patience: float) -> None:
     """Wait for the launcher, which leaves only once everything of the run has; kill it
-    outright if it does not (its init then dies with it, and the namespace with init)."""
+    outright if it does not within ``patience`` s (its init then dies with it, and the
+    namespace with init)."""
     try:
         with contextlib.suppress(OSError):
             control.shutdown(socket.SHUT_WR)
         try:
-            launcher.wait(timeout=_GRACE_S)
+            launcher.wait(timeout=patience)
         except subprocess.TimeoutExpired:
             launcher.kill()
             launcher.wait()
