@@ -23,7 +23,8 @@ demonstrations (75%) write the function's usual slip instead (``a*b+b`` for ``a*
 ``min`` for ``max``). It is scored by running its programs in the sandbox, so the
 warm-up needs a machine that can give one. The shipped model (600 steps of 64, 2 min 52 s
 of CPU on the loaded 2-core machine, 2026-11-29): validation reward 0.19 on 128 prompts;
-greedy, it wrote the reference on 13, the slip on 70, another function on 45.
+greedy, it wrote the reference on 13, the slip on 70, another function on 45
+(``python -m tests.tools.code_responses``).
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
