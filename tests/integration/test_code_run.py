@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +20,10 @@ from tests.support.host_run import check_exactly_once
 from tests.support.hostile_code import ESCAPED, HOSTILE
 
 WHY_NO_SANDBOX = sandbox_problem()
-pytestmark = [
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(WHY_NO_SANDBOX is not None, reason=f"no sandbox here: {WHY_NO_SANDBOX}"),
-]
+needs_a_sandbox = pytest.mark.skipif(
+    WHY_NO_SANDBOX is not None, reason=f"no sandbox here: {WHY_NO_SANDBOX}"
+)
+pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -44,6 +45,7 @@ def steps_of(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.heavy  # about a minute: with the heavy tests, which CI runs
+@needs_a_sandbox
 def test_the_code_config_trains_on_programs_run_in_the_sandbox(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_code(run_dir)
@@ -55,6 +57,7 @@ def test_the_code_config_trains_on_programs_run_in_the_sandbox(tmp_path: Path) -
 
 
 @pytest.mark.heavy
+@needs_a_sandbox
 def test_hostile_programs_score_0_with_their_reasons_and_the_run_ends_exactly(
     tmp_path: Path,
 ) -> None:
@@ -76,3 +79,31 @@ def test_hostile_programs_score_0_with_their_reasons_and_the_run_ends_exactly(
     assert records(run_dir, "reward-0", "group failed") == []
     assert not Path(ESCAPED).exists()
     assert processes_mentioning(str(run_dir)) == []
+
+
+# A user namespace of its own where no further one may be made: root there cannot give a
+# program a uid of its own (none is mapped), nor a user namespace.
+NO_SANDBOX = 'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"'
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1) here")
+def test_a_machine_that_cannot_give_a_sandbox_refuses_the_run_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    asyncrl = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main"]
+    probe = ["unshare", "--user", "--map-root-user", "sh", "-c", NO_SANDBOX, "sh", "true"]
+    if subprocess.run(probe, capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot make a user namespace here")
+    run_dir = tmp_path / "run"
+    argv = [
+        *probe[:-1], *asyncrl, "run", "-c", str(REPO / "deploy" / "configs" / "code.yaml"),
+        f"run.dir={run_dir}", "scheduler.control_port=0", "scheduler.events_port=0",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(
+        "asyncrl: data.task='asyncrl.actors.tasks.code:task': its reward runs model-written "
+        "code, and this machine cannot give it a sandbox: "
+    )
+    assert not run_dir.exists()  # nothing started
