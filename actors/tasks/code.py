@@ -148,7 +148,11 @@ class CodeTask:
             ) from None
         passed, why = _passed(run, cases)
         if why is not None:
-            log.info("program scored 0", task=self.name, reason=why, response=response[:200])
+            # A program killed (at a limit, or by a signal) is worth a warning; one that
+            # exited on an error (a syntax error, MemoryError) is a model's mistake.
+            killed = run.exit_code is None or run.exit_code < 0
+            say = log.warning if killed else log.info
+            say("program scored 0", task=self.name, reason=why, response=response[:200])
             return 0.0
         return passed / len(cases)
 
