@@ -96,21 +96,24 @@ def run_python(source: str, *, stdin: str = "", limits: CodeLimits = CodeLimits(
     """Run ``source`` with ``python -I -S`` (the standard library only) in the sandbox,
     ``stdin`` as its input. Returns within the time limit and a small margin, whatever the
     program does; raises :class:`SandboxUnavailable` when no sandbox can be made here."""
-    plan = _plan()
-    if isinstance(plan, str):
-        raise SandboxUnavailable(plan)
-    return _run(plan, source, stdin, limits)
+    return _run(_plan(), source, stdin, limits)
 
 
 def sandbox_problem() -> str | None:
     """Why this machine cannot run a program in its own namespaces (one line); None when it
-    can. Found once per process, by running a program."""
-    plan = _plan()
-    return plan if isinstance(plan, str) else None
+    can. Found by running a program: once per process when it works, again at each call
+    while it does not."""
+    try:
+        _plan()
+    except SandboxUnavailable as error:
+        return str(error)
+    return None
 
 
+# A plan that works is kept for the process; a failure is not (functools.cache keeps no
+# exception), so a passing fault, or a machine set right, is seen at the next call.
 @functools.cache
-def _plan() -> _Plan | str:
+def _plan() -> _Plan:
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     binds = _binds(python)
     candidates = []
@@ -123,7 +126,7 @@ def _plan() -> _Plan | str:
         if problem is None:
             return plan
         problems.append(problem)
-    return "; ".join(dict.fromkeys(problems))
+    raise SandboxUnavailable("; ".join(dict.fromkeys(problems)))
 
 
 def _binds(python: str) -> tuple[str, ...]:
