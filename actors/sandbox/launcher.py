@@ -29,6 +29,7 @@ the run's own) or 0, python, then the paths to bind read-only.
 import _signal as signal  # the C module: signal.py's enums cost a start several ms
 import ctypes
 import os
+import resource  # before the new root, which may not hold the standard library
 import select
 import sys
 import time
@@ -220,6 +221,8 @@ def init_main(control, lifeline, source, limits, python, binds):
     if program == 0:
         try:
             run_program(control, python, memory, processes, file_bytes, uid)
+        except SetupError as error:
+            say(control, f"error {error}")
         except BaseException as error:
             say(control, f"error program: {type(error).__name__}: {error}")
         os._exit(127)
@@ -352,8 +355,6 @@ def run_program(control, python, memory, processes, file_bytes, uid):
     ):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    import resource
-
     if uid < 0:
         processes += 2  # the launcher and init share the namespace's count
     for name, value in (
@@ -379,7 +380,13 @@ def run_program(control, python, memory, processes, file_bytes, uid):
         # 8 per core: under RLIMIT_AS a few threads would exhaust the limit unused.
         "MALLOC_ARENA_MAX": "2",
     }
-    os.execve(python, [python, "-I", "-S", "-B", "-u", "-X", "utf8", PROGRAM], env)
+    try:
+        os.execve(python, [python, "-I", "-S", "-B", "-u", "-X", "utf8", PROGRAM], env)
+    except FileNotFoundError:
+        if not os.path.exists(python):
+            raise
+        # The file is there: what is not is its loader (ld.so), outside the bound paths.
+        raise SetupError(f"cannot start {python}: its program loader is not in the root") from None
 
 
 if __name__ == "__main__":
