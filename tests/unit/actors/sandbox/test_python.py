@@ -47,25 +47,27 @@ while True:
 
 @pytest.fixture(autouse=True)
 def launchers(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
-    """The process ids of the launchers the test started; after the test, none of them,
-    nor any process of their runs' uids, nor any mount of theirs, is left."""
+    """The process ids of the launchers of the test's runs; after the test, none of them,
+    no process of the launcher's code but the fork server, no process of their runs' uids,
+    and no mount of theirs is left."""
     started: list[int] = []
+    end = sandbox_python._Watch.end
 
-    class Recorded(subprocess.Popen):  # type: ignore[type-arg]
-        def __init__(self, args, *rest, **kwargs) -> None:  # type: ignore[no-untyped-def]
-            super().__init__(args, *rest, **kwargs)
-            if sandbox_python._LAUNCHER in args:  # the test's own processes are not runs
-                started.append(self.pid)
+    def recorded(watch: sandbox_python._Watch) -> None:
+        end(watch)
+        if watch.launcher is not None:
+            started.append(watch.launcher)
 
     mounts_before = _host_mounts()
-    monkeypatch.setattr(sandbox_python.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(sandbox_python._Watch, "end", recorded)
     yield started
     plan = sandbox_python._plan()
+    server = sandbox_python._server().pid
     uids = {plan.uid + pid for pid in started} if plan.per_run else set()
     left = [
         (pid, uid, cmdline)
         for pid, uid, cmdline in _processes()
-        if pid in started or uid in uids or sandbox_python._LAUNCHER in cmdline
+        if pid in started or uid in uids or (sandbox_python._LAUNCHER in cmdline and pid != server)
     ]
     assert not left, f"left behind: {left}"
     assert _host_mounts() - mounts_before == set()
@@ -80,8 +82,8 @@ def _processes() -> Iterator[tuple[int, int, str]]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue  # gone while we looked
-        if "\nState:\tZ" in status:
-            continue  # a zombie is some other parent's to reap, and holds nothing
+        if "\nState:\tZ" in status or "\nState:\tX" in status:
+            continue  # exited: it holds nothing, and is some parent's to reap
         uid = int(status.split("\nUid:\t", 1)[1].split()[0])
         yield int(entry.name), uid, cmdline
 
@@ -371,17 +373,19 @@ def test_a_dead_caller_takes_its_runs_with_it(tmp_path: Path) -> None:
     assert caller.stdout is not None
     assert caller.stdout.readline() == b"go\n"
     time.sleep(0.5)
-    launchers = [
+    # Its fork server, and the launcher that server forked for the run.
+    servers = [pid for pid, _, cmdline in _processes() if _parent(pid) == caller.pid]
+    ours = [
         pid for pid, _, cmdline in _processes()
-        if sandbox_python._LAUNCHER in cmdline and _parent(pid) == caller.pid
+        if sandbox_python._LAUNCHER in cmdline and _parent(pid) in servers
     ]  # fmt: skip
-    assert launchers
+    assert len(servers) == 1 and ours
     caller.kill()
     caller.wait()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in launchers):
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in ours):
         time.sleep(0.05)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in launchers)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in [*servers, *ours])
 
 
 def _parent(pid: int) -> int:
