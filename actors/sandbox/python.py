@@ -173,18 +173,34 @@ def _probe(plan: _Plan) -> str | None:
 def _run(plan: _Plan, source: str, stdin: str, limits: CodeLimits) -> CodeRun:
     code = source.encode("utf-8", "surrogatepass")
     payload = code + stdin.encode("utf-8", "surrogatepass")
-    started = time.monotonic()
-    ours, theirs = socket.socketpair()
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
     argv = [
         str(len(code)), repr(limits.timeout_s), str(limits.memory_mb << 20),
         str(limits.processes), str(limits.file_bytes), str(plan.uid),
         "1" if plan.per_run else "0", plan.python, *plan.binds,
     ]  # fmt: skip
+    started = time.monotonic()
+    watch = _launch(plan.python, argv, payload, limits, started)
+    if not watch.status:
+        # Not a word from the server, nor from a launcher: the server died with the request
+        # unread (killed after its last run, before it was seen dead), and nothing ran.
+        # Once more, with a fresh one.
+        _server().restart()
+        watch = _launch(plan.python, argv, payload, limits, started)
+        if not watch.status:
+            raise SandboxUnavailable("the sandbox's fork server did not start the run")
+    return watch.result(time.monotonic() - started)
+
+
+def _launch(
+    python: str, argv: list[str], payload: bytes, limits: CodeLimits, started: float
+) -> _Watch:
+    """One run, from its request to the server to its end."""
+    ours, theirs = socket.socketpair()
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
     try:
-        _server().launch(plan.python, argv, [stdin_r, stdout_w, stderr_w, theirs.fileno()])
+        _server().launch(python, argv, [stdin_r, stdout_w, stderr_w, theirs.fileno()])
     except BaseException:
         for fd in (stdin_w, stdout_r, stderr_r):
             os.close(fd)
@@ -199,7 +215,7 @@ def _run(plan: _Plan, source: str, stdin: str, limits: CodeLimits) -> CodeRun:
         watch.run()
     finally:
         watch.end()
-    return watch.result(time.monotonic() - started)
+    return watch
 
 
 class _Server:
@@ -232,6 +248,11 @@ class _Server:
                         raise SandboxUnavailable(
                             f"the sandbox's fork server did not take a run: {error}"
                         ) from None
+
+    def restart(self) -> None:
+        """Start afresh at the next run."""
+        with self._lock:
+            self._forget()
 
     def _ready(self, python: str) -> socket.socket:
         if self._owner != os.getpid() or self._process is None or self._process.poll() is not None:

@@ -501,3 +501,30 @@ def _blocked_ancestors() -> dict[Path, list[str]]:
                 if child.name not in names:
                     names.append(child.name)
     return dict(sorted(blocked.items(), key=lambda item: len(item[0].parts)))
+
+
+def test_a_fork_server_killed_between_runs_is_started_again() -> None:
+    assert run_python("print(1)").ok
+    server = sandbox_python._server().pid
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    run = run_python("print(2)")
+    assert run.ok and run.stdout == "2\n"
+    assert sandbox_python._server().pid not in (None, server)
+
+
+def test_a_forked_caller_gets_a_fork_server_of_its_own() -> None:
+    assert run_python("print(1)").ok
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (its result comes back through the pipe)
+        try:
+            run = run_python("print(3)")
+            served = sandbox_python._server().pid
+            os.write(writer, f"{run.stdout.strip()} {served != os.getpid()}".encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    os.waitpid(child, 0)
+    with os.fdopen(reader) as answer:
+        assert answer.read() == "3 True"
