@@ -427,6 +427,8 @@ def serve(server):
             os._exit(main([str(fds[3]), *argv]))
         control = socket.socket(fileno=fds[3])
         try:
+            # The launcher cannot end before this unless it fails at once (it waits for the
+            # program's source first): then this finds no process, and says nothing.
             pidfd = os.pidfd_open(launcher)
             socket.send_fds(control, [f"launcher {launcher}\n".encode()], [pidfd])
             os.close(pidfd)
