@@ -1,7 +1,15 @@
-"""The first process of a sandboxed run, started by :mod:`.python` as
-``python -I -S launcher.py ARGS`` with the standard library only (no site, no asyncrl).
+"""The processes of a sandboxed run, outside the program, with the standard library only
+(no site, no asyncrl): ``python -I -S launcher.py --serve FD`` is the caller's fork
+server, kept for its life, which forks the launcher of each run; so a run pays one
+interpreter start, the program's.
 
-Three processes, each with one job:
+The server reads requests on its socket (FD): a message of the launcher's arguments, NUL
+separated, carrying four descriptors (the program's stdin, stdout and stderr, and the
+run's control socket). It forks the launcher with them and sends on the control socket a
+``launcher PID`` line that carries a pidfd of it (the caller's way to kill it outright, with no
+process id to lose). It leaves when the caller's end closes.
+
+Three processes for each run, each with one job:
 
 - the launcher (outside): reads the program from its stdin, unshares the namespaces
   (mount, network, PID, IPC, UTS; and a user namespace when not root), forks the
@@ -17,7 +25,8 @@ Three processes, each with one job:
   files, no core), an unprivileged uid of its own (root) or the user namespace's only uid,
   no new privileges, then ``python -I -S`` on its source.
 
-Wire (the control socket, one line each, init's or the launcher's): ``exit N``,
+Wire (the control socket, one line each, the server's, init's or the launcher's):
+``launcher PID`` (with its pidfd), ``exit N``,
 ``signal N``, ``time`` (the launcher's deadline killed it), ``error TEXT`` (the sandbox
 could not be built; nothing ran).
 
@@ -29,6 +38,7 @@ the run's own) or 0, python, then the paths to bind read-only.
 import _signal as signal  # the C module: signal.py's enums cost a start several ms
 import ctypes
 import os
+import resource  # before the new root, which may not hold the standard library
 import select
 import sys
 import time
@@ -220,6 +230,8 @@ def init_main(control, lifeline, source, limits, python, binds):
     if program == 0:
         try:
             run_program(control, python, memory, processes, file_bytes, uid)
+        except SetupError as error:
+            say(control, f"error {error}")
         except BaseException as error:
             say(control, f"error program: {type(error).__name__}: {error}")
         os._exit(127)
@@ -352,8 +364,6 @@ def run_program(control, python, memory, processes, file_bytes, uid):
     ):
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    import resource
-
     if uid < 0:
         processes += 2  # the launcher and init share the namespace's count
     for name, value in (
@@ -379,10 +389,59 @@ def run_program(control, python, memory, processes, file_bytes, uid):
         # 8 per core: under RLIMIT_AS a few threads would exhaust the limit unused.
         "MALLOC_ARENA_MAX": "2",
     }
-    os.execve(python, [python, "-I", "-S", "-B", "-u", "-X", "utf8", PROGRAM], env)
+    try:
+        os.execve(python, [python, "-I", "-S", "-B", "-u", "-X", "utf8", PROGRAM], env)
+    except FileNotFoundError:
+        if not os.path.exists(python):
+            raise
+        # The file is there: what is not is its loader (ld.so), outside the bound paths.
+        raise SetupError(f"cannot start {python}: its program loader is not in the root") from None
+
+
+def serve(server):
+    import socket
+
+    # Its children, the launchers, are reaped by the kernel: no zombie waits for it.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    requests = socket.socket(fileno=server)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(requests, 1 << 16, 4)
+        except OSError:
+            return 0
+        if not message:
+            return 0  # the caller closed its end, or died
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            continue
+        launcher = os.fork()
+        if launcher == 0:
+            os.close(server)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setsid()  # out of the server's session: nothing sent to its group reaches a run
+            for target, fd in enumerate(fds[:3]):
+                os.dup2(fd, target)
+                os.close(fd)
+            argv = message.decode().split("\0")
+            os._exit(main([str(fds[3]), *argv]))
+        control = socket.socket(fileno=fds[3])
+        try:
+            # The launcher cannot end before this unless it fails at once (it waits for the
+            # program's source first): then this finds no process, and says nothing.
+            pidfd = os.pidfd_open(launcher)
+            socket.send_fds(control, [f"launcher {launcher}\n".encode()], [pidfd])
+            os.close(pidfd)
+        except OSError:
+            pass  # the caller's end is gone: the launcher sees it and leaves
+        control.close()
+        for fd in fds[:3]:
+            os.close(fd)
 
 
 if __name__ == "__main__":
     # No interpreter teardown: everything it had to say is written, and the caller waits
     # for this exit.
+    if sys.argv[1] == "--serve":
+        os._exit(serve(int(sys.argv[2])))
     os._exit(main(sys.argv[1:]))

@@ -9,9 +9,13 @@ caller reads its output with a cap and ends it at the time limit; ending it is k
 namespace's init, after which the kernel leaves no process of it alive, and the mounts
 went with the namespace: nothing of a run outlives :func:`run_python`.
 
-The caller's side is a socket pair and three pipes, never a signal sent to a process id it
-might have lost: the launcher, its own child's parent, does the killing, and it does it
-too when the caller's end of the socket closes (a kill asked for, or the caller dead).
+A process's runs are launched by its fork server (started at its first run, kept for its
+life), so a run pays one interpreter start, the program's. The caller's side of a run is
+three pipes and a control socket, never a signal sent to a process id it might have lost:
+the launcher, its own child's parent, does the killing, and it does it too when the
+caller's end of the socket closes (a kill asked for, or the caller dead). The launcher
+closes its end with its last act, after its init, so the end of that socket is the end of
+everything the run was.
 
 Root gets a uid per run (its processes counted apart from every other run's); another
 user gets a user namespace of its own, where it can. Where neither works, a run raises
@@ -23,11 +27,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,21 +102,24 @@ def run_python(source: str, *, stdin: str = "", limits: CodeLimits = CodeLimits(
     """Run ``source`` with ``python -I -S`` (the standard library only) in the sandbox,
     ``stdin`` as its input. Returns within the time limit and a small margin, whatever the
     program does; raises :class:`SandboxUnavailable` when no sandbox can be made here."""
-    plan = _plan()
-    if isinstance(plan, str):
-        raise SandboxUnavailable(plan)
-    return _run(plan, source, stdin, limits)
+    return _run(_plan(), source, stdin, limits)
 
 
 def sandbox_problem() -> str | None:
     """Why this machine cannot run a program in its own namespaces (one line); None when it
-    can. Found once per process, by running a program."""
-    plan = _plan()
-    return plan if isinstance(plan, str) else None
+    can. Found by running a program: once per process when it works, again at each call
+    while it does not."""
+    try:
+        _plan()
+    except SandboxUnavailable as error:
+        return str(error)
+    return None
 
 
+# A plan that works is kept for the process; a failure is not (functools.cache keeps no
+# exception), so a passing fault, or a machine set right, is seen at the next call.
 @functools.cache
-def _plan() -> _Plan | str:
+def _plan() -> _Plan:
     python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
     binds = _binds(python)
     candidates = []
@@ -123,7 +132,7 @@ def _plan() -> _Plan | str:
         if problem is None:
             return plan
         problems.append(problem)
-    return "; ".join(dict.fromkeys(problems))
+    raise SandboxUnavailable("; ".join(dict.fromkeys(problems)))
 
 
 def _binds(python: str) -> tuple[str, ...]:
@@ -164,56 +173,149 @@ def _probe(plan: _Plan) -> str | None:
 def _run(plan: _Plan, source: str, stdin: str, limits: CodeLimits) -> CodeRun:
     code = source.encode("utf-8", "surrogatepass")
     payload = code + stdin.encode("utf-8", "surrogatepass")
+    argv = [
+        str(len(code)), repr(limits.timeout_s), str(limits.memory_mb << 20),
+        str(limits.processes), str(limits.file_bytes), str(plan.uid),
+        "1" if plan.per_run else "0", plan.python, *plan.binds,
+    ]  # fmt: skip
     started = time.monotonic()
+    watch = _launch(plan.python, argv, payload, limits, started)
+    if not watch.status:
+        # Not a word from the server, nor from a launcher: the server died with the request
+        # unread (killed after its last run, before it was seen dead), and nothing ran.
+        # Once more, with a fresh one.
+        _server().restart()
+        watch = _launch(plan.python, argv, payload, limits, started)
+        if not watch.status:
+            raise SandboxUnavailable("the sandbox's fork server did not start the run")
+    return watch.result(time.monotonic() - started)
+
+
+def _launch(
+    python: str, argv: list[str], payload: bytes, limits: CodeLimits, started: float
+) -> _Watch:
+    """One run, from its request to the server to its end."""
     ours, theirs = socket.socketpair()
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
     try:
-        with theirs:
-            launcher = subprocess.Popen(
-                [
-                    plan.python, "-I", "-S", "-B", _LAUNCHER,
-                    str(theirs.fileno()), str(len(code)), repr(limits.timeout_s),
-                    str(limits.memory_mb << 20), str(limits.processes), str(limits.file_bytes),
-                    str(plan.uid), "1" if plan.per_run else "0", plan.python, *plan.binds,
-                ],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
-                env={},  # nothing of the caller's: its secrets stay with it
-                start_new_session=True,  # a signal to the caller's group does not reach it
-            )  # fmt: skip
+        _server().launch(python, argv, [stdin_r, stdout_w, stderr_w, theirs.fileno()])
     except BaseException:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
         ours.close()
         raise
-    watch = _Watch(launcher, ours, payload, limits, started)
+    finally:
+        theirs.close()
+        for fd in (stdin_r, stdout_w, stderr_w):
+            os.close(fd)
+    watch = _Watch(stdin_w, stdout_r, stderr_r, ours, payload, limits, started)
     try:
         watch.run()
     finally:
-        _end(launcher, ours, watch.patience())
-    return watch.result(time.monotonic() - started)
+        watch.end()
+    return watch
+
+
+class _Server:
+    """This process's fork server (``launcher.py --serve``): started at its first run, and
+    again if it died or this process is a fork of the one that started it. It ends when
+    this process's end of its socket closes: at this process's exit, however it exits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._owner = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process and self._owner == os.getpid() else None
+
+    def launch(self, python: str, argv: list[str], fds: list[int]) -> None:
+        """Have a launcher started with ``argv`` and ``fds``; SandboxUnavailable if the
+        server cannot be (re)started."""
+        message = "\0".join(argv).encode()
+        with self._lock:
+            for attempt in range(2):
+                try:
+                    socket.send_fds(self._ready(python), [message], fds)
+                    return
+                except OSError as error:
+                    self._forget()  # it died between runs: one fresh start
+                    if attempt:
+                        raise SandboxUnavailable(
+                            f"the sandbox's fork server did not take a run: {error}"
+                        ) from None
+
+    def restart(self) -> None:
+        """Start afresh at the next run."""
+        with self._lock:
+            self._forget()
+
+    def _ready(self, python: str) -> socket.socket:
+        if self._owner != os.getpid() or self._process is None or self._process.poll() is not None:
+            self._forget()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            with theirs:
+                try:
+                    self._process = subprocess.Popen(
+                        [python, "-I", "-S", "-B", _LAUNCHER, "--serve", str(theirs.fileno())],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        pass_fds=(theirs.fileno(),),
+                        env={},  # nothing of the caller's: its secrets stay with it
+                        start_new_session=True,  # a signal to the caller's group misses it
+                    )
+                except OSError as error:
+                    ours.close()
+                    raise SandboxUnavailable(f"cannot start {python}: {error}") from None
+            self._socket, self._owner = ours, os.getpid()
+        assert self._socket is not None
+        return self._socket
+
+    def _forget(self) -> None:
+        if self._socket is not None:
+            self._socket.close()  # the server leaves when it sees this
+        if self._process is not None and self._owner == os.getpid():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(timeout=_GRACE_S)
+        self._process, self._socket, self._owner = None, None, 0
+
+
+# One per process, as the interpreter's own state is: a fork server serves the process
+# that started it (and its threads), whatever asks for runs in it.
+@functools.cache
+def _server() -> _Server:
+    return _Server()
 
 
 class _Watch:
     """The caller's side of one run: feeds its input, reads its output with a cap, asks
-    for the kill at a limit."""
+    for the kill at a limit, and waits for the end of it."""
 
     def __init__(
         self,
-        launcher: subprocess.Popen[bytes],
+        stdin: int,
+        stdout: int,
+        stderr: int,
         control: socket.socket,
         payload: bytes,
         limits: CodeLimits,
         started: float,
     ) -> None:
-        assert launcher.stdin and launcher.stdout and launcher.stderr
-        self.launcher = launcher
+        self.stdin: int | None = stdin
+        self.output = {stdout: bytearray(), stderr: bytearray()}
         self.control = control
         self.limits = limits
         self.deadline = started + limits.timeout_s
         self.pending = memoryview(payload)
-        self.stdin = launcher.stdin.fileno()
-        self.output = {launcher.stdout.fileno(): bytearray(), launcher.stderr.fileno(): bytearray()}
         self.status = bytearray()
+        self.launcher: int | None = None  # its process id, and a pidfd of it
+        self.pidfd: int | None = None
+        self.ended = False  # the control socket's end: the launcher and its run are gone
         self.killed_for: str | None = None  # "time" or "output", when the caller asked
         self.give_up_at: float | None = None
 
@@ -221,27 +323,62 @@ class _Watch:
         with selectors.DefaultSelector() as selector:
             for fd in (*self.output, self.control.fileno()):
                 selector.register(fd, selectors.EVENT_READ)
+            assert self.stdin is not None
             os.set_blocking(self.stdin, False)
             selector.register(self.stdin, selectors.EVENT_WRITE)
-            while len(selector.get_map()) > (self.stdin in selector.get_map()):
+            while len(selector.get_map()) > (self.stdin is not None):
                 now = time.monotonic()
                 if self.killed_for is None and now >= self.deadline:
                     self._kill("time", selector)
                 if self.give_up_at is not None and now >= self.give_up_at:
-                    return  # _end kills the launcher outright
+                    return  # end() kills the launcher outright
                 until = self.give_up_at if self.give_up_at is not None else self.deadline
                 for key, _ in selector.select(max(until - now, 0.0)):
                     self._ready(key.fd, selector)
 
-    def patience(self) -> float:
-        """How long the launcher may still take to leave before it is killed outright."""
-        if self.give_up_at is None:
-            return _GRACE_S
-        return max(self.give_up_at - time.monotonic(), 0.0)
+    def end(self) -> None:
+        """Wait for the launcher's end, which comes only once everything of the run has
+        ended; kill it outright if it has not come in time (its init then dies with it,
+        and the namespace with init). Then close what is left."""
+        try:
+            with contextlib.suppress(OSError):
+                self.control.shutdown(socket.SHUT_WR)  # a kill, if it still runs
+            patience = _GRACE_S if self.give_up_at is None else self.give_up_at - time.monotonic()
+            ended = self.ended or self._wait_for_end(max(patience, 0.0))
+            if self.pidfd is None:
+                return
+            if not ended:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            # The launcher closed its end with its last act; its pidfd is readable once
+            # it has exited.
+            select.select([self.pidfd], [], [], _GRACE_S)
+        finally:
+            for line in self.status.splitlines():
+                if line.startswith(b"launcher "):
+                    self.launcher = int(line.split()[1])
+            for fd in (self.stdin, *self.output, self.pidfd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self.control.close()
+
+    def _wait_for_end(self, patience: float) -> bool:
+        give_up_at = time.monotonic() + patience
+        while not self.ended:
+            left = give_up_at - time.monotonic()
+            if left <= 0 or not select.select([self.control], [], [], left)[0]:
+                return False
+            self._read_control()
+        return True
 
     def _ready(self, fd: int, selector: selectors.BaseSelector) -> None:
         if fd == self.stdin:
             self._feed(selector)
+            return
+        if fd == self.control.fileno():
+            if not self._read_control():
+                selector.unregister(fd)
             return
         try:
             chunk = os.read(fd, _CHUNK)
@@ -250,16 +387,32 @@ class _Watch:
         if not chunk:
             selector.unregister(fd)
             return
-        if fd == self.control.fileno():
-            self.status += chunk
-            return
         buffer = self.output[fd]
         room = self.limits.output_bytes - len(buffer)
         buffer += chunk[: max(room, 0)]
         if len(chunk) > room and self.killed_for is None:
             self._kill("output", selector)
 
+    def _read_control(self) -> bool:
+        """Take what the control socket holds (status lines, the launcher's pidfd); False
+        at its end."""
+        try:
+            chunk, fds, _, _ = socket.recv_fds(self.control, _CHUNK, 1)
+        except OSError:
+            chunk, fds = b"", []
+        for fd in fds:
+            if self.pidfd is None:
+                self.pidfd = fd
+            else:
+                os.close(fd)
+        if not chunk:
+            self.ended = True
+            return False
+        self.status += chunk
+        return True
+
     def _feed(self, selector: selectors.BaseSelector) -> None:
+        assert self.stdin is not None
         try:
             written = os.write(self.stdin, self.pending[:_CHUNK])
         except BlockingIOError:
@@ -271,11 +424,13 @@ class _Watch:
             self._close_stdin(selector)
 
     def _close_stdin(self, selector: selectors.BaseSelector) -> None:
+        if self.stdin is None:
+            return
         if self.stdin in selector.get_map():
             selector.unregister(self.stdin)
-        assert self.launcher.stdin
         with contextlib.suppress(OSError):
-            self.launcher.stdin.close()
+            os.close(self.stdin)
+        self.stdin = None
 
     def _kill(self, why: str, selector: selectors.BaseSelector) -> None:
         self.killed_for = why
@@ -307,32 +462,10 @@ class _Watch:
         elif timed_out:
             reason = f"ran past {limits.timeout_s:g} s"
         else:
-            code = self.launcher.returncode
             raise SandboxUnavailable(
-                f"the sandbox ended without a word (launcher status {code}): "
-                f"{_last_line(stderr) or 'no message'}"
+                f"the sandbox ended without a word: {_last_line(stderr) or 'no message'}"
             )
         return CodeRun(reason is None, ended, stdout, stderr, reason, seconds)
-
-
-def _end(launcher: subprocess.Popen[bytes], control: socket.socket, patience: float) -> None:
-    """Wait for the launcher, which leaves only once everything of the run has; kill it
-    outright if it does not within ``patience`` s (its init then dies with it, and the
-    namespace with init)."""
-    try:
-        with contextlib.suppress(OSError):
-            control.shutdown(socket.SHUT_WR)
-        try:
-            launcher.wait(timeout=patience)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
-    finally:
-        control.close()
-        for stream in (launcher.stdin, launcher.stdout, launcher.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
 
 
 def _failure(status: int, stderr: str, limits: CodeLimits) -> str:
