@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PARSERS", "Parsed", "ToolCall", "detect_parser", "parse_tool_calls"]
+__all__ = ["PARSERS", "Parsed", "ToolCall", "detect_parser", "parse_tool_calls", "tool_parser"]
 
 PARSERS = ("hermes", "llama3_json")
 
@@ -58,6 +58,19 @@ def detect_parser(template_source: str) -> str | None:
     if _PYTHON_TAG in template_source or '"parameters"' in template_source:
         return "llama3_json"
     return None
+
+
+def tool_parser(setting: str, template_source: str | None) -> str | None:
+    """The parser ``model.tool_parser`` names: itself, none for ``none``, and for ``auto``
+    the one the chat template's source shows (:func:`detect_parser`; none without a
+    template). ValueError for another setting."""
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return None if template_source is None else detect_parser(template_source)
+    if setting not in PARSERS:
+        raise ValueError(f"model.tool_parser: got {setting!r}; allowed: auto, none, {PARSERS}")
+    return setting
 
 
 def parse_tool_calls(parser: str, text: str, functions: Collection[str]) -> Parsed | None:
