@@ -510,3 +510,21 @@ def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
     assert missing.value.status_code == 404
     assert missing.value.body["type"] == "invalid_request_error"
     assert "/v1/models/policy" in missing.value.body["message"]
+
+
+def test_a_stream_whose_client_goes_away_leaves_the_decoder_and_no_record(
+    served: Served,
+) -> None:
+    served.paused.set()  # the call waits for decode steps it will not see
+    api = client(served.entry, "stream-gone")
+    stream = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "1+1="}], n=2, stream=True
+    )
+    first = next(iter(stream))  # the choices' opening chunks come before any token
+    assert first.choices[0].delta.role == "assistant"
+    stream.close()
+    wait_for(lambda: not served.serving.busy, 5, "the abandoned stream to be given up")
+    requests, cancelled = served.serving.bridge.take()
+    assert requests == [] and len(cancelled) == 2
+    served.paused.clear()
+    assert records(served.entry, "stream-gone") == []
