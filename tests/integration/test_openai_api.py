@@ -14,9 +14,11 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
@@ -294,6 +296,14 @@ def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
     assert not request.greedy
     (call,) = records(served.entry, "own")
     assert call.logprobs == done.choices[0].logprobs.token_logprobs
+    # They are the log-probs of the distribution the call asked for, recomputed so.
+    tokens = torch.tensor([[*call.prompt_ids, *call.completion_ids]])
+    columns = torch.arange(len(call.prompt_ids) - 1, tokens.shape[1] - 1)[None]
+    with torch.no_grad():
+        rescored = served.decoder.model(
+            tokens, columns, tokens[:, columns[0] + 1], Sampling(0.7, 0.9, 5, 0.05)
+        )
+    assert call.logprobs == pytest.approx(rescored[0].tolist(), abs=1e-4)
     # Greedy at temperature 0: the most likely token each time, a sure pick recorded (0).
     greedy = [
         api.completions.create(model="policy", prompt="345+6789=", temperature=0, max_tokens=8)
