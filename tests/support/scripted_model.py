@@ -41,6 +41,9 @@ PIECES = (
     '{"name": "sub", "arguments": {}}',  # a function not offered
     "\n</tool_call>\n",
     "\n</tool_call>",
+    '{"name": "add", "parameters": {"a": 1, "b": 2}}',  # Llama 3's JSON calls
+    "; ",
+    '{"name": "mul", "parameters": {"a": 3, "b": 4}}',
     "The ",
     "answer ",
     "is ",
