@@ -287,7 +287,7 @@ class _Api:
     # --- requests -------------------------------------------------------------------------
 
     def _call(
-        self, body: dict[str, Any], prompt: list[int], field: str, logprobs: bool, request: Request
+        self, body: dict[str, Any], prompt: list[int], param: str, logprobs: bool, request: Request
     ) -> _Call:
         """The sampling a request asks for; ApiError for what cannot be served exactly.
         A greedy session's call decodes greedily whatever sampling it names."""
@@ -318,9 +318,9 @@ class _Api:
             )
         if len(prompt) > s.max_prompt_tokens:
             raise ApiError(
-                f"{field}: {len(prompt)} tokens; this generator takes at most "
+                f"{param}: {len(prompt)} tokens; this generator takes at most "
                 f"{s.max_prompt_tokens} (model.max_prompt_tokens)",
-                field,
+                param,
             )
         stream, include_usage = _stream_options(body)
         return _Call(
@@ -469,10 +469,10 @@ class _Api:
     def _token_id(self, value: object) -> bool:
         return _whole(value) and value < self.settings.vocab_size  # type: ignore[operator]
 
-    def _encoded(self, text: str, field: str) -> list[int]:
+    def _encoded(self, text: str, param: str) -> list[int]:
         ids = self.codec.encode(text)
         if not ids:
-            raise ApiError(f"{field}: encodes to no tokens", field)
+            raise ApiError(f"{param}: encodes to no tokens", param)
         return ids
 
     # --- decoding -------------------------------------------------------------------------
