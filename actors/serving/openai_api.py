@@ -36,7 +36,8 @@ offered, each choice comes whole in its last chunk), and with
 Tools (chat): ``tools`` reach the model through its chat template, and its response is
 read for tool calls by ``model.tool_parser`` (tool_calls.py): a whole call makes the
 message's ``tool_calls`` (arguments as JSON text, ids ``call_<hex>``) and
-``finish_reason: "tool_calls"``; anything else stays text. ``tool_choice`` ``none``
+``finish_reason: "tool_calls"``; anything else stays text (and so does every response
+with ``model.tool_parser`` none, which offers tools but reads no calls). ``tool_choice`` ``none``
 offers no tools; ``required`` or a named function is not enforced (no constrained
 decoding): the response is what the model wrote, calls or not. An assistant message's
 ``tool_calls`` go to the template with their arguments as objects; ``tool`` messages pass
@@ -136,7 +137,9 @@ class ApiSettings:
     min_p: float = 0.0
     sampling: str = "request"  # data.harness_sampling: "request" or "run"
     tool_parser: str | None = None  # the parser of tool calls (tool_calls.py); None: none
-    tool_parser_setting: str = "auto"  # model.tool_parser as configured, for errors
+    # model.tool_parser as configured: with no parser, "none" offers tools and reads no
+    # calls, "auto" (no format found in the template) refuses them.
+    tool_parser_setting: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -427,15 +430,14 @@ class _Api:
         if choice == "none":
             return _NO_TOOLS  # the model is not told of them
         parser = self.settings.tool_parser
-        if parser is None:
-            setting = self.settings.tool_parser_setting
-            why = (
-                "model.tool_parser is none"
-                if setting == "none"
-                else "the model's chat template shows no tool-call format this server reads "
-                "(model.tool_parser=auto); set model.tool_parser to hermes or llama3_json"
+        if parser is None and self.settings.tool_parser_setting != "none":
+            raise ApiError(
+                "tools: not served: the model's chat template shows no tool-call format this "
+                "server reads (model.tool_parser=auto); set model.tool_parser to hermes or "
+                "llama3_json, or to none to offer tools and get the response as text",
+                "tools",
             )
-            raise ApiError(f"tools: not served: {why}", "tools")
+        # model.tool_parser none: offered, and the response is the text the model wrote.
         return _Tools(list(tools), frozenset(names), parser)
 
     def _chat_prompt(self, body: dict[str, Any], tools: list[dict[str, Any]] | None) -> list[int]:

@@ -82,6 +82,12 @@ def scripted_llama3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Script
     yield from serve(tmp_path_factory.mktemp("llama3"), "llama3_json")
 
 
+@pytest.fixture(scope="module")
+def scripted_unread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+    """The scripted model served with model.tool_parser none."""
+    yield from serve(tmp_path_factory.mktemp("unread"), "none")
+
+
 def serve(root: Path, tool_parser: str) -> Iterator[Scripted]:
     cfg = config_from_dict(
         {
@@ -276,3 +282,16 @@ def test_llama3_json_calls_are_read_when_the_config_names_that_parser(
     scripted_llama3.script(["<tool_call>\n", ADD, "\n</tool_call>"])
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
     assert done.choices[0].finish_reason == "stop" and done.choices[0].message.tool_calls is None
+
+
+def test_with_no_tool_parser_tools_are_offered_and_the_response_is_text(
+    scripted_unread: Scripted,
+) -> None:
+    scripted_unread.script(TWO_CALLS)
+    done = scripted_unread.client("unread").chat.completions.create(
+        model="policy", messages=QUESTION, tools=TOOLS
+    )
+    (choice,) = done.choices
+    assert "<tools>" in scripted_unread.codec.decode(choice.prompt_token_ids)
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == "".join(TWO_CALLS)
