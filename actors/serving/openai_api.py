@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import math
@@ -81,6 +82,7 @@ from ..policy.sampling import sampling_problem
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge
 from .call_records import CallRecord, SessionRecords, encode_records
+from .chat_turns import ChatPrompt, ChatTurns
 from .streaming import DONE, TextDeltas, event
 from .tool_calls import parse_tool_calls
 
@@ -166,6 +168,7 @@ class _Call:
     sampling: dict[str, float | int | None] = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False  # streamed: a last chunk of usage
+    turn: tuple[str, ChatPrompt] | None = None  # a chat call: its session's key, its prompt
 
     def requests(self, stop_when: Callable[[int], Any]) -> list[DecodeRequest]:
         """The decoder's request of each choice; ``stop_when(i)``: choice i's rule."""
@@ -223,6 +226,7 @@ class _Api:
     ) -> None:
         self.settings, self.bridge, self.records = settings, bridge, records
         self.codec, self.template = codec, template
+        self.turns = None if template is None else ChatTurns(template, codec, ttl_s=records.ttl_s)
         self._token = settings.token.encode()
 
     def guarded(self, route: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -247,8 +251,10 @@ class _Api:
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(f"logprobs: got {logprobs!r}; allowed: true or false", "logprobs")
-        call = self._call(body, self._chat_prompt(body, tools.offered), "messages",
-                          bool(logprobs), request)  # fmt: skip
+        turn = _turns_key(request)
+        prompt = self._chat_prompt(body, tools.offered, turn)
+        call = self._call(body, prompt.ids, "messages", bool(logprobs), request)
+        call = dataclasses.replace(call, turn=(turn, prompt))
         if call.stream:
             return self._streamed(request, body, call, tools)
         finished = await self._sample(request, call)
@@ -282,6 +288,8 @@ class _Api:
 
     async def record(self, request: Request) -> Response:
         calls = self.records.take(request.path_params["sid"])
+        if self.turns is not None:
+            self.turns.forget(_turns_key(request))
         return Response(encode_records(calls), media_type="application/msgpack")
 
     # --- requests -------------------------------------------------------------------------
@@ -438,10 +446,13 @@ class _Api:
             raise ApiError(f"tools: not served: {why}", "tools")
         return _Tools(list(tools), frozenset(names), parser)
 
-    def _chat_prompt(self, body: dict[str, Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The prompt's token ids: the request's messages, offered ``tools``, rendered by the
-        model's chat template and encoded."""
-        if self.template is None:
+    def _chat_prompt(
+        self, body: dict[str, Any], tools: list[dict[str, Any]] | None, session: str
+    ) -> ChatPrompt:
+        """The prompt: the request's messages, offered ``tools``, rendered by the model's
+        chat template and encoded, or spliced onto the ids of the session's earlier call it
+        continues (chat_turns.py)."""
+        if self.turns is None:
             raise ApiError(
                 "messages: this model has no chat template; use /v1/completions", "messages"
             )
@@ -450,10 +461,12 @@ class _Api:
             raise ApiError("messages: expected a non-empty list of messages", "messages")
         chat = [_message(m, i) for i, m in enumerate(messages)]
         try:
-            text = self.template.render(chat, tools=tools)
+            prompt = self.turns.prompt(session, chat, tools)
         except ChatTemplateError as error:
             raise ApiError(f"messages: {error}", "messages") from None
-        return self._encoded(text, "messages")
+        if not prompt.ids:
+            raise ApiError("messages: encodes to no tokens", "messages")
+        return prompt
 
     def _completion_prompt(self, prompt: object) -> list[int]:
         if isinstance(prompt, str) and prompt:
@@ -540,6 +553,7 @@ class _Api:
 
     def _chat_choice(self, index: int, finished: Finished, call: _Call, tools: _Tools) -> dict:
         message, reason = self._assistant(self._text(finished, call), finished, tools)
+        self._remember(call, finished, message)
         return {
             "index": index,
             "message": message,
@@ -564,6 +578,15 @@ class _Api:
             for c in parsed.calls
         ]  # fmt: skip
         return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"
+
+    def _remember(self, call: _Call, finished: Finished, message: dict[str, Any]) -> None:
+        """A chat choice returned: its session's next call may continue it exactly."""
+        if self.turns is not None and call.turn is not None:
+            session, prompt = call.turn
+            # The decoder names the last token of a stop text too: only an end token counts.
+            end = finished.stopped_by
+            ended_by = end if end in self.codec.eos_ids or end in call.stop_ids else None
+            self.turns.remember(session, prompt, finished.tokens, message, ended_by)
 
     def _chat_logprobs(self, finished: Finished) -> dict[str, Any]:
         content = [
@@ -703,6 +726,7 @@ class _Api:
             choice["logprobs"] = self._text_logprobs(finished) if call.logprobs else None
         else:
             message, reason = self._assistant(text, finished, tools)
+            self._remember(call, finished, message)
             delta: dict[str, Any] = {}
             if "tool_calls" in message:
                 if message["content"] is not None:
@@ -716,6 +740,12 @@ class _Api:
             choice["logprobs"] = self._chat_logprobs(finished) if call.logprobs else None
         choice["finish_reason"] = reason if tools is not None else _finish_reason(finished)
         return chunk({**choice, **_token_ids(call, finished)})
+
+
+def _turns_key(request: Request) -> str:
+    """Whose chat turns a call continues: its session's (a greedy session's apart)."""
+    session = request.path_params["sid"]
+    return f"{GREEDY}/{session}" if _greedy(request) else session
 
 
 def _extended(tokens: list[list[int]], told: list[tuple[int, int, int]]) -> list[int]:
