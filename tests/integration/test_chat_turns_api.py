@@ -164,3 +164,80 @@ def test_a_tool_calling_agent_over_four_turns_trains_as_one_sequence(served: Ser
     for prompt in prompts:
         trained[len(prompt) : len(prompt) + len(sampled)] = [True] * len(sampled)
     assert list(sequence.trained) == trained
+
+
+def streamed_message(api: openai.OpenAI, messages: list[dict[str, Any]]) -> tuple[dict, list]:
+    """A streamed call's assistant message, put together from its chunks as an agent does,
+    and the prompt ids its last chunk carries."""
+    content, calls, prompt = "", {}, []
+    for chunk in api.chat.completions.create(
+        model="policy", messages=messages, tools=TOOLS, stream=True
+    ):
+        for choice in chunk.choices:
+            delta = choice.delta
+            content += delta.content or ""
+            for part in delta.tool_calls or []:
+                call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += part.id or ""
+                call["name"] += part.function.name or ""
+                call["arguments"] += part.function.arguments or ""
+            prompt = (choice.model_extra or {}).get("prompt_token_ids") or prompt
+    tool_calls = [
+        {"id": c["id"], "type": "function",
+         "function": {"name": c["name"], "arguments": c["arguments"]}}
+        for _, c in sorted(calls.items())
+    ]  # fmt: skip
+    return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, prompt
+
+
+def test_streamed_calls_continue_one_another_too(served: Served) -> None:
+    api = client(served, "streamed")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2, twice."}]
+    for _ in range(3):
+        message, _ = streamed_message(api, messages)
+        (call,) = message["tool_calls"]
+        messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "3"}]
+    calls = records(served, "streamed")
+    assert [c.prompt_ids for c in calls] == expected_prompts(served, messages, 3)
+    (sequence,) = merge_calls(calls, owner=0)
+    assert sum(sequence.trained) == 3 * 2
+
+
+def test_a_greedy_sessions_turns_continue_exactly_though_nothing_is_recorded(
+    served: Served,
+) -> None:
+    api = client(served, "checked", greedy=True)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2."}]
+    prompts = []
+    for _ in range(3):
+        (choice,) = api.chat.completions.create(
+            model="policy", messages=messages, tools=TOOLS
+        ).choices
+        prompts.append(choice.model_extra["prompt_token_ids"])
+        (call,) = choice.message.tool_calls
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
+    assert prompts == expected_prompts(served, messages, 3)
+    assert records(served, "checked") == []  # a greedy session's: none to train on
+
+
+def test_of_several_choices_the_next_call_continues_the_one_sent_back(served: Served) -> None:
+    api = client(served, "choices")
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2."}]
+    first = api.chat.completions.create(model="policy", messages=messages, tools=TOOLS, n=2)
+    kept = first.choices[1].message  # the same call written, with an id of its own
+    assert kept.tool_calls[0].id != first.choices[0].message.tool_calls[0].id
+    messages += [
+        kept.model_dump(),
+        {"role": "tool", "tool_call_id": kept.tool_calls[0].id, "content": "3"},
+    ]
+    second = api.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+    one, other, last = records(served, "choices")
+    assert last.prompt_ids == expected_prompts(served, [*messages, {"role": "assistant"}], 2)[1]
+    assert second.choices[0].model_extra["prompt_token_ids"] == last.prompt_ids
+    # The first choice trains alone; the second and the call that continued it, as one.
+    alone, continued = merge_calls([one, other, last], owner=0)
+    assert list(alone.tokens) == [*one.prompt_ids, *one.completion_ids]
+    assert list(continued.tokens) == [*last.prompt_ids, *last.completion_ids]
