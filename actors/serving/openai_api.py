@@ -49,9 +49,12 @@ once the response holds it; the text returned stops before it (as OpenAI's), whi
 token sampled, those that wrote the stop text included, is recorded and trained. Each
 choice also carries ``prompt_token_ids`` and ``token_ids`` (as vLLM's do): a harness that
 sends the next prompt as those ids plus its own makes a call that extends the last one
-exactly, so both train as one sequence. A request the server cannot honour exactly, or a
-malformed one, gets a 4xx in OpenAI's error shape naming the field. Every route wants
-the server's bearer token.
+exactly, so both train as one sequence. A chat harness needs none of that: a chat call
+whose messages repeat an earlier call of its session and the assistant message returned
+gets that call's prompt and sampled ids, then the template's rendering of what follows
+(chat_turns.py), never the earlier turns tokenised again. A request the server cannot
+honour exactly, or a malformed one, gets a 4xx in OpenAI's error shape naming the
+field. Every route wants the server's bearer token.
 """
 
 from __future__ import annotations
