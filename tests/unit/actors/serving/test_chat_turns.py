@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from asyncrl.actors.policy.chat_template import ChatTemplate
@@ -299,10 +300,14 @@ def test_a_call_that_changes_the_earlier_turn_is_rendered_afresh_and_counted(
         tools = None
     session.messages.append({"role": "tool", "tool_call_id": "call_1", "content": "3"})
 
-    prompt = turns.prompt(session.name, session.messages, tools)
+    with capture_logs() as logs:
+        prompt = turns.prompt(session.name, session.messages, tools)
+        assert turns.prompt(session.name, session.messages, tools) == prompt
     assert not prompt.spliced
     assert prompt.ids == codec.encode(chat.render(session.messages, tools=tools))
-    assert turns.fell_back == {reason: 1} and turns.spliced == 0
+    assert turns.fell_back == {reason: 2} and turns.spliced == 0
+    (logged,) = logs  # once per reason
+    assert logged["reason"] == reason and "rendered afresh" in logged["event"]
 
 
 @pytest.mark.parametrize(
