@@ -668,13 +668,16 @@ class _Api:
 
         # The text as it is decoded, unless the choice comes whole at its end: its
         # log-probs (the decoder reports those at the end), or tool calls, are asked.
-        live = not call.logprobs and not (chat and tools.parser is not None)  # type: ignore[union-attr]
+        live = not call.logprobs and (tools is None or tools.parser is None)
         loop = asyncio.get_running_loop()
-        progress: asyncio.Queue[tuple[int, int, int]] = asyncio.Queue()
+        progress: asyncio.Queue[tuple[int, list[int]]] = asyncio.Queue()
+        reported = [0] * call.n  # tokens passed on, per choice (the decoder's thread's)
 
         def told(i: int, response: list[int]) -> None:  # on the decoder's thread
+            # Only the new tokens (an engine may report several at once) cross threads.
+            new, reported[i] = response[reported[i] :], len(response)
             with contextlib.suppress(RuntimeError):  # the loop is closing: nobody listens
-                loop.call_soon_threadsafe(progress.put_nowait, (i, len(response), response[-1]))
+                loop.call_soon_threadsafe(progress.put_nowait, (i, new))
 
         futures = self._submit(call, told if live else None)
         waiting = {asyncio.wrap_future(f): i for i, f in enumerate(futures)}
@@ -727,6 +730,7 @@ class _Api:
         if tools is None:
             choice = _piece(index, deltas.finish(text))
             choice["logprobs"] = self._text_logprobs(finished) if call.logprobs else None
+            choice["finish_reason"] = _finish_reason(finished)
         else:
             message, reason = self._assistant(text, finished, tools)
             self._remember(call, finished, message)
@@ -741,7 +745,7 @@ class _Api:
                 delta["content"] = rest
             choice = _delta(index, delta)
             choice["logprobs"] = self._chat_logprobs(finished) if call.logprobs else None
-        choice["finish_reason"] = reason if tools is not None else _finish_reason(finished)
+            choice["finish_reason"] = reason
         return chunk({**choice, **_token_ids(call, finished)})
 
 
@@ -751,15 +755,14 @@ def _turns_key(request: Request) -> str:
     return f"{GREEDY}/{session}" if _greedy(request) else session
 
 
-def _extended(tokens: list[list[int]], told: list[tuple[int, int, int]]) -> list[int]:
-    """Each choice's tokens extended by what the decoder told (choice, count, last token);
-    the choices that grew."""
+def _extended(tokens: list[list[int]], told: list[tuple[int, list[int]]]) -> list[int]:
+    """Each choice's tokens extended by what the decoder told (choice, new tokens); the
+    choices that grew."""
     grew: list[int] = []
-    for i, count, token in told:
-        if count == len(tokens[i]) + 1:
-            tokens[i].append(token)
-            if i not in grew:
-                grew.append(i)
+    for i, new in told:
+        tokens[i] += new
+        if new and i not in grew:
+            grew.append(i)
     return grew
 
 
