@@ -250,13 +250,14 @@ class ChatTurns:
 
     def _unwritten(self, closing: str, ended_by: int | None) -> str:
         """The part of an assistant turn's ``closing`` the model did not write: what
-        follows the end token it stopped on (Qwen's ``<|im_end|>`` then ``\\n``), or all
-        of it after a stop text, the length limit or an end token the closing lacks."""
+        follows the end token it stopped on, when the closing opens with it (Qwen's
+        ``<|im_end|>`` then ``\\n``; Llama 2's `` </s>``, whose space the model does not
+        write), or all of it after a stop text, the length limit or another token."""
         if ended_by is None:
             return closing
         end = self.codec.tokenizer.decode([ended_by], skip_special_tokens=False)
-        at = closing.find(end) if end else -1
-        return closing if at < 0 else closing[at + len(end) :]
+        opening = closing.lstrip()
+        return opening[len(end) :] if end and opening.startswith(end) else closing
 
     def _render(
         self,

@@ -229,6 +229,24 @@ def test_a_turn_ended_by_a_stop_text_or_the_length_limit_is_closed_by_the_templa
     assert sum(sequence.trained) == len(sampled) + 1
 
 
+@pytest.mark.parametrize("end", ["<|endoftext|>", "\n"])
+def test_an_end_token_the_closing_does_not_open_with_leaves_all_of_it(end: str) -> None:
+    # <|endoftext|>: an end-of-sequence id the template never writes; "\n": a call's
+    # stop_token_ids. The model wrote it; the template's closing follows whole.
+    codec = bpe_codec()
+    turns = ChatTurns(template(QWEN_STYLE), codec, ttl_s=60)
+    session = Session(turns, messages=[{"role": "user", "content": "Hi."}])
+    (end_id,) = codec.encode(end)
+    sampled = [*one_byte_at_a_time(codec, "Hello."), end_id]
+    first = session.call(sampled, assistant("Hello."), ended_by=end_id, tools=None)
+    session.messages.append({"role": "user", "content": "Bye."})
+    second = turns.prompt(session.name, session.messages, None)
+    kept = [*first.ids, *sampled]
+    assert second.spliced and second.ids[: len(kept)] == kept
+    between = codec.tokenizer.decode(second.ids[len(kept) :], skip_special_tokens=False)
+    assert between == "<|im_end|>\n<|im_start|>user\nBye.<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_the_embedded_models_template_splices_to_its_own_rendering() -> None:
     # One token per character and a turn closed by the end token: the splice of a turn the
     # model ended gives the very ids of the template's rendering; one cut by a stop text
