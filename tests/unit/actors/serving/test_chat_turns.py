@@ -229,6 +229,22 @@ def test_a_turn_ended_by_a_stop_text_or_the_length_limit_is_closed_by_the_templa
     assert sum(sequence.trained) == len(sampled) + 1
 
 
+def test_turns_sampled_as_the_template_would_write_them_splice_to_its_rendering() -> None:
+    # No drift: the model wrote each turn's text in the tokens its encoding gives and
+    # ended it with <|im_end|>. The spliced prompts are then the template's rendering of
+    # the whole conversation, encoded: one uninterrupted generation's.
+    codec = bpe_codec()
+    chat = template(QWEN_STYLE)
+    turns = ChatTurns(chat, codec, ttl_s=60)
+    session = Session(turns, messages=[{"role": "user", "content": "What is 42+12?"}])
+    for text, then in [("Let me see.", "Go on."), ("It is 54.", "Sure?"), ("Yes.", "")]:
+        session.call([*codec.encode(text), codec.eos_id], assistant(text), ended_by=codec.eos_id)
+        session.messages.append({"role": "user", "content": then})
+    for prompt, end in zip(session.prompts, [1, 3, 5], strict=True):
+        assert prompt.ids == codec.encode(chat.render(session.messages[:end], tools=TOOLS))
+    assert [p.spliced for p in session.prompts] == [False, True, True]
+
+
 @pytest.mark.parametrize("end", ["<|endoftext|>", "\n"])
 def test_an_end_token_the_closing_does_not_open_with_leaves_all_of_it(end: str) -> None:
     # <|endoftext|>: an end-of-sequence id the template never writes; "\n": a call's
