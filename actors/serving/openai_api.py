@@ -50,15 +50,19 @@ once the response holds it; the text returned stops before it (as OpenAI's), whi
 token sampled, those that wrote the stop text included, is recorded and trained. Each
 choice also carries ``prompt_token_ids`` and ``token_ids`` (as vLLM's do): a harness that
 sends the next prompt as those ids plus its own makes a call that extends the last one
-exactly, so both train as one sequence. A request the server cannot honour exactly, or a
-malformed one, gets a 4xx in OpenAI's error shape naming the field. Every route wants
-the server's bearer token.
+exactly, so both train as one sequence. A chat harness needs none of that: a chat call
+whose messages repeat an earlier call of its session and the assistant message returned
+gets that call's prompt and sampled ids, then the template's rendering of what follows
+(chat_turns.py), never the earlier turns tokenised again. A request the server cannot
+honour exactly, or a malformed one, gets a 4xx in OpenAI's error shape naming the
+field. Every route wants the server's bearer token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import math
@@ -82,6 +86,7 @@ from ..policy.sampling import sampling_problem
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge
 from .call_records import CallRecord, SessionRecords, encode_records
+from .chat_turns import ChatPrompt, ChatTurns
 from .streaming import DONE, TextDeltas, event
 from .tool_calls import parse_tool_calls
 
@@ -169,6 +174,7 @@ class _Call:
     sampling: dict[str, float | int | None] = field(default_factory=dict)
     stream: bool = False
     include_usage: bool = False  # streamed: a last chunk of usage
+    turn: tuple[str, ChatPrompt] | None = None  # a chat call: its session's key, its prompt
 
     def requests(self, stop_when: Callable[[int], Any]) -> list[DecodeRequest]:
         """The decoder's request of each choice; ``stop_when(i)``: choice i's rule."""
@@ -226,6 +232,7 @@ class _Api:
     ) -> None:
         self.settings, self.bridge, self.records = settings, bridge, records
         self.codec, self.template = codec, template
+        self.turns = None if template is None else ChatTurns(template, codec, ttl_s=records.ttl_s)
         self._token = settings.token.encode()
 
     def guarded(self, route: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -250,8 +257,10 @@ class _Api:
         logprobs = body.get("logprobs")
         if logprobs is not None and not isinstance(logprobs, bool):
             raise ApiError(f"logprobs: got {logprobs!r}; allowed: true or false", "logprobs")
-        call = self._call(body, self._chat_prompt(body, tools.offered), "messages",
-                          bool(logprobs), request)  # fmt: skip
+        turn = _turns_key(request)
+        prompt = self._chat_prompt(body, tools.offered, turn)
+        call = self._call(body, prompt.ids, "messages", bool(logprobs), request)
+        call = dataclasses.replace(call, turn=(turn, prompt))
         if call.stream:
             return self._streamed(request, body, call, tools)
         finished = await self._sample(request, call)
@@ -285,6 +294,8 @@ class _Api:
 
     async def record(self, request: Request) -> Response:
         calls = self.records.take(request.path_params["sid"])
+        if self.turns is not None:
+            self.turns.forget(_turns_key(request))
         return Response(encode_records(calls), media_type="application/msgpack")
 
     # --- requests -------------------------------------------------------------------------
@@ -440,10 +451,13 @@ class _Api:
         # model.tool_parser none: offered, and the response is the text the model wrote.
         return _Tools(list(tools), frozenset(names), parser)
 
-    def _chat_prompt(self, body: dict[str, Any], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The prompt's token ids: the request's messages, offered ``tools``, rendered by the
-        model's chat template and encoded."""
-        if self.template is None:
+    def _chat_prompt(
+        self, body: dict[str, Any], tools: list[dict[str, Any]] | None, session: str
+    ) -> ChatPrompt:
+        """The prompt: the request's messages, offered ``tools``, rendered by the model's
+        chat template and encoded, or spliced onto the ids of the session's earlier call it
+        continues (chat_turns.py)."""
+        if self.turns is None:
             raise ApiError(
                 "messages: this model has no chat template; use /v1/completions", "messages"
             )
@@ -452,10 +466,12 @@ class _Api:
             raise ApiError("messages: expected a non-empty list of messages", "messages")
         chat = [_message(m, i) for i, m in enumerate(messages)]
         try:
-            text = self.template.render(chat, tools=tools)
+            prompt = self.turns.prompt(session, chat, tools)
         except ChatTemplateError as error:
             raise ApiError(f"messages: {error}", "messages") from None
-        return self._encoded(text, "messages")
+        if not prompt.ids:
+            raise ApiError("messages: encodes to no tokens", "messages")
+        return prompt
 
     def _completion_prompt(self, prompt: object) -> list[int]:
         if isinstance(prompt, str) and prompt:
@@ -542,6 +558,7 @@ class _Api:
 
     def _chat_choice(self, index: int, finished: Finished, call: _Call, tools: _Tools) -> dict:
         message, reason = self._assistant(self._text(finished, call), finished, tools)
+        self._remember(call, finished, message)
         return {
             "index": index,
             "message": message,
@@ -566,6 +583,15 @@ class _Api:
             for c in parsed.calls
         ]  # fmt: skip
         return {"role": "assistant", "content": parsed.content, "tool_calls": calls}, "tool_calls"
+
+    def _remember(self, call: _Call, finished: Finished, message: dict[str, Any]) -> None:
+        """A chat choice returned: its session's next call may continue it exactly."""
+        if self.turns is not None and call.turn is not None:
+            session, prompt = call.turn
+            # The decoder names the last token of a stop text too: only an end token counts.
+            end = finished.stopped_by
+            ended_by = end if end in self.codec.eos_ids or end in call.stop_ids else None
+            self.turns.remember(session, prompt, finished.tokens, message, ended_by)
 
     def _chat_logprobs(self, finished: Finished) -> dict[str, Any]:
         content = [
@@ -709,6 +735,7 @@ class _Api:
             choice["finish_reason"] = _finish_reason(finished)
         else:
             message, reason = self._assistant(text, finished, tools)
+            self._remember(call, finished, message)
             delta: dict[str, Any] = {}
             if "tool_calls" in message:
                 if message["content"] is not None:
@@ -722,6 +749,12 @@ class _Api:
             choice["logprobs"] = self._chat_logprobs(finished) if call.logprobs else None
             choice["finish_reason"] = reason
         return chunk({**choice, **_token_ids(call, finished)})
+
+
+def _turns_key(request: Request) -> str:
+    """Whose chat turns a call continues: its session's (a greedy session's apart)."""
+    session = request.path_params["sid"]
+    return f"{GREEDY}/{session}" if _greedy(request) else session
 
 
 def _extended(tokens: list[list[int]], told: list[tuple[int, list[int]]]) -> list[int]:
