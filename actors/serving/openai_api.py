@@ -51,7 +51,7 @@ from .bridge import Bridge
 from .call_records import CallRecord, SessionRecords, encode_records
 from .chat_turns import ChatTurns
 
-__all__ = ["ApiError", "ApiSettings", "make_app"]
+__all__ = ["ApiSettings", "make_app"]
 
 GREEDY = "/greedy"  # the path prefix of greedy, unrecorded calls
 
