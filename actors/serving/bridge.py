@@ -62,6 +62,8 @@ class Bridge:
                 stop_when=stop_when,
                 greedy=greedy,
                 seed=seed,
+                # A session's next call usually extends this one's conversation.
+                keep_cache=True,
             )
             self._queued.append(request)
             self._futures[tag] = future
