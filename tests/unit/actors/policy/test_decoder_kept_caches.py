@@ -10,7 +10,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
@@ -33,7 +33,7 @@ def embedded() -> tuple[CausalLM, TextCodec]:
 
 
 def _decoder(model: CausalLM, codec: TextCodec, slots: int = 4, **options) -> Decoder:
-    options = {"reuse_min_tokens": 1, "max_new_tokens": 16, "max_prompt_tokens": 100} | options
+    options = {"reuse_min_tokens": 1, "max_new_tokens": 8, "max_prompt_tokens": 100} | options
     return Decoder(model, slots=slots, eos_id=codec.eos_ids, pad_id=codec.pad_id, **options)
 
 
@@ -261,27 +261,42 @@ def test_kept_caches_pick_the_longest_shared_prefix_and_evict_the_least_used() -
 
 # --- reuse against no reuse, over random sessions ----------------------------------------
 
-_ACTION = st.one_of(
-    st.tuples(st.just("new"), st.integers(0, len(QUESTIONS) - 1), st.integers(1, 8)),
-    st.tuples(st.just("next"), st.integers(0, 50), st.integers(0, 3), st.integers(1, 8)),
-    st.tuples(st.just("step"), st.integers(1, 6)),
-    st.tuples(st.just("load"), st.integers(1, 1000)),
-    st.tuples(st.just("cancel"), st.integers(0, 50)),
+# Rounds: some sessions' turns (a session's next, once its last has ended; else its
+# first), some steps, then a new version, a cancel or nothing, and maybe steps until every
+# sequence has ended (the next round's turns then all go on from the last).
+_ROUND = st.tuples(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=3
+    ),
+    st.integers(0, 8),
+    st.sampled_from(["nothing", "load", "cancel"]),
+    st.integers(0, 1000),
+    st.booleans(),
 )
+# Three sessions of three turns, their second turns cut by a new version, one cancelled.
+_CONVERSATIONS = [
+    ([(0, 0, 4), (1, 0, 4), (2, 0, 4)], 0, "nothing", 0, True),
+    ([(0, 1, 5), (1, 1, 5), (2, 1, 5)], 2, "load", 7, False),
+    ([], 0, "cancel", 4, True),
+    ([(0, 2, 6), (1, 2, 6), (2, 2, 6)], 3, "nothing", 0, False),
+    ([(1, 3, 6)], 0, "nothing", 0, True),
+]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_ACTION, min_size=1, max_size=24), st.integers(1, 4), st.booleans())
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ROUND, min_size=1, max_size=4), st.integers(2, 4), st.booleans())
+@example(_CONVERSATIONS, 2, True)
+@example(_CONVERSATIONS, 3, False)
 def test_a_reusing_decoder_gives_what_a_decoder_without_kept_caches_gives(
-    embedded, actions, slots: int, greedy: bool
+    embedded, rounds, slots: int, greedy: bool
 ) -> None:
     """The same submits, steps, loads and cancels to a decoder whose requests keep their
     caches and to one whose do not: the same tokens, log-probs and versions come out."""
     base, codec = embedded
     reusing = _decoder(copy.deepcopy(base), codec, slots=slots, max_prompt_tokens=90)
     plain = _decoder(copy.deepcopy(base), codec, slots=slots, max_prompt_tokens=90)
-    done: list[Finished] = []
-    submitted = 0
+    last_turn: dict[int, Finished] = {}  # session → its last turn that ended
+    session_of: dict[int, int] = {}  # tag → session
     version = 0
 
     def step() -> None:
@@ -292,47 +307,50 @@ def test_a_reusing_decoder_gives_what_a_decoder_without_kept_caches_gives(
         for mine, theirs in zip(got, expected, strict=True):
             _assert_same(mine, theirs)
             assert mine.versions == theirs.versions
-        done.extend(got)
+            last_turn[session_of[mine.tag]] = mine
         assert sorted(reusing.active) == list(range(len(reusing.active)))
         assert not reusing.kept.slots.keys() & reusing.active.keys()
         assert all(slot < slots for slot in reusing.kept.slots)
 
-    def submit(prompt: tuple[int, ...], budget: int) -> None:
-        nonlocal submitted
+    def turn(session: int, question: int, budget: int) -> None:
+        before = last_turn.get(session)
+        if before is None:
+            prompt = tuple(codec.encode(QUESTIONS[session + question]))
+        else:
+            prompt = _next_turn(before, codec, QUESTIONS[question])
         if len(prompt) > 90:
             return
-        tag, submitted = submitted, submitted + 1
+        tag = len(session_of)
+        session_of[tag] = session
         # Seeded when not greedy: each draws on its own, whatever batch it shares.
         sampled = {"greedy": True} if greedy else {"seed": tag}
         reusing.submit([Request(tag, prompt, max_new_tokens=budget, keep_cache=True, **sampled)])
         plain.submit([Request(tag, prompt, max_new_tokens=budget, **sampled)])
 
-    for action in actions:
-        match action:
-            case ("new", question, budget):
-                submit(tuple(codec.encode(QUESTIONS[question])), budget)
-            case ("next", which, question, budget) if done:
-                before = done[which % len(done)]
-                submit(_next_turn(before, codec, QUESTIONS[question]), budget)
-            case ("step", count):
-                for _ in range(count):
-                    step()
-            case ("load", seed):
-                generator = torch.Generator().manual_seed(seed)
-                state = {
-                    n: t + 0.02 * torch.randn(t.shape, generator=generator)
-                    for n, t in state_for_saving(reusing.model).items()
-                }
-                version += 1
-                reusing.load(state, version)
-                plain.load(state, version)
-                assert len(reusing.kept) == 0
-            case ("cancel", which):
-                tag = which % max(1, submitted)
-                reusing.cancel([tag])
-                plain.cancel([tag])
+    for turns, steps, then, seed, settle in rounds:
+        for session, question, budget in turns:
+            turn(session, question, budget)
+        for _ in range(steps):
+            step()
+        if then == "load":
+            generator = torch.Generator().manual_seed(seed)
+            state = {
+                n: t + 0.02 * torch.randn(t.shape, generator=generator)
+                for n, t in state_for_saving(reusing.model).items()
+            }
+            version += 1
+            reusing.load(state, version)
+            plain.load(state, version)
+            assert len(reusing.kept) == 0
+        elif then == "cancel":
+            tag = seed % max(1, len(session_of))
+            reusing.cancel([tag])
+            plain.cancel([tag])
+        while settle and (reusing.busy or plain.busy):
+            step()
     while reusing.busy or plain.busy:
         step()
     # What one reused, the other computed; nothing else differs.
     assert reusing.fed_tokens + reusing.cached_prompt_tokens == plain.fed_tokens
     assert plain.cached_prompt_tokens == 0
+    event("some prompt reused a kept cache" if reusing.cached_prompt_tokens else "none reused")
