@@ -501,9 +501,9 @@ class Decoder:
 
     def _vacate(self, slot: int, needed: set[Kept], reserved: set[int]) -> None:
         """Move ``slot``'s kept cache, if any, to an empty slot (not ``reserved``), or
-        else to the slot of the least recently used one (never one ``needed``), which is
-        dropped; if that is this one, or every other one is needed, it is dropped. The
-        slot's rows are left as they are."""
+        else to the slot of the least recently used one not ``needed``, which is dropped;
+        if that is this one, or every one is needed, it is dropped. The slot's rows are
+        left as they are."""
         here = self.kept.slots.get(slot)
         if here is None:
             return
@@ -512,8 +512,7 @@ class Decoder:
         if empty:
             target = max(empty)  # the highest: the next sequences admitted take the lowest
         else:
-            spared = {s for s, kept in self.kept.slots.items() if kept in needed and s != slot}
-            target = self.kept.least_used(spared)
+            target = self.kept.least_used({s for s, k in self.kept.slots.items() if k in needed})
         if target is None or target == slot:
             self.kept.pop(slot)
             return
