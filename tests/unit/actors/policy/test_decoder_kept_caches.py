@@ -19,6 +19,7 @@ from asyncrl.actors.policy.kept_caches import KeptCaches, common_prefix
 from asyncrl.actors.policy.model import CausalLM
 from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
+from tests.support.hf_families import hf_model_dir
 
 # The packaged model, trained: its attention is sharp, so a sequence given wrong cache
 # entries gets other tokens and log-probs (a random model's barely change).
@@ -239,6 +240,26 @@ def test_a_parallel_choice_of_the_same_turn_reuses_the_same_cache(embedded) -> N
     assert [got[j].cached_tokens for j in range(3)] == [len(prompt) - question - 1] * 3
     for j in range(3):
         _assert_logprobs_of(model, got[j], Sampling())
+
+
+def test_a_reused_prefix_brings_its_recorded_routes(tmp_path) -> None:
+    """Router replay: a turn's record of experts covers the tokens it took from the kept
+    cache too, as the record of the same conversation decoded at once does."""
+    model, _ = load_model(str(hf_model_dir(tmp_path, "qwen3-moe")))
+    options = dict(slots=2, max_new_tokens=6, max_prompt_tokens=40, eos_id=1, pad_id=0)
+    reusing = Decoder(model, record_routes=True, reuse_min_tokens=1, **options)
+    fresh = Decoder(model, record_routes=True, **options)
+    prompt = (5, 9, 12, 7, 30, 2)
+    first = _run(reusing, [Request("t1", prompt, greedy=True, keep_cache=True)])["t1"]
+    conversation = (*prompt, *first.tokens, 11, 4, 8)
+    second = _run(reusing, [Request("t2", conversation, greedy=True, keep_cache=True)])["t2"]
+    at_once = _run(fresh, [Request("t2", conversation, greedy=True)])["t2"]
+    assert second.cached_tokens == len(conversation) - 4
+    _assert_same(second, at_once)
+    assert second.routes is not None and at_once.routes is not None
+    recorded = np.sort(second.routes.astype(np.int64), -1)
+    expected = np.sort(at_once.routes.astype(np.int64), -1)
+    assert recorded.shape == expected.shape and (recorded == expected).all()
 
 
 def test_kept_caches_pick_the_longest_shared_prefix_and_evict_the_least_used() -> None:
