@@ -225,6 +225,8 @@ def test_a_cancelled_sequence_keeps_nothing_and_the_others_stay_exact(embedded) 
     assert kept == [[*done[0].prompt, *done[0].tokens[:-1]]]
     again = _run(decoder, [Request("b again", prompt, greedy=True)])["b again"]
     _assert_logprobs_of(model, again, Sampling())
+    decoder.close()  # a decoder dropped keeps nothing either
+    assert len(decoder.kept) == 0
 
 
 def test_a_parallel_choice_of_the_same_turn_reuses_the_same_cache(embedded) -> None:
