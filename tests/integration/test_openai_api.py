@@ -14,9 +14,11 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
@@ -45,11 +47,13 @@ class Served:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
+def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The embedded model served; ``request.param``: data keys beside the harness."""
+    data = {"harness": "tests.support.harnesses:ask_once", **getattr(request, "param", {})}
     cfg = config_from_dict(
         {
             "run": {"dir": str(tmp_path / "run")},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
+            "data": data,
             "model": {"max_new_tokens": 24, "max_prompt_tokens": 64},
             "algorithm": {"temperature": 1.0},
         }
@@ -142,21 +146,30 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> No
     assert len(first.completion_ids) == len(second.completion_ids) == 1
 
 
+RUN_SAMPLING = pytest.mark.parametrize("served", [{"harness_sampling": "run"}], indirect=True)
+
+
 @pytest.mark.parametrize(
     ("asked", "param"),
     [
-        ({"temperature": 0.5}, "temperature"),
-        ({"top_p": 0.5}, "top_p"),
-        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
         ({"extra_body": {"top_k": "5"}}, "top_k"),
-        ({"extra_body": {"min_p": 0.1}}, "min_p"),
+        ({"extra_body": {"min_p": 1}}, "min_p"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
         ({"seed": -1}, "seed"),
         ({"extra_body": {"seed": 1.5}}, "seed"),
-        ({"stream": True}, "stream"),
-        ({"n": 2}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
         ({"stop": [""]}, "stop"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 2}, "logprobs"),
         ({"prompt": [10**9]}, "prompt"),
         ({"prompt": "9" * 100}, "prompt"),
     ],
@@ -171,11 +184,58 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
         api.completions.create(**kwargs)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == param and param in refused.value.body["message"]
+    assert refused.value.body["type"] == "invalid_request_error"
     assert records(entry, "bad") == []
     # The generator is still serving.
     assert api.completions.create(model="policy", prompt="1+1=", max_tokens=2).choices
 
 
+@pytest.mark.parametrize(
+    ("asked", "param"),
+    [
+        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "1+1="}]}, "messages"),
+        ({"tools": [{"type": "function", "function": {"name": "add"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_a_chat_request_the_server_cannot_honour_is_a_400_naming_the_field(
+    served: Served, asked: dict, param: str
+) -> None:
+    api = client(served.entry, "bad-chat")
+    kwargs = {"model": "policy", "messages": [{"role": "user", "content": "1+1="}], **asked}
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(**kwargs)
+    assert refused.value.body["param"] == param and param in refused.value.body["message"]
+    # The embedded model's template shows no tool-call format: the key to set is named.
+    if param == "tools":
+        assert "model.tool_parser" in refused.value.body["message"]
+
+
+@RUN_SAMPLING
+@pytest.mark.parametrize(
+    ("asked", "param"),
+    [
+        ({"temperature": 0.5}, "temperature"),
+        ({"top_p": 0.5}, "top_p"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"extra_body": {"min_p": 0.1}}, "min_p"),
+    ],
+)
+def test_with_the_runs_sampling_only_other_sampling_is_a_400(
+    served: Served, asked: dict, param: str
+) -> None:
+    api = client(served.entry, "run")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model="policy", prompt="1+1=", **asked)
+    assert refused.value.body["param"] == param
+    assert f"algorithm.{param}=" in refused.value.body["message"]
+
+
+@RUN_SAMPLING
 def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
     entry = served.entry
     with pytest.raises(openai.BadRequestError, match=r"algorithm\.temperature=1"):
@@ -184,9 +244,8 @@ def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
         )
 
 
-def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
-    served: Served, monkeypatch
-) -> None:
+def recorded_requests(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """The decoder's requests from now on, as submitted to it."""
     submitted: list[Request] = []
     submit = served.decoder.submit
 
@@ -196,6 +255,14 @@ def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
         submit(requests)
 
     monkeypatch.setattr(served.decoder, "submit", recording)
+    return submitted
+
+
+@RUN_SAMPLING
+def test_the_runs_sampling_named_is_served_and_a_seed_repeats_a_call(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
     api = client(served.entry, "seeded")
     # The run's own sampling, named: accepted (top_k and min_p as vLLM's clients send them).
     asked = {"temperature": 1.0, "top_p": 1, "seed": 9, "max_tokens": 6, "stop": ["+"]}
@@ -213,6 +280,39 @@ def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
         assert (request.temperature, request.top_p, request.top_k) == (None, None, None)
     first, second = records(served.entry, "seeded")
     assert first.completion_ids == second.completion_ids and first.logprobs == second.logprobs
+
+
+def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
+    api = client(served.entry, "own")
+    done = api.completions.create(
+        model="policy", prompt="345+6789=", temperature=0.7, top_p=0.9, logprobs=0,
+        extra_body={"top_k": 5, "min_p": 0.05}, max_tokens=8,
+    )  # fmt: skip
+    (request,) = submitted
+    assert (request.temperature, request.top_p, request.top_k, request.min_p) == (0.7, 0.9, 5, 0.05)
+    assert not request.greedy
+    (call,) = records(served.entry, "own")
+    assert call.logprobs == done.choices[0].logprobs.token_logprobs
+    # They are the log-probs of the distribution the call asked for, recomputed so.
+    tokens = torch.tensor([[*call.prompt_ids, *call.completion_ids]])
+    columns = torch.arange(len(call.prompt_ids) - 1, tokens.shape[1] - 1)[None]
+    with torch.no_grad():
+        rescored = served.decoder.model(
+            tokens, columns, tokens[:, columns[0] + 1], Sampling(0.7, 0.9, 5, 0.05)
+        )
+    assert call.logprobs == pytest.approx(rescored[0].tolist(), abs=1e-4)
+    # Greedy at temperature 0: the most likely token each time, a sure pick recorded (0).
+    greedy = [
+        api.completions.create(model="policy", prompt="345+6789=", temperature=0, max_tokens=8)
+        for _ in range(2)
+    ]
+    assert submitted[-1].greedy and submitted[-1].temperature is None
+    assert greedy[0].choices[0].text == greedy[1].choices[0].text
+    for call in records(served.entry, "own"):
+        assert call.logprobs == [0.0] * len(call.completion_ids)
 
 
 def test_a_wrong_key_is_refused(served: Served) -> None:
@@ -345,3 +445,96 @@ def test_a_call_whose_client_goes_away_leaves_the_decoder_and_no_record(served: 
     served.paused.clear()
     assert records(served.entry, "gone") == []
     assert client(served.entry, "after").completions.create(model="policy", prompt="1+1=")
+
+
+def test_several_choices_are_decoded_together_each_from_its_own_seed(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
+    api = client(served.entry, "n")
+    done = api.completions.create(model="policy", prompt="345+6789=", n=3, seed=5, max_tokens=8)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [r.seed for r in submitted] == [5, 6, 7]
+    calls = records(served.entry, "n")
+    assert [c.completion_ids for c in calls] == [c.token_ids for c in done.choices]
+    assert done.usage.completion_tokens == sum(len(c.token_ids) for c in done.choices)
+    # Choice i is the call seeded seed + i.
+    alone = api.completions.create(model="policy", prompt="345+6789=", seed=6, max_tokens=8)
+    assert alone.choices[0].token_ids == done.choices[1].token_ids
+    chat = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "1+2="}], n=2, logprobs=True
+    )
+    assert len(chat.choices) == 2 and all(c.logprobs.content for c in chat.choices)
+
+
+def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: Served) -> None:
+    api = client(served.entry, "stream")
+    asked = {"model": "policy", "messages": [{"role": "user", "content": "4589+123="}],
+             "seed": 3, "n": 2, "max_tokens": 20}  # fmt: skip
+    whole = api.chat.completions.create(**asked)
+    chunks = list(
+        api.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True})
+    )
+    texts, reasons, pieces = ["", ""], [None, None], [0, 0]
+    for chunk in chunks[:-1]:
+        assert chunk.object == "chat.completion.chunk" and chunk.usage is None
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        pieces[choice.index] += bool(choice.delta.content)
+        reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == [c.finish_reason for c in whole.choices]
+    # The text came as it was decoded, not whole at the end.
+    assert max(pieces) > 1, pieces
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage == whole.usage
+    assert len(records(served.entry, "stream")) == 4  # two calls of two choices
+
+
+def test_a_streamed_completion_stops_before_its_stop_text_and_carries_log_probs(
+    served: Served,
+) -> None:
+    api = client(served.entry, "stream-text")
+    asked = {"model": "policy", "prompt": "4589+123=", "seed": 4, "max_tokens": 20,
+             "stop": ["+0=", "+1="], "logprobs": 0}  # fmt: skip
+    whole = api.completions.create(**asked).choices[0]
+    chunks = list(api.completions.create(**asked, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == whole.finish_reason
+    assert last.logprobs.token_logprobs == whole.logprobs.token_logprobs
+    assert all(c.usage is None for c in chunks)
+
+
+def test_a_streamed_call_refused_is_a_plain_400(served: Served) -> None:
+    api = client(served.entry, "stream-bad")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model="policy", prompt="1+1=", stream=True, top_p=2)
+    assert refused.value.body["param"] == "top_p"
+
+
+def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
+    api = client(served.entry, "route")
+    with pytest.raises(openai.NotFoundError) as missing:
+        api.models.retrieve("policy")
+    assert missing.value.status_code == 404
+    assert missing.value.body["type"] == "invalid_request_error"
+    assert "/v1/models/policy" in missing.value.body["message"]
+
+
+def test_a_stream_whose_client_goes_away_leaves_the_decoder_and_no_record(
+    served: Served,
+) -> None:
+    served.paused.set()  # the call waits for decode steps it will not see
+    api = client(served.entry, "stream-gone")
+    stream = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "1+1="}], n=2, stream=True
+    )
+    first = next(iter(stream))  # the choices' opening chunks come before any token
+    assert first.choices[0].delta.role == "assistant"
+    stream.close()
+    wait_for(lambda: not served.serving.busy, 5, "the abandoned stream to be given up")
+    requests, cancelled = served.serving.bridge.take()
+    assert requests == [] and len(cancelled) == 2
+    served.paused.clear()
+    assert records(served.entry, "stream-gone") == []
