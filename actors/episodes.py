@@ -14,8 +14,9 @@ past its time keeps its thread (Python cannot stop one), and ``stuck`` counts th
 generator can leave for a fresh process before they pile up.
 
 A continued turn is submitted as a new request whose prompt is the whole trajectory so
-far: its cache is recomputed, which costs a prefill of the trajectory per turn (an engine
-with a prefix cache pays nothing for it).
+far. A turn that may have another after it asks the decoder to keep its cache
+(``Request.keep_cache``), so the next turn computes only the observation and what follows:
+our decoder then reuses the kept keys and values, as an engine with a prefix cache does.
 """
 
 from __future__ import annotations
@@ -260,6 +261,8 @@ class Episodes:
             greedy=episode.greedy,
             max_new_tokens=min(room, self.decoder.max_new_tokens),
             stop_ids=self.stop_ids,
+            keep_cache=episode.environment is not None
+            and episode.turns + 1 < self.limits.max_turns,
         )
         self.decoder.submit([request])
         return None

@@ -34,6 +34,17 @@ sequence after a reload) are fed in runs of like length, each run padded only to
 longest: a reload lays the sequences out longest first, so the runs come out sorted, and
 new sequences (the shortest) join at the end, so that a decode step's rows stay roughly
 by length too, for attention in runs of like span (attention_runs.py).
+
+A conversation's next turn extends its last one: its prompt is that turn's prompt and
+response, then new tokens (a tool's answer, the user's next message). A request that asks
+for it (``keep_cache``) leaves its cached prefix in its slot when it ends (kept_caches.py);
+a later prompt that starts with the same tokens takes those keys and values (copied into
+its own slot, unless it is that very slot) and is fed only the rest. Kept slots are free:
+a new sequence that needs one moves the kept prefix to an empty slot, or else the least
+recently used is dropped; a sequence moving down to close a gap trades places with a kept
+one in the way; a new version drops them all (they are the old weights' keys and values).
+``prompt_tokens``, ``cached_prompt_tokens`` and ``fed_tokens`` count what was asked for,
+what was reused and what was computed.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import torch
 
 from .checkpoint import load_state
 from .graphs import GraphedSteps
+from .kept_caches import Kept, KeptCaches
 from .model import CausalLM
 from .padding import like_width_runs
 from .sampling import PLAIN, Sampling, sampled_logprobs, sampling_problem
@@ -69,6 +81,9 @@ CATCH_UP_SLACK = 1.25
 # response's end: a token holds at least one character, and a window that starts inside
 # a character's bytes decodes them as replacement characters.
 STOP_MARGIN_TOKENS = 4
+# A prompt reuses a kept cache when they share at least this many leading tokens: fewer
+# are not worth a copy, nor refreshing that cache's place in the eviction order.
+REUSE_MIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,9 @@ class Request:
     # Draws this sequence's tokens from a generator of its own, seeded so: the same seed
     # gives the same tokens whatever other sequences share its steps. None: the decoder's.
     seed: int | None = None
+    # Keep this sequence's cached prefix when it ends, for a next turn that extends it
+    # (a conversation's); engines with a prefix cache of their own ignore it.
+    keep_cache: bool = False
 
 
 def end_ids(eos_id: int | Collection[int]) -> frozenset[int]:
@@ -182,6 +200,8 @@ class Finished:
     # experts layer chose for every token the model read, [prompt + response - 1, layers,
     # per_token] (the last token is sampled, never read); None: not recorded.
     routes: np.ndarray | None = None
+    # Leading prompt tokens whose keys and values came from a kept cache, not computed.
+    cached_tokens: int = 0
 
 
 @runtime_checkable
@@ -224,6 +244,7 @@ class _Sequence:
     sampling: Sampling = PLAIN  # the request's, or the decoder's (the same object)
     generator: torch.Generator | None = None  # a seeded request's own
     routes: np.ndarray | None = None  # [context, layers, per_token]: see Finished.routes
+    cached: int = 0  # leading prompt tokens taken from a kept cache
 
     @property
     def response(self) -> list[int]:
@@ -252,11 +273,13 @@ class Decoder:
         version: int = 0,
         cuda_graphs: bool = False,
         record_routes: bool = False,
+        reuse_min_tokens: int = REUSE_MIN_TOKENS,
     ) -> None:
         """``stop``: texts that end every response (:class:`StopTexts`), found with
         ``decode`` (token ids to text). ``record_routes``: each finished sequence carries
         the experts its tokens were routed to (:attr:`Finished.routes`; a
-        mixture-of-experts model)."""
+        mixture-of-experts model). ``reuse_min_tokens``: the fewest leading tokens a
+        prompt must share with a kept cache to take it."""
         # The defaults of requests that name none (ValueError naming a bad one).
         self.sampling = Sampling(temperature, top_p, top_k, min_p)
         self.stop_texts = StopTexts.of(stop, decode)
@@ -284,6 +307,10 @@ class Decoder:
         )
         self.waiting: deque[Request] = deque()
         self.active: dict[int, _Sequence] = {}  # slot → sequence
+        self.kept = KeptCaches(reuse_min_tokens)  # free slots' finished sequences
+        self.prompt_tokens = 0  # of the sequences admitted
+        self.cached_prompt_tokens = 0  # of those, taken from a kept cache
+        self.fed_tokens = 0  # tokens the model computed keys and values for
 
     # --- the caller's side ------------------------------------------------------------
 
@@ -308,6 +335,7 @@ class Decoder:
         """Drop every sequence (a new decoder replaces this one)."""
         self.waiting.clear()
         self.active.clear()
+        self.kept.clear()
 
     @property
     def busy(self) -> bool:
@@ -329,6 +357,7 @@ class Decoder:
         """
         superseded = load_state(self.model, state, copy=copy)
         self.version = version
+        self.kept.clear()
         # Every cache entry was computed by the old weights: all are recomputed, so the
         # sequences may take any slots. Longest first, so that catching up runs by length,
         # and so do decode steps' attention runs: new sequences, the shortest, come last.
@@ -365,33 +394,132 @@ class Decoder:
 
     def _close_gaps(self) -> None:
         """Move the sequences in the last slots into the free slots below them (their
-        cached prefix with them), so that the running sequences hold slots 0..n-1."""
+        cached prefix with them), so that the running sequences hold slots 0..n-1. A kept
+        cache in such a free slot trades places with the sequence."""
         keys, values = self.cache.keys, self.cache.values
         holes = (slot for slot in range(len(self.active)) if slot not in self.active)
         for hole in holes:
             last = max(self.active)
             sequence = self.active.pop(last)
-            keys[:, hole, : sequence.fed] = keys[:, last, : sequence.fed]
-            values[:, hole, : sequence.fed] = values[:, last, : sequence.fed]
+            kept = self.kept.slots.get(hole)
+            if kept is not None:
+                size = len(kept.tokens)
+                saved = keys[:, hole, :size].clone(), values[:, hole, :size].clone()
+            self._copy_rows(last, hole, sequence.fed)
+            if kept is not None:
+                keys[:, last, :size], values[:, last, :size] = saved
+                self.kept.move(hole, last)
             self.active[hole] = sequence
 
+    def _copy_rows(self, source: int, target: int, count: int) -> None:
+        """The first ``count`` cached positions of slot ``source`` into slot ``target``."""
+        keys, values = self.cache.keys, self.cache.values
+        keys[:, target, :count] = keys[:, source, :count]
+        values[:, target, :count] = values[:, source, :count]
+
     def _admit(self) -> None:
-        free = (slot for slot in range(self.slots) if slot not in self.active)
-        for slot in free:
-            if not self.waiting:
-                return
-            request = self.waiting.popleft()
-            sequence = _Sequence(request, list(request.prompt), sampling=self._sampling_of(request))
-            if request.seed is not None:
-                sequence.generator = torch.Generator(self.device).manual_seed(request.seed)
-            if self.routes_dtype is not None:
-                # Room for the tokens this sequence may read: its prompt and its budget.
-                config = self.model.config
-                budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
-                tokens = len(request.prompt) + budget
-                shape = (tokens, config.num_hidden_layers, config.experts.per_token)
-                sequence.routes = np.zeros(shape, self.routes_dtype)
+        free = [slot for slot in range(self.slots) if slot not in self.active]
+        count = min(len(free), len(self.waiting))
+        requests = [self.waiting.popleft() for _ in range(count)]
+        places = self._places(requests, free[:count])
+        for done, (slot, request, _) in enumerate(places):
+            sequence = self._sequence_of(request)
+            # The kept caches the requests still to place will read stay; the slots
+            # they will take are no place to move a kept cache to.
+            later = places[done + 1 :]
+            needed = {kept for _, _, kept in later if kept is not None}
+            self._take_kept(slot, sequence, needed, {s for s, _, _ in later})
             self.active[slot] = sequence
+            self.prompt_tokens += len(request.prompt)
+            self.cached_prompt_tokens += sequence.cached
+
+    def _places(
+        self, requests: list[Request], slots: list[int]
+    ) -> list[tuple[int, Request, Kept | None]]:
+        """The slot each request takes, and the kept cache it will read (if any): the slot
+        that cache is in, if that is among ``slots`` (no copy), the others the rest in
+        order. Those in their cache's slot come first: they move nothing that the others
+        might read."""
+        if not self.kept:
+            return [(slot, request, None) for slot, request in zip(slots, requests, strict=True)]
+        targets = set(slots)
+        at_home: dict[int, tuple[Request, Kept]] = {}
+        elsewhere: list[tuple[Request, Kept | None]] = []
+        for request in requests:
+            found = self.kept.best(np.asarray(request.prompt), prefer=targets)
+            kept = None if found is None else self.kept.slots[found[0]]
+            if found is not None and found[0] in targets and found[0] not in at_home:
+                at_home[found[0]] = request, kept
+            else:
+                elsewhere.append((request, kept))
+        rest = [s for s in slots if s not in at_home]
+        return [(slot, request, kept) for slot, (request, kept) in at_home.items()] + [
+            (slot, request, kept) for slot, (request, kept) in zip(rest, elsewhere, strict=True)
+        ]
+
+    def _sequence_of(self, request: Request) -> _Sequence:
+        sequence = _Sequence(request, list(request.prompt), sampling=self._sampling_of(request))
+        if request.seed is not None:
+            sequence.generator = torch.Generator(self.device).manual_seed(request.seed)
+        if self.routes_dtype is not None:
+            # Room for the tokens this sequence may read: its prompt and its budget.
+            config = self.model.config
+            budget = min(self.max_new_tokens, request.max_new_tokens or self.max_new_tokens)
+            tokens = len(request.prompt) + budget
+            shape = (tokens, config.num_hidden_layers, config.experts.per_token)
+            sequence.routes = np.zeros(shape, self.routes_dtype)
+        return sequence
+
+    def _take_kept(
+        self, slot: int, sequence: _Sequence, needed: set[Kept], reserved: set[int]
+    ) -> None:
+        """Before ``sequence`` runs in ``slot``: the longest kept prefix of its prompt
+        becomes its cache, and the kept cache in the slot, if any, leaves it (``needed``:
+        kept caches to spare; ``reserved``: slots to leave empty)."""
+        prompt = sequence.request.prompt
+        found = self.kept.best(np.asarray(prompt), prefer=(slot,)) if self.kept else None
+        # The last prompt token is fed all the same: its logits give the first new token.
+        reused = 0 if found is None else min(found[1], len(prompt) - 1)
+        if found is None or reused == 0:
+            self._vacate(slot, needed, reserved)
+            return
+        source = found[0]
+        kept = self.kept.slots[source]
+        if source != slot:
+            self._vacate(slot, needed | {kept}, reserved)
+            self._copy_rows(source, slot, reused)
+            self.kept.touch(source)
+        elif found[1] == len(kept.tokens) and kept not in needed:
+            # This prompt extends it, and no other one reads it: this sequence will keep
+            # more than it holds.
+            self.kept.pop(slot)
+        else:
+            self._vacate(slot, needed, reserved)  # its rows stay here all the same
+        if sequence.routes is not None and kept.routes is not None:
+            sequence.routes[:reused] = kept.routes[:reused]
+        sequence.fed = sequence.cached = reused
+
+    def _vacate(self, slot: int, needed: set[Kept], reserved: set[int]) -> None:
+        """Move ``slot``'s kept cache, if any, to an empty slot (not ``reserved``), or
+        else to the slot of the least recently used one not ``needed``, which is dropped;
+        if that is this one, or every one is needed, it is dropped. The slot's rows are
+        left as they are."""
+        here = self.kept.slots.get(slot)
+        if here is None:
+            return
+        taken = self.active.keys() | self.kept.slots.keys() | reserved
+        empty = [s for s in range(self.slots) if s not in taken and s != slot]
+        if empty:
+            target = max(empty)  # the highest: the next sequences admitted take the lowest
+        else:
+            target = self.kept.least_used({s for s, k in self.kept.slots.items() if k in needed})
+        if target is None or target == slot:
+            self.kept.pop(slot)
+            return
+        if target in self.kept:
+            self.kept.pop(target)
+        self._copy_rows(slot, target, len(here.tokens))
+        self.kept.move(slot, target)
 
     def _sampling_of(self, request: Request) -> Sampling:
         own = self.sampling
@@ -408,6 +536,7 @@ class Decoder:
     def _advance(self, slots: list[int]) -> list[Finished]:
         sequences = [self.active[slot] for slot in slots]
         ids, positions = self._inputs(sequences)
+        self.fed_tokens += sum(len(seq.tokens) - seq.fed for seq in sequences)
         d = self.device
         recorded: list[torch.Tensor] | None = [] if self.routes_dtype is not None else None
         # Positions and slots stay in CPU memory: the model reads the step's shapes from
@@ -499,6 +628,9 @@ class Decoder:
         if not ended and len(response) < budget:
             return None
         del self.active[slot]
+        if request.keep_cache:
+            # Its cache holds every token but the last, which was sampled, never fed.
+            self.kept.keep(slot, np.asarray(seq.tokens[: seq.fed]), seq.routes)
         return Finished(
             tag=seq.request.tag,
             prompt=seq.request.prompt,
@@ -508,6 +640,7 @@ class Decoder:
             truncated=not ended,
             stopped_by=response[-1] if ended else None,
             routes=None if seq.routes is None else seq.routes[: len(seq.tokens) - 1].copy(),
+            cached_tokens=seq.cached,
         )
 
 

@@ -43,6 +43,8 @@ import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import structlog
+
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
@@ -54,7 +56,7 @@ from ..episodes import EpisodeDone, Episodes
 from ..evaluation.passes import ValidationPass
 from ..evaluation.sets import validation_sets
 from ..payloads import PromptIn, RolloutsOut, Sampled
-from ..policy.decoder import Decoding, Finished
+from ..policy.decoder import Decoder, Decoding, Finished
 from ..policy.model import CausalLM
 from ..serving.serving import Serving
 from ..startup.decoding import DEFAULT_SLOTS, Generation
@@ -66,6 +68,8 @@ from ..worker.weight_following import StallBounds, WeightFollower, weights_acces
 from ..workload import load_workload, serves_api, validation_reward_for
 
 __all__ = ["Generate"]
+
+log = structlog.get_logger("asyncrl.generate")
 
 
 # An idle generator serving harnesses looks for requests this often (the worker's own idle
@@ -367,6 +371,16 @@ class Generate(StreamingActor):
         self._maybe_validate()  # at the end of the run, the last version may be next
 
     def on_stop(self) -> None:
+        decoder = self.decoder
+        if isinstance(decoder, Decoder):
+            # What kept caches saved (a conversation's later turns reuse the earlier ones').
+            log.info(
+                "prompt tokens decoded",
+                worker=self.ctx.worker,
+                prompt_tokens=decoder.prompt_tokens,
+                cached_prompt_tokens=decoder.cached_prompt_tokens,
+                fed_tokens=decoder.fed_tokens,
+            )
         if self.serving is not None:
             self.serving.stop()
         self.weights.receiver.close()

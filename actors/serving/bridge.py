@@ -63,13 +63,15 @@ class Bridge:
         return self.submit_all([request])[0]
 
     def submit_all(self, requests: Sequence[Request]) -> list[Future[Finished]]:
-        """``requests`` (their tags replaced by the bridge's own), taken into the decoder
-        at one step: the choices of one call start together."""
+        """``requests`` (their tags replaced by the bridge's own, each asking to keep its
+        cache), taken into the decoder at one step: the choices of one call start
+        together."""
         futures: list[Future[Finished]] = []
         with self._lock:
             for request in requests:
                 tag = ServeTag(next(self._numbers))
-                self._queued.append(replace(request, tag=tag))
+                # A session's next call usually extends this one's conversation.
+                self._queued.append(replace(request, tag=tag, keep_cache=True))
                 self._futures[tag] = future = Future()
                 futures.append(future)
                 future.add_done_callback(self._forget_if_cancelled(tag))

@@ -92,6 +92,56 @@ def test_graphed_decode_steps_generate_what_the_plain_ones_do() -> None:
         assert max(diffs) <= 1e-3, tag
 
 
+def _conversation(model, graphs: bool, keep: bool) -> list:
+    """Six sessions' three greedy turns in 4 slots (kept caches evicted and moved), each
+    turn's prompt the conversation so far, a token of each session's own between turns."""
+    from asyncrl.actors.policy.decoder import Decoder, Request
+
+    decoder = Decoder(
+        model,
+        slots=4,
+        max_new_tokens=8,
+        max_prompt_tokens=48,
+        eos_id=1,
+        pad_id=0,
+        cuda_graphs=graphs,
+        reuse_min_tokens=1,
+    )
+    generator = torch.Generator().manual_seed(0)
+    talks = [
+        torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist()
+        for n in (4, 9, 6, 12, 3, 7)
+    ]
+    turns = []
+    for turn in range(3):
+        decoder.submit(
+            Request((s, turn), tuple(t), greedy=True, keep_cache=keep) for s, t in enumerate(talks)
+        )
+        done = {}
+        while decoder.busy:
+            done.update((f.tag, f) for f in decoder.step())
+        for s, talk in enumerate(talks):
+            talk += [*done[(s, turn)].tokens, 3 + s]
+        turns += [done[(s, turn)] for s in range(len(talks))]
+    if keep:
+        assert decoder.cached_prompt_tokens > 0, "no turn reused a kept cache"
+    return turns
+
+
+def test_graphed_turns_that_reuse_kept_caches_sample_what_plain_recomputed_ones_do() -> None:
+    """Kept caches beside CUDA graphs (whose padding rows write to a spare slot no kept
+    cache may take): the same tokens and log-probs as the plain step recomputing every
+    turn's prompt."""
+    model, _ = load_model("embedded")
+    model = model.cuda()
+    expected = _conversation(model, graphs=False, keep=False)
+    got = _conversation(model, graphs=True, keep=True)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.tokens == theirs.tokens, mine.tag
+        diffs = [abs(a - b) for a, b in zip(mine.logprobs, theirs.logprobs, strict=True)]
+        assert max(diffs) <= 1e-3, mine.tag
+
+
 def _has_ucx() -> bool:
     try:
         import ucxx  # noqa: F401

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from asyncrl.actors.episodes import EpisodeDone, EpisodeLimits, Episodes
 from asyncrl.actors.policy.checkpoint import load_model
@@ -92,6 +93,27 @@ def test_observations_sit_between_turns_untrained_and_rewards_add_up(embedded) -
         assert all(e.trained[at + len(observation) :])
         assert e.last_turn == e.tokens[at + len(observation) :]
         assert len(e.tokens) == len(e.logprobs) == len(e.versions) == len(e.trained)
+
+
+def test_a_next_turn_computes_only_what_follows_the_turn_before(embedded) -> None:
+    """The decoder keeps a turn's cache for the episode's next turn, which is fed only the
+    observation (and the turn's last token); its log-probs are still the model's own."""
+    model, codec = embedded
+    episodes = episodes_of(embedded, TwoTurns)
+    for j in range(4):
+        episodes.begin(j, SAMPLE, ())
+    done, failed = run(episodes)
+    assert not failed and len(done) == 4
+    prompt = len(codec.encode(SAMPLE.prompt))
+    first_turns = [e.trained.index(False, prompt) - prompt for e in done.values()]
+    decoder = episodes.decoder
+    assert isinstance(decoder, Decoder)
+    assert decoder.cached_prompt_tokens == sum(prompt + turn - 1 for turn in first_turns)
+    with torch.no_grad():
+        for e in done.values():
+            logprobs = torch.log_softmax(model(torch.tensor([e.tokens]))[0].float(), -1)
+            for at in (i for i, trained in enumerate(e.trained) if trained):
+                assert abs(e.logprobs[at] - logprobs[at - 1, e.tokens[at]].item()) < 1e-4
 
 
 def test_a_trajectory_records_the_version_of_each_turn_across_a_weight_update(embedded) -> None:

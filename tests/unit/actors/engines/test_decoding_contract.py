@@ -325,6 +325,28 @@ def test_run_level_stop_texts_end_a_response_at_the_token_that_completes_one(
         engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=7, stop=("x",))
 
 
+def test_a_turn_that_extends_a_kept_one_samples_as_one_uninterrupted_generation(
+    engine: Engine,
+) -> None:
+    """``keep_cache`` (our decoder keeps the turn's cache; vLLM and SGLang have prefix
+    caches of their own and ignore it): the next turn of a conversation samples what the
+    same conversation decoded at once by a fresh decoder samples."""
+    options = dict(eos_id=engine.never_ends, max_new_tokens=6, temperature=1.0, seed=9)
+    decoder = engine.make(**options)
+    decoder.submit([Request("turn 1", engine.prompts[0], greedy=True, keep_cache=True)])
+    first = finish(decoder, 1)["turn 1"]
+    conversation = (*engine.prompts[0], *first.tokens, *engine.prompts[1])
+    decoder.submit([Request("turn 2", conversation, greedy=True, keep_cache=True)])
+    second = finish(decoder, 1)["turn 2"]
+    decoder.close()
+    fresh = engine.make(**options)
+    fresh.submit([Request("at once", conversation, greedy=True)])
+    at_once = finish(fresh, 1)["at once"]
+    fresh.close()
+    assert second.prompt == conversation and second.tokens == at_once.tokens
+    assert_logprobs_are_their_versions(engine, second, Sampling(1.0))
+
+
 def test_bad_requests_are_refused_at_submit_naming_what_is_wrong(engine: Engine) -> None:
     decoder = engine.make(eos_id=engine.eos, max_new_tokens=4, temperature=1.0, seed=5)
     with pytest.raises(ValueError, match="prompt of 33 tokens"):
