@@ -116,12 +116,16 @@ def header(kind: str, body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def usage(call: Call, finished: Sequence[Finished]) -> dict[str, int]:
+def usage(call: Call, finished: Sequence[Finished]) -> dict[str, Any]:
+    """OpenAI's usage; ``cached_tokens``: the prompt's leading tokens every choice took from
+    a kept cache (an earlier turn's) instead of computing them."""
     completion = sum(len(f.tokens) for f in finished)
+    cached = min((f.cached_tokens for f in finished), default=0)
     return {
         "prompt_tokens": len(call.prompt),
         "completion_tokens": completion,
         "total_tokens": len(call.prompt) + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

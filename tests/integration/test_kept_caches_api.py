@@ -94,8 +94,10 @@ def test_a_chat_sessions_later_calls_compute_only_their_new_tokens(served) -> No
     entry, decoder = served
     api = openai.OpenAI(base_url=entry.session_url("agent"), api_key=entry.key, max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2, four times."}]
+    reported = []
     for _ in range(4):
         done = api.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        reported.append(done.usage.prompt_tokens_details.cached_tokens)
         (choice,) = done.choices
         (call,) = choice.message.tool_calls
         messages.append(choice.message.model_dump())
@@ -109,6 +111,7 @@ def test_a_chat_sessions_later_calls_compute_only_their_new_tokens(served) -> No
         assert after.prompt_ids[:reused] == [*before.prompt_ids, *before.completion_ids][:reused]
     assert decoder.prompt_tokens == sum(len(c.prompt_ids) for c in calls)
     assert decoder.cached_prompt_tokens == sum(kept)
+    assert reported == [0, *kept]  # each call's usage says what it took from the cache
     computed = sum(len(c.prompt_ids) + len(c.completion_ids) - 1 for c in calls)
     assert decoder.fed_tokens == computed - sum(kept)
     assert decoder.fed_tokens < decoder.prompt_tokens / 2

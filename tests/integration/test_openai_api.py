@@ -487,7 +487,11 @@ def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: Served) -
     # The text came as it was decoded, not whole at the end.
     assert max(pieces) > 1, pieces
     usage = chunks[-1]
-    assert usage.choices == [] and usage.usage == whole.usage
+    assert usage.choices == []
+    # The same counts; the streamed call (the second) may take its prompt from the first's
+    # kept caches, which its cached_tokens say.
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [getattr(usage.usage, c) for c in counts] == [getattr(whole.usage, c) for c in counts]
     assert len(records(served.entry, "stream")) == 4  # two calls of two choices
 
 
