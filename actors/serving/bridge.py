@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..policy.decoder import Finished, Request
 
@@ -51,22 +51,32 @@ class Bridge:
         greedy: bool = False,
         seed: int | None = None,
     ) -> Future[Finished]:
-        future: Future[Finished] = Future()
+        request = Request(
+            None,
+            tuple(prompt),
+            max_new_tokens=max_new_tokens,
+            stop_ids=stop_ids,
+            stop_when=stop_when,
+            greedy=greedy,
+            seed=seed,
+        )
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: Sequence[Request]) -> list[Future[Finished]]:
+        """``requests`` (their tags replaced by the bridge's own), taken into the decoder
+        at one step: the choices of one call start together."""
+        futures: list[Future[Finished]] = []
         with self._lock:
-            tag = ServeTag(next(self._numbers))
-            request = Request(
-                tag,
-                tuple(prompt),
-                max_new_tokens=max_new_tokens,
-                stop_ids=stop_ids,
-                stop_when=stop_when,
-                greedy=greedy,
-                seed=seed,
-            )
-            self._queued.append(request)
-            self._futures[tag] = future
-        future.add_done_callback(lambda done: self._forget(tag) if done.cancelled() else None)
-        return future
+            for request in requests:
+                tag = ServeTag(next(self._numbers))
+                self._queued.append(replace(request, tag=tag))
+                self._futures[tag] = future = Future()
+                futures.append(future)
+                future.add_done_callback(self._forget_if_cancelled(tag))
+        return futures
+
+    def _forget_if_cancelled(self, tag: ServeTag) -> Callable[[Future[Finished]], None]:
+        return lambda done: self._forget(tag) if done.cancelled() else None
 
     def _forget(self, tag: ServeTag) -> None:
         with self._lock:

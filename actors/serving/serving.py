@@ -18,7 +18,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.host import host_identity
 
-from ..policy.chat_template import ChatTemplate, ChatTemplateError
+from ..policy.chat_template import ChatTemplate, ChatTemplateError, find_chat_template
 from ..policy.decoder import Decoding, Finished
 from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
@@ -27,6 +27,7 @@ from .call_records import SessionRecords
 from .directory import ApiDirectory, ApiEntry
 from .http_server import ApiServer
 from .openai_api import ApiSettings, make_app
+from .tool_calls import tool_parser
 
 __all__ = ["Serving"]
 
@@ -48,10 +49,13 @@ class Serving:
         max_prompt_tokens: int,
         version: int,
     ) -> None:
+        directory = model_dir(cfg.model.path)
         try:
-            template: ChatTemplate | None = ChatTemplate.from_dir(model_dir(cfg.model.path))
+            template: ChatTemplate | None = ChatTemplate.from_dir(directory)
         except ChatTemplateError:
             template = None  # /v1/chat/completions then says so; completions still serve
+        found = find_chat_template(directory) if template is not None else None
+        parser = tool_parser(cfg.model.tool_parser, None if found is None else found[0])
         self.bridge = Bridge()
         self.records = SessionRecords(max(2 * cfg.data.harness_timeout_s, _MIN_RECORD_TTL_S))
         settings = ApiSettings(
@@ -63,6 +67,9 @@ class Serving:
             max_new_tokens=cfg.model.max_new_tokens,
             max_prompt_tokens=max_prompt_tokens,
             vocab_size=vocab_size,
+            sampling=cfg.data.harness_sampling,
+            tool_parser=parser,
+            tool_parser_setting=cfg.model.tool_parser,
         )
         app = make_app(settings, self.bridge, self.records, codec, template)
         self.server = ApiServer(app, cfg.data.harness_host)
@@ -72,7 +79,10 @@ class Serving:
         self._key = settings.token
         self.server.start()
         self.loaded(version)
-        log.info("serving the OpenAI API for harnesses", url=self.server.url, worker=worker)
+        log.info(
+            "serving the OpenAI API for harnesses", url=self.server.url, worker=worker,
+            tool_parser=parser or "none", sampling=cfg.data.harness_sampling,
+        )  # fmt: skip
 
     def loaded(self, version: int) -> None:
         """The decoder runs ``version`` now: say so in this generator's entry."""

@@ -45,11 +45,13 @@ class Served:
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
+def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """The embedded model served; ``request.param``: data keys beside the harness."""
+    data = {"harness": "tests.support.harnesses:ask_once", **getattr(request, "param", {})}
     cfg = config_from_dict(
         {
             "run": {"dir": str(tmp_path / "run")},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
+            "data": data,
             "model": {"max_new_tokens": 24, "max_prompt_tokens": 64},
             "algorithm": {"temperature": 1.0},
         }
@@ -142,21 +144,30 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> No
     assert len(first.completion_ids) == len(second.completion_ids) == 1
 
 
+RUN_SAMPLING = pytest.mark.parametrize("served", [{"harness_sampling": "run"}], indirect=True)
+
+
 @pytest.mark.parametrize(
     ("asked", "param"),
     [
-        ({"temperature": 0.5}, "temperature"),
-        ({"top_p": 0.5}, "top_p"),
-        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
         ({"extra_body": {"top_k": "5"}}, "top_k"),
-        ({"extra_body": {"min_p": 0.1}}, "min_p"),
+        ({"extra_body": {"min_p": 1}}, "min_p"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
         ({"seed": -1}, "seed"),
         ({"extra_body": {"seed": 1.5}}, "seed"),
-        ({"stream": True}, "stream"),
-        ({"n": 2}, "n"),
+        ({"stream": "yes"}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
         ({"stop": [""]}, "stop"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"max_tokens": 0}, "max_tokens"),
+        ({"logprobs": 2}, "logprobs"),
         ({"prompt": [10**9]}, "prompt"),
         ({"prompt": "9" * 100}, "prompt"),
     ],
@@ -171,11 +182,58 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
         api.completions.create(**kwargs)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == param and param in refused.value.body["message"]
+    assert refused.value.body["type"] == "invalid_request_error"
     assert records(entry, "bad") == []
     # The generator is still serving.
     assert api.completions.create(model="policy", prompt="1+1=", max_tokens=2).choices
 
 
+@pytest.mark.parametrize(
+    ("asked", "param"),
+    [
+        ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "1+1="}]}, "messages"),
+        ({"tools": [{"type": "function", "function": {"name": "add"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_a_chat_request_the_server_cannot_honour_is_a_400_naming_the_field(
+    served: Served, asked: dict, param: str
+) -> None:
+    api = client(served.entry, "bad-chat")
+    kwargs = {"model": "policy", "messages": [{"role": "user", "content": "1+1="}], **asked}
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(**kwargs)
+    assert refused.value.body["param"] == param and param in refused.value.body["message"]
+    # The embedded model's template shows no tool-call format: the key to set is named.
+    if param == "tools":
+        assert "model.tool_parser" in refused.value.body["message"]
+
+
+@RUN_SAMPLING
+@pytest.mark.parametrize(
+    ("asked", "param"),
+    [
+        ({"temperature": 0.5}, "temperature"),
+        ({"top_p": 0.5}, "top_p"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+        ({"extra_body": {"min_p": 0.1}}, "min_p"),
+    ],
+)
+def test_with_the_runs_sampling_only_other_sampling_is_a_400(
+    served: Served, asked: dict, param: str
+) -> None:
+    api = client(served.entry, "run")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model="policy", prompt="1+1=", **asked)
+    assert refused.value.body["param"] == param
+    assert f"algorithm.{param}=" in refused.value.body["message"]
+
+
+@RUN_SAMPLING
 def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
     entry = served.entry
     with pytest.raises(openai.BadRequestError, match=r"algorithm\.temperature=1"):
@@ -184,9 +242,8 @@ def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
         )
 
 
-def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
-    served: Served, monkeypatch
-) -> None:
+def recorded_requests(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+    """The decoder's requests from now on, as submitted to it."""
     submitted: list[Request] = []
     submit = served.decoder.submit
 
@@ -196,6 +253,14 @@ def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
         submit(requests)
 
     monkeypatch.setattr(served.decoder, "submit", recording)
+    return submitted
+
+
+@RUN_SAMPLING
+def test_the_runs_sampling_named_is_served_and_a_seed_repeats_a_call(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
     api = client(served.entry, "seeded")
     # The run's own sampling, named: accepted (top_k and min_p as vLLM's clients send them).
     asked = {"temperature": 1.0, "top_p": 1, "seed": 9, "max_tokens": 6, "stop": ["+"]}
@@ -213,6 +278,31 @@ def test_sampling_fields_reach_the_decoder_and_a_seed_repeats_a_call(
         assert (request.temperature, request.top_p, request.top_k) == (None, None, None)
     first, second = records(served.entry, "seeded")
     assert first.completion_ids == second.completion_ids and first.logprobs == second.logprobs
+
+
+def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
+    api = client(served.entry, "own")
+    done = api.completions.create(
+        model="policy", prompt="345+6789=", temperature=0.7, top_p=0.9, logprobs=0,
+        extra_body={"top_k": 5, "min_p": 0.05}, max_tokens=8,
+    )  # fmt: skip
+    (request,) = submitted
+    assert (request.temperature, request.top_p, request.top_k, request.min_p) == (0.7, 0.9, 5, 0.05)
+    assert not request.greedy
+    (call,) = records(served.entry, "own")
+    assert call.logprobs == done.choices[0].logprobs.token_logprobs
+    # Greedy at temperature 0: the most likely token each time, a sure pick recorded (0).
+    greedy = [
+        api.completions.create(model="policy", prompt="345+6789=", temperature=0, max_tokens=8)
+        for _ in range(2)
+    ]
+    assert submitted[-1].greedy and submitted[-1].temperature is None
+    assert greedy[0].choices[0].text == greedy[1].choices[0].text
+    for call in records(served.entry, "own"):
+        assert call.logprobs == [0.0] * len(call.completion_ids)
 
 
 def test_a_wrong_key_is_refused(served: Served) -> None:

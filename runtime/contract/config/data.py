@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .fields import doc
 
@@ -171,6 +172,15 @@ class DataSection:
         metadata=doc(
             "address the generators serve the OpenAI-compatible API on for harnesses "
             "(each on a free port)"
+        ),
+    )
+    harness_sampling: Literal["request", "run"] = field(
+        default="request",
+        metadata=doc(
+            "how the served API samples a harness's call: request (its own temperature, "
+            "top_p, top_k and min_p, the run's where it names none; the behaviour log-probs "
+            "recorded are those of what it sampled, which the importance weight corrects) "
+            "or run (only the run's algorithm sampling; a call naming other is refused)"
         ),
     )
 

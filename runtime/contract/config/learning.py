@@ -111,6 +111,15 @@ class ModelSection:
             min=1,
         ),
     )
+    tool_parser: Literal["auto", "hermes", "llama3_json", "none"] = field(
+        default="auto",
+        metadata=doc(
+            "how the served API reads tool calls in the model's text: hermes "
+            "(<tool_call> blocks: Hermes, Qwen), llama3_json (Llama 3's JSON calls), none "
+            "(tools refused), auto (told by the chat template's source; none if it shows "
+            "neither)"
+        ),
+    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata=doc(
