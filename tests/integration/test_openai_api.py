@@ -435,3 +435,78 @@ def test_a_call_whose_client_goes_away_leaves_the_decoder_and_no_record(served: 
     served.paused.clear()
     assert records(served.entry, "gone") == []
     assert client(served.entry, "after").completions.create(model="policy", prompt="1+1=")
+
+
+def test_several_choices_are_decoded_together_each_from_its_own_seed(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submitted = recorded_requests(served, monkeypatch)
+    api = client(served.entry, "n")
+    done = api.completions.create(model="policy", prompt="345+6789=", n=3, seed=5, max_tokens=8)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert [r.seed for r in submitted] == [5, 6, 7]
+    calls = records(served.entry, "n")
+    assert [c.completion_ids for c in calls] == [c.token_ids for c in done.choices]
+    assert done.usage.completion_tokens == sum(len(c.token_ids) for c in done.choices)
+    # Choice i is the call seeded seed + i.
+    alone = api.completions.create(model="policy", prompt="345+6789=", seed=6, max_tokens=8)
+    assert alone.choices[0].token_ids == done.choices[1].token_ids
+    chat = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "1+2="}], n=2, logprobs=True
+    )
+    assert len(chat.choices) == 2 and all(c.logprobs.content for c in chat.choices)
+
+
+def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: Served) -> None:
+    api = client(served.entry, "stream")
+    asked = {"model": "policy", "messages": [{"role": "user", "content": "4589+123="}],
+             "seed": 3, "n": 2, "max_tokens": 20}  # fmt: skip
+    whole = api.chat.completions.create(**asked)
+    chunks = list(
+        api.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True})
+    )
+    texts, reasons, pieces = ["", ""], [None, None], [0, 0]
+    for chunk in chunks[:-1]:
+        assert chunk.object == "chat.completion.chunk" and chunk.usage is None
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        pieces[choice.index] += bool(choice.delta.content)
+        reasons[choice.index] = choice.finish_reason or reasons[choice.index]
+    assert texts == [c.message.content for c in whole.choices]
+    assert reasons == [c.finish_reason for c in whole.choices]
+    # The text came as it was decoded, not whole at the end.
+    assert max(pieces) > 1, pieces
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage == whole.usage
+    assert len(records(served.entry, "stream")) == 4  # two calls of two choices
+
+
+def test_a_streamed_completion_stops_before_its_stop_text_and_carries_log_probs(
+    served: Served,
+) -> None:
+    api = client(served.entry, "stream-text")
+    asked = {"model": "policy", "prompt": "4589+123=", "seed": 4, "max_tokens": 20,
+             "stop": ["+0=", "+1="], "logprobs": 0}  # fmt: skip
+    whole = api.completions.create(**asked).choices[0]
+    chunks = list(api.completions.create(**asked, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == whole.finish_reason
+    assert last.logprobs.token_logprobs == whole.logprobs.token_logprobs
+    assert all(c.usage is None for c in chunks)
+
+
+def test_a_streamed_call_refused_is_a_plain_400(served: Served) -> None:
+    api = client(served.entry, "stream-bad")
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.completions.create(model="policy", prompt="1+1=", stream=True, top_p=2)
+    assert refused.value.body["param"] == "top_p"
+
+
+def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
+    api = client(served.entry, "route")
+    with pytest.raises(openai.NotFoundError) as missing:
+        api.models.retrieve("policy")
+    assert missing.value.status_code == 404
+    assert missing.value.body["type"] == "invalid_request_error"
+    assert "/v1/models/policy" in missing.value.body["message"]

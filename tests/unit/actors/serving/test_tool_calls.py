@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from asyncrl.actors.serving.tool_calls import Parsed, ToolCall, detect_parser, parse_tool_calls
+from asyncrl.actors.serving.tool_calls import (
+    Parsed,
+    ToolCall,
+    detect_parser,
+    parse_tool_calls,
+    tool_parser,
+)
 
 OFFERED = ("add", "mul")
 
@@ -100,3 +106,13 @@ def test_the_parser_is_told_by_the_chat_template() -> None:
 def test_an_unknown_parser_is_named() -> None:
     with pytest.raises(ValueError, match="'xml'"):
         parse_tool_calls("xml", "", OFFERED)
+
+
+def test_the_configured_parser_wins_and_none_turns_parsing_off() -> None:
+    hermes_template = "... <tool_call> ..."
+    assert tool_parser("auto", hermes_template) == "hermes"
+    assert tool_parser("auto", None) is None  # no chat template at all
+    assert tool_parser("llama3_json", hermes_template) == "llama3_json"
+    assert tool_parser("none", hermes_template) is None
+    with pytest.raises(ValueError, match=r"model\.tool_parser"):
+        tool_parser("xml", hermes_template)

@@ -1,0 +1,247 @@
+"""Tool calls through the official openai client, against a generator's real API server
+and decoder: the model is one that writes what each test scripts (a Hermes-style chat
+model, tests/support/scripted_model.py), so its calls, broken ones included, are known."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageToolCall
+
+from asyncrl.actors.policy.decoder import Decoder
+from asyncrl.actors.policy.tokenizer import TextCodec
+from asyncrl.actors.serving.call_records import CallRecord, decode_records
+from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
+from asyncrl.actors.serving.serving import Serving
+from asyncrl.actors.startup.model_loading import load_policy
+from asyncrl.runtime.contract.config import config_from_dict
+from asyncrl.runtime.contract.rundir import RunDir
+from tests.support.scripted_model import script_state, scripted_model, tokenizer_ids
+
+pytestmark = pytest.mark.timeout(60)
+
+ADD = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+MUL = '{"name": "mul", "arguments": {"a": 3, "b": 4}}'
+TWO_CALLS = ["Let me work it out.", "\n<tool_call>\n", ADD, "\n</tool_call>\n", "<tool_call>\n",
+             MUL, "\n</tool_call>"]  # fmt: skip
+ANSWER = ["The ", "answer ", "is ", "3."]
+TOOLS = [
+    {"type": "function", "function": {"name": name, "description": f"{name} two numbers",
+     "parameters": {"type": "object", "properties": {"a": {"type": "number"},
+                                                     "b": {"type": "number"}}}}}
+    for name in ("add", "mul")
+]  # fmt: skip
+QUESTION = [{"role": "user", "content": "What is 1+2?"}]
+
+
+@dataclass
+class Scripted:
+    entry: ApiEntry
+    codec: TextCodec
+    decoder: Decoder
+    steps: threading.Lock  # held by the decode loop over each step
+
+    def script(self, pieces: Sequence[str]) -> None:
+        """The model writes ``pieces`` from now on (new weights, loaded between steps)."""
+        model = self.decoder.model
+        state = script_state(model, tokenizer_ids(self.codec.tokenizer), pieces)
+        with self.steps:
+            self.decoder.load(state, self.decoder.version + 1)
+
+    def client(self, session: str) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.entry.session_url(session), api_key=self.entry.key, max_retries=0
+        )
+
+    def records(self, session: str) -> list[CallRecord]:
+        request = urllib.request.Request(
+            f"{self.entry.url}/sessions/{session}/record",
+            headers={"Authorization": f"Bearer {self.entry.key}"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return decode_records(reply.read())
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+    root = tmp_path_factory.mktemp("tools")
+    cfg = config_from_dict(
+        {
+            "run": {"dir": str(root / "run")},
+            "data": {"harness": "tests.support.harnesses:ask_once"},
+            "model": {"path": str(scripted_model(root / "model")), "max_new_tokens": 16,
+                      "max_prompt_tokens": 1024},
+        }
+    )  # fmt: skip
+    model, codec = load_policy(cfg, "generate")
+    decoder = Decoder(model, slots=8, max_new_tokens=16, max_prompt_tokens=1024,
+                      eos_id=codec.eos_ids, pad_id=codec.pad_id)  # fmt: skip
+    serving = Serving(cfg, "generate-0", codec, vocab_size=model.config.vocab_size,
+                      max_prompt_tokens=1024, version=0)  # fmt: skip
+    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
+    state = Scripted(entry, codec, decoder, threading.Lock())
+    stop = threading.Event()
+
+    def decode() -> None:  # the generate worker's main thread, in short
+        while not stop.is_set():
+            with state.steps:
+                serving.advance(decoder)
+            if not decoder.busy:
+                time.sleep(0.002)
+
+    loop = threading.Thread(target=decode, daemon=True)
+    loop.start()
+    try:
+        yield state
+    finally:
+        stop.set()
+        loop.join(5)
+        serving.stop()
+
+
+def test_tool_calls_come_back_as_the_client_parses_them_and_finish_the_turn(
+    scripted: Scripted,
+) -> None:
+    scripted.script(TWO_CALLS)
+    api = scripted.client("calls")
+    done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
+    (choice,) = done.choices
+    assert choice.finish_reason == "tool_calls"
+    message = choice.message
+    assert message.content == "Let me work it out."
+    assert all(isinstance(c, ChatCompletionMessageToolCall) for c in message.tool_calls)
+    assert [c.function.name for c in message.tool_calls] == ["add", "mul"]
+    assert [json.loads(c.function.arguments) for c in message.tool_calls] == [
+        {"a": 1, "b": 2},
+        {"a": 3, "b": 4},
+    ]
+    ids = [c.id for c in message.tool_calls]
+    assert all(i.startswith("call_") for i in ids) and len(set(ids)) == 2
+    # The tools were offered through the chat template.
+    prompt = scripted.codec.decode(choice.prompt_token_ids)
+    assert "<tools>" in prompt and '"name": "mul"' in prompt
+    (call,) = scripted.records("calls")
+    assert scripted.codec.decode(call.completion_ids) == "".join(TWO_CALLS)
+
+    # The next turn: the calls as the client sends them back, and their results.
+    scripted.script(ANSWER)
+    turn = [
+        *QUESTION,
+        message.model_dump(exclude_none=True),
+        *({"role": "tool", "tool_call_id": c.id, "content": r}
+          for c, r in zip(message.tool_calls, ("3", "12"), strict=True)),
+    ]  # fmt: skip
+    answer = api.chat.completions.create(model="policy", messages=turn, tools=TOOLS)
+    (choice,) = answer.choices
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == "The answer is 3."
+    prompt = scripted.codec.decode(choice.prompt_token_ids)
+    # The arguments reached the template as objects (its tojson writes them back).
+    assert f"Let me work it out.<tool_call>\n{ADD}\n</tool_call><tool_call>\n{MUL}" in prompt
+    assert "<tool_response>\n3\n</tool_response>" in prompt
+    assert "<tool_response>\n12\n</tool_response>" in prompt
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        ["<tool_call>\n", '{"name": "add", "arguments": {"a": 1,', "\n</tool_call>"],
+        ["<tool_call>\n", '{"name": "sub", "arguments": {}}', "\n</tool_call>"],
+    ],
+    ids=["broken-json", "not-offered"],
+)
+def test_a_malformed_call_is_returned_as_the_text_the_model_wrote(
+    scripted: Scripted, script: list[str]
+) -> None:
+    scripted.script(script)
+    api = scripted.client("malformed")
+    done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
+    (choice,) = done.choices
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == "".join(script)
+    assert len(scripted.records("malformed")) == 1  # sampled, so trained
+
+
+def test_tool_choice_none_offers_no_tools_and_reads_no_calls(scripted: Scripted) -> None:
+    scripted.script(TWO_CALLS)
+    api = scripted.client("none")
+    done = api.chat.completions.create(
+        model="policy", messages=QUESTION, tools=TOOLS, tool_choice="none"
+    )
+    (choice,) = done.choices
+    assert "<tools>" not in scripted.codec.decode(choice.prompt_token_ids)
+    assert choice.finish_reason == "stop" and choice.message.content == "".join(TWO_CALLS)
+
+
+def test_a_tool_choice_is_not_enforced_and_one_not_offered_is_a_400(scripted: Scripted) -> None:
+    scripted.script(ANSWER)
+    api = scripted.client("choice")
+    for choice in ("required", {"type": "function", "function": {"name": "mul"}}):
+        done = api.chat.completions.create(
+            model="policy", messages=QUESTION, tools=TOOLS, tool_choice=choice
+        )
+        # What the model wrote, no call: there is no constrained decoding.
+        assert done.choices[0].message.content == "The answer is 3."
+        assert done.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(
+            model="policy", messages=QUESTION, tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "div"}},
+        )  # fmt: skip
+    assert refused.value.body["param"] == "tool_choice" and "'div'" in refused.value.message
+    with pytest.raises(openai.BadRequestError) as refused:
+        api.chat.completions.create(
+            model="policy", messages=QUESTION, tools=[{"type": "function", "function": {}}]
+        )
+    assert refused.value.body["param"] == "tools"
+    bad_arguments = {
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{1"}}
+        ],
+    }
+    with pytest.raises(openai.BadRequestError, match=r"messages\[1\]\.tool_calls\[0\]"):
+        api.chat.completions.create(
+            model="policy", messages=[*QUESTION, bad_arguments], tools=TOOLS
+        )  # fmt: skip
+
+
+def test_several_choices_each_call_and_each_is_recorded(scripted: Scripted) -> None:
+    scripted.script(TWO_CALLS)
+    api = scripted.client("n")
+    done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS, n=3)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    assert all(c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 2
+               for c in done.choices)  # fmt: skip
+    assert len(scripted.records("n")) == 3
+    assert done.usage.completion_tokens == 3 * (len(TWO_CALLS) + 1)
+
+
+def test_streamed_tool_calls_come_in_the_last_chunk(scripted: Scripted) -> None:
+    scripted.script(TWO_CALLS)
+    api = scripted.client("stream")
+    chunks = list(
+        api.chat.completions.create(
+            model="policy", messages=QUESTION, tools=TOOLS, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    first, last_choice, usage = chunks[0], chunks[-2], chunks[-1]
+    assert first.choices[0].delta.role == "assistant"
+    (choice,) = last_choice.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.delta.content == "Let me work it out."
+    calls = choice.delta.tool_calls
+    assert [(c.index, c.function.name) for c in calls] == [(0, "add"), (1, "mul")]
+    assert json.loads(calls[1].function.arguments) == {"a": 3, "b": 4}
+    assert calls[0].id.startswith("call_") and calls[0].type == "function"
+    assert usage.choices == [] and usage.usage.completion_tokens == len(TWO_CALLS) + 1
+    assert len(scripted.records("stream")) == 1

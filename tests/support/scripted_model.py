@@ -1,0 +1,140 @@
+"""A model that writes what a test tells it to: a chat model for tests of tool calls.
+
+Its weights make it a table of which token follows which (a bigram model): every layer's
+attention and MLP write nothing back (their output projections are zero), so the last
+position's logits depend on its own token alone, and the output layer maps each token of
+a script to the next one by a margin that leaves every other token no probability at
+temperature 1. A script is a list of pieces, each one token of the tokenizer (added whole
+to a one-character-per-token tokenizer), none twice: after the chat template's generation
+prompt (one token too) the model writes the script, then its end token. Another script
+is another set of weights (:func:`script_state`), loaded into a running decoder as any
+new version is.
+
+The chat template is a Hermes-style one of its own (ChatML turns, tools listed as JSON in
+a system turn, calls in ``<tool_call>`` blocks, tool results in ``<tool_response>``).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from asyncrl.actors.policy.checkpoint import save_model
+from asyncrl.actors.policy.model import CausalLM, ModelConfig
+from asyncrl.actors.policy.tokenizer import EOS, build_char_tokenizer, write_tokenizer_files
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+# Pieces the tests' scripts are made of (one token each), beside the template's markers.
+PIECES = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "Let me work it out.",
+    "\n<tool_call>\n",
+    "<tool_call>\n",
+    '{"name": "add", "arguments": {"a": 1, "b": 2}}',
+    '{"name": "mul", "arguments": {"a": 3, "b": 4}}',
+    '{"name": "add", "arguments": {"a": 1,',  # broken JSON
+    '{"name": "sub", "arguments": {}}',  # a function not offered
+    "\n</tool_call>\n",
+    "\n</tool_call>",
+    "The ",
+    "answer ",
+    "is ",
+    "3.",
+)
+_ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
+_HIDDEN = 256
+_MARGIN = 20.0  # the next token's weight: its logit is this times sqrt(_HIDDEN)
+
+TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+You may call functions. Their signatures:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call one as <tool_call>
+{"name": <name>, "arguments": <object>}
+</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role == "assistant" %}<|im_start|>assistant
+{{ message.content }}
+{%- for call in message.tool_calls or [] %}
+<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def scripted_model(directory: Path, script: Sequence[str] = ()) -> Path:
+    """A model directory at ``directory`` whose model writes ``script`` after the
+    generation prompt (see the module's docstring)."""
+    source = directory.with_name(directory.name + "-source")
+    source.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_char_tokenizer(_ALPHABET)
+    tokenizer.add_tokens([*PIECES, GENERATION_PROMPT])
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": tokenizer.get_vocab_size(),
+        "hidden_size": _HIDDEN,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "eos_token_id": tokenizer.token_to_id(EOS),
+        "pad_token_id": 0,
+    }
+    assert config["vocab_size"] <= _HIDDEN
+    (source / "config.json").write_text(json.dumps(config))
+    write_tokenizer_files(tokenizer, source)
+    (source / "chat_template.jinja").write_text(TEMPLATE)
+    model = CausalLM(ModelConfig.from_hf(config))
+    model.load_state_dict(script_state(model, tokenizer_ids(tokenizer), script))
+    save_model(model, source, directory)
+    return directory
+
+
+def tokenizer_ids(tokenizer) -> dict[str, int]:
+    return tokenizer.get_vocab(with_added_tokens=True)
+
+
+def script_state(
+    model: CausalLM, ids: dict[str, int], script: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """``model``'s weights made to write ``script`` (pieces of :data:`PIECES`, none twice)
+    after the generation prompt, then its end token; ``ids``: the tokenizer's vocabulary."""
+    chain = [ids[GENERATION_PROMPT], *(ids[piece] for piece in script)]
+    if len(set(chain)) != len(chain):
+        raise ValueError(f"script {script!r}: a piece comes twice")
+    state = {name: torch.zeros_like(t) for name, t in model.state_dict().items()}
+    for name, tensor in state.items():
+        if name.endswith("norm.weight"):
+            tensor.fill_(1.0)
+    vocab = model.config.vocab_size
+    state["model.embed_tokens.weight"][:, :vocab] = torch.eye(vocab)  # token t: axis t
+    head = state["lm_head.weight"]
+    eos = ids[EOS]
+    head[eos, :vocab] = _MARGIN  # every token not in the chain is followed by the end
+    for token, following in zip(chain, [*chain[1:], eos], strict=True):
+        head[eos, token] = 0.0
+        head[following, token] = _MARGIN
+    return state
