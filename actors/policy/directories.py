@@ -16,6 +16,7 @@ EMBEDDED_DIR = Path(__file__).parent / "embedded"
 PACKAGED = {
     EMBEDDED: EMBEDDED_DIR,
     "embedded-calculator": Path(__file__).parent / "embedded_calculator",
+    "embedded-agent": Path(__file__).parent / "embedded_agent",
     "embedded-long": Path(__file__).parent / "embedded_long",
 }
 

@@ -81,8 +81,8 @@ class ModelSection:
         default="embedded",
         metadata=doc(
             "model directory, or a packaged model: 'embedded' (the demo's), "
-            "'embedded-long' (up to 30 digits) or 'embedded-calculator' (the calculator "
-            "task's)"
+            "'embedded-long' (up to 30 digits), 'embedded-calculator' (the calculator "
+            "task's) or 'embedded-agent' (the calculator as a chat model calling it as a tool)"
         ),
     )
     dtype: Literal["float32", "bfloat16"] = field(
