@@ -25,12 +25,12 @@ so ``<tool_call>{"name": "calculator", "arguments": {"expression": "34*56+12"}}
 calculator model's weights (the same 32 ids; the added tokens take the free ones) and
 learns conversations rendered by its template with the same bad habits, the tool's
 answers out of the loss; a few of the good ones chain two calls (the product, then its
-value with the rest). It is scored by playing greedy episodes in the chat format. Where
-greedy decoding lands is steep in ``--slip`` (500 steps of 32: 0.75 gave validation
-reward 0.23, the product alone on every sum; 0.70 0.25; 0.60 0.52). The shipped model
-(``--slip 0.65``, 10 minutes on the loaded 2-core machine): validation reward 0.41 on
-128 prompts (the whole expression into the calculator on 25 of the 97 sums, two calls
-on one, the product alone on the rest).
+value with the rest). It is scored by playing greedy episodes in the chat format.
+Where greedy decoding lands is steep in ``--slip`` (500 steps of 32: 0.75 gave
+validation reward 0.23, the product alone on 95 of the 97 sums; 0.70 0.25; 0.60 0.52).
+The shipped model (``--slip 0.65``, 10 minutes on the loaded 2-core machine):
+validation reward 0.41 on 128 prompts (the whole expression into the calculator on 25
+of the 97 sums, two calls on one, the product alone on the rest).
 
 Trains a small Llama-architecture model from scratch on written-out solutions of the
 arithmetic task. The demonstrations mix two habits, as a pretrained model's would: most
