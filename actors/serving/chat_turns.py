@@ -50,9 +50,6 @@ __all__ = ["ChatPrompt", "ChatTurns"]
 
 log = structlog.get_logger("asyncrl.serving")
 
-# Fields an OpenAI client sends back empty in an assistant message it was given (and an
-# empty list of tool calls): they say nothing, so they do not make it another message.
-_CLIENT_FIELDS = frozenset({"refusal", "audio", "function_call", "annotations", "tool_calls"})
 # An assistant message's content that no conversation holds: where the template puts
 # the content shows what it writes after it (how it closes an assistant turn).
 _PROBE = "\x00closing-probe\x00"
@@ -204,7 +201,8 @@ class ChatTurns:
         except _NotSpliced as why:
             self._fall_back(why)
             return None
-        self.spliced += 1
+        with self._lock:
+            self.spliced += 1
         return [*extended.ids, *self.codec.encode(after)] if after else list(extended.ids)
 
     def _after_turn(
@@ -222,7 +220,7 @@ class ChatTurns:
         through = self._render(messages[: turns + 1], tools, generation=False)
         if not (through.startswith(before) and text.startswith(through)):
             raise _NotSpliced(
-                "template",
+                "not prefix-stable",
                 "the chat template does not render the conversation so far as the start "
                 "of its continuation (it renders earlier turns differently once more follow)",
             )
@@ -232,12 +230,12 @@ class ChatTurns:
         )
         if not probe.startswith(before) or _PROBE not in probe[len(before) :]:
             raise _NotSpliced(
-                "template", "the chat template does not render an assistant message's content"
+                "closing", "the chat template does not render an assistant message's content"
             )
         closing = probe.rpartition(_PROBE)[2]
         if not turn.endswith(closing):
             raise _NotSpliced(
-                "template",
+                "closing",
                 f"the chat template closes this assistant turn otherwise than with "
                 f"{closing!r}, its closing of a plain one",
             )
@@ -252,13 +250,14 @@ class ChatTurns:
 
     def _unwritten(self, closing: str, ended_by: int | None) -> str:
         """The part of an assistant turn's ``closing`` the model did not write: what
-        follows the end token it stopped on (Qwen's ``<|im_end|>`` then ``\\n``), or all
-        of it after a stop text, the length limit or an end token the closing lacks."""
+        follows the end token it stopped on, when the closing opens with it (Qwen's
+        ``<|im_end|>`` then ``\\n``; Llama 2's `` </s>``, whose space the model does not
+        write), or all of it after a stop text, the length limit or another token."""
         if ended_by is None:
             return closing
         end = self.codec.tokenizer.decode([ended_by], skip_special_tokens=False)
-        at = closing.find(end) if end else -1
-        return closing if at < 0 else closing[at + len(end) :]
+        opening = closing.lstrip()
+        return opening[len(end) :] if end and opening.startswith(end) else closing
 
     def _render(
         self,
@@ -271,11 +270,13 @@ class ChatTurns:
             return self.template.render(messages, tools=tools, add_generation_prompt=generation)
         except ChatTemplateError as error:
             detail = f"the chat template cannot render a part of the conversation: {error}"
-            raise _NotSpliced("template", detail) from None
+            raise _NotSpliced("not renderable", detail) from None
 
     def _fall_back(self, why: _NotSpliced) -> None:
-        self.fell_back[why.reason] += 1
-        if self.fell_back[why.reason] == 1:  # once per reason: a harness repeats itself
+        with self._lock:
+            self.fell_back[why.reason] += 1
+            first = self.fell_back[why.reason] == 1
+        if first:  # once per reason: a harness repeats itself
             log.warning(
                 "a chat call continuing a session was rendered afresh, so it trains as a "
                 "new sequence",
@@ -291,10 +292,12 @@ class ChatTurns:
 
 def _message_key(message: Mapping[str, Any]) -> str:
     """``message`` in a canonical form: its content as text, its tool calls by id, name
-    and parsed arguments, without the empty fields a client adds."""
+    and parsed arguments, without empty fields: an OpenAI client sends an assistant message
+    back with every field of its type, those the server left out as None (``refusal``,
+    ``audio``, ``function_call``, ``annotations``) or empty."""
     canonical: dict[str, Any] = {}
     for name, value in message.items():
-        if value is None or (name in _CLIENT_FIELDS and not value):
+        if name != "content" and (value is None or value in ("", [], {})):
             continue
         if name == "content":
             value = _content(value)

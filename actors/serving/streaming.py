@@ -43,7 +43,7 @@ class TextDeltas:
     def _give(self, text: str) -> str:
         if not text.startswith(self.sent):  # decoding more tokens rewrote what was given
             return ""
-        new, self.sent = text[len(self.sent) :], max(text, self.sent, key=len)
+        new, self.sent = text[len(self.sent) :], text
         return new
 
     def _safe(self, text: str) -> str:

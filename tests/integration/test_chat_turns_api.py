@@ -1,8 +1,9 @@
 """Exact tokens across a chat session's turns, through the official openai client and a
-generator's real API server: a model that calls a tool at every turn (tests/support/
-tool_model.py), an agent loop that sends back each assistant message and the tool's
-result, and the session's records merged into ONE sequence of exactly the prompt, what
-was sampled and the turns the template renders between."""
+generator's real API server: a model that calls a tool at every turn (the Qwen-style
+scripted model, tests/support/scripted_model.py), an agent loop that sends back each
+assistant message and the tool's result, and the session's records merged into ONE
+sequence of exactly the prompt, what was sampled and the turns the template renders
+between."""
 
 from __future__ import annotations
 
@@ -28,7 +29,13 @@ from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
-from tests.support.tool_model import END, TOOL_CALL, TOOL_CALL_ARGUMENTS, tool_model
+from tests.support.scripted_model import (
+    END,
+    QWEN,
+    TOOL_CALL,
+    TOOL_CALL_ARGUMENTS,
+    scripted_model,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +65,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("turns")
-    directory = tool_model(root / "model")
+    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
     cfg = config_from_dict(
         {
             "run": {"dir": str(root / "run")},

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import openai
 import pytest
+import torch
 
 from asyncrl.actors.policy.checkpoint import model_dir
 from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
 from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
@@ -294,6 +296,14 @@ def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
     assert not request.greedy
     (call,) = records(served.entry, "own")
     assert call.logprobs == done.choices[0].logprobs.token_logprobs
+    # They are the log-probs of the distribution the call asked for, recomputed so.
+    tokens = torch.tensor([[*call.prompt_ids, *call.completion_ids]])
+    columns = torch.arange(len(call.prompt_ids) - 1, tokens.shape[1] - 1)[None]
+    with torch.no_grad():
+        rescored = served.decoder.model(
+            tokens, columns, tokens[:, columns[0] + 1], Sampling(0.7, 0.9, 5, 0.05)
+        )
+    assert call.logprobs == pytest.approx(rescored[0].tolist(), abs=1e-4)
     # Greedy at temperature 0: the most likely token each time, a sure pick recorded (0).
     greedy = [
         api.completions.create(model="policy", prompt="345+6789=", temperature=0, max_tokens=8)
@@ -510,3 +520,21 @@ def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
     assert missing.value.status_code == 404
     assert missing.value.body["type"] == "invalid_request_error"
     assert "/v1/models/policy" in missing.value.body["message"]
+
+
+def test_a_stream_whose_client_goes_away_leaves_the_decoder_and_no_record(
+    served: Served,
+) -> None:
+    served.paused.set()  # the call waits for decode steps it will not see
+    api = client(served.entry, "stream-gone")
+    stream = api.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "1+1="}], n=2, stream=True
+    )
+    first = next(iter(stream))  # the choices' opening chunks come before any token
+    assert first.choices[0].delta.role == "assistant"
+    stream.close()
+    wait_for(lambda: not served.serving.busy, 5, "the abandoned stream to be given up")
+    requests, cancelled = served.serving.bridge.take()
+    assert requests == [] and len(cancelled) == 2
+    served.paused.clear()
+    assert records(served.entry, "stream-gone") == []

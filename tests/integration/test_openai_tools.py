@@ -10,6 +10,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import openai
 import pytest
@@ -71,13 +72,29 @@ class Scripted:
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
-    root = tmp_path_factory.mktemp("tools")
+    """The scripted model served, its tool parser told by its (Hermes-style) template."""
+    yield from serve(tmp_path_factory.mktemp("tools"), "auto")
+
+
+@pytest.fixture(scope="module")
+def scripted_llama3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+    """The scripted model served, its responses read as Llama 3's JSON calls."""
+    yield from serve(tmp_path_factory.mktemp("llama3"), "llama3_json")
+
+
+@pytest.fixture(scope="module")
+def scripted_unread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+    """The scripted model served with model.tool_parser none."""
+    yield from serve(tmp_path_factory.mktemp("unread"), "none")
+
+
+def serve(root: Path, tool_parser: str) -> Iterator[Scripted]:
     cfg = config_from_dict(
         {
             "run": {"dir": str(root / "run")},
             "data": {"harness": "tests.support.harnesses:ask_once"},
             "model": {"path": str(scripted_model(root / "model")), "max_new_tokens": 16,
-                      "max_prompt_tokens": 1024},
+                      "max_prompt_tokens": 1024, "tool_parser": tool_parser},
         }
     )  # fmt: skip
     model, codec = load_policy(cfg, "generate")
@@ -245,3 +262,36 @@ def test_streamed_tool_calls_come_in_the_last_chunk(scripted: Scripted) -> None:
     assert calls[0].id.startswith("call_") and calls[0].type == "function"
     assert usage.choices == [] and usage.usage.completion_tokens == len(TWO_CALLS) + 1
     assert len(scripted.records("stream")) == 1
+
+
+def test_llama3_json_calls_are_read_when_the_config_names_that_parser(
+    scripted_llama3: Scripted,
+) -> None:
+    scripted_llama3.script(['{"name": "add", "parameters": {"a": 1, "b": 2}}', "; ",
+                            '{"name": "mul", "parameters": {"a": 3, "b": 4}}'])  # fmt: skip
+    api = scripted_llama3.client("llama3")
+    done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
+    (choice,) = done.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("mul", {"a": 3, "b": 4}),
+    ]
+    # Hermes blocks are only text to this parser.
+    scripted_llama3.script(["<tool_call>\n", ADD, "\n</tool_call>"])
+    done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
+    assert done.choices[0].finish_reason == "stop" and done.choices[0].message.tool_calls is None
+
+
+def test_with_no_tool_parser_tools_are_offered_and_the_response_is_text(
+    scripted_unread: Scripted,
+) -> None:
+    scripted_unread.script(TWO_CALLS)
+    done = scripted_unread.client("unread").chat.completions.create(
+        model="policy", messages=QUESTION, tools=TOOLS
+    )
+    (choice,) = done.choices
+    assert "<tools>" in scripted_unread.codec.decode(choice.prompt_token_ids)
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == "".join(TWO_CALLS)

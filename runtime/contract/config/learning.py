@@ -116,8 +116,8 @@ class ModelSection:
         metadata=doc(
             "how the served API reads tool calls in the model's text: hermes "
             "(<tool_call> blocks: Hermes, Qwen), llama3_json (Llama 3's JSON calls), none "
-            "(tools refused), auto (told by the chat template's source; none if it shows "
-            "neither)"
+            "(tools offered, the response left as text), auto (told by the chat template's "
+            "source; if it shows neither, a request with tools is refused)"
         ),
     )
     gradient_checkpointing: bool = field(

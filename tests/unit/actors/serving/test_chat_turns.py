@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from asyncrl.actors.policy.chat_template import ChatTemplate
@@ -228,6 +229,40 @@ def test_a_turn_ended_by_a_stop_text_or_the_length_limit_is_closed_by_the_templa
     assert sum(sequence.trained) == len(sampled) + 1
 
 
+def test_turns_sampled_as_the_template_would_write_them_splice_to_its_rendering() -> None:
+    # No drift: the model wrote each turn's text in the tokens its encoding gives and
+    # ended it with <|im_end|>. The spliced prompts are then the template's rendering of
+    # the whole conversation, encoded: one uninterrupted generation's.
+    codec = bpe_codec()
+    chat = template(QWEN_STYLE)
+    turns = ChatTurns(chat, codec, ttl_s=60)
+    session = Session(turns, messages=[{"role": "user", "content": "What is 42+12?"}])
+    for text, then in [("Let me see.", "Go on."), ("It is 54.", "Sure?"), ("Yes.", "")]:
+        session.call([*codec.encode(text), codec.eos_id], assistant(text), ended_by=codec.eos_id)
+        session.messages.append({"role": "user", "content": then})
+    for prompt, end in zip(session.prompts, [1, 3, 5], strict=True):
+        assert prompt.ids == codec.encode(chat.render(session.messages[:end], tools=TOOLS))
+    assert [p.spliced for p in session.prompts] == [False, True, True]
+
+
+@pytest.mark.parametrize("end", ["<|endoftext|>", "\n"])
+def test_an_end_token_the_closing_does_not_open_with_leaves_all_of_it(end: str) -> None:
+    # <|endoftext|>: an end-of-sequence id the template never writes; "\n": a call's
+    # stop_token_ids. The model wrote it; the template's closing follows whole.
+    codec = bpe_codec()
+    turns = ChatTurns(template(QWEN_STYLE), codec, ttl_s=60)
+    session = Session(turns, messages=[{"role": "user", "content": "Hi."}])
+    (end_id,) = codec.encode(end)
+    sampled = [*one_byte_at_a_time(codec, "Hello."), end_id]
+    first = session.call(sampled, assistant("Hello."), ended_by=end_id, tools=None)
+    session.messages.append({"role": "user", "content": "Bye."})
+    second = turns.prompt(session.name, session.messages, None)
+    kept = [*first.ids, *sampled]
+    assert second.spliced and second.ids[: len(kept)] == kept
+    between = codec.tokenizer.decode(second.ids[len(kept) :], skip_special_tokens=False)
+    assert between == "<|im_end|>\n<|im_start|>user\nBye.<|im_end|>\n<|im_start|>assistant\n"
+
+
 def test_the_embedded_models_template_splices_to_its_own_rendering() -> None:
     # One token per character and a turn closed by the end token: the splice of a turn the
     # model ended gives the very ids of the template's rendering; one cut by a stop text
@@ -299,14 +334,18 @@ def test_a_call_that_changes_the_earlier_turn_is_rendered_afresh_and_counted(
         tools = None
     session.messages.append({"role": "tool", "tool_call_id": "call_1", "content": "3"})
 
-    prompt = turns.prompt(session.name, session.messages, tools)
+    with capture_logs() as logs:
+        prompt = turns.prompt(session.name, session.messages, tools)
+        assert turns.prompt(session.name, session.messages, tools) == prompt
     assert not prompt.spliced
     assert prompt.ids == codec.encode(chat.render(session.messages, tools=tools))
-    assert turns.fell_back == {reason: 1} and turns.spliced == 0
+    assert turns.fell_back == {reason: 2} and turns.spliced == 0
+    (logged,) = logs  # once per reason
+    assert logged["reason"] == reason and "rendered afresh" in logged["event"]
 
 
 @pytest.mark.parametrize(
-    ("source", "reason"), [(DROPS_REASONING, "template"), (STRIPS_REASONING, "content")]
+    ("source", "reason"), [(DROPS_REASONING, "not prefix-stable"), (STRIPS_REASONING, "content")]
 )
 def test_a_template_that_drops_earlier_reasoning_is_not_spliced(source: str, reason: str) -> None:
     codec = bpe_codec()

@@ -57,6 +57,14 @@ def test_an_identical_prompt_again_extends_nothing_new_but_the_completion() -> N
     assert list(seqs[0].trained) == [False, False, True, True]
 
 
+def test_the_choices_of_one_call_each_train_as_a_sequence_of_their_own() -> None:
+    # A call with n = 3 is recorded as three calls of one prompt, in choice order.
+    choices = [call([1, 2], [3, 4]), call([1, 2], [5]), call([1, 2], [3, 6])]
+    seqs = merge_calls(choices, owner=1)
+    assert [list(s.tokens) for s in seqs] == [[1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 6]]
+    assert [sum(s.trained) for s in seqs] == [2, 1, 2]
+
+
 def test_a_group_of_sessions_makes_one_rollouts_payload_with_owners_and_rewards() -> None:
     seqs = [
         *merge_calls([call([1, 2], [3, 4]), call([1, 2, 3, 4, 5], [6])], owner=0),
