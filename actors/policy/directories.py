@@ -17,6 +17,7 @@ PACKAGED = {
     EMBEDDED: EMBEDDED_DIR,
     "embedded-calculator": Path(__file__).parent / "embedded_calculator",
     "embedded-code": Path(__file__).parent / "embedded_code",
+    "embedded-agent": Path(__file__).parent / "embedded_agent",
     "embedded-long": Path(__file__).parent / "embedded_long",
 }
 

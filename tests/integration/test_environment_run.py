@@ -95,3 +95,49 @@ def environment_greedy_reward(prompts: int) -> float:
 
     model, codec = load_model("embedded-calculator")
     return calculator_reward(model, codec, prompts)
+
+
+@pytest.mark.heavy  # with the other harness run above
+def test_the_calculator_as_a_function_calling_agent_trains_each_episode_as_one_sequence(
+    tmp_path: Path,
+) -> None:
+    """deploy/configs/calculator-tools.yaml: the openai client's chat calls with tools,
+    over several turns an episode; the server splices each call onto the last, so each
+    trajectory trains as one sequence of the ids sampled, the tool's answers untrained;
+    validation through the API at version 0 is the warm-up's own greedy episodes."""
+    from asyncrl.runtime.contract.rollout_dumps import read_rollouts
+
+    run_dir = tmp_path / "run"
+    run_calculator(
+        run_dir, "data.val_every_versions=10", "data.val_prompts=16", "run.dump_rollouts=true",
+        config="calculator-tools.yaml",
+    )  # fmt: skip
+    steps = steps_of(run_dir)
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
+    lines = [line for step in read_rollouts(run_dir / "rollouts").trained.values() for line in step]
+    assert lines
+    groups: dict[int, list[dict]] = {}
+    for line in lines:
+        groups.setdefault(line["gid"], []).append(line)
+    for group in groups.values():  # one line (sequence) per trajectory
+        assert sorted(line["trajectory"] for line in group) == list(range(len(group)))
+    # Replies per episode: the model's end-of-sequence tokens (each reply ends with one).
+    replies = [line["response_ids"].count(1) for line in lines]
+    assert max(replies) >= 2 and sum(replies) / len(replies) > 1.5
+    assert all(
+        "<tool_call>" in line["response"] for line in lines if line["response_ids"].count(1) > 1
+    )
+    validation = json.loads((run_dir / "validation.jsonl").read_text().splitlines()[0])
+    assert validation["worker"] == "harness-0" and validation["version"] == 0
+    assert validation["val_reward"] == agent_greedy_reward(16)
+    assert processes_mentioning(str(run_dir)) == []
+
+
+def agent_greedy_reward(prompts: int) -> float:
+    from asyncrl.actors.policy.chat_template import ChatTemplate
+    from asyncrl.actors.policy.checkpoint import load_model, model_dir
+    from tests.tools.warmup import agent_reward
+
+    model, codec = load_model("embedded-agent")
+    return agent_reward(model, codec, ChatTemplate.from_dir(model_dir("embedded-agent")), prompts)

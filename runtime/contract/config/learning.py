@@ -82,7 +82,8 @@ class ModelSection:
         metadata=doc(
             "model directory, or a packaged model: 'embedded' (the demo's), "
             "'embedded-long' (up to 30 digits), 'embedded-calculator' (the calculator "
-            "task's) or 'embedded-code' (the code task's)"
+            "task's), 'embedded-agent' (the calculator as a chat model calling it as a "
+            "tool) or 'embedded-code' (the code task's)"
         ),
     )
     dtype: Literal["float32", "bfloat16"] = field(
