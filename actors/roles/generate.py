@@ -53,7 +53,7 @@ from asyncrl.transport.weights import make_receiver
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..episodes import EpisodeDone, Episodes
-from ..evaluation.passes import ValidationPass
+from ..evaluation.passes import FINAL_VERSION_WAIT_S, ValidationPass
 from ..evaluation.sets import validation_sets
 from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished
@@ -76,9 +76,6 @@ log = structlog.get_logger("asyncrl.generate")
 # poll waits for the scheduler's events, which say nothing of HTTP requests).
 SERVE_POLL_S = 0.005
 _MAX_STUCK = 3  # environment calls left running past their time before a fresh process
-# When the run is over, how long the validating generator waits for the run's last
-# version before it validates the newest it has (a trainer that died publishing it).
-FINAL_VERSION_WAIT_S = 60.0
 
 
 @dataclass

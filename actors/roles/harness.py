@@ -10,14 +10,18 @@ reward role keeps. Sessions run on an asyncio loop of this worker's own
 (:mod:`..serving.sessions`), so a slow harness holds up neither the worker's talk with the
 scheduler nor any generator.
 
-Validation: every ``data.val_every_versions`` versions the harness worker with index 0 (or
-none) runs the harness once on each of the first ``data.val_prompts`` samples of every
+Validation: every ``data.val_every_versions`` versions, and the run's last version as it
+ends, the harness worker with index 0 (or none) runs the harness once on each of the
+first ``data.val_prompts`` samples of every
 validation set, on validation sessions whose calls the generators decode greedily and do
 not record, and reports the figures a generator reports of a task, per data source and
 overall (a failed session counts 0). Greedy calls make one response per prompt: a
 harness run takes ``data.val_samples`` 1 only.
 Its calls run on the live generators, so a version loaded meanwhile serves the rest: the
-report names the version that was loaded when it began.
+report names the version that was loaded when it began. When the run is over the worker
+stays (``lingers``) until the generators run the last version and it has validated that
+one (or the newest, if the last does not come within FINAL_VERSION_WAIT_S); the scheduler
+keeps the generators and the trainer meanwhile.
 
 A session that raises, outlives ``data.harness_timeout_s``, returns a non-number or
 makes no model call fails its group with the reason (tried again, then reported dead),
@@ -51,6 +55,7 @@ from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from ..evaluation.passes import FINAL_VERSION_WAIT_S
 from ..evaluation.scores import Scores
 from ..evaluation.sets import ValidationSet, validation_sets
 from ..payloads import PromptIn, RolloutsOut
@@ -100,6 +105,7 @@ class Harness(StreamingActor):
         self.validation: _Validation | None = None
         self.last_validated: int | None = None
         self.reports: list[p.Report] = []
+        self.finishing_since: float | None = None  # the run is over: its last validation
 
     def on_start(self, ctx: WorkerContext) -> None:
         data = ctx.config.data
@@ -151,7 +157,13 @@ class Harness(StreamingActor):
             return
         every = self.ctx.config.data.val_every_versions
         last = self.last_validated
-        if last is not None and self.loaded // every <= last // every:
+        if self.finishing_since is not None:
+            # The run is over: its last version, once the generators run it (or the
+            # newest, if it does not come), unless that one is validated already.
+            here = self.loaded >= self.ctx.config.run.total_steps or self._waited_out
+            if last == self.loaded or not here:
+                return
+        elif last is not None and self.loaded // every <= last // every:
             return
         self.last_validated = self.loaded
         sets = validation_sets(self.task, self.ctx.config.data.val_prompts)
@@ -185,6 +197,27 @@ class Harness(StreamingActor):
         metrics = scores.metrics()
         metrics["val_seconds"] = round(time.monotonic() - v.started, 3)
         self.reports.append(p.Report(self.ctx.worker, "validation", v.version, metrics))
+
+    def on_run_over(self) -> None:
+        self.finishing_since = time.monotonic()
+
+    def lingers(self) -> bool:
+        """The run is over and its last version's validation is still to come."""
+        if self.finishing_since is None or not self.validates:
+            return False
+        self._look()  # reads the generators' versions, and may start the last pass
+        self._finish_validation()
+        if self.validation is not None:
+            return True
+        validated = self.last_validated is not None and self.last_validated == self.loaded
+        done = self.loaded is not None and self.loaded >= self.ctx.config.run.total_steps
+        return not (validated and (done or self._waited_out))
+
+    @property
+    def _waited_out(self) -> bool:
+        """The run's last version has not come in time: the newest one will do."""
+        since = self.finishing_since
+        return since is not None and time.monotonic() - since >= FINAL_VERSION_WAIT_S
 
     def take_reports(self) -> list[p.Report]:
         reports, self.reports = self.reports, []
@@ -255,9 +288,11 @@ class Harness(StreamingActor):
                 future.cancel()
         leases = [running.lease for running in self.running.values()]
         self.running.clear()
-        if self.validation is not None:
+        # Measured again at the next due version; at the end of the run the pass goes on,
+        # to report the last version.
+        if self.validation is not None and self.finishing_since is None:
             self.validation.results.cancel()
-            self.validation = None  # measured again at the next due version
+            self.validation = None
         return leases
 
     def on_stop(self) -> None:

@@ -62,6 +62,9 @@ def test_the_arithmetic_task_trains_through_a_harness_asking_once(tmp_path: Path
     assert validation[0]["worker"] == "harness-0" and validation[0]["version"] == 0
     assert validation[0]["val_prompts"] == 8 and validation[0]["val_reward_errors"] == 0
     assert validation[0]["val_reward"] == base_model_greedy_reward(8)
+    # The run's last version was validated as it ended, through generators that stayed
+    # for it.
+    assert validation[-1]["version"] == STEPS and validation[-1]["val_reward_errors"] == 0
     # Sessions went to both generators, and every session's records were collected.
     for generator in ("generate-0", "generate-1"):
         (stopped,) = records(run_dir, generator, "stopped serving")

@@ -83,7 +83,10 @@ class LeaseRequests:
         trace: Trace,
         step_lines: StepLines,
         awaits_final_validation: Callable[[], bool] = lambda: False,
+        validation_needs: frozenset[str] = frozenset(),
     ) -> None:
+        """``validation_needs``: the roles besides the trainer that the last version's
+        validation needs while it runs (a harness's validates through the generators)."""
         self.core = core
         self.progress = progress
         self.waiting = waiting
@@ -94,6 +97,7 @@ class LeaseRequests:
         self.step_lines = step_lines
         self.step_role = core.pipeline.gated(Gate.STEP).role
         self.awaits_final_validation = awaits_final_validation
+        self.kept_for_validation = validation_needs | {self.step_role}
 
     def claim(self, m: p.Claim, now: float) -> p.Message:
         reply = self._claim(m, now)
@@ -106,8 +110,9 @@ class LeaseRequests:
     def _claim(self, m: p.Claim, now: float) -> p.Message:
         if self.progress.draining is not None:
             # The trainer holds the last version's weights: it stays while the run's
-            # validation of that version may still need to fetch them.
-            if m.role == self.step_role and self.awaits_final_validation():
+            # validation of that version may still need to fetch them; so do the
+            # generators a harness validates through.
+            if m.role in self.kept_for_validation and self.awaits_final_validation():
                 return p.NoWork("the last version is being validated")
             return p.Shutdown(self.progress.draining)
         if m.role == self.core.pipeline.entry_role:

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from asyncrl.runtime.contract.stages import Gate, GroupState
+from asyncrl.runtime.contract.stages import Gate, GroupState, Role
 from asyncrl.runtime.scheduler.core import SchedulerCore
 from asyncrl.runtime.scheduler.core.effects import (
     CriticRolledBackTo,
@@ -160,6 +160,10 @@ class SchedulerService:
             trace,
             step_lines,
             lambda: self.awaits_final_validation,
+            # A harness validates through the generators' API: they stay for it too.
+            frozenset({Role.GENERATE.value})
+            if validating_role == Role.HARNESS.value
+            else frozenset(),
         )
         self.weight_requests = WeightRequests(
             core, self.routes, self.critic_routes, self.path, trace, self.emit, self.lease_requests
