@@ -63,6 +63,18 @@ PIECES = (
 # spaces.
 TOOL_CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 TOOL_CALL_ARGUMENTS = {"a": 1, "b": 2}
+# The tool that call calls, as a chat request offers it.
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "The sum of a and b.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        },
+    },
+}
 END = "<|im_end|>"
 _ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
 _HIDDEN = 256
