@@ -39,7 +39,7 @@ class ServedApi:
     steps: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self, session: str, *, greedy: bool = False) -> openai.OpenAI:
-        """The openai client of one session (a greedy session's: validation, not trained)."""
+        """The openai client of one session (``greedy``: decoded greedily, nothing recorded)."""
         entry = self.entry
         url = entry.greedy_url(session) if greedy else entry.session_url(session)
         return openai.OpenAI(base_url=url, api_key=entry.key, max_retries=0)
