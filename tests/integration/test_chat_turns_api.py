@@ -21,10 +21,9 @@ from asyncrl.actors.serving.merge import merge_calls
 from tests.support.scripted_model import (
     ADD_TOOL,
     END,
-    QWEN,
     TOOL_CALL,
     TOOL_CALL_ARGUMENTS,
-    scripted_model,
+    tool_caller_config,
 )
 from tests.support.served_api import ServedApi, served_api
 
@@ -35,15 +34,7 @@ TOOLS = [ADD_TOOL]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
-    root = tmp_path_factory.mktemp("turns")
-    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
-    config = {
-        "run": {"dir": str(root / "run")},
-        "data": {"harness": "tests.support.harnesses:ask_once"},
-        "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
-        "algorithm": {"temperature": 1.0},
-    }
-    with served_api(config, slots=4) as served:
+    with served_api(tool_caller_config(tmp_path_factory.mktemp("turns")), slots=4) as served:
         yield served
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.scripted_model import ADD_TOOL, QWEN, TOOL_CALL, scripted_model
+from tests.support.scripted_model import ADD_TOOL, tool_caller_config
 from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,14 +22,7 @@ TOOLS = [ADD_TOOL]
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
     """A generator's API over a model that calls the tool at every turn."""
-    root = tmp_path_factory.mktemp("kept")
-    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
-    config = {
-        "run": {"dir": str(root / "run")},
-        "data": {"harness": "tests.support.harnesses:ask_once"},
-        "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
-    }
-    with served_api(config, slots=4) as served:
+    with served_api(tool_caller_config(tmp_path_factory.mktemp("kept")), slots=4) as served:
         yield served
 
 

@@ -163,6 +163,19 @@ def scripted_model(directory: Path, script: Sequence[str] = (), dialect: Dialect
     return directory
 
 
+def tool_caller_config(root: Path) -> dict:
+    """A run's config (as a dict, under ``root``) serving the Qwen-style model that calls
+    the add tool at every turn (:data:`TOOL_CALL`), at the temperature its margins are
+    made for, with room for a long session's prompts."""
+    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
+    return {
+        "run": {"dir": str(root / "run")},
+        "data": {"harness": "tests.support.harnesses:ask_once"},
+        "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
+        "algorithm": {"temperature": 1.0},
+    }
+
+
 def tokenizer_ids(tokenizer) -> dict[str, int]:
     return tokenizer.get_vocab(with_added_tokens=True)
 
