@@ -14,45 +14,31 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-import threading
 import time
 import urllib.request
 
 import openai
 
-from asyncrl.actors.policy.decoder import Decoder
-from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
-from asyncrl.actors.serving.serving import Serving
-from asyncrl.actors.startup.model_loading import load_policy
-from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.actors.serving.directory import ApiEntry
+from tests.support.served_api import ServedApi, served_api
 
 PROMPT = "4589+123="
 
 
-class Loop:
-    """The generator's decode loop on a thread, counting its steps and their time."""
+class StepClock:
+    """The decode loop's step (``Serving.advance``), counting the steps that had work and
+    their time."""
 
-    def __init__(self, serving: Serving, decoder: Decoder) -> None:
-        self.serving, self.decoder = serving, decoder
+    def __init__(self) -> None:
         self.steps, self.step_s = 0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started, busy = time.perf_counter(), self.decoder.busy or self.serving.busy
-            self.serving.advance(self.decoder)
-            if busy:
-                self.steps += 1
-                self.step_s += time.perf_counter() - started
-            if not self.decoder.busy:
-                time.sleep(0.002)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
+    def __call__(self, served: ServedApi) -> None:
+        started = time.perf_counter()
+        busy = served.decoder.busy or served.serving.busy
+        served.serving.advance(served.decoder)
+        if busy:
+            self.steps += 1
+            self.step_s += time.perf_counter() - started
 
 
 def one_at_a_time(entry: ApiEntry, calls: int = 20) -> None:
@@ -91,35 +77,22 @@ async def sessions(entry: ApiEntry, count: int, calls: int, max_tokens: int) -> 
 
 
 def main() -> None:
-    cfg = config_from_dict(
-        {
-            "run": {"dir": tempfile.mkdtemp()},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
-        }
-    )
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(
-        model, slots=64, max_new_tokens=80, max_prompt_tokens=512, eos_id=codec.eos_ids,
-        pad_id=codec.pad_id,
-    )  # fmt: skip
-    serving = Serving(
-        cfg, "bench", codec, vocab_size=model.config.vocab_size, max_prompt_tokens=512, version=0
-    )
-    loop = Loop(serving, decoder)
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    try:
-        one_at_a_time(entry)
+    config = {
+        "run": {"dir": tempfile.mkdtemp()},
+        "data": {"harness": "tests.support.harnesses:ask_once"},
+        "model": {"max_new_tokens": 80, "max_prompt_tokens": 512},
+    }
+    clock = StepClock()
+    with served_api(config, slots=64, step=clock) as served:
+        one_at_a_time(served.entry)
         for count, calls, max_tokens in ((1, 50, 1), (32, 4, 1), (32, 2, 80)):
-            loop.steps, loop.step_s = 0, 0.0
-            took = asyncio.run(sessions(entry, count, calls, max_tokens))
+            clock.steps, clock.step_s = 0, 0.0
+            took = asyncio.run(sessions(served.entry, count, calls, max_tokens))
             print(
                 f"{count} sessions x {calls} calls of up to {max_tokens} tokens: {took:.2f} s "
-                f"({took / (count * calls) * 1e3:.1f} ms a call); {loop.steps} decode steps "
-                f"took {loop.step_s:.2f} s of it"
+                f"({took / (count * calls) * 1e3:.1f} ms a call); {clock.steps} decode steps "
+                f"took {clock.step_s:.2f} s of it"
             )
-    finally:
-        loop.stop()
-        serving.stop()
 
 
 if __name__ == "__main__":

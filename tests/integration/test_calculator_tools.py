@@ -5,25 +5,16 @@ its greedy episodes through the API are the warm-up's own."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from asyncrl.actors.policy.chat_template import ChatTemplate
 from asyncrl.actors.policy.checkpoint import load_model
-from asyncrl.actors.policy.decoder import Decoder
 from asyncrl.actors.policy.directories import model_dir
-from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
-from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import SessionRunner, load_harness
-from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.tasks import calculator
-from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.rundir import RunDir
+from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,54 +22,25 @@ HARNESS = "asyncrl.actors.tasks.calculator_tools_harness:run"
 PROMPT_TOKENS, NEW_TOKENS = 104, 16  # deploy/configs/calculator-tools.yaml's
 
 
-@dataclass
-class Served:
-    entry: ApiEntry
-    codec: TextCodec
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    root = tmp_path_factory.mktemp("tools")
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(root / "run")},
-            "data": {"task": "asyncrl.actors.tasks.calculator:task", "harness": HARNESS},
-            "model": {"path": "embedded-agent", "max_new_tokens": NEW_TOKENS,
-                      "max_prompt_tokens": PROMPT_TOKENS},
-        }
-    )  # fmt: skip
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(model, slots=16, max_new_tokens=NEW_TOKENS, max_prompt_tokens=PROMPT_TOKENS,
-                      eos_id=codec.eos_ids, pad_id=codec.pad_id)  # fmt: skip
-    serving = Serving(cfg, "generate-0", codec, vocab_size=model.config.vocab_size,
-                      max_prompt_tokens=PROMPT_TOKENS, version=0)  # fmt: skip
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    stop = threading.Event()
-
-    def decode() -> None:  # the generate worker's main thread, in short
-        while not stop.is_set():
-            serving.advance(decoder)
-            if not decoder.busy:
-                time.sleep(0.002)
-
-    loop = threading.Thread(target=decode, daemon=True)
-    loop.start()
-    try:
-        yield Served(entry, codec)
-    finally:
-        stop.set()
-        loop.join(5)
-        serving.stop()
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
+    config = {
+        "run": {"dir": str(tmp_path_factory.mktemp("tools") / "run")},
+        "data": {"task": "asyncrl.actors.tasks.calculator:task", "harness": HARNESS},
+        "model": {"path": "embedded-agent", "max_new_tokens": NEW_TOKENS,
+                  "max_prompt_tokens": PROMPT_TOKENS},
+    }  # fmt: skip
+    with served_api(config, slots=16) as served:
+        yield served
 
 
-def runner(served: Served) -> SessionRunner:
+def runner(served: ServedApi, harness: str = HARNESS) -> SessionRunner:
     return SessionRunner(
-        load_harness(HARNESS), HARNESS, timeout_s=60, concurrency=8, servers=lambda: [served.entry]
+        load_harness(harness), harness, timeout_s=60, concurrency=8, servers=lambda: [served.entry]
     )
 
 
-def test_episodes_call_the_tool_and_train_as_one_sequence_each(served: Served) -> None:
+def test_episodes_call_the_tool_and_train_as_one_sequence_each(served: ServedApi) -> None:
     sessions = runner(served)
     try:
         sample = calculator.task.sample("train", 7)  # 703*15+887=
@@ -104,7 +66,7 @@ def test_episodes_call_the_tool_and_train_as_one_sequence_each(served: Served) -
         assert tokens[-1] == codec.eos_id and trained[-1]
 
 
-def test_greedy_episodes_through_the_api_are_the_warm_ups_own(served: Served) -> None:
+def test_greedy_episodes_through_the_api_are_the_warm_ups_own(served: ServedApi) -> None:
     """Validation through the API (greedy sessions): the same replies, turn by turn, as
     the warm-up's episodes of the same model played on the decoder directly."""
     from tests.tools.warmup import agent_episodes
@@ -124,7 +86,7 @@ def test_greedy_episodes_through_the_api_are_the_warm_ups_own(served: Served) ->
 
 
 def test_an_agent_written_with_the_openai_agents_sdk_plays_the_same_episodes(
-    served: Served,
+    served: ServedApi,
 ) -> None:
     """The same task as an Agents SDK agent (tests/support/calculator_agents_sdk.py): the
     SDK's own loop of calls and tool runs gets the same greedy rewards, and its sampled
@@ -132,12 +94,7 @@ def test_an_agent_written_with_the_openai_agents_sdk_plays_the_same_episodes(
     pytest.importorskip("agents", reason="the OpenAI Agents SDK: pip install openai-agents")
     sdk = "tests.support.calculator_agents_sdk:run"
     samples = [calculator.task.sample("validation", i) for i in range(16)]
-    by_hand, by_sdk = (
-        runner(served),
-        SessionRunner(
-            load_harness(sdk), sdk, timeout_s=60, concurrency=8, servers=lambda: [served.entry]
-        ),
-    )
+    by_hand, by_sdk = runner(served), runner(served, sdk)
     try:
         assert by_sdk.run_validation(samples, "s").result(60) == by_hand.run_validation(
             samples, "h"

@@ -9,119 +9,44 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
 from asyncrl.actors.policy.chat_template import ChatTemplate
-from asyncrl.actors.policy.decoder import Decoder
-from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.serving.call_records import CallRecord, decode_records
-from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.merge import merge_calls
-from asyncrl.actors.serving.serving import Serving
-from asyncrl.actors.startup.model_loading import load_policy
-from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.scripted_model import (
+    ADD_TOOL,
     END,
-    QWEN,
     TOOL_CALL,
     TOOL_CALL_ARGUMENTS,
-    scripted_model,
+    tool_caller_config,
 )
+from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(120)
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "The sum of a and b.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-            },
-        },
-    }
-]
-
-
-@dataclass
-class Served:
-    entry: ApiEntry
-    serving: Serving
-    codec: TextCodec
-    template: ChatTemplate
+TOOLS = [ADD_TOOL]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    root = tmp_path_factory.mktemp("turns")
-    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(root / "run")},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
-            "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
-            "algorithm": {"temperature": 1.0},
-        }
-    )
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(
-        model, slots=4, max_new_tokens=8, max_prompt_tokens=2048, eos_id=codec.eos_ids,
-        pad_id=codec.pad_id,
-    )  # fmt: skip
-    serving = Serving(
-        cfg, "generate-0", codec, vocab_size=model.config.vocab_size, max_prompt_tokens=2048,
-        version=0,
-    )  # fmt: skip
-    stop = threading.Event()
-
-    def decode() -> None:  # the generate worker's main thread, in short
-        while not stop.is_set():
-            serving.advance(decoder)
-            if not decoder.busy:
-                time.sleep(0.002)
-
-    loop = threading.Thread(target=decode, daemon=True)
-    loop.start()
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    try:
-        yield Served(entry, serving, codec, ChatTemplate.from_dir(directory))
-    finally:
-        stop.set()
-        loop.join(5)
-        serving.stop()
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
+    with served_api(tool_caller_config(tmp_path_factory.mktemp("turns")), slots=4) as served:
+        yield served
 
 
-def client(served: Served, session: str, *, greedy: bool = False) -> openai.OpenAI:
-    entry = served.entry
-    url = entry.greedy_url(session) if greedy else entry.session_url(session)
-    return openai.OpenAI(base_url=url, api_key=entry.key, max_retries=0)
+def template_of(served: ServedApi) -> ChatTemplate:
+    return ChatTemplate.from_dir(Path(served.cfg.model.path))
 
 
-def records(served: Served, session: str) -> list[CallRecord]:
-    entry = served.entry
-    request = urllib.request.Request(
-        f"{entry.url}/sessions/{session}/record", headers={"Authorization": f"Bearer {entry.key}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        return decode_records(reply.read())
-
-
-def expected_prompts(served: Served, transcript: list[dict[str, Any]], calls: int) -> list:
+def expected_prompts(served: ServedApi, transcript: list[dict[str, Any]], calls: int) -> list:
     """Each call's prompt as it must be: the first, the template's rendering; each later
     one, the last prompt, what the model sampled ([the call, <|im_end|>]) and the ids of
     the text the template renders after that assistant turn."""
-    codec, template = served.codec, served.template
+    codec, template = served.codec, template_of(served)
     sampled = [*codec.encode(TOOL_CALL), codec.eos_id]
     asked = [i for i, m in enumerate(transcript) if m["role"] == "assistant"][:calls]
     prompts = [codec.encode(template.render(transcript[: asked[0]], tools=TOOLS))]
@@ -135,8 +60,8 @@ def expected_prompts(served: Served, transcript: list[dict[str, Any]], calls: in
     return prompts
 
 
-def test_a_tool_calling_agent_over_four_turns_trains_as_one_sequence(served: Served) -> None:
-    api = client(served, "agent")
+def test_a_tool_calling_agent_over_four_turns_trains_as_one_sequence(served: ServedApi) -> None:
+    api = served.client("agent")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2, four times."}]
     choices = []
     for turn in range(4):
@@ -153,7 +78,7 @@ def test_a_tool_calling_agent_over_four_turns_trains_as_one_sequence(served: Ser
         if turn == 2:
             messages.append({"role": "user", "content": "Once more."})
 
-    calls = records(served, "agent")
+    calls = served.records("agent")
     assert len(calls) == 4
     prompts = expected_prompts(served, messages, 4)
     sampled = [*served.codec.encode(TOOL_CALL), served.codec.eos_id]
@@ -162,7 +87,7 @@ def test_a_tool_calling_agent_over_four_turns_trains_as_one_sequence(served: Ser
         assert call.completion_ids == sampled
         assert choice.model_extra["prompt_token_ids"] == prompt
     # The template writes the call its own way: rendered afresh, the ids would differ.
-    fresh = served.codec.encode(served.template.render(messages[:3], tools=TOOLS))
+    fresh = served.codec.encode(template_of(served).render(messages[:3], tools=TOOLS))
     assert fresh[: len(prompts[0]) + 2] != [*prompts[0], *sampled]
 
     (sequence,) = merge_calls(calls, owner=0)
@@ -197,23 +122,23 @@ def streamed_message(api: openai.OpenAI, messages: list[dict[str, Any]]) -> tupl
     return {"role": "assistant", "content": content or None, "tool_calls": tool_calls}, prompt
 
 
-def test_streamed_calls_continue_one_another_too(served: Served) -> None:
-    api = client(served, "streamed")
+def test_streamed_calls_continue_one_another_too(served: ServedApi) -> None:
+    api = served.client("streamed")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2, twice."}]
     for _ in range(3):
         message, _ = streamed_message(api, messages)
         (call,) = message["tool_calls"]
         messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": "3"}]
-    calls = records(served, "streamed")
+    calls = served.records("streamed")
     assert [c.prompt_ids for c in calls] == expected_prompts(served, messages, 3)
     (sequence,) = merge_calls(calls, owner=0)
     assert sum(sequence.trained) == 3 * 2
 
 
 def test_a_greedy_sessions_turns_continue_exactly_though_nothing_is_recorded(
-    served: Served,
+    served: ServedApi,
 ) -> None:
-    api = client(served, "checked", greedy=True)
+    api = served.client("checked", greedy=True)
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2."}]
     prompts = []
     for _ in range(3):
@@ -227,11 +152,11 @@ def test_a_greedy_sessions_turns_continue_exactly_though_nothing_is_recorded(
             {"role": "tool", "tool_call_id": call.id, "content": "3"},
         ]
     assert prompts == expected_prompts(served, messages, 3)
-    assert records(served, "checked") == []  # a greedy session's: none to train on
+    assert served.records("checked") == []  # a greedy session's: none to train on
 
 
-def test_of_several_choices_the_next_call_continues_the_one_sent_back(served: Served) -> None:
-    api = client(served, "choices")
+def test_of_several_choices_the_next_call_continues_the_one_sent_back(served: ServedApi) -> None:
+    api = served.client("choices")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2."}]
     first = api.chat.completions.create(model="policy", messages=messages, tools=TOOLS, n=2)
     kept = first.choices[1].message  # the same call written, with an id of its own
@@ -241,7 +166,7 @@ def test_of_several_choices_the_next_call_continues_the_one_sent_back(served: Se
         {"role": "tool", "tool_call_id": kept.tool_calls[0].id, "content": "3"},
     ]
     second = api.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-    one, other, last = records(served, "choices")
+    one, other, last = served.records("choices")
     assert last.prompt_ids == expected_prompts(served, [*messages, {"role": "assistant"}], 2)[1]
     assert second.choices[0].model_extra["prompt_token_ids"] == last.prompt_ids
     # The first choice trains alone; the second and the call that continued it, as one.

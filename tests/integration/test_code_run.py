@@ -4,7 +4,6 @@ reward worker's log, and the run ends exactly as an undisturbed one does."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -14,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from asyncrl.actors.sandbox import sandbox_problem
+from tests.support import default_run
 from tests.support.cluster import processes_mentioning
-from tests.support.default_run import records
+from tests.support.default_run import REPO, records, run_config
 from tests.support.host_run import check_exactly_once
 from tests.support.hostile_code import ESCAPED, HOSTILE
 
@@ -25,23 +25,11 @@ needs_a_sandbox = pytest.mark.skipif(
 )
 pytestmark = pytest.mark.timeout(300)
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 
 def run_code(run_dir: Path, *overrides: str) -> None:
-    argv = [
-        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
-        "-c", str(REPO / "deploy" / "configs" / "code.yaml"),
-        f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=0",
-        "scheduler.control_port=0", "scheduler.events_port=0", *overrides,
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=250, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
-def steps_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_config("code.yaml", run_dir, STEPS, *overrides, timeout_s=250)
 
 
 @pytest.mark.heavy  # about a minute: with the heavy tests, which CI runs
@@ -49,7 +37,7 @@ def steps_of(run_dir: Path) -> list[dict]:
 def test_the_code_config_trains_on_programs_run_in_the_sandbox(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_code(run_dir)
-    steps = steps_of(run_dir)
+    steps = default_run.steps(run_dir)
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     # The base model writes the right function now and then: rewards in between.
     assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1

@@ -4,43 +4,27 @@ real processes. A flaky environment fails its groups with the reason; the run go
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import default_run
 from tests.support.cluster import processes_mentioning
-from tests.support.default_run import records
+from tests.support.default_run import records, run_config
 
 pytestmark = pytest.mark.timeout(240)
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 
-def run_calculator(
-    run_dir: Path, *overrides: str, config: str = "calculator.yaml"
-) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
-        "-c", str(REPO / "deploy" / "configs" / config),
-        f"run.dir={run_dir}", f"run.total_steps={STEPS}", "data.val_every_versions=0",
-        "scheduler.control_port=0", "scheduler.events_port=0", *overrides,
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=200, cwd=REPO)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done
-
-
-def steps_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def run_calculator(run_dir: Path, *overrides: str, config: str = "calculator.yaml") -> None:
+    run_config(config, run_dir, STEPS, *overrides)
 
 
 def test_the_calculator_config_trains_on_episodes_with_the_tool(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_calculator(run_dir)
-    steps = steps_of(run_dir)
+    steps = default_run.steps(run_dir)
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     # The base model calls the calculator and is right on about a third of the problems.
     assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
@@ -53,7 +37,7 @@ def test_the_calculator_config_trains_on_episodes_with_the_tool(tmp_path: Path) 
 def test_an_environment_that_raises_fails_its_groups_and_the_run_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_calculator(run_dir, "data.environment=tests.support.flaky_env:BreaksOnSevens")
-    assert [s["step"] for s in steps_of(run_dir)] == list(range(1, STEPS + 1))
+    assert [s["step"] for s in default_run.steps(run_dir)] == list(range(1, STEPS + 1))
     failed = records(run_dir, "generate-0", "group failed")
     assert failed, "no problem's answer ended in 7"
     assert all(
@@ -79,7 +63,7 @@ def test_the_calculator_through_an_openai_client_harness_trains_the_same_episode
         run_dir, "data.val_every_versions=10", "data.val_prompts=16",
         config="calculator-openai.yaml",
     )  # fmt: skip
-    steps = steps_of(run_dir)
+    steps = default_run.steps(run_dir)
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
     assert max(s["response_len_max"] for s in steps) > 16
@@ -112,7 +96,7 @@ def test_the_calculator_as_a_function_calling_agent_trains_each_episode_as_one_s
         run_dir, "data.val_every_versions=10", "data.val_prompts=16", "run.dump_rollouts=true",
         config="calculator-tools.yaml",
     )  # fmt: skip
-    steps = steps_of(run_dir)
+    steps = default_run.steps(run_dir)
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
     assert 0 < sum(s["reward_mean"] for s in steps) / STEPS < 1
     lines = [line for step in read_rollouts(run_dir / "rollouts").trained.values() for line in step]

@@ -6,93 +6,29 @@ reuse changes a token or a log-prob is the decoder's tests' question
 
 from __future__ import annotations
 
-import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import openai
 import pytest
 
-from asyncrl.actors.policy.decoder import Decoder
-from asyncrl.actors.serving.call_records import CallRecord, decode_records
-from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
-from asyncrl.actors.serving.serving import Serving
-from asyncrl.actors.startup.model_loading import load_policy
-from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.rundir import RunDir
-from tests.support.scripted_model import QWEN, TOOL_CALL, scripted_model
+from tests.support.scripted_model import ADD_TOOL, tool_caller_config
+from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(120)
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "The sum of a and b.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiEntry, Decoder]]:
-    """A generator's API over a model that calls the tool at every turn, decoded on a
-    thread as the generate worker's main loop does."""
-    root = tmp_path_factory.mktemp("kept")
-    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(root / "run")},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
-            "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
-        }
-    )
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(
-        model, slots=4, max_new_tokens=8, max_prompt_tokens=2048, eos_id=codec.eos_ids,
-        pad_id=codec.pad_id,
-    )  # fmt: skip
-    serving = Serving(
-        cfg, "generate-0", codec, vocab_size=model.config.vocab_size, max_prompt_tokens=2048,
-        version=0,
-    )  # fmt: skip
-    stop = threading.Event()
-
-    def decode() -> None:
-        while not stop.is_set():
-            serving.advance(decoder)
-            if not decoder.busy:
-                time.sleep(0.002)
-
-    loop = threading.Thread(target=decode, daemon=True)
-    loop.start()
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    try:
-        yield entry, decoder
-    finally:
-        stop.set()
-        loop.join(5)
-        serving.stop()
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
+    """A generator's API over a model that calls the tool at every turn."""
+    with served_api(tool_caller_config(tmp_path_factory.mktemp("kept")), slots=4) as served:
+        yield served
 
 
-def records(entry: ApiEntry, session: str) -> list[CallRecord]:
-    request = urllib.request.Request(
-        f"{entry.url}/sessions/{session}/record", headers={"Authorization": f"Bearer {entry.key}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        return decode_records(reply.read())
-
-
-def test_a_chat_sessions_later_calls_compute_only_their_new_tokens(served) -> None:
-    entry, decoder = served
-    api = openai.OpenAI(base_url=entry.session_url("agent"), api_key=entry.key, max_retries=0)
+def test_a_chat_sessions_later_calls_compute_only_their_new_tokens(served: ServedApi) -> None:
+    decoder = served.decoder
+    api = served.client("agent")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Add 1 and 2, four times."}]
     reported = []
     for _ in range(4):
@@ -102,7 +38,7 @@ def test_a_chat_sessions_later_calls_compute_only_their_new_tokens(served) -> No
         (call,) = choice.message.tool_calls
         messages.append(choice.message.model_dump())
         messages.append({"role": "tool", "tool_call_id": call.id, "content": "3"})
-    calls = records(entry, "agent")
+    calls = served.records("agent")
     assert len(calls) == 4
     # Each later call starts with the one before and what it sampled, all of which was
     # in its cache but the last sampled token (never fed).

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -17,99 +13,55 @@ import pytest
 import torch
 
 from asyncrl.actors.policy.checkpoint import model_dir
-from asyncrl.actors.policy.decoder import Decoder, Request
+from asyncrl.actors.policy.decoder import Request
 from asyncrl.actors.policy.sampling import Sampling
 from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.serving.call_records import CallRecord, decode_records
 from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
 from asyncrl.actors.serving.http_server import MAX_BODY_BYTES
 from asyncrl.actors.serving.merge import merge_calls
-from asyncrl.actors.serving.serving import Serving
 from asyncrl.actors.serving.sessions import HarnessFailed, SessionRunner, load_harness
-from asyncrl.actors.startup.model_loading import load_policy
 from asyncrl.actors.tasks import Sample
-from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.cluster import wait_for
+from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(60)
 
 VERSION = 3
 
 
-@dataclass
-class Served:
-    entry: ApiEntry  # the server's entry in the run's API directory
-    decoder: Decoder
-    serving: Serving
-    loads: list[int] = field(default_factory=list)  # versions to load mid-call
-    paused: threading.Event = field(default_factory=threading.Event)  # no decode steps
+@pytest.fixture
+def loads() -> list[int]:
+    """Versions for the decode loop to load, one after a step with a call in flight."""
+    return []
 
 
 @pytest.fixture
-def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+def served(tmp_path: Path, request: pytest.FixtureRequest, loads: list[int]) -> Iterator[ServedApi]:
     """The embedded model served; ``request.param``: data keys beside the harness."""
     data = {"harness": "tests.support.harnesses:ask_once", **getattr(request, "param", {})}
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(tmp_path / "run")},
-            "data": data,
-            "model": {"max_new_tokens": 24, "max_prompt_tokens": 64},
-            "algorithm": {"temperature": 1.0},
-        }
-    )
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(
-        model, slots=8, max_new_tokens=24, max_prompt_tokens=64, eos_id=codec.eos_ids,
-        pad_id=codec.pad_id, version=VERSION,
-    )  # fmt: skip
-    serving = Serving(
-        cfg, "generate-0", codec, vocab_size=model.config.vocab_size, max_prompt_tokens=64,
-        version=VERSION,
-    )  # fmt: skip
-    stop = threading.Event()
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    state = Served(entry, decoder, serving)
+    config = {
+        "run": {"dir": str(tmp_path / "run")},
+        "data": data,
+        "model": {"max_new_tokens": 24, "max_prompt_tokens": 64},
+        "algorithm": {"temperature": 1.0},
+    }
 
-    def decode() -> None:  # the generate worker's main thread, in short
-        while not stop.is_set():
-            if state.paused.is_set():
-                time.sleep(0.002)
-                continue
-            running = bool(decoder.active)
-            serving.advance(decoder)
-            if state.loads and running:  # after a step with a sequence in flight
-                decoder.load(model.state_dict(), state.loads.pop())  # as on_version does
-            if not decoder.busy:
-                time.sleep(0.002)
+    def step(served: ServedApi) -> None:
+        decoder = served.decoder
+        running = bool(decoder.active)
+        served.serving.advance(decoder)
+        if loads and running:  # after a step with a sequence in flight
+            decoder.load(decoder.model.state_dict(), loads.pop())  # as on_version does
 
-    loop = threading.Thread(target=decode, daemon=True)
-    loop.start()
-    try:
-        yield state
-    finally:
-        stop.set()
-        loop.join(5)
-        serving.stop()
-    assert ApiDirectory(RunDir.of(cfg).api_servers).live() == []  # withdrawn on stop
+    with served_api(config, slots=8, version=VERSION, step=step) as served:
+        yield served
+    assert ApiDirectory(RunDir.of(served.cfg).api_servers).live() == []  # withdrawn on stop
 
 
-def client(entry: ApiEntry, session: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=entry.session_url(session), api_key=entry.key, max_retries=0)
-
-
-def records(entry: ApiEntry, session: str) -> list[CallRecord]:
-    request = urllib.request.Request(
-        f"{entry.url}/sessions/{session}/record", headers={"Authorization": f"Bearer {entry.key}"}
-    )
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        return decode_records(reply.read())
-
-
-def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served: Served) -> None:
-    entry = served.entry
-    assert entry.version == VERSION
-    api = client(entry, "s1")
+def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served: ServedApi) -> None:
+    assert served.entry.version == VERSION
+    api = served.client("s1")
     done = api.completions.create(model="policy", prompt="12+34=", max_tokens=20, logprobs=0)
     (choice,) = done.choices
     assert choice.finish_reason in ("stop", "length")
@@ -121,19 +73,19 @@ def test_completions_and_chat_carry_the_log_probs_the_decoder_sampled(served: Se
     content = chat.choices[0].logprobs.content
     assert chat.choices[0].message.role == "assistant" and content
 
-    first, second = records(entry, "s1")
+    first, second = served.records("s1")
     assert first.prompt_ids == [int(t) for t in first.prompt_ids] and len(first.prompt_ids) == 6
     assert first.logprobs == pytest.approx(choice.logprobs.token_logprobs, abs=0)
     assert "".join(choice.logprobs.tokens).startswith(choice.text)
     assert second.logprobs == pytest.approx([c.logprob for c in content], abs=0)
     assert set(first.versions) == set(second.versions) == {VERSION}
     assert all(lp <= 0 for lp in first.logprobs)
-    assert records(entry, "s1") == []  # taken once: freed
+    assert served.records("s1") == []  # taken once: freed
 
 
-def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> None:
-    entry, decoder = served.entry, served.decoder
-    api = client(entry, "s2")
+def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: ServedApi) -> None:
+    decoder = served.decoder
+    api = served.client("s2")
     every_id = list(range(decoder.model.config.vocab_size))
     stopped = api.completions.create(
         model="policy", prompt=[4, 5, 6], logprobs=0, extra_body={"stop_token_ids": every_id}
@@ -141,7 +93,7 @@ def test_token_ids_in_stop_ids_and_max_tokens_are_honoured(served: Served) -> No
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
     short = api.completions.create(model="policy", prompt="99+1=", max_tokens=1)
     assert short.usage.completion_tokens == 1
-    first, second = records(entry, "s2")
+    first, second = served.records("s2")
     assert first.prompt_ids == [4, 5, 6] and not first.truncated
     assert len(first.completion_ids) == len(second.completion_ids) == 1
 
@@ -175,17 +127,16 @@ RUN_SAMPLING = pytest.mark.parametrize("served", [{"harness_sampling": "run"}], 
     ],
 )
 def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
-    served: Served, asked: dict, param: str
+    served: ServedApi, asked: dict, param: str
 ) -> None:
-    entry = served.entry
-    api = client(entry, "bad")
+    api = served.client("bad")
     kwargs = {"model": "policy", "prompt": "1+1=", **asked}
     with pytest.raises(openai.BadRequestError) as refused:
         api.completions.create(**kwargs)
     assert refused.value.status_code == 400
     assert refused.value.body["param"] == param and param in refused.value.body["message"]
     assert refused.value.body["type"] == "invalid_request_error"
-    assert records(entry, "bad") == []
+    assert served.records("bad") == []
     # The generator is still serving.
     assert api.completions.create(model="policy", prompt="1+1=", max_tokens=2).choices
 
@@ -203,9 +154,9 @@ def test_a_request_the_server_cannot_honour_is_a_400_naming_the_field(
     ],
 )
 def test_a_chat_request_the_server_cannot_honour_is_a_400_naming_the_field(
-    served: Served, asked: dict, param: str
+    served: ServedApi, asked: dict, param: str
 ) -> None:
-    api = client(served.entry, "bad-chat")
+    api = served.client("bad-chat")
     kwargs = {"model": "policy", "messages": [{"role": "user", "content": "1+1="}], **asked}
     with pytest.raises(openai.BadRequestError) as refused:
         api.chat.completions.create(**kwargs)
@@ -226,9 +177,9 @@ def test_a_chat_request_the_server_cannot_honour_is_a_400_naming_the_field(
     ],
 )
 def test_with_the_runs_sampling_only_other_sampling_is_a_400(
-    served: Served, asked: dict, param: str
+    served: ServedApi, asked: dict, param: str
 ) -> None:
-    api = client(served.entry, "run")
+    api = served.client("run")
     with pytest.raises(openai.BadRequestError) as refused:
         api.completions.create(model="policy", prompt="1+1=", **asked)
     assert refused.value.body["param"] == param
@@ -236,15 +187,14 @@ def test_with_the_runs_sampling_only_other_sampling_is_a_400(
 
 
 @RUN_SAMPLING
-def test_the_temperature_refused_is_named_with_the_runs(served: Served) -> None:
-    entry = served.entry
+def test_the_temperature_refused_is_named_with_the_runs(served: ServedApi) -> None:
     with pytest.raises(openai.BadRequestError, match=r"algorithm\.temperature=1"):
-        client(entry, "t").chat.completions.create(
+        served.client("t").chat.completions.create(
             model="policy", messages=[{"role": "user", "content": "1+1="}], temperature=0.2
         )
 
 
-def recorded_requests(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
+def recorded_requests(served: ServedApi, monkeypatch: pytest.MonkeyPatch) -> list[Request]:
     """The decoder's requests from now on, as submitted to it."""
     submitted: list[Request] = []
     submit = served.decoder.submit
@@ -260,10 +210,10 @@ def recorded_requests(served: Served, monkeypatch: pytest.MonkeyPatch) -> list[R
 
 @RUN_SAMPLING
 def test_the_runs_sampling_named_is_served_and_a_seed_repeats_a_call(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: ServedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     submitted = recorded_requests(served, monkeypatch)
-    api = client(served.entry, "seeded")
+    api = served.client("seeded")
     # The run's own sampling, named: accepted (top_k and min_p as vLLM's clients send them).
     asked = {"temperature": 1.0, "top_p": 1, "seed": 9, "max_tokens": 6, "stop": ["+"]}
     calls = [
@@ -278,15 +228,15 @@ def test_the_runs_sampling_named_is_served_and_a_seed_repeats_a_call(
         assert request.seed == 9 and request.max_new_tokens == 6 and request.stop_when
         # The decoder's own sampling (the run's) stands: no per-request override.
         assert (request.temperature, request.top_p, request.top_k) == (None, None, None)
-    first, second = records(served.entry, "seeded")
+    first, second = served.records("seeded")
     assert first.completion_ids == second.completion_ids and first.logprobs == second.logprobs
 
 
 def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: ServedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     submitted = recorded_requests(served, monkeypatch)
-    api = client(served.entry, "own")
+    api = served.client("own")
     done = api.completions.create(
         model="policy", prompt="345+6789=", temperature=0.7, top_p=0.9, logprobs=0,
         extra_body={"top_k": 5, "min_p": 0.05}, max_tokens=8,
@@ -294,7 +244,7 @@ def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
     (request,) = submitted
     assert (request.temperature, request.top_p, request.top_k, request.min_p) == (0.7, 0.9, 5, 0.05)
     assert not request.greedy
-    (call,) = records(served.entry, "own")
+    (call,) = served.records("own")
     assert call.logprobs == done.choices[0].logprobs.token_logprobs
     # They are the log-probs of the distribution the call asked for, recomputed so.
     tokens = torch.tensor([[*call.prompt_ids, *call.completion_ids]])
@@ -311,18 +261,18 @@ def test_a_calls_own_sampling_is_decoded_and_its_log_probs_recorded(
     ]
     assert submitted[-1].greedy and submitted[-1].temperature is None
     assert greedy[0].choices[0].text == greedy[1].choices[0].text
-    for call in records(served.entry, "own"):
+    for call in served.records("own"):
         assert call.logprobs == [0.0] * len(call.completion_ids)
 
 
-def test_a_wrong_key_is_refused(served: Served) -> None:
+def test_a_wrong_key_is_refused(served: ServedApi) -> None:
     entry = served.entry
     wrong = openai.OpenAI(base_url=entry.session_url("k"), api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.completions.create(model="policy", prompt="1+1=")
 
 
-def test_a_body_over_the_limit_is_a_413_before_it_is_read(served: Served) -> None:
+def test_a_body_over_the_limit_is_a_413_before_it_is_read(served: ServedApi) -> None:
     entry = served.entry
     host, port = entry.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as conn:
@@ -337,33 +287,34 @@ def test_a_body_over_the_limit_is_a_413_before_it_is_read(served: Served) -> Non
     assert json.loads(body)["error"]["type"] == "invalid_request_error"
 
 
-def test_a_version_loaded_during_a_call_is_recorded_per_token(served: Served) -> None:
-    entry, decoder = served.entry, served.decoder
-    api = client(entry, "v")
+def test_a_version_loaded_during_a_call_is_recorded_per_token(
+    served: ServedApi, loads: list[int]
+) -> None:
+    decoder = served.decoder
+    api = served.client("v")
     for _ in range(10):  # until a call runs long enough for a load to land inside it
         before = decoder.version
-        served.loads[:] = [before + 1]
+        loads[:] = [before + 1]
         api.completions.create(model="policy", prompt="12+34=", max_tokens=12)
-        (call,) = records(entry, "v")
+        (call,) = served.records("v")
         if len(set(call.versions)) > 1:
             break
     assert call.versions == sorted(call.versions)
     assert call.versions[0] == before and call.versions[-1] == before + 1
     # The next call samples under the new version from its first token.
     api.completions.create(model="policy", prompt="12+34=", max_tokens=2)
-    (after,) = records(entry, "v")
+    (after,) = served.records("v")
     assert set(after.versions) == {before + 1}
 
 
-def test_calls_that_extend_the_last_one_merge_into_one_sequence(served: Served) -> None:
-    entry = served.entry
-    api = client(entry, "m")
+def test_calls_that_extend_the_last_one_merge_into_one_sequence(served: ServedApi) -> None:
+    api = served.client("m")
     first = api.completions.create(model="policy", prompt="1+2=", max_tokens=6).choices[0]
     assert first.prompt_token_ids == [int(t) for t in first.prompt_token_ids]
     extended = [*first.prompt_token_ids, *first.token_ids, *api_ids("3+4=")]
     second = api.completions.create(model="policy", prompt=extended, max_tokens=6).choices[0]
     api.completions.create(model="policy", prompt="5+6=", max_tokens=6)  # unrelated
-    calls = records(entry, "m")
+    calls = served.records("m")
     first_seq, other = merge_calls(calls, owner=2)
     assert list(first_seq.tokens) == [*extended, *second.token_ids]
     mask = [False] * len(first.prompt_token_ids) + [True] * len(first.token_ids)
@@ -391,20 +342,20 @@ def run_group(entries: list[ApiEntry], harness: str, timeout_s: float = 20) -> o
         runner.stop()
 
 
-def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served: Served) -> None:
-    entry = served.entry
-    sequences, rewards = run_group([entry], "tests.support.harnesses:ask_once")
+def test_a_group_of_harness_sessions_comes_back_as_one_trajectory_each(served: ServedApi) -> None:
+    sequences, rewards = run_group([served.entry], "tests.support.harnesses:ask_once")
     assert [s.owner for s in sequences] == [0, 1, 2] and len(rewards) == 3
     assert all(r in (0.0, 1.0) for r in rewards)
     assert all(
         list(s.tokens[:6]) == api_ids("12+34=") and not any(s.trained[:6]) for s in sequences
     )
-    assert records(entry, "g-0") == []  # collected
+    assert served.records("g-0") == []  # collected
 
 
-def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(served: Served) -> None:
-    entry = served.entry
-    failed = run_group([entry], "tests.support.harnesses:never_calls")
+def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(
+    served: ServedApi,
+) -> None:
+    failed = run_group([served.entry], "tests.support.harnesses:never_calls")
     assert isinstance(failed, HarnessFailed) and "made no model call" in str(failed)
     alone = run_group([], "tests.support.harnesses:ask_once", timeout_s=0.3)
     assert isinstance(alone, HarnessFailed)
@@ -412,15 +363,14 @@ def test_a_harness_that_makes_no_call_or_finds_no_generator_fails_its_group(serv
 
 
 def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(
-    served: Served,
+    served: ServedApi,
 ) -> None:
-    entry = served.entry
-    api = client(entry, "stop")
+    api = served.client("stop")
     codec = TextCodec.from_dir(model_dir("embedded"))
     stops = ["+0=", "+1="]  # three tokens each; the first column's carry writes one
     for _ in range(5):  # sampling may end a response before its first column
         done = api.completions.create(model="policy", prompt="4589+123=", stop=stops)
-        (call,) = records(entry, "stop")
+        (call,) = served.records("stop")
         written = codec.decode(call.completion_ids)
         if any(written.endswith(stop) for stop in stops):
             break
@@ -431,31 +381,30 @@ def test_a_stop_text_over_several_tokens_ends_the_call_and_is_cut_from_its_text(
     assert choice.token_ids == call.completion_ids  # all sampled, all recorded
 
 
-def test_a_call_whose_client_goes_away_leaves_the_decoder_and_no_record(served: Served) -> None:
-    served.paused.set()  # the call waits for a decode step it will not see
+def test_a_call_whose_client_goes_away_leaves_the_decoder_and_no_record(served: ServedApi) -> None:
     impatient = openai.OpenAI(
         base_url=served.entry.session_url("gone"), api_key=served.entry.key, max_retries=0,
         timeout=0.3,
     )  # fmt: skip
-    with pytest.raises(openai.APITimeoutError):
-        impatient.completions.create(model="policy", prompt="1+1=")
-    wait_for(lambda: not served.serving.busy, 5, "the abandoned call to be given up")
-    requests, cancelled = served.serving.bridge.take()
-    assert requests == [] and len(cancelled) == 1  # never reaches the decoder
-    served.paused.clear()
-    assert records(served.entry, "gone") == []
-    assert client(served.entry, "after").completions.create(model="policy", prompt="1+1=")
+    with served.steps:  # the call waits for a decode step it will not see
+        with pytest.raises(openai.APITimeoutError):
+            impatient.completions.create(model="policy", prompt="1+1=")
+        wait_for(lambda: not served.serving.busy, 5, "the abandoned call to be given up")
+        requests, cancelled = served.serving.bridge.take()
+        assert requests == [] and len(cancelled) == 1  # never reaches the decoder
+    assert served.records("gone") == []
+    assert served.client("after").completions.create(model="policy", prompt="1+1=")
 
 
 def test_several_choices_are_decoded_together_each_from_its_own_seed(
-    served: Served, monkeypatch: pytest.MonkeyPatch
+    served: ServedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     submitted = recorded_requests(served, monkeypatch)
-    api = client(served.entry, "n")
+    api = served.client("n")
     done = api.completions.create(model="policy", prompt="345+6789=", n=3, seed=5, max_tokens=8)
     assert [c.index for c in done.choices] == [0, 1, 2]
     assert [r.seed for r in submitted] == [5, 6, 7]
-    calls = records(served.entry, "n")
+    calls = served.records("n")
     assert [c.completion_ids for c in calls] == [c.token_ids for c in done.choices]
     assert done.usage.completion_tokens == sum(len(c.token_ids) for c in done.choices)
     # Choice i is the call seeded seed + i.
@@ -467,8 +416,8 @@ def test_several_choices_are_decoded_together_each_from_its_own_seed(
     assert len(chat.choices) == 2 and all(c.logprobs.content for c in chat.choices)
 
 
-def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: Served) -> None:
-    api = client(served.entry, "stream")
+def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: ServedApi) -> None:
+    api = served.client("stream")
     asked = {"model": "policy", "messages": [{"role": "user", "content": "4589+123="}],
              "seed": 3, "n": 2, "max_tokens": 20}  # fmt: skip
     whole = api.chat.completions.create(**asked)
@@ -492,13 +441,13 @@ def test_a_streamed_chat_call_is_the_call_unstreamed_in_chunks(served: Served) -
     # kept caches, which its cached_tokens say.
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")
     assert [getattr(usage.usage, c) for c in counts] == [getattr(whole.usage, c) for c in counts]
-    assert len(records(served.entry, "stream")) == 4  # two calls of two choices
+    assert len(served.records("stream")) == 4  # two calls of two choices
 
 
 def test_a_streamed_completion_stops_before_its_stop_text_and_carries_log_probs(
-    served: Served,
+    served: ServedApi,
 ) -> None:
-    api = client(served.entry, "stream-text")
+    api = served.client("stream-text")
     asked = {"model": "policy", "prompt": "4589+123=", "seed": 4, "max_tokens": 20,
              "stop": ["+0=", "+1="], "logprobs": 0}  # fmt: skip
     whole = api.completions.create(**asked).choices[0]
@@ -510,15 +459,15 @@ def test_a_streamed_completion_stops_before_its_stop_text_and_carries_log_probs(
     assert all(c.usage is None for c in chunks)
 
 
-def test_a_streamed_call_refused_is_a_plain_400(served: Served) -> None:
-    api = client(served.entry, "stream-bad")
+def test_a_streamed_call_refused_is_a_plain_400(served: ServedApi) -> None:
+    api = served.client("stream-bad")
     with pytest.raises(openai.BadRequestError) as refused:
         api.completions.create(model="policy", prompt="1+1=", stream=True, top_p=2)
     assert refused.value.body["param"] == "top_p"
 
 
-def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
-    api = client(served.entry, "route")
+def test_an_unknown_route_is_a_404_in_openais_shape(served: ServedApi) -> None:
+    api = served.client("route")
     with pytest.raises(openai.NotFoundError) as missing:
         api.models.retrieve("policy")
     assert missing.value.status_code == 404
@@ -527,18 +476,17 @@ def test_an_unknown_route_is_a_404_in_openais_shape(served: Served) -> None:
 
 
 def test_a_stream_whose_client_goes_away_leaves_the_decoder_and_no_record(
-    served: Served,
+    served: ServedApi,
 ) -> None:
-    served.paused.set()  # the call waits for decode steps it will not see
-    api = client(served.entry, "stream-gone")
-    stream = api.chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": "1+1="}], n=2, stream=True
-    )
-    first = next(iter(stream))  # the choices' opening chunks come before any token
-    assert first.choices[0].delta.role == "assistant"
-    stream.close()
-    wait_for(lambda: not served.serving.busy, 5, "the abandoned stream to be given up")
-    requests, cancelled = served.serving.bridge.take()
-    assert requests == [] and len(cancelled) == 2
-    served.paused.clear()
-    assert records(served.entry, "stream-gone") == []
+    api = served.client("stream-gone")
+    with served.steps:  # the call waits for decode steps it will not see
+        stream = api.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "1+1="}], n=2, stream=True
+        )
+        first = next(iter(stream))  # the choices' opening chunks come before any token
+        assert first.choices[0].delta.role == "assistant"
+        stream.close()
+        wait_for(lambda: not served.serving.busy, 5, "the abandoned stream to be given up")
+        requests, cancelled = served.serving.bridge.take()
+        assert requests == [] and len(cancelled) == 2
+    assert served.records("stream-gone") == []

@@ -5,26 +5,15 @@ model, tests/support/scripted_model.py), so its calls, broken ones included, are
 from __future__ import annotations
 
 import json
-import threading
-import time
-import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageToolCall
 
-from asyncrl.actors.policy.decoder import Decoder
-from asyncrl.actors.policy.tokenizer import TextCodec
-from asyncrl.actors.serving.call_records import CallRecord, decode_records
-from asyncrl.actors.serving.directory import ApiDirectory, ApiEntry
-from asyncrl.actors.serving.serving import Serving
-from asyncrl.actors.startup.model_loading import load_policy
-from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.rundir import RunDir
 from tests.support.scripted_model import script_state, scripted_model, tokenizer_ids
+from tests.support.served_api import ServedApi, served_api
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,91 +31,47 @@ TOOLS = [
 QUESTION = [{"role": "user", "content": "What is 1+2?"}]
 
 
-@dataclass
-class Scripted:
-    entry: ApiEntry
-    codec: TextCodec
-    decoder: Decoder
-    steps: threading.Lock  # held by the decode loop over each step
-
-    def script(self, pieces: Sequence[str]) -> None:
-        """The model writes ``pieces`` from now on (new weights, loaded between steps)."""
-        model = self.decoder.model
-        state = script_state(model, tokenizer_ids(self.codec.tokenizer), pieces)
-        with self.steps:
-            self.decoder.load(state, self.decoder.version + 1)
-
-    def client(self, session: str) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=self.entry.session_url(session), api_key=self.entry.key, max_retries=0
-        )
-
-    def records(self, session: str) -> list[CallRecord]:
-        request = urllib.request.Request(
-            f"{self.entry.url}/sessions/{session}/record",
-            headers={"Authorization": f"Bearer {self.entry.key}"},
-        )
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            return decode_records(reply.read())
+def rescript(served: ServedApi, pieces: Sequence[str]) -> None:
+    """The model writes ``pieces`` from now on (new weights, loaded between steps)."""
+    decoder = served.decoder
+    state = script_state(decoder.model, tokenizer_ids(served.codec.tokenizer), pieces)
+    with served.steps:
+        decoder.load(state, decoder.version + 1)
 
 
 @pytest.fixture(scope="module")
-def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+def scripted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
     """The scripted model served, its tool parser told by its (Hermes-style) template."""
     yield from serve(tmp_path_factory.mktemp("tools"), "auto")
 
 
 @pytest.fixture(scope="module")
-def scripted_llama3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+def scripted_llama3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
     """The scripted model served, its responses read as Llama 3's JSON calls."""
     yield from serve(tmp_path_factory.mktemp("llama3"), "llama3_json")
 
 
 @pytest.fixture(scope="module")
-def scripted_unread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripted]:
+def scripted_unread(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedApi]:
     """The scripted model served with model.tool_parser none."""
     yield from serve(tmp_path_factory.mktemp("unread"), "none")
 
 
-def serve(root: Path, tool_parser: str) -> Iterator[Scripted]:
-    cfg = config_from_dict(
-        {
-            "run": {"dir": str(root / "run")},
-            "data": {"harness": "tests.support.harnesses:ask_once"},
-            "model": {"path": str(scripted_model(root / "model")), "max_new_tokens": 16,
-                      "max_prompt_tokens": 1024, "tool_parser": tool_parser},
-        }
-    )  # fmt: skip
-    model, codec = load_policy(cfg, "generate")
-    decoder = Decoder(model, slots=8, max_new_tokens=16, max_prompt_tokens=1024,
-                      eos_id=codec.eos_ids, pad_id=codec.pad_id)  # fmt: skip
-    serving = Serving(cfg, "generate-0", codec, vocab_size=model.config.vocab_size,
-                      max_prompt_tokens=1024, version=0)  # fmt: skip
-    (entry,) = ApiDirectory(RunDir.of(cfg).api_servers).live()
-    state = Scripted(entry, codec, decoder, threading.Lock())
-    stop = threading.Event()
-
-    def decode() -> None:  # the generate worker's main thread, in short
-        while not stop.is_set():
-            with state.steps:
-                serving.advance(decoder)
-            if not decoder.busy:
-                time.sleep(0.002)
-
-    loop = threading.Thread(target=decode, daemon=True)
-    loop.start()
-    try:
-        yield state
-    finally:
-        stop.set()
-        loop.join(5)
-        serving.stop()
+def serve(root: Path, tool_parser: str) -> Iterator[ServedApi]:
+    config = {
+        "run": {"dir": str(root / "run")},
+        "data": {"harness": "tests.support.harnesses:ask_once"},
+        "model": {"path": str(scripted_model(root / "model")), "max_new_tokens": 16,
+                  "max_prompt_tokens": 1024, "tool_parser": tool_parser},
+    }  # fmt: skip
+    with served_api(config, slots=8) as served:
+        yield served
 
 
 def test_tool_calls_come_back_as_the_client_parses_them_and_finish_the_turn(
-    scripted: Scripted,
+    scripted: ServedApi,
 ) -> None:
-    scripted.script(TWO_CALLS)
+    rescript(scripted, TWO_CALLS)
     api = scripted.client("calls")
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
     (choice,) = done.choices
@@ -148,7 +93,7 @@ def test_tool_calls_come_back_as_the_client_parses_them_and_finish_the_turn(
     assert scripted.codec.decode(call.completion_ids) == "".join(TWO_CALLS)
 
     # The next turn: the calls as the client sends them back, and their results.
-    scripted.script(ANSWER)
+    rescript(scripted, ANSWER)
     turn = [
         *QUESTION,
         message.model_dump(exclude_none=True),
@@ -175,9 +120,9 @@ def test_tool_calls_come_back_as_the_client_parses_them_and_finish_the_turn(
     ids=["broken-json", "not-offered"],
 )
 def test_a_malformed_call_is_returned_as_the_text_the_model_wrote(
-    scripted: Scripted, script: list[str]
+    scripted: ServedApi, script: list[str]
 ) -> None:
-    scripted.script(script)
+    rescript(scripted, script)
     api = scripted.client("malformed")
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
     (choice,) = done.choices
@@ -186,8 +131,8 @@ def test_a_malformed_call_is_returned_as_the_text_the_model_wrote(
     assert len(scripted.records("malformed")) == 1  # sampled, so trained
 
 
-def test_tool_choice_none_offers_no_tools_and_reads_no_calls(scripted: Scripted) -> None:
-    scripted.script(TWO_CALLS)
+def test_tool_choice_none_offers_no_tools_and_reads_no_calls(scripted: ServedApi) -> None:
+    rescript(scripted, TWO_CALLS)
     api = scripted.client("none")
     done = api.chat.completions.create(
         model="policy", messages=QUESTION, tools=TOOLS, tool_choice="none"
@@ -197,8 +142,8 @@ def test_tool_choice_none_offers_no_tools_and_reads_no_calls(scripted: Scripted)
     assert choice.finish_reason == "stop" and choice.message.content == "".join(TWO_CALLS)
 
 
-def test_a_tool_choice_is_not_enforced_and_one_not_offered_is_a_400(scripted: Scripted) -> None:
-    scripted.script(ANSWER)
+def test_a_tool_choice_is_not_enforced_and_one_not_offered_is_a_400(scripted: ServedApi) -> None:
+    rescript(scripted, ANSWER)
     api = scripted.client("choice")
     for choice in ("required", {"type": "function", "function": {"name": "mul"}}):
         done = api.chat.completions.create(
@@ -230,8 +175,8 @@ def test_a_tool_choice_is_not_enforced_and_one_not_offered_is_a_400(scripted: Sc
         )  # fmt: skip
 
 
-def test_several_choices_each_call_and_each_is_recorded(scripted: Scripted) -> None:
-    scripted.script(TWO_CALLS)
+def test_several_choices_each_call_and_each_is_recorded(scripted: ServedApi) -> None:
+    rescript(scripted, TWO_CALLS)
     api = scripted.client("n")
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS, n=3)
     assert [c.index for c in done.choices] == [0, 1, 2]
@@ -241,8 +186,8 @@ def test_several_choices_each_call_and_each_is_recorded(scripted: Scripted) -> N
     assert done.usage.completion_tokens == 3 * (len(TWO_CALLS) + 1)
 
 
-def test_streamed_tool_calls_come_in_the_last_chunk(scripted: Scripted) -> None:
-    scripted.script(TWO_CALLS)
+def test_streamed_tool_calls_come_in_the_last_chunk(scripted: ServedApi) -> None:
+    rescript(scripted, TWO_CALLS)
     api = scripted.client("stream")
     chunks = list(
         api.chat.completions.create(
@@ -265,10 +210,10 @@ def test_streamed_tool_calls_come_in_the_last_chunk(scripted: Scripted) -> None:
 
 
 def test_llama3_json_calls_are_read_when_the_config_names_that_parser(
-    scripted_llama3: Scripted,
+    scripted_llama3: ServedApi,
 ) -> None:
-    scripted_llama3.script(['{"name": "add", "parameters": {"a": 1, "b": 2}}', "; ",
-                            '{"name": "mul", "parameters": {"a": 3, "b": 4}}'])  # fmt: skip
+    rescript(scripted_llama3, ['{"name": "add", "parameters": {"a": 1, "b": 2}}', "; ",
+                              '{"name": "mul", "parameters": {"a": 3, "b": 4}}'])  # fmt: skip
     api = scripted_llama3.client("llama3")
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
     (choice,) = done.choices
@@ -279,15 +224,15 @@ def test_llama3_json_calls_are_read_when_the_config_names_that_parser(
         ("mul", {"a": 3, "b": 4}),
     ]
     # Hermes blocks are only text to this parser.
-    scripted_llama3.script(["<tool_call>\n", ADD, "\n</tool_call>"])
+    rescript(scripted_llama3, ["<tool_call>\n", ADD, "\n</tool_call>"])
     done = api.chat.completions.create(model="policy", messages=QUESTION, tools=TOOLS)
     assert done.choices[0].finish_reason == "stop" and done.choices[0].message.tool_calls is None
 
 
 def test_with_no_tool_parser_tools_are_offered_and_the_response_is_text(
-    scripted_unread: Scripted,
+    scripted_unread: ServedApi,
 ) -> None:
-    scripted_unread.script(TWO_CALLS)
+    rescript(scripted_unread, TWO_CALLS)
     done = scripted_unread.client("unread").chat.completions.create(
         model="policy", messages=QUESTION, tools=TOOLS
     )

@@ -1,5 +1,6 @@
 """The embedded default run under ``asyncrl run``, as the fault tests drive it: start it
-with overrides, read its step lines and its processes' JSON log records, find a child."""
+with overrides, read its step lines and its processes' JSON log records, find a child;
+and any deploy config's run, waited for to its end."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 # The same run training adapters (model.lora) on two kinds of layer.
 LORA = ("model.lora.rank=4", "model.lora.target_modules=[q_proj,down_proj]", "algorithm.lr=1e-3")
@@ -20,6 +23,22 @@ def start(run_dir: Path, log: Path, *overrides: str) -> subprocess.Popen[bytes]:
     argv += ["scheduler.control_port=0", "scheduler.events_port=0", *overrides]
     with log.open("ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def run_config(
+    config: str, run_dir: Path, steps: int, *overrides: str, timeout_s: float = 200
+) -> subprocess.CompletedProcess[str]:
+    """``asyncrl run`` of deploy/configs/``config`` into ``run_dir`` for ``steps`` steps,
+    without validation unless an override asks for it; it must end with status 0."""
+    argv = [
+        sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run",
+        "-c", str(REPO / "deploy" / "configs" / config),
+        f"run.dir={run_dir}", f"run.total_steps={steps}", "data.val_every_versions=0",
+        "scheduler.control_port=0", "scheduler.events_port=0", *overrides,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
 
 
 def start_ppo(

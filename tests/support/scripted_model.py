@@ -63,6 +63,18 @@ PIECES = (
 # spaces.
 TOOL_CALL = '<tool_call>\n{"name":"add","arguments":{"a":1,"b":2}}\n</tool_call>'
 TOOL_CALL_ARGUMENTS = {"a": 1, "b": 2}
+# The tool that call calls, as a chat request offers it.
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "The sum of a and b.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+        },
+    },
+}
 END = "<|im_end|>"
 _ALPHABET = "".join(c for c in string.printable if c not in "\r\x0b\x0c")
 _HIDDEN = 256
@@ -149,6 +161,19 @@ def scripted_model(directory: Path, script: Sequence[str] = (), dialect: Dialect
     model.load_state_dict(script_state(model, tokenizer_ids(tokenizer), script, dialect))
     save_model(model, source, directory)
     return directory
+
+
+def tool_caller_config(root: Path) -> dict:
+    """A run's config (as a dict, under ``root``) serving the Qwen-style model that calls
+    the add tool at every turn (:data:`TOOL_CALL`), at the temperature its margins are
+    made for, with room for a long session's prompts."""
+    directory = scripted_model(root / "model", [TOOL_CALL], QWEN)
+    return {
+        "run": {"dir": str(root / "run")},
+        "data": {"harness": "tests.support.harnesses:ask_once"},
+        "model": {"path": str(directory), "max_new_tokens": 8, "max_prompt_tokens": 2048},
+        "algorithm": {"temperature": 1.0},
+    }
 
 
 def tokenizer_ids(tokenizer) -> dict[str, int]:

@@ -78,6 +78,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -88,7 +89,7 @@ from asyncrl.actors.policy.chat_template import ChatTemplate
 from asyncrl.actors.policy.checkpoint import EMBEDDED_DIR, load_model, load_state, save_model
 from asyncrl.actors.policy.decoder import Decoder, Request
 from asyncrl.actors.policy.model import CausalLM, ModelConfig
-from asyncrl.actors.policy.scoring import pack, response_logprobs
+from asyncrl.actors.policy.scoring import Packed, pack, response_logprobs
 from asyncrl.actors.policy.tokenizer import (
     EOS,
     PAD,
@@ -431,10 +432,8 @@ def _parsed_call(text: str) -> dict:
     return {"name": str(call.get("name", "")), "arguments": call.get("arguments", {})}
 
 
-def train_agent(args: argparse.Namespace) -> Path:
-    """The agent model: the calculator's habits in the chat format (``--agent``)."""
-    torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
+def _source(args: argparse.Namespace) -> tuple[Path, dict]:
+    """A fresh model directory holding the config both warm-ups train, and that config."""
     source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
     config = BASE_CONFIG | {
         "eos_token_id": 1,
@@ -442,37 +441,64 @@ def train_agent(args: argparse.Namespace) -> Path:
         "max_position_embeddings": args.positions,
     }
     (source / "config.json").write_text(json.dumps(config))
-    tokenizer = agent_tokenizer()
-    assert tokenizer.get_vocab_size() <= config["vocab_size"]
-    write_tokenizer_files(tokenizer, source)
-    (source / "chat_template.jinja").write_text(AGENT_CHAT_TEMPLATE)
-    codec, template = TextCodec.from_dir(source), ChatTemplate.from_dir(source)
+    return source, config
+
+
+def _fit(
+    args: argparse.Namespace,
+    source: Path,
+    config: dict,
+    batch: Callable[[int], Packed],
+    reward: Callable[[CausalLM], float],
+) -> Path:
+    """Train the model of ``config`` (or ``--init``'s weights) on ``batch(start)``, the
+    demonstrations from ``start`` on, scoring it with ``reward`` every ``--eval-every``
+    steps, and save it with ``source``'s files to ``--out``."""
     model = CausalLM(ModelConfig.from_hf(config))
-    if args.init:  # the calculator model: its characters keep their ids
+    # Another warm-up's model: rotary positions, so the weights do not depend on how many
+    # there are; the agent's tokenizer keeps the calculator's characters' ids.
+    if args.init:
         load_state(model, load_model(args.init)[0].state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
-    started, reward = time.monotonic(), 0.0
+    started, score = time.monotonic(), 0.0
     for step in range(1, args.steps + 1):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, step / 50)
-        packed = agent_demonstrations(
-            codec, template, step * args.batch, args.batch, args.slip, args.seed
-        )
+        packed = batch(step * args.batch)
         loss = -(response_logprobs(model, packed).sum() / packed.mask.sum())
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         if step % args.eval_every == 0:
-            reward = agent_reward(model, codec, template, args.val_prompts)
+            score = reward(model)
             elapsed = time.monotonic() - started
             print(
-                f"step {step:5d}  loss {loss.item():.4f}  val reward {reward:.3f}  {elapsed:.0f}s",
+                f"step {step:5d}  loss {loss.item():.4f}  val reward {score:.3f}  {elapsed:.0f}s",
                 flush=True,
             )
     save_model(model, source, args.out)
-    print(f"saved to {args.out} (validation reward {reward:.3f} on {args.val_prompts} prompts)")
+    print(f"saved to {args.out} (validation reward {score:.3f} on {args.val_prompts} prompts)")
     return args.out
+
+
+def train_agent(args: argparse.Namespace) -> Path:
+    """The agent model: the calculator's habits in the chat format (``--agent``)."""
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    source, config = _source(args)
+    tokenizer = agent_tokenizer()
+    assert tokenizer.get_vocab_size() <= config["vocab_size"]
+    write_tokenizer_files(tokenizer, source)
+    (source / "chat_template.jinja").write_text(AGENT_CHAT_TEMPLATE)
+    codec, template = TextCodec.from_dir(source), ChatTemplate.from_dir(source)
+    return _fit(
+        args, source, config,
+        lambda start: agent_demonstrations(
+            codec, template, start, args.batch, args.slip, args.seed
+        ),
+        lambda model: agent_reward(model, codec, template, args.val_prompts),
+    )  # fmt: skip
 
 
 def train(args: argparse.Namespace) -> Path:
@@ -487,58 +513,29 @@ def train(args: argparse.Namespace) -> Path:
         raise SystemExit(
             f"--task {args.task}: the warm-up knows the arithmetic, calculator and code tasks"
         )
-    source = Path(tempfile.mkdtemp(prefix="asyncrl-warmup-"))
-    config = BASE_CONFIG | {
-        "eos_token_id": 1,
-        "pad_token_id": 0,
-        "max_position_embeddings": args.positions,
-    }
-    (source / "config.json").write_text(json.dumps(config))
+    source, config = _source(args)
     alphabet = calculator.ALPHABET if tools else code_task.ALPHABET if code else ALPHABET
     tokenizer = build_char_tokenizer(alphabet)
     assert tokenizer.token_to_id(EOS) == 1 and tokenizer.token_to_id(PAD) == 0
     write_tokenizer_files(tokenizer, source)
     codec = TextCodec.from_dir(source)
-    model = CausalLM(ModelConfig.from_hf(config))
-    if args.init:  # rotary positions: the weights do not depend on how many there are
-        load_state(model, load_model(args.init)[0].state_dict())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
-    started, reward = time.monotonic(), 0.0
-    for step in range(1, args.steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = args.lr * min(1.0, step / 50)
+
+    def batch(start: int) -> Packed:
         if tools:
-            packed = calculator_demonstrations(
-                codec, step * args.batch, args.batch, args.slip, args.seed
-            )
-        elif code:
-            packed = code_demonstrations(
-                task, codec, step * args.batch, args.batch, args.slip, args.seed
-            )
-        else:
-            data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
-            packed = _batch(data, codec, step * args.batch, args.batch, args.slip, args.seed)
-        logprobs = response_logprobs(model, packed)
-        loss = -(logprobs.sum() / packed.mask.sum())
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step % args.eval_every == 0:
-            if tools:
-                reward = calculator_reward(model, codec, args.val_prompts)
-            else:
-                reward = validation_reward(
-                    model, codec, task, args.val_prompts, max_new_tokens=args.max_new_tokens
-                )
-            elapsed = time.monotonic() - started
-            print(
-                f"step {step:5d}  loss {loss.item():.4f}  val reward {reward:.3f}  {elapsed:.0f}s",
-                flush=True,
-            )
-    save_model(model, source, args.out)
-    print(f"saved to {args.out} (validation reward {reward:.3f} on {args.val_prompts} prompts)")
-    return args.out
+            return calculator_demonstrations(codec, start, args.batch, args.slip, args.seed)
+        if code:
+            return code_demonstrations(task, codec, start, args.batch, args.slip, args.seed)
+        data = dataclasses.replace(task, long_tail=False)  # enough long sums to learn them
+        return _batch(data, codec, start, args.batch, args.slip, args.seed)
+
+    def reward(model: CausalLM) -> float:
+        if tools:
+            return calculator_reward(model, codec, args.val_prompts)
+        return validation_reward(
+            model, codec, task, args.val_prompts, max_new_tokens=args.max_new_tokens
+        )
+
+    return _fit(args, source, config, batch, reward)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -72,13 +72,19 @@ class TwoTurns:
         return "", 0.5, True
 
 
-def test_observations_sit_between_turns_untrained_and_rewards_add_up(embedded) -> None:
-    _, codec = embedded
+def four_of_two_turns(embedded) -> tuple[Episodes, dict[object, EpisodeDone]]:
+    """Four episodes of :class:`TwoTurns` run to their end, none failed."""
     episodes = episodes_of(embedded, TwoTurns)
     for j in range(4):
         episodes.begin(j, SAMPLE, ())
     done, failed = run(episodes)
     assert not failed and len(done) == 4
+    return episodes, done
+
+
+def test_observations_sit_between_turns_untrained_and_rewards_add_up(embedded) -> None:
+    _, codec = embedded
+    _, done = four_of_two_turns(embedded)
     prompt = codec.encode(SAMPLE.prompt)
     observation = codec.encode("5+6=")
     for e in done.values():
@@ -99,11 +105,7 @@ def test_a_next_turn_computes_only_what_follows_the_turn_before(embedded) -> Non
     """The decoder keeps a turn's cache for the episode's next turn, which is fed only the
     observation (and the turn's last token); its log-probs are still the model's own."""
     model, codec = embedded
-    episodes = episodes_of(embedded, TwoTurns)
-    for j in range(4):
-        episodes.begin(j, SAMPLE, ())
-    done, failed = run(episodes)
-    assert not failed and len(done) == 4
+    episodes, done = four_of_two_turns(embedded)
     prompt = len(codec.encode(SAMPLE.prompt))
     first_turns = [e.trained.index(False, prompt) - prompt for e in done.values()]
     decoder = episodes.decoder
