@@ -40,7 +40,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..policy.chat_template import ChatTemplate
 from ..policy.decoder import Finished
 from ..policy.tokenizer import TextCodec
 from .api_errors import ApiError, unfinished
@@ -65,9 +64,11 @@ def make_app(
     bridge: Bridge,
     records: SessionRecords,
     codec: TextCodec,
-    template: ChatTemplate | None,
+    turns: ChatTurns | None,
 ) -> Starlette:
-    api = _Api(settings, bridge, records, codec, template)
+    """The API's routes; ``turns``: the chat sessions' turns (None: the model has no chat
+    template, and chat calls are refused)."""
+    api = _Api(settings, bridge, records, codec, turns)
     routes = [
         Route("/sessions/{sid}/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
         Route("/sessions/{sid}/v1/completions", api.guarded(api.completions), methods=["POST"]),
@@ -95,10 +96,10 @@ class _Api:
         bridge: Bridge,
         records: SessionRecords,
         codec: TextCodec,
-        template: ChatTemplate | None,
+        turns: ChatTurns | None,
     ) -> None:
         self.bridge, self.records, self.codec = bridge, records, codec
-        self.turns = None if template is None else ChatTurns(template, codec, ttl_s=records.ttl_s)
+        self.turns = turns
         self.reader = RequestReader(settings, codec, self.turns)
         self.replies = Replies(codec)
         self._token = settings.token.encode()

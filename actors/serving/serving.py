@@ -24,6 +24,7 @@ from ..policy.directories import model_dir
 from ..policy.tokenizer import TextCodec
 from .bridge import Bridge, ServeTag
 from .call_records import SessionRecords
+from .chat_turns import ChatTurns
 from .directory import ApiDirectory, ApiEntry
 from .http_server import ApiServer
 from .openai_api import ApiSettings, make_app
@@ -71,7 +72,10 @@ class Serving:
             tool_parser=parser,
             tool_parser_setting=cfg.model.tool_parser,
         )
-        app = make_app(settings, self.bridge, self.records, codec, template)
+        self.turns = (
+            None if template is None else ChatTurns(template, codec, ttl_s=self.records.ttl_s)
+        )
+        app = make_app(settings, self.bridge, self.records, codec, self.turns)
         self.server = ApiServer(app, cfg.data.harness_host)
         self.directory = ApiDirectory(RunDir.of(cfg).api_servers)
         self.worker = worker
@@ -127,4 +131,8 @@ class Serving:
             worker=self.worker,
             calls=self.served,
             sessions_dropped_uncollected=self.records.dropped,
+            # Chat calls that extended an earlier one exactly, and those rendered afresh
+            # by reason (each a new sequence in training).
+            chat_calls_spliced=None if self.turns is None else self.turns.spliced,
+            chat_calls_rendered_afresh=None if self.turns is None else dict(self.turns.fell_back),
         )

@@ -115,6 +115,9 @@ def test_the_calculator_as_a_function_calling_agent_trains_each_episode_as_one_s
     validation = json.loads((run_dir / "validation.jsonl").read_text().splitlines()[0])
     assert validation["worker"] == "harness-0" and validation["version"] == 0
     assert validation["val_reward"] == agent_greedy_reward(16)
+    # Every later call of a session was spliced onto the one before; none rendered afresh.
+    (stopped,) = records(run_dir, "generate-0", "stopped serving")
+    assert stopped["chat_calls_spliced"] > 0 and stopped["chat_calls_rendered_afresh"] == {}
     assert processes_mentioning(str(run_dir)) == []
 
 
