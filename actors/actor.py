@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the weights module brings torch, which roles without weight
     from asyncrl.transport.weights.base import Announcement
 
 __all__ = [
+    "FINAL_VERSION_WAIT_S",
     "Actor",
     "ActorBroken",
     "OneLeaseAtATime",
@@ -27,6 +28,10 @@ __all__ = [
     "StreamingActor",
     "WorkerContext",
 ]
+
+# When the run is over, how long a validating actor that lingers waits for the run's last
+# version before it validates the newest it has (a trainer that died publishing it).
+FINAL_VERSION_WAIT_S = 60.0
 
 
 class ActorBroken(RuntimeError):

@@ -22,11 +22,7 @@ from ..tasks import Sample, TaskError
 from .scores import Scores
 from .sets import ValidationSet
 
-__all__ = ["FINAL_VERSION_WAIT_S", "ScoredSample", "ValidationPass"]
-
-# When the run is over, how long the validating worker waits for the run's last version
-# before it validates the newest it has (a trainer that died publishing it).
-FINAL_VERSION_WAIT_S = 60.0
+__all__ = ["ScoredSample", "ValidationPass"]
 
 log = structlog.get_logger("asyncrl.validation")
 

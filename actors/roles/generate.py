@@ -51,9 +51,9 @@ from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import make_receiver
 
-from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
+from ..actor import FINAL_VERSION_WAIT_S, ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..episodes import EpisodeDone, Episodes
-from ..evaluation.passes import FINAL_VERSION_WAIT_S, ValidationPass
+from ..evaluation.passes import ValidationPass
 from ..evaluation.sets import validation_sets
 from ..payloads import PromptIn, RolloutsOut, Sampled
 from ..policy.decoder import Decoder, Decoding, Finished

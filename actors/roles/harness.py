@@ -54,8 +54,7 @@ from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
-from ..actor import ActorBroken, Outcome, StreamingActor, WorkerContext
-from ..evaluation.passes import FINAL_VERSION_WAIT_S
+from ..actor import FINAL_VERSION_WAIT_S, ActorBroken, Outcome, StreamingActor, WorkerContext
 from ..evaluation.scores import Scores
 from ..evaluation.sets import ValidationSet, validation_sets
 from ..payloads import PromptIn, RolloutsOut
