@@ -17,6 +17,7 @@ Ctrl-C stops the run: every actor is killed, workers first.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -52,6 +53,7 @@ def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
     """Start (or find) the run's actors and follow the run to its end; its exit status."""
     ray = _import_ray()
     _connect(ray, plan, address or os.environ.get("RAY_ADDRESS") or "auto")
+    _leave_after_interrupt(_STOP_S, 130)
     try:
         going_on = _alive(ray, plan, "scheduler")
         actors = _start(ray, plan, going_on)
@@ -63,12 +65,31 @@ def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
              f"logs in {RunDir.of(plan.cfg).logs}")  # fmt: skip
         return _follow(ray, plan)
     except KeyboardInterrupt:
-        _leave_by(_STOP_S, 130)
         _stop(ray, plan)
         _say("stopped: every actor killed; launch again to resume from the journal")
         return 130
     finally:
         ray.shutdown()
+
+
+def _leave_after_interrupt(seconds: float, status: int) -> None:
+    """Once a Ctrl-C lands, end this process with ``status`` within ``seconds``, however
+    the main thread is held: Python runs its handler (the KeyboardInterrupt that stops
+    the actors) only when the main thread is back from a call of Ray's, which has been
+    seen to hang past a minute. The signal's number reaches a thread of its own at once,
+    through the interpreter's wakeup fd."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # no signal reaches this thread's handlers; nor may it set the wakeup fd
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while signal.SIGINT not in os.read(readable, 64):
+            pass
+        _leave_by(seconds, status)
+
+    threading.Thread(target=watch, name="interrupt-watch", daemon=True).start()
 
 
 def _leave_by(seconds: float, status: int) -> None:
