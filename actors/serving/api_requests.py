@@ -49,6 +49,7 @@ from starlette.requests import Request
 
 from ..policy.chat_template import ChatTemplateError
 from ..policy.decoder import Request as DecodeRequest
+from ..policy.decoder import StopTexts
 from ..policy.sampling import sampling_problem
 from ..policy.tokenizer import TextCodec
 from .api_errors import ApiError
@@ -58,9 +59,6 @@ __all__ = ["ApiSettings", "Call", "RequestReader", "Tools", "json_body"]
 
 _MAX_STOP_TEXTS = 4  # as OpenAI's API allows
 _MAX_CHOICES = 128  # n, as OpenAI's API allows
-# A stop text is looked for in the decoded tail of the response: its length in characters
-# plus this many tokens (a token that decodes to part of a character shows nothing).
-_STOP_MARGIN_TOKENS = 8
 # Fields that would change the distribution sampled in ways the records do not hold (the
 # trainer recomputes log-probs of the model's own distribution), with their no-op value.
 _UNRECORDED = {
@@ -132,14 +130,10 @@ class Call:
             for i in range(self.n)
         ]
 
-    def stop_test(self, decode: Callable[[list[int]], str]) -> Callable[[list[int]], bool] | None:
+    def stop_test(self, decode: Callable[[list[int]], str]) -> StopTexts | None:
         """The decoder's test of a response so far for the call's stop texts (run on its
-        thread); None when it has none."""
-        texts = self.stop_texts
-        if not texts:
-            return None
-        window = max(len(t) for t in texts) + _STOP_MARGIN_TOKENS
-        return lambda ids: any(t in decode(ids[-window:]) for t in texts)
+        thread), the rule the run's own stop texts follow; None when it has none."""
+        return StopTexts.of(self.stop_texts, decode)
 
 
 async def json_body(request: Request) -> dict[str, Any]:
