@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.cluster import ROLES, Cluster, free_port, wait_for
+from tests.support.cluster import ROLES, Cluster, listening_port, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -77,7 +77,8 @@ def test_a_restarted_scheduler_finds_the_payloads_still_with_their_holders(clust
     c: Cluster = cluster(
         run={"total_steps": 10},
         pipeline={"max_staleness": 3},
-        scheduler={"control_port": free_port(), "events_port": free_port()},  # dialled again
+        # dialled again by the workers after the restart
+        scheduler={"control_port": listening_port(), "events_port": listening_port()},
     )
     start(c, "train=0.2,logp=0.1")
     wait_for(lambda: c.steps_done() >= 2 and unconsumed_rollouts(c), 60, "work in flight")

@@ -17,7 +17,7 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.link import LinkTimeout
 from asyncrl.transport.security import keygen
 from asyncrl.transport.zmq_link import ZmqLink
-from tests.support.cluster import ROLES, Cluster, free_port, wait_for
+from tests.support.cluster import ROLES, Cluster, listening_port, wait_for
 from tests.support.runlink import run_link
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,7 +78,7 @@ def test_requests_a_second_client_makes_for_live_workers_are_refused(cluster) ->
 def test_a_scheduler_killed_mid_run_resumes_and_the_run_ends_exact(cluster) -> None:
     c: Cluster = cluster(
         run={"total_steps": 12},
-        scheduler={"control_port": free_port(), "events_port": free_port()},
+        scheduler={"control_port": listening_port(), "events_port": listening_port()},
     )
     c.scheduler()
     c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "train=0.2,generate=0.05"})
@@ -181,7 +181,7 @@ def test_with_groups_filtered_a_scheduler_and_a_scorer_killed_leave_each_group_o
     c: Cluster = cluster(
         run={"total_steps": 10},
         algorithm={"kl_coef": 0.01, "filter_groups": {"enabled": True}},
-        scheduler={"control_port": free_port(), "events_port": free_port()},
+        scheduler={"control_port": listening_port(), "events_port": listening_port()},
     )
     c.scheduler()
     c.all_workers(env={"ASYNCRL_DEMO_WORK_S": "train=0.2,generate=0.05,logp=0.1"})

@@ -34,10 +34,11 @@ def free_port() -> int:
 
 
 def listening_port() -> int:
-    """A free port for a server that must get it again on a restart (the scheduler's,
-    under Ray). Not from the kernel's ephemeral range, as :func:`free_port`'s are: there,
-    any outgoing connection (Ray makes many) may take it meanwhile. Below it, and above
-    Ray's worker ports (10002-19999)."""
+    """A free port for a server to bind later or again on a restart (a scheduler's fixed
+    ports). Not from the kernel's ephemeral range, as :func:`free_port`'s are: there, any
+    outgoing connection on the machine (a reconnecting worker's, Ray's) may take it
+    meanwhile, and the scheduler then cannot bind. Below that range, and above Ray's worker
+    ports (10002-19999)."""
     low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     rng = random.Random()
     for _ in range(200):
@@ -100,7 +101,22 @@ class Cluster:
     def scheduler(self, resume: bool = False) -> int:
         argv = ["asyncrl.runtime.scheduler.cli", "start", "-c", str(self.config_path)]
         pid = self.spawn("scheduler", [*argv, "--resume"] if resume else argv)
-        wait_for(lambda: self.endpoints() is not None, 30, "the scheduler's endpoints.json")
+        proc = self.procs["scheduler"]
+        try:
+            # A scheduler that exits (a port taken) fails the test at once, with its reason.
+            wait_for(
+                lambda: self.endpoints() is not None or proc.poll() is not None,
+                60,
+                "the scheduler's endpoints.json",
+            )
+        except AssertionError as error:
+            tail = self.log_text("scheduler")[-3000:]
+            raise AssertionError(f"{error}; its log:\n{tail}") from None
+        if self.endpoints() is None:
+            raise AssertionError(
+                f"the scheduler exited ({proc.returncode}) before it listened; its log:\n"
+                + self.log_text("scheduler")[-3000:]
+            )
         return pid
 
     def worker(self, role: str, index: int = 0, env: Mapping[str, str] | None = None) -> int:
