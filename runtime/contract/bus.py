@@ -189,7 +189,7 @@ def wakeup_topics(role: str, pipeline: Pipeline) -> list[str]:
             # A step may wait for stragglers; their arrival or death unblocks it.
             topics.update(died)
         if stage.gate is Gate.CRITIC_STEP:
-            # Fewer than a batch goes to the critic once the train step waits for it.
+            # Fewer than a batch goes to the critic once the train step waits for them.
             topics.update(trained + died)
     return sorted(topics)
 

@@ -178,7 +178,7 @@ def test_values_older_than_the_bound_are_made_again_before_the_critic_takes_them
     assert s.worst_critic_staleness == 0  # every step used values of its own version
 
 
-def test_the_critic_takes_fewer_than_a_batch_only_for_a_train_step_that_waits() -> None:
+def test_the_critic_takes_fewer_than_a_batch_only_to_complete_a_waiting_train_step() -> None:
     core = make_core(max_staleness=3)
     to_ready(core, 3)
     done(core, grant(core.claim("critic", "cr", 99, 0.0)))  # 0, 1 critic-trained
@@ -186,8 +186,29 @@ def test_the_critic_takes_fewer_than_a_batch_only_for_a_train_step_that_waits() 
     assert core.claim("critic", "cr", 99, 0.0) is None  # group 2 alone, a step in flight
     done(core, train)
     core.publish_version("tr", 1)
-    # No step in flight and none possible: 0 critic-trained groups of a batch of 2.
-    assert grant(core.claim("critic", "cr", 99, 0.0)).groups == (2,)
+    # The train step waits, but group 2 alone cannot make its batch: no step of one group.
+    assert core.claim("critic", "cr", 99, 0.0) is None
+    to_ready(core, 1)
+    assert grant(core.claim("critic", "cr", 99, 0.0)).groups == (2, 3)
+
+
+def test_a_group_whose_rollouts_were_lost_after_the_critic_step_is_taken_alone() -> None:
+    core = make_core(max_staleness=3)
+    to_ready(core, 2)
+    done(core, grant(core.claim("critic", "cr", 99, 0.0)))
+    train = grant(core.claim("train", "tr", 99, 0.0))
+    # The trainer could not fetch group 1's rollouts: it is generated again, group 0 waits.
+    lost = [(1, "generate", "its holder is gone")]
+    assert isinstance(core.fail(train.lease_id, train.fence, None, "lost", lost), Accepted)
+    assert core.state.groups[0].state is GroupState.CRITIC_TRAINED
+    done(core, grant(core.claim("generate", "gen", 1, 0.0)), behaviour=True)
+    for worker in ("lp", "rw", "val"):
+        done(core, grant(core.claim(ROLES[worker], worker, 1, 0.0)))
+    # Group 0 critic-trained and group 1 ready make the waiting train step's batch.
+    critic = grant(core.claim("critic", "cr", 99, 0.0))
+    assert critic.groups == (1,)
+    done(core, critic)
+    assert grant(core.claim("train", "tr", 99, 0.0)).groups == (0, 1)
 
 
 def test_replay_and_snapshot_rebuild_the_critic_state() -> None:
