@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import numpy as np
 import structlog
 import torch
 
@@ -32,7 +31,8 @@ from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
 from ..startup.model_loading import DTYPES, device_for
 from ..startup.role_checks import check_device, check_model
-from ..training.scorer import pack_rollouts
+from ..training.scorer import by_like_length, pack_rollouts, per_group
+from ..worker.threads import threads_for
 from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from .critic import critic_path
 
@@ -57,13 +57,19 @@ class Values(Actor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.worker = ctx.worker
+        torch.set_num_threads(threads_for(cfg, self.role))  # this process's share of the CPU
         device = device_for(cfg, ctx.index)
         # On a GPU in model.dtype (a version is copied in); on the CPU in the critic's
         # float32, so that a version's received buffers become the model's own, uncopied.
         dtype = DTYPES[cfg.model.dtype] if device.type == "cuda" else torch.float32
         self.model, self.codec = load_value_model(critic_path(cfg), dtype, device)
         self.model.eval()
-        log.info("value model loaded", device=str(device), dtype=str(dtype))
+        log.info(
+            "value model loaded",
+            device=str(device),
+            dtype=str(dtype),
+            threads=torch.get_num_threads(),
+        )
         dirs = RunDir.of(cfg).critic_weight_dirs(cfg.weights)
         receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
         self.weights = WeightFollower(
@@ -86,18 +92,18 @@ class Values(Actor):
         return reports
 
     def process(self, lease: p.Lease) -> Outcome:
-        results, tokens = [], 0
-        for item in lease.items:
-            rollouts = RolloutsOut.of(item)
-            packed = pack_rollouts([rollouts], self.codec.pad_id)
-            with torch.no_grad():
-                values = response_values(self.model, packed).float().cpu().numpy()
-            laid = np.zeros(rollouts.response_ids.shape, np.float32)  # the group's layout
-            laid[:, : values.shape[1]] = values
-            out = ValuesOut(laid, self.loaded)
-            results.append(p.Result(item.gid, out.to_payload()))
-            tokens += rollouts.trained_tokens()
-        return Outcome(tuple(results), tokens=tokens)
+        # The lease's groups together, in passes of rows of like length, as logp scores
+        # them: a forward pass per group padded each to its longest cost values twice
+        # what logp spends on the same groups.
+        rollouts = [RolloutsOut.of(item) for item in lease.items]
+        packed = pack_rollouts(rollouts, self.codec.pad_id)
+        with torch.inference_mode():
+            values = by_like_length(packed, lambda part: response_values(self.model, part))
+        results = tuple(
+            p.Result(item.gid, ValuesOut(laid, self.loaded).to_payload())
+            for item, laid in zip(lease.items, per_group(values, rollouts), strict=True)
+        )
+        return Outcome(results, tokens=sum(r.trained_tokens() for r in rollouts))
 
     def on_stop(self) -> None:
         self.weights.receiver.close()

@@ -10,6 +10,7 @@ every rank's shard.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import msgspec
@@ -47,7 +48,14 @@ from .gang import (
     unpack_lease,
 )
 
-__all__ = ["ScoringActor", "pack_rollouts", "score_items", "score_rollouts"]
+__all__ = [
+    "ScoringActor",
+    "by_like_length",
+    "pack_rollouts",
+    "per_group",
+    "score_items",
+    "score_rollouts",
+]
 
 
 class ScoringActor(Actor):
@@ -182,14 +190,24 @@ def score_rollouts(
     the experts the generator chose (router replay)."""
     packed = pack_rollouts(rollouts, pad_id, replay)
     if gang is None:
+        model.eval()
         with torch.inference_mode():
-            scores = _score_by_length(model.eval(), packed, sampling)
+            scores = by_like_length(packed, lambda part: response_logprobs(model, part, sampling))
     else:
         scores = _score_shared(model, packed, sampling, gang)
+    return per_group(scores, rollouts)
+
+
+def per_group(scores: np.ndarray, rollouts: list[RolloutsOut]) -> list[np.ndarray]:
+    """Rows ``scores`` of every group's responses (packed in order), cut back into each
+    group's ``[n, longest response]``."""
     out, row = [], 0
     for group in rollouts:
         n, width = group.response_ids.shape
-        out.append(np.ascontiguousarray(scores[row : row + n, :width], dtype=np.float32))
+        block = np.zeros((n, width), np.float32)  # a group's layout, 0 past each end
+        mine = scores[row : row + n, :width]
+        block[:, : mine.shape[1]] = mine
+        out.append(block)
         row += n
     return out
 
@@ -284,20 +302,19 @@ def _passes_by_length(packed: Packed) -> list[torch.Tensor]:
     return [order[run.start : run.stop] for run in runs]
 
 
-def _score_by_length(
-    model: CausalLM | EngineModel, packed: Packed, sampling: Sampling
-) -> np.ndarray:
-    """Log-probs of every row of ``packed`` [rows, longest], in passes of rows of like
-    length (see SCORE_ROWS)."""
+def by_like_length(packed: Packed, score: Callable[[Packed], torch.Tensor]) -> np.ndarray:
+    """``score`` (a model's log-probs, or a critic's values: ``[rows, longest response]``)
+    of every row of ``packed``, float32, in passes of rows of like length (see SCORE_ROWS):
+    a lease's rows are padded only to the longest of rows like them."""
     passes = _passes_by_length(packed)
     if len(passes) == 1:
-        return response_logprobs(model, packed, sampling).cpu().numpy()
+        return score(packed).float().cpu().numpy()
     out = np.zeros(tuple(packed.mask.shape), dtype=np.float32)
     for chosen in passes:
         part = _chosen_rows(packed, chosen)
         if part.mask.shape[1] == 0:
             continue  # empty responses: nothing to score
-        scores = response_logprobs(model, part, sampling).cpu().numpy()
+        scores = score(part).float().cpu().numpy()
         out[chosen.numpy(), : scores.shape[1]] = scores
     return out
 
