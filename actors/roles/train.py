@@ -58,6 +58,7 @@ class Train(LearnerRole):
     role: ClassVar[str] = Role.TRAIN.value
     learner: ClassVar[str] = "trainer"
     step_name: ClassVar[str] = "step"
+    metrics_prefix: ClassVar[str] = "train"
     rolled_back: ClassVar[str] = "the run"
     ends_run: ClassVar[bool] = True
 
@@ -94,10 +95,12 @@ class Train(LearnerRole):
         # Before the completion goes out: a step the scheduler counts has its lines.
         values = None if groups[0].values is None else [g.values.values for g in groups]
         self.dump.trained(self.step, self.resumed_at, lease.items, self.cfg.algorithm, values)
+        saving = time.perf_counter()
         if self._checkpoint_due() or self._last_step:
             self.save_checkpoint()
         if self._last_step:
             self._save_final()
+        metrics |= self._step_phases(seconds, time.perf_counter() - saving)
         results = tuple(p.Result(g.gid, {"trained_at": self.step}) for g in groups)
         return Outcome(results, metrics, tokens=stats.tokens, durable_step=self.durable)
 
@@ -127,7 +130,6 @@ class Train(LearnerRole):
             **step_mismatch(groups),
             "grad_norm": stats.grad_norm,
             "train_tokens_per_s": round(stats.tokens / seconds, 1),
-            "train_step_s": round(seconds, 4),
             **({"train_ranks": self.gang.size} if self.gang else {}),
         }
 

@@ -42,6 +42,7 @@ class LearnerRole(Actor):
     publishes_versions: ClassVar[bool] = True
     learner: ClassVar[str]  # how messages name it: "trainer", "critic"
     step_name: ClassVar[str]  # how messages name its steps: "step", "critic step"
+    metrics_prefix: ClassVar[str]  # its step metrics' names: "train_step_s", "critic_step_s"
     rolled_back: ClassVar[str]  # what rolling its count back rolls back: "the run"
     # Its stop ends the run's staged state once the last step is done (the trainer's);
     # the critic's stop does not: the policy's last step ends the run.
@@ -135,6 +136,15 @@ class LearnerRole(Actor):
         body = pack_lease(lease) if self.gang is not None else b""
         stats, self.newest = self._together(Order.STEP, groups, body)
         return groups, stats
+
+    def _step_phases(self, step_s: float, checkpoint_s: float) -> dict[str, float]:
+        """Where the step's ``step_s`` seconds went (TrainRank.phases), with the checkpoint
+        written after it (0 when none was due), as metrics: ``train_update_s``, ..."""
+        phases = {**self.rank.phases, "checkpoint_s": checkpoint_s}
+        return {
+            f"{self.metrics_prefix}_step_s": round(step_s, 4),
+            **{f"{self.metrics_prefix}_{name}": round(s, 4) for name, s in phases.items()},
+        }
 
     def _behind_the_scheduler(self, counted: int) -> None:
         """The scheduler counts ``counted`` steps, fewer than this state's: it lost the

@@ -66,6 +66,9 @@ class TrainRank:
         directory = self.run.critic_staged_state if self.critic else self.run.staged_state
         self.store = StagedState(directory, rank, staged_identity(cfg, ranks))
         self.step = 0
+        # Where the last step's seconds went, by phase: the update (forward, backward and
+        # the optimizer), staging its state, gathering its weights whole for publishing.
+        self.phases: dict[str, float] = {}
 
     def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:
         """An order's work, the same sequence of collectives on every rank."""
@@ -101,15 +104,24 @@ class TrainRank:
     def train(self, groups: list[Group]) -> tuple[Any, dict[str, torch.Tensor]]:
         # The policy's first steps in a run with a critic's warmup: the critic learns alone.
         update = self.critic or self.step >= self.cfg.critic.warmup_steps
+        started = time.perf_counter()
         # The step's number, not a counter of the learner's: a restarted rank's rate (and
         # mini-batch split) is the one its predecessor would have used.
         if update:
             stats = self.learner.step(groups, self.step)
         else:
             stats = self.learner.skip(groups, self.step)
+        updated = time.perf_counter()
         self.step += 1
         self._stage()
-        return stats, self.learner.full_weights()
+        staged = time.perf_counter()
+        weights = self.learner.full_weights()
+        self.phases = {
+            "update_s": updated - started,
+            "stage_s": staged - updated,
+            "gather_s": time.perf_counter() - staged,
+        }
+        return stats, weights
 
     def _stage(self) -> None:
         started = time.perf_counter()

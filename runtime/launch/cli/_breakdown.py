@@ -1,7 +1,7 @@
 """Where a run's time goes, read from its ``metrics.jsonl``: what ``asyncrl inspect`` shows.
 
-Two views, both from the step lines the scheduler writes (service/activity.py,
-service/step_path.py):
+Three views, all from the step lines the scheduler writes (service/activity.py,
+service/step_path.py, and the learners' own step metrics):
 
 - per role, the share of its workers' time in each bucket (bus.TimeBucket) and its tokens
   per second. Each line holds these over the 30 s before it; over the run they are
@@ -13,6 +13,10 @@ service/step_path.py):
   is whole), and the newest such step. A step's later legs are in a later line
   (``versions_loaded``), joined here by step number. The first leg is split into the time
   the trainer was still on the step before and the rest (the trainer free, claiming).
+- per learner (the trainer, and PPO's critic), where its step's seconds go: the update
+  (forward, backward, optimizer), staging its state, gathering its weights for publishing,
+  and the checkpoint after it; the mean over the steps the lines carry (a critic step
+  between two policy steps whose line another one overwrote is not among them).
 
 Pure: lines in, a plain dict out (``--json`` prints it), and a table made from that dict.
 """
@@ -81,6 +85,29 @@ def breakdown(lines: list[dict[str, Any]]) -> dict[str, Any]:
         "roles": _role_shares(lines),
         "roles_last": last.get("roles") or {},
         "critical_path": _critical_path(lines),
+        "learners": _learner_steps(lines),
+    }
+
+
+# --- the learners' steps ----------------------------------------------------------------
+
+_LEARNERS = ("train", "critic")  # the prefixes of their step metrics (LearnerRole)
+_PHASES = ("step_s", "update_s", "stage_s", "gather_s", "checkpoint_s")
+
+
+def _learner_steps(lines: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    seen: dict[str, list[dict[str, float]]] = {}
+    for line in lines:
+        for learner in _LEARNERS:
+            phases = {p: line.get(f"{learner}_{p}") for p in _PHASES}
+            if all(isinstance(v, int | float) for v in phases.values()):
+                seen.setdefault(learner, []).append(phases)  # type: ignore[arg-type]
+    return {
+        learner: {
+            "steps": len(steps),
+            **{p: round(statistics.fmean(s[p] for s in steps), 4) for p in _PHASES},
+        }
+        for learner, steps in seen.items()
     }
 
 
@@ -185,7 +212,22 @@ def render_breakdown(report: dict[str, Any], title: str) -> str:
         out.append("no train step yet: metrics.jsonl holds no step line")
         return "\n".join(out)
     out += ["", *_roles_table(report["roles"]), "", *_path_table(report["critical_path"])]
+    if report.get("learners"):
+        out += ["", *_learners_table(report["learners"])]
     return "\n".join(out)
+
+
+def _learners_table(learners: dict[str, dict[str, float]]) -> list[str]:
+    headings = ("step", "update", "stage", "gather", "checkpoint")
+    lines = [
+        "Where a learner's step goes: mean seconds (update: forward, backward, optimizer; "
+        "gather: its weights whole, to publish)",
+        f"{'learner':<10} {'steps':>7}" + "".join(f" {h:>10}" for h in headings),
+    ]
+    for learner, row in learners.items():
+        cells = "".join(f" {_fmt(row.get(p), '{:.4f}'):>10}" for p in _PHASES)
+        lines.append(f"{learner:<10} {int(row['steps']):>7}{cells}")
+    return lines
 
 
 def _roles_table(roles: dict[str, dict[str, float]]) -> list[str]:

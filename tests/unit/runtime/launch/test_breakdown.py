@@ -99,3 +99,23 @@ def test_torn_and_foreign_lines_are_skipped_and_the_table_reads(tmp_path: Path) 
     assert "batch ready -> train lease" in table and "0.0100" in table
     assert step_lines(tmp_path / "missing.jsonl") == []
     assert "no train step yet" in render_breakdown(breakdown([]), "a run")
+
+
+def test_each_learners_step_is_split_into_its_phases_and_a_line_without_them_is_skipped() -> None:
+    def phases(prefix: str, step: float, update: float, checkpoint: float = 0.0) -> dict:
+        names = ("step_s", "update_s", "stage_s", "gather_s", "checkpoint_s")
+        values = (step, update, 0.01, 0.02, checkpoint)
+        return {f"{prefix}_{n}": v for n, v in zip(names, values, strict=True)}
+
+    lines = [
+        line(1, 1.0, **phases("train", 0.3, 0.25), **phases("critic", 0.5, 0.4)),
+        line(2, 2.0, **phases("train", 0.5, 0.45, checkpoint=0.2)),
+        line(3, 3.0, train_step_s=9.0),  # from before the phases were written: left out
+    ]
+    learners = breakdown(lines)["learners"]
+    assert learners["train"] == {"steps": 2, "step_s": 0.4, "update_s": 0.35, "stage_s": 0.01,
+                                 "gather_s": 0.02, "checkpoint_s": 0.1}  # fmt: skip
+    assert learners["critic"]["steps"] == 1 and learners["critic"]["update_s"] == 0.4
+    table = render_breakdown(breakdown(lines), "run")
+    assert "Where a learner's step goes" in table
+    assert any(row.split()[:2] == ["critic", "1"] for row in table.splitlines())
