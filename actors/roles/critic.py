@@ -30,6 +30,7 @@ from typing import ClassVar
 
 import numpy as np
 import structlog
+import torch
 
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
@@ -47,6 +48,7 @@ from ..training.group import Group
 from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
+from ..worker.threads import threads_for
 
 __all__ = ["Critic", "critic_path"]
 
@@ -63,6 +65,7 @@ class Critic(LearnerRole):
     follows_critic: ClassVar[bool] = True
     learner: ClassVar[str] = "critic"
     step_name: ClassVar[str] = "critic step"
+    metrics_prefix: ClassVar[str] = "critic"
     rolled_back: ClassVar[str] = "the critic"
 
     @classmethod
@@ -74,10 +77,19 @@ class Critic(LearnerRole):
         self._join(ctx, RunDir.of(ctx.config).critic_weight_dirs(ctx.config.weights))
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
+        # On this process's share of the CPU, as every role that computes: left to torch, a
+        # critic takes every core and starves the generator of an asynchronous run.
+        torch.set_num_threads(threads_for(cfg, self.role))
         # float32 on any device: the critic's weights are its master weights.
         device = device_for(cfg, index)
         model, codec = load_value_model(critic_path(cfg), device=device)
-        log.info("value model loaded", device=str(device), rank=rank, ranks=ranks)
+        log.info(
+            "value model loaded",
+            device=str(device),
+            rank=rank,
+            ranks=ranks,
+            threads=torch.get_num_threads(),
+        )
         c = cfg.critic
         learner = CriticLearner(model, cfg, codec.pad_id, lr=c.lr, clip=c.clip, group_size=ranks)
         return TrainRank(cfg, learner, rank, ranks)
@@ -85,11 +97,14 @@ class Critic(LearnerRole):
     def process(self, lease: p.Lease) -> Outcome:
         started = time.perf_counter()
         groups, stats = self._train(lease)
-        metrics = _metrics(groups, stats, self.step, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        metrics = _metrics(groups, stats, self.step)
         if self.gang is not None:
             metrics["critic_ranks"] = self.gang.size
+        saving = time.perf_counter()
         if self._checkpoint_due():
             self.save_checkpoint()
+        metrics |= self._step_phases(seconds, time.perf_counter() - saving)
         results = tuple(p.Result(g.gid, {"critic_trained_at": self.step}) for g in groups)
         return Outcome(results, metrics, tokens=stats.tokens)
 
@@ -118,7 +133,7 @@ class Critic(LearnerRole):
             super().on_stop()
 
 
-def _metrics(groups: list[Group], stats: CriticStats, step: int, seconds: float) -> dict:
+def _metrics(groups: list[Group], stats: CriticStats, step: int) -> dict:
     """The critic's step: its loss, and how many critic versions the values it used lag
     the version it trained from (the critic's staleness, bounded by max_staleness)."""
     lags = [step - 1 - g.values.version for g in groups if g.values is not None]
@@ -132,5 +147,4 @@ def _metrics(groups: list[Group], stats: CriticStats, step: int, seconds: float)
         "critic_staleness_mean": float(np.mean(lags)),
         "critic_staleness_max": int(max(lags)),
         "critic_groups": len(groups),
-        "critic_step_s": round(seconds, 4),
     }

@@ -9,8 +9,9 @@ from asyncrl.runtime.contract.config import RunConfig
 
 __all__ = ["threads_for"]
 
-# The roles whose compute takes turns in a synchronous run: a step generates, then trains.
-_TAKING_TURNS = ("generate", "train")
+# The roles whose compute takes turns in a synchronous run: a step generates, then trains;
+# with a learned critic, values are made, then the critic trains, then the policy.
+_TAKING_TURNS = ("generate", "train", "values", "critic")
 
 
 def threads_for(cfg: RunConfig, role: str, cores: int | None = None) -> int:

@@ -203,8 +203,9 @@ class BackendsSection:
         default=1,
         metadata=doc(
             "torch threads per worker process on CPU; 0 = automatic: in a synchronous run "
-            "(pipeline.max_staleness 0) generate and train take turns, so each gets this "
-            "machine's cores shared among its workers; 1 for every other role and run",
+            "(pipeline.max_staleness 0) generate, values, critic and train take turns, so "
+            "each gets this machine's cores shared among its workers; 1 for every other role "
+            "and run",
             min=0,
         ),
     )

@@ -25,7 +25,10 @@ def config(threads: int, staleness: int, generators: int = 1):
         (0, 0, 1, "train", 8),  # synchronous: the phases take turns on every core
         (0, 0, 1, "generate", 8),
         (0, 0, 2, "generate", 4),  # shared among the role's workers
+        (0, 0, 1, "values", 8),  # PPO's: values are made, then the critic trains, alone
+        (0, 0, 1, "critic", 8),
         (0, 0, 1, "logp", 1),
+        (0, 2, 1, "critic", 1),
         (0, 2, 1, "train", 1),  # asynchronous: side by side, a core each
         (0, 2, 1, "generate", 1),
     ],
