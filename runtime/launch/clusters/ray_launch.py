@@ -16,13 +16,17 @@ Ctrl-C stops the run: every actor is killed, workers first.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import importlib.util
 import os
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -50,10 +54,19 @@ class RayLaunchError(Exception):
 
 
 def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
-    """Start (or find) the run's actors and follow the run to its end; its exit status."""
-    ray = _import_ray()
+    """Start (or find) the run's actors and follow the run to its end; its exit status.
+
+    Every call of Ray's is made in a child process (:func:`_apart_from_ray`): a Ctrl-C
+    then stops the run within ``_STOP_S`` whatever Ray does with the thread it holds."""
+    if not _ray_installed():
+        raise RayLaunchError("--on ray needs Ray, not installed here: pip install 'asyncrl[ray]'")
+    return _apart_from_ray(lambda: _launch(plan, address), _STOP_S)
+
+
+def _launch(plan: RayPlan, address: str | None) -> int:
+    import ray
+
     _connect(ray, plan, address or os.environ.get("RAY_ADDRESS") or "auto")
-    _leave_after_interrupt(_STOP_S, 130)
     try:
         going_on = _alive(ray, plan, "scheduler")
         actors = _start(ray, plan, going_on)
@@ -72,47 +85,81 @@ def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
         ray.shutdown()
 
 
-def _leave_after_interrupt(seconds: float, status: int) -> None:
-    """Once a Ctrl-C lands, end this process with ``status`` within ``seconds``, however
-    the main thread is held: Python runs its handler (the KeyboardInterrupt that stops
-    the actors) only when the main thread is back from a call of Ray's, which has been
-    seen to hang past a minute. The signal's number reaches a thread of its own at once,
-    through the interpreter's wakeup fd."""
-    if threading.current_thread() is not threading.main_thread():
-        return  # no signal reaches this thread's handlers; nor may it set the wakeup fd
-    readable, writable = os.pipe()
-    os.set_blocking(writable, False)
-    signal.set_wakeup_fd(writable, warn_on_full_buffer=False)
-
-    def watch() -> None:
-        while signal.SIGINT not in os.read(readable, 64):
-            pass
-        _leave_by(seconds, status)
-
-    threading.Thread(target=watch, name="interrupt-watch", daemon=True).start()
+def _ray_installed() -> bool:
+    if "ray" in sys.modules:  # None there: an install without it, as a test makes one
+        return sys.modules["ray"] is not None
+    return importlib.util.find_spec("ray") is not None
 
 
-def _leave_by(seconds: float, status: int) -> None:
-    """End this process with ``status`` in ``seconds`` if it has not ended by then."""
+def _apart_from_ray(work: Callable[[], int], seconds: float) -> int:
+    """``work``'s exit status, ``work`` run in a child process that dies with this one.
 
-    def leave() -> None:
-        _say(f"Ray did not let go within {seconds:g} s: leaving without it")
-        sys.stdout.flush()
-        os._exit(status)
+    This process only waits and relays a Ctrl-C: Python runs a signal's handler only
+    between bytecodes of the main thread, and a call of Ray's has been seen to hold that
+    thread (and, it seems, the interpreter's lock: a watchdog thread in the same process
+    never ran) past a minute. After a Ctrl-C the child has ``seconds`` to stop the run's
+    actors and end; past them it is killed, and the launch ends with 130 all the same.
+    The child has a process group of its own, so a terminal's Ctrl-C reaches it once,
+    relayed from here."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, measured by the cluster tests
+        _child(work)
+    interrupted: list[float] = []
 
-    timer = threading.Timer(seconds, leave)
-    timer.daemon = True
-    timer.start()
+    def relay(signum: int, frame: object) -> None:
+        if not interrupted:
+            interrupted.append(time.monotonic())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
 
-
-def _import_ray() -> ModuleType:
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, relay) if main else None
     try:
-        import ray
-    except ImportError:
-        raise RayLaunchError(
-            "--on ray needs Ray, not installed here: pip install 'asyncrl[ray]'"
-        ) from None
-    return ray
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status) % 256
+            if interrupted and time.monotonic() - interrupted[0] > seconds:
+                _say(f"Ray did not let go within {seconds:g} s: leaving without it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return 130
+            time.sleep(0.05)
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _child(work: Callable[[], int]) -> None:  # pragma: no cover - runs in the child
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent()
+        code = work()
+    except RayLaunchError as error:
+        print(f"asyncrl: error: {error}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child
+    """SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG): the launcher
+    killed leaves no driver of Ray behind (the run's actors are detached and go on)."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # died before the request took effect
+        os._exit(1)
 
 
 def _connect(ray: ModuleType, plan: RayPlan, address: str) -> None:
