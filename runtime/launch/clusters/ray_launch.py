@@ -43,10 +43,9 @@ _POLL_S = 1.0
 _DIAL_S = 5.0
 _HEAD = "node:__internal_head__"  # a resource only the head node has
 _LEAVE_S = 30.0  # for workers to leave by themselves once the scheduler has ended the run
-# After a Ctrl-C: the actors are killed at once, but Ray's own calls (a request in flight
-# when the signal came, the driver's disconnect) have been seen to hang past a minute;
-# past this the launcher leaves without them.
-_STOP_S = 20.0
+# After a Ctrl-C, for a fresh driver to connect and kill every actor of the run; past
+# this the launcher leaves without it.
+_STOP_S = 40.0
 
 
 class RayLaunchError(Exception):
@@ -56,33 +55,41 @@ class RayLaunchError(Exception):
 def launch_on_ray(plan: RayPlan, address: str | None = None) -> int:
     """Start (or find) the run's actors and follow the run to its end; its exit status.
 
-    Every call of Ray's is made in a child process (:func:`_apart_from_ray`): a Ctrl-C
-    then stops the run within ``_STOP_S`` whatever Ray does with the thread it holds."""
+    Every call of Ray's is made in a child process (:func:`_apart_from_ray`), so a Ctrl-C
+    stops the run whatever Ray does with the thread it holds."""
     if not _ray_installed():
         raise RayLaunchError("--on ray needs Ray, not installed here: pip install 'asyncrl[ray]'")
-    return _apart_from_ray(lambda: _launch(plan, address), _STOP_S)
+    where = address or os.environ.get("RAY_ADDRESS") or "auto"
+    return _apart_from_ray(lambda: _launch(plan, where), lambda: _stop_apart(plan, where), _STOP_S)
 
 
-def _launch(plan: RayPlan, address: str | None) -> int:
+def _launch(plan: RayPlan, address: str) -> int:
     import ray
 
-    _connect(ray, plan, address or os.environ.get("RAY_ADDRESS") or "auto")
+    _connect(ray, plan, address)
     try:
         going_on = _alive(ray, plan, "scheduler")
         actors = _start(ray, plan, going_on)
         if going_on:
-            # Said only now that its actors are found: a Ctrl-C before lands among Ray's
-            # calls, which can hold it back, with nothing yet to stop.
             _say("the run goes on already: following its actors")
         _say(f"{plan.cfg.run.name}: {len(actors)} actors in namespace {plan.namespace}; "
              f"logs in {RunDir.of(plan.cfg).logs}")  # fmt: skip
         return _follow(ray, plan)
-    except KeyboardInterrupt:
-        _stop(ray, plan)
-        _say("stopped: every actor killed; launch again to resume from the journal")
-        return 130
     finally:
         ray.shutdown()
+
+
+def _stop_apart(plan: RayPlan, address: str) -> int:
+    """Ctrl-C's work, by a driver of its own: every actor of the run killed."""
+    import ray
+
+    _connect(ray, plan, address)
+    try:
+        _stop(ray, plan)
+    finally:
+        ray.shutdown()
+    _say("stopped: every actor killed; launch again to resume from the journal")
+    return 130
 
 
 def _ray_installed() -> bool:
@@ -91,46 +98,60 @@ def _ray_installed() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _apart_from_ray(work: Callable[[], int], seconds: float) -> int:
-    """``work``'s exit status, ``work`` run in a child process that dies with this one.
+def _apart_from_ray(follow: Callable[[], int], stop: Callable[[], int], seconds: float) -> int:
+    """``follow`` run in a child process, and its exit status; on a Ctrl-C, that child
+    killed and ``stop`` run in another, and 130.
 
-    This process only waits and relays a Ctrl-C: Python runs a signal's handler only
-    between bytecodes of the main thread, and a call of Ray's has been seen to hold that
-    thread (and, it seems, the interpreter's lock: a watchdog thread in the same process
-    never ran) past a minute. After a Ctrl-C the child has ``seconds`` to stop the run's
-    actors and end; past them it is killed, and the launch ends with 130 all the same.
-    The child has a process group of its own, so a terminal's Ctrl-C reaches it once,
-    relayed from here."""
+    Python runs a signal's handler only between bytecodes of the main thread, and a call
+    of Ray's has been seen to hold that thread past a minute after a Ctrl-C (a watchdog
+    thread in the same process did not run either; a KeyboardInterrupt relayed to it left
+    the run's actors alive). This process makes no call of Ray's: it waits, and on a
+    Ctrl-C kills the follower, which holds nothing of the run's (its actors are detached),
+    and stops the run from a fresh driver, given ``seconds``."""
+    interrupted: list[bool] = []
+
+    def note(signum: int, frame: object) -> None:
+        interrupted.append(True)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, note) if main else None
+    try:
+        follower = _fork(follow)
+        while not interrupted:
+            done, status = os.waitpid(follower, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status) % 256
+            time.sleep(0.05)
+        _end(follower)
+        stopper = _fork(stop)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if os.waitpid(stopper, os.WNOHANG)[0]:
+                return 130
+            time.sleep(0.05)
+        _say(f"Ray did not let go within {seconds:g} s: leaving without it")
+        _end(stopper)
+        return 130
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _fork(work: Callable[[], int]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child, measured by the cluster tests
         _child(work)
-    interrupted: list[float] = []
+    return pid
 
-    def relay(signum: int, frame: object) -> None:
-        if not interrupted:
-            interrupted.append(time.monotonic())
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, relay) if main else None
-    try:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status) % 256
-            if interrupted and time.monotonic() - interrupted[0] > seconds:
-                _say(f"Ray did not let go within {seconds:g} s: leaving without it")
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                return 130
-            time.sleep(0.05)
-    finally:
-        if main:
-            signal.signal(signal.SIGINT, previous)
+def _end(pid: int) -> None:
+    """Kill a child and what it started (its process group, once it has made it)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
 
 
 def _child(work: Callable[[], int]) -> None:  # pragma: no cover - runs in the child
