@@ -102,3 +102,40 @@ def test_without_ray_the_launch_says_what_to_install(
     monkeypatch.setitem(sys.modules, "ray", None)  # as on an install without the extra
     with pytest.raises(RayLaunchError, match=r"pip install 'asyncrl\[ray\]'"):
         launch_on_ray(_plan(tmp_path))
+
+
+def test_a_ctrl_c_kills_a_held_follower_and_runs_the_stop_apart_from_it(tmp_path: Path) -> None:
+    # The follower stands for a call of Ray's that holds its process after a Ctrl-C: it
+    # ignores SIGINT and never returns. The launcher kills it and the stop runs apart.
+    import os
+    import signal
+    import threading
+    import time
+
+    from asyncrl.runtime.launch.clusters.ray_launch import _apart_from_ray
+
+    held, stopped = tmp_path / "held", tmp_path / "stopped"
+
+    def follow() -> int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        held.write_text(str(os.getpid()))
+        while True:
+            time.sleep(1)
+
+    def stop() -> int:
+        stopped.touch()
+        return 0
+
+    def interrupt() -> None:
+        while not held.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, to the launcher
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert _apart_from_ray(follow, stop, 10.0) == 130
+    assert stopped.exists()
+    follower = int(held.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(follower, 0)  # killed and reaped
+    # Without a Ctrl-C the follower's own exit status is the launch's.
+    assert _apart_from_ray(lambda: 3, stop, 10.0) == 3
