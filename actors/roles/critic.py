@@ -38,17 +38,15 @@ from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
 
 from ..actor import Outcome, WorkerContext
-from ..critic import load_value_model
 from ..critic.learner import CriticLearner, CriticStats
 from ..policy.checkpoint import model_dir, save_state
-from ..startup.model_loading import device_for
+from ..startup.model_loading import load_critic
 from ..startup.role_checks import check_device, check_model
 from ..training.gang import Order
 from ..training.group import Group
 from ..training.learner_role import LearnerRole
 from ..training.rank import TrainRank
 from ..training.resume import resume_files
-from ..worker.threads import threads_for
 
 __all__ = ["Critic", "critic_path"]
 
@@ -77,15 +75,10 @@ class Critic(LearnerRole):
         self._join(ctx, RunDir.of(ctx.config).critic_weight_dirs(ctx.config.weights))
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
-        # On this process's share of the CPU, as every role that computes: left to torch, a
-        # critic takes every core and starves the generator of an asynchronous run.
-        torch.set_num_threads(threads_for(cfg, self.role))
-        # float32 on any device: the critic's weights are its master weights.
-        device = device_for(cfg, index)
-        model, codec = load_value_model(critic_path(cfg), device=device)
+        model, codec = load_critic(cfg, self.role, index, critic_path(cfg))
         log.info(
             "value model loaded",
-            device=str(device),
+            device=str(next(model.parameters()).device),
             rank=rank,
             ranks=ranks,
             threads=torch.get_num_threads(),

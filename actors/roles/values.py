@@ -26,13 +26,12 @@ from asyncrl.transport import protocol as p
 from asyncrl.transport.weights import Received, make_receiver
 
 from ..actor import Actor, Outcome, WorkerContext
-from ..critic import load_value_model, response_values
+from ..critic import response_values
 from ..payloads import RolloutsOut, ValuesOut
 from ..policy.checkpoint import load_parameters
-from ..startup.model_loading import DTYPES, device_for
+from ..startup.model_loading import load_critic
 from ..startup.role_checks import check_device, check_model
 from ..training.scorer import by_like_length, pack_rollouts, per_group
-from ..worker.threads import threads_for
 from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 from .critic import critic_path
 
@@ -57,17 +56,13 @@ class Values(Actor):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.worker = ctx.worker
-        torch.set_num_threads(threads_for(cfg, self.role))  # this process's share of the CPU
-        device = device_for(cfg, ctx.index)
-        # On a GPU in model.dtype (a version is copied in); on the CPU in the critic's
-        # float32, so that a version's received buffers become the model's own, uncopied.
-        dtype = DTYPES[cfg.model.dtype] if device.type == "cuda" else torch.float32
-        self.model, self.codec = load_value_model(critic_path(cfg), dtype, device)
+        self.model, self.codec = load_critic(cfg, self.role, ctx.index, critic_path(cfg))
         self.model.eval()
+        weight = next(self.model.parameters())
         log.info(
             "value model loaded",
-            device=str(device),
-            dtype=str(dtype),
+            device=str(weight.device),
+            dtype=str(weight.dtype),
             threads=torch.get_num_threads(),
         )
         dirs = RunDir.of(cfg).critic_weight_dirs(cfg.weights)

@@ -11,6 +11,7 @@ import torch
 
 from asyncrl.runtime.contract.config import LoraSection, RunConfig
 
+from ..critic.model import ValueModel, load_value_model
 from ..engines.contract import EngineModel
 from ..engines.train_checks import train_engine_problems
 from ..policy.adapters import MergedAdapters
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from ..engines.sglang.runner import EngineRunner
     from ..engines.vllm.engine import VLLMEngine
 
-__all__ = ["DTYPES", "device_for", "load_policy", "start_sglang", "start_vllm"]
+__all__ = ["DTYPES", "device_for", "load_critic", "load_policy", "start_sglang", "start_vllm"]
 
 # Of its GPU's memory, what SGLang takes for weights and KV cache when the other roles
 # compute on the GPUs too (backends.device=cuda); alone on it, SGLang's default (most).
@@ -41,6 +42,20 @@ def device_for(cfg: RunConfig, index: int | None) -> torch.device:
     if not torch.cuda.is_available():
         raise RuntimeError("backends.device is cuda, but torch sees no CUDA device here")
     return torch.device("cuda", (index or 0) % torch.cuda.device_count())
+
+
+def load_critic(
+    cfg: RunConfig, role: str, index: int | None, path: str
+) -> tuple[ValueModel, TextCodec]:
+    """The critic's value model from ``path`` for ``role`` (critic or values), on this
+    process's share of the CPU as every model's (left to torch, it took every core and
+    starved the generator of an asynchronous run), or on its GPU. float32 for the critic,
+    whose weights are its master weights, and for values on the CPU, where a version's
+    received buffers then become the model's own, uncopied; else ``model.dtype``."""
+    torch.set_num_threads(threads_for(cfg, role))
+    device = device_for(cfg, index)
+    on_gpu = role != "critic" and device.type == "cuda"
+    return load_value_model(path, DTYPES[cfg.model.dtype] if on_gpu else torch.float32, device)
 
 
 def load_policy(
