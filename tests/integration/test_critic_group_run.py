@@ -32,12 +32,7 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
         f"pipeline.checkpoint_every={_EVERY}",
         "run.keep_checkpoints=0",  # the first is loaded below
     )
-    try:
-        assert proc.wait(360) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    default_run.finish(proc, log, 360)
     text = log.read_text()
     assert "started critic-0" in text and "started critic-1" in text
     joined = default_run.records(run_dir, "critic-1", "joined the training group")

@@ -23,12 +23,7 @@ def test_a_ppo_runs_critic_keeps_to_one_core_and_inspect_splits_each_learners_st
 ) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
     proc = default_run.start_ppo(run_dir, log, 4, 2, "critic.warmup_steps=1")
-    try:
-        assert proc.wait(200) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    default_run.finish(proc, log, 200)
     # Left to torch, each took every core of the machine, and an asynchronous run's
     # generator waited on them (backends.cpu_threads: 1 a worker).
     for name in ("critic-0", "values-0"):

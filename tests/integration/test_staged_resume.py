@@ -71,12 +71,7 @@ def _kill_after_a_step_and_finish(tmp_path: Path, ranks: int, victim: str, *more
 def _run_undisturbed(tmp_path: Path, *more: str) -> Path:
     run_dir, log = tmp_path / "undisturbed", tmp_path / "undisturbed.log"
     proc = _start(run_dir, log, 1, *more)
-    try:
-        assert proc.wait(200) == 0, log.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    default_run.finish(proc, log, 200)
     return run_dir
 
 

@@ -51,6 +51,17 @@ def start_ppo(
     return start(run_dir, log, *ppo, *overrides)
 
 
+def finish(proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    """Wait for ``asyncrl run`` to end with 0 (its output on failure); nothing of it is
+    left running whatever happens."""
+    try:
+        assert proc.wait(timeout) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def steps(run_dir: Path) -> list[dict]:
     """The whole lines of ``metrics.jsonl`` so far."""
     path = run_dir / "metrics.jsonl"
