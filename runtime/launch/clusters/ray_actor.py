@@ -129,9 +129,12 @@ class ProcessActor:
         # Asked after the rank that failed had Ray start rank 0 again (it kills the others
         # before its own actor ends): the answer is the new start's. Should an old one
         # answer, this rank fails to meet it and the group starts again.
+        # Rank 0 may not exist yet (ValueError), or be between its death and its next
+        # start (Ray's RayActorError: "the actor is restarting"): both pass, so ask again.
+        not_yet = (ValueError, self._ray.exceptions.RayActorError)
         name, deadline = f"{self._process.gang}-0", time.monotonic() + _WAIT_S
         while time.monotonic() < deadline:
-            with contextlib.suppress(ValueError):  # not created yet
+            with contextlib.suppress(*not_yet):
                 leader = self._ray.get_actor(name, namespace=self._plan.namespace)
                 found = self._ray.get(leader.address.remote())
                 if found:

@@ -139,3 +139,49 @@ def test_a_ctrl_c_kills_a_held_follower_and_runs_the_stop_apart_from_it(tmp_path
         os.kill(follower, 0)  # killed and reaped
     # Without a Ctrl-C the follower's own exit status is the launch's.
     assert _apart_from_ray(lambda: 3, stop, 10.0) == 3
+
+
+def test_a_rank_asks_again_while_rank_0_restarts_with_a_stand_in_for_rays_handles(
+    tmp_path: Path,
+) -> None:
+    # A rank of a group that Ray starts again asks rank 0 where the group meets. Rank 0's
+    # actor may not exist yet, then be restarting (Ray raises ActorUnavailableError): both
+    # pass, and the rank asks again rather than ending its actor for good. A stand-in for
+    # Ray's handles, since a real restart's timing cannot be forced; the errors are Ray's.
+    import ray.exceptions
+
+    from asyncrl.runtime.launch.clusters.ray_actor import ProcessActor
+
+    plan = _plan(tmp_path, "pipeline.workers.train=2")
+    answers: list[object] = [
+        ValueError("no actor named train-0"),
+        ray.exceptions.ActorUnavailableError("The actor is restarting", b"\0" * 16),
+        None,  # started, its address not picked yet
+        "127.0.0.1:4567",
+    ]
+
+    class Ray:
+        exceptions = ray.exceptions
+
+        def get_actor(self, name: str, namespace: str) -> object:
+            assert name == "train-0" and namespace == plan.namespace
+            if isinstance(answers[0], ValueError):
+                raise answers.pop(0)  # type: ignore[misc]
+            return Leader()
+
+        def get(self, reference: object) -> object:
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    class Leader:
+        class address:  # Ray's handle spelling: leader.address.remote()
+            @staticmethod
+            def remote() -> str:
+                return "reference"
+
+    actor = ProcessActor.__new__(ProcessActor)
+    actor._ray, actor._plan = Ray(), plan
+    actor._process = next(p for p in plan.processes if p.name == "train-1")
+    assert actor._gang_address() == "127.0.0.1:4567" and not answers
