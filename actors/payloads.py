@@ -460,7 +460,8 @@ class RewardsOut:
 @dataclass(frozen=True)
 class ValuesOut:
     """values': the critic's value of the state before each response token, [n, longest],
-    under critic ``version``."""
+    under critic ``version``. Made by the values stage, or by the critic's step (in its
+    result, beside ``critic_trained_at``) when no values stage runs."""
 
     values: np.ndarray  # float32
     version: int
@@ -469,6 +470,16 @@ class ValuesOut:
         return {"values": self.values, "version": self.version}
 
     @classmethod
-    def of(cls, item: p.Item) -> ValuesOut:
-        version = int(_field(item, Role.VALUES, "version"))  # type: ignore[call-overload]
-        return cls(_array(item, Role.VALUES, "values", "float32", 2), version)
+    def of(cls, item: p.Item, role: Role = Role.VALUES) -> ValuesOut:
+        version = int(_field(item, role, "version"))  # type: ignore[call-overload]
+        return cls(_array(item, role, "values", "float32", 2), version)
+
+    @classmethod
+    def made_for(cls, item: p.Item) -> ValuesOut | None:
+        """The values ``item`` carries, from whichever stage made them; None: none."""
+        if Role.VALUES in item.data:
+            return cls.of(item)
+        critic = item.data.get(Role.CRITIC)
+        if isinstance(critic, dict) and "values" in critic:
+            return cls.of(item, Role.CRITIC)
+        return None

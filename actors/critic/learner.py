@@ -5,8 +5,9 @@ A step takes as many optimizer steps as the policy's (``algorithm.mini_batches``
 its rate follows ``critic.lr_schedule`` over the critic's own step count.
 
 The targets are GAE's returns (``R_t = A_t + V_t``) computed from the batch's rewards and
-the values the ``values`` stage made for it (the *old* values, which also anchor the
-clip). Micro-batches and their split over a group of ranks are the trainer's
+its values (the *old* values, which also anchor the clip): the ``values`` stage's, or,
+without one, the critic's own as it stands, read off the update's forward pass.
+Micro-batches and their split over a group of ranks are the trainer's
 (:mod:`..training.micro_batches`); the state's ins and outs (staging, checkpoints,
 publishing) are :class:`~..training.learner_state.LearnerState`'s, as for the trainer.
 """
@@ -22,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 
 from asyncrl.runtime.contract.config import RunConfig
 
+from ..payloads import ValuesOut
 from ..policy.sharding import shard
 from ..rl import value_loss
 from ..training.group import Group
@@ -30,7 +32,7 @@ from ..training.learner_state import LearnerState
 from ..training.micro_batches import by_length, rank_passes, stacked
 from ..training.mini_batches import mini_batch_groups
 from ..training.schedule import lr_at
-from ..training.scorer import pack_rollouts
+from ..training.scorer import by_like_length, pack_rollouts, per_group
 from ..training.step_advantages import step_advantages
 from .model import ValueModel, load_value_weights, response_values
 
@@ -48,6 +50,8 @@ class CriticStats:
     lr: float = 0.0  # the rate of the step's updates (critic.lr_schedule)
     updates: int = 1  # optimizer steps taken (algorithm.mini_batches x epochs)
     grad_norm_max: float = 0.0
+    # each group's values when the step made them (no values stage), in the batch's order
+    made: tuple[np.ndarray, ...] | None = None
 
 
 class CriticLearner(LearnerState):
@@ -83,17 +87,18 @@ class CriticLearner(LearnerState):
     def step(self, groups: list[Group], steps_done: int = 0) -> CriticStats:
         """One critic step towards the batch's returns (every rank the same list): as the
         policy's, ``algorithm.mini_batches`` x ``epochs`` optimizer steps over the same
-        split, at the rate ``critic.lr_schedule`` gives the step after ``steps_done``."""
-        if any(g.values is None for g in groups):
-            raise ValueError("a critic step needs every group's values (the values stage's)")
+        split, at the rate ``critic.lr_schedule`` gives the step after ``steps_done``.
+
+        Groups without values (no values stage ran: ``critic.values: step``) get them from
+        this critic as it stands, version ``steps_done``, returned in ``CriticStats.made``:
+        from the update's own forward pass when the step is one update on one rank, else
+        from a forward pass before the first update (the later updates must be measured
+        against the values the advantages are estimated with, not moved ones).
+        """
+        missing = [g.values is None for g in groups]
+        if any(missing) and not all(missing):
+            raise ValueError("a critic step's groups either all bring values or none does")
         a = self.cfg.algorithm
-        _, returns = step_advantages(
-            [g.rollouts for g in groups],
-            [g.rewards for g in groups],
-            replace(a, estimator="gae"),  # its targets are GAE's returns
-            [g.values.values for g in groups],  # type: ignore[union-attr]
-        )
-        assert returns is not None
         c = self.cfg.critic
         lr = lr_at(steps_done, self.base_lr, c.lr_schedule, self.cfg.run.total_steps)
         for group in self.optimizer.param_groups:
@@ -101,15 +106,27 @@ class CriticLearner(LearnerState):
         split = mini_batch_groups(
             len(groups), a.mini_batches, a.epochs, seed=self.cfg.run.seed, step=steps_done
         )
-        losses, norms, clipped_tokens, seen_tokens = [], [], 0.0, 0
-        for chosen in split:
-            loss, clipped, tokens, grad_norm = self._update(
-                [groups[i] for i in chosen], [returns[i] for i in chosen]
-            )
-            losses.append(loss)
-            norms.append(grad_norm)
-            clipped_tokens += clipped
-            seen_tokens += tokens
+        made: list[np.ndarray] | None = None
+        if all(missing) and len(split) == 1 and self.size == 1:
+            loss, clipped, seen, grad_norm, made = self._update_making_values(groups)
+            losses, norms, clipped_tokens, seen_tokens = [loss], [grad_norm], clipped, seen
+        else:
+            if all(missing):
+                made = self.values_of(groups)
+                groups = [
+                    replace(g, values=ValuesOut(v, steps_done))
+                    for g, v in zip(groups, made, strict=True)
+                ]
+            returns = self._returns(groups, [g.values.values for g in groups])  # type: ignore[union-attr]
+            losses, norms, clipped_tokens, seen_tokens = [], [], 0.0, 0
+            for chosen in split:
+                loss, clipped, tokens, grad_norm = self._update(
+                    [groups[i] for i in chosen], [returns[i] for i in chosen]
+                )
+                losses.append(loss)
+                norms.append(grad_norm)
+                clipped_tokens += clipped
+                seen_tokens += tokens
         tokens = sum(g.rollouts.trained_tokens() for g in groups)
         return CriticStats(
             float(np.mean(losses)),
@@ -119,7 +136,31 @@ class CriticLearner(LearnerState):
             lr=lr,
             updates=len(split),
             grad_norm_max=max(norms),
+            made=None if made is None else tuple(made),
         )
+
+    def _returns(self, groups: list[Group], values: list[np.ndarray]) -> list[np.ndarray]:
+        """GAE's returns (``R_t = A_t + V_t``), the critic's targets, from each group's
+        rewards and ``values``; per row, so a micro-batch's rows alone give theirs."""
+        _, returns = step_advantages(
+            [g.rollouts for g in groups],
+            [g.rewards for g in groups],
+            replace(self.cfg.algorithm, estimator="gae"),  # its targets are GAE's returns
+            values,
+        )
+        assert returns is not None
+        return returns
+
+    def values_of(self, groups: list[Group]) -> list[np.ndarray]:
+        """Each group's ``[rows, longest]`` values under the critic as it stands, as the
+        values stage makes them (every rank scores every group: a group's shards meet in
+        each forward pass, and every rank needs them all)."""
+        self.model.eval()
+        rollouts = [g.rollouts for g in groups]
+        packed = pack_rollouts(rollouts, self.pad_id)
+        with torch.inference_mode():
+            values = by_like_length(packed, lambda part: response_values(self.model, part))
+        return per_group(values, rollouts)
 
     def _update(self, groups: list[Group], returns: list[np.ndarray]):
         """One optimizer step on a mini-batch, its loss normalised over its own tokens:
@@ -146,6 +187,47 @@ class CriticLearner(LearnerState):
             (loss * self.size).backward()
             if real:
                 sums += torch.stack([loss.detach(), clipped.to(sums.dtype)])
+        return self._optimizer_step(sums, tokens)
+
+    def _update_making_values(self, groups: list[Group]):
+        """The step's one update (one rank) with the values read off its own forward pass:
+        each micro-batch's values, before any change, give its rows' returns (GAE is per
+        row), the loss's targets. The clip's anchor is those values themselves, so the
+        clip does nothing: it bounds later updates against the first one's values, and
+        there are none. The loss, clipped tokens, tokens, grad norm and each group's values.
+        """
+        self.model.train()
+        tokens = sum(g.rollouts.trained_tokens() for g in groups)
+        # by_length splits groups by rows: each micro-batch's parts carry their row numbers
+        # in place of advantages, to lay their values back into their whole groups.
+        numbers = [_row_numbers(g) for g in groups]
+        made = [np.zeros(g.rollouts.response_ids.shape, np.float32) for g in groups]
+        where = {g.gid: i for i, g in enumerate(groups)}
+        sums = torch.zeros(2, device=self.device)
+        for chunk, rows in by_length(groups, numbers, self.cfg.algorithm.micro_batch_groups):
+            rollouts = [g.rollouts for g in chunk]
+            packed = pack_rollouts(rollouts, self.pad_id)
+            width = packed.mask.shape[1]
+            values = response_values(self.model, packed)
+            laid = per_group(values.detach().float().cpu().numpy(), rollouts)
+            returns = self._returns(chunk, laid)
+            loss, clipped = value_loss(
+                values,
+                values.detach(),
+                stacked(returns, width).to(self.device),
+                packed.mask.to(self.device),
+                clip=self.clip,
+                total_tokens=float(tokens),
+            )
+            loss.backward()
+            sums += torch.stack([loss.detach(), clipped.to(sums.dtype)])
+            for part, row_numbers, part_values in zip(chunk, rows, laid, strict=True):
+                whole = made[where[part.gid]]
+                whole[row_numbers[:, 0], : part_values.shape[1]] = part_values
+        return (*self._optimizer_step(sums, tokens), made)
+
+    def _optimizer_step(self, sums: torch.Tensor, tokens: int) -> tuple[float, float, int, float]:
+        """The accumulated gradients applied: the loss, clipped tokens, tokens, grad norm."""
         if self.size > 1:
             dist.all_reduce(sums)
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -166,3 +248,9 @@ class CriticLearner(LearnerState):
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(self.model, whole or {}, options=options)
+
+
+def _row_numbers(group: Group) -> np.ndarray:
+    """``[rows, longest]``: each row of ``group`` filled with its own number."""
+    rows, width = group.rollouts.response_ids.shape
+    return np.repeat(np.arange(rows)[:, None], max(width, 1), axis=1)

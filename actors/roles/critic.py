@@ -1,12 +1,14 @@
 """The ``critic`` role: ready → critic_trained, one step of the critic per lease.
 
 Consumes ``transition.*.ready`` (PPO's table, ``Pipeline.with_critic``); a lease is a
-batch of groups with their responses, rewards and the values the ``values`` stage made
-for them. The step: GAE's returns from those rewards and values, then the clipped value
-loss towards them (:class:`~..critic.learner.CriticLearner`). Its own step count is the
-critic's version, published as the policy's is; its metrics (the value loss, and how many
-critic versions the values lagged its step: the critic's staleness) go into the next
-line of ``metrics.jsonl``.
+batch of groups with their responses, rewards and, with ``critic.values: stage``, the
+values the ``values`` stage made for them; without that stage (``critic.values: step``,
+the default) the step makes them, with the critic as it stands, and hands them on in its
+result for the train step's advantages. The step: GAE's returns from those rewards and
+values, then the clipped value loss towards them (:class:`~..critic.learner.CriticLearner`).
+Its own step count is the critic's version, published as the policy's is; its metrics
+(the value loss, and how many critic versions the values lagged its step: the critic's
+staleness) go into the next line of ``metrics.jsonl``.
 
 Like the trainer (:class:`~..training.learner_role.LearnerRole`) it runs as one process or
 as a group of ``pipeline.workers.critic`` ranks (the value model sharded over them, rank 0
@@ -39,6 +41,7 @@ from asyncrl.transport import protocol as p
 
 from ..actor import Outcome, WorkerContext
 from ..critic.learner import CriticLearner, CriticStats
+from ..payloads import ValuesOut
 from ..policy.checkpoint import model_dir, save_state
 from ..startup.model_loading import load_critic
 from ..startup.role_checks import check_device, check_model
@@ -98,7 +101,10 @@ class Critic(LearnerRole):
         if self._checkpoint_due():
             self.save_checkpoint()
         metrics |= self._step_phases(seconds, time.perf_counter() - saving)
-        results = tuple(p.Result(g.gid, {"critic_trained_at": self.step}) for g in groups)
+        made = stats.made or [None] * len(groups)
+        results = tuple(
+            p.Result(g.gid, _result(self.step, v)) for g, v in zip(groups, made, strict=True)
+        )
         return Outcome(results, metrics, tokens=stats.tokens)
 
     # --- checkpoints ---------------------------------------------------------------------
@@ -126,10 +132,20 @@ class Critic(LearnerRole):
             super().on_stop()
 
 
+def _result(step: int, values: np.ndarray | None) -> p.Payload:
+    """What the step hands on for a group: the step it was trained at, and the values the
+    step made for it (no values stage), at the version it trained from, for the train
+    step's advantages."""
+    if values is None:
+        return {"critic_trained_at": step}
+    return {"critic_trained_at": step, **ValuesOut(values, step - 1).to_payload()}
+
+
 def _metrics(groups: list[Group], stats: CriticStats, step: int) -> dict:
     """The critic's step: its loss, and how many critic versions the values it used lag
-    the version it trained from (the critic's staleness, bounded by max_staleness)."""
-    lags = [step - 1 - g.values.version for g in groups if g.values is not None]
+    the version it trained from (the critic's staleness, bounded by max_staleness; 0 when
+    the step made them)."""
+    lags = [step - 1 - g.values.version for g in groups if g.values is not None] or [0]
     return {
         "value_loss": stats.value_loss,
         "value_clip_frac": stats.value_clip_frac,

@@ -24,7 +24,7 @@ class Group:
     proximal: LogprobsOut | None  # None: a lease that carries no logp (the critic's)
     reference: LogprobsOut | None  # None: no ref_logp stage ran (algorithm.kl_coef is 0)
     rewards: np.ndarray
-    values: ValuesOut | None = None  # the critic's (PPO's values stage); None: no critic
+    values: ValuesOut | None = None  # the critic's (values stage or step); None: none yet
     reward_parts: Mapping[str, np.ndarray] | None = None  # RewardsOut.parts; None: unread
 
     @classmethod
@@ -37,7 +37,7 @@ class Group:
             proximal=LogprobsOut.of(item, Role.LOGP) if Role.LOGP in item.data else None,
             reference=LogprobsOut.of(item, Role.REF_LOGP) if Role.REF_LOGP in item.data else None,
             rewards=rewards.rewards,
-            values=ValuesOut.of(item) if Role.VALUES in item.data else None,
+            values=ValuesOut.made_for(item),
             reward_parts=rewards.parts,
         )
 

@@ -18,10 +18,11 @@ takes exactly one train batch at a time and advances the step counter. A branch 
 that ``reads_policy`` computes with the trainer's weights (``logp``): when training rolls
 back, its results made with weights that no longer exist are computed again.
 
-A learned critic (PPO's, :meth:`Pipeline.with_critic`) adds two rows: ``values``, a branch
-that ``reads_critic`` (the critic's forward, at the critic version its worker holds), and
-the ``CRITIC_STEP`` stage, the critic's update, which takes one batch at a time like the
-train step, counts its own steps and versions, and hands its groups on to the train step.
+A learned critic (PPO's, :meth:`Pipeline.with_critic`) adds the ``CRITIC_STEP`` stage, the
+critic's update, which takes one batch at a time like the train step, counts its own steps
+and versions, and hands its groups on to the train step; and, unless that step makes the
+values itself in its update's forward pass, a ``values`` branch that ``reads_critic`` (the
+critic's forward, at the critic version its worker holds).
 
 A stage names the payloads it ``reads``: the roles whose results its workers are handed
 with a lease (the entry role's prompt, the generator's rollouts). A lease carries those
@@ -243,10 +244,15 @@ class Pipeline:
         stages = tuple(renamed(s) for s in self.stages)
         return Pipeline(stages, self.entry, self.entry_role, (*self.serving, admit.role))
 
-    def with_critic(self) -> Pipeline:
-        """This table with a learned critic: a ``values`` branch beside the stage that
-        reads the policy, and the critic's step between the branches' join and the train
-        step, which then reads the values too (for its advantages)."""
+    def with_critic(self, values_stage: bool = True) -> Pipeline:
+        """This table with a learned critic: the critic's step between the branches' join
+        and the train step, which then reads the values too (for its advantages).
+
+        ``values_stage``: a ``values`` branch beside the stage that reads the policy makes
+        them, at the critic version its worker holds; without it the critic's step makes
+        them itself, in the forward pass of its update, and hands them on with its result
+        (the train step reads the critic's payload).
+        """
         if self.for_role(Role.VALUES) or self.for_role(Role.CRITIC):
             raise PipelineError("the table has a critic already")
         scorer = next((s for s in self.stages if s.reads_policy), None)
@@ -264,12 +270,14 @@ class Pipeline:
             GroupState.CRITIC_TRAINED,
             GroupState.CRITIC_TRAINING,
             Gate.CRITIC_STEP,
-            reads=(admit.role, Role.REWARD, Role.VALUES),
+            reads=(admit.role, Role.REWARD, *([Role.VALUES] if values_stage else [])),
         )
-        reads = None if step.reads is None else (*step.reads, Role.VALUES)
+        maker = Role.VALUES if values_stage else Role.CRITIC
+        reads = None if step.reads is None else (*step.reads, maker)
         train = replace(step, source=GroupState.CRITIC_TRAINED, reads=reads)
         stages = [s for s in self.stages if s is not step]
-        stages.insert(stages.index(scorer) + 1, values)
+        if values_stage:
+            stages.insert(stages.index(scorer) + 1, values)
         return Pipeline((*stages, critic, train), self.entry, self.entry_role, self.serving)
 
     def edges(self) -> Iterator[tuple[GroupState, GroupState]]:

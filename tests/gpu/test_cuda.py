@@ -196,7 +196,11 @@ def test_ppo_with_a_learned_critic_on_cuda(tmp_path: Path) -> None:
     reach the values workers over the weight plane."""
     run_dir = tmp_path / "run"
     steps = _cuda_run(
-        run_dir, "deploy/configs/ppo.yaml", "run.total_steps=4", "critic.warmup_steps=1"
+        run_dir,
+        "deploy/configs/ppo.yaml",
+        "run.total_steps=4",
+        "critic.warmup_steps=1",
+        "critic.values=stage",  # the values workers of their own, on the GPU too
     )
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     losses = [s["value_loss"] for s in steps if "value_loss" in s]

@@ -1,8 +1,9 @@
 """``asyncrl run`` of PPO (algorithm.estimator=gae, real processes) with the critic as a
 group of 2 ranks (its value model sharded with FSDP2 over gloo, rank 0 leading): every
 policy step completes once, the critic steps as one group whose weights move, its values
-workers load the versions the group staged (each rank's shard, joined), and checkpoints
-of the critic land in ``critic/`` as value models.
+workers load the versions the group staged (each rank's shard, joined) or, without a
+values stage, the group makes the values in its step, and checkpoints of the critic land
+in ``critic/`` as value models.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 _STEPS, _BATCH, _EVERY = 6, 4, 2
 
 
-def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) -> None:
+@pytest.mark.parametrize("values", ["stage", "step"])
+def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path, values: str) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
     proc = default_run.start_ppo(
         run_dir,
@@ -31,6 +33,7 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
         "pipeline.workers.critic=2",
         f"pipeline.checkpoint_every={_EVERY}",
         "run.keep_checkpoints=0",  # the first is loaded below
+        f"critic.values={values}",
     )
     default_run.finish(proc, log, 360)
     text = log.read_text()
@@ -48,13 +51,18 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path) ->
     # under a moving policy (CI saw 0.094 then 0.143). That the values move towards fixed
     # returns is tested on a fixed batch in tests/unit/actors/critic/test_critic_learner.py.
     assert all(0 < s["value_loss"] < float("inf") for s in critic_lines), critic_lines
-    # The values workers followed the group's versions, read from both ranks' shards.
-    loaded = [
-        r["version"] for r in default_run.records(run_dir, "values-0", "loaded a critic version")
-    ]
-    assert loaded and max(loaded) >= 2, loaded
-    for line in steps:
-        assert 0 <= line["critic_staleness_max"] <= 2, line
+    if values == "stage":
+        # The values workers followed the group's versions, read from both ranks' shards.
+        loaded = [
+            r["version"]
+            for r in default_run.records(run_dir, "values-0", "loaded a critic version")
+        ]
+        assert loaded and max(loaded) >= 2, loaded
+        for line in steps:
+            assert 0 <= line["critic_staleness_max"] <= 2, line
+    else:  # every rank made the batch's values with the group's shards, before the update
+        assert "started values-" not in text
+        assert all(line["critic_staleness_max"] == 0 for line in critic_lines), critic_lines
 
     run = RunDir(run_dir)
     assert run.critic_checkpoint_steps()[:1] == [_EVERY]

@@ -31,8 +31,10 @@ def _published(run_dir: Path) -> list[int]:
 
 def test_a_critic_whose_staged_state_is_lost_rolls_back_to_its_checkpoint(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
+    # With a values stage: its workers hold lost critic versions too (the rule that has
+    # them leave is the part of the rollback a run without one does not meet).
     proc = default_run.start_ppo(
-        run_dir, log, _STEPS, _BATCH, f"pipeline.checkpoint_every={_EVERY}"
+        run_dir, log, _STEPS, _BATCH, f"pipeline.checkpoint_every={_EVERY}", "critic.values=stage"
     )
     staged = RunDir(run_dir).critic_staged_state
     try:

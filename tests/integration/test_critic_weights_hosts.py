@@ -28,7 +28,7 @@ PLACEMENT = {"h1": "dataloader,generate,logp,reward,critic,train", "h2": "values
 def test_a_values_worker_on_another_host_scores_with_critic_versions_it_fetched(
     tmp_path: Path,
 ) -> None:
-    overrides = [f"run.total_steps={STEPS}", "critic.warmup_steps=1"]
+    overrides = [f"run.total_steps={STEPS}", "critic.warmup_steps=1", "critic.values=stage"]
     with Hosts(2, shared=[tmp_path]) as hosts:
         run = HostRun(hosts, tmp_path, overrides=overrides, config="deploy/configs/ppo.yaml")
         run.start(PLACEMENT)

@@ -125,6 +125,27 @@ CRITIC_TABLE = Table(
     after_logp=frozenset({"ready", "critic_training", "critic_trained", "training"}),
 )
 
+# PPO's with the values made by the critic's step in its update's forward pass: no values
+# branch; the train step reads the critic's payload for its advantages.
+CRITIC_MAKES_VALUES_TABLE = Table(
+    rows={role: row for role, row in CRITIC_TABLE.rows.items() if role != VALUES},
+    branches=_SCORERS,
+    edges=CRITIC_TABLE.edges,
+    readers={
+        GENERATE: frozenset({LOGP, REF_LOGP, REWARD, CRITIC, TRAIN}),
+        **{scorer: frozenset({CRITIC, TRAIN}) for scorer in _SCORERS},
+        CRITIC: frozenset({TRAIN}),
+    },
+    reads={
+        LOGP: frozenset({GENERATE}),
+        REF_LOGP: frozenset({GENERATE}),
+        REWARD: frozenset({GENERATE}),
+        CRITIC: frozenset({GENERATE, REWARD}),
+        TRAIN: frozenset({GENERATE, LOGP, REF_LOGP, REWARD, CRITIC}),
+    },
+    after_logp=CRITIC_TABLE.after_logp,
+)
+
 
 @dataclass
 class ModelLease:

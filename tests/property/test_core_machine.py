@@ -11,3 +11,5 @@ TestSyncPipeline = make_machine(sync=True).TestCase
 # PPO's table: a values branch and the critic's step before the train step
 TestCriticPipeline = make_machine(DEFAULT_PIPELINE.with_critic()).TestCase
 TestSyncCriticPipeline = make_machine(DEFAULT_PIPELINE.with_critic(), sync=True).TestCase
+# PPO's table with the values made in the critic's step: no values branch
+TestCriticMakesValues = make_machine(DEFAULT_PIPELINE.with_critic(values_stage=False)).TestCase

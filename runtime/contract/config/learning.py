@@ -365,6 +365,15 @@ class CriticSection:
             exclusive_min=0,
         ),
     )
+    values: Literal["step", "stage"] = field(
+        default="step",
+        metadata=doc(
+            "where a group's values come from: step, the critic's step makes them in its "
+            "update's forward pass (no values workers; fresh, at the version it trains "
+            "from); stage, a values stage of their own beside logp, at the critic version "
+            "their worker holds"
+        ),
+    )
     warmup_steps: int = field(
         default=0,
         metadata=doc(

@@ -9,7 +9,8 @@ place: they drive the generators through the API those serve, and the generate w
 stay registered to serve and follow versions, and are leased nothing.
 
 With ``algorithm.estimator: gae`` the table has a learned critic (``Pipeline.with_critic``):
-a ``values`` branch and the ``critic``'s step before the train step.
+the ``critic``'s step before the train step, which makes the values in its update's
+forward pass, or, with ``critic.values: stage``, a ``values`` branch beside logp.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def pipeline_for(cfg: RunConfig) -> Pipeline:
     if cfg.data.harness:
         table = table.admitting_with(Role.HARNESS)
     if cfg.algorithm.estimator == "gae":  # PPO: a learned critic's values and steps
-        table = table.with_critic()
+        table = table.with_critic(values_stage=cfg.critic.values == "stage")
     if cfg.algorithm.kl_coef == 0:
         table = table.without(Role.REF_LOGP)
     return table

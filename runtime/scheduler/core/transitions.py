@@ -518,14 +518,16 @@ def _critic_rolled_back(s: CoreState, step: int, reason: str) -> None:
     for worker in lost:
         s.indexes.left(s.workers.pop(worker))
         s.notices.append(WorkerLost(worker, reason))
-    (values,) = (row.role for row in s.pipeline.stages if row.reads_critic)
-    for gid in sorted(s.groups):
-        group = s.groups[gid]
-        made_with = group.critic_version
-        if made_with is None or made_with <= step or group.state in s.critic_done:
-            continue
-        s.regenerated[values] += 1
-        _redo(s, group, values, reason)
+    # Without a values stage (the critic's step makes them) no group waits with values
+    # of a lost version: each step's values are its own, made as it trains.
+    for values in (row.role for row in s.pipeline.stages if row.reads_critic):
+        for gid in sorted(s.groups):
+            group = s.groups[gid]
+            made_with = group.critic_version
+            if made_with is None or made_with <= step or group.state in s.critic_done:
+                continue
+            s.regenerated[values] += 1
+            _redo(s, group, values, reason)
     s.critic_steps_done = step
     s.critic_version = min(s.critic_version, step)
     s.notices.append(CriticRolledBackTo(step, reason))

@@ -56,9 +56,53 @@ def test_the_step_is_the_same_however_its_rows_are_cut() -> None:
         assert torch.allclose(p, q, atol=1e-7)
 
 
-def test_a_group_without_values_is_refused() -> None:
-    with pytest.raises(ValueError, match="needs every group's values"):
-        _learner(2).step(_groups(None))
+def _with_values(groups: list[Group], values: list[np.ndarray]) -> list[Group]:
+    return [
+        dataclasses.replace(g, values=ValuesOut(v, 0)) for g, v in zip(groups, values, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("per_micro", [1, 4])
+def test_without_values_the_step_makes_them_in_its_own_forward_pass(per_micro: int) -> None:
+    # critic.values: step. The values it hands on are the critic's before the update (as
+    # a values stage holding its version would make them), laid back whole from rows cut
+    # over micro-batches, and the update is the one those values would have given.
+    making, given = _learner(per_micro), _learner(per_micro)
+    for learner in (making, given):  # the value head starts at 0: moved first
+        learner.step(_groups(0.0))
+    before = given.values_of(_groups(None))
+    made = making.step(_groups(None)).made
+    assert made is not None and len(made) == len(before)
+    for ours, theirs in zip(made, before, strict=True):
+        assert ours.shape == theirs.shape and np.abs(ours - theirs).max() < 1e-5
+    assert any(np.abs(v).max() > 0 for v in made)
+    stats = given.step(_with_values(_groups(None), before))
+    assert stats.made is None  # brought by the groups, not made
+    for p, q in zip(making.model.parameters(), given.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_with_several_updates_the_values_are_made_before_the_first() -> None:
+    # The later updates of a step are clipped against the values its advantages use:
+    # those are the critic's before any update, made in a pass of their own.
+    cfg = {"algorithm": {"mini_batches": 2, "epochs": 2}, "pipeline": {"train_batch_groups": 4}}
+    torch.manual_seed(0)
+    model, codec = load_value_model("embedded")
+    learner = CriticLearner(model, config_from_dict(cfg), codec.pad_id, lr=1e-3, clip=0.5)
+    learner.step(_groups(0.0))  # the value head starts at 0: moved first
+    before = learner.values_of(_groups(None))
+    assert any(np.abs(v).max() > 0 for v in before)
+    stats = learner.step(_groups(None))
+    assert stats.updates == 4 and stats.made is not None
+    for ours, theirs in zip(stats.made, before, strict=True):
+        assert np.array_equal(ours, theirs)
+
+
+def test_a_batch_of_groups_with_values_and_without_is_refused() -> None:
+    groups = _groups(0.0)
+    groups[1] = dataclasses.replace(groups[1], values=None)
+    with pytest.raises(ValueError, match="all bring values or none"):
+        _learner(2).step(groups)
 
 
 def test_a_staged_critic_step_is_taken_up_bit_for_bit(tmp_path) -> None:

@@ -22,6 +22,7 @@ from asyncrl.runtime.contract.config import (
     pipeline_for,
     workers_to_start,
 )
+from asyncrl.runtime.contract.stages import Gate
 
 DEFAULT_YAML = Path(__file__).resolve().parents[4] / "deploy" / "configs" / "default.yaml"
 
@@ -419,10 +420,20 @@ def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
     cfg = load_config(DEFAULT_YAML.with_name("ppo.yaml"))
     assert cfg.algorithm.estimator == "gae" and cfg.critic.warmup_steps == 5
     roles = workers_to_start(cfg)
-    assert roles["values"] == roles["critic"] == 1
-    rows = {s.role: (s.source.value, s.target.value) for s in pipeline_for(cfg).stages}
-    assert rows["critic"] == ("ready", "critic_trained")
+    # The critic's step makes the values (critic.values: step): no values workers, and
+    # the train step reads the critic's result for them.
+    assert roles["critic"] == 1 and "values" not in roles
+    table = pipeline_for(cfg)
+    rows = {s.role: (s.source.value, s.target.value) for s in table.stages}
+    assert rows["critic"] == ("ready", "critic_trained") and "values" not in rows
+    assert "critic" in (table.gated(Gate.STEP).reads or ())
     assert "values" not in workers_to_start(load_config(None))  # GRPO runs no critic
+    # With a values stage of their own: a branch beside logp, which the train step reads.
+    staged = load_config(DEFAULT_YAML.with_name("ppo.yaml"), ["critic.values=stage"])
+    assert workers_to_start(staged)["values"] == 1
+    rows = {s.role: (s.source.value, s.target.value) for s in pipeline_for(staged).stages}
+    assert rows["values"] == ("generated", "ready")
+    assert "values" in (pipeline_for(staged).gated(Gate.STEP).reads or ())
 
 
 def test_the_critic_may_run_as_a_group_of_ranks() -> None:

@@ -77,7 +77,11 @@ def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
 
 def test_the_critic_runs_as_one_group_of_ranks_like_the_trainer() -> None:
     cfg = config_from_dict(
-        {"algorithm": {"estimator": "gae"}, "pipeline": {"workers": {"critic": 2}}}
+        {
+            "algorithm": {"estimator": "gae"},
+            "critic": {"values": "stage"},
+            "pipeline": {"workers": {"critic": 2}},
+        }
     )
     specs = {s.name: s for s in node_specs(cfg, ARGS, NodePlan.whole_run(cfg), resume=False)}
     for rank in (0, 1):

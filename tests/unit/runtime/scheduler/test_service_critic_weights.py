@@ -29,6 +29,7 @@ def make(tmp_path: Path, resume: bool = False) -> SchedulerService:
         {
             "run": {"dir": str(tmp_path), "total_steps": 4},
             "algorithm": {"estimator": "gae"},
+            "critic": {"values": "stage"},  # values workers that follow the critic
             "pipeline": {"train_batch_groups": 1},
         }
     )
