@@ -158,7 +158,9 @@ class CriticLearner(LearnerState):
         self.model.eval()
         rollouts = [g.rollouts for g in groups]
         packed = pack_rollouts(rollouts, self.pad_id)
-        with torch.inference_mode():
+        # no_grad, not inference_mode: FSDP2 keeps the parameters it gathers in a forward,
+        # and inference tensors there break the update's in-place steps after it.
+        with torch.no_grad():
             values = by_like_length(packed, lambda part: response_values(self.model, part))
         return per_group(values, rollouts)
 

@@ -1,6 +1,7 @@
 """The ``values`` role: the critic's value of every response token, at its version.
 
-Consumes ``transition.*.generated`` (PPO's table, ``Pipeline.with_critic``); produces
+Consumes ``transition.*.generated`` (PPO's table with ``critic.values: stage``; by default
+the critic's step makes the values itself, and this role has no work); produces
 :class:`~..payloads.ValuesOut` with the critic version it used, which the scheduler
 keeps with the group: the critic's step refuses values older than the staleness bound
 allows (they are made again). A branch beside ``logp``: the scorer of the critic.

@@ -260,3 +260,39 @@ def test_the_critic_is_woken_by_ready_groups_and_by_a_train_step_that_may_wait()
     assert "transition.training.trained" in topics  # the train step may now wait for it
     assert "transition.generated.ready" in wakeup_topics("train", DEFAULT_PIPELINE)
     assert "transition.critic_training.critic_trained" in wakeup_topics("train", PPO)
+
+
+# critic.values: step. The critic's step makes the values: no values row, and the train
+# step reads the critic's result for its advantages.
+PPO_STEP_VALUES = DEFAULT_PIPELINE.with_critic(values_stage=False).without(Role.REF_LOGP)
+
+
+def test_without_a_values_stage_the_critic_takes_scored_groups_and_the_train_step_its_result() -> (
+    None
+):
+    assert not PPO_STEP_VALUES.for_role("values")
+    critic = PPO_STEP_VALUES.stage_at(GroupState.READY, "critic")
+    assert PPO_STEP_VALUES.reads(critic) == {"generate", "reward"}
+    assert "critic" in PPO_STEP_VALUES.reads(PPO_STEP_VALUES.gated(Gate.STEP))
+    assert "values" not in PPO_STEP_VALUES.reads(PPO_STEP_VALUES.gated(Gate.STEP))
+    settings = {"max_staleness": 1, "train_batch_groups": 2, "max_attempts": 2,
+                "lease_timeout": 10.0, "worker_timeout": 30.0, "resources": {}}  # fmt: skip
+    core = SchedulerCore(CoreSettings(**settings), PPO_STEP_VALUES)
+    for worker, role in ROLES.items():
+        if role != "values":
+            assert isinstance(core.register(worker, role, 0.0), Accepted)
+    assert isinstance(core.register("val", "values", 0.0), Rejected)  # no stage of its own
+    assert isinstance(core.loaded_version("gen", 0), Accepted)
+    core.add_groups(["a", "b"])
+    done(core, grant(core.claim("generate", "gen", 2, 0.0)), behaviour=True)
+    for worker in ("lp", "rw"):
+        done(core, grant(core.claim(ROLES[worker], worker, 2, 0.0)))
+    assert core.state.counts[GroupState.READY] == 2  # ready without values
+    step = grant(core.claim("critic", "cr", 99, 0.0))
+    assert step.groups == (0, 1) and step.version == 0
+    done(core, step)
+    assert core.state.critic_steps_done == 1
+    assert grant(core.claim("train", "tr", 99, 0.0)).groups == (0, 1)
+    # A critic rolled back with no values stage: nothing to make again, the count returns.
+    assert isinstance(core.rewind("cr", 0), Accepted)
+    assert core.state.critic_steps_done == 0
