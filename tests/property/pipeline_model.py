@@ -390,6 +390,8 @@ class PipelineModel:
                 group.critic_version = None
             if role == GENERATE:
                 group.state, group.done, group.admitted = "pending", set(), None
+            elif role == CRITIC:  # the values its step made: the critic's step again
+                group.state, group.done = "ready", set()
             elif group.state == "generated":
                 group.done.discard(role)
             else:

@@ -405,10 +405,15 @@ def _redo(s: CoreState, group: Group, role: str, reason: str) -> None:
         group.data.pop(kept, None)
     if derived & s.critic_followers:
         group.critic_version = None
-    if stage.working is not None:  # made again from its source state, admitted afresh
+    if stage.gate is Gate.ADMIT:  # made again from its source state, admitted afresh
         group.done = NONE
         group.behaviour = None
         s.forget_train_by(group)
+        s.move(group, stage.source, reason)
+    elif stage.working is not None:
+        # A step's result (the critic's values, when its step makes them): that step takes
+        # the group again; it stays admitted, its rollouts and scores unchanged.
+        group.done = NONE
         s.move(group, stage.source, reason)
     elif group.state == stage.source:  # its sibling branches are still running
         group.done = group.done - {role} or NONE

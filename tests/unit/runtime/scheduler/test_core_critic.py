@@ -292,6 +292,21 @@ def test_without_a_values_stage_the_critic_takes_scored_groups_and_the_train_ste
     assert step.groups == (0, 1) and step.version == 0
     done(core, step)
     assert core.state.critic_steps_done == 1
+    train = grant(core.claim("train", "tr", 99, 0.0))
+    assert train.groups == (0, 1)
+    # The critic's process died with the values it made for group 1: the train step lets
+    # go of the batch, and group 1 goes back to the critic's step alone, still admitted
+    # (its rollouts, scores and train-by deadline kept), to have its values made again.
+    train_by = core.state.groups[1].train_by
+    gone = core.fail(train.lease_id, train.fence, None, "fetch failed", [(1, "critic", "gone")],
+                     holder_gone=[(1, "critic")])  # fmt: skip
+    assert isinstance(gone, Accepted)
+    group = core.state.groups[1]
+    assert group.state == GroupState.READY and group.train_by == train_by
+    assert core.state.groups[0].state == GroupState.CRITIC_TRAINED
+    again = grant(core.claim("critic", "cr", 99, 0.0))
+    assert again.groups == (1,) and again.version == 1  # to complete the waiting train step
+    done(core, again)
     assert grant(core.claim("train", "tr", 99, 0.0)).groups == (0, 1)
     # A critic rolled back with no values stage: nothing to make again, the count returns.
     assert isinstance(core.rewind("cr", 0), Accepted)
