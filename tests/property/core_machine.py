@@ -59,9 +59,14 @@ LEASE_TIMEOUT, WORKER_TIMEOUT = 10.0, 25.0
 GPU = "gpu"
 
 
-def make_machine(pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False) -> type:
+def make_machine(
+    pipeline: Pipeline = DEFAULT_PIPELINE, *, sync: bool = False, values_stage: bool | None = None
+) -> type:
+    """``values_stage``: whether the model has PPO's values branch; None: as ``pipeline``
+    has (a planted table that lost the row is judged against the model that has it)."""
     critic = bool(pipeline.for_role(CRITIC))
-    values_stage = bool(pipeline.for_role(VALUES))
+    if values_stage is None:
+        values_stage = bool(pipeline.for_role(VALUES))
     table = DEFAULT_TABLE
     workers = WORKERS
     if critic:

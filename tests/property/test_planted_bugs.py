@@ -78,6 +78,8 @@ FIND = settings(
 
 @pytest.mark.parametrize("name", sorted(PLANTED))
 def test_the_machine_finds_a_planted_row(name: str) -> None:
-    machine = make_machine(PLANTED[name])
+    table = PLANTED[name]
+    # PPO's plants are of the table with a values stage, and judged against its model
+    machine = make_machine(table, values_stage=True if table.for_role(Role.CRITIC) else None)
     with pytest.raises(AssertionError):
         run_state_machine_as_test(machine, settings=FIND)
