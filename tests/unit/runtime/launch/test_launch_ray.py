@@ -141,6 +141,8 @@ def test_a_ctrl_c_kills_a_held_follower_and_runs_the_stop_apart_from_it(tmp_path
     assert _apart_from_ray(lambda: 3, stop, 10.0) == 3
 
 
+# Ray's own errors: with the Ray tests, where the ray extra is installed (CI's cluster stage).
+@pytest.mark.cluster
 def test_a_rank_asks_again_while_rank_0_restarts_with_a_stand_in_for_rays_handles(
     tmp_path: Path,
 ) -> None:
