@@ -24,7 +24,12 @@ import time
 from collections.abc import Sequence
 
 from asyncrl.runtime.contract.bus import Endpoints, next_port, read_endpoints, serves_ipc
-from asyncrl.runtime.contract.child_status import note_failure, note_starting, note_up
+from asyncrl.runtime.contract.child_status import (
+    note_failure,
+    note_starting,
+    note_up,
+    note_working,
+)
 from asyncrl.runtime.contract.commands import (
     UsageError,
     add_config_arguments,
@@ -180,6 +185,7 @@ def _run_worker(
             index=index,
             payloads=payloads,
             on_started=_came_up,
+            on_working=note_working,
             local=is_loopback(_host_of(where.control)),  # ipc://, or TCP on loopback
         )
         for signum in (signal.SIGTERM, signal.SIGINT):

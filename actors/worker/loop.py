@@ -117,6 +117,7 @@ class Worker(SchedulerQuestions):
         index: int | None = None,
         payloads: WorkerPayloads | None = None,
         on_started: Callable[[], None] | None = None,
+        on_working: Callable[[], None] | None = None,
         local: bool = True,  # every process of the run is on this host (WorkerContext.local)
     ) -> None:
         self.actor, self.index, self.link, self.local = actor, index, link, local
@@ -199,6 +200,10 @@ class Worker(SchedulerQuestions):
         # Called once registered and the actor started: a supervisor tells a failure before
         # this point (it will recur) from a crash after it (runtime/contract/child_status.py).
         self._on_started = on_started
+        # Called once, at the first lease completed (groups added, for a dataloader): a
+        # failure before it, in the worker's own words, would recur at every start's first
+        # lease (a training group whose update breaks), and is counted as one to start.
+        self._on_working = on_working
         self.failure: str | None = None  # why run() returned non-zero, in one line
 
     # --- the public surface ----------------------------------------------------------
@@ -411,6 +416,7 @@ class Worker(SchedulerQuestions):
         for lease, outcome in finished:
             claim_next = self._claims.room()
             taken = self._leases.finish(lease, outcome, claim_next)
+            self._worked()
             if isinstance(taken, p.Lease):
                 self._leases.admit(actor, taken)  # tracked as a Claim's: heartbeats, fence
             if outcome.results and claim_next:
@@ -443,10 +449,16 @@ class Worker(SchedulerQuestions):
             return
         reply = self._requests.call(p.AddGroups(self.name, groups))
         if isinstance(reply, p.Added):
+            self._worked()
             self._log.debug("groups added", added=len(reply.added), skipped=len(reply.skipped))
         else:
             self._log.warning("groups not added", reply=_describe(reply))
             self._idle()
+
+    def _worked(self) -> None:
+        if self._on_working is not None:
+            on_working, self._on_working = self._on_working, None
+            on_working()
 
     def _idle(self) -> None:
         self._events.idle(self.pacing.poll_s, self.pacing.fetch_poll_s)

@@ -6,6 +6,7 @@ it before each start. A child that takes part appends a line per fact::
 
     starting            it will say ``up`` once started: until then it is not
     up                  it has started (a worker: registered, its actor's on_start done)
+    working             it did its first piece of work (a worker: a lease completed)
     failed <reason>     it is exiting on an error it can put in one line
     warn <line>         something a person must hear of while it runs (printed once)
 
@@ -15,7 +16,10 @@ restart can help: the supervisor stops the run with its reason.
 Only with these can the supervisor tell a worker that was killed after it came up (a crash,
 ``kill -9``: restart it) from one that never came up (the same failure on the next start),
 however long either took: loading a large model before failing takes longer than any
-fixed "healthy after". A child that writes nothing is judged by how long it lived
+fixed "healthy after". Nor is ``up`` the end of a start: a worker that comes up and then
+fails in its own words at its first lease, before it ever said ``working``, fails there
+on every start (a training group whose update breaks), and counts as failing to start.
+A child that writes nothing is judged by how long it lived
 (_start_failures.py). Without the variable (a process started by hand) these calls do
 nothing.
 """
@@ -34,12 +38,14 @@ __all__ = [
     "note_starting",
     "note_up",
     "note_warning",
+    "note_working",
     "read_status",
 ]
 
 STATUS_ENV = "ASYNCRL_STATUS_FILE"
 _STARTING = "starting"
 _UP = "up"
+_WORKING = "working"
 _FAILED = "failed "
 _WARN = "warn "
 STOPS_THE_RUN = 69  # a worker cannot go on, nor can the run (sysexits: EX_UNAVAILABLE)
@@ -50,8 +56,15 @@ _MAX_REASON = 400  # characters: a line for a terminal, not a traceback
 class ChildStatus:
     starting: bool = False  # the child promised to say when it is up
     up: bool = False  # ... and did
+    working: bool = False  # it did its first piece of work since it came up
     reason: str | None = None  # why it failed, as it said last
     warnings: tuple[str, ...] = ()  # what it asked to be told, in order
+
+    @property
+    def failed_at_first_work(self) -> bool:
+        """It came up, then failed in its own words before it did any work: what the
+        next start would meet again (a crash or a kill says no words)."""
+        return self.up and not self.working and self.reason is not None
 
 
 def note_starting() -> None:
@@ -62,6 +75,12 @@ def note_starting() -> None:
 def note_up() -> None:
     """Tell the supervisor, if any, that this process has started."""
     _append(_UP)
+
+
+def note_working() -> None:
+    """Tell the supervisor, if any, that this process did its first piece of work: a
+    failure from now on is no longer one that its every start would meet."""
+    _append(_WORKING)
 
 
 def note_failure(reason: str) -> None:
@@ -87,7 +106,8 @@ def read_status(path: Path) -> ChildStatus:
         return ChildStatus()
     reasons = [line.removeprefix(_FAILED) for line in lines if line.startswith(_FAILED)]
     warnings = tuple(line.removeprefix(_WARN) for line in lines if line.startswith(_WARN))
-    return ChildStatus(_STARTING in lines, _UP in lines, reasons[-1] if reasons else None, warnings)
+    reason = reasons[-1] if reasons else None
+    return ChildStatus(_STARTING in lines, _UP in lines, _WORKING in lines, reason, warnings)
 
 
 def _append(line: str) -> None:

@@ -30,8 +30,9 @@ A child that fails to start `crash_loop_starts` times in a row the same way woul
 again: the run stops with its reason on the terminal instead of restarting it forever. Each
 child is told where to say how far its start got and why it failed (child_status.py); a
 child that came up before it failed (a crash, a `kill -9` of a running worker) is restarted
-as ever (_start_failures.py). The reason is the child's own, else how it ended: its signal,
-or the last line it wrote since this start.
+as ever, unless it failed in its own words before its first piece of work, which its next
+start would meet too (_start_failures.py). The reason is the child's own, else how it
+ended: its signal, or the last line it wrote since this start.
 
 A second SIGINT or SIGTERM during a stop jumps to step 3. Each child's stdout and stderr are
 appended to `log_dir/<name>.log`; see `_spawn` for how children die with the supervisor.
@@ -340,8 +341,8 @@ class Supervisor:
         """Whether ``child`` failed to start the same way on its last starts: then
         restarting it again is pointless; the run stops with its reason."""
         status = read_status(self._status_path(child))
-        if status.up:  # killed or crashed after a good start: restarted without delay
-            child.backoff.came_up()
+        if status.up and not status.failed_at_first_work:
+            child.backoff.came_up()  # killed or crashed after a good start: no delay
         reason = self._reason(child, returncode, status)
         if not child.failures.record(status, lived_s, reason):
             return False

@@ -113,6 +113,23 @@ def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_pat
     assert len(exits) == 3 and all("127.0.0.1:9 refused" in line for line in exits), exits
 
 
+@pytest.mark.heavy  # restarts with backoff, as the test above
+def test_a_worker_that_breaks_at_its_first_lease_on_every_start_ends_the_run(
+    tmp_path: Path,
+) -> None:
+    # It comes up each time (registered, started), so only its not having finished any
+    # work tells this from a worker that ran a while and crashed.
+    done = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.broken_at_work_roles"))
+    assert done.returncode == 1, done.stderr[-3000:]
+    failing = [line for line in done.stderr.splitlines() if "starts in a row" in line]
+    assert len(failing) == 1, done.stderr[-3000:]
+    assert "reward-0 failed the same way on 3 starts in a row" in failing[0]
+    assert "the reward model's answers no longer parse" in failing[0]
+    assert done.stderr.count("started reward-0") == 3
+    status = (tmp_path / "run" / "logs" / "reward-0.status").read_text().split("\n")
+    assert "up" in status and "working" not in status
+
+
 @pytest.mark.heavy  # one of the slowest default runs (15-30 s): with the heavy tests
 def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_path: Path) -> None:
     # Killed soon after each start, long before healthy_after_s, and its log's last line
@@ -151,6 +168,7 @@ def test_a_worker_killed_again_and_again_mid_run_is_restarted_every_time(tmp_pat
     text = c.log_text("asyncrl-run")
     assert text.count("was ended by SIGKILL") == 3
     assert "starts in a row" not in text
+    assert "working" in status.read_text().split()  # the last start's leases were completed
 
 
 def test_a_bad_environment_stops_the_run_before_anything_starts(tmp_path: Path) -> None:

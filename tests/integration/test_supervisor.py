@@ -266,8 +266,9 @@ def test_a_worker_failing_differently_each_start_is_still_restarted(tmp_path: Pa
 
 # A worker that says how far its start got (runtime/contract/child_status.py), following a
 # plan of one step a start (argv[2:]; the last step repeats): "fail R" fails to start for
-# R; "slow R" too, after 0.3 s; "up R" comes up, then fails for R; "kill" comes up, then
-# dies by SIGKILL; "early-kill" dies by SIGKILL before it is up; "done" comes up, exits 0.
+# R; "slow R" too, after 0.3 s; "up R" comes up, then fails for R before any work; "work R"
+# comes up, works, then fails for R; "kill" comes up, then dies by SIGKILL; "early-kill"
+# dies by SIGKILL before it is up; "done" comes up, exits 0.
 PLANNED = """
 import os, signal, sys, time
 with open(sys.argv[1], "a+") as starts:
@@ -282,8 +283,10 @@ def note(line):
 note("starting")
 if what == "slow":
     time.sleep(0.3)
-if what in ("up", "kill", "done"):
+if what in ("up", "work", "kill", "done"):
     note("up")
+if what == "work":
+    note("working")
 if what == "done":
     sys.exit(0)
 if what in ("kill", "early-kill"):
@@ -363,13 +366,25 @@ def test_a_start_that_fails_the_same_way_after_healthy_after_s_is_a_crash_loop(
 def test_the_count_starts_over_when_a_worker_came_up_or_failed_otherwise(
     tmp_path: Path,
 ) -> None:
-    plan = ["fail a", "fail a", "up a", "fail a", "fail a", "fail b", "fail a", "fail a"]
+    plan = ["fail a", "fail a", "work a", "fail a", "up a", "fail b", "fail a", "up a"]
     plan += ["fail a"]
     status, events = supervise(tmp_path, planned(tmp_path, *plan), **FAST)
 
     assert status == 1
     assert starts_of(tmp_path) == len(plan)
     assert events.of("failing") == [{"name": "generate-0", "starts": 3, "reason": "a"}]
+
+
+def test_a_worker_failing_at_its_first_work_after_each_start_is_a_crash_loop(
+    tmp_path: Path,
+) -> None:
+    # Up on every start (a training group loads), failing at its first lease (the update
+    # breaks): restarted at once each time, it would go round for ever.
+    status, events = supervise(tmp_path, planned(tmp_path, "up update broke"), **FAST)
+
+    assert status == 1
+    assert starts_of(tmp_path) == 3
+    assert events.of("failing") == [{"name": "generate-0", "starts": 3, "reason": "update broke"}]
 
 
 def test_a_worker_killed_before_it_came_up_each_time_is_a_crash_loop(tmp_path: Path) -> None:

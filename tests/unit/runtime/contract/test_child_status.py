@@ -13,12 +13,15 @@ from asyncrl.runtime.contract.child_status import (
     note_failure,
     note_starting,
     note_up,
+    note_working,
     read_status,
 )
 from asyncrl.runtime.launch._start_failures import StartFailures
 
 STARTING = ChildStatus(starting=True)
 UP = ChildStatus(starting=True, up=True)
+WORKED_THEN_FAILED = ChildStatus(starting=True, up=True, working=True, reason="a")
+FAILED_AT_FIRST_WORK = ChildStatus(starting=True, up=True, reason="a")
 SILENT = ChildStatus()
 
 
@@ -30,12 +33,14 @@ def test_the_supervisor_reads_what_the_child_noted(
     assert read_status(path) == SILENT  # nothing written yet
     note_starting()
     note_failure("first\nsecond   line")
-    assert read_status(path) == ChildStatus(True, False, "first second line")
+    assert read_status(path) == ChildStatus(starting=True, reason="first second line")
     note_up()
     note_failure("x" * 10_000)
     status = read_status(path)
-    assert status.up and status.reason is not None
+    assert status.up and status.reason is not None and status.failed_at_first_work
     assert len(status.reason) == 400 and status.reason.endswith("...")
+    note_working()
+    assert read_status(path).working and not read_status(path).failed_at_first_work
 
 
 def test_without_a_supervisor_nothing_is_written(
@@ -58,7 +63,8 @@ def test_failures_to_start_count_while_the_reason_repeats() -> None:
 @pytest.mark.parametrize(
     ("status", "lived_s", "reason"),
     [
-        (UP, 1.0, "a"),  # it came up, then crashed or was killed: restart as ever
+        (UP, 1.0, "a"),  # it came up, then crashed or was killed without a word
+        (WORKED_THEN_FAILED, 1.0, "a"),  # it came up and worked, then failed
         (SILENT, 30.0, "a"),  # it says nothing, but it ran a while
         (STARTING, 1.0, "b"),  # another reason
     ],
@@ -71,6 +77,14 @@ def test_anything_else_starts_the_count_over(
     failures.record(STARTING, 1.0, "a")
     failures.record(status, lived_s, reason)
     assert not failures.record(STARTING, 1.0, "a")
+
+
+def test_a_child_that_came_up_and_failed_in_its_own_words_before_any_work_counts() -> None:
+    # A training group whose first update breaks: up on every start, and failing there.
+    failures = StartFailures(limit=3, healthy_after_s=30.0)
+    assert not failures.record(STARTING, 1.0, "a")
+    assert not failures.record(FAILED_AT_FIRST_WORK, 600.0, "a")
+    assert failures.record(FAILED_AT_FIRST_WORK, 1.0, "a")
 
 
 def test_a_start_that_never_came_up_counts_however_long_it_took() -> None:
