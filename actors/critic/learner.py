@@ -34,7 +34,7 @@ from ..training.mini_batches import mini_batch_groups
 from ..training.schedule import lr_at
 from ..training.scorer import by_like_length, pack_rollouts, per_group
 from ..training.step_advantages import step_advantages
-from .model import ValueModel, load_value_weights, response_values
+from .model import ValueModel, freeze_lower_layers, load_value_weights, response_values
 
 __all__ = ["CriticLearner", "CriticStats"]
 
@@ -77,12 +77,13 @@ class CriticLearner(LearnerState):
         self.device = next(model.parameters()).device
         self.compute_dtype = next(model.parameters()).dtype
         self._host = HostCopies()
+        freeze_lower_layers(model, cfg.critic.frozen_layers)
         if group_size > 1:
             shard(model, self.device, group_size)
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0
-        )
-        self.optimized = {name for name, _ in model.named_parameters()}
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
+        # What staging copies and resuming restores; frozen layers come from critic.path.
+        self.optimized = {name for name, p in model.named_parameters() if p.requires_grad}
 
     def step(self, groups: list[Group], steps_done: int = 0) -> CriticStats:
         """One critic step towards the batch's returns (every rank the same list): as the

@@ -22,7 +22,14 @@ from ..policy.model import Decoder, ModelConfig
 from ..policy.scoring import Packed, response_positions
 from ..policy.tokenizer import TextCodec
 
-__all__ = ["ValueModel", "load_value_model", "load_value_weights", "response_values"]
+__all__ = [
+    "ValueModel",
+    "freeze_lower_layers",
+    "frozen_layers_problem",
+    "load_value_model",
+    "load_value_weights",
+    "response_values",
+]
 
 HEAD = "score."  # the value head's parameters' prefix
 
@@ -39,6 +46,31 @@ class ValueModel(Decoder):
     def forward(self, input_ids: torch.Tensor, columns: torch.Tensor | None = None) -> torch.Tensor:
         """float32 values [batch, tokens] (or [batch, k] at ``columns``)."""
         return self.score(self.hidden(input_ids, columns)).squeeze(-1).float()
+
+
+def frozen_layers_problem(frozen: int, layers: int) -> str | None:
+    """Why ``critic.frozen_layers`` cannot be ``frozen`` for a critic of ``layers``
+    decoder layers, or None."""
+    if 0 <= frozen < layers:
+        return None
+    return (
+        f"critic.frozen_layers={frozen}: the critic has {layers} decoder layers, "
+        f"so at most {layers - 1} can be frozen (one must learn)"
+    )
+
+
+def freeze_lower_layers(model: ValueModel, layers: int) -> None:
+    """Keep the embeddings and the lowest ``layers`` decoder layers as loaded
+    (``critic.frozen_layers``): the update's backward stops above them, and the optimizer
+    keeps no state for them. Their features are the starting model's, which a value head
+    reads as well as a policy's head does; the layers above still learn."""
+    problem = frozen_layers_problem(layers, len(model.model.layers))
+    if problem is not None:
+        raise ValueError(problem)
+    if layers == 0:
+        return
+    for module in (model.model.embed_tokens, *model.model.layers[:layers]):
+        module.requires_grad_(False)
 
 
 def response_values(model: ValueModel, packed: Packed) -> torch.Tensor:

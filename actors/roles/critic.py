@@ -26,6 +26,7 @@ run on any host.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -41,6 +42,7 @@ from asyncrl.transport import protocol as p
 
 from ..actor import Outcome, WorkerContext
 from ..critic.learner import CriticLearner, CriticStats
+from ..critic.model import frozen_layers_problem
 from ..payloads import ValuesOut
 from ..policy.checkpoint import model_dir, save_state
 from ..startup.model_loading import load_critic
@@ -71,7 +73,7 @@ class Critic(LearnerRole):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return [*check_device(cfg), *check_model(cfg)]
+        return [*check_device(cfg), *check_model(cfg), *_frozen_layers_problems(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.source = model_dir(critic_path(ctx.config))
@@ -130,6 +132,21 @@ class Critic(LearnerRole):
                 log.info("final critic written", step=self.step, path=str(final))
         finally:
             super().on_stop()
+
+
+def _frozen_layers_problems(cfg: RunConfig) -> list[str]:
+    """``critic.frozen_layers`` leaves a layer of the critic's directory to learn."""
+    if cfg.critic.frozen_layers == 0:
+        return []
+    try:
+        config = json.loads((model_dir(critic_path(cfg)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return []  # the directory's own check says what is wrong with it
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int):
+        return []
+    problem = frozen_layers_problem(cfg.critic.frozen_layers, layers)
+    return [] if problem is None else [problem]
 
 
 def _result(step: int, values: np.ndarray | None) -> p.Payload:

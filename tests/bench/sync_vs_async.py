@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, not {args.runs}")
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        # Its runs would resume the finished ones there, and time nothing.
+        parser.error(f"--keep {args.keep}: not empty; name a new directory")
     async_walls: dict[Path, list[float]] = {}
     for config in args.config or CONFIGS:
         pairs = []

@@ -34,6 +34,9 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path, va
         f"pipeline.checkpoint_every={_EVERY}",
         "run.keep_checkpoints=0",  # the first is loaded below
         f"critic.values={values}",
+        # FSDP2 with frozen parameters beside learning ones in a unit (the embeddings with
+        # the value head): with the values the step makes, as ppo.yaml runs.
+        f"critic.frozen_layers={1 if values == 'step' else 0}",
     )
     default_run.finish(proc, log, 360)
     text = log.read_text()
@@ -74,4 +77,7 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path, va
     # The group's later steps changed the value model it checkpointed at step 2.
     early, final = (dict(m.named_parameters()) for m in models)
     assert any(not torch.equal(early[name], final[name]) for name in final)
+    if values == "step":  # layer 0 and the embeddings kept as the critic started
+        kept = [n for n in final if n.startswith(("model.embed_tokens.", "model.layers.0."))]
+        assert kept and all(torch.equal(early[name], final[name]) for name in kept)
     assert not run.critic_staged_state.exists()  # the run ended: nothing left in memory

@@ -29,7 +29,9 @@ _staged, _steps = default_run.records, default_run.steps
 @pytest.mark.heavy
 def test_a_killed_critic_resumes_at_the_scheduler_critic_step(tmp_path: Path) -> None:
     run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
-    proc = default_run.start_ppo(run_dir, log, _STEPS, _BATCH)
+    # Its lower layers frozen, as ppo.yaml has it: the staged state holds the layers that
+    # learn, and the restarted critic takes the frozen ones from its model directory.
+    proc = default_run.start_ppo(run_dir, log, _STEPS, _BATCH, "critic.frozen_layers=2")
     try:
         deadline = time.monotonic() + 150
         while len(_staged(run_dir, "critic-0", "state staged")) < _KILL_AFTER:

@@ -365,6 +365,14 @@ class CriticSection:
             exclusive_min=0,
         ),
     )
+    frozen_layers: int = field(
+        default=0,
+        metadata=doc(
+            "the critic's lowest decoder layers (and its embeddings) kept as loaded: no "
+            "backward through them, no optimizer state; 0 = the whole critic learns",
+            min=0,
+        ),
+    )
     values: Literal["step", "stage"] = field(
         default="step",
         metadata=doc(

@@ -11,6 +11,7 @@ import torch
 from asyncrl.actors.critic import load_value_model
 from asyncrl.actors.critic.learner import CriticLearner
 from asyncrl.actors.payloads import ValuesOut
+from asyncrl.actors.roles.critic import Critic
 from asyncrl.actors.training.group import Group
 from asyncrl.actors.training.resume import Source, restore, stage
 from asyncrl.actors.training.staged_state import StagedState
@@ -30,10 +31,15 @@ def _groups(values: float | None = 0.0) -> list[Group]:
     ]
 
 
-def _learner(per_micro: int) -> CriticLearner:
+def _learner(per_micro: int, frozen_layers: int = 0) -> CriticLearner:
     torch.manual_seed(0)
     model, codec = load_value_model("embedded")
-    cfg = config_from_dict({"algorithm": {"micro_batch_groups": per_micro, "lam": 0.9}})
+    cfg = config_from_dict(
+        {
+            "algorithm": {"micro_batch_groups": per_micro, "lam": 0.9},
+            "critic": {"frozen_layers": frozen_layers},
+        }
+    )
     return CriticLearner(model, cfg, codec.pad_id, lr=1e-3, clip=0.5)
 
 
@@ -142,3 +148,38 @@ def test_mini_batches_and_epochs_are_the_critics_updates_too_at_its_scheduled_ra
     assert int(entry["step"]) == 6
     # step 2 of 2: cosine halfway, 0.5 + 0.5 * (1 + cos(pi / 2)) / 2 = 0.75 of the rate
     assert learner.step(_groups(0.2), steps_done=1).lr == pytest.approx(7.5e-4)
+
+
+def _frozen(name: str) -> bool:
+    return name.startswith(("model.embed_tokens.", "model.layers.0.", "model.layers.1."))
+
+
+def test_frozen_layers_stay_as_loaded_and_only_the_layers_above_learn(tmp_path) -> None:
+    # critic.frozen_layers=2 of the embedded model's 4: no optimizer state, no staged copy
+    # and no change for the embeddings and layers 0-1; layers 2-3, the final norm and the
+    # value head learn.
+    learner = _learner(2, frozen_layers=2)
+    loaded = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
+    for _ in range(2):
+        stats = learner.step(_groups(0.3))
+    assert stats.grad_norm > 0
+    for name, param in learner.model.named_parameters():
+        assert torch.equal(param, loaded[name]) == _frozen(name), name
+    frozen = {n for n in loaded if _frozen(n)}
+    assert frozen and learner.optimized == set(loaded) - frozen
+    trained = {id(p) for g in learner.optimizer.param_groups for p in g["params"]}
+    assert trained == {id(p) for n, p in learner.model.named_parameters() if not _frozen(n)}
+    staged = learner.local_state()
+    assert not any(_frozen(key.split("/")[1]) for key in staged)
+    assert "param/score.weight" in staged and "adam/score.weight/exp_avg" in staged
+
+
+def test_freezing_every_layer_is_refused_by_the_learner_and_before_the_start() -> None:
+    with pytest.raises(ValueError, match=r"critic\.frozen_layers=4: the critic has 4 decoder"):
+        _learner(2, frozen_layers=4)
+    cfg = config_from_dict({"algorithm": {"estimator": "gae"}, "critic": {"frozen_layers": 4}})
+    assert Critic.check(cfg) == [
+        "critic.frozen_layers=4: the critic has 4 decoder layers, so at most 3 can be "
+        "frozen (one must learn)"
+    ]
+    assert Critic.check(config_from_dict({"critic": {"frozen_layers": 3}})) == []
