@@ -62,8 +62,8 @@ def frozen_layers_problem(frozen: int, layers: int) -> str | None:
 def freeze_lower_layers(model: ValueModel, layers: int) -> None:
     """Keep the embeddings and the lowest ``layers`` decoder layers as loaded
     (``critic.frozen_layers``): the update's backward stops above them, and the optimizer
-    keeps no state for them. Their features are the starting model's, which a value head
-    reads as well as a policy's head does; the layers above still learn."""
+    keeps no state for them. Their features stay the starting model's (the policy's, by
+    default); the layers above them and the value head learn."""
     problem = frozen_layers_problem(layers, len(model.model.layers))
     if problem is not None:
         raise ValueError(problem)
