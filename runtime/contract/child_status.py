@@ -66,6 +66,12 @@ class ChildStatus:
         next start would meet again (a crash or a kill says no words)."""
         return self.up and not self.working and self.reason is not None
 
+    @property
+    def started_well(self) -> bool:
+        """It came up and did not fail at its first work: a failure now is a crash or a
+        kill of a running child, not one its next start would meet."""
+        return self.up and not self.failed_at_first_work
+
 
 def note_starting() -> None:
     """Tell the supervisor, if any, that this process will call :func:`note_up` once up."""

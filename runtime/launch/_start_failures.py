@@ -29,8 +29,8 @@ class StartFailures:
 
     def record(self, status: ChildStatus, lived_s: float, reason: str) -> bool:
         """Note a failed exit and its ``reason``; True once it is a crash loop."""
-        came_up = status.up or (not status.starting and lived_s >= self.healthy_after_s)
-        if came_up and not status.failed_at_first_work:
+        silent_but_lived = not status.starting and lived_s >= self.healthy_after_s
+        if status.started_well or silent_but_lived:
             self.reason, self.count = None, 0  # a crash, not a failure to start
             return False
         self.count = self.count + 1 if reason == self.reason else 1

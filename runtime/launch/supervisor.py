@@ -341,8 +341,8 @@ class Supervisor:
         """Whether ``child`` failed to start the same way on its last starts: then
         restarting it again is pointless; the run stops with its reason."""
         status = read_status(self._status_path(child))
-        if status.up and not status.failed_at_first_work:
-            child.backoff.came_up()  # killed or crashed after a good start: no delay
+        if status.started_well:  # killed or crashed after a good start: no delay
+            child.backoff.came_up()
         reason = self._reason(child, returncode, status)
         if not child.failures.record(status, lived_s, reason):
             return False

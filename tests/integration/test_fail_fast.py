@@ -99,15 +99,20 @@ def test_a_worker_started_by_hand_refuses_a_bad_model_at_once(tmp_path: Path) ->
     assert lines[0].startswith(f"asyncrl-worker: error: model.path='{tmp_path}': no config.json")
 
 
-@pytest.mark.heavy  # 25-36 s of restarts with backoff: with the heavy tests, which CI runs
-def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_path: Path) -> None:
-    done = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
+def _stopped_after_three_starts(done: subprocess.CompletedProcess[str], reason: str) -> None:
+    """The run stopped (exit 1) with reward-0's ``reason`` once, after its third start."""
     assert done.returncode == 1, done.stderr[-3000:]
     failing = [line for line in done.stderr.splitlines() if "starts in a row" in line]
     assert len(failing) == 1, done.stderr[-3000:]
     assert "reward-0 failed the same way on 3 starts in a row" in failing[0]
-    assert "the reward model's server at 127.0.0.1:9 refused" in failing[0]
+    assert reason in failing[0]
     assert done.stderr.count("started reward-0") == 3  # never a fourth time
+
+
+@pytest.mark.heavy  # 25-36 s of restarts with backoff: with the heavy tests, which CI runs
+def test_a_worker_that_fails_on_every_start_ends_the_run_with_its_reason(tmp_path: Path) -> None:
+    done = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.failing_roles"))
+    _stopped_after_three_starts(done, "the reward model's server at 127.0.0.1:9 refused")
     exits = [line for line in done.stderr.splitlines() if "reward-0 (pid" in line]
     exits = [line for line in exits if "exited with code" in line]
     assert len(exits) == 3 and all("127.0.0.1:9 refused" in line for line in exits), exits
@@ -120,12 +125,7 @@ def test_a_worker_that_breaks_at_its_first_lease_on_every_start_ends_the_run(
     # It comes up each time (registered, started), so only its not having finished any
     # work tells this from a worker that ran a while and crashed.
     done = _asyncrl(*_run_args(tmp_path, "pipeline.actors=tests.support.broken_at_work_roles"))
-    assert done.returncode == 1, done.stderr[-3000:]
-    failing = [line for line in done.stderr.splitlines() if "starts in a row" in line]
-    assert len(failing) == 1, done.stderr[-3000:]
-    assert "reward-0 failed the same way on 3 starts in a row" in failing[0]
-    assert "the reward model's answers no longer parse" in failing[0]
-    assert done.stderr.count("started reward-0") == 3
+    _stopped_after_three_starts(done, "the reward model's answers no longer parse")
     status = (tmp_path / "run" / "logs" / "reward-0.status").read_text().split("\n")
     assert "up" in status and "working" not in status
 
