@@ -98,7 +98,10 @@ def _serve(args: argparse.Namespace) -> int:
     if place is None:
         return _run_worker(actor_class(), cfg, name, args.role, _endpoints(args, cfg), index)
     if place.leads:
-        code = _run_worker(actor_class(), cfg, name, args.role, _endpoints(args, cfg), index)
+        where = _endpoints(args, cfg)
+        if place.announced and not place.host:
+            _listen_where_reached(where, cfg)
+        code = _run_worker(actor_class(), cfg, name, args.role, where, index)
     else:
         code = _follow(actor_class(), cfg, place)
     end_process(code)  # a rank's gloo threads must not meet the interpreter's teardown
@@ -118,6 +121,15 @@ def _gang_place(args: argparse.Namespace) -> GangPlace | None:
         return GangPlace.from_env()
     except ValueError as error:
         raise UsageError(f"the group of ranks: {error}") from None
+
+
+def _listen_where_reached(where: Endpoints, cfg: RunConfig) -> None:
+    """The leader of a group whose ranks are on several machines, told no host: it
+    listens where the others reach this machine, as its payloads are served (the
+    address the scheduler is reached from, or ``payloads.host``), on a port the system
+    gives (gangs.py). Through the environment, as the actor's own start reads its place."""
+    host = serving_host(where.control, cfg.payloads.host)
+    os.environ[ENV_ADDR] = f"[{host}]:0" if ":" in host else f"{host}:0"
 
 
 def _follow(actor: Actor, cfg: RunConfig, place: GangPlace) -> int:

@@ -208,6 +208,8 @@ class GroupStoreServer:
             raise GroupStoreError(
                 f"the group's store cannot listen on {host}:{port}: {error}"
             ) from error
+        # The port it listens on: ``port``, or the one the system gave for port 0.
+        self.port = int(s.getsockopt_string(zmq.LAST_ENDPOINT).rpartition(":")[2])
         self._waiters: list[_Waiter] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="group-store", daemon=True)

@@ -35,6 +35,7 @@ import os
 import sys
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import msgpack
@@ -92,6 +93,7 @@ class Gang:
         backend: str = "gloo",
         timeout_s: float = 300.0,
         limits: Limits | None = None,
+        meeting: Path | None = None,
     ):
         import torch.distributed as dist  # only group members pay for importing torch
 
@@ -103,7 +105,9 @@ class Gang:
         if on_loopback(place.host):
             _keep_collectives_on_loopback()
         try:
-            self._server, self._store = join_store(place, secret, timeout_s, limits)
+            self._server, self._store = join_store(
+                place, secret, timeout_s, limits, meeting=meeting
+            )
             dist.init_process_group(
                 backend, store=self._store, rank=place.rank, world_size=place.size, timeout=timeout
             )
@@ -244,16 +248,19 @@ def _left_key(rank: int) -> str:
     return f"asyncrl/left/{rank}"
 
 
-def join_group(cfg: RunConfig) -> Gang | None:
-    """The group the environment places this process in; None for a worker on its own."""
+def join_group(cfg: RunConfig, role: str) -> Gang | None:
+    """The group of ``role``'s ranks the environment places this process in; None for a
+    worker on its own."""
     place = GangPlace.from_env()
     if place is None or place.size == 1:
         return None
-    return join_group_at(cfg, place)
+    return join_group_at(cfg, place, role)
 
 
-def join_group_at(cfg: RunConfig, place: GangPlace) -> Gang:
-    """Join the group at ``place`` with the run's secret; GangBroken without one."""
+def join_group_at(cfg: RunConfig, place: GangPlace, role: str = "") -> Gang:
+    """Join ``role``'s group at ``place`` with the run's secret; GangBroken without one.
+    A group that meets where its leader announces (``place.announced``) needs ``role``:
+    the announcement is the role's file in the run directory."""
     backend = "nccl" if cfg.backends.device == "cuda" else "gloo"  # within the group only
     path = RunDir.of(cfg).secret
     try:
@@ -262,12 +269,15 @@ def join_group_at(cfg: RunConfig, place: GangPlace) -> Gang:
         raise GangBroken(
             f"a rank of a group needs the run secret ({path}) to meet the others: {error}"
         ) from error
+    if place.announced and not role:
+        raise ValueError("a group whose leader announces its address needs its role")
     return Gang(
         place,
         secret=secret,
         backend=backend,
         timeout_s=cfg.backends.collective_timeout_s,
         limits=Limits.for_messages(cfg.scheduler.max_message_mb << 20),
+        meeting=RunDir.of(cfg).group_leader(role) if place.announced else None,
     )
 
 

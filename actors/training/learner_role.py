@@ -74,7 +74,7 @@ class LearnerRole(Actor):
         self.cfg, self.ctx = ctx.config, ctx
         self.weights = make_publisher(self.cfg.weights, weight_dirs, weights_access(ctx))
         self.run = RunDir.of(self.cfg)
-        self.gang = join_group(self.cfg)
+        self.gang = join_group(self.cfg, self.role)
         rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
         self.rank = self._new_rank(
             self.cfg, rank, ranks, self.gang.rank if self.gang else ctx.index
@@ -214,7 +214,7 @@ class LearnerRole(Actor):
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
-        gang = join_group_at(cfg, place)
+        gang = join_group_at(cfg, place, self.role)
         try:
             rank = self._new_rank(cfg, place.rank, place.size, place.rank)
             rank.reserve()

@@ -77,7 +77,7 @@ class ScoringActor(Actor):
     def on_start(self, ctx: WorkerContext) -> None:
         self.sampling = Sampling.of(ctx.config.algorithm)
         self.replay = replays_routes(ctx.config, self.role)
-        self.gang = join_group(ctx.config)
+        self.gang = join_group(ctx.config, self.role)
         rank = self.gang.rank if self.gang else ctx.index
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
         if self.gang is not None:
@@ -140,7 +140,7 @@ class ScoringActor(Actor):
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Rank ``place.rank`` > 0 of a scoring group: score what the leader orders."""
-        gang = join_group_at(cfg, place)
+        gang = join_group_at(cfg, place, self.role)
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
             split_over_group(model, gang.size)

@@ -19,13 +19,11 @@ Which role adds groups is the pipeline's ``entry_role``; both sides read it ther
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from enum import IntEnum
-from pathlib import Path
 
 from asyncrl.runtime.contract.config.schema import SchedulerSection
-from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile, read_owned
+from asyncrl.runtime.contract.rundir import RunDir, UntrustedFile, read_owned, write_private
 from asyncrl.runtime.contract.stages import Gate, GroupState, Pipeline
 from asyncrl.transport.host import WILDCARD_HOSTS, machine_address
 from asyncrl.transport.security import CurveMode, curve_required, is_loopback
@@ -82,17 +80,7 @@ class Endpoints:
 
 def announce_endpoints(run: RunDir, where: Endpoints) -> None:
     """Write ``where`` to the run directory whole (by rename): a reader never sees half."""
-    _write_private(run.endpoints, json.dumps(asdict(where)))
-
-
-def _write_private(path: Path, text: str) -> None:
-    """``text`` into ``path`` by rename, 0600 from creation (readers check: read_owned)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)  # O_EXCL below: never through a link planted there
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(tmp, path)
+    write_private(run.endpoints, json.dumps(asdict(where)))
 
 
 def dialable(endpoint: str) -> str:
@@ -110,7 +98,7 @@ def dialable(endpoint: str) -> str:
 
 def announce_finished(run: RunDir, steps: int) -> None:
     """Say in the run directory that the run finished after ``steps`` steps."""
-    _write_private(run.finished, json.dumps({"steps": steps}))
+    write_private(run.finished, json.dumps({"steps": steps}))
 
 
 def finished_steps(run: RunDir) -> int | None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from asyncrl.runtime.contract.config import RunConfig, WeightsSection
     from asyncrl.transport.weights import WeightDirs
 
-__all__ = ["RunDir", "UntrustedFile", "private_files", "read_owned"]
+__all__ = ["RunDir", "UntrustedFile", "private_files", "read_owned", "write_private"]
 
 _OTHERS = 0o077
 
@@ -65,6 +65,16 @@ def read_owned(path: Path, max_bytes: int = 1 << 16) -> bytes:
     if len(data) > max_bytes:
         raise UntrustedFile(f"{path} holds more than {max_bytes} bytes: not trusted")
     return data
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path`` by rename, 0600 from creation (readers check: read_owned)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)  # O_EXCL below: never through a link planted there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -120,6 +130,11 @@ class RunDir:
         runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/asyncrl-{os.getuid()}"
         digest = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:16]
         return Path(runtime) / f"asyncrl-bus-{digest}"
+
+    def group_leader(self, role: str) -> Path:
+        """Where the leader of ``role``'s group of ranks says it listens, when the group's
+        ranks are on several machines (gangs.announce_leader)."""
+        return self.root / "groups" / f"{role}.json"
 
     @property
     def secret(self) -> Path:

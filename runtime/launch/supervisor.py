@@ -24,7 +24,10 @@ past `max_restarts`) drains the workers before the scheduler they report to:
 
 Children that share a `gang` (the ranks of a training group) live and die together: when
 one fails, the others are killed at once and all start again together, after the failed
-one's delay, with a fresh leader address in their environment (gangs.ENV_ADDR).
+one's delay, with a fresh leader address in their environment (gangs.ENV_ADDR). A gang
+whose other ranks other machines run (`gang_across_machines`) is given no address: its
+leader announces where it listens in the run directory (gangs.py); its ranks here restart
+together all the same, and those elsewhere find their leader gone and restart too.
 
 A child that fails to start `crash_loop_starts` times in a row the same way would fail
 again: the run stops with its reason on the terminal instead of restarting it forever. Each
@@ -89,6 +92,7 @@ class ChildSpec:
     # Added to the supervisor's environment. It may hold a worker key: never in a repr.
     env: Mapping[str, str] | None = field(default=None, repr=False)
     gang: str | None = None  # members of one gang restart together (see the module doc)
+    gang_across_machines: bool = False  # the gang's other ranks are on other machines
     # The primary only: the command line that starts it again after a failure (the
     # scheduler resuming from its journal); None: its exit, however it ends, ends the run.
     resume_argv: Sequence[str] | None = None
@@ -163,7 +167,7 @@ class Supervisor:
         self._kill_now = False
         self._gave_up = False
         self._primary_status: int | None = None
-        gangs = {spec.gang for spec in specs if spec.gang is not None}
+        gangs = {spec.gang for spec in specs if spec.gang and not spec.gang_across_machines}
         self._gang_addr = {gang: free_local_address() for gang in gangs}
 
     def run(self) -> int:
@@ -284,7 +288,7 @@ class Supervisor:
         status_path.unlink(missing_ok=True)  # what it says is about this start only
         child.warned = 0
         env = {**(child.spec.env or {}), STATUS_ENV: str(status_path)}
-        if child.spec.gang is not None:
+        if child.spec.gang in self._gang_addr:
             env[ENV_ADDR] = self._gang_addr[child.spec.gang]
         resuming = child.restarts > 0 and child.spec.resume_argv is not None
         argv = child.spec.resume_argv if resuming else child.spec.argv
@@ -378,7 +382,8 @@ class Supervisor:
         self._schedule_restart(failed, lived_s)
         if failed.restart_at is None:
             return  # gave up
-        self._gang_addr[gang] = free_local_address()  # the old leader's port may linger
+        if gang in self._gang_addr:
+            self._gang_addr[gang] = free_local_address()  # the old leader's port may linger
         for member in members:
             member.restarts += 1
             member.restart_at = failed.restart_at

@@ -25,13 +25,13 @@ def _node(args: argparse.Namespace) -> int:
     # Imported when run: other commands start without the launcher's imports.
     from asyncrl.runtime.launch.gpus import machine_gpus
     from asyncrl.runtime.launch.node import NodeError, run_node
-    from asyncrl.runtime.launch.plan import NodePlan, parse_roles
+    from asyncrl.runtime.launch.plan import NodePlan, NodeRoles, parse_roles
 
     cfg = config_from_args(args)
     require_extras(cfg)  # before any process starts
     try:
-        roles, scheduler = parse_roles(args.roles, cfg) if args.roles else ({}, False)
-        scheduler = scheduler or args.with_scheduler
+        asked = parse_roles(args.roles, cfg) if args.roles else NodeRoles({}, False, {})
+        roles, scheduler = asked.roles, asked.scheduler or args.with_scheduler
         if not (roles or scheduler):
             raise ValueError("give --roles (and --with-scheduler on the scheduler's machine)")
         if scheduler and args.scheduler:
@@ -41,7 +41,7 @@ def _node(args: argparse.Namespace) -> int:
             )
         node = args.node or socket.gethostname()
         plan = NodePlan(roles, scheduler, node, args.first_index, machine_gpus(cfg, args.gpus),
-                        args.scheduler)  # fmt: skip
+                        args.scheduler, asked.first_ranks)  # fmt: skip
     except ValueError as error:
         raise UsageError(str(error)) from None
     config_args = [*(["-c", str(args.config.resolve())] if args.config else []), *args.overrides]
@@ -57,9 +57,10 @@ Start, watch and restart this machine's share of a run on several machines, as `
 run` does for one: the same restart and crash-loop rules, workers' keys derived from the
 run secret in run.dir (which every machine shares), this machine's GPUs handed out one
 per GPU worker. Workers of dataloader, generate, reward and harness are named
-ROLE-NODE-I (I from --first-index on); train, logp and ref_logp are each one group of
-pipeline.workers[role] ranks, run whole by one machine, named ROLE-RANK. Exits when the
-run is over."""
+ROLE-NODE-I (I from --first-index on); train, critic, logp and ref_logp are each one
+group of pipeline.workers[role] ranks, named ROLE-RANK, run whole by one machine or split
+by rank over several (ROLE@R-S on each: they meet where their rank 0 announces in
+run.dir). Exits when the run is over."""
 
 
 def add_node_parser(commands: argparse._SubParsersAction) -> None:
@@ -70,9 +71,9 @@ def add_node_parser(commands: argparse._SubParsersAction) -> None:
     add_config_arguments(node)
     node.add_argument(
         "--roles", metavar="ROLE[=N],...",
-        help="this machine's workers, e.g. generate=2,logp: N of each (a role alone: its "
-        "pipeline.workers count; a grouped role takes no other); `scheduler` among them is "
-        "--with-scheduler",
+        help="this machine's workers, e.g. generate=2,logp,train@1: N of each (a role alone: "
+        "its pipeline.workers count; a grouped role takes no other, or @R-S for its ranks R "
+        "to S); `scheduler` among them is --with-scheduler",
     )  # fmt: skip
     node.add_argument(
         "--with-scheduler", action="store_true",

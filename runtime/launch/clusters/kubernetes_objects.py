@@ -44,7 +44,7 @@ from asyncrl.runtime.launch.plan import GROUPED_ROLES
 from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.security import CLIENT_PUBLIC, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET
 
-from .node_plan import NodeShare, cluster_nodes
+from .node_plan import NodeShare, cluster_nodes, groups_whole
 
 __all__ = [
     "KEYS_DIR",
@@ -94,6 +94,7 @@ def render_manifests(cfg: RunConfig) -> list[dict[str, Any]]:
     workload per node, the scheduler's first. ValueError, one line, for a run Kubernetes
     cannot go by."""
     shares = cluster_nodes(cfg)
+    groups_whole(shares, "on Kubernetes a group of ranks runs in one pod")
     names = _Names.of(cfg)
     _check(cfg, len(shares) > 1)
     config_text = dump_config(replace(cfg, scheduler=replace(cfg.scheduler, keys_dir=KEYS_DIR)))

@@ -36,7 +36,7 @@ from asyncrl.runtime.launch.gpus import gpu_roles
 from asyncrl.runtime.launch.plan import GROUPED_ROLES, NodePlan, node_specs
 from asyncrl.transport.security import is_loopback
 
-from .node_plan import NodeShare, cluster_nodes
+from .node_plan import NodeShare, cluster_nodes, groups_whole
 
 __all__ = ["RayPlan", "RayProcess", "describe_plan", "ray_plan"]
 
@@ -106,6 +106,7 @@ def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: s
             "on any node of its cluster; allowed: 0.0.0.0 or an address every node reaches"
         )
     shares = cluster_nodes(cfg)
+    groups_whole(shares, "Ray places a group of ranks on one node (a STRICT_PACK placement group)")
     totals: dict[str, int] = {}
     for share in shares:
         for role, count in share.roles.items():

@@ -340,6 +340,14 @@ def test_a_run_kubernetes_cannot_go_by_is_refused_with_one_line(settings: dict[s
     assert error in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_a_group_split_over_pods_is_refused_with_one_line() -> None:
+    split = [{"roles": {"scheduler": 1, "dataloader": 1, "reward": 1, "train": 1, "logp": 1}},
+             {"roles": {"generate": 1, "train": 1}}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^placement.nodes: train split over nodes, but on "
+                       "Kubernetes a group of ranks runs in one pod; allowed: "):  # fmt: skip
+        manifests_text(config_from_dict(_settings(split)))
+
+
 def test_bad_kubernetes_settings_are_refused_on_load() -> None:
     with pytest.raises(ValueError, match=r"placement.kubernetes.namespace: got 'ML_runs'"):
         config_from_dict(_settings(namespace="ML_runs"))

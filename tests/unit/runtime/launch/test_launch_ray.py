@@ -81,6 +81,10 @@ def test_runs_ray_cannot_place_are_refused_in_one_line(tmp_path: Path) -> None:
         "logp: 1, generate: 2}, gpus: 5}]"  # fmt: skip
     with pytest.raises(ValueError, match=r"placement.nodes\[0\].gpus: got 5 for 4 GPU workers"):
         _plan(tmp_path, bad_split)
+    split_group = "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, " \
+        "train: 1, logp: 1}}, {roles: {generate: 2, train: 1}}]"  # fmt: skip
+    with pytest.raises(ValueError, match=r"placement.nodes: train split over nodes, but Ray "):
+        _plan(tmp_path, "pipeline.workers.train=2", split_group)
 
 
 def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> None:

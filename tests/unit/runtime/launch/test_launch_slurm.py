@@ -38,6 +38,25 @@ def test_each_node_runs_its_groups_roles_the_scheduler_first_generators_numbered
     assert [s.gpus for s in shares] == [3, 4, 4]
 
 
+def test_a_group_on_several_nodes_is_split_by_rank_in_the_order_of_the_nodes() -> None:
+    head = {**HEAD, "train": 1}
+    cfg = _cfg([{"roles": head}, {"count": 1, "roles": {"generate": 2, "train": 1}}])
+    assert [s.roles_arg() for s in cluster_nodes(cfg)] == [
+        "scheduler,dataloader=1,reward=1,train@0,logp=1", "generate=2,train@1"
+    ]  # fmt: skip
+    four = config_from_dict({
+        "scheduler": {"host": "0.0.0.0"},
+        "pipeline": {"workers": {"train": 4}},
+        "placement": {"nodes": [{"roles": {**head, "train": 2}},
+                                {"count": 2, "roles": {"generate": 1, "train": 1}}]},
+    })  # fmt: skip
+    assert [s.roles_arg().rpartition(",")[2] for s in cluster_nodes(four)] == [
+        "logp=1", "train@2", "train@3"
+    ]  # fmt: skip
+    assert [s.first_ranks for s in cluster_nodes(four)] == [{"train": 0}, {"train": 2},
+                                                            {"train": 3}]  # fmt: skip
+
+
 def test_no_placement_is_one_node_running_the_whole_run() -> None:
     (share,) = cluster_nodes(config_from_dict({}))
     assert share.scheduler and share.roles_arg().startswith("scheduler,dataloader=1")
@@ -119,9 +138,12 @@ def test_a_bad_placement_is_refused_on_load_with_one_line(nodes: Any, more: Any,
         ([{"roles": {"scheduler": 1, "dataloader": 1, "reward": 1, "train": 2}}],
          "placement.nodes: no node runs generate, logp"),
         ([{"roles": {**HEAD, "train": 1}}, {"roles": {"generate": 1}}],
-         "placement.nodes[0].roles.train: got 1 on 1 node(s); allowed: 2"),
+         "placement.nodes: 1 rank(s) of train placed over its nodes; allowed: 2 in all"),
         ([{"roles": HEAD}, {"count": 2, "roles": {"generate": 1, "logp": 1}}],
-         "placement.nodes[1].roles.logp: got 1 on 2 node(s) again"),
+         "placement.nodes[1].roles.logp: got 1 on 2 node(s), beyond the group's 1 rank(s)"),
+        ([{"roles": HEAD}, {"count": 2, "roles": {"generate": 1, "train": 1}}],
+         "placement.nodes[1].roles.train: got 1 on 2 node(s), beyond the group's 2 rank(s) "
+         "(pipeline.workers.train) with 2 placed before"),
         ([{"roles": {**HEAD, "ref_logp": 1}}, {"roles": {"generate": 1}}],
          "placement.nodes[0].roles.ref_logp: ref_logp has no work in this run"),
     ],

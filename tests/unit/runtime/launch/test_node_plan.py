@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.runtime.contract.bus import dialable
 from asyncrl.runtime.contract.config import config_from_dict
-from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
+from asyncrl.runtime.contract.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
 from asyncrl.runtime.launch.gpus import (
     VISIBLE_ENV,
     gpu_roles,
@@ -48,7 +48,8 @@ def test_asyncrl_run_starts_the_scheduler_then_every_role_named_role_index() -> 
 
 def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
     cfg = config_from_dict({"pipeline": {"workers": {"train": 2}}})
-    roles, scheduler = parse_roles("generate=2,reward,train", cfg)
+    roles, scheduler, first_ranks = parse_roles("generate=2,reward,train", cfg)
+    assert first_ranks == {}  # train given alone: the whole group, here
     plan = NodePlan(roles, scheduler, "gpu7", first_index=4, dial="tcp://10.0.0.5:5555")
     specs = {s.name: s for s in node_specs(cfg, ARGS, plan, resume=False, run_secret=SECRET)}
     assert list(specs) == [
@@ -73,6 +74,26 @@ def test_a_node_names_its_workers_by_machine_and_runs_a_group_whole() -> None:
         assert member.gang == "train" and "--name" not in member.argv
         assert member.env is not None
         assert (member.env[ENV_RANK], member.env[ENV_SIZE]) == (str(rank), "2")
+        assert not member.gang_across_machines  # its supervisor gives it its address
+
+
+@pytest.mark.parametrize("text", ["train@1", "train@1-1"])
+def test_a_node_runs_some_ranks_of_a_group_whose_leader_announces_where_it_meets(
+    text: str,
+) -> None:
+    cfg = config_from_dict({"pipeline": {"workers": {"train": 2}}})
+    asked = parse_roles(f"generate,{text}", cfg)
+    assert asked.roles == {"generate": 1, "train": 1} and asked.first_ranks == {"train": 1}
+    plan = NodePlan(asked.roles, node="b", first_ranks=asked.first_ranks)
+    specs = {s.name: s for s in node_specs(cfg, ARGS, plan, resume=False, run_secret=SECRET)}
+    assert list(specs) == ["generate-b-0", "train-1"]
+    member = specs["train-1"]
+    assert member.gang == "train" and member.gang_across_machines and member.env is not None
+    assert (member.env[ENV_RANK], member.env[ENV_SIZE]) == ("1", "2")
+    assert ENV_ADDR not in member.env  # it reads its leader's address in the run directory
+    assert member.argv[member.argv.index("--index") + 1] == "1"
+    # The whole group by ranks is the group whole: its supervisor gives it an address.
+    assert parse_roles("train@0-1", cfg).first_ranks == {}
 
 
 def test_the_critic_runs_as_one_group_of_ranks_like_the_trainer() -> None:
@@ -95,7 +116,7 @@ def test_the_critic_runs_as_one_group_of_ranks_like_the_trainer() -> None:
 
 def test_a_node_with_the_scheduler_starts_it_first_resuming_if_asked() -> None:
     cfg = config_from_dict({"scheduler": {"host": "0.0.0.0"}})
-    roles, scheduler = parse_roles("scheduler,dataloader", cfg)
+    roles, scheduler, _ = parse_roles("scheduler,dataloader", cfg)
     assert scheduler and roles == {"dataloader": 1}
     specs = node_specs(cfg, ARGS, NodePlan(roles, True, "a"), resume=True)
     assert [s.name for s in specs] == ["scheduler", "dataloader-a-0"]
@@ -111,7 +132,12 @@ def test_a_node_with_the_scheduler_starts_it_first_resuming_if_asked() -> None:
         ("generate=two", {}, ["generate='two'"]),
         ("generate,generate=2", {}, ["generate is given twice"]),
         ("ref_logp", {}, ["'ref_logp' has no work in this run"]),
-        ("train=1", {"pipeline": {"workers": {"train": 4}}}, ["train=1", "4 ranks", "one machine"]),
+        ("train=1", {"pipeline": {"workers": {"train": 4}}}, ["train=1", "4 ranks", "train@R-S"]),
+        ("generate@1", {}, ["generate@1", "only a group of ranks"]),
+        ("train@2", {"pipeline": {"workers": {"train": 2}}}, ["train@2", "ranks 0 to 1"]),
+        ("train@1-0", {"pipeline": {"workers": {"train": 2}}}, ["train@1-0", "ranks 0 to 1"]),
+        ("train=1@1", {"pipeline": {"workers": {"train": 2}}}, ["train@1 or train=N"]),
+        ("train@one", {"pipeline": {"workers": {"train": 2}}}, ["train@'one'", "R or R-S"]),
         ("logp=2", {}, ["logp=2", "one worker", "pipeline.workers.logp"]),
         ("scheduler=2", {}, ["one scheduler"]),
         ("dataloader", {"pipeline": {"workers": {"dataloader": 0}}}, ["no workers"]),
@@ -130,7 +156,7 @@ def test_bad_roles_are_one_line_naming_what_is_wrong(
 
 def test_a_role_alone_means_its_configured_count() -> None:
     cfg = config_from_dict({"pipeline": {"workers": {"generate": 3, "logp": 2}}})
-    assert parse_roles("generate, logp", cfg) == ({"generate": 3, "logp": 2}, False)
+    assert parse_roles("generate, logp", cfg) == ({"generate": 3, "logp": 2}, False, {})
 
 
 def test_gpus_go_one_per_gpu_worker_and_around_again_when_short() -> None:
