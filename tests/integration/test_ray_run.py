@@ -109,15 +109,29 @@ def _no_actor_left(cluster: Any) -> None:
         ray.shutdown()
 
 
-def test_a_run_launched_on_ray_learns_and_finishes(cluster: Any, tmp_path: Path) -> None:
+# A trainer of two ranks that the placement puts on two nodes: Ray spreads its placement
+# group's bundles strictly, and the ranks meet where rank 0 announces in the run directory.
+SPLIT_TRAINER = [
+    "pipeline.workers.train=2",
+    "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 1, logp: 1}}, "
+    "{roles: {generate: 1, train: 1}, gpus: 2}]",
+]
+
+
+@pytest.mark.parametrize("trainer", [[], SPLIT_TRAINER], ids=["one-rank", "split-over-nodes"])
+def test_a_run_launched_on_ray_learns_and_finishes(
+    cluster: Any, tmp_path: Path, trainer: list[str]
+) -> None:
     steps = 20
-    launcher, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=10")
+    launcher, run_dir = _launch(cluster, tmp_path, steps, "data.val_every_versions=10", *trainer)
     output = _wait(launcher, tmp_path, run_dir, 300)
     assert "the run is finished (20 steps)" in output, output
     check_exactly_once(run_dir, steps)
     # The generator asked for a node's two GPUs: Ray gave it both of a node with GPUs.
+    # (Split, it shares them with the trainer's rank 1: one each.)
     ((node, gpus),) = _starts(run_dir, GENERATOR)
-    assert gpus == "0,1" and not cluster.head_node.node_id.startswith(node), (node, gpus)
+    assert gpus in (["0", "1"] if trainer else ["0,1"]), gpus
+    assert not cluster.head_node.node_id.startswith(node), node
     assert _starts(run_dir, "train-0")[0][1] == "none"
     # The scheduler on the head node, whose address the workers keep.
     ((node, _),) = _starts(run_dir, "scheduler")
@@ -127,6 +141,10 @@ def test_a_run_launched_on_ray_learns_and_finishes(cluster: Any, tmp_path: Path)
     validation = lines(run_dir / "validation.jsonl")
     assert [v["version"] for v in validation] in ([0, 10], [0, 10, 20]), validation
     assert validation[1]["val_reward"] >= validation[0]["val_reward"] + 0.15, validation
+    if trainer:  # both ranks in every step, each on a node of its own
+        assert all(m.get("train_ranks") == 2 for m in lines(run_dir / "metrics.jsonl"))
+        ((rank_0, _),), ((rank_1, _),) = _starts(run_dir, "train-0"), _starts(run_dir, "train-1")
+        assert rank_0 != rank_1, (rank_0, rank_1)
     _no_actor_left(cluster)
 
 

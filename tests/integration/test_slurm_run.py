@@ -28,10 +28,18 @@ PLACEMENT = (
     "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 1, logp: 1}}, "
     "{roles: {generate: 1}, gpus: 2}]"
 )
+# A trainer of two ranks, one on each node (train@0 beside the scheduler, train@1 beside
+# the generator): its ranks meet where rank 0 announces in the shared run directory.
+SPLIT_TRAINER = [
+    "pipeline.workers.train=2",
+    "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 1, logp: 1}}, "
+    "{roles: {generate: 1, train: 1}, gpus: 2}]",
+]
 
 
 def _launch(slurm: Slurm, root: Path, steps: int, *more: str) -> tuple[str, Path]:
-    """Submit the default run with ``asyncrl launch --on slurm``; its job id and run dir."""
+    """Submit the default run with ``asyncrl launch --on slurm``; its job id and run dir.
+    ``more`` after the run's own settings (a placement there replaces PLACEMENT)."""
     run_dir = root / "run"
     argv = [
         sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "launch", "--on", "slurm",
@@ -63,13 +71,14 @@ def _tails(slurm: Slurm, run_dir: Path, chars: int = 2500) -> str:
     return f"{logs}\n{slurm.tails()}"
 
 
-def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer", [[], SPLIT_TRAINER], ids=["one-rank", "split-over-nodes"])
+def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path, trainer: list[str]) -> None:
     steps = 20
     with (
         Hosts(4, shared=[tmp_path]) as hosts,
         Slurm(hosts, tmp_path, controller="h1", nodes=NODES) as slurm,
     ):
-        job, run_dir = _launch(slurm, tmp_path, steps, "data.val_every_versions=10")
+        job, run_dir = _launch(slurm, tmp_path, steps, "data.val_every_versions=10", *trainer)
         fields = _wait_for_job(slurm, job, run_dir, 300)
         assert fields["JobState"] == "COMPLETED", f"{fields}\n{_tails(slurm, run_dir)}"
         # Two GPUs per node from --gres, as the placement says of the generator's node.
@@ -88,6 +97,10 @@ def test_a_run_submitted_to_slurm_learns_and_finishes(tmp_path: Path) -> None:
     validation = lines(run_dir / "validation.jsonl")
     assert [v["version"] for v in validation] in ([0, 10], [0, 10, 20]), validation
     assert validation[1]["val_reward"] >= validation[0]["val_reward"] + 0.15, validation
+    if trainer:  # every step by both ranks, rank 1 on the generator's node
+        assert all(m.get("train_ranks") == 2 for m in lines(run_dir / "metrics.jsonl"))
+        assert f"asyncrl node {batch_host}: started train-0 " in output, output
+        assert re.search(rf"asyncrl node (?!{batch_host}:)\S+: started train-1 ", output), output
 
 
 def test_the_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
@@ -100,15 +113,17 @@ def test_the_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> No
     assert not (tmp_path / "run").exists()
 
 
+# Split: the node killed holds the trainer's rank 1 too, and its staged state in memory.
+@pytest.mark.parametrize("trainer", [[], SPLIT_TRAINER], ids=["one-rank", "split-over-nodes"])
 def test_a_node_killed_mid_run_the_job_is_requeued_and_the_run_ends_exactly_once(
-    tmp_path: Path,
+    tmp_path: Path, trainer: list[str]
 ) -> None:
     steps = 30
     with (
         Hosts(4, shared=[tmp_path]) as hosts,
         Slurm(hosts, tmp_path, controller="h1", nodes=NODES) as slurm,
     ):
-        job, run_dir = _launch(slurm, tmp_path, steps)
+        job, run_dir = _launch(slurm, tmp_path, steps, *trainer)
         deadline = time.monotonic() + 180
         while len(lines(run_dir / "metrics.jsonl")) < 5:
             assert time.monotonic() < deadline, _tails(slurm, run_dir)

@@ -7,9 +7,11 @@ under Slurm, from the run's config in a ConfigMap:
   (the StatefulSet's claim, which outlives the pod and is the pod's alone), named by a
   headless Service that the other pods' workers dial: Kubernetes' DNS gives the address,
   nothing probes for it. Started again, the pod resumes the run from the journal.
-- a node with a group of ranks (train, logp, ref_logp): a StatefulSet of one pod, never
-  two at once (a group must not run twice; a Deployment may start a pod before the old
-  one is gone), its GPUs as ``nvidia.com/gpu`` limits.
+- a node with a group of ranks (train, critic, logp, ref_logp), or with some ranks of a
+  group the placement splits over nodes (``train@R-S``): a StatefulSet of one pod, never
+  two at once (a rank must not run twice; a Deployment may start a pod before the old
+  one is gone), its GPUs as ``nvidia.com/gpu`` limits. A split group's ranks meet where
+  its rank 0 announces in the run directory, on the run claim (gangs.py).
 - every other node (generators, the CPU roles): a Deployment of one pod, started again
   on another machine when its machine is lost.
 
@@ -44,7 +46,7 @@ from asyncrl.runtime.launch.plan import GROUPED_ROLES
 from asyncrl.transport.host import WILDCARD_HOSTS
 from asyncrl.transport.security import CLIENT_PUBLIC, CLIENT_SECRET, SERVER_PUBLIC, SERVER_SECRET
 
-from .node_plan import NodeShare, cluster_nodes, groups_whole
+from .node_plan import NodeShare, cluster_nodes
 
 __all__ = [
     "KEYS_DIR",
@@ -94,7 +96,6 @@ def render_manifests(cfg: RunConfig) -> list[dict[str, Any]]:
     workload per node, the scheduler's first. ValueError, one line, for a run Kubernetes
     cannot go by."""
     shares = cluster_nodes(cfg)
-    groups_whole(shares, "on Kubernetes a group of ranks runs in one pod")
     names = _Names.of(cfg)
     _check(cfg, len(shares) > 1)
     config_text = dump_config(replace(cfg, scheduler=replace(cfg.scheduler, keys_dir=KEYS_DIR)))

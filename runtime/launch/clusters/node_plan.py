@@ -14,7 +14,7 @@ from asyncrl.runtime.launch.gpus import gpu_roles
 from asyncrl.runtime.launch.plan import GROUPED_ROLES
 from asyncrl.transport.security import is_loopback
 
-__all__ = ["NodeShare", "cluster_nodes", "groups_whole"]
+__all__ = ["NodeShare", "cluster_nodes"]
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,3 @@ def _share(cfg: RunConfig, roles: dict[str, int], scheduler: bool, first: int,
         wanting = gpu_roles(cfg)
         gpus = sum(count for role, count in roles.items() if role in wanting)
     return NodeShare(roles, scheduler, first, gpus)
-
-
-def groups_whole(shares: list[NodeShare], why: str) -> None:
-    """ValueError, one line, for a placement that splits a group of ranks over nodes,
-    for an engine that cannot start one so (``why``)."""
-    split = sorted({role for share in shares for role in share.first_ranks})
-    if split:
-        raise ValueError(
-            f"placement.nodes: {', '.join(split)} split over nodes, but {why}; allowed: "
-            "each group's ranks on one node (a group split over nodes: asyncrl node, Slurm)"
-        )

@@ -117,7 +117,8 @@ class ProcessActor:
             return list(process.resume_argv if resume else process.argv), env
         secret = wait_for_the_run(cfg, NodePlan({}, node="ray"), _WAIT_S, self._say)
         env.update(worker_env(secret, process.name, process.role))
-        if process.gang is not None:
+        if process.gang is not None and process.gang not in self._plan.split:
+            # A split group's rank 0 announces where it listens in the run directory.
             env[ENV_ADDR] = self._gang_address()
         return list(process.argv), env
 

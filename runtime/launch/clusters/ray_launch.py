@@ -229,7 +229,7 @@ def _start(ray: ModuleType, plan: RayPlan, going_on: bool) -> list[Any]:
         if process.gang is not None:
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=groups[process.gang],
-                placement_group_bundle_index=process.rank,
+                placement_group_bundle_index=process.bundle,
             )
         actor = actor_class.options(
             name=process.name,
@@ -246,13 +246,14 @@ def _start(ray: ModuleType, plan: RayPlan, going_on: bool) -> list[Any]:
 
 
 def _placement_group(ray: ModuleType, plan: RayPlan, gang: str) -> Any:
-    """The group's placement group: its ranks on one node, found again if it exists."""
+    """The group's placement group (its ranks on one node, or on the nodes the placement
+    splits it over), found again if it exists."""
     name = f"{plan.namespace}-{gang}"
     try:
         return ray.util.get_placement_group(name)
     except ValueError:
         pass
-    return ray.util.placement_group(plan.bundles(gang), strategy="STRICT_PACK", name=name,
+    return ray.util.placement_group(plan.bundles(gang), strategy=plan.strategy(gang), name=name,
                                     lifetime="detached")  # fmt: skip
 
 

@@ -11,8 +11,10 @@ Pure (no Ray here): what the launcher asks Ray for, and what ``--dry-run`` print
   on them under CUDA (generate, train, logp, ref_logp), so they are held as a GPU job's
   would be.
 - A grouped role with several ranks (a training group) gets a placement group of one
-  bundle per rank, STRICT_PACK: its ranks meet on one machine (node_plan.py keeps a group on
-  one node), and Ray moves the group whole when its node goes.
+  bundle per rank, STRICT_PACK: its ranks meet on one machine, and Ray moves the group
+  whole when its node goes. A group the placement splits over nodes gets one bundle per
+  node of its, each holding that node's ranks, STRICT_SPREAD: on as many machines as the
+  placement says; its ranks meet where rank 0 announces in the run directory (gangs.py).
 - The scheduler runs on the head node: its address stays the one its workers dial,
   and a Ray cluster does not outlive its head anyway. Ray starts it again there, from
   its journal, if it dies.
@@ -36,7 +38,7 @@ from asyncrl.runtime.launch.gpus import gpu_roles
 from asyncrl.runtime.launch.plan import GROUPED_ROLES, NodePlan, node_specs
 from asyncrl.transport.security import is_loopback
 
-from .node_plan import NodeShare, cluster_nodes, groups_whole
+from .node_plan import NodeShare, cluster_nodes
 
 __all__ = ["RayPlan", "RayProcess", "describe_plan", "ray_plan"]
 
@@ -62,6 +64,7 @@ class RayProcess:
     gang: str | None = None  # the placement group of a group's ranks; None: on its own
     rank: int = 0
     role: str = ""  # a worker's, which its worker key is bound to
+    bundle: int = 0  # a rank's bundle of its group's placement group
 
     @property
     def scheduler(self) -> bool:
@@ -76,6 +79,8 @@ class RayPlan:
     processes: tuple[RayProcess, ...]  # the scheduler first
     gangs: Mapping[str, tuple[float, int]]  # group -> (GPUs per rank, ranks)
     cwd: Path  # where the processes run (relative paths in the config resolve there)
+    # group -> its ranks on each of its nodes, for a group the placement splits over nodes
+    split: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def run_dir(self) -> Path:
@@ -88,8 +93,22 @@ class RayPlan:
         return f"asyncrl-{self.cfg.run.name}-{digest}"
 
     def bundles(self, gang: str) -> list[dict[str, float]]:
-        gpus, ranks = self.gangs[gang]
-        return [{"GPU": gpus} if gpus else {"CPU": _CPU_PER_RANK}] * ranks
+        """One per rank, or for a split group one per node, holding that node's ranks:
+        their GPUs, or on CPU a token (a bundle cannot be empty)."""
+        ranks = [p for p in self.processes if p.gang == gang]
+        held = [
+            [p for p in ranks if p.bundle == b] for b in range(max(r.bundle for r in ranks) + 1)
+        ]
+        return [
+            {"GPU": gpus}
+            if (gpus := sum(p.num_gpus for p in h))
+            else {"CPU": _CPU_PER_RANK * len(h)}
+            for h in held
+        ]
+
+    def strategy(self, gang: str) -> str:
+        """Ray's placement strategy for the group's bundles (see the module doc)."""
+        return "STRICT_SPREAD" if gang in self.split else "STRICT_PACK"
 
 
 def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: str) -> RayPlan:
@@ -106,12 +125,16 @@ def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: s
             "on any node of its cluster; allowed: 0.0.0.0 or an address every node reaches"
         )
     shares = cluster_nodes(cfg)
-    groups_whole(shares, "Ray places a group of ranks on one node (a STRICT_PACK placement group)")
+    split = {
+        role: tuple(s.roles[role] for s in shares if role in s.roles)
+        for role in {role for s in shares for role in s.first_ranks}
+    }
     totals: dict[str, int] = {}
     for share in shares:
         for role, count in share.roles.items():
             totals[role] = totals.get(role, 0) + count
-    node = NodePlan(totals, scheduler=True, node=_NODE)
+    # Ray starts the ranks of a split group as one plan: named, numbered as the nodes would.
+    node = NodePlan(totals, scheduler=True, node=_NODE, first_ranks=dict.fromkeys(split, 0))
     specs = node_specs(cfg, config_args, node, resume=False)
     gpus = _gpus_per_worker(cfg, shares)
     processes = []
@@ -126,11 +149,19 @@ def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: s
         env = dict(spec.env or {})
         num_gpus = gpus.get(spec.name, 0.0)
         role = spec.argv[spec.argv.index("--role") + 1]
-        processes.append(
-            RayProcess(spec.name, argv, num_gpus, env=env, gang=spec.gang, rank=rank, role=role)
-        )
+        bundle = _bundle_of(rank, split[role]) if role in split else rank
+        processes.append(RayProcess(spec.name, argv, num_gpus, env=env, gang=spec.gang,
+                                    rank=rank, role=role, bundle=bundle))  # fmt: skip
     gangs = {p.gang: (p.num_gpus, totals[p.gang]) for p in processes if p.gang is not None}
-    return RayPlan(cfg, tuple(processes), gangs, cwd)
+    return RayPlan(cfg, tuple(processes), gangs, cwd, split)
+
+
+def _bundle_of(rank: int, per_node: tuple[int, ...]) -> int:
+    """The node (bundle) of a split group that holds ``rank``: ranks go in node order."""
+    for bundle, _ in enumerate(per_node):
+        if rank < sum(per_node[: bundle + 1]):
+            return bundle
+    raise ValueError(f"rank {rank} beyond the group's {sum(per_node)} ranks")
 
 
 def _gpus_per_worker(cfg: RunConfig, shares: Sequence[NodeShare]) -> dict[str, float]:
@@ -139,7 +170,7 @@ def _gpus_per_worker(cfg: RunConfig, shares: Sequence[NodeShare]) -> dict[str, f
     found: dict[str, float] = {}
     for i, share in enumerate(shares):
         names = [name for role, count in share.roles.items() if role in wanting
-                 for name in _names(role, count, share.first_index)]  # fmt: skip
+                 for name in _names(role, count, share)]  # fmt: skip
         if not share.gpus or not names:
             continue
         each = share.gpus / len(names)
@@ -153,11 +184,13 @@ def _gpus_per_worker(cfg: RunConfig, shares: Sequence[NodeShare]) -> dict[str, f
     return found
 
 
-def _names(role: str, count: int, first_index: int) -> list[str]:
-    """The names node_specs gives ``count`` workers of ``role`` numbered from ``first_index``."""
+def _names(role: str, count: int, share: NodeShare) -> list[str]:
+    """The names node_specs gives ``share``'s ``count`` workers of ``role``."""
     if role in GROUPED_ROLES:
-        return [f"{role}-{rank}" for rank in range(count)]
-    return [f"{role}-{_NODE}-{i}" for i in range(first_index, first_index + count)]
+        first = share.first_ranks.get(role, 0)
+        return [f"{role}-{rank}" for rank in range(first, first + count)]
+    first = share.first_index
+    return [f"{role}-{_NODE}-{i}" for i in range(first, first + count)]
 
 
 def describe_plan(plan: RayPlan) -> str:
@@ -170,10 +203,12 @@ def describe_plan(plan: RayPlan) -> str:
         "dies with it)",
     ]
     for gang, (_, ranks) in plan.gangs.items():
-        bundle = plan.bundles(gang)[0]
-        lines.append(f"placement group {gang}: STRICT_PACK, {ranks} bundles of {bundle}")
+        bundles = ", ".join(str(bundle) for bundle in plan.bundles(gang))
+        lines.append(f"placement group {gang} ({ranks} ranks): {plan.strategy(gang)}, {bundles}")
     for process in plan.processes:
-        where = f" in placement group {process.gang} bundle {process.rank}" if process.gang else ""
+        where = (
+            f" in placement group {process.gang} bundle {process.bundle}" if process.gang else ""
+        )
         where += " on the head node" if process.scheduler else ""
         lines.append(f"actor {process.name}: num_gpus={process.num_gpus:g}{where}")
         lines.append(f"  {shlex.join(process.argv)}")

@@ -100,7 +100,7 @@ def test_the_dry_run_prints_manifests_that_validate_against_the_schemas(
 
 def test_a_kind_without_a_schema_or_a_misspelled_field_fails_validation() -> None:
     objects = render_manifests(config_from_dict(_settings()))
-    # A group of ranks over several nodes would want a LeaderWorkerSet: no schema here.
+    # A kind of an add-on (LeaderWorkerSet): no schema here.
     unknown = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
                "metadata": {"name": "trainer"}, "spec": {}}  # fmt: skip
     with pytest.raises(kubernetes_validate.SchemaNotFoundError):
@@ -340,12 +340,18 @@ def test_a_run_kubernetes_cannot_go_by_is_refused_with_one_line(settings: dict[s
     assert error in str(raised.value) and "\n" not in str(raised.value)
 
 
-def test_a_group_split_over_pods_is_refused_with_one_line() -> None:
-    split = [{"roles": {"scheduler": 1, "dataloader": 1, "reward": 1, "train": 1, "logp": 1}},
-             {"roles": {"generate": 1, "train": 1}}]  # fmt: skip
-    with pytest.raises(ValueError, match=r"^placement.nodes: train split over nodes, but on "
-                       "Kubernetes a group of ranks runs in one pod; allowed: "):  # fmt: skip
-        manifests_text(config_from_dict(_settings(split)))
+def test_a_group_split_over_nodes_is_a_statefulset_per_node_running_its_ranks() -> None:
+    split = [{"roles": {"scheduler": 1, "dataloader": 1, "reward": 1, "logp": 1}},
+             {"count": 2, "roles": {"generate": 1, "train": 1}, "gpus": 2}]  # fmt: skip
+    objects = render_manifests(config_from_dict(_settings(split)))
+    for obj in objects:
+        _validate(obj)
+    by_name, parser = _by_name(objects), build_parser()
+    for i, rank in ((1, 0), (2, 1)):
+        node = by_name[f"StatefulSet/asyncrl-arithmetic-node-{i}"]  # one pod, never two
+        args = parser.parse_args(_node(_container(node)["command"]))
+        assert args.roles == f"generate=1,train@{rank}", args.roles
+        assert _container(node)["resources"] == {"limits": {"nvidia.com/gpu": 2}}
 
 
 def test_bad_kubernetes_settings_are_refused_on_load() -> None:

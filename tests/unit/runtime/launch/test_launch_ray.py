@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.runtime.contract.gangs import ENV_RANK, ENV_SIZE
+from asyncrl.runtime.contract.gangs import ENV_ADDR, ENV_RANK, ENV_SIZE
 from asyncrl.runtime.launch.clusters.ray_plan import describe_plan, ray_plan
 
 PYTHON = "/opt/env/bin/python"
@@ -70,8 +70,32 @@ def test_a_training_group_is_one_placement_group_of_a_bundle_per_rank(tmp_path: 
     # On CPU a bundle still holds something, so that the ranks are packed together.
     assert _plan(tmp_path, "pipeline.workers.train=2").bundles("train") == [{"CPU": 0.01}] * 2
     text = describe_plan(plan)
-    assert "placement group train: STRICT_PACK, 2 bundles of {'GPU': 1.0}" in text
+    assert "placement group train (2 ranks): STRICT_PACK, {'GPU': 1.0}, {'GPU': 1.0}" in text
     assert "actor train-1: num_gpus=1 in placement group train bundle 1" in text
+
+
+def test_a_group_split_over_nodes_is_one_bundle_per_node_spread_strictly(tmp_path: Path) -> None:
+    split = "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 2, " \
+        "logp: 1}}, {count: 2, roles: {generate: 1, train: 1}}]"  # fmt: skip
+    plan = _plan(tmp_path, "pipeline.workers.train=4", split)
+    assert plan.split == {"train": (2, 1, 1)} and plan.strategy("train") == "STRICT_SPREAD"
+    assert plan.bundles("train") == [{"CPU": 0.02}, {"CPU": 0.01}, {"CPU": 0.01}]
+    ranks = [p for p in plan.processes if p.gang == "train"]
+    assert [(p.name, p.bundle, p.env[ENV_RANK], p.env[ENV_SIZE]) for p in ranks] == [
+        ("train-0", 0, "0", "4"), ("train-1", 0, "1", "4"),
+        ("train-2", 1, "2", "4"), ("train-3", 2, "3", "4"),
+    ]  # fmt: skip
+    # No address given: rank 0 announces where it listens in the run directory.
+    assert all(ENV_ADDR not in p.env for p in ranks)
+    assert "actor train-3: num_gpus=0 in placement group train bundle 2" in describe_plan(plan)
+    # A node group's GPUs go to its own ranks: rank 1 beside the generator gets one.
+    gpus = "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, train: 1, " \
+        "logp: 1}}, {roles: {generate: 1, train: 1}, gpus: 2}]"  # fmt: skip
+    plan = _plan(tmp_path, "pipeline.workers.train=2", gpus)
+    assert {p.name: p.num_gpus for p in plan.processes if p.num_gpus} == {
+        "generate-ray-0": 1.0, "train-1": 1.0
+    }  # fmt: skip
+    assert plan.bundles("train") == [{"CPU": 0.01}, {"GPU": 1.0}]
 
 
 def test_runs_ray_cannot_place_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -81,10 +105,6 @@ def test_runs_ray_cannot_place_are_refused_in_one_line(tmp_path: Path) -> None:
         "logp: 1, generate: 2}, gpus: 5}]"  # fmt: skip
     with pytest.raises(ValueError, match=r"placement.nodes\[0\].gpus: got 5 for 4 GPU workers"):
         _plan(tmp_path, bad_split)
-    split_group = "placement.nodes=[{roles: {scheduler: 1, dataloader: 1, reward: 1, " \
-        "train: 1, logp: 1}}, {roles: {generate: 2, train: 1}}]"  # fmt: skip
-    with pytest.raises(ValueError, match=r"placement.nodes: train split over nodes, but Ray "):
-        _plan(tmp_path, "pipeline.workers.train=2", split_group)
 
 
 def test_the_dry_run_prints_the_actors_and_starts_nothing(tmp_path: Path) -> None:
