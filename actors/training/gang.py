@@ -16,8 +16,11 @@ meet afresh and take up the state every rank staged after the last step.
 Where the group meets is given by three environment variables (set by ``asyncrl run``,
 or by ``asyncrl-worker --rank R --ranks N --rendezvous HOST:PORT`` on other hosts):
 ``ASYNCRL_GANG_RANK``, ``ASYNCRL_GANG_SIZE`` and ``ASYNCRL_GANG_ADDR`` (the leader's
-``HOST:PORT``; the port is fresh for every start of the group). Every rank reads the run
-secret (``RUN_DIR/run.secret``): without it a rank cannot join.
+``HOST:PORT``; the port is fresh for every start of the group). A group whose ranks
+several machines start (``asyncrl node --roles train@1``) is given no address: its leader
+announces one in the run directory and the others read it there (runtime/contract/
+gangs.py). Every rank reads the run secret (``RUN_DIR/run.secret``): without it a rank
+cannot join.
 
 A group whose address is loopback is on one machine: its store, and gloo's and NCCL's own
 sockets, are on the loopback interface. A group across machines meets on the address

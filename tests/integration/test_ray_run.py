@@ -169,6 +169,27 @@ def test_a_node_removed_mid_run_its_workers_come_back_elsewhere_exactly_once(
     _no_actor_left(cluster)
 
 
+def test_the_node_of_a_split_groups_rank_removed_the_group_meets_again_exactly_once(
+    cluster: Any, tmp_path: Path
+) -> None:
+    steps = 20
+    launcher, run_dir = _launch(cluster, tmp_path, steps, *SPLIT_TRAINER)
+    _wait_for_steps(launcher, tmp_path, run_dir, 4)
+    ((node, _),) = _starts(run_dir, "train-1")
+    (lost,) = [n for n in cluster.worker_nodes if n.node_id.startswith(node)]
+    cluster.remove_node(lost, allow_graceful=False)  # rank 1, and its staged state, gone
+    cluster.add_node(**NODE)
+    output = _wait(launcher, tmp_path, run_dir, 300)
+    assert f"the run is finished ({steps} steps)" in output, output
+    # Ray placed rank 1 again on a node alive, apart from rank 0 (STRICT_SPREAD), and
+    # rank 0 started again to meet it.
+    member, leader = _starts(run_dir, "train-1"), _starts(run_dir, "train-0")
+    assert len(member) >= 2 and member[-1][0] != node, member
+    assert len(leader) >= 2 and leader[-1][0] != member[-1][0], (leader, member)
+    check_exactly_once(run_dir, steps)
+    _no_actor_left(cluster)
+
+
 def test_a_rank_and_the_scheduler_killed_ray_starts_them_again_and_the_run_ends_exactly(
     cluster: Any, tmp_path: Path
 ) -> None:
