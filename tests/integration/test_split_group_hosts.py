@@ -2,7 +2,8 @@
 started by that host's ``asyncrl node`` (``--roles ...,train@0`` and ``train@1``): the
 ranks meet where rank 0 announces in the shared run directory, without a person typing an
 address; the run ends exactly once. Then rank 1's host loses power mid-run and boots
-again: the group starts again together and the run still ends exactly once."""
+again: the group starts again together and the run still ends exactly once. And a scoring
+group (logp) split the same way."""
 
 from __future__ import annotations
 
@@ -81,3 +82,19 @@ def test_rank_1s_host_loses_power_and_boots_again_the_run_ends_exactly_once(
     ]  # fmt: skip
     counted = rolled["scheduler_steps"]
     assert rolled["trainer_step"] == counted - counted % CHECKPOINT_EVERY > 0, rolled
+
+
+def test_a_scoring_group_split_over_two_hosts_takes_each_version(tmp_path: Path) -> None:
+    """logp's two ranks on two hosts: its leader fetches each version and hands each rank
+    its shard within the group, across the hosts' link."""
+    steps = 6
+    placement = {"h1": "dataloader,reward,train,logp@0", "h2": "generate,logp@1"}
+    overrides = [f"run.total_steps={steps}", "pipeline.workers.logp=2", *SPLIT[1:], *QUIET]
+    with Hosts(2, shared=[tmp_path]) as hosts:
+        run = HostRun(hosts, tmp_path, overrides=overrides)
+        run.start(placement)
+        run.finish(timeout_s=240)
+    run.check_exactly_once(steps)
+    assert _started(run, "h2", "logp-1") == 1 and _started(run, "h1", "logp-0") == 1
+    loads = [m for m in lines(run.run_dir / "weights.jsonl") if m["worker"] == "logp-0"]
+    assert loads and max(m["version"] for m in loads) >= steps - 2, loads
