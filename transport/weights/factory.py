@@ -36,6 +36,8 @@ class WeightsChoice(Protocol):
     def stall_timeout_s(self) -> float: ...
     @property
     def map_on_host(self) -> bool: ...
+    @property
+    def from_every_rank(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,12 @@ class WeightDirs:
 
     files: Path
     shared: Path
+
+    def of_rank(self, rank: int) -> WeightDirs:
+        """Where rank ``rank`` of a group keeps its part of each version (parts.py):
+        inside these directories, never in them (a publisher starting on a directory
+        removes the slot files nobody holds)."""
+        return WeightDirs(self.files / f"rank-{rank}", self.shared / f"rank-{rank}")
 
 
 def make_publisher(
@@ -82,7 +90,24 @@ def make_receiver(
     relay: bool = True,
 ) -> WeightReceiver:
     """A generator's side of the strategy named by ``weights.strategy``; ``access``: who
-    may reach its UCX node (a relay's versions, its requests' keys)."""
+    may reach its UCX node (a relay's versions, its requests' keys). With
+    ``weights.from_every_rank`` it takes versions in parts too (every rank of a group
+    publishing its own: parts.py), each part by a receiver of the same strategy, which
+    relays nothing."""
+    whole = _strategy_receiver(weights, dirs, access, relay=relay)
+    if not weights.from_every_rank:
+        return whole
+    from .parts_receiver import PartsReceiver
+
+    def part() -> WeightReceiver:
+        return _strategy_receiver(weights, dirs, access, relay=False)
+
+    return PartsReceiver(whole, part)
+
+
+def _strategy_receiver(
+    weights: WeightsChoice, dirs: WeightDirs, access: WeightsAccess, *, relay: bool
+) -> WeightReceiver:
     if weights.strategy == "ucx":
         from .ucx import UcxReceiver
 

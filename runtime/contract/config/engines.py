@@ -62,6 +62,15 @@ class WeightsSection:
             "map instead of fetching (generators elsewhere fetch over UCX)"
         ),
     )
+    from_every_rank: bool = field(
+        default=False,
+        metadata=doc(
+            "a sharded group's ranks (train, critic: FSDP2 on the torch engine, no LoRA) "
+            "each publish their own rows of a version, fetched by receivers from every rank "
+            "at once and assembled: no rank gathers the whole model, each host sends its "
+            "own bytes; versions so published are not relayed between generators"
+        ),
+    )
     shm_dir: str = field(
         default="",
         metadata=doc(

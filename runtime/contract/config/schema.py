@@ -273,6 +273,21 @@ class RunConfig:
         _check_overlong(self.algorithm, self.model)
         _check_lora_engines(self)
         _check_mini_batches(self.algorithm, self.pipeline)
+        _check_weights_from_every_rank(self)
+
+
+def _check_weights_from_every_rank(cfg: RunConfig) -> None:
+    """Parts are rows of FSDP2 shards: the torch engine's groups hold them, whole
+    parameters each split along their first dimension (megatron splits otherwise; LoRA
+    versions are the adapters, gathered whole, which are small)."""
+    if not cfg.weights.from_every_rank:
+        return
+    if cfg.backends.train != "torch" or cfg.model.lora.enabled:
+        raise ValueError(
+            f"weights.from_every_rank: got true with backends.train={cfg.backends.train!r} "
+            f"and model.lora.enabled={str(cfg.model.lora.enabled).lower()}; allowed: the "
+            "torch engine without LoRA (its groups' FSDP2 shards are the parts)"
+        )
 
 
 def _check_filter_groups(algorithm: AlgorithmSection, data: DataSection) -> None:
