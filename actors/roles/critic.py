@@ -39,6 +39,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import WeightDirs
 
 from ..actor import Outcome, WorkerContext
 from ..critic.learner import CriticLearner, CriticStats
@@ -77,7 +78,11 @@ class Critic(LearnerRole):
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.source = model_dir(critic_path(ctx.config))
-        self._join(ctx, RunDir.of(ctx.config).critic_weight_dirs(ctx.config.weights))
+        self._join(ctx)
+
+    @classmethod
+    def weight_dirs(cls, cfg: RunConfig) -> WeightDirs:
+        return RunDir.of(cfg).critic_weight_dirs(cfg.weights)
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
         model, codec = load_critic(cfg, self.role, index, critic_path(cfg))
@@ -128,7 +133,8 @@ class Critic(LearnerRole):
                 # The run's end is the policy's last step, which the critic does not see:
                 # the critic as it stops is the final one when the run is over.
                 final = self.run.final_critic
-                save_state(self.rank.learner.model.config, self.newest, self.source, final)
+                save_state(self.rank.learner.model.config, self._whole_weights(), self.source,
+                           final)  # fmt: skip
                 log.info("final critic written", step=self.step, path=str(final))
         finally:
             super().on_stop()

@@ -34,6 +34,7 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import WeightDirs
 
 from ..actor import Outcome, WorkerContext
 from ..policy.checkpoint import model_dir, save_state
@@ -71,7 +72,7 @@ class Train(LearnerRole):
     def on_start(self, ctx: WorkerContext) -> None:
         cfg = ctx.config
         self.source = model_dir(cfg.model.path)
-        self._join(ctx, RunDir.of(cfg).weight_dirs(cfg.weights))
+        self._join(ctx)
         self._took_up()
 
     def _took_up(self) -> None:
@@ -79,6 +80,10 @@ class Train(LearnerRole):
         # writer orders them as a restarted trainer's.
         self.dump = RolloutDump.of(self.cfg, self.ctx.worker)
         self.resumed_at = self.step
+
+    @classmethod
+    def weight_dirs(cls, cfg: RunConfig) -> WeightDirs:
+        return RunDir.of(cfg).weight_dirs(cfg.weights)
 
     def _new_rank(self, cfg: RunConfig, rank: int, ranks: int, index: int | None) -> TrainRank:
         model, codec = load_policy(cfg, self.role, index)
@@ -152,10 +157,11 @@ class Train(LearnerRole):
     def _save_final(self) -> None:
         learner = self.rank.learner
         config, lora, final = learner.model.config, self.cfg.model.lora, self.run.final_model
+        weights = self._whole_weights()
         if lora.enabled:
-            save_final(config, lora, self.newest, self.source, final, learner.compute_dtype)
+            save_final(config, lora, weights, self.source, final, learner.compute_dtype)
         else:
-            save_state(config, self.newest, self.source, final)
+            save_state(config, weights, self.source, final)
         log.info("final model written", step=self.step, path=str(self.run.final_model))
 
 

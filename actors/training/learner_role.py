@@ -24,7 +24,15 @@ from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.whole_dirs import remove_directory
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Announcement, WeightDirs, make_publisher
+from asyncrl.transport.identity import RunSecretError, load_run_secret
+from asyncrl.transport.weights import (
+    Announcement,
+    WeightDirs,
+    WeightPublisher,
+    WeightsAccess,
+    make_publisher,
+    weights_key,
+)
 
 from ..actor import Actor, ActorBroken, WorkerContext
 from ..startup.router_replay import replays_routes
@@ -68,25 +76,40 @@ class LearnerRole(Actor):
 
     # --- starting ------------------------------------------------------------------------
 
-    def _join(self, ctx: WorkerContext, weight_dirs: WeightDirs) -> None:
-        """Join the group (if any), build this rank and take up the state to resume from;
-        the leader publishes its versions' weights from a publisher over ``weight_dirs``."""
+    @classmethod
+    def weight_dirs(cls, cfg: RunConfig) -> WeightDirs:
+        """Where its versions' weights are kept for receivers (the weight plane's files)."""
+        raise NotImplementedError
+
+    def _join(self, ctx: WorkerContext) -> None:
+        """Join the group (if any), build this rank and take up the state to resume from.
+        The leader publishes its versions' weights from a publisher of its own; with
+        ``weights.from_every_rank`` in a group, every rank publishes its part of each from
+        its own, and the leader announces them together (transport/weights/parts.py)."""
         self.cfg, self.ctx = ctx.config, ctx
-        self.weights = make_publisher(self.cfg.weights, weight_dirs, weights_access(ctx))
         self.run = RunDir.of(self.cfg)
         self.gang = join_group(self.cfg, self.role)
         rank, ranks = (self.gang.rank, self.gang.size) if self.gang else (0, 1)
         self.rank = self._new_rank(
             self.cfg, rank, ranks, self.gang.rank if self.gang else ctx.index
         )
+        dirs, access = self.weight_dirs(self.cfg), weights_access(ctx)
+        in_parts = self.cfg.weights.from_every_rank and ranks > 1
+        self.weights = make_publisher(self.cfg.weights, dirs.of_rank(0) if in_parts else dirs,
+                                      access)  # fmt: skip
+        if in_parts:
+            self.rank.part_publisher = self.weights
         self.rank.reserve()
-        self.newest: dict[str, torch.Tensor] = {}  # the weights the next publish hands over
+        # What the next publish hands over: the whole weights, or the parts' announcement.
+        self.newest: dict[str, torch.Tensor] | Announcement = {}
         self.resumed = False
         self.saved_step = self.durable = 0  # the newest checkpoint written / on disk
         self._resume(ctx.steps_done)
-        # Its buffers are made while the first step trains, not when that step publishes;
-        # from the whole weights the restore gathered (a split model has none before).
-        self.weights.prepare(self.newest)
+        if isinstance(self.newest, dict):
+            # Its buffers are made while the first step trains, not when that step
+            # publishes; from the whole weights the restore gathered (a split model has
+            # none before).
+            self.weights.prepare(self.newest)
 
     @property
     def step(self) -> int:
@@ -95,7 +118,8 @@ class LearnerRole(Actor):
     def _resume(self, target: int) -> None:
         """Take up the state for the scheduler's count ``target`` (every rank the same);
         if only an older one is left, have the scheduler roll back to it."""
-        choice, self.newest = self._together(Order.RESTORE, body=restore_body(target))
+        body = restore_body(target, self.ctx.local)
+        choice, self.newest = self._together(Order.RESTORE, body=body)
         self.resumed = True
         self.saved_step = choice.step
         self.durable = max((s for s in self.rank.checkpoints() if s <= choice.step), default=0)
@@ -170,11 +194,21 @@ class LearnerRole(Actor):
         work = partial(self.rank.carry_out, order, groups, body)
         return work() if self.gang is None else self.gang.lead(order, work, body)
 
+    def _whole_weights(self) -> dict[str, torch.Tensor]:
+        """The current version's weights whole, on the leader: those it publishes, or,
+        where every rank publishes its part, gathered now (every rank joins)."""
+        if isinstance(self.newest, dict):
+            return self.newest
+        weights, _ = self._together(Order.GATHER)
+        return weights
+
     def on_publish(self, version: int) -> Announcement:
         if version != self.step:
             raise RuntimeError(
                 f"asked to publish {self.learner} version {version}, the model is at {self.step}"
             )
+        if isinstance(self.newest, Announcement):  # every rank's part, published already
+            return self.newest
         return self.weights.publish(version, self.newest)
 
     def _checkpoint_due(self) -> bool:
@@ -215,8 +249,11 @@ class LearnerRole(Actor):
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Serve as rank ``place.rank`` > 0: do what the leader orders until it stops."""
         gang = join_group_at(cfg, place, self.role)
+        rank: TrainRank | None = None
         try:
             rank = self._new_rank(cfg, place.rank, place.size, place.rank)
+            if cfg.weights.from_every_rank:
+                rank.make_part_publisher = partial(self._part_publisher, cfg, place.rank)
             rank.reserve()
             while True:
                 order, body = gang.next_order()
@@ -229,4 +266,16 @@ class LearnerRole(Actor):
                     groups = [Group.of(item, routes=replay) for item in unpack_lease(body).items]
                 rank.carry_out(order, groups, body)
         finally:
+            if rank is not None and rank.part_publisher is not None:
+                rank.part_publisher.close()
             gang.close()
+
+    def _part_publisher(self, cfg: RunConfig, rank: int, local: bool) -> WeightPublisher:
+        """A follower's publisher of its parts (the run's key from its secret, as the
+        leader's; on loopback only when the leader says the run is on one host)."""
+        try:
+            key = weights_key(load_run_secret(RunDir.of(cfg).secret))
+        except (OSError, RunSecretError) as error:
+            raise ActorBroken(f"rank {rank} cannot sign its part of a version: {error}") from error
+        dirs = self.weight_dirs(cfg).of_rank(rank)
+        return make_publisher(cfg.weights, dirs, WeightsAccess(local=local, key=key))

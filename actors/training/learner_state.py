@@ -62,6 +62,28 @@ class LearnerState:
             weights.pop("lm_head.weight", None)
         return {name: t.to(dtype) for name, t in weights.items()}
 
+    def own_part(self) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
+        """This rank's part of a version (``weights.from_every_rank``): its rows of every
+        tensor :meth:`full_weights` would give (its FSDP2 shard, dimension 0; a tensor
+        not sharded, on rank 0 only), named and typed as there, in CPU memory; and each
+        tensor's whole shape. No collective: each rank publishes its own
+        (transport/weights/parts.py)."""
+        state = self.model.state_dict()
+        if self.model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        part: dict[str, torch.Tensor] = {}
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, value in state.items():
+            shapes[name] = tuple(value.shape)
+            if isinstance(value, DTensor) and value.placements[0].is_shard(0):
+                part[name] = value.to_local().detach().to(self.compute_dtype)
+            elif self.rank == 0:  # whole on every rank: rank 0's part holds it
+                whole = value.to_local() if isinstance(value, DTensor) else value
+                part[name] = whole.detach().to(self.compute_dtype)
+        if self.device.type == "cuda":  # the weight plane stages from CPU memory
+            part = self._host.copy(part)
+        return part, shapes
+
     def _full_adapters(self) -> dict[str, torch.Tensor]:
         """A LoRA run's version: the adapters alone, whole, by published name (lora.py),
         on the leader. Each is gathered by itself: the frozen base is never gathered."""

@@ -8,15 +8,19 @@ weights, so when the leader has the new version every rank's state for it is sta
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import structlog
 import torch
+import torch.distributed as dist
 
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.transport.weights import Announcement, WeightPublisher
+from asyncrl.transport.weights.parts import compose
 
 from .gang import Order
 from .learner import Group, Learner
@@ -67,8 +71,13 @@ class TrainRank:
         self.store = StagedState(directory, rank, staged_identity(cfg, ranks))
         self.step = 0
         # Where the last step's seconds went, by phase: the update (forward, backward and
-        # the optimizer), staging its state, gathering its weights whole for publishing.
+        # the optimizer), staging its state, gathering its weights whole for publishing
+        # (or, publishing from every rank, staging its part and gathering the parts').
         self.phases: dict[str, float] = {}
+        # weights.from_every_rank in a group: this rank's own publisher of its parts, made
+        # at the first restore (which says whether the run is on one host)
+        self.part_publisher: WeightPublisher | None = None
+        self.make_part_publisher: Callable[[bool], WeightPublisher] | None = None
 
     def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:
         """An order's work, the same sequence of collectives on every rank."""
@@ -76,14 +85,20 @@ class TrainRank:
             assert groups is not None
             return self.train(groups)
         if order is Order.RESTORE:
-            return self.restore(msgpack.unpackb(body))
+            return self.restore(*msgpack.unpackb(body))
         if order is Order.GATHER:
             return self.learner.full_weights(), self.learner.full_optimizer_state()
         raise ValueError(f"no work for order {order}")
 
-    def restore(self, target: int) -> tuple[Choice, dict[str, torch.Tensor]]:
+    def restore(
+        self, target: int, local: bool = True
+    ) -> tuple[Choice, dict[str, torch.Tensor] | Announcement]:
         """Take up the state for the scheduler's count ``target``; the choice, and the
-        whole weights (on the leader) to publish."""
+        version to publish (on the leader): the whole weights, or the announcement of
+        every rank's part. ``local``: the run is on this one host (the leader's word: a
+        rank's part publisher serves on loopback only)."""
+        if self.part_publisher is None and self.make_part_publisher is not None:
+            self.part_publisher = self.make_part_publisher(local)
         choice = restore(self.learner, self.store, self.checkpoints(), target, self.ranks)
         self.step = choice.step
         log.info(
@@ -92,7 +107,7 @@ class TrainRank:
             source=str(choice.source),
             **({} if choice.checksum is None else {"checksum": choice.checksum}),
         )
-        return choice, self.learner.full_weights()
+        return choice, self._version_out()
 
     def checkpoints(self) -> dict[int, Path]:
         """This learner's checkpoint directories by step (the critic's are its own)."""
@@ -115,13 +130,25 @@ class TrainRank:
         self.step += 1
         self._stage()
         staged = time.perf_counter()
-        weights = self.learner.full_weights()
+        weights = self._version_out()
         self.phases = {
             "update_s": updated - started,
             "stage_s": staged - updated,
             "gather_s": time.perf_counter() - staged,
         }
         return stats, weights
+
+    def _version_out(self) -> dict[str, torch.Tensor] | Announcement:
+        """What the leader publishes as the step's version (the others get nothing): the
+        whole weights, gathered; or, with a part publisher, every rank's part staged and
+        served by that rank, and their announcements gathered into one (a collective)."""
+        if self.part_publisher is None:
+            return self.learner.full_weights()
+        part, shapes = self.learner.own_part()
+        mine = self.part_publisher.publish(self.step, part)
+        parts: list[Announcement] | None = [mine] * self.ranks if self.learner.rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        return {} if parts is None else compose(self.step, parts, shapes)
 
     def _stage(self) -> None:
         started = time.perf_counter()
@@ -146,5 +173,5 @@ class TrainRank:
             self.store.close()
 
 
-def restore_body(target: int) -> bytes:
-    return msgpack.packb(target)
+def restore_body(target: int, local: bool = True) -> bytes:
+    return msgpack.packb([target, local])

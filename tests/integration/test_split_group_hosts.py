@@ -37,12 +37,17 @@ def _started(run: HostRun, host: str, child: str) -> int:
     return run.node_log(host).read_text().count(f"started {child} (pid")
 
 
+# Published from rank 0 (gathered whole), or from every rank, each its own rows: then the
+# generator on h2 maps rank 1's part there and fetches rank 0's from h1.
+@pytest.mark.parametrize("from_every_rank", [False, True], ids=["from-rank-0", "from-every-rank"])
 def test_a_trainer_split_over_two_hosts_meets_by_itself_and_ends_exactly_once(
-    tmp_path: Path,
+    tmp_path: Path, from_every_rank: bool
 ) -> None:
     steps = 6
+    parts = [f"weights.from_every_rank={str(from_every_rank).lower()}"]
     with Hosts(2, shared=[tmp_path]) as hosts:
-        run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *SPLIT, *QUIET])
+        overrides = [f"run.total_steps={steps}", *SPLIT, *QUIET, *parts]
+        run = HostRun(hosts, tmp_path, overrides=overrides)
         run.start(PLACEMENT)
         run.finish(timeout_s=240)
         leader = announced_leader(RunDir(run.run_dir).group_leader("train"))
@@ -54,6 +59,11 @@ def test_a_trainer_split_over_two_hosts_meets_by_itself_and_ends_exactly_once(
     # The generator on h2 ran the group's versions: they came from rank 0 on h1.
     loads = [m for m in lines(run.run_dir / "weights.jsonl") if m["worker"] == "generate-h2-0"]
     assert loads and all(m["source"] == "train-0" for m in loads), loads
+    announced = [
+        r["manifest_keys"] for r in lines(run.run_dir / "logs" / "scheduler.log")
+        if r.get("event") == "weights announced"
+    ]  # fmt: skip
+    assert announced and all(("parts" in keys) == from_every_rank for keys in announced)
 
 
 def test_rank_1s_host_loses_power_and_boots_again_the_run_ends_exactly_once(

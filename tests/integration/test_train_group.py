@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
@@ -29,6 +31,10 @@ from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import Received, WeightsPlan
+from asyncrl.transport.weights.parts import compose
+from asyncrl.transport.weights.parts_receiver import PartsReceiver
+from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
@@ -234,6 +240,69 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     before = torch.zeros(()) if lora else load_model(path)[0].state_dict()[name]  # B starts 0
     moved = float((expected_weights[name] - before).abs().max())
     assert moved > 1e-4  # the step changed the weights: the comparison is not vacuous
+
+
+def _publishing_rank(rank: int, port: int, results, fetched) -> None:
+    """Train the step as _rank_main does ("keep"), then publish this rank's part of the
+    version from a publisher of its own (weights.from_every_rank); rank 0 gathers the
+    parts' announcements and hands over one. Each serves until the test has fetched."""
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
+    publisher = UcxPublisher(bucket_mb=1)
+    try:
+        model, codec = load_model("embedded")
+        learner = Learner(model, _config(), codec.pad_id, group_size=2)
+        learner.step([Group.of(item) for item in _lease().items])
+        part, shapes = learner.own_part()
+        nbytes = sum(t.nbytes for t in part.values())
+        mine = publisher.publish(1, part)
+        parts = [mine, mine] if rank == 0 else None
+        dist.gather_object(mine, parts, dst=0)
+        if rank == 0:
+            assert parts is not None
+            announced = compose(1, parts, shapes)
+            results.put((announced.manifest, announced.address, nbytes))
+        else:
+            results.put(("part", None, nbytes))
+        fetched.wait(120)
+    finally:
+        publisher.close()
+        gang.close()
+
+
+def test_a_version_from_every_ranks_part_holds_the_weights_one_rank_trains(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn")
+    results, fetched = context.Queue(), context.Event()
+    ranks = start_ranks(_publishing_rank, 2, free_port(), results, fetched)
+    try:
+        said = [_first_result(results, ranks), _first_result(results, ranks)]
+        (manifest, address, leader_bytes), (_, _, other_bytes) = sorted(
+            said, key=lambda r: r[0] == "part"
+        )
+        receiver = PartsReceiver(UcxReceiver(), lambda: UcxReceiver(relay=False))
+        try:
+            receiver.want(WeightsPlan(1, manifest, "train-0", address))
+            got = None
+            for _ in range(600):
+                if (got := receiver.poll()) is not None:
+                    break
+                time.sleep(0.05)
+            assert isinstance(got, Received), got
+        finally:
+            receiver.close()
+    finally:
+        fetched.set()
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+    _, expected = _one_rank(_lease(), False)
+    assert set(got.state) == set(expected)
+    worst = max(float((got.state[n] - expected[n]).abs().max()) for n in expected)
+    assert worst <= 1e-5, f"the version in parts differs from one rank's step by {worst}"
+    # Each rank sent its own rows: about half the whole each, none of them all of it.
+    whole = sum(t.nbytes for t in expected.values())
+    assert leader_bytes + other_bytes == whole and max(leader_bytes, other_bytes) < 0.6 * whole
 
 
 def _next_version() -> dict[str, torch.Tensor]:
