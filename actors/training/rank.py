@@ -15,13 +15,13 @@ from typing import Any
 import msgpack
 import structlog
 import torch
-import torch.distributed as dist
 
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.weights import Announcement, WeightPublisher
 from asyncrl.transport.weights.parts import compose
 
+from ..policy.collectives import all_gather_data
 from .gang import Order
 from .learner import Group, Learner
 from .learner_state import LearnerState
@@ -146,9 +146,12 @@ class TrainRank:
             return self.learner.full_weights()
         part, shapes = self.learner.own_part()
         mine = self.part_publisher.publish(self.step, part)
-        parts: list[Announcement] | None = [mine] * self.ranks if self.learner.rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
-        return {} if parts is None else compose(self.step, parts, shapes)
+        # Plain data between the ranks (policy/collectives.py), never pickled.
+        every = all_gather_data([mine.version, mine.manifest, mine.address])
+        if self.learner.rank != 0:
+            return {}
+        parts = [Announcement(version, manifest, address) for version, manifest, address in every]
+        return compose(self.step, parts, shapes)
 
     def _stage(self) -> None:
         started = time.perf_counter()

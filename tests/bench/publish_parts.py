@@ -40,11 +40,13 @@ def _rank(rank: int, size: int, port: int, shape: dict, parts: bool, out, done) 
     torch.set_num_threads(1)
     import torch.distributed as dist
 
+    from asyncrl.actors.policy.collectives import all_gather_data
     from asyncrl.actors.policy.model import CausalLM, ModelConfig
     from asyncrl.actors.training.gang import Gang
     from asyncrl.actors.training.learner import Learner
     from asyncrl.runtime.contract.config import config_from_dict
     from asyncrl.runtime.contract.gangs import GangPlace
+    from asyncrl.transport.weights import Announcement
     from asyncrl.transport.weights.parts import compose
     from asyncrl.transport.weights.ucx import UcxPublisher
 
@@ -62,9 +64,9 @@ def _rank(rank: int, size: int, port: int, shape: dict, parts: bool, out, done) 
     if parts and size > 1:
         part, shapes = learner.own_part()
         mine = publisher.publish(1, part)
-        gathered = [mine] * size if rank == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
-        announced = compose(1, gathered, shapes) if gathered is not None else None
+        every = all_gather_data([mine.version, mine.manifest, mine.address])
+        parts = [Announcement(*said) for said in every]
+        announced = compose(1, parts, shapes) if rank == 0 else None
         served = mine.manifest["total"]
     else:
         weights = learner.full_weights()

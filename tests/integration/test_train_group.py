@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
+from asyncrl.actors.policy.collectives import all_gather_data
 from asyncrl.actors.policy.lora import add_adapters
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
@@ -31,7 +31,7 @@ from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Received, WeightsPlan
+from asyncrl.transport.weights import Announcement, Received, WeightsPlan
 from asyncrl.transport.weights.parts import compose
 from asyncrl.transport.weights.parts_receiver import PartsReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
@@ -256,11 +256,9 @@ def _publishing_rank(rank: int, port: int, results, fetched) -> None:
         part, shapes = learner.own_part()
         nbytes = sum(t.nbytes for t in part.values())
         mine = publisher.publish(1, part)
-        parts = [mine, mine] if rank == 0 else None
-        dist.gather_object(mine, parts, dst=0)
+        every = all_gather_data([mine.version, mine.manifest, mine.address])
         if rank == 0:
-            assert parts is not None
-            announced = compose(1, parts, shapes)
+            announced = compose(1, [Announcement(*said) for said in every], shapes)
             results.put((announced.manifest, announced.address, nbytes))
         else:
             results.put(("part", None, nbytes))
