@@ -98,13 +98,13 @@ def announced_leader(path: Path) -> tuple[str, int] | None:
     """Where the group's leader last said it listens; None before any leader said so.
     UntrustedFile for a file another user could have written, or one that does not read."""
     try:
-        said = json.loads(read_owned(path))
-        host, port = said["host"], said["port"]
+        text = read_owned(path)  # UntrustedFile: another user's, or open to others
     except FileNotFoundError:
         return None
-    except (ValueError, KeyError, TypeError) as error:  # UntrustedFile is a ValueError
-        if isinstance(error, UntrustedFile):
-            raise
+    try:
+        said = json.loads(text)
+        host, port = said["host"], said["port"]
+    except (ValueError, KeyError, TypeError) as error:
         raise UntrustedFile(f"{path} does not read as a leader's address: {error}") from None
     if not (isinstance(host, str) and host and isinstance(port, int) and 0 < port < 65536):
         raise UntrustedFile(f"{path} does not hold a HOST and PORT: {said!r}")

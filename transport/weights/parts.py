@@ -14,7 +14,6 @@ Pure: no sockets, no threads. The receiver that fetches the parts is
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -83,20 +82,9 @@ def assemble(
     whole = {}
     for name, shape in shapes.items():
         pieces = [part[name] for part in parts if name in part]
-        out = torch.empty(shape, dtype=pieces[0].dtype)
-        row = 0
-        for piece in pieces:
-            rows = piece.shape[0] if piece.dim() else 1
-            out.view(-1)[row * _row_size(shape) : (row + rows) * _row_size(shape)].copy_(
-                piece.reshape(-1)
-            )
-            row += rows
-        whole[name] = out
+        # Rows along dimension 0, in rank order; a scalar is in one part only.
+        whole[name] = torch.cat(pieces).reshape(shape) if shape else pieces[0].clone()
     return whole
-
-
-def _row_size(shape: tuple[int, ...]) -> int:
-    return math.prod(shape[1:]) if shape else 1
 
 
 @dataclass(frozen=True)

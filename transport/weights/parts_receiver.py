@@ -33,8 +33,7 @@ class PartsReceiver:
         self._make_part = part
         self._parts: list[WeightReceiver] = []
         self._in_parts = False  # whether the last plan was for a version in parts
-        self._version: int | None = None  # the version in parts being fetched
-        self._plan: WeightsPlan | None = None
+        self._plan: WeightsPlan | None = None  # the version in parts being fetched
         self._count = 0  # its parts
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._got: dict[int, Received] = {}  # part -> what arrived of the version
@@ -48,7 +47,7 @@ class PartsReceiver:
 
     @property
     def target(self) -> int | None:
-        return self._version if self._version is not None else self.whole.target
+        return self._plan.version if self._plan is not None else self.whole.target
 
     def want(self, plan: WeightsPlan) -> None:
         if not has_parts(plan.manifest):
@@ -57,13 +56,11 @@ class PartsReceiver:
             return
         plans, shapes = part_plans(plan)  # ManifestError: refused before anything starts
         self._in_parts = True
-        if plan.version <= self._handed or (
-            self._version is not None and plan.version <= self._version
-        ):
+        if plan.version <= max(self._handed, self._plan.version if self._plan else -1):
             return  # held, or being fetched already
         while len(self._parts) < len(plans):
             self._parts.append(self._make_part())
-        self._version, self._plan, self._shapes = plan.version, plan, shapes
+        self._plan, self._shapes = plan, shapes
         self._count = len(plans)
         self._got, self._started = {}, time.monotonic()
         for receiver, part in zip(self._parts, plans, strict=False):
@@ -77,15 +74,15 @@ class PartsReceiver:
             if isinstance(whole, Received):
                 self._handed = max(self._handed, whole.version)
             return whole
-        if self._version is None or self._plan is None:
+        if self._plan is None:
             return None
         plan, count = self._plan, self._count
         for index, receiver in enumerate(self._parts[:count]):
             outcome = receiver.poll()
-            if outcome is None or outcome.version != self._version:
+            if outcome is None or outcome.version != plan.version:
                 continue
             if isinstance(outcome, NeedsPlan):
-                self._version = None
+                self._plan = None
                 reason = f"part {index} from {outcome.failed or 'its rank'}: {outcome.reason}"
                 return NeedsPlan(plan.version, "", reason)
             self._got[index] = outcome
@@ -93,7 +90,7 @@ class PartsReceiver:
             return None
         parts = [self._got[index] for index in range(count)]
         state = assemble([part.state for part in parts], self._shapes)
-        self._version, self._got = None, {}
+        self._plan, self._got = None, {}
         self._handed = self._from_parts = plan.version
         return Received(
             plan.version,

@@ -26,7 +26,9 @@ Pure (no Ray here): what the launcher asks Ray for, and what ``--dry-run`` print
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,10 +160,7 @@ def ray_plan(config: Path | None, overrides: Sequence[str], cwd: Path, python: s
 
 def _bundle_of(rank: int, per_node: tuple[int, ...]) -> int:
     """The node (bundle) of a split group that holds ``rank``: ranks go in node order."""
-    for bundle, _ in enumerate(per_node):
-        if rank < sum(per_node[: bundle + 1]):
-            return bundle
-    raise ValueError(f"rank {rank} beyond the group's {sum(per_node)} ranks")
+    return bisect.bisect_right(list(itertools.accumulate(per_node)), rank)
 
 
 def _gpus_per_worker(cfg: RunConfig, shares: Sequence[NodeShare]) -> dict[str, float]:
