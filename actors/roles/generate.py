@@ -129,7 +129,10 @@ class Generate(StreamingActor):
         self.reward = validation_reward_for(cfg, self.task)
         self.weights = WeightFollower(
             make_receiver(
-                cfg.weights, RunDir.of(cfg).weight_dirs(cfg.weights), weights_access(ctx)
+                cfg.weights,
+                RunDir.of(cfg).weight_dirs(cfg.weights),
+                weights_access(ctx),
+                parts=cfg.weight_parts(Role.TRAIN.value),
             ),
             ctx.ask_weights,
             StallBounds.of(ctx.worker, cfg.weights),

@@ -23,11 +23,12 @@ from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import make_receiver
+from asyncrl.transport.weights import WeightReceiver, make_receiver
 
 from ..actor import WorkerContext
 from ..payloads import RolloutsOut
 from ..training.scorer import ScoringActor
+from ..training.shard_rows import GroupRowsReceiver
 from ..worker.weight_following import StallBounds, WeightFollower, weights_access
 
 __all__ = ["Logp", "reuses_generator_logprobs"]
@@ -48,6 +49,7 @@ def reuses_generator_logprobs(cfg: RunConfig) -> bool:
 
 class Logp(ScoringActor):
     role: ClassVar[str] = Role.LOGP.value
+    takes_versions: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.loaded = 0
@@ -58,8 +60,13 @@ class Logp(ScoringActor):
         self.worker = ctx.worker
         cfg = ctx.config
         self.reuses = reuses_generator_logprobs(cfg)
-        dirs = RunDir.of(cfg).weight_dirs(cfg.weights)
-        receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
+        receiver: WeightReceiver
+        if self.rows is not None and self.gang is not None:  # each rank takes its own rows
+            receiver = GroupRowsReceiver(self.gang, self.rows, ctx.local)
+        else:
+            dirs = RunDir.of(cfg).weight_dirs(cfg.weights)
+            parts = cfg.weight_parts(Role.TRAIN.value)
+            receiver = make_receiver(cfg.weights, dirs, weights_access(ctx), parts=parts)
         self.weights = WeightFollower(
             receiver, ctx.ask_weights, StallBounds.of(ctx.worker, cfg.weights)
         )

@@ -67,7 +67,9 @@ class Values(Actor):
             threads=torch.get_num_threads(),
         )
         dirs = RunDir.of(cfg).critic_weight_dirs(cfg.weights)
-        receiver = make_receiver(cfg.weights, dirs, weights_access(ctx))
+        receiver = make_receiver(
+            cfg.weights, dirs, weights_access(ctx), parts=cfg.weight_parts(Role.CRITIC.value)
+        )
         self.weights = WeightFollower(
             receiver, ctx.ask_weights, StallBounds.of(ctx.worker, cfg.weights)
         )

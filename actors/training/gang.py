@@ -81,6 +81,8 @@ class Order(enum.StrEnum):
     RESTORE = "restore"  # take up the state for a step count (the body: the count)
     SCORE = "score"  # score a lease's responses, each rank its share of the rows
     LOAD = "load"  # take new weights, whole from the leader, each rank its shard
+    FETCH = "fetch"  # fetch this rank's rows of a version in parts (body: the plan)
+    FETCHED = "fetched"  # say whether this rank's rows arrived (a collective)
     GATHER = "gather"  # gather the full weights and optimizer state on the leader
     STOP = "stop"  # the leader is leaving; so do the followers, with exit status 0
 

@@ -94,7 +94,7 @@ class LearnerRole(Actor):
             self.cfg, rank, ranks, self.gang.rank if self.gang else ctx.index
         )
         dirs, access = self.weight_dirs(self.cfg), weights_access(ctx)
-        in_parts = self.cfg.weights.from_every_rank and ranks > 1
+        in_parts = ranks > 1 and self.cfg.weight_parts(self.role) == ranks
         self.weights = make_publisher(self.cfg.weights, dirs.of_rank(0) if in_parts else dirs,
                                       access)  # fmt: skip
         if in_parts:
@@ -252,7 +252,7 @@ class LearnerRole(Actor):
         rank: TrainRank | None = None
         try:
             rank = self._new_rank(cfg, place.rank, place.size, place.rank)
-            if cfg.weights.from_every_rank:
+            if cfg.weight_parts(self.role) == place.size:
                 rank.make_part_publisher = partial(self._part_publisher, cfg, place.rank)
             rank.reserve()
             while True:

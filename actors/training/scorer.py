@@ -5,7 +5,8 @@ model too large for one device): the model is sharded over the ranks (FSDP2), ra
 claims leases and orders the others to score with it; each rank scores its share of the
 lease's rows, in passes of rows of like length, and the shares are gathered on every rank.
 A new version (logp) reaches rank 0 whole through the weight plane and goes from there to
-every rank's shard.
+every rank's shard; or, where the trainer publishes from every rank, each rank fetches the
+parts holding its own rows itself (shard_rows.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import torch.distributed as dist
 
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.gangs import GangPlace
+from asyncrl.runtime.contract.rundir import RunDir
+from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
+from asyncrl.transport.weights import WeightReceiver, make_receiver
 
 from ..actor import Actor, Outcome, WorkerContext
 from ..engines.contract import (
@@ -38,6 +42,7 @@ from ..policy.scoring import Packed, pack, response_logprobs
 from ..startup.model_loading import load_policy
 from ..startup.role_checks import check_device, check_engine, check_model
 from ..startup.router_replay import replays_routes, router_replay_problems
+from ..worker.weight_following import weights_access_for
 from .gang import (
     Gang,
     GangBroken,
@@ -47,6 +52,7 @@ from .gang import (
     pack_lease,
     unpack_lease,
 )
+from .shard_rows import ROWS, ShardRows, follower_order
 
 __all__ = [
     "ScoringActor",
@@ -62,8 +68,11 @@ class ScoringActor(Actor):
     """Log-probs of every response of a lease's groups, under this actor's model."""
 
     claim_size: ClassVar[int] = 4
+    takes_versions: ClassVar[bool] = False  # logp follows the policy's; ref_logp is frozen
     # Router replay: through the experts the generator recorded (on_start reads the config).
     replay: bool = False
+    # Each rank's fetch of its own rows of versions in parts (a group only; see shard_rows).
+    rows: ShardRows | None = None
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
@@ -82,6 +91,22 @@ class ScoringActor(Actor):
         self.model, self.codec = load_policy(ctx.config, self.role, rank)
         if self.gang is not None:
             split_over_group(self.model, self.gang.size)
+            self.rows = self.shard_rows(ctx.config, self.model)
+
+    @classmethod
+    def shard_rows(cls, cfg: RunConfig, model: CausalLM | EngineModel) -> ShardRows | None:
+        """A group rank's fetch of its own rows, where versions come in parts and the
+        model is sharded by rows (ours, FSDP2); else None: rank 0 takes versions whole."""
+        parts = cfg.weight_parts(Role.TRAIN.value)
+        if not cls.takes_versions or parts < 2 or isinstance(model, EngineModel):
+            return None
+        dirs = RunDir.of(cfg).weight_dirs(cfg.weights)
+
+        def receiver(part: int, local: bool) -> WeightReceiver:
+            access = weights_access_for(cfg, local)
+            return make_receiver(cfg.weights, dirs.of_rank(part), access, relay=False)
+
+        return ShardRows(model, parts, receiver, cfg.weights.stall_timeout_s)
 
     @property
     def version(self) -> int | None:
@@ -131,25 +156,34 @@ class ScoringActor(Actor):
         in a group: each rank its shard); returns the tensors the model ran on before."""
         if self.gang is None:
             return load_weights(self.model, whole, copy=False)
-        self.gang.lead(Order.LOAD, lambda: load_group_weights(self.model, whole))
+        if self.rows is not None:  # each rank fetched its own rows: none came whole
+            self.gang.lead(Order.LOAD, self.rows.load, ROWS)
+        else:
+            self.gang.lead(Order.LOAD, lambda: load_group_weights(self.model, whole))
         return []
 
     def on_stop(self) -> None:
         if self.gang is not None:
             self.gang.leave()
+        if self.rows is not None:
+            self.rows.close()
 
     def follow(self, cfg: RunConfig, place: GangPlace) -> int:
         """Rank ``place.rank`` > 0 of a scoring group: score what the leader orders."""
         gang = join_group_at(cfg, place, self.role)
+        rows: ShardRows | None = None
         try:
             model, codec = load_policy(cfg, self.role, place.rank)
             split_over_group(model, gang.size)
+            rows = self.shard_rows(cfg, model)
             sampling = Sampling.of(cfg.algorithm)
             replay = replays_routes(cfg, self.role)
             while True:
                 order, body = gang.next_order()
                 if order is Order.STOP:
                     return 0
+                if rows is not None and follower_order(rows, order, body):
+                    continue
                 if order is Order.LOAD:
                     load_group_weights(model, None)
                 elif order is Order.SCORE:
@@ -158,6 +192,8 @@ class ScoringActor(Actor):
                 else:
                     raise GangBroken(f"a scoring rank got the order {order}")
         finally:
+            if rows is not None:
+                rows.close()
             gang.close()
 
 

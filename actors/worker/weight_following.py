@@ -23,7 +23,7 @@ import torch
 from asyncrl.actors.actor import RunCannotGoOn, WorkerContext
 from asyncrl.actors.worker.release import Releaser
 from asyncrl.runtime.contract.child_status import note_warning
-from asyncrl.runtime.contract.config import WeightsSection
+from asyncrl.runtime.contract.config import RunConfig, WeightsSection
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.identity import load_run_secret
 from asyncrl.transport.weights import (
@@ -35,7 +35,7 @@ from asyncrl.transport.weights import (
     weights_key,
 )
 
-__all__ = ["StallBounds", "WeightFollower", "weights_access"]
+__all__ = ["StallBounds", "WeightFollower", "weights_access", "weights_access_for"]
 
 log = structlog.get_logger("asyncrl.weights")
 
@@ -189,13 +189,19 @@ def weights_access(ctx: WorkerContext) -> WeightsAccess:
     """Who this worker's weight plane is open to: this host only in a local run; and the
     run's key, from its secret where this user can read it (as every worker the launcher
     starts can). ValueError for a run across machines without it."""
+    return weights_access_for(ctx.config, ctx.local)
+
+
+def weights_access_for(config: RunConfig, local: bool) -> WeightsAccess:
+    """:func:`weights_access` for a process with no context of its own (a group's rank
+    past 0, told by its leader whether the run is ``local``)."""
     try:
-        key = weights_key(load_run_secret(RunDir.of(ctx.config).secret))
+        key = weights_key(load_run_secret(RunDir.of(config).secret))
     except (FileNotFoundError, PermissionError):
         key = None
-    if key is None and ctx.local:
+    if key is None and local:
         log.warning(
             "no run secret here: weight requests go unauthenticated, and sources that "
             "hold the key refuse them"
         )
-    return WeightsAccess(local=ctx.local, key=key)
+    return WeightsAccess(local=local, key=key)

@@ -278,7 +278,7 @@ def test_a_version_from_every_ranks_part_holds_the_weights_one_rank_trains(tmp_p
         (manifest, address, leader_bytes), (_, _, other_bytes) = sorted(
             said, key=lambda r: r[0] == "part"
         )
-        receiver = PartsReceiver(UcxReceiver(), lambda: UcxReceiver(relay=False))
+        receiver = PartsReceiver([UcxReceiver(relay=False), UcxReceiver(relay=False)])
         try:
             receiver.want(WeightsPlan(1, manifest, "train-0", address))
             got = None

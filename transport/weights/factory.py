@@ -36,8 +36,6 @@ class WeightsChoice(Protocol):
     def stall_timeout_s(self) -> float: ...
     @property
     def map_on_host(self) -> bool: ...
-    @property
-    def from_every_rank(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +85,23 @@ def make_receiver(
     dirs: WeightDirs,
     access: WeightsAccess = LOCAL_ONLY,
     *,
+    parts: int = 1,
     relay: bool = True,
 ) -> WeightReceiver:
     """A generator's side of the strategy named by ``weights.strategy``; ``access``: who
-    may reach its UCX node (a relay's versions, its requests' keys). With
-    ``weights.from_every_rank`` it takes versions in parts too (every rank of a group
-    publishing its own: parts.py), each part by a receiver of the same strategy, which
-    relays nothing."""
-    whole = _strategy_receiver(weights, dirs, access, relay=relay)
-    if not weights.from_every_rank:
-        return whole
+    may reach its UCX node (a relay's versions, its requests' keys). ``parts``: how many
+    parts each version comes in (more than 1 where every rank of a group publishes its
+    own: parts.py), each part then taken by a receiver of the strategy of its own."""
+    if parts < 2:
+        return _strategy_receiver(weights, dirs, access, relay=relay)
     from .parts_receiver import PartsReceiver
 
-    def part() -> WeightReceiver:
-        return _strategy_receiver(weights, dirs, access, relay=False)
-
-    return PartsReceiver(whole, part)
+    return PartsReceiver(
+        [
+            _strategy_receiver(weights, dirs.of_rank(rank), access, relay=relay)
+            for rank in range(parts)
+        ]
+    )
 
 
 def _strategy_receiver(

@@ -3,10 +3,20 @@
 A rank of a sharded group (FSDP2) holds some rows of every parameter: along dimension 0,
 in rank order, possibly none. Each rank stages and serves its part with a publisher of its
 own, so no rank holds the whole model for publishing and each host sends only its own
-bytes. Rank 0 announces the version as its parts (:func:`compose`): each part's
-manifest and address, and each tensor's whole shape. A receiver reads the plan into one
-plan per part (:func:`part_plans`), fetches them (from their ranks, in parallel), and
-lays each tensor's rows into a whole one (:func:`assemble`), whatever the group's size.
+bytes. Rank 0 announces the version as its parts (:func:`compose`): each part's manifest
+and each tensor's whole shape, served from one address per part (:func:`served_from`).
+A receiver reads the plan into one plan per part (:func:`part_plans`), fetches them in
+parallel, and lays each tensor's rows into a whole one (:func:`assemble`), whatever the
+group's size.
+
+Whoever serves a version in parts gives one address per part: the ranks, or a relay (a
+receiver whose part receivers relay, each the part it fetched). So the relay tree of the
+weight routes works as for versions whole: a plan names one source and its address.
+
+A group of ranks that holds the model sharded by rows (a scorer's FSDP2 group) needs
+only its own rows of each tensor: :func:`rows_of_parts` says which rows of the whole each
+part holds, :func:`parts_for` which parts a rank's rows are in, and :func:`rows_from`
+copies a rank's rows out of those parts, whatever the publishing group's size was.
 
 Pure: no sockets, no threads. The receiver that fetches the parts is
 :class:`~.parts_receiver.PartsReceiver`.
@@ -17,13 +27,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import msgpack
 import torch
 
 from ..messages import WeightsPlan
 from .base import Announcement
 from .layout import Manifest, ManifestError
 
-__all__ = ["PARTS", "WholeShapes", "assemble", "compose", "has_parts", "part_plans"]
+__all__ = [
+    "PARTS",
+    "Rows",
+    "WholeShapes",
+    "assemble",
+    "compose",
+    "has_parts",
+    "part_count",
+    "part_plans",
+    "parts_for",
+    "rows_from",
+    "rows_of_parts",
+    "served_from",
+]
 
 PARTS = "parts"  # the manifest key of a version in parts
 
@@ -40,11 +64,17 @@ def compose(version: int, parts: Sequence[Announcement], shapes: WholeShapes) ->
         raise ValueError(f"parts of versions {wrong} in version {version}")
     manifest: dict[str, object] = {
         "version": version,
-        PARTS: [{"manifest": a.manifest, "address": a.address} for a in parts],
+        PARTS: [a.manifest for a in parts],
         "shapes": {name: list(shape) for name, shape in shapes.items()},
     }
     _layout(version, [Manifest.from_payload(a.manifest) for a in parts], shapes)
-    return Announcement(version, manifest, parts[0].address)
+    return Announcement(version, manifest, served_from([a.address for a in parts]))
+
+
+def served_from(addresses: Sequence[bytes]) -> bytes:
+    """The address of a version in parts: each part's, in order (b"" for a part served
+    without a peer, as files are)."""
+    return msgpack.packb(list(addresses))
 
 
 def has_parts(manifest: object) -> bool:
@@ -52,26 +82,52 @@ def has_parts(manifest: object) -> bool:
     return isinstance(manifest, dict) and PARTS in manifest
 
 
+def part_count(manifest: object) -> int:
+    """How many parts ``manifest`` announces (1: a version whole)."""
+    if not has_parts(manifest):
+        return 1
+    parts = manifest[PARTS]  # type: ignore[index]
+    return len(parts) if isinstance(parts, list) else 0
+
+
 def part_plans(plan: WeightsPlan) -> tuple[list[WeightsPlan], dict[str, tuple[int, ...]]]:
-    """One plan per part of ``plan``'s version, each from the rank that holds it (named
-    ``SOURCE/part-R``), and each tensor's whole shape. ManifestError, saying what is
-    wrong, for a manifest whose parts do not make the whole."""
+    """One plan per part of ``plan``'s version, each from the plan's source at that part's
+    address (named ``SOURCE/part-R``), and each tensor's whole shape. ManifestError,
+    saying what is wrong, for a manifest whose parts do not make the whole, or a source
+    that does not give an address for each part."""
     manifest = plan.manifest
     try:
-        parts = manifest[PARTS]
+        parts = list(manifest[PARTS])
         shapes = {str(n): tuple(int(d) for d in s) for n, s in manifest["shapes"].items()}
-        sources = [(p["manifest"], p["address"]) for p in parts]
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ManifestError(f"a manifest in parts malformed: {error!r}") from None
-    if not sources or not all(isinstance(address, bytes) for _, address in sources):
-        raise ManifestError("a manifest in parts names no part, or an address not in bytes")
-    manifests = [Manifest.from_payload(m, version=plan.version) for m, _ in sources]
+    if not parts:
+        raise ManifestError("a manifest in parts names no part")
+    addresses = _addresses(plan, len(parts))
+    manifests = [Manifest.from_payload(m, version=plan.version) for m in parts]
     _layout(plan.version, manifests, shapes)
     plans = [
         WeightsPlan(plan.version, m, f"{plan.source}/part-{rank}", address)
-        for rank, (m, address) in enumerate(sources)
+        for rank, (m, address) in enumerate(zip(parts, addresses, strict=True))
     ]
     return plans, shapes
+
+
+def _addresses(plan: WeightsPlan, count: int) -> list[bytes]:
+    try:
+        addresses = msgpack.unpackb(plan.source_address)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError):
+        addresses = None
+    if (
+        not isinstance(addresses, list)
+        or len(addresses) != count
+        or not all(isinstance(a, bytes) for a in addresses)
+    ):
+        raise ManifestError(
+            f"version {plan.version} is in {count} parts, and {plan.source or 'its source'} "
+            f"gives no address for each ({len(plan.source_address)} bytes)"
+        )
+    return addresses
 
 
 def assemble(
@@ -85,6 +141,59 @@ def assemble(
         # Rows along dimension 0, in rank order; a scalar is in one part only.
         whole[name] = torch.cat(pieces).reshape(shape) if shape else pieces[0].clone()
     return whole
+
+
+Rows = Mapping[str, range]  # of each tensor, the rows of the whole (dimension 0)
+
+
+def rows_of_parts(plans: Sequence[WeightsPlan]) -> list[dict[str, range]]:
+    """For each part (``part_plans``' plans, in order), the rows of the whole each of its
+    tensors holds; a scalar is row 0 of the part that holds it."""
+    taken: dict[str, int] = {}
+    out = []
+    for plan in plans:
+        rows = {}
+        for spec in Manifest.from_payload(plan.manifest, version=plan.version).tensors:
+            first = taken.get(spec.name, 0)
+            count = spec.shape[0] if spec.shape else 1
+            rows[spec.name] = range(first, first + count)
+            taken[spec.name] = first + count
+        out.append(rows)
+    return out
+
+
+def parts_for(wanted: Rows, held: Sequence[Rows]) -> list[int]:
+    """The parts (indices into ``held``, from :func:`rows_of_parts`) holding any of the
+    ``wanted`` rows."""
+    return [
+        index
+        for index, rows in enumerate(held)
+        if any(_overlap(rows.get(name, range(0)), want) for name, want in wanted.items())
+    ]
+
+
+def rows_from(
+    parts: Mapping[int, Mapping[str, torch.Tensor]], held: Sequence[Rows], name: str, want: range
+) -> torch.Tensor:
+    """Rows ``want`` of tensor ``name``, taken from ``parts`` (index -> that part's
+    tensors: at least the :func:`parts_for` those rows) in order. KeyError if a part
+    holding some of them is not given."""
+    pieces = []
+    for index, rows in enumerate(held):
+        part = rows.get(name, range(0))
+        overlap = _overlap(part, want)
+        if overlap:
+            tensor = parts[index][name]
+            if tensor.dim() == 0:
+                return tensor
+            pieces.append(tensor[overlap.start - part.start : overlap.stop - part.start])
+    if not pieces:
+        raise ValueError(f"no part holds rows {want.start}-{want.stop} of {name!r}")
+    return torch.cat(pieces) if len(pieces) != 1 else pieces[0]
+
+
+def _overlap(a: range, b: range) -> range:
+    return range(max(a.start, b.start), max(max(a.start, b.start), min(a.stop, b.stop)))
 
 
 @dataclass(frozen=True)

@@ -1,112 +1,116 @@
-"""A receiver that takes versions whole, as before, and versions in parts (parts.py).
+"""A receiver of versions in parts (parts.py), one receiver of the strategy per part.
 
-A version whole goes to the strategy's own receiver (which may relay it). A version in
-parts is fetched part by part, each by a receiver of its own from the rank that holds it,
-all at once; when every part arrived whole and checked, the parts are laid into whole
-tensors (their own memory: the parts' buffers are free for the next version) and handed
+A worker whose versions come from a group publishing from every rank knows how many parts
+each version has (the group's size: the config says so). Every part is fetched at once,
+each by its own receiver from the address the plan gives for it; when every part arrived
+whole and checked, the parts are laid into whole tensors (their own memory) and handed
 over as one version. A part that fails fails the version: the receiver asks for a plan
-again, naming no source (the group's rank 0 announced it; a group that lost a rank
-announces no newer version until it meets again, and the last one stays in force).
+again, naming the plan's source, and the version before stays in force.
 
-A receiver taking parts relays nothing: it offers no address while its last plan was in
-parts (a relay would have to serve each part).
+It relays as a receiver of versions whole does: each part's receiver serves the part it
+holds, so its address is theirs, one per part (``served_from``); a receiver whose parts
+do not all relay (mapped from the publisher's files, say) offers none.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from ..messages import WeightsPlan
-from .base import NeedsPlan, Received, WeightReceiver
-from .parts import assemble, has_parts, part_plans
+from .base import MAPPED, NeedsPlan, Received, WeightReceiver
+from .layout import ManifestError
+from .parts import assemble, part_count, part_plans, served_from
 
 __all__ = ["PartsReceiver"]
 
 
 class PartsReceiver:
-    """``whole``: the receiver of versions whole; ``part``: makes a receiver for a part
-    (one per rank, made as a version with that many parts first comes)."""
+    """``parts``: a receiver for each part, in rank order."""
 
-    def __init__(self, whole: WeightReceiver, part: Callable[[], WeightReceiver]) -> None:
-        self.whole = whole
-        self._make_part = part
-        self._parts: list[WeightReceiver] = []
-        self._in_parts = False  # whether the last plan was for a version in parts
-        self._plan: WeightsPlan | None = None  # the version in parts being fetched
-        self._count = 0  # its parts
+    def __init__(self, parts: Sequence[WeightReceiver]) -> None:
+        if len(parts) < 2:
+            raise ValueError(f"a version in parts has at least 2, got {len(parts)} receivers")
+        self.parts = list(parts)
+        self._plan: WeightsPlan | None = None  # the plan being followed (None: failed)
+        self._version = -1  # the version being fetched, kept past a failed plan
+        self._source = ""  # whom the last plan for it named
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._got: dict[int, Received] = {}  # part -> what arrived of the version
         self._started = 0.0
-        self._handed = -1  # the newest version handed over, whole or in parts
-        self._from_parts = -1  # the newest version handed over from parts
+        self._handed = -1  # the newest version handed over
 
     @property
     def address(self) -> bytes:
-        return b"" if self._in_parts else self.whole.address
+        addresses = [part.address for part in self.parts]
+        return served_from(addresses) if all(addresses) else b""
 
     @property
     def target(self) -> int | None:
-        return self._plan.version if self._plan is not None else self.whole.target
+        return self._plan.version if self._plan is not None else None
 
     def want(self, plan: WeightsPlan) -> None:
-        if not has_parts(plan.manifest):
-            self._in_parts = False
-            self.whole.want(plan)
-            return
+        count = part_count(plan.manifest)
+        if count != len(self.parts):
+            # The config says how the group publishes; a plan otherwise was published
+            # under another config (a run resumed with other settings), or is forged.
+            whole = "whole" if count == 1 else f"in {count} parts"
+            raise ManifestError(
+                f"version {plan.version} came {whole}; this worker takes versions in "
+                f"{len(self.parts)} parts (weights.from_every_rank with a group of "
+                f"{len(self.parts)})"
+            )
         plans, shapes = part_plans(plan)  # ManifestError: refused before anything starts
-        self._in_parts = True
-        if plan.version <= max(self._handed, self._plan.version if self._plan else -1):
-            return  # held, or being fetched already
-        while len(self._parts) < len(plans):
-            self._parts.append(self._make_part())
-        self._plan, self._shapes = plan, shapes
-        self._count = len(plans)
-        self._got, self._started = {}, time.monotonic()
-        for receiver, part in zip(self._parts, plans, strict=False):
-            receiver.want(part)
+        if plan.version <= self._handed or plan.version < self._version:
+            return  # held, or older than the one being fetched
+        if plan.version > self._version:
+            self._version, self._got, self._started = plan.version, {}, time.monotonic()
+        elif self._plan is not None and self._plan.source == plan.source:
+            return  # being fetched already
+        self._plan, self._shapes, self._source = plan, shapes, plan.source
+        for index, (receiver, part) in enumerate(zip(self.parts, plans, strict=True)):
+            # A part in already is not asked for again: its receiver holds that version
+            # and would ignore the plan (it has nothing more to report).
+            if index not in self._got:
+                receiver.want(part)
 
     def poll(self) -> Received | NeedsPlan | None:
-        whole = self.whole.poll()
-        # Versions whole pass as the strategy's receiver hands them, unless one from parts
-        # as new was handed over since (the trainer changed how it publishes).
-        if whole is not None and whole.version > self._from_parts:
-            if isinstance(whole, Received):
-                self._handed = max(self._handed, whole.version)
-            return whole
-        if self._plan is None:
-            return None
-        plan, count = self._plan, self._count
-        for index, receiver in enumerate(self._parts[:count]):
+        failed: NeedsPlan | None = None
+        for index, receiver in enumerate(self.parts):
             outcome = receiver.poll()
-            if outcome is None or outcome.version != plan.version:
+            if outcome is None or outcome.version != self._version:
                 continue
-            if isinstance(outcome, NeedsPlan):
-                self._plan = None
-                reason = f"part {index} from {outcome.failed or 'its rank'}: {outcome.reason}"
-                return NeedsPlan(plan.version, "", reason)
-            self._got[index] = outcome
-        if len(self._got) < count:
-            return None
-        parts = [self._got[index] for index in range(count)]
+            if isinstance(outcome, Received):
+                self._got[index] = outcome
+            elif self._plan is not None and failed is None:
+                source = self._plan.source
+                reason = f"part {index} from {outcome.failed or source}: {outcome.reason}"
+                failed = NeedsPlan(self._version, source, reason)
+        if len(self._got) == len(self.parts) and self._version > self._handed:
+            return self._assembled()
+        if failed is not None:
+            self._plan = None  # until the caller has another plan; the parts in stay
+        return failed
+
+    def _assembled(self) -> Received:
+        parts = [self._got[index] for index in range(len(self.parts))]
         state = assemble([part.state for part in parts], self._shapes)
-        self._plan, self._got = None, {}
-        self._handed = self._from_parts = plan.version
+        self._plan, self._got, self._handed = None, {}, self._version
         return Received(
-            plan.version,
+            self._version,
             state,
             sum(part.nbytes for part in parts),
             time.monotonic() - self._started,
-            plan.source,
+            # Mapped from the ranks' files on this host: the bytes came from no worker.
+            MAPPED if all(part.source == MAPPED for part in parts) else self._source,
             max(part.attempts for part in parts),
             sum(part.retried_buckets for part in parts),
         )
 
     def loaded(self, received: Received) -> None:
-        # A version from parts runs on tensors of its own: no part's buffer is held.
-        if received.version != self._from_parts:
-            self.whole.loaded(received)
+        """Nothing to keep: a version from parts runs on tensors of its own, and each
+        part's receiver keeps its newest part to relay by its own rules."""
 
     def close(self) -> None:
-        for receiver in [self.whole, *self._parts]:
+        for receiver in self.parts:
             receiver.close()

@@ -63,12 +63,12 @@ class WeightsSection:
         ),
     )
     from_every_rank: bool = field(
-        default=False,
+        default=True,
         metadata=doc(
             "a sharded group's ranks (train, critic: FSDP2 on the torch engine, no LoRA) "
             "each publish their own rows of a version, fetched by receivers from every rank "
-            "at once and assembled: no rank gathers the whole model, each host sends its "
-            "own bytes; versions so published are not relayed between generators"
+            "(or a relay) at once and assembled: no rank gathers the whole model, each host "
+            "sends its own bytes; false, or other groups: rank 0 gathers and publishes"
         ),
     )
     shm_dir: str = field(

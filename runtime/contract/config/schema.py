@@ -266,6 +266,23 @@ class RunConfig:
         metadata=doc("what runs where on a cluster (asyncrl launch)"),
     )
 
+    def weight_parts(self, learner: str) -> int:
+        """How many parts each version of ``learner`` (train, critic) comes in: its
+        group's size where every rank publishes its own (``weights.from_every_rank``),
+        else 1 (rank 0 publishes it whole). Parts are rows of FSDP2 shards, which the
+        torch engine's groups hold: whole parameters each split along their first
+        dimension (megatron splits otherwise; LoRA versions are the adapters, gathered
+        whole, which are small)."""
+        ranks = self.pipeline.workers.get(learner, 1)
+        if (
+            ranks < 2
+            or not self.weights.from_every_rank
+            or self.backends.train != "torch"
+            or self.model.lora.enabled
+        ):
+            return 1
+        return ranks
+
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)
         _check_estimator(self.algorithm, self.data)
@@ -273,21 +290,6 @@ class RunConfig:
         _check_overlong(self.algorithm, self.model)
         _check_lora_engines(self)
         _check_mini_batches(self.algorithm, self.pipeline)
-        _check_weights_from_every_rank(self)
-
-
-def _check_weights_from_every_rank(cfg: RunConfig) -> None:
-    """Parts are rows of FSDP2 shards: the torch engine's groups hold them, whole
-    parameters each split along their first dimension (megatron splits otherwise; LoRA
-    versions are the adapters, gathered whole, which are small)."""
-    if not cfg.weights.from_every_rank:
-        return
-    if cfg.backends.train != "torch" or cfg.model.lora.enabled:
-        raise ValueError(
-            f"weights.from_every_rank: got true with backends.train={cfg.backends.train!r} "
-            f"and model.lora.enabled={str(cfg.model.lora.enabled).lower()}; allowed: the "
-            "torch engine without LoRA (its groups' FSDP2 shards are the parts)"
-        )
 
 
 def _check_filter_groups(algorithm: AlgorithmSection, data: DataSection) -> None:

@@ -10,7 +10,17 @@ import torch
 from asyncrl.transport.messages import WeightsPlan
 from asyncrl.transport.weights.base import Announcement
 from asyncrl.transport.weights.layout import Manifest, ManifestError, plan
-from asyncrl.transport.weights.parts import assemble, compose, has_parts, part_plans
+from asyncrl.transport.weights.parts import (
+    assemble,
+    compose,
+    has_parts,
+    part_count,
+    part_plans,
+    parts_for,
+    rows_from,
+    rows_of_parts,
+    served_from,
+)
 
 WHOLE = {
     "embed.weight": torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3),
@@ -44,11 +54,17 @@ def _shapes() -> dict[str, tuple[int, ...]]:
 def test_the_parts_of_any_group_make_the_whole_again(ranks: int) -> None:
     shards = _shards(ranks)
     announced = compose(7, [_announcement(7, s, r) for r, s in enumerate(shards)], _shapes())
-    assert announced.version == 7 and announced.address == b"rank-0"
-    assert has_parts(announced.manifest)
-    plans, shapes = part_plans(WeightsPlan(7, announced.manifest, "train-0", b"rank-0"))
+    addresses = [f"rank-{r}".encode() for r in range(ranks)]
+    assert announced.version == 7 and announced.address == served_from(addresses)
+    assert has_parts(announced.manifest) and part_count(announced.manifest) == ranks
+    plans, shapes = part_plans(WeightsPlan(7, announced.manifest, "train-0", announced.address))
     assert [p.source for p in plans] == [f"train-0/part-{r}" for r in range(ranks)]
-    assert [p.source_address for p in plans] == [f"rank-{r}".encode() for r in range(ranks)]
+    assert [p.source_address for p in plans] == addresses
+    # A relay serves each part from an address of its own: the plan names it.
+    relayed = served_from([f"gen-3/{r}".encode() for r in range(ranks)])
+    plans, _ = part_plans(WeightsPlan(7, announced.manifest, "gen-3", relayed))
+    assert [p.source for p in plans] == [f"gen-3/part-{r}" for r in range(ranks)]
+    assert [p.source_address for p in plans] == [f"gen-3/{r}".encode() for r in range(ranks)]
     whole = assemble(shards, shapes)
     assert whole.keys() == WHOLE.keys()
     for name, tensor in WHOLE.items():
@@ -56,7 +72,17 @@ def test_the_parts_of_any_group_make_the_whole_again(ranks: int) -> None:
 
 
 def test_a_whole_version_is_no_version_in_parts() -> None:
-    assert not has_parts(_announcement(1, dict(WHOLE), 0).manifest)
+    whole = _announcement(1, dict(WHOLE), 0).manifest
+    assert not has_parts(whole) and part_count(whole) == 1
+
+
+@pytest.mark.parametrize(
+    "address", [b"", b"rank-0", served_from([b"rank-0"]), served_from([b"a", b"b", b"c"])]
+)
+def test_a_source_without_an_address_for_each_part_is_refused(address: bytes) -> None:
+    announced = compose(3, [_announcement(3, s, r) for r, s in enumerate(_shards(2))], _shapes())
+    with pytest.raises(ManifestError, match="in 2 parts, and gen-1 gives no address for each"):
+        part_plans(WeightsPlan(3, announced.manifest, "gen-1", address))
 
 
 def test_the_assembled_tensors_outlive_the_parts_buffers() -> None:
@@ -84,14 +110,57 @@ def test_parts_that_do_not_make_the_whole_are_refused_saying_why(change, message
     with pytest.raises(ManifestError, match=message):
         compose(3, parts, _shapes())
     good = compose(3, [_announcement(3, s, r) for r, s in enumerate(_shards(2))], _shapes())
-    bad = dict(good.manifest, parts=[{"manifest": p.manifest, "address": p.address} for p in parts])
+    bad = dict(good.manifest, parts=[p.manifest for p in parts])
     with pytest.raises(ManifestError, match=message):
-        part_plans(WeightsPlan(3, bad, "train-0", b""))
+        part_plans(WeightsPlan(3, bad, "train-0", good.address))
 
 
 def test_a_malformed_manifest_in_parts_is_refused() -> None:
     for manifest in ({"parts": []}, {"parts": 3, "shapes": {}}, {"version": 1, "shapes": {}}):
         with pytest.raises(ManifestError):
-            part_plans(WeightsPlan(1, {"parts": None, **manifest}, "t", b""))
+            part_plans(WeightsPlan(1, {"parts": None, **manifest}, "t", served_from([b"a"])))
     with pytest.raises(ValueError, match="parts of versions \\[2\\] in version 1"):
         compose(1, [_announcement(2, dict(WHOLE), 0)], _shapes())
+
+
+def _chunk_rows(whole: int, rank: int, ranks: int) -> range:
+    """A scorer rank's rows of a tensor as FSDP2 chunks them."""
+    chunk = -(-whole // ranks)
+    first = min(whole, rank * chunk)
+    return range(first, min(whole, first + chunk))
+
+
+@pytest.mark.parametrize(("published", "scoring"), [(2, 2), (2, 3), (3, 2), (4, 2), (2, 4)])
+def test_a_scorer_rank_takes_its_own_rows_from_the_parts_whatever_the_sizes(
+    published: int, scoring: int
+) -> None:
+    shards = _shards(published)
+    announced = compose(5, [_announcement(5, s, r) for r, s in enumerate(shards)], _shapes())
+    plans, _ = part_plans(WeightsPlan(5, announced.manifest, "train-0", announced.address))
+    held = rows_of_parts(plans)
+    for rank in range(scoring):
+        wanted = {
+            name: _chunk_rows(t.shape[0] if t.dim() else 1, rank, scoring)
+            for name, t in WHOLE.items()
+        }
+        needed = parts_for({n: r for n, r in wanted.items() if r}, held)
+        # Only the parts it needs are given: rows_from must not reach for the others.
+        given = {index: shards[index] for index in needed}
+        if published == scoring:
+            assert needed == [rank]
+        for name, rows in wanted.items():
+            if not rows:
+                continue
+            got = rows_from(given, held, name, rows)
+            expected = (
+                WHOLE[name] if WHOLE[name].dim() == 0 else WHOLE[name][rows.start : rows.stop]
+            )
+            assert torch.equal(got, expected), (published, scoring, rank, name)
+
+
+def test_rows_no_part_holds_are_refused() -> None:
+    shards = _shards(2)
+    announced = compose(5, [_announcement(5, s, r) for r, s in enumerate(shards)], _shapes())
+    plans, _ = part_plans(WeightsPlan(5, announced.manifest, "train-0", announced.address))
+    with pytest.raises(ValueError, match="no part holds rows 40-41 of 'bias'"):
+        rows_from(dict(enumerate(shards)), rows_of_parts(plans), "bias", range(40, 41))
