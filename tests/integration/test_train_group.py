@@ -27,6 +27,14 @@ from asyncrl.actors.policy.lora import add_adapters
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
 from asyncrl.actors.training.learner import Group, Learner
+from asyncrl.actors.training.shard_rows import (
+    ROWS,
+    GroupRowsReceiver,
+    ShardRows,
+    follower_order,
+    pack_plan,
+    unpack_plan,
+)
 from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.runtime.contract.stages import Role
@@ -350,3 +358,83 @@ def test_a_scorer_sharded_over_two_ranks_scores_and_loads_versions_like_one_mode
         process.join(30)
         assert process.exitcode == 0
     assert_scores_like_one_model(shared, "embedded", _SCORED, _next_version(), 1e-5)
+
+
+def _published_in(parts: int, publishers: list[UcxPublisher]) -> bytes:
+    """_next_version published as a group of ``parts`` FSDP2 ranks publishes it, each
+    part from its own publisher: the plan, packed as a leader orders it."""
+    version = _next_version()
+    chunks = {name: torch.chunk(t, parts) for name, t in version.items()}
+    announced = [
+        publisher.publish(1, {name: c[rank].clone() for name, c in chunks.items() if rank < len(c)})
+        for rank, publisher in enumerate(publishers)
+    ]
+    shapes = {name: tuple(t.shape) for name, t in version.items()}
+    whole = compose(1, announced, shapes)
+    return pack_plan(WeightsPlan(1, whole.manifest, "train-0", whole.address), True)
+
+
+def _rows_rank(rank: int, port: int, results, fetched_bytes, body: bytes) -> None:
+    """A scoring rank whose new version comes as its own rows of the parts: rank 0
+    through the leader's receiver, rank 1 by the leader's orders (shard_rows.py)."""
+    torch.set_num_threads(1)
+    gang = Gang(GangPlace(rank, 2, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
+    plan, _ = unpack_plan(body)
+    parts = len(plan.manifest["parts"])
+    try:
+        model, codec = load_model("embedded")
+        shard(model, torch.device("cpu"), 2)
+        rows = ShardRows(model, parts, lambda part, local: UcxReceiver(relay=False), 20)
+
+        def load_version() -> None:
+            if rank == 0:
+                receiver = GroupRowsReceiver(gang, rows, True)
+                receiver.want(plan)
+                while (got := receiver.poll()) is None:
+                    time.sleep(0.01)
+                assert isinstance(got, Received), got
+                fetched_bytes.put((rank, rows.nbytes))
+                gang.lead(Order.LOAD, rows.load, ROWS)
+                return
+            while True:
+                order, order_body = gang.next_order()
+                if order is Order.LOAD:
+                    fetched_bytes.put((rank, rows.nbytes))
+                assert follower_order(rows, order, order_body), order
+                if order is Order.LOAD:
+                    return
+
+        score_in_turn(model, _SCORED, codec.pad_id, gang, rank, load_version, results)
+        rows.close()
+    finally:
+        gang.close()
+
+
+@pytest.mark.parametrize("published", [2, 3], ids=["from-2-ranks", "from-3-ranks"])
+def test_a_scorer_group_takes_its_own_rows_of_a_version_in_parts_and_scores_like_one_model(
+    published: int,
+) -> None:
+    """Each scoring rank fetches only the parts holding its rows, over UCX, and the group
+    scores as one model with the whole version loaded; a trainer group of another size
+    than the scorer's (3 ranks) makes no difference."""
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn")
+    results, fetched_bytes = context.Queue(), context.Queue()
+    publishers = [UcxPublisher(bucket_mb=1) for _ in range(published)]
+    try:
+        body = _published_in(published, publishers)
+        ranks = start_ranks(_rows_rank, 2, free_port(), results, fetched_bytes, body)
+        shared = [_first_result(results, ranks) for _ in range(_SCORES)]
+        for process in ranks:
+            process.join(30)
+            assert process.exitcode == 0
+    finally:
+        for publisher in publishers:
+            publisher.close()
+    assert_scores_like_one_model(shared, "embedded", _SCORED, _next_version(), 1e-5)
+    got = dict(fetched_bytes.get(timeout=5) for _ in range(2))
+    whole = sum(t.nbytes for t in _next_version().values())
+    if published == 2:  # rank r needs part r alone: half the version each
+        assert got[0] + got[1] == whole and max(got.values()) < 0.6 * whole, got
+    else:  # the middle part holds rows of both ranks: both fetch it
+        assert all(0 < n < whole for n in got.values()), got

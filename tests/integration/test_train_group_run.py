@@ -81,3 +81,40 @@ def test_a_rank_killed_mid_run_the_group_restarts_and_no_group_is_trained_twice(
     records = [json.loads(line) for line in (run_dir / "logs" / "scheduler.log").open()]
     registered = [r for r in records if r["event"] == "worker registered"]
     assert [r["worker"] for r in registered].count("train-0") == 2  # the group started anew
+
+
+def test_versions_in_parts_are_relayed_and_a_scoring_group_takes_its_own_rows(
+    tmp_path: Path,
+) -> None:
+    """Both groups of 2 ranks: the trainer publishes each version from both ranks (the
+    default for FSDP2 groups), three generators relay its parts to one another over UCX
+    (one receiver per node, nothing mapped), and logp's ranks each fetch the parts with
+    their own rows. logp scores every group, and its log-probs agree with the
+    generators': the rows went where they belong."""
+    run_dir, log = tmp_path / "run", tmp_path / "asyncrl-run.log"
+    steps = 20
+    argv = [sys.executable, "-m", "asyncrl.runtime.launch.cli.main", "run"]
+    argv += ["-c", "deploy/configs/default.yaml", f"run.dir={run_dir}"]
+    argv += [f"run.total_steps={steps}", "data.val_every_versions=0"]
+    argv += ["pipeline.workers.train=2", "pipeline.workers.logp=2"]
+    argv += ["pipeline.workers.generate=3", "weights.relay_fanout=1"]
+    argv += ["weights.map_on_host=false", "algorithm.proximal_logp=recompute"]
+    argv += ["scheduler.control_port=0", "scheduler.events_port=0"]
+    with log.open("wb") as out:
+        assert (
+            subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=240).returncode == 0
+        ), log.read_text()[-3000:]
+    done = _steps(run_dir)
+    assert [s["step"] for s in done] == list(range(1, steps + 1))
+    assert all(s["train_ranks"] == 2 for s in done)
+    records = [json.loads(line) for line in (run_dir / "logs" / "scheduler.log").open()]
+    announced = [r["manifest_keys"] for r in records if r["event"] == "weights announced"]
+    assert announced and all("parts" in keys for keys in announced), announced
+    loads = [json.loads(line) for line in (run_dir / "weights.jsonl").open()]
+    relayed = [m for m in loads if m["source"].startswith("generate-")]
+    assert relayed, "no version in parts came from a relay"
+    assert any(m["worker"].startswith("generate-") for m in relayed), relayed
+    assert any(m["worker"] == "logp-0" and m["version"] >= steps - 4 for m in loads), loads
+    # Scored under rows in the wrong place, log-probs would be far off (units, not 1e-3).
+    diffs = sorted(s["behaviour_proximal_abs_diff"] for s in done)
+    assert diffs[len(diffs) // 2] < 1e-3, diffs
