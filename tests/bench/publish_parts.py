@@ -1,5 +1,5 @@
-"""A version's publish from a group of 1, 2 and 4 ranks: gathered on rank 0 (as by default)
-against every rank publishing its own part (``weights.from_every_rank``), side by side.
+"""A version's publish from a group of 1, 2 and 4 ranks: gathered on rank 0 against every
+rank publishing its own part (``weights.from_every_rank``, the default), side by side.
 
     python -m tests.bench.publish_parts [--layers 12] [--hidden 768] [--vocab 16000]
         [--ranks 1,2,4] [--runs 3]
@@ -84,11 +84,17 @@ def _rank(rank: int, size: int, port: int, shape: dict, parts: bool, out, done) 
 
 def _receive(announced) -> float:
     """Seconds from the plan to the version held whole by a generator's receiver."""
-    from asyncrl.transport.weights import Received, WeightsPlan
+    from asyncrl.transport.weights import Received, WeightReceiver, WeightsPlan
+    from asyncrl.transport.weights.parts import part_count
     from asyncrl.transport.weights.parts_receiver import PartsReceiver
     from asyncrl.transport.weights.ucx import UcxReceiver
 
-    receiver = PartsReceiver(UcxReceiver(), lambda: UcxReceiver(relay=False))
+    parts = part_count(announced.manifest)
+    receiver: WeightReceiver = (
+        PartsReceiver([UcxReceiver(relay=False) for _ in range(parts)])
+        if parts > 1
+        else UcxReceiver(relay=False)
+    )
     try:
         started = time.perf_counter()
         receiver.want(WeightsPlan(1, announced.manifest, "train-0", announced.address))
