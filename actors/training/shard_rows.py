@@ -117,6 +117,7 @@ class ShardRows:
         self.model = model  # sharded: FSDP2 over the group
         self.parts = parts
         self.rows = own_rows(model)
+        self.shapes = {name: tuple(t.shape) for name, t in _shard_tensors(model).items()}
         self._make = receiver
         self._receivers: dict[int, WeightReceiver] = {}
         self.plan: WeightsPlan | None = None
@@ -126,6 +127,7 @@ class ShardRows:
         self._failure = ""  # why the plan failed here ("" while it has not)
         self._patience_s = stall_timeout_s + _GRACE_S
         self.started = 0.0  # when the version was first planned here
+        self._asked = 0.0  # when the last plan for it came
 
     def want(self, plan: WeightsPlan, local: bool) -> None:
         """Fetch this rank's parts of ``plan``'s version (in the background); the parts
@@ -136,12 +138,20 @@ class ShardRows:
                 f"version {plan.version} is in {part_count(plan.manifest)} part(s); this "
                 f"group takes versions in {self.parts} (the trainer's group)"
             )
-        plans, _ = part_plans(plan)
+        plans, shapes = part_plans(plan)
+        if shapes != self.shapes:
+            odd = sorted(n for n in shapes.keys() | self.shapes.keys()
+                         if shapes.get(n) != self.shapes.get(n))  # fmt: skip
+            raise ManifestError(
+                f"version {plan.version}'s tensors do not fit this model: {odd[:3]} "
+                f"(announced {[shapes.get(n) for n in odd[:3]]}, held "
+                f"{[self.shapes.get(n) for n in odd[:3]]})"
+            )
         if self.plan is None or plan.version != self.plan.version:
             self._got, self.started = {}, time.monotonic()
             self._held = rows_of_parts(plans)
             self._needed = parts_for({n: r for n, r in self.rows.items() if r}, self._held)
-        self.plan, self._failure = plan, ""
+        self.plan, self._failure, self._asked = plan, "", time.monotonic()
         for index in self._needed:
             if index not in self._got:
                 if index not in self._receivers:
@@ -164,7 +174,7 @@ class ShardRows:
                 self._failure = f"part {index} from {plan.source}: {got.reason}"
         if all(index in self._got for index in self._needed):
             return ""
-        if not self._failure and time.monotonic() - self.started > self._patience_s:
+        if not self._failure and time.monotonic() - self._asked > self._patience_s:
             self._failure = f"its parts not in after {self._patience_s:g} s"
         return self._failure or None
 
