@@ -515,3 +515,23 @@ def test_the_dapo_config_is_the_recipe_and_punishes_no_right_answer() -> None:
     # end token) stays short of the punished tail.
     longest_right = len(solution(999_999, 999_999)) + 1
     assert longest_right <= cfg.model.max_new_tokens - a.overlong_buffer < cfg.model.max_new_tokens
+
+
+@pytest.mark.parametrize(
+    ("overrides", "train", "critic"),
+    [
+        ((), 1, 1),
+        (("pipeline.workers.train=2",), 2, 1),
+        (("pipeline.workers.train=4", "pipeline.workers.critic=2"), 4, 2),
+        (("pipeline.workers.train=2", "weights.from_every_rank=false"), 1, 1),
+        (("pipeline.workers.train=2", "model.lora.rank=8"), 1, 1),
+        (("pipeline.workers.train=2", "backends.train=megatron"), 1, 1),
+    ],
+)
+def test_a_version_comes_in_parts_from_an_fsdp2_group_only(
+    overrides: tuple[str, ...], train: int, critic: int
+) -> None:
+    """Every worker reads how a learner's versions come from the config alone: the
+    publisher and its receivers agree without a word."""
+    cfg = config_from_dict({}, overrides)
+    assert (cfg.weight_parts("train"), cfg.weight_parts("critic")) == (train, critic)
