@@ -37,7 +37,8 @@ from asyncrl.transport.weights.parts import (
     part_plans,
     parts_for,
     rows_from,
-    rows_of_parts,
+    spans_of_parts,
+    split_dims,
 )
 
 from ..policy.collectives import all_gather_data
@@ -121,7 +122,8 @@ class ShardRows:
         self._make = receiver
         self._receivers: dict[int, WeightReceiver] = {}
         self.plan: WeightsPlan | None = None
-        self._held: list[dict[str, range]] = []  # each part's rows of the whole
+        self._held: list[dict[str, range]] = []  # each part's slice of the whole
+        self._dims: dict[str, int] = {}  # each tensor's split dimension, where not 0
         self._needed: list[int] = []
         self._got: dict[int, Received] = {}
         self._failure = ""  # why the plan failed here ("" while it has not)
@@ -149,8 +151,9 @@ class ShardRows:
             )
         if self.plan is None or plan.version != self.plan.version:
             self._got, self.started = {}, time.monotonic()
-            self._held = rows_of_parts(plans)
-            self._needed = parts_for({n: r for n, r in self.rows.items() if r}, self._held)
+            self._dims = split_dims(plan.manifest)
+            self._held = spans_of_parts(plans, self._dims)
+            self._needed = parts_for(self.rows, self._held, self._dims)
         self.plan, self._failure, self._asked = plan, "", time.monotonic()
         for index in self._needed:
             if index not in self._got:
@@ -199,7 +202,8 @@ class ShardRows:
                     continue
                 target = tensors[name]
                 local = target.to_local() if isinstance(target, DTensor) else target
-                local.copy_(rows_from(parts, self._held, name, rows).view_as(local))
+                mine = rows_from(parts, self._held, name, rows, self._dims.get(name, 0))
+                local.copy_(mine.view_as(local))
         self._got = {}  # the receivers keep their buffers; the shard has its own copy
 
     def close(self) -> None:

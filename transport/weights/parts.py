@@ -1,7 +1,10 @@
 """A version published by every rank of a group, each rank its own part.
 
-A rank of a sharded group (FSDP2) holds some rows of every parameter: along dimension 0,
-in rank order, possibly none. Each rank stages and serves its part with a publisher of its
+A rank of a sharded group holds a slice of every parameter along one dimension, in rank
+order, possibly none: an FSDP2 shard's rows (dimension 0); a tensor-parallel rank's rows
+of a column-parallel layer or columns of a row-parallel one (dimension 1); a tensor whole,
+held by one rank only (a pipeline stage's layers, a norm). Each tensor's split dimension
+is announced with its whole shape. Each rank stages and serves its part with a publisher of its
 own, so no rank holds the whole model for publishing and each host sends only its own
 bytes. Rank 0 announces the version as its parts (:func:`compose`): each part's manifest
 and each tensor's whole shape, served from one address per part (:func:`served_from`).
@@ -14,9 +17,9 @@ receiver whose part receivers relay, each the part it fetched). So the relay tre
 weight routes works as for versions whole: a plan names one source and its address.
 
 A group of ranks that holds the model sharded by rows (a scorer's FSDP2 group) needs
-only its own rows of each tensor: :func:`rows_of_parts` says which rows of the whole each
-part holds, :func:`parts_for` which parts a rank's rows are in, and :func:`rows_from`
-copies a rank's rows out of those parts, whatever the publishing group's size was.
+only its own rows of each tensor: :func:`spans_of_parts` says which slice of the whole
+each part holds, :func:`parts_for` which parts a rank's rows are in, and :func:`rows_from`
+copies a rank's rows out of those parts, whatever the publishing group was.
 
 Pure: no sockets, no threads. The receiver that fetches the parts is
 :class:`~.parts_receiver.PartsReceiver`.
@@ -36,7 +39,8 @@ from .layout import Manifest, ManifestError
 
 __all__ = [
     "PARTS",
-    "Rows",
+    "Spans",
+    "SplitDims",
     "WholeShapes",
     "assemble",
     "compose",
@@ -45,29 +49,41 @@ __all__ = [
     "part_plans",
     "parts_for",
     "rows_from",
-    "rows_of_parts",
     "served_from",
+    "spans_of_parts",
+    "split_dims",
 ]
 
 PARTS = "parts"  # the manifest key of a version in parts
 
 WholeShapes = Mapping[str, tuple[int, ...]]  # each tensor's shape, whole
+SplitDims = Mapping[str, int]  # each tensor's split dimension, where it is not 0
+Spans = Mapping[str, range]  # of each tensor, the slice of the whole along its split dimension
 
 
-def compose(version: int, parts: Sequence[Announcement], shapes: WholeShapes) -> Announcement:
-    """Rank 0's announcement of ``version`` from every rank's own (in rank order) and
-    each tensor's whole shape. ValueError if the parts do not make the whole."""
+def compose(
+    version: int,
+    parts: Sequence[Announcement],
+    shapes: WholeShapes,
+    dims: SplitDims | None = None,
+) -> Announcement:
+    """Rank 0's announcement of ``version`` from every publishing rank's own (in rank
+    order), each tensor's whole shape and, where it is not 0, the dimension it is split
+    along. ValueError if the parts do not make the whole."""
     if not parts:
         raise ValueError(f"version {version} has no parts")
     wrong = [a.version for a in parts if a.version != version]
     if wrong:
         raise ValueError(f"parts of versions {wrong} in version {version}")
+    split = {name: int(d) for name, d in (dims or {}).items() if d}
     manifest: dict[str, object] = {
         "version": version,
         PARTS: [a.manifest for a in parts],
         "shapes": {name: list(shape) for name, shape in shapes.items()},
     }
-    _layout(version, [Manifest.from_payload(a.manifest) for a in parts], shapes)
+    if split:
+        manifest["dims"] = split
+    _layout(version, [Manifest.from_payload(a.manifest) for a in parts], shapes, split)
     return Announcement(version, manifest, served_from([a.address for a in parts]))
 
 
@@ -90,6 +106,17 @@ def part_count(manifest: object) -> int:
     return len(parts) if isinstance(parts, list) else 0
 
 
+def split_dims(manifest: Mapping[str, object]) -> dict[str, int]:
+    """Each tensor's split dimension where it is not 0, as ``manifest`` announces it.
+    ManifestError for one that is no mapping of names to dimensions."""
+    dims = manifest.get("dims", {})
+    if not isinstance(dims, dict) or not all(
+        isinstance(n, str) and type(d) is int and d >= 0 for n, d in dims.items()
+    ):
+        raise ManifestError(f"a manifest in parts with split dimensions {str(dims)[:80]}")
+    return dict(dims)
+
+
 def part_plans(plan: WeightsPlan) -> tuple[list[WeightsPlan], dict[str, tuple[int, ...]]]:
     """One plan per part of ``plan``'s version, each from the plan's source at that part's
     address (named ``SOURCE/part-R``), and each tensor's whole shape. ManifestError,
@@ -105,7 +132,7 @@ def part_plans(plan: WeightsPlan) -> tuple[list[WeightsPlan], dict[str, tuple[in
         raise ManifestError("a manifest in parts names no part")
     addresses = _addresses(plan, len(parts))
     manifests = [Manifest.from_payload(m, version=plan.version) for m in parts]
-    _layout(plan.version, manifests, shapes)
+    _layout(plan.version, manifests, shapes, split_dims(manifest))
     plans = [
         WeightsPlan(plan.version, m, f"{plan.source}/part-{rank}", address)
         for rank, (m, address) in enumerate(zip(parts, addresses, strict=True))
@@ -131,65 +158,88 @@ def _addresses(plan: WeightsPlan, count: int) -> list[bytes]:
 
 
 def assemble(
-    parts: Sequence[Mapping[str, torch.Tensor]], shapes: WholeShapes
+    parts: Sequence[Mapping[str, torch.Tensor]],
+    shapes: WholeShapes,
+    dims: SplitDims | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Each tensor whole, its rows taken from the parts in order (a part without it holds
-    none of its rows): new tensors, which outlive the parts' buffers."""
+    """Each tensor whole, its slices taken from the parts in order along its split
+    dimension (a part without it holds none of it): new tensors, which outlive the parts'
+    buffers."""
+    dims = dims or {}
     whole = {}
     for name, shape in shapes.items():
         pieces = [part[name] for part in parts if name in part]
-        # Rows along dimension 0, in rank order; a scalar is in one part only.
-        whole[name] = torch.cat(pieces).reshape(shape) if shape else pieces[0].clone()
+        if not shape:  # a scalar is in one part only
+            whole[name] = pieces[0].clone()
+        else:
+            whole[name] = torch.cat(pieces, dim=dims.get(name, 0)).reshape(shape)
     return whole
 
 
-Rows = Mapping[str, range]  # of each tensor, the rows of the whole (dimension 0)
-
-
-def rows_of_parts(plans: Sequence[WeightsPlan]) -> list[dict[str, range]]:
-    """For each part (``part_plans``' plans, in order), the rows of the whole each of its
-    tensors holds; a scalar is row 0 of the part that holds it."""
+def spans_of_parts(
+    plans: Sequence[WeightsPlan], dims: SplitDims | None = None
+) -> list[dict[str, range]]:
+    """For each part (``part_plans``' plans, in order), the slice of the whole each of its
+    tensors holds along the tensor's split dimension; a scalar is row 0 of the part that
+    holds it."""
+    dims = dims or {}
     taken: dict[str, int] = {}
     out = []
     for plan in plans:
-        rows = {}
+        spans = {}
         for spec in Manifest.from_payload(plan.manifest, version=plan.version).tensors:
             first = taken.get(spec.name, 0)
-            count = spec.shape[0] if spec.shape else 1
-            rows[spec.name] = range(first, first + count)
+            count = spec.shape[dims.get(spec.name, 0)] if spec.shape else 1
+            spans[spec.name] = range(first, first + count)
             taken[spec.name] = first + count
-        out.append(rows)
+        out.append(spans)
     return out
 
 
-def parts_for(wanted: Rows, held: Sequence[Rows]) -> list[int]:
-    """The parts (indices into ``held``, from :func:`rows_of_parts`) holding any of the
-    ``wanted`` rows."""
+def parts_for(wanted: Spans, held: Sequence[Spans], dims: SplitDims | None = None) -> list[int]:
+    """The parts (indices into ``held``, from :func:`spans_of_parts`) holding any of the
+    ``wanted`` rows: for a tensor split along another dimension, every part holding some
+    of it (each holds some columns of every row)."""
+    dims = dims or {}
+
+    def holds(spans: Spans, name: str, want: range) -> bool:
+        span = spans.get(name, range(0))
+        return bool(span) if dims.get(name, 0) else bool(_overlap(span, want))
+
     return [
         index
-        for index, rows in enumerate(held)
-        if any(_overlap(rows.get(name, range(0)), want) for name, want in wanted.items())
+        for index, spans in enumerate(held)
+        if any(want and holds(spans, name, want) for name, want in wanted.items())
     ]
 
 
 def rows_from(
-    parts: Mapping[int, Mapping[str, torch.Tensor]], held: Sequence[Rows], name: str, want: range
+    parts: Mapping[int, Mapping[str, torch.Tensor]],
+    held: Sequence[Spans],
+    name: str,
+    want: range,
+    dim: int = 0,
 ) -> torch.Tensor:
-    """Rows ``want`` of tensor ``name``, taken from ``parts`` (index -> that part's
-    tensors: at least the :func:`parts_for` those rows) in order. KeyError if a part
-    holding some of them is not given."""
+    """Rows ``want`` of tensor ``name`` (split along ``dim``), taken from ``parts`` (index
+    -> that part's tensors: at least the :func:`parts_for` those rows) in order.
+    ValueError if no part holds them."""
     pieces = []
-    for index, rows in enumerate(held):
-        part = rows.get(name, range(0))
-        overlap = _overlap(part, want)
+    for index, spans in enumerate(held):
+        span = spans.get(name, range(0))
+        if not span:
+            continue
+        if dim:  # every part holding it has some columns of every row
+            pieces.append(parts[index][name][want.start : want.stop])
+            continue
+        overlap = _overlap(span, want)
         if overlap:
             tensor = parts[index][name]
             if tensor.dim() == 0:
                 return tensor
-            pieces.append(tensor[overlap.start - part.start : overlap.stop - part.start])
+            pieces.append(tensor[overlap.start - span.start : overlap.stop - span.start])
     if not pieces:
         raise ValueError(f"no part holds rows {want.start}-{want.stop} of {name!r}")
-    return torch.cat(pieces) if len(pieces) != 1 else pieces[0]
+    return torch.cat(pieces, dim=dim) if len(pieces) != 1 else pieces[0]
 
 
 def _overlap(a: range, b: range) -> range:
@@ -197,32 +247,48 @@ def _overlap(a: range, b: range) -> range:
 
 
 @dataclass(frozen=True)
-class _Rows:
+class _Slice:
     dtype: str
-    rows: int
-    rest: tuple[int, ...]
+    count: int  # along the split dimension
+    rest: tuple[int, ...]  # the other dimensions
 
 
-def _layout(version: int, manifests: Sequence[Manifest], shapes: WholeShapes) -> None:
+def _layout(
+    version: int, manifests: Sequence[Manifest], shapes: WholeShapes, dims: SplitDims
+) -> None:
     """ManifestError unless the parts' tensors make each whole tensor: the same names, one
-    dtype each, the same dimensions past the first, and rows adding up to the whole's."""
-    seen: dict[str, list[_Rows]] = {}
+    dtype each, the same other dimensions, and slices adding up to the whole along the
+    split dimension."""
+    seen: dict[str, list[_Slice]] = {}
     for manifest in manifests:
         if manifest.version != version:
             raise ManifestError(f"a part of version {manifest.version} in version {version}")
         for spec in manifest.tensors:
-            rows = spec.shape[0] if spec.shape else 1
-            seen.setdefault(spec.name, []).append(_Rows(spec.dtype, rows, spec.shape[1:]))
+            seen.setdefault(spec.name, []).append(
+                _slice(spec.dtype, spec.shape, dims.get(spec.name, 0))
+            )
     if seen.keys() != set(shapes):
         odd = sorted(seen.keys() ^ set(shapes))[:3]
         raise ManifestError(f"version {version}: the parts and the whole name other tensors: {odd}")
     for name, pieces in seen.items():
+        dim = dims.get(name, 0)
         shape = tuple(shapes[name])
-        whole_rows, rest = (shape[0], shape[1:]) if shape else (1, ())
-        if len({p.dtype for p in pieces}) != 1 or any(p.rest != rest for p in pieces):
+        if dim and dim >= len(shape):
+            raise ManifestError(f"version {version}: {name!r} has no dimension {dim} to split")
+        whole = _slice(pieces[0].dtype, shape, dim)
+        if len({p.dtype for p in pieces}) != 1 or any(p.rest != whole.rest for p in pieces):
             raise ManifestError(f"version {version}: the parts of {name!r} are not of one shape")
-        if sum(p.rows for p in pieces) != whole_rows:
+        if sum(p.count for p in pieces) != whole.count:
+            what = "rows" if dim == 0 else f"slices of dimension {dim}"
             raise ManifestError(
                 f"version {version}: the parts of {name!r} hold "
-                f"{sum(p.rows for p in pieces)} rows of {whole_rows}"
+                f"{sum(p.count for p in pieces)} {what} of {whole.count}"
             )
+
+
+def _slice(dtype: str, shape: tuple[int, ...], dim: int) -> _Slice:
+    if not shape:
+        return _Slice(dtype, 1, ())
+    if dim >= len(shape):
+        return _Slice(dtype, -1, shape)  # refused by the caller, saying why
+    return _Slice(dtype, shape[dim], shape[:dim] + shape[dim + 1 :])

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from ..messages import WeightsPlan
 from .base import MAPPED, NeedsPlan, Received, WeightReceiver
 from .layout import ManifestError
-from .parts import assemble, part_count, part_plans, served_from
+from .parts import assemble, part_count, part_plans, served_from, split_dims
 
 __all__ = ["PartsReceiver"]
 
@@ -36,6 +36,7 @@ class PartsReceiver:
         self._version = -1  # the version being fetched, kept past a failed plan
         self._source = ""  # whom the last plan for it named
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self._dims: dict[str, int] = {}  # each tensor's split dimension, where not 0
         self._got: dict[int, Received] = {}  # part -> what arrived of the version
         self._started = 0.0
         self._handed = -1  # the newest version handed over
@@ -68,6 +69,7 @@ class PartsReceiver:
         elif self._plan is not None and self._plan.source == plan.source:
             return  # being fetched already
         self._plan, self._shapes, self._source = plan, shapes, plan.source
+        self._dims = split_dims(plan.manifest)
         for index, (receiver, part) in enumerate(zip(self.parts, plans, strict=True)):
             # A part in already is not asked for again: its receiver holds that version
             # and would ignore the plan (it has nothing more to report).
@@ -94,7 +96,7 @@ class PartsReceiver:
 
     def _assembled(self) -> Received:
         parts = [self._got[index] for index in range(len(self.parts))]
-        state = assemble([part.state for part in parts], self._shapes)
+        state = assemble([part.state for part in parts], self._shapes, self._dims)
         self._plan, self._got, self._handed = None, {}, self._version
         return Received(
             self._version,

@@ -18,8 +18,9 @@ from asyncrl.transport.weights.parts import (
     part_plans,
     parts_for,
     rows_from,
-    rows_of_parts,
     served_from,
+    spans_of_parts,
+    split_dims,
 )
 
 WHOLE = {
@@ -137,7 +138,7 @@ def test_a_scorer_rank_takes_its_own_rows_from_the_parts_whatever_the_sizes(
     shards = _shards(published)
     announced = compose(5, [_announcement(5, s, r) for r, s in enumerate(shards)], _shapes())
     plans, _ = part_plans(WeightsPlan(5, announced.manifest, "train-0", announced.address))
-    held = rows_of_parts(plans)
+    held = spans_of_parts(plans)
     for rank in range(scoring):
         wanted = {
             name: _chunk_rows(t.shape[0] if t.dim() else 1, rank, scoring)
@@ -163,4 +164,62 @@ def test_rows_no_part_holds_are_refused() -> None:
     announced = compose(5, [_announcement(5, s, r) for r, s in enumerate(shards)], _shapes())
     plans, _ = part_plans(WeightsPlan(5, announced.manifest, "train-0", announced.address))
     with pytest.raises(ValueError, match="no part holds rows 40-41 of 'bias'"):
-        rows_from(dict(enumerate(shards)), rows_of_parts(plans), "bias", range(40, 41))
+        rows_from(dict(enumerate(shards)), spans_of_parts(plans), "bias", range(40, 41))
+
+
+def _tensor_parallel(ranks: int) -> tuple[list[dict[str, torch.Tensor]], dict[str, int]]:
+    """Parts as tensor-parallel ranks hold them: the embedding's rows, a row-parallel
+    layer's columns, a norm whole on rank 0 only."""
+    parts = []
+    for rank in range(ranks):
+        part = {
+            "embed.weight": torch.chunk(WHOLE["embed.weight"], ranks)[rank],
+            "proj.weight": torch.chunk(TP_PROJ, ranks, dim=1)[rank],
+        }
+        if rank == 0:
+            part["norm.weight"] = WHOLE["norm.weight"]
+        parts.append(part)
+    return parts, {"proj.weight": 1}
+
+
+TP_PROJ = torch.arange(5 * 6, dtype=torch.float32).reshape(5, 6)
+TP_WHOLE = {
+    "embed.weight": WHOLE["embed.weight"],
+    "proj.weight": TP_PROJ,
+    "norm.weight": WHOLE["norm.weight"],
+}
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_parts_split_along_columns_make_the_whole_and_give_a_scorer_its_rows(ranks: int) -> None:
+    parts, dims = _tensor_parallel(ranks)
+    shapes = {name: tuple(t.shape) for name, t in TP_WHOLE.items()}
+    announced = compose(4, [_announcement(4, p, r) for r, p in enumerate(parts)], shapes, dims)
+    assert announced.manifest["dims"] == {"proj.weight": 1}
+    plans, got_shapes = part_plans(WeightsPlan(4, announced.manifest, "train-0", announced.address))
+    held_dims = split_dims(announced.manifest)
+    whole = assemble(parts, got_shapes, held_dims)
+    assert all(torch.equal(whole[n], t) for n, t in TP_WHOLE.items())
+    held = spans_of_parts(plans, held_dims)
+    # A scorer rank of 2 holding rows 3-5 of the projection needs every part (each has
+    # some columns of those rows), and rows 0-3 of the embedding from the first parts.
+    wanted = {"proj.weight": range(3, 5), "embed.weight": range(0, 4)}
+    needed = parts_for(wanted, held, held_dims)
+    assert needed == list(range(ranks))
+    given = {index: parts[index] for index in needed}
+    assert torch.equal(rows_from(given, held, "proj.weight", range(3, 5), 1), TP_PROJ[3:5])
+    assert torch.equal(
+        rows_from(given, held, "embed.weight", range(0, 4)), WHOLE["embed.weight"][:4]
+    )
+
+
+def test_parts_split_along_a_dimension_they_lack_or_not_adding_up_are_refused() -> None:
+    parts, _ = _tensor_parallel(2)
+    shapes = {name: tuple(t.shape) for name, t in TP_WHOLE.items()}
+    announced = [_announcement(4, p, r) for r, p in enumerate(parts)]
+    with pytest.raises(ManifestError, match=r"'norm\.weight' has no dimension 1 to split"):
+        compose(4, announced, shapes, {"proj.weight": 1, "norm.weight": 1})
+    with pytest.raises(ManifestError, match="hold 3 slices of dimension 1 of 6"):
+        bad = [_announcement(4, {**parts[0], "proj.weight": TP_PROJ[:, :3]}, 0),
+               _announcement(4, {**parts[1], "proj.weight": TP_PROJ[:, :0]}, 1)]  # fmt: skip
+        compose(4, bad, shapes, {"proj.weight": 1})
