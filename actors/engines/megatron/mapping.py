@@ -31,6 +31,7 @@ __all__ = [
     "from_te_names",
     "hf_to_megatron",
     "megatron_to_hf",
+    "slice_to_hf",
     "to_te_names",
 ]
 
@@ -282,6 +283,75 @@ def _split_qkv(fused: torch.Tensor, layout: Layout):
     rest = fused.shape[1:]
     q, k, v = fused.reshape(groups, (per_group + 2) * d, *rest).split((per_group * d, d, d), dim=1)
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def slice_to_hf(
+    mg: Mapping[str, torch.Tensor], layout: Layout, rank: int, ranks: int, first_layer: int
+) -> tuple[State, dict[str, int]]:
+    """What one rank of a split megatron model holds, as its own slice of the Hugging Face
+    state, and the dimension each tensor of it is split along (where not 0).
+
+    ``mg``: the rank's local state (tensor-parallel rank ``rank`` of ``ranks``, one pipeline
+    stage's layers numbered from 0, ``first_layer`` the stage's first; no expert-parallel
+    split). A column-parallel layer's rank holds whole query groups and a share of the
+    MLP, so its q, k, v, gate and up projections are row ranges of the whole, in rank
+    order; a row-parallel layer's (o_proj, down_proj) are column ranges; the vocabulary's
+    rows are ranges with megatron's padding dropped. A tensor every rank holds whole (a
+    norm, a row-parallel bias, the router) is in rank 0's slice only; a tied output layer
+    is not published (the embedding is).
+    """
+    local = replace(
+        layout,
+        heads=layout.heads // ranks,
+        kv_heads=layout.kv_heads // ranks,
+        ffn=layout.ffn // ranks,
+        expert_ffn=layout.expert_ffn // ranks,
+    )
+    source = {k: t for k, t in mg.items() if not k.endswith("_extra_state")}
+    out: State = {}
+    rows = layout.rows // ranks  # of the padded vocabulary, per rank
+    real = max(0, min(rows, layout.vocab - rank * rows))  # past them: padding
+    if EMBEDDING in source:
+        out["model.embed_tokens.weight"] = source.pop(EMBEDDING)[:real]
+    head = source.pop(OUTPUT, None)
+    if head is not None and not layout.tied:
+        out["lm_head.weight"] = head[:real]
+    if FINAL_NORM in source:
+        out["model.norm.weight"] = source.pop(FINAL_NORM)
+    layers = sorted({int(m.group(1)) for n in source if (m := LAYER.match(n))})
+    for i in layers:
+        hf = f"model.layers.{first_layer + i}."
+        out.update(_layer_to_hf(source, f"decoder.layers.{i}.", hf, local))
+    if source:
+        raise ValueError(f"megatron tensors this layout has no place for: {sorted(source)[:5]}")
+    if ranks == 1:
+        return out, {}
+    dims = {}
+    for name in list(out):
+        if name.endswith(_HF_COLUMNS):
+            dims[name] = 1
+        elif not name.endswith(_HF_ROWS) and rank != 0:
+            del out[name]  # whole on every rank: rank 0's slice holds it
+    return out, dims
+
+
+# Split over tensor-parallel ranks, by the end of a Hugging Face name: along rows
+# (column-parallel layers, the vocabulary) or along columns (row-parallel layers' weights).
+_HF_ROWS = (
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "q_proj.bias",
+    "k_proj.bias",
+    "v_proj.bias",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "gate_proj.bias",
+    "up_proj.bias",
+    "embed_tokens.weight",
+    "lm_head.weight",
+)
+_HF_COLUMNS = ("o_proj.weight", "down_proj.weight")
 
 
 # --- Transformer Engine names ----------------------------------------------------------

@@ -145,3 +145,44 @@ def test_a_missing_or_unexpected_tensor_is_named(saved) -> None:
         m.hf_to_megatron({k: t for k, t in hf.items() if k != "model.norm.weight"}, layout)
     with pytest.raises(ValueError, match=r"extra\.weight"):
         m.hf_to_megatron({**hf, "extra.weight": torch.zeros(1)}, layout)
+
+
+@pytest.mark.parametrize(("tensor", "stages"), [(2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("odd_vocabulary", [False, True])
+def test_each_ranks_slice_by_hugging_face_name_makes_the_whole_as_parts(
+    saved, tensor: int, stages: int, odd_vocabulary: bool
+) -> None:
+    """What each rank of a split model publishes as its part of a version (slice_to_hf),
+    announced and assembled as the weight plane does, is the whole Hugging Face state;
+    no tensor is published twice."""
+    from asyncrl.transport.weights.base import Announcement
+    from asyncrl.transport.weights.layout import Manifest, plan
+    from asyncrl.transport.weights.parts import assemble, compose, split_dims
+
+    config, hf = saved
+    if odd_vocabulary:  # padded for the split: the padding rows are not published
+        config = {**config, "vocab_size": config["vocab_size"] - 1}
+        hf = {
+            name: t[:-1] if name in ("model.embed_tokens.weight", "lm_head.weight") else t
+            for name, t in hf.items()
+        }
+    layout = m.Layout.from_hf(config).padded_for(tensor)
+    per_stage = layout.layers // stages
+    slices, dims = [], {}
+    for stage, part in enumerate(
+        par.split_pipeline_parallel(m.hf_to_megatron(hf, layout), layout, stages)
+    ):
+        for rank, shard in enumerate(par.split_tensor_parallel(part, tensor)):
+            mine, split = m.slice_to_hf(shard, layout, rank, tensor, stage * per_stage)
+            slices.append(mine)
+            dims.update(split)
+    announced = []
+    for index, mine in enumerate(slices):
+        specs, total = plan(mine)
+        manifest = Manifest(1, specs, total, 1 << 20, (0,) * max(1, -(-total // (1 << 20))))
+        announced.append(Announcement(1, manifest.to_payload(), f"rank-{index}".encode()))
+    shapes = {name: tuple(t.shape) for name, t in hf.items()}
+    if layout.tied:
+        shapes.pop("lm_head.weight", None)
+    whole = compose(1, announced, shapes, dims)  # refuses parts that do not make the whole
+    assert_same(assemble(slices, shapes, split_dims(whole.manifest)), {n: hf[n] for n in shapes})
