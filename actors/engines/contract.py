@@ -41,6 +41,16 @@ class EngineModel(Protocol):
 
     def hf_state(self) -> dict[str, torch.Tensor]: ...
 
+    def hf_part_index(self) -> int | None:
+        """This rank's place among the ranks that publish a version from every rank, in
+        the order receivers lay the parts; None for a copy that publishes nothing."""
+        ...
+
+    def hf_part(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """This rank's own slice of :meth:`hf_state` (no collective) and each tensor's
+        split dimension where not 0 (transport/weights/parts.py)."""
+        ...
+
     def load_hf_state(self, state: Mapping[str, torch.Tensor]) -> None: ...
 
     def token_logprobs(

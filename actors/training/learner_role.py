@@ -94,7 +94,7 @@ class LearnerRole(Actor):
             self.cfg, rank, ranks, self.gang.rank if self.gang else ctx.index
         )
         dirs, access = self.weight_dirs(self.cfg), weights_access(ctx)
-        in_parts = ranks > 1 and self.cfg.weight_parts(self.role) == ranks
+        in_parts = ranks > 1 and self.cfg.weight_parts(self.role) > 1  # rank 0: part 0
         self.weights = make_publisher(self.cfg.weights, dirs.of_rank(0) if in_parts else dirs,
                                       access)  # fmt: skip
         if in_parts:
@@ -252,8 +252,8 @@ class LearnerRole(Actor):
         rank: TrainRank | None = None
         try:
             rank = self._new_rank(cfg, place.rank, place.size, place.rank)
-            if cfg.weight_parts(self.role) == place.size:
-                rank.make_part_publisher = partial(self._part_publisher, cfg, place.rank)
+            if cfg.weight_parts(self.role) > 1:
+                rank.make_part_publisher = partial(self._part_publisher, cfg)
             rank.reserve()
             while True:
                 order, body = gang.next_order()
@@ -270,12 +270,13 @@ class LearnerRole(Actor):
                 rank.part_publisher.close()
             gang.close()
 
-    def _part_publisher(self, cfg: RunConfig, rank: int, local: bool) -> WeightPublisher:
-        """A follower's publisher of its parts (the run's key from its secret, as the
-        leader's; on loopback only when the leader says the run is on one host)."""
+    def _part_publisher(self, cfg: RunConfig, local: bool, index: int) -> WeightPublisher:
+        """A follower's publisher of its part ``index`` of each version (the run's key from
+        its secret, as the leader's; on loopback only when the leader says the run is on
+        one host)."""
         try:
             key = weights_key(load_run_secret(RunDir.of(cfg).secret))
         except (OSError, RunSecretError) as error:
-            raise ActorBroken(f"rank {rank} cannot sign its part of a version: {error}") from error
-        dirs = self.weight_dirs(cfg).of_rank(rank)
+            raise ActorBroken(f"part {index} of a version cannot be signed: {error}") from error
+        dirs = self.weight_dirs(cfg).of_rank(index)
         return make_publisher(cfg.weights, dirs, WeightsAccess(local=local, key=key))

@@ -4,6 +4,7 @@ is (what staging a step copies)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,7 +22,19 @@ from ..policy.lora import is_adapter, published_name, trainer_name
 from ..policy.model import CausalLM
 from .host_copies import HostCopies
 
-__all__ = ["LearnerState"]
+__all__ = ["LearnerState", "OwnPart"]
+
+
+@dataclass(frozen=True)
+class OwnPart:
+    """A rank's part of a version published from every rank."""
+
+    index: int  # among the publishing ranks: where receivers lay it
+    tensors: dict[str, torch.Tensor]
+    dims: dict[str, int]  # each tensor's split dimension, where not 0
+    # Each tensor's whole shape, where this rank knows every one (an FSDP2 rank); None:
+    # the parts' slices add up to it (a pipeline stage knows only its own layers).
+    shapes: dict[str, tuple[int, ...]] | None
 
 
 class LearnerState:
@@ -62,16 +75,31 @@ class LearnerState:
             weights.pop("lm_head.weight", None)
         return {name: t.to(dtype) for name, t in weights.items()}
 
-    def own_part(self) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
-        """This rank's part of a version (``weights.from_every_rank``): its rows of every
-        tensor :meth:`full_weights` would give (its FSDP2 shard, dimension 0; a tensor
-        not sharded, on rank 0 only), named and typed as there, in CPU memory; and each
-        tensor's whole shape. No collective: each rank publishes its own
-        (transport/weights/parts.py)."""
+    def part_index(self) -> int | None:
+        """This rank's place among the ranks publishing a version from every rank
+        (``weights.from_every_rank``); None for a copy of the model that publishes
+        nothing (another engine's data-parallel copies)."""
+        if self.engine is not None:
+            return self.engine.hf_part_index()
+        return self.rank
+
+    def own_part(self) -> OwnPart | None:
+        """This rank's part of a version (``weights.from_every_rank``): its slice of every
+        tensor :meth:`full_weights` would give, named and typed as there, in CPU memory
+        (an FSDP2 shard's rows; another engine's own slice, split along the dimension it
+        says); None on a rank that publishes nothing. No collective: each rank publishes
+        its own (transport/weights/parts.py)."""
+        index = self.part_index()
+        if index is None:
+            return None
+        if self.engine is not None:
+            tensors, dims = self.engine.hf_part()
+            part = {name: t.detach().to(self.compute_dtype) for name, t in tensors.items()}
+            return OwnPart(index, self._on_host(part), dims, None)
         state = self.model.state_dict()
         if self.model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
-        part: dict[str, torch.Tensor] = {}
+        part = {}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, value in state.items():
             shapes[name] = tuple(value.shape)
@@ -80,9 +108,12 @@ class LearnerState:
             elif self.rank == 0:  # whole on every rank: rank 0's part holds it
                 whole = value.to_local() if isinstance(value, DTensor) else value
                 part[name] = whole.detach().to(self.compute_dtype)
+        return OwnPart(index, self._on_host(part), {}, shapes)
+
+    def _on_host(self, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if self.device.type == "cuda":  # the weight plane stages from CPU memory
-            part = self._host.copy(part)
-        return part, shapes
+            return self._host.copy(part)
+        return part
 
     def _full_adapters(self) -> dict[str, torch.Tensor]:
         """A LoRA run's version: the adapters alone, whole, by published name (lora.py),

@@ -19,16 +19,16 @@ import torch
 from asyncrl.runtime.contract.config import RunConfig
 from asyncrl.runtime.contract.rundir import RunDir
 from asyncrl.transport.weights import Announcement, WeightPublisher
-from asyncrl.transport.weights.parts import compose
+from asyncrl.transport.weights.parts import compose, whole_shapes
 
 from ..policy.collectives import all_gather_data
 from .gang import Order
 from .learner import Group, Learner
-from .learner_state import LearnerState
+from .learner_state import LearnerState, OwnPart
 from .resume import Choice, reserve, restore, stage
 from .staged_state import StagedState
 
-__all__ = ["TrainRank", "critic_ranks", "restore_body", "staged_identity"]
+__all__ = ["TrainRank", "critic_ranks", "publish_parts", "restore_body", "staged_identity"]
 
 log = structlog.get_logger("asyncrl.train")
 
@@ -77,7 +77,8 @@ class TrainRank:
         # weights.from_every_rank in a group: this rank's own publisher of its parts, made
         # at the first restore (which says whether the run is on one host)
         self.part_publisher: WeightPublisher | None = None
-        self.make_part_publisher: Callable[[bool], WeightPublisher] | None = None
+        # (local, its part's index) -> the publisher, in the part's weight directories
+        self.make_part_publisher: Callable[[bool, int], WeightPublisher] | None = None
 
     def carry_out(self, order: Order, groups: list[Group] | None = None, body: bytes = b"") -> Any:
         """An order's work, the same sequence of collectives on every rank."""
@@ -98,7 +99,9 @@ class TrainRank:
         every rank's part. ``local``: the run is on this one host (the leader's word: a
         rank's part publisher serves on loopback only)."""
         if self.part_publisher is None and self.make_part_publisher is not None:
-            self.part_publisher = self.make_part_publisher(local)
+            index = self.learner.part_index()  # None: a copy that publishes nothing
+            if index is not None:
+                self.part_publisher = self.make_part_publisher(local, index)
         choice = restore(self.learner, self.store, self.checkpoints(), target, self.ranks)
         self.step = choice.step
         log.info(
@@ -140,18 +143,15 @@ class TrainRank:
 
     def _version_out(self) -> dict[str, torch.Tensor] | Announcement:
         """What the leader publishes as the step's version (the others get nothing): the
-        whole weights, gathered; or, with a part publisher, every rank's part staged and
-        served by that rank, and their announcements gathered into one (a collective)."""
-        if self.part_publisher is None:
+        whole weights, gathered; or, with a part publisher, every publishing rank's part
+        staged and served by that rank, and their announcements gathered into one (a
+        collective: a rank that publishes nothing says so)."""
+        if self.make_part_publisher is None and self.part_publisher is None:
             return self.learner.full_weights()
-        part, shapes = self.learner.own_part()
-        mine = self.part_publisher.publish(self.step, part)
-        # Plain data between the ranks (policy/collectives.py), never pickled.
-        every = all_gather_data([mine.version, mine.manifest, mine.address])
-        if self.learner.rank != 0:
-            return {}
-        parts = [Announcement(version, manifest, address) for version, manifest, address in every]
-        return compose(self.step, parts, shapes)
+        # The part publisher was made at the restore, where this rank publishes a part.
+        own = self.learner.own_part()
+        announced = publish_parts(own, self.part_publisher, self.step, self.learner.rank == 0)
+        return {} if announced is None else announced
 
     def _stage(self) -> None:
         started = time.perf_counter()
@@ -178,3 +178,32 @@ class TrainRank:
 
 def restore_body(target: int, local: bool = True) -> bytes:
     return msgpack.packb([target, local])
+
+
+def publish_parts(
+    own: OwnPart | None, publisher: WeightPublisher | None, version: int, leader: bool
+) -> Announcement | None:
+    """Publish this rank's part of ``version`` (``own``, None: it publishes nothing) and
+    gather every publishing rank's announcement; the leader gets them as one (parts.py),
+    the others None. A collective over the group: every rank calls it."""
+    said = None
+    if own is not None:
+        assert publisher is not None
+        mine = publisher.publish(version, own.tensors)
+        shapes = None if own.shapes is None else {n: list(s) for n, s in own.shapes.items()}
+        said = [own.index, mine.version, mine.manifest, mine.address, own.dims, shapes]
+    # Plain data between the ranks (policy/collectives.py), never pickled.
+    every = all_gather_data(said)
+    if not leader:
+        return None
+    given = sorted((s for s in every if s is not None), key=lambda s: s[0])
+    parts = [Announcement(v, manifest, address) for _, v, manifest, address, _, _ in given]
+    # Each rank knows the dimensions of its own tensors only (a stage, its layers').
+    dims = {str(n): int(d) for said in given for n, d in said[4].items()}
+    known = given[0][5]
+    shapes = (
+        {str(n): tuple(s) for n, s in known.items()}
+        if known is not None
+        else whole_shapes(parts, dims)
+    )
+    return compose(version, parts, shapes, dims)

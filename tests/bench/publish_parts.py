@@ -62,7 +62,8 @@ def _rank(rank: int, size: int, port: int, shape: dict, parts: bool, out, done) 
     before = _rss_kib("VmRSS")
     started = time.perf_counter()
     if parts and size > 1:
-        part, shapes = learner.own_part()
+        own = learner.own_part()
+        part, shapes = own.tensors, own.shapes
         mine = publisher.publish(1, part)
         every = all_gather_data([mine.version, mine.manifest, mine.address])
         parts = [Announcement(*said) for said in every]

@@ -203,3 +203,104 @@ def test_a_checkpoints_optimizer_state_moves_between_the_engines_both_ways() -> 
     assert all(
         isinstance(p, torch.nn.Parameter) for p in theirs.optimizer.param_groups[0]["params"]
     )
+
+
+def _publishing_rank(rank: int, port: int, split: tuple[int, int, int], results, fetched) -> None:
+    """A megatron rank after a step: the group's weights gathered whole (the leader's),
+    and this rank's own slice published with a publisher of its own, as a run's ranks
+    publish every version (rank.publish_parts). Each serves until the test fetched."""
+    from asyncrl.actors.engines.megatron.model import load_megatron
+    from asyncrl.actors.training.rank import publish_parts
+    from asyncrl.transport.weights.ucx import UcxPublisher
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tensor_parallel, pipeline_parallel, ranks = split
+    gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
+    publisher = UcxPublisher(bucket_mb=1)
+    try:
+        section = MegatronSection(
+            tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
+        )
+        model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
+        learner = Learner(model, _config(), codec.pad_id, group_size=ranks)
+        learner.step([Group.of(item) for item in _lease().items])
+        whole = learner.full_weights()
+        own = learner.own_part()
+        sent = 0 if own is None else sum(t.nbytes for t in own.tensors.values())
+        announced = publish_parts(own, publisher if own else None, 1, leader=rank == 0)
+        if announced is not None:
+            arrays = {name: t.numpy() for name, t in whole.items()}
+            results.put((announced.manifest, announced.address, arrays, sent))
+        else:
+            results.put(("part", None, None, sent))
+        fetched.wait(120)
+    finally:
+        publisher.close()
+        gang.close()
+
+
+# One copy split over its ranks (a version in parts), and two copies of a split (the
+# second copy publishes nothing). Data parallelism alone publishes whole (weight_parts).
+PUBLISHING = [
+    *(s for s in SPLITS if s.id != "data-parallel"),
+    pytest.param((2, 1, 4), id="tensor-and-data-parallel"),
+]
+
+
+@pytest.mark.parametrize("split", PUBLISHING)
+def test_each_megatron_rank_publishes_its_slice_and_the_parts_make_the_groups_weights(
+    split: tuple[int, int, int],
+) -> None:
+    """From every rank (weights.from_every_rank): each tensor-parallel rank of each stage
+    publishes its own rows and columns by Hugging Face name, a data-parallel copy
+    nothing, and a generator's receiver assembles exactly the weights the group gathers
+    whole."""
+    import time
+
+    from asyncrl.transport.weights import Received, WeightsPlan
+    from asyncrl.transport.weights.parts import part_count
+    from asyncrl.transport.weights.parts_receiver import PartsReceiver
+    from asyncrl.transport.weights.ucx import UcxReceiver
+
+    torch.set_num_threads(1)
+    tensor_parallel, pipeline_parallel, ranks = split
+    context = multiprocessing.get_context("spawn")
+    results, fetched = context.Queue(), context.Event()
+    processes = start_ranks(_publishing_rank, ranks, free_port(), split, results, fetched)
+    try:
+        said = [_first_result(results, processes) for _ in range(ranks)]
+        leader = next(s for s in said if s[0] != "part")
+        manifest, address, expected, _ = leader
+        parts = part_count(manifest)
+        assert parts == tensor_parallel * pipeline_parallel
+        receiver = (
+            PartsReceiver([UcxReceiver(relay=False) for _ in range(parts)])
+            if parts > 1
+            else UcxReceiver(relay=False)
+        )
+        try:
+            receiver.want(WeightsPlan(1, manifest, "train-0", address))
+            got = None
+            for _ in range(1200):
+                if (got := receiver.poll()) is not None:
+                    break
+                time.sleep(0.05)
+            assert isinstance(got, Received), got
+            state = {name: t.clone() for name, t in got.state.items()}
+        finally:
+            receiver.close()
+    finally:
+        fetched.set()
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    assert sorted(state) == sorted(expected)
+    for name, array in expected.items():
+        assert torch.equal(state[name], torch.from_numpy(array)), name
+    sent = sorted(s[3] for s in said)
+    whole = sum(a.nbytes for a in expected.values())
+    # No rank sent the whole model, and nothing was sent twice: a second data-parallel
+    # copy of the split sent nothing.
+    assert max(sent) < 0.75 * whole and sum(sent) == whole, (sent, whole)
+    assert sent.count(0) == ranks - parts

@@ -22,11 +22,11 @@ import torch
 
 from asyncrl.actors.policy import model as model_module
 from asyncrl.actors.policy.checkpoint import load_model, state_for_saving
-from asyncrl.actors.policy.collectives import all_gather_data
 from asyncrl.actors.policy.lora import add_adapters
 from asyncrl.actors.policy.sharding import load_into_shards, shard
 from asyncrl.actors.training.gang import Gang, Order, pack_lease, unpack_lease
 from asyncrl.actors.training.learner import Group, Learner
+from asyncrl.actors.training.rank import publish_parts
 from asyncrl.actors.training.shard_rows import (
     ROWS,
     GroupRowsReceiver,
@@ -39,7 +39,7 @@ from asyncrl.runtime.contract.config import config_from_dict
 from asyncrl.runtime.contract.gangs import GangPlace
 from asyncrl.runtime.contract.stages import Role
 from asyncrl.transport import protocol as p
-from asyncrl.transport.weights import Announcement, Received, WeightsPlan
+from asyncrl.transport.weights import Received, WeightsPlan
 from asyncrl.transport.weights.parts import compose
 from asyncrl.transport.weights.parts_receiver import PartsReceiver
 from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
@@ -261,12 +261,10 @@ def _publishing_rank(rank: int, port: int, results, fetched) -> None:
         model, codec = load_model("embedded")
         learner = Learner(model, _config(), codec.pad_id, group_size=2)
         learner.step([Group.of(item) for item in _lease().items])
-        part, shapes = learner.own_part()
-        nbytes = sum(t.nbytes for t in part.values())
-        mine = publisher.publish(1, part)
-        every = all_gather_data([mine.version, mine.manifest, mine.address])
-        if rank == 0:
-            announced = compose(1, [Announcement(*said) for said in every], shapes)
+        own = learner.own_part()
+        nbytes = sum(t.nbytes for t in own.tensors.values())
+        announced = publish_parts(own, publisher, 1, leader=rank == 0)  # the trainer's own
+        if announced is not None:
             results.put((announced.manifest, announced.address, nbytes))
         else:
             results.put(("part", None, nbytes))

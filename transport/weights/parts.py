@@ -52,6 +52,7 @@ __all__ = [
     "served_from",
     "spans_of_parts",
     "split_dims",
+    "whole_shapes",
 ]
 
 PARTS = "parts"  # the manifest key of a version in parts
@@ -85,6 +86,20 @@ def compose(
         manifest["dims"] = split
     _layout(version, [Manifest.from_payload(a.manifest) for a in parts], shapes, split)
     return Announcement(version, manifest, served_from([a.address for a in parts]))
+
+
+def whole_shapes(parts: Sequence[Announcement], dims: SplitDims) -> dict[str, tuple[int, ...]]:
+    """Each tensor's whole shape, from the parts' slices of it added up along its split
+    dimension (for a group none of whose ranks knows every tensor: pipeline stages)."""
+    shapes: dict[str, list[int]] = {}
+    for announced in parts:
+        for spec in Manifest.from_payload(announced.manifest).tensors:
+            dim = dims.get(spec.name, 0)
+            if spec.name not in shapes or not spec.shape:
+                shapes[spec.name] = list(spec.shape)
+            elif dim < len(spec.shape):
+                shapes[spec.name][dim] += spec.shape[dim]
+    return {name: tuple(shape) for name, shape in shapes.items()}
 
 
 def served_from(addresses: Sequence[bytes]) -> bytes:

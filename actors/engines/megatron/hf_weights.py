@@ -13,7 +13,14 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 from .experts import gather_experts
 from .gathers import every_stage, every_tensor_parallel_rank
 from .gpt_build import ParallelSizes
-from .mapping import Layout, from_te_names, hf_to_megatron, megatron_to_hf, to_te_names
+from .mapping import (
+    Layout,
+    from_te_names,
+    hf_to_megatron,
+    megatron_to_hf,
+    slice_to_hf,
+    to_te_names,
+)
 from .parallel import (
     merge_pipeline_parallel,
     merge_tensor_parallel,
@@ -43,6 +50,36 @@ class HfWeights:
         return self._whole(
             {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         )
+
+    def hf_part_index(self) -> int | None:
+        """Stage by stage, tensor-parallel rank by rank: the first copy of the model
+        publishes, the other data-parallel copies nothing. (Experts split over ranks
+        are published whole: ``RunConfig.weight_parts``.)"""
+        if parallel_state.get_data_parallel_rank() != 0:
+            return None
+        stage = self.stages.stage if self.stages is not None else 0
+        return stage * self.sizes.tensor + self._tensor_parallel_rank()
+
+    def hf_part(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+        """This rank's own slice by Hugging Face name (mapping.slice_to_hf), no collective:
+        its tensor-parallel rows and columns of its stage's layers."""
+        if self.sizes.expert > 1:
+            raise ValueError("experts split over ranks are published whole, not in parts")
+        state = {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
+        if self.te:
+            state = from_te_names(state, self.layout)
+        stages = self.stages.count if self.stages is not None else 1
+        first = (self.stages.stage if self.stages is not None else 0) * (
+            self.layout.layers // stages
+        )
+        return slice_to_hf(
+            state, self.layout, self._tensor_parallel_rank(), self.sizes.tensor, first
+        )
+
+    def _tensor_parallel_rank(self) -> int:
+        if self.sizes.tensor == 1:
+            return 0
+        return parallel_state.get_tensor_model_parallel_rank()
 
     def load_hf_state(self, hf: Mapping[str, torch.Tensor]) -> None:
         """Whole Hugging Face weights into the model (each stage takes its layers, each

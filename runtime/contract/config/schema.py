@@ -267,21 +267,23 @@ class RunConfig:
     )
 
     def weight_parts(self, learner: str) -> int:
-        """How many parts each version of ``learner`` (train, critic) comes in: its
-        group's size where every rank publishes its own (``weights.from_every_rank``),
-        else 1 (rank 0 publishes it whole). Parts are rows of FSDP2 shards, which the
-        torch engine's groups hold: whole parameters each split along their first
-        dimension (megatron splits otherwise; LoRA versions are the adapters, gathered
-        whole, which are small)."""
+        """How many parts each version of ``learner`` (train, critic) comes in: one per
+        publishing rank of its group where every rank publishes its own
+        (``weights.from_every_rank``), else 1 (rank 0 publishes it whole). The torch
+        engine's ranks publish their FSDP2 rows; the trainer's megatron ranks of one copy
+        of the model their tensor-parallel slices of their stage's layers (each
+        data-parallel copy but the first publishes nothing). Published whole: LoRA
+        versions (the adapters, gathered whole, which are small) and experts split over
+        ranks."""
         ranks = self.pipeline.workers.get(learner, 1)
-        if (
-            ranks < 2
-            or not self.weights.from_every_rank
-            or self.backends.train != "torch"
-            or self.model.lora.enabled
-        ):
+        if ranks < 2 or not self.weights.from_every_rank or self.model.lora.enabled:
             return 1
-        return ranks
+        if self.backends.train == "torch":
+            return ranks
+        megatron = self.backends.megatron
+        if learner != "train" or megatron.expert_parallel > 1:
+            return 1
+        return megatron.tensor_parallel * megatron.pipeline_parallel
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)

@@ -526,9 +526,37 @@ def test_the_dapo_config_is_the_recipe_and_punishes_no_right_answer() -> None:
         (("pipeline.workers.train=2", "weights.from_every_rank=false"), 1, 1),
         (("pipeline.workers.train=2", "model.lora.rank=8"), 1, 1),
         (("pipeline.workers.train=2", "backends.train=megatron"), 1, 1),
+        (
+            (
+                "pipeline.workers.train=4",
+                "backends.train=megatron",
+                "backends.megatron.tensor_parallel=2",
+            ),
+            2,
+            1,
+        ),
+        (
+            (
+                "pipeline.workers.train=4",
+                "backends.train=megatron",
+                "backends.megatron.tensor_parallel=2",
+                "backends.megatron.pipeline_parallel=2",
+            ),
+            4,
+            1,
+        ),
+        (
+            (
+                "pipeline.workers.train=4",
+                "backends.train=megatron",
+                "backends.megatron.expert_parallel=2",
+            ),
+            1,
+            1,
+        ),
     ],
 )
-def test_a_version_comes_in_parts_from_an_fsdp2_group_only(
+def test_a_version_comes_in_parts_from_a_group_that_can_publish_them(
     overrides: tuple[str, ...], train: int, critic: int
 ) -> None:
     """Every worker reads how a learner's versions come from the config alone: the
