@@ -34,6 +34,7 @@ from tests.support.group_step import (
     step_and_reload,
 )
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
+from tests.support.receiving import received
 
 pytest.importorskip("megatron.core")
 
@@ -256,9 +257,7 @@ def test_each_megatron_rank_publishes_its_slice_and_the_parts_make_the_groups_we
     publishes its own rows and columns by Hugging Face name, a data-parallel copy
     nothing, and a generator's receiver assembles exactly the weights the group gathers
     whole."""
-    import time
-
-    from asyncrl.transport.weights import Received, WeightsPlan
+    from asyncrl.transport.weights import WeightsPlan
     from asyncrl.transport.weights.parts import part_count
     from asyncrl.transport.weights.parts_receiver import PartsReceiver
     from asyncrl.transport.weights.ucx import UcxReceiver
@@ -279,17 +278,7 @@ def test_each_megatron_rank_publishes_its_slice_and_the_parts_make_the_groups_we
             if parts > 1
             else UcxReceiver(relay=False)
         )
-        try:
-            receiver.want(WeightsPlan(1, manifest, "train-0", address))
-            got = None
-            for _ in range(1200):
-                if (got := receiver.poll()) is not None:
-                    break
-                time.sleep(0.05)
-            assert isinstance(got, Received), got
-            state = {name: t.clone() for name, t in got.state.items()}
-        finally:
-            receiver.close()
+        state = received(receiver, WeightsPlan(1, manifest, "train-0", address)).state
     finally:
         fetched.set()
     for process in processes:

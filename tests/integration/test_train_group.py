@@ -46,6 +46,7 @@ from asyncrl.transport.weights.ucx import UcxPublisher, UcxReceiver
 from tests.support.group_step import assert_scores_like_one_model, score_in_turn
 from tests.support.hf_families import hf_model_dir
 from tests.support.ranks import GROUP_SECRET, free_port, start_ranks
+from tests.support.receiving import received
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -285,16 +286,7 @@ def test_a_version_from_every_ranks_part_holds_the_weights_one_rank_trains(tmp_p
             said, key=lambda r: r[0] == "part"
         )
         receiver = PartsReceiver([UcxReceiver(relay=False), UcxReceiver(relay=False)])
-        try:
-            receiver.want(WeightsPlan(1, manifest, "train-0", address))
-            got = None
-            for _ in range(600):
-                if (got := receiver.poll()) is not None:
-                    break
-                time.sleep(0.05)
-            assert isinstance(got, Received), got
-        finally:
-            receiver.close()
+        got = received(receiver, WeightsPlan(1, manifest, "train-0", address))
     finally:
         fetched.set()
     for process in ranks:
