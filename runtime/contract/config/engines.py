@@ -65,10 +65,11 @@ class WeightsSection:
     from_every_rank: bool = field(
         default=True,
         metadata=doc(
-            "a sharded group's ranks (train, critic: FSDP2 on the torch engine, no LoRA) "
-            "each publish their own rows of a version, fetched by receivers from every rank "
-            "(or a relay) at once and assembled: no rank gathers the whole model, each host "
-            "sends its own bytes; false, or other groups: rank 0 gathers and publishes"
+            "a split group's ranks (train, critic: FSDP2 on the torch engine; train: "
+            "megatron's tensor-parallel and pipeline ranks; no LoRA) each publish their own "
+            "slice of a version, fetched by receivers from every rank (or a relay) at once "
+            "and assembled: no rank gathers the whole model, each host sends its own bytes; "
+            "false, or other groups: rank 0 gathers and publishes"
         ),
     )
     shm_dir: str = field(
