@@ -184,3 +184,23 @@ def test_an_expert_parallel_scorer_group_scores_and_loads_versions_like_one_torc
         process.join(30)
         assert process.exitcode == 0
     assert_scores_like_one_model(shared, directory, _SCORED, _next_version(directory), 1e-4)
+
+
+@pytest.mark.parametrize(
+    "split",
+    [
+        pytest.param((2, 1, 2), id="expert-parallel"),
+        pytest.param((2, 1, 4), id="expert-and-data-parallel"),
+    ],
+)
+def test_each_expert_parallel_rank_publishes_its_experts_and_the_parts_make_the_weights(
+    tmp_path: Path, split: tuple[int, int, int]
+) -> None:
+    """Each expert-parallel rank publishes its own block of the experts (numbered as in
+    the whole model), the first also the dense layers; the second data-parallel copy of
+    the experts nothing."""
+    from tests.integration.test_megatron_group import check_every_ranks_slice_makes_the_weights
+
+    experts, stages, ranks = split
+    fields = {"expert_parallel": experts, "pipeline_parallel": stages}
+    check_every_ranks_slice_makes_the_weights(_moe_dir(tmp_path), fields, ranks)

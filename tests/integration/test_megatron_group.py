@@ -206,24 +206,24 @@ def test_a_checkpoints_optimizer_state_moves_between_the_engines_both_ways() -> 
     )
 
 
-def _publishing_rank(rank: int, port: int, split: tuple[int, int, int], results, fetched) -> None:
-    """A megatron rank after a step: the group's weights gathered whole (the leader's),
-    and this rank's own slice published with a publisher of its own, as a run's ranks
-    publish every version (rank.publish_parts). Each serves until the test fetched."""
+def _publishing_rank(
+    rank: int, port: int, ranks: int, model_dir: str, split: dict, results, fetched
+) -> None:
+    """A megatron rank (split by ``split``, MegatronSection's fields) after a step: the
+    group's weights gathered whole (the leader's), and this rank's own slice published
+    with a publisher of its own, as a run's ranks publish every version
+    (rank.publish_parts). Each serves until the test fetched."""
     from asyncrl.actors.engines.megatron.model import load_megatron
     from asyncrl.actors.training.rank import publish_parts
     from asyncrl.transport.weights.ucx import UcxPublisher
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    tensor_parallel, pipeline_parallel, ranks = split
     gang = Gang(GangPlace(rank, ranks, "127.0.0.1", port), secret=GROUP_SECRET, timeout_s=60)
     publisher = UcxPublisher(bucket_mb=1)
     try:
-        section = MegatronSection(
-            tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel
-        )
-        model, codec = load_megatron("embedded", torch.float32, torch.device("cpu"), section)
+        section = MegatronSection(**split)
+        model, codec = load_megatron(model_dir, torch.float32, torch.device("cpu"), section)
         learner = Learner(model, _config(), codec.pad_id, group_size=ranks)
         learner.step([Group.of(item) for item in _lease().items])
         whole = learner.full_weights()
@@ -241,6 +241,43 @@ def _publishing_rank(rank: int, port: int, split: tuple[int, int, int], results,
         gang.close()
 
 
+def check_every_ranks_slice_makes_the_weights(model_dir: str, split: dict, ranks: int) -> None:
+    """A group of ``ranks`` megatron ranks split by ``split`` publishes a version from
+    every rank (weights.from_every_rank): a generator's receiver assembles exactly the
+    weights the group gathers whole; no rank sent the whole model, nothing was sent
+    twice, and a second data-parallel copy sent nothing."""
+    from asyncrl.transport.weights import WeightsPlan
+    from asyncrl.transport.weights.parts import part_count
+    from asyncrl.transport.weights.parts_receiver import PartsReceiver
+    from asyncrl.transport.weights.ucx import UcxReceiver
+
+    torch.set_num_threads(1)
+    context = multiprocessing.get_context("spawn")
+    results, fetched = context.Queue(), context.Event()
+    processes = start_ranks(
+        _publishing_rank, ranks, free_port(), ranks, model_dir, split, results, fetched
+    )
+    try:
+        said = [_first_result(results, processes) for _ in range(ranks)]
+        manifest, address, expected, _ = next(s for s in said if s[0] != "part")
+        parts = part_count(manifest)
+        assert parts == MegatronSection(**split).model_parallel
+        receiver = PartsReceiver([UcxReceiver(relay=False) for _ in range(parts)])
+        state = received(receiver, WeightsPlan(1, manifest, "train-0", address)).state
+    finally:
+        fetched.set()
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    assert sorted(state) == sorted(expected)
+    for name, array in expected.items():
+        assert torch.equal(state[name], torch.from_numpy(array)), name
+    sent = sorted(s[3] for s in said)
+    whole = sum(a.nbytes for a in expected.values())
+    assert max(sent) < 0.75 * whole and sum(sent) == whole, (sent, whole)
+    assert sent.count(0) == ranks - parts
+
+
 # One copy split over its ranks (a version in parts), and two copies of a split (the
 # second copy publishes nothing). Data parallelism alone publishes whole (weight_parts).
 PUBLISHING = [
@@ -253,43 +290,8 @@ PUBLISHING = [
 def test_each_megatron_rank_publishes_its_slice_and_the_parts_make_the_groups_weights(
     split: tuple[int, int, int],
 ) -> None:
-    """From every rank (weights.from_every_rank): each tensor-parallel rank of each stage
-    publishes its own rows and columns by Hugging Face name, a data-parallel copy
-    nothing, and a generator's receiver assembles exactly the weights the group gathers
-    whole."""
-    from asyncrl.transport.weights import WeightsPlan
-    from asyncrl.transport.weights.parts import part_count
-    from asyncrl.transport.weights.parts_receiver import PartsReceiver
-    from asyncrl.transport.weights.ucx import UcxReceiver
-
-    torch.set_num_threads(1)
+    """Each tensor-parallel rank of each stage publishes its own rows and columns by
+    Hugging Face name, a data-parallel copy nothing."""
     tensor_parallel, pipeline_parallel, ranks = split
-    context = multiprocessing.get_context("spawn")
-    results, fetched = context.Queue(), context.Event()
-    processes = start_ranks(_publishing_rank, ranks, free_port(), split, results, fetched)
-    try:
-        said = [_first_result(results, processes) for _ in range(ranks)]
-        leader = next(s for s in said if s[0] != "part")
-        manifest, address, expected, _ = leader
-        parts = part_count(manifest)
-        assert parts == tensor_parallel * pipeline_parallel
-        receiver = (
-            PartsReceiver([UcxReceiver(relay=False) for _ in range(parts)])
-            if parts > 1
-            else UcxReceiver(relay=False)
-        )
-        state = received(receiver, WeightsPlan(1, manifest, "train-0", address)).state
-    finally:
-        fetched.set()
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
-    assert sorted(state) == sorted(expected)
-    for name, array in expected.items():
-        assert torch.equal(state[name], torch.from_numpy(array)), name
-    sent = sorted(s[3] for s in said)
-    whole = sum(a.nbytes for a in expected.values())
-    # No rank sent the whole model, and nothing was sent twice: a second data-parallel
-    # copy of the split sent nothing.
-    assert max(sent) < 0.75 * whole and sum(sent) == whole, (sent, whole)
-    assert sent.count(0) == ranks - parts
+    fields = {"tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel}
+    check_every_ranks_slice_makes_the_weights("embedded", fields, ranks)

@@ -52,19 +52,20 @@ class HfWeights:
         )
 
     def hf_part_index(self) -> int | None:
-        """Stage by stage, tensor-parallel rank by rank: the first copy of the model
-        publishes, the other data-parallel copies nothing. (Experts split over ranks
-        are published whole: ``RunConfig.weight_parts``.)"""
-        if parallel_state.get_data_parallel_rank() != 0:
+        """Stage by stage, expert-parallel rank by rank, tensor-parallel rank by rank: the
+        first copy of the model (of its experts, with expert-parallel ranks, which are
+        carved out of the data-parallel copies) publishes, the other copies nothing."""
+        if parallel_state.get_expert_data_parallel_rank() != 0:
             return None
         stage = self.stages.stage if self.stages is not None else 0
-        return stage * self.sizes.tensor + self._tensor_parallel_rank()
+        expert = self._expert_parallel_rank()
+        return (stage * self.sizes.expert + expert) * self.sizes.tensor + (
+            self._tensor_parallel_rank()
+        )
 
     def hf_part(self) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
         """This rank's own slice by Hugging Face name (mapping.slice_to_hf), no collective:
-        its tensor-parallel rows and columns of its stage's layers."""
-        if self.sizes.expert > 1:
-            raise ValueError("experts split over ranks are published whole, not in parts")
+        its tensor-parallel rows and columns of its stage's layers, and its experts."""
         state = {k: t.detach() for k, t in self.gpt.state_dict().items() if _is_tensor(t)}
         if self.te:
             state = from_te_names(state, self.layout)
@@ -73,8 +74,19 @@ class HfWeights:
             self.layout.layers // stages
         )
         return slice_to_hf(
-            state, self.layout, self._tensor_parallel_rank(), self.sizes.tensor, first
+            state,
+            self.layout,
+            self._tensor_parallel_rank(),
+            self.sizes.tensor,
+            first,
+            self._expert_parallel_rank(),
+            self.sizes.expert,
         )
+
+    def _expert_parallel_rank(self) -> int:
+        if self.sizes.expert == 1:
+            return 0
+        return parallel_state.get_expert_model_parallel_rank()
 
     def _tensor_parallel_rank(self) -> int:
         if self.sizes.tensor == 1:

@@ -286,19 +286,28 @@ def _split_qkv(fused: torch.Tensor, layout: Layout):
 
 
 def slice_to_hf(
-    mg: Mapping[str, torch.Tensor], layout: Layout, rank: int, ranks: int, first_layer: int
+    mg: Mapping[str, torch.Tensor],
+    layout: Layout,
+    rank: int,
+    ranks: int,
+    first_layer: int,
+    expert_rank: int = 0,
+    expert_ranks: int = 1,
 ) -> tuple[State, dict[str, int]]:
     """What one rank of a split megatron model holds, as its own slice of the Hugging Face
     state, and the dimension each tensor of it is split along (where not 0).
 
     ``mg``: the rank's local state (tensor-parallel rank ``rank`` of ``ranks``, one pipeline
-    stage's layers numbered from 0, ``first_layer`` the stage's first; no expert-parallel
-    split). A column-parallel layer's rank holds whole query groups and a share of the
-    MLP, so its q, k, v, gate and up projections are row ranges of the whole, in rank
-    order; a row-parallel layer's (o_proj, down_proj) are column ranges; the vocabulary's
-    rows are ranges with megatron's padding dropped. A tensor every rank holds whole (a
+    stage's layers numbered from 0, ``first_layer`` the stage's first; expert-parallel rank
+    ``expert_rank`` of ``expert_ranks``, its block of the experts numbered from 0).
+
+    A column-parallel layer's rank holds whole query groups and a share of the MLP, so its
+    q, k, v, gate and up projections are row ranges of the whole, in rank order; a
+    row-parallel layer's (o_proj, down_proj) are column ranges; the vocabulary's rows are
+    ranges with megatron's padding dropped. A tensor every rank holds whole (a
     norm, a row-parallel bias, the router) is in rank 0's slice only; a tied output layer
-    is not published (the embedding is).
+    is not published (the embedding is). An expert-parallel rank's experts are its own;
+    every other tensor is in expert-parallel rank 0's slice only.
     """
     local = replace(
         layout,
@@ -306,6 +315,7 @@ def slice_to_hf(
         kv_heads=layout.kv_heads // ranks,
         ffn=layout.ffn // ranks,
         expert_ffn=layout.expert_ffn // ranks,
+        experts=layout.experts // expert_ranks,
     )
     source = {k: t for k, t in mg.items() if not k.endswith("_extra_state")}
     out: State = {}
@@ -319,11 +329,20 @@ def slice_to_hf(
     if FINAL_NORM in source:
         out["model.norm.weight"] = source.pop(FINAL_NORM)
     layers = sorted({int(m.group(1)) for n in source if (m := LAYER.match(n))})
+    first_expert = expert_rank * local.experts
     for i in layers:
         hf = f"model.layers.{first_layer + i}."
-        out.update(_layer_to_hf(source, f"decoder.layers.{i}.", hf, local))
+        for name, tensor in _layer_to_hf(source, f"decoder.layers.{i}.", hf, local).items():
+            expert = _HF_EXPERT.match(name)
+            if expert is not None:  # numbered in the whole model
+                name = f"{expert.group(1)}{first_expert + int(expert.group(2))}{expert.group(3)}"
+            elif expert_rank != 0:
+                continue  # the same on every expert-parallel rank: the first's slice has it
+            out[name] = tensor
     if source:
         raise ValueError(f"megatron tensors this layout has no place for: {sorted(source)[:5]}")
+    if expert_rank != 0:  # the embedding, final norm and output layer too
+        out = {name: t for name, t in out.items() if _HF_EXPERT.match(name)}
     if ranks == 1:
         return out, {}
     dims = {}
@@ -352,6 +371,7 @@ _HF_ROWS = (
     "lm_head.weight",
 )
 _HF_COLUMNS = ("o_proj.weight", "down_proj.weight")
+_HF_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)(\..+)$")
 
 
 # --- Transformer Engine names ----------------------------------------------------------

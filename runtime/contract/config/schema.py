@@ -271,19 +271,17 @@ class RunConfig:
         publishing rank of its group where every rank publishes its own
         (``weights.from_every_rank``), else 1 (rank 0 publishes it whole). The torch
         engine's ranks publish their FSDP2 rows; the trainer's megatron ranks of one copy
-        of the model their tensor-parallel slices of their stage's layers (each
-        data-parallel copy but the first publishes nothing). Published whole: LoRA
-        versions (the adapters, gathered whole, which are small) and experts split over
-        ranks."""
+        of the model their tensor-parallel slices of their stage's layers and their
+        experts (each data-parallel copy but the first publishes nothing). Published
+        whole: LoRA versions (the adapters, gathered whole, which are small)."""
         ranks = self.pipeline.workers.get(learner, 1)
         if ranks < 2 or not self.weights.from_every_rank or self.model.lora.enabled:
             return 1
         if self.backends.train == "torch":
             return ranks
-        megatron = self.backends.megatron
-        if learner != "train" or megatron.expert_parallel > 1:
+        if learner != "train":
             return 1
-        return megatron.tensor_parallel * megatron.pipeline_parallel
+        return self.backends.megatron.model_parallel
 
     def __post_init__(self) -> None:
         _check_megatron_group(self.backends, self.pipeline)

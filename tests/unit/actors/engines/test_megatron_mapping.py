@@ -147,10 +147,12 @@ def test_a_missing_or_unexpected_tensor_is_named(saved) -> None:
         m.hf_to_megatron({**hf, "extra.weight": torch.zeros(1)}, layout)
 
 
-@pytest.mark.parametrize(("tensor", "stages"), [(2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize(
+    ("tensor", "stages", "experts"), [(2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (2, 2, 2)]
+)
 @pytest.mark.parametrize("odd_vocabulary", [False, True])
 def test_each_ranks_slice_by_hugging_face_name_makes_the_whole_as_parts(
-    saved, tensor: int, stages: int, odd_vocabulary: bool
+    saved, tensor: int, stages: int, experts: int, odd_vocabulary: bool
 ) -> None:
     """What each rank of a split model publishes as its part of a version (slice_to_hf),
     announced and assembled as the weight plane does, is the whole Hugging Face state;
@@ -160,6 +162,8 @@ def test_each_ranks_slice_by_hugging_face_name_makes_the_whole_as_parts(
     from asyncrl.transport.weights.parts import assemble, compose, split_dims
 
     config, hf = saved
+    if experts > 1 and not m.Layout.from_hf(config).experts:
+        pytest.skip("a dense model has no experts to split")
     if odd_vocabulary:  # padded for the split: the padding rows are not published
         config = {**config, "vocab_size": config["vocab_size"] - 1}
         hf = {
@@ -169,13 +173,14 @@ def test_each_ranks_slice_by_hugging_face_name_makes_the_whole_as_parts(
     layout = m.Layout.from_hf(config).padded_for(tensor)
     per_stage = layout.layers // stages
     slices, dims = [], {}
-    for stage, part in enumerate(
-        par.split_pipeline_parallel(m.hf_to_megatron(hf, layout), layout, stages)
-    ):
-        for rank, shard in enumerate(par.split_tensor_parallel(part, tensor)):
-            mine, split = m.slice_to_hf(shard, layout, rank, tensor, stage * per_stage)
-            slices.append(mine)
-            dims.update(split)
+    whole_mg = m.hf_to_megatron(hf, layout)
+    for stage, part in enumerate(par.split_pipeline_parallel(whole_mg, layout, stages)):
+        for expert, block in enumerate(par.split_expert_parallel(part, experts)):
+            for rank, shard in enumerate(par.split_tensor_parallel(block, tensor)):
+                first = stage * per_stage
+                mine, split = m.slice_to_hf(shard, layout, rank, tensor, first, expert, experts)
+                slices.append(mine)
+                dims.update(split)
     announced = []
     for index, mine in enumerate(slices):
         specs, total = plan(mine)

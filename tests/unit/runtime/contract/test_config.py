@@ -551,7 +551,7 @@ def test_the_dapo_config_is_the_recipe_and_punishes_no_right_answer() -> None:
                 "backends.train=megatron",
                 "backends.megatron.expert_parallel=2",
             ),
-            1,
+            2,
             1,
         ),
     ],
