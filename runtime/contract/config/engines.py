@@ -66,7 +66,7 @@ class WeightsSection:
         default=True,
         metadata=doc(
             "a split group's ranks (train, critic: FSDP2 on the torch engine; train: "
-            "megatron's tensor-parallel and pipeline ranks; no LoRA) each publish their own "
+            "megatron's ranks of one copy of the model; no LoRA) each publish their own "
             "slice of a version, fetched by receivers from every rank (or a relay) at once "
             "and assembled: no rank gathers the whole model, each host sends its own bytes; "
             "false, or other groups: rank 0 gathers and publishes"
