@@ -230,12 +230,11 @@ class GroupRowsReceiver:
         if plan.version <= self._handed:
             return
         current = self._fetching
-        if (
-            current is not None
-            and current.version >= plan.version
-            and (current.version > plan.version or current.source == plan.source)
+        if current is not None and (
+            current.version > plan.version
+            or (current.version == plan.version and current.source == plan.source)
         ):
-            return
+            return  # on a newer version, or on this one from this source already
         self.rows.want(plan, self.local)  # ManifestError before the others are told
         self.gang.lead(Order.FETCH, lambda: None, pack_plan(plan, self.local))
         self._fetching = plan

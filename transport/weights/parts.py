@@ -267,6 +267,12 @@ class _Slice:
     count: int  # along the split dimension
     rest: tuple[int, ...]  # the other dimensions
 
+    @classmethod
+    def of(cls, dtype: str, shape: tuple[int, ...], dim: int) -> _Slice:
+        if not shape:
+            return cls(dtype, 1, ())
+        return cls(dtype, shape[dim], shape[:dim] + shape[dim + 1 :])
+
 
 def _layout(
     version: int, manifests: Sequence[Manifest], shapes: WholeShapes, dims: SplitDims
@@ -274,23 +280,21 @@ def _layout(
     """ManifestError unless the parts' tensors make each whole tensor: the same names, one
     dtype each, the same other dimensions, and slices adding up to the whole along the
     split dimension."""
-    seen: dict[str, list[_Slice]] = {}
+    seen: dict[str, list[tuple[str, tuple[int, ...]]]] = {}  # name -> each part's dtype, shape
     for manifest in manifests:
         if manifest.version != version:
             raise ManifestError(f"a part of version {manifest.version} in version {version}")
         for spec in manifest.tensors:
-            seen.setdefault(spec.name, []).append(
-                _slice(spec.dtype, spec.shape, dims.get(spec.name, 0))
-            )
+            seen.setdefault(spec.name, []).append((spec.dtype, spec.shape))
     if seen.keys() != set(shapes):
         odd = sorted(seen.keys() ^ set(shapes))[:3]
         raise ManifestError(f"version {version}: the parts and the whole name other tensors: {odd}")
-    for name, pieces in seen.items():
-        dim = dims.get(name, 0)
-        shape = tuple(shapes[name])
-        if dim and dim >= len(shape):
+    for name, held in seen.items():
+        dim, shape = dims.get(name, 0), tuple(shapes[name])
+        if dim and any(dim >= len(s) for s in (shape, *(s for _, s in held))):
             raise ManifestError(f"version {version}: {name!r} has no dimension {dim} to split")
-        whole = _slice(pieces[0].dtype, shape, dim)
+        whole = _Slice.of(held[0][0], shape, dim)
+        pieces = [_Slice.of(dtype, s, dim) for dtype, s in held]
         if len({p.dtype for p in pieces}) != 1 or any(p.rest != whole.rest for p in pieces):
             raise ManifestError(f"version {version}: the parts of {name!r} are not of one shape")
         if sum(p.count for p in pieces) != whole.count:
@@ -299,11 +303,3 @@ def _layout(
                 f"version {version}: the parts of {name!r} hold "
                 f"{sum(p.count for p in pieces)} {what} of {whole.count}"
             )
-
-
-def _slice(dtype: str, shape: tuple[int, ...], dim: int) -> _Slice:
-    if not shape:
-        return _Slice(dtype, 1, ())
-    if dim >= len(shape):
-        return _Slice(dtype, -1, shape)  # refused by the caller, saying why
-    return _Slice(dtype, shape[dim], shape[:dim] + shape[dim + 1 :])

@@ -336,12 +336,10 @@ def slice_to_hf(
             expert = _HF_EXPERT.match(name)
             if expert is not None:  # numbered in the whole model
                 name = f"{expert.group(1)}{first_expert + int(expert.group(2))}{expert.group(3)}"
-            elif expert_rank != 0:
-                continue  # the same on every expert-parallel rank: the first's slice has it
             out[name] = tensor
     if source:
         raise ValueError(f"megatron tensors this layout has no place for: {sorted(source)[:5]}")
-    if expert_rank != 0:  # the embedding, final norm and output layer too
+    if expert_rank != 0:  # the rest is the same on every expert rank: the first's slice
         out = {name: t for name, t in out.items() if _HF_EXPERT.match(name)}
     if ranks == 1:
         return out, {}
