@@ -192,6 +192,48 @@ def test_the_critic_takes_fewer_than_a_batch_only_to_complete_a_waiting_train_st
     assert grant(core.claim("critic", "cr", 99, 0.0)).groups == (2, 3)
 
 
+def test_no_short_critic_step_while_a_group_the_train_step_must_take_is_upstream() -> None:
+    # As ppo.yaml runs: the critic's step makes the values, no values stage.
+    table = DEFAULT_PIPELINE.with_critic(values_stage=False).without(Role.REF_LOGP)
+    core = SchedulerCore(make_core().settings, table)  # max_staleness 1, batches of 2
+    workers = {"gen": "generate", "lp": "logp", "rw": "reward", "rw2": "reward",
+               "cr": "critic", "tr": "train"}  # fmt: skip
+    for worker, role in workers.items():
+        core.register(worker, role, 0.0)
+    core.loaded_version("gen", 0)
+
+    def through(n: int, *roles: str) -> None:
+        done(core, grant(core.claim("generate", "gen", n, 0.0)), behaviour=True)
+        for worker in roles:
+            done(core, grant(core.claim(workers[worker], worker, n, 0.0)))
+
+    core.add_groups(["g0", "g1"])
+    through(2, "lp", "rw", "cr", "tr")
+    core.publish_version("tr", 1)
+    # Groups 2 and 3 from version 0 are due at step 2; 4 and 5 from version 1 at step 3.
+    core.add_groups(["g2", "g3"])
+    through(2, "lp")
+    core.loaded_version("gen", 1)
+    core.add_groups(["g4", "g5"])
+    through(2, "lp")
+    held = grant(core.claim("reward", "rw2", 1, 0.0))  # group 2's reward, still upstream
+    assert held.groups == (2,)
+    done(core, grant(core.claim("reward", "rw", 3, 0.0)))
+    first = grant(core.claim("critic", "cr", 99, 0.0))
+    assert first.groups == (3, 4)
+    done(core, first)
+    # The train step waits for group 2. Group 5 alone would complete a batch in number,
+    # not one the train step may take: no short step for it.
+    assert core.claim("train", "tr", 99, 0.0) is None
+    assert core.claim("critic", "cr", 99, 0.0) is None
+    done(core, held)
+    step = grant(core.claim("critic", "cr", 99, 0.0))
+    assert step.groups == (2, 5)  # one whole step, not two short ones
+    done(core, step)
+    assert grant(core.claim("train", "tr", 99, 0.0)).groups == (2, 3)
+    assert core.state.critic_steps_done == 3
+
+
 def test_a_group_whose_rollouts_were_lost_after_the_critic_step_is_taken_alone() -> None:
     core = make_core(max_staleness=3)
     to_ready(core, 2)
