@@ -247,6 +247,14 @@ class CriticLearner(LearnerState):
         with a group rank 0 passes them and the others None, each keeping its shard."""
         if self.size == 1:
             assert whole is not None
+            extra = sorted(set(whole) - {name for name, _ in self.model.named_parameters()})
+            if extra:
+                # Loading only what fits would resume another critic than the one saved.
+                raise ValueError(
+                    f"the critic's checkpoint has weights this critic lacks, {extra[:3]}: "
+                    f"it was written with more decoder layers than critic.layers="
+                    f"{self.cfg.critic.layers} keeps; resume with the run's own value"
+                )
             load_value_weights(self.model, whole, source="the critic's checkpoint")
             return
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -26,6 +26,7 @@ __all__ = [
     "ValueModel",
     "freeze_lower_layers",
     "frozen_layers_problem",
+    "layers_problem",
     "load_value_model",
     "load_value_weights",
     "response_values",
@@ -81,13 +82,34 @@ def response_values(model: ValueModel, packed: Packed) -> torch.Tensor:
     return model(inputs, columns) * packed.mask.to(device)
 
 
+def layers_problem(layers: int, available: int) -> str | None:
+    """Why ``critic.layers`` cannot be ``layers`` for a directory of ``available`` decoder
+    layers, or None."""
+    if layers <= available:
+        return None
+    return (
+        f"critic.layers={layers}: the critic's directory has {available} decoder layers; "
+        f"allowed: 1 to {available}, or 0 for all of them"
+    )
+
+
 def load_value_model(
-    path: str, dtype: torch.dtype = torch.float32, device: torch.device | None = None
+    path: str,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
+    layers: int = 0,
 ) -> tuple[ValueModel, TextCodec]:
     """The critic from model directory ``path`` (or ``embedded``), and its tokenizer; in
-    ``dtype`` on ``device`` (a GPU becomes this process's current one)."""
+    ``dtype`` on ``device`` (a GPU becomes this process's current one). ``layers`` > 0
+    keeps the directory's lowest ``layers`` decoder layers (``critic.layers``): the
+    layers above them are not built, and their weights not read into the critic."""
     directory = model_dir(path)
     config = ModelConfig.from_hf(json.loads((directory / "config.json").read_text()))
+    if layers:
+        problem = layers_problem(layers, config.num_hidden_layers)
+        if problem is not None:
+            raise ValueError(problem)
+        config = config.lowest_layers(layers)
     model = ValueModel(config)
     stored = read_weights(directory)
     own = any(name.startswith(HEAD) for name in stored)  # a critic's own checkpoint

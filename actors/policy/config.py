@@ -13,7 +13,7 @@ else than its checkpoint was trained for is worse than one that does not load.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 __all__ = ["FAMILIES", "SUPPORTED_ARCHITECTURES", "Experts", "ModelConfig", "RopeScaling"]
@@ -126,6 +126,13 @@ class ModelConfig:
     def qk_norm(self) -> bool:
         """Whether queries and keys are RMS-normed per head before rotary (Qwen3)."""
         return self.architecture in _QK_NORM
+
+    def lowest_layers(self, layers: int) -> ModelConfig:
+        """This architecture with its lowest ``layers`` decoder layers only (each keeping
+        its own attention kind): a smaller model of the same weights' lower part."""
+        if not 1 <= layers <= self.num_hidden_layers:
+            raise ValueError(f"{layers} of {self.num_hidden_layers} decoder layers")
+        return replace(self, num_hidden_layers=layers, layer_types=self.layer_types[:layers])
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer`` (keys it sees, itself included), None: all."""

@@ -43,7 +43,7 @@ from asyncrl.transport.weights import WeightDirs
 
 from ..actor import Outcome, WorkerContext
 from ..critic.learner import CriticLearner, CriticStats
-from ..critic.model import frozen_layers_problem
+from ..critic.model import frozen_layers_problem, layers_problem
 from ..payloads import ValuesOut
 from ..policy.checkpoint import model_dir, save_state
 from ..startup.model_loading import load_critic
@@ -74,7 +74,7 @@ class Critic(LearnerRole):
 
     @classmethod
     def check(cls, cfg: RunConfig) -> list[str]:
-        return [*check_device(cfg), *check_model(cfg), *_frozen_layers_problems(cfg)]
+        return [*check_device(cfg), *check_model(cfg), *_layer_problems(cfg)]
 
     def on_start(self, ctx: WorkerContext) -> None:
         self.source = model_dir(critic_path(ctx.config))
@@ -140,18 +140,22 @@ class Critic(LearnerRole):
             super().on_stop()
 
 
-def _frozen_layers_problems(cfg: RunConfig) -> list[str]:
-    """``critic.frozen_layers`` leaves a layer of the critic's directory to learn."""
-    if cfg.critic.frozen_layers == 0:
+def _layer_problems(cfg: RunConfig) -> list[str]:
+    """``critic.layers`` asks for no more layers than the critic's directory has, and
+    ``critic.frozen_layers`` leaves one of those it keeps to learn."""
+    c = cfg.critic
+    if c.layers == 0 and c.frozen_layers == 0:
         return []
     try:
         config = json.loads((model_dir(critic_path(cfg)) / "config.json").read_text())
     except (OSError, ValueError):
         return []  # the directory's own check says what is wrong with it
-    layers = config.get("num_hidden_layers")
-    if not isinstance(layers, int):
+    available = config.get("num_hidden_layers")
+    if not isinstance(available, int):
         return []
-    problem = frozen_layers_problem(cfg.critic.frozen_layers, layers)
+    problem = layers_problem(c.layers, available)
+    if problem is None:
+        problem = frozen_layers_problem(c.frozen_layers, c.layers or available)
     return [] if problem is None else [problem]
 
 

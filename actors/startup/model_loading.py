@@ -51,11 +51,13 @@ def load_critic(
     process's share of the CPU as every model's (left to torch, it took every core and
     starved the generator of an asynchronous run), or on its GPU. float32 for the critic,
     whose weights are its master weights, and for values on the CPU, where a version's
-    received buffers then become the model's own, uncopied; else ``model.dtype``."""
+    received buffers then become the model's own, uncopied; else ``model.dtype``. Both
+    keep the same ``critic.layers``, so the versions they pass fit either."""
     torch.set_num_threads(threads_for(cfg, role))
     device = device_for(cfg, index)
     on_gpu = role != "critic" and device.type == "cuda"
-    return load_value_model(path, DTYPES[cfg.model.dtype] if on_gpu else torch.float32, device)
+    dtype = DTYPES[cfg.model.dtype] if on_gpu else torch.float32
+    return load_value_model(path, dtype, device, layers=cfg.critic.layers)
 
 
 def load_policy(

@@ -196,6 +196,13 @@ class LearnerState:
         missing = names - set(state)
         if missing:
             raise ValueError(f"a staged state without parameters {sorted(missing)[:3]}")
+        # Parameters this learner does not train (a critic cut or frozen otherwise since):
+        # taking the rest would resume another model than the one staged.
+        extra = {key for key in state if key.startswith("param/")} - names
+        if extra:
+            raise ValueError(
+                f"a staged state with parameters this learner does not train {sorted(extra)[:3]}"
+            )
         with torch.no_grad():
             for name, param in self._trained():
                 _local(param).copy_(state[f"param/{name}"])

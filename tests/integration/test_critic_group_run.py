@@ -35,8 +35,11 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path, va
         "run.keep_checkpoints=0",  # the first is loaded below
         f"critic.values={values}",
         # FSDP2 with frozen parameters beside learning ones in a unit (the embeddings with
-        # the value head): with the values the step makes, as ppo.yaml runs.
+        # the value head): with the values the step makes.
         f"critic.frozen_layers={1 if values == 'step' else 0}",
+        # Cut to its lowest layers, as ppo.yaml runs it: with a values stage, its workers
+        # build the same cut critic to load the group's versions into.
+        f"critic.layers={2 if values == 'step' else 1}",
     )
     default_run.finish(proc, log, 360)
     text = log.read_text()
@@ -72,8 +75,9 @@ def test_a_critic_group_of_two_ranks_trains_beside_the_policy(tmp_path: Path, va
     models = [
         load_value_model(str(p))[0] for p in [run.critic_checkpoint(_EVERY), run.final_critic]
     ]
-    for model in models:  # Hugging Face names, the value head's too
+    for model in models:  # Hugging Face names, the value head's too, and only its layers
         assert any(name.startswith("score.") for name, _ in model.named_parameters())
+        assert len(model.model.layers) == (2 if values == "step" else 1)
     # The group's later steps changed the value model it checkpointed at step 2.
     early, final = (dict(m.named_parameters()) for m in models)
     assert any(not torch.equal(early[name], final[name]) for name in final)

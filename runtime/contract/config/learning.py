@@ -365,6 +365,15 @@ class CriticSection:
             exclusive_min=0,
         ),
     )
+    layers: int = field(
+        default=0,
+        metadata=doc(
+            "decoder layers the critic keeps: the lowest this many of critic.path's, under "
+            "its value head (a smaller critic, cheaper to update and to score with); 0 = "
+            "all of them",
+            min=0,
+        ),
+    )
     frozen_layers: int = field(
         default=0,
         metadata=doc(

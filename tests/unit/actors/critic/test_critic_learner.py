@@ -128,6 +128,19 @@ def test_a_staged_critic_step_is_taken_up_bit_for_bit(tmp_path) -> None:
     assert first.step(groups) == again.step(groups)
 
 
+def test_a_state_staged_with_more_layers_learning_is_refused_not_taken_in_part(tmp_path) -> None:
+    # Staged with layer 1 learning, taken up by a critic that keeps it frozen: its staged
+    # rows would be dropped and another critic resumed.
+    first = _learner(2, frozen_layers=1)
+    first.step(_groups(0.1))
+    stage(first, StagedState(tmp_path / "staged", 0, {"ranks": 1}), 1)
+    again = _learner(2, frozen_layers=2)
+    with pytest.raises(
+        ValueError, match=r"parameters this learner does not train \['param/model\.layers\.1\."
+    ):
+        restore(again, StagedState(tmp_path / "staged", 0, {"ranks": 1}), {}, 1)
+
+
 def test_mini_batches_and_epochs_are_the_critics_updates_too_at_its_scheduled_rate() -> None:
     torch.manual_seed(0)
     model, codec = load_value_model("embedded")
@@ -183,3 +196,33 @@ def test_freezing_every_layer_is_refused_by_the_learner_and_before_the_start() -
         "frozen (one must learn)"
     ]
     assert Critic.check(config_from_dict({"critic": {"frozen_layers": 3}})) == []
+
+
+def test_a_cut_critic_is_checked_against_its_directory_before_the_start() -> None:
+    # critic.layers asks for at most the directory's 4 layers, and frozen_layers counts
+    # within the layers it keeps.
+    assert Critic.check(config_from_dict({"critic": {"layers": 5}})) == [
+        "critic.layers=5: the critic's directory has 4 decoder layers; allowed: 1 to 4, "
+        "or 0 for all of them"
+    ]
+    assert Critic.check(config_from_dict({"critic": {"layers": 2, "frozen_layers": 2}})) == [
+        "critic.frozen_layers=2: the critic has 2 decoder layers, so at most 1 can be "
+        "frozen (one must learn)"
+    ]
+    assert Critic.check(config_from_dict({"critic": {"layers": 2, "frozen_layers": 1}})) == []
+
+
+def test_a_checkpoint_of_more_layers_than_the_critic_keeps_is_refused_on_resume() -> None:
+    # A run resumed with a smaller critic.layers would load what fits and drop the rest:
+    # another critic than the one saved.
+    whole = {n: p.detach().clone() for n, p in load_value_model("embedded")[0].named_parameters()}
+    model, codec = load_value_model("embedded", layers=2)
+    cfg = config_from_dict({"critic": {"layers": 2}})
+    learner = CriticLearner(model, cfg, codec.pad_id, lr=1e-3, clip=0.5)
+    with pytest.raises(ValueError, match=r"weights this critic lacks, \['model\.layers\.2\."):
+        learner.load_full_weights(whole)
+    above = ("model.layers.2.", "model.layers.3.")
+    fits = {n: t for n, t in whole.items() if not n.startswith(above)}
+    learner.load_full_weights(fits)
+    up = "model.layers.1.mlp.up_proj.weight"
+    assert torch.equal(learner.model.model.layers[1].mlp.up_proj.weight, fits[up])

@@ -419,6 +419,7 @@ def test_describe_fields_covers_every_leaf_with_help() -> None:
 def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
     cfg = load_config(DEFAULT_YAML.with_name("ppo.yaml"))
     assert cfg.algorithm.estimator == "gae" and cfg.critic.warmup_steps == 5
+    assert cfg.critic.layers == 2  # half the embedded policy's 4: the generator keeps its core
     roles = workers_to_start(cfg)
     # The critic's step makes the values (critic.values: step): no values workers, and
     # the train step reads the critic's result for them.
