@@ -31,6 +31,9 @@ pytestmark = [
 # As test_hosts_run.py: payloads and weights cross hosts, and also stay on one.
 PLACEMENT = {"h1": "dataloader", "h2": "generate,reward", "h3": "train,logp"}
 DOWN_S = 2.0  # how long a killed host stays off before it boots again
+# Longer than the journal takes to write what the scheduler did (records reach the OS at
+# once, fsync every 50 ms); far shorter than a silent worker's timeout (15 s).
+JOURNAL_SETTLES_S = 0.5
 QUIET = ["data.val_every_versions=0"]  # no validation passes: shorter runs, same faults
 
 
@@ -61,6 +64,27 @@ def waiting_for_training(run: HostRun) -> int:
     return groups.get("generated", 0) + groups.get("ready", 0)
 
 
+def cut_off_while_training_waits_on(hosts: Hosts, run: HostRun, host: str) -> None:
+    """Cut ``host``'s link at a moment when, past the third step, groups wait for training
+    whose rollouts only ``host`` keeps: they must be made again.
+
+    Seen before the cut, such groups may still be taken by the trainer before it (the
+    scheduler journals a lease after sending it), and then nothing of ``host``'s is
+    lost. So the journal is read once the cut has settled in it; where the trainer took
+    every waiting group before the cut, the link comes back (a cut far shorter than a
+    worker's timeout) and the test waits for the next such moment.
+    """
+    for _ in range(20):
+        run.wait_for(lambda: len(run.steps()) >= 3 and waiting_for_training(run), 120,
+                     "three steps and rollouts waiting for training")  # fmt: skip
+        hosts.cut_link(host)
+        time.sleep(JOURNAL_SETTLES_S)
+        if waiting_for_training(run):
+            return
+        hosts.restore_link(host)
+    raise AssertionError(f"the trainer took every waiting group before each cut\n{run.tails()}")
+
+
 def records(run: HostRun, name: str, event: str) -> list[dict]:
     return [r for r in lines(run.run_dir / "logs" / f"{name}.log") if r.get("event") == event]
 
@@ -72,8 +96,7 @@ def test_the_generators_host_dies_and_boots_again(tmp_path: Path, kind: HostKind
         run = HostRun(hosts, tmp_path, overrides=[f"run.total_steps={steps}", *QUIET])
         run.start(PLACEMENT)
         # Once groups wait for training whose rollouts are kept only on h2.
-        run.wait_for(lambda: len(run.steps()) >= 3 and waiting_for_training(run), 120,
-                     "three steps and rollouts waiting for training")  # fmt: skip
+        cut_off_while_training_waits_on(hosts, run, "h2")
         at_reboot, rebooted = len(run.steps()), datetime.now(UTC)
         reboot(hosts, run, "h2")
         finish(hosts, run)
