@@ -474,7 +474,7 @@ def _failure(status: int, stderr: str, limits: CodeLimits) -> str:
         name = signal.Signals(-status).name if -status in signal.valid_signals() else str(-status)
         crash = " (a crash)" if -status in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL) else ""
         return f"killed by {name}{crash}"
-    last = _last_line(stderr)
+    last = _last_line(_without_unfinished_traceback(stderr))
     if last.startswith("MemoryError"):
         return f"over the memory limit ({limits.memory_mb} MiB)"
     if "[Errno 27] File too large" in last or "[Errno 28] No space left on device" in last:
@@ -482,6 +482,22 @@ def _failure(status: int, stderr: str, limits: CodeLimits) -> str:
     if "[Errno 11] Resource temporarily unavailable" in last:
         return f"over the process limit ({limits.processes})"
     return f"exited with status {status}: {last}" if last else f"exited with status {status}"
+
+
+def _without_unfinished_traceback(stderr: str) -> str:
+    """``stderr`` up to its last traceback that ends in an error line.
+
+    The processes a program forks share its stderr: one killed as the run ends (a fork
+    bomb's children, when the first to fail ends it) may leave a traceback's header and
+    frames after everyone's last error line, and that error line is the run's last word.
+    """
+    lines = stderr.rstrip().splitlines()
+    while lines and (lines[-1].startswith((" ", "\t")) or _TRACEBACK.startswith(lines[-1])):
+        lines.pop()  # a frame, or the header (or what of it was written), or a blank line
+    return "\n".join(lines) if lines else stderr
+
+
+_TRACEBACK = "Traceback (most recent call last):"
 
 
 def _last_line(text: str, width: int = 300) -> str:

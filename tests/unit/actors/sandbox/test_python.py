@@ -133,6 +133,22 @@ def test_an_exception_gives_its_message_as_the_reason() -> None:
     assert 'File "/main.py", line 2, in f' in run.stderr
 
 
+def test_the_reason_is_the_last_error_line_not_a_traceback_cut_short() -> None:
+    """Forked processes share stderr: one killed mid-traceback as the run ends leaves a
+    header and frames after the error line that ended the run (a fork bomb's, here as
+    its processes interleave it)."""
+    source = (
+        "import sys\n"
+        'sys.stderr.write(\'Traceback (most recent call last):\\n  File "/main.py", line 3\\n'
+        "BlockingIOError: [Errno 11] Resource temporarily unavailable\\n"
+        'Traceback (most recent call last):\\n  File "/main.py", line 3, in <module>\\n'
+        "    os.fork()\\nTrace')\n"
+        "sys.exit(1)\n"
+    )
+    run = run_python(source, limits=CodeLimits(processes=8))
+    assert run.reason == "over the process limit (8)", run.stderr
+
+
 def test_a_test_harness_passes_and_fails_by_its_asserts() -> None:
     solution = "def add(a, b):\n    return a + b\n"
     passing = run_python(solution + "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n")
