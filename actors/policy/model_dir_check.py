@@ -3,7 +3,7 @@
 :func:`check_model_dir` reads config.json, the safetensors headers (never the tensors)
 and tokenizer.json, and compares them with what :class:`CausalLM` would build, so a run
 with an unusable ``model.path`` stops at its start with the reason, not minutes later in
-a worker with a stack trace. The model is built on the meta device: shapes, no memory.
+a worker with a stack trace. The model is built as a skeleton: shapes, no memory.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError, safe_open
 
 from .checkpoint import is_weight, packaged_or_path, weight_files
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
-from .model import CausalLM
+from .skeleton import skeleton
 from .tokenizer import TextCodec
 
 __all__ = ["ModelDirError", "check_model_dir"]
@@ -85,8 +84,7 @@ def _check_weights(directory: Path, config: ModelConfig) -> None:
 
 
 def _expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = CausalLM(config)
+    model = skeleton(config)
     # named_parameters names a tied lm_head once, as the embedding: what a checkpoint holds.
     return {name: tuple(param.shape) for name, param in model.named_parameters()}
 

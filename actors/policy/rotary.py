@@ -35,15 +35,22 @@ class Rotary(nn.Module):
 
 
 def rotary_frequencies(config: ModelConfig) -> torch.Tensor:
-    """Rotary inverse frequencies, with the same float32 operations as transformers."""
-    half = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+    """Rotary inverse frequencies, with the same float32 operations as transformers, on
+    the default device.
+
+    Computed on the CPU and then moved: on the meta device (a model's skeleton,
+    skeleton.py) these few operations would run torch's Python reference kernels, whose
+    first use imports ``torch._dynamo`` (about a second)."""
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.float32, device="cpu") / config.head_dim
     inv_freq = 1.0 / (config.rope_theta**half)
     scaling = config.rope_scaling
-    if scaling is None:
-        return inv_freq
-    if scaling.rope_type == "linear":
-        return inv_freq / scaling.factor
-    return _llama3(inv_freq, scaling)
+    if scaling is not None:
+        inv_freq = (
+            inv_freq / scaling.factor
+            if scaling.rope_type == "linear"
+            else _llama3(inv_freq, scaling)
+        )
+    return inv_freq.to(torch.get_default_device())
 
 
 def _llama3(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:

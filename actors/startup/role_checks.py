@@ -40,19 +40,17 @@ def check_lora(cfg: RunConfig) -> list[str]:
     import importlib.util
     import json
 
-    import torch
-
     from ..policy.adapters import adapted_modules
     from ..policy.checkpoint import model_dir
     from ..policy.lora import PEFT_MISSING
-    from ..policy.model import CausalLM, ModelConfig
+    from ..policy.model import ModelConfig
+    from ..policy.skeleton import skeleton
 
     if importlib.util.find_spec("peft") is None:
         return [PEFT_MISSING]
     try:
         raw = json.loads((model_dir(cfg.model.path) / "config.json").read_text())
-        with torch.device("meta"):
-            model = CausalLM(ModelConfig.from_hf(raw))
+        model = skeleton(ModelConfig.from_hf(raw))
         adapted_modules(model, cfg.model.lora.target_modules)
     except (OSError, ValueError) as error:
         return [_one_line(str(error))]
