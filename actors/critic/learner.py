@@ -19,12 +19,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
 from asyncrl.runtime.contract.config import RunConfig
 
 from ..payloads import ValuesOut
-from ..policy.sharding import shard
+from ..policy.sharding import shard, state_dicts
 from ..rl import value_loss
 from ..training.group import Group
 from ..training.host_copies import HostCopies
@@ -257,8 +256,9 @@ class CriticLearner(LearnerState):
                 )
             load_value_weights(self.model, whole, source="the critic's checkpoint")
             return
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(self.model, whole or {}, options=options)
+        dcp = state_dicts()
+        options = dcp.StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        dcp.set_model_state_dict(self.model, whole or {}, options=options)
 
 
 def _row_numbers(group: Group) -> np.ndarray:

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from asyncrl.runtime.contract.config import RunConfig
 
@@ -31,7 +30,7 @@ from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
 from ..policy.scoring import response_logprobs_and_entropy, response_positions
-from ..policy.sharding import shard
+from ..policy.sharding import shard, whole
 from ..rl import (
     CorrectionStats,
     LossConfig,
@@ -226,7 +225,7 @@ class Learner(LearnerState):
         if self.engine is not None:
             self.engine.finish_step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, stats, float(_whole(grad_norm))
+        return loss, stats, float(whole(grad_norm))
 
     def skip(self, groups: list[Group], steps_done: int = 0) -> StepStats:
         """A step that takes its batch without an update: the policy waits while the
@@ -392,10 +391,6 @@ class Learner(LearnerState):
             max_len=self.cfg.model.max_new_tokens,
             engine_tokens=_rows(groups, engine_tokens, width).to(d) > 0.5,
         )
-
-
-def _whole(value: torch.Tensor) -> torch.Tensor:
-    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def _value(stats: LossStats | None, name: str, device: torch.device) -> torch.Tensor:

@@ -8,18 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor
 
 from ..engines.contract import EngineModel, load_group_weights, load_weights, weights_of
 from ..policy.lora import is_adapter, published_name, trainer_name
 from ..policy.model import CausalLM
+from ..policy.sharding import is_dtensor, local_part, state_dicts
 from .host_copies import HostCopies
 
 __all__ = ["LearnerState", "OwnPart"]
@@ -69,8 +62,9 @@ class LearnerState:
             if self.device.type == "cuda":  # the weight plane stages from CPU memory
                 weights = self._host.copy(weights)
             return weights
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = get_model_state_dict(self.model, options=options)
+        dcp = state_dicts()
+        options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = dcp.get_model_state_dict(self.model, options=options)
         if self.model.config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
         return {name: t.to(dtype) for name, t in weights.items()}
@@ -103,10 +97,10 @@ class LearnerState:
         shapes: dict[str, tuple[int, ...]] = {}
         for name, value in state.items():
             shapes[name] = tuple(value.shape)
-            if isinstance(value, DTensor) and value.placements[0].is_shard(0):
+            if is_dtensor(value) and value.placements[0].is_shard(0):
                 part[name] = value.to_local().detach().to(self.compute_dtype)
             elif self.rank == 0:  # whole on every rank: rank 0's part holds it
-                whole = value.to_local() if isinstance(value, DTensor) else value
+                whole = local_part(value)
                 part[name] = whole.detach().to(self.compute_dtype)
         return OwnPart(index, self._on_host(part), {}, shapes)
 
@@ -121,7 +115,7 @@ class LearnerState:
         adapters = {}
         for name, param in self.model.named_parameters():
             if is_adapter(name):
-                whole = param.detach().full_tensor() if isinstance(param, DTensor) else param
+                whole = param.detach().full_tensor() if is_dtensor(param) else param
                 adapters[published_name(name)] = whole.detach().to(self.compute_dtype)
         if self.rank != 0:
             return {}
@@ -133,16 +127,18 @@ class LearnerState:
         """AdamW's state keyed by parameter name, whole; a collective with a group."""
         if self.engine is not None:
             return self.engine.optimizer_state(self.optimizer)
-        options = StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        dcp = state_dicts()
+        options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
+        return dcp.get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         """Every rank passes the whole state (read from the checkpoint); each keeps its shard."""
         if self.engine is not None:
             self.engine.load_optimizer_state(self.optimizer, state)
             return
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+        dcp = state_dicts()
+        options = dcp.StateDictOptions(full_state_dict=True)
+        dcp.set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
 
     def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
         """Whole weights (a checkpoint's) into the model; with a group rank 0 passes them
@@ -172,8 +168,11 @@ class LearnerState:
             return
         state = {} if whole is None else {trainer_name(n): t for n, t in whole.items()}
         # strict=False: the state names the adapters alone, the base is not touched.
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-        set_model_state_dict(self.model, state, options=options)
+        dcp = state_dicts()
+        options = dcp.StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=True, strict=False
+        )
+        dcp.set_model_state_dict(self.model, state, options=options)
 
     def _trained(self):
         """(name, parameter) of what the optimizer updates: every parameter, or with
@@ -224,7 +223,7 @@ class LearnerState:
 
 def _local(value: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a sharded tensor; a plain tensor as it is."""
-    return value.to_local() if isinstance(value, DTensor) else value
+    return local_part(value)
 
 
 def _of(key: str, param: str) -> bool:

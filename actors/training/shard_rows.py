@@ -28,7 +28,6 @@ from collections.abc import Callable
 
 import msgpack
 import torch
-from torch.distributed.tensor import DTensor
 
 from asyncrl.transport.weights import NeedsPlan, Received, WeightReceiver, WeightsPlan
 from asyncrl.transport.weights.layout import ManifestError
@@ -42,6 +41,7 @@ from asyncrl.transport.weights.parts import (
 )
 
 from ..policy.collectives import all_gather_data
+from ..policy.sharding import is_dtensor, local_part
 from .gang import Gang, Order
 
 __all__ = [
@@ -69,7 +69,7 @@ def own_rows(model: torch.nn.Module) -> dict[str, range]:
     rows = {}
     for name, value in _shard_tensors(model).items():
         whole = value.shape[0] if value.dim() else 1
-        if isinstance(value, DTensor) and value.placements[0].is_shard(0):
+        if is_dtensor(value) and value.placements[0].is_shard(0):
             ranks, rank = value.device_mesh.size(), value.device_mesh.get_local_rank()
             chunk = math.ceil(whole / ranks)
             first = min(whole, rank * chunk)
@@ -201,7 +201,7 @@ class ShardRows:
                 if not rows:
                     continue
                 target = tensors[name]
-                local = target.to_local() if isinstance(target, DTensor) else target
+                local = local_part(target)
                 mine = rows_from(parts, self._held, name, rows, self._dims.get(name, 0))
                 local.copy_(mine.view_as(local))
         self._got = {}  # the receivers keep their buffers; the shard has its own copy
