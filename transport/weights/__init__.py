@@ -10,18 +10,27 @@ in ``base.py``; ``factory.py`` builds the one ``weights.strategy`` names:
   no generator copies it (:mod:`.shm`);
 - ``files``: each version is a safetensors file in the run directory, written whole and
   renamed into place; for tests, or hosts that share a filesystem but no fabric.
+
+The names below are imported at first use (``transport/_lazy.py``): importing a light
+module of the package, as the launcher does, brings no torch.
 """
 
-from .base import (
-    Announcement,
-    NeedsPlan,
-    Received,
-    WeightPublisher,
-    WeightReceiver,
-    WeightsPlan,
-)
-from .factory import WeightDirs, make_publisher, make_receiver
-from .mac import WeightsAccess, weights_key
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .base import (
+        Announcement,
+        NeedsPlan,
+        Received,
+        WeightPublisher,
+        WeightReceiver,
+        WeightsPlan,
+    )
+    from .dirs import WeightDirs
+    from .factory import make_publisher, make_receiver
+    from .mac import WeightsAccess, weights_key
 
 __all__ = [
     "Announcement",
@@ -36,3 +45,17 @@ __all__ = [
     "make_receiver",
     "weights_key",
 ]
+
+__getattr__ = lazy_exports(
+    globals(),
+    {
+        **dict.fromkeys(
+            ["Announcement", "NeedsPlan", "Received", "WeightPublisher", "WeightReceiver",
+             "WeightsPlan"],
+            ".base",
+        ),
+        "WeightDirs": ".dirs",
+        **dict.fromkeys(["make_publisher", "make_receiver"], ".factory"),
+        **dict.fromkeys(["WeightsAccess", "weights_key"], ".mac"),
+    },
+)  # fmt: skip

@@ -8,14 +8,13 @@ what its key is (:class:`WeightsAccess`, for ucx).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, Protocol
 
 from .base import WeightPublisher, WeightReceiver
+from .dirs import WeightDirs
 from .mac import LOCAL_ONLY, WeightsAccess
 
-__all__ = ["WeightDirs", "WeightsChoice", "make_publisher", "make_receiver"]
+__all__ = ["WeightsChoice", "make_publisher", "make_receiver"]
 
 _STRATEGIES = "expected 'ucx', 'shm' or 'files'"
 
@@ -36,22 +35,6 @@ class WeightsChoice(Protocol):
     def stall_timeout_s(self) -> float: ...
     @property
     def map_on_host(self) -> bool: ...
-
-
-@dataclass(frozen=True, slots=True)
-class WeightDirs:
-    """Where strategies keep files: ``files`` for the files strategy's versions, ``shared``
-    for slot files that generators on the trainer's host map (shm, or ucx with
-    ``map_on_host``)."""
-
-    files: Path
-    shared: Path
-
-    def of_rank(self, rank: int) -> WeightDirs:
-        """Where rank ``rank`` of a group keeps its part of each version (parts.py):
-        inside these directories, never in them (a publisher starting on a directory
-        removes the slot files nobody holds)."""
-        return WeightDirs(self.files / f"rank-{rank}", self.shared / f"rank-{rank}")
 
 
 def make_publisher(
