@@ -23,7 +23,7 @@ import torch.distributed as dist
 from asyncrl.runtime.contract.config import RunConfig
 
 from ..payloads import ValuesOut
-from ..policy.sharding import shard, state_dicts
+from ..policy.sharding import full_tensor, shard, state_dicts
 from ..rl import value_loss
 from ..training.group import Group
 from ..training.host_copies import HostCopies
@@ -238,8 +238,7 @@ class CriticLearner(LearnerState):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss, clipped = sums.tolist()
-        grad = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        return loss, clipped, tokens, float(grad)
+        return loss, clipped, tokens, float(full_tensor(grad_norm))
 
     def load_full_weights(self, whole: dict[str, torch.Tensor] | None) -> None:
         """A critic checkpoint's weights (``model.*``, ``score.*``: no output layer to tie);

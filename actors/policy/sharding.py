@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from .model import Decoder
 
-__all__ = ["is_dtensor", "load_into_shards", "local_part", "shard", "state_dicts", "whole"]
+__all__ = ["full_tensor", "is_dtensor", "load_into_shards", "local_part", "shard", "state_dicts"]
 
 
 def is_dtensor(value: Any) -> bool:
@@ -46,7 +46,7 @@ def local_part(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if is_dtensor(value) else value
 
 
-def whole(value: torch.Tensor) -> torch.Tensor:
+def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """``value`` whole on every rank (a collective for a DTensor), or ``value`` itself."""
     return value.full_tensor() if is_dtensor(value) else value
 

@@ -30,7 +30,7 @@ from ..engines.contract import EngineModel, device_of
 from ..policy.model import CausalLM, Entropy
 from ..policy.sampling import Sampling
 from ..policy.scoring import response_logprobs_and_entropy, response_positions
-from ..policy.sharding import shard, whole
+from ..policy.sharding import full_tensor, shard
 from ..rl import (
     CorrectionStats,
     LossConfig,
@@ -225,7 +225,7 @@ class Learner(LearnerState):
         if self.engine is not None:
             self.engine.finish_step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, stats, float(whole(grad_norm))
+        return loss, stats, float(full_tensor(grad_norm))
 
     def skip(self, groups: list[Group], steps_done: int = 0) -> StepStats:
         """A step that takes its batch without an update: the policy waits while the

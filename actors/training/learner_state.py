@@ -12,7 +12,7 @@ import torch
 from ..engines.contract import EngineModel, load_group_weights, load_weights, weights_of
 from ..policy.lora import is_adapter, published_name, trainer_name
 from ..policy.model import CausalLM
-from ..policy.sharding import is_dtensor, local_part, state_dicts
+from ..policy.sharding import full_tensor, is_dtensor, local_part, state_dicts
 from .host_copies import HostCopies
 
 __all__ = ["LearnerState", "OwnPart"]
@@ -100,8 +100,7 @@ class LearnerState:
             if is_dtensor(value) and value.placements[0].is_shard(0):
                 part[name] = value.to_local().detach().to(self.compute_dtype)
             elif self.rank == 0:  # whole on every rank: rank 0's part holds it
-                whole = local_part(value)
-                part[name] = whole.detach().to(self.compute_dtype)
+                part[name] = local_part(value).detach().to(self.compute_dtype)
         return OwnPart(index, self._on_host(part), {}, shapes)
 
     def _on_host(self, part: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -115,8 +114,7 @@ class LearnerState:
         adapters = {}
         for name, param in self.model.named_parameters():
             if is_adapter(name):
-                whole = param.detach().full_tensor() if is_dtensor(param) else param
-                adapters[published_name(name)] = whole.detach().to(self.compute_dtype)
+                adapters[published_name(name)] = full_tensor(param.detach()).to(self.compute_dtype)
         if self.rank != 0:
             return {}
         if self.device.type == "cuda":  # the weight plane stages from CPU memory
@@ -184,9 +182,9 @@ class LearnerState:
         every trained parameter and of AdamW's state, by name. What staging a step copies."""
         out: dict[str, torch.Tensor] = {}
         for name, param in self._trained():
-            out[f"param/{name}"] = _local(param.detach())
+            out[f"param/{name}"] = local_part(param.detach())
             for key, value in sorted(self.optimizer.state.get(param, {}).items()):
-                out[f"adam/{name}/{key}"] = _local(value)
+                out[f"adam/{name}/{key}"] = local_part(value)
         return out
 
     def load_local_state(self, state: dict[str, torch.Tensor]) -> None:
@@ -204,7 +202,7 @@ class LearnerState:
             )
         with torch.no_grad():
             for name, param in self._trained():
-                _local(param).copy_(state[f"param/{name}"])
+                local_part(param).copy_(state[f"param/{name}"])
                 adam = {k.split("/")[-1]: t for k, t in state.items() if _of(k, name)}
                 if adam:
                     self.optimizer.state[param] = {
@@ -214,16 +212,11 @@ class LearnerState:
     def _like(self, param: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """A staged optimizer tensor as AdamW keeps it: a moment shaped (and sharded) like
         its parameter, or a scalar (the step) on the device it was staged from."""
-        if value.shape == _local(param).shape and value.dim() > 0:
+        if value.shape == local_part(param).shape and value.dim() > 0:
             out = torch.zeros_like(param)  # a DTensor with the parameter's sharding
-            _local(out).copy_(value)
+            local_part(out).copy_(value)
             return out
         return value.clone()
-
-
-def _local(value: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a sharded tensor; a plain tensor as it is."""
-    return local_part(value)
 
 
 def _of(key: str, param: str) -> bool:

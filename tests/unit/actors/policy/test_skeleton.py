@@ -15,7 +15,8 @@ from tests.support.hf_families import SMALL, TASK_MODEL_KINDS, VARIANTS
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = {name: (kind, fields) for name, (kind, fields) in VARIANTS.items()} | {
+# name -> (model_type, config fields beyond SMALL)
+FAMILIES = VARIANTS | {
     model_type: (model_type, fields) for model_type, (_, fields) in TASK_MODEL_KINDS.items()
 }
 
