@@ -119,6 +119,11 @@ class Learner(LearnerState):
         self.entropy: Entropy = "trained" if a.entropy_coef > 0 else "measured"
         # Router replay: each token through the experts the generator chose for it.
         self.replay = a.router_replay.enabled
+        # algorithm.proximal_logp: trainer: the batch comes without logp's log-probs, and
+        # the update's own forward pass (before the optimizer step, the step's starting
+        # weights) gives them; the corrections it made are gathered here for the metrics.
+        self.own_proximal = a.proximal_logp == "trainer"
+        self._own_corrections: list[CorrectionStats] = []
         # With LoRA the adapters alone require gradients (lora.py): the optimizer, the
         # clipping and the staged state cover them and not the frozen base.
         self.lora = cfg.model.lora.enabled
@@ -167,12 +172,14 @@ class Learner(LearnerState):
             if not picked[0]:  # every response of the mini-batch was cut off
                 continue
             corrected = self._corrected(picked[0])
-            if update < a.mini_batches:
+            if update < a.mini_batches and not self.own_proximal:
                 corrections.append(corrected)
             totals = (int(corrected.kept_tokens), int(corrected.kept_sequences))
             if not totals[0]:  # the corrections took out every token of the mini-batch
                 continue
             loss, stats, grad_norm = self._update(*picked, totals)
+            if self.own_proximal:
+                corrections.append(self._take_own_corrections())
             losses.append(loss)
             parts.append(stats)
             norms.append(grad_norm)
@@ -248,15 +255,19 @@ class Learner(LearnerState):
         proximal and behaviour log-probs and versions alone, so known before its first
         micro-batch: its kept tokens and rows are the loss's normalisers (a rejected
         sequence or masked token is in neither, as a truncated one under the overlong
-        filter). The same on every rank, which sees the same groups."""
+        filter). The same on every rank, which sees the same groups.
+
+        Without logp's log-probs (the trainer's own, ``algorithm.proximal_logp: trainer``)
+        the behaviour's stand in: with no rejection, which that setting asks for, the
+        kept tokens and rows are the trained ones whatever the weights."""
         c = self.loss_config
         stats = []
         for g in groups:
             r = g.rollouts
-            assert g.proximal is not None  # a train lease carries logp's
+            proximal = r.logprobs if g.proximal is None else g.proximal.logprobs
             stats.append(
                 correct(
-                    torch.from_numpy(np.asarray(g.proximal.logprobs, np.float32)),
+                    torch.from_numpy(np.asarray(proximal, np.float32)),
                     torch.from_numpy(np.asarray(r.logprobs, np.float32)),
                     torch.from_numpy(engine_tokens(g)),
                     torch.from_numpy(r.trained_mask()),
@@ -280,6 +291,8 @@ class Learner(LearnerState):
             packed = pack_rollouts([g.rollouts for g in chunk], self.pad_id, self.replay)
             with self._autocast():
                 logp, entropy = self._logprobs(packed)
+            if real and self.own_proximal:
+                self._own_corrections.append(self._own_correction(chunk, logp, packed))
             loss, part = self._loss(chunk, chunk_advantages, logp, packed, totals, entropy)
             if not real:
                 loss = loss * 0.0  # a pass only to pair up the group's collectives
@@ -336,6 +349,40 @@ class Learner(LearnerState):
         self.engine.train_in_stages(batches, loss_of, sampling, self._autocast, self.entropy)
         return total_loss, parts
 
+    def _own_correction(self, groups: list[Group], logp: torch.Tensor, packed) -> CorrectionStats:
+        """What the corrections did to a micro-batch's rows, whose proximal log-probs are
+        the forward pass's ``logp`` (``algorithm.proximal_logp: trainer``)."""
+        width = packed.mask.shape[1]
+        c = self.loss_config
+        return correct(
+            logp.detach().float().cpu(),
+            _rows(groups, lambda g: g.rollouts.logprobs, width),
+            _rows(groups, engine_tokens, width) > 0.5,
+            packed.mask.cpu(),
+            c.offpolicy,
+            c.engine,
+        ).stats
+
+    def _take_own_corrections(self) -> CorrectionStats:
+        """The update's corrections over every rank's micro-batches (sums added, maxima
+        the largest), and a clean list for the next update."""
+        taken, self._own_corrections = self._own_corrections, []
+        names = [f.name for f in fields(CorrectionStats)]
+        if taken:
+            merged = merge_correction_stats(taken)
+        else:  # a rank with no micro-batch of its own: neutral
+            merged = CorrectionStats(**{name: torch.zeros(()) for name in names})
+        if self.parts == 1:
+            return merged
+        maxima = [n for n in names if n.endswith("_max")]
+        sums = [n for n in names if n not in maxima]
+        reduced = {}
+        for chosen, op in ((sums, dist.ReduceOp.SUM), (maxima, dist.ReduceOp.MAX)):
+            values = torch.stack([getattr(merged, n).float() for n in chosen]).to(self.device)
+            dist.all_reduce(values, op=op, group=self.stats_group)
+            reduced.update(zip(chosen, values.cpu(), strict=True))
+        return CorrectionStats(**reduced)
+
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=self._autocast_on)
 
@@ -377,9 +424,14 @@ class Learner(LearnerState):
         d = self.device
         reference = _reference_rows(groups, width)
         total_tokens, total_sequences = totals
+        proximal = (
+            logp.detach()  # algorithm.proximal_logp: trainer: the update's own weights
+            if self.own_proximal
+            else _rows(groups, lambda g: g.proximal.logprobs, width).to(d)
+        )
         return policy_loss(
             logp,
-            _rows(groups, lambda g: g.proximal.logprobs, width).to(d),
+            proximal,
             _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
             stacked(advantages, width).to(d),
             packed.mask.to(d),

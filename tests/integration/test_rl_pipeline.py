@@ -83,6 +83,23 @@ def test_the_rl_roles_train_publish_validate_and_checkpoint(tmp_path: Path) -> N
     transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
 
 
+def test_the_trainer_reads_the_proximal_logprobs_from_its_own_forward_pass(
+    tmp_path: Path,
+) -> None:
+    cfg = rl_config(tmp_path, algorithm={"proximal_logp": "trainer"})
+    assert "logp" not in pipeline_for(cfg).worker_roles  # no worker scores the groups
+    status = run(cfg)
+    assert status["run"]["finished"] and status["dead"] == {}
+    steps = lines(Path(cfg.run.dir) / "metrics.jsonl")
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
+    for s in steps:
+        # One update from the weights the proximal log-probs were read with: its ratio is
+        # exactly 1, so nothing is clipped; the behaviour's distance is still weighed.
+        assert s["clip_frac"] == 0.0 and s["updates"] == 1
+        assert s["offpolicy_weight_mean"] > 0 and s["offpolicy_weight_max"] <= 5.0
+        assert s["logprob_mismatch_tokens"] == 0  # measured only where logp scores
+
+
 def test_no_validation_with_val_every_versions_zero(tmp_path: Path) -> None:
     cfg = rl_config(tmp_path, val_every_versions=0)
     status = run(cfg)

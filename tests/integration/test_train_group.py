@@ -61,9 +61,17 @@ _LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "up_proj"]}
 _UPDATES = {"mini_batches": _GROUPS, "epochs": 2, "lr_schedule": {"warmup_steps": 2}}
 
 
-def _config(lora: bool = False, updates: bool = False, bonus: bool = False, replay: bool = False):
+def _config(
+    lora: bool = False,
+    updates: bool = False,
+    bonus: bool = False,
+    replay: bool = False,
+    own_proximal: bool = False,
+):
     model = {"lora": _LORA} if lora else {}
     algorithm = {"micro_batch_groups": 2, "lr": 1e-3, **(_UPDATES if updates else {})}
+    if own_proximal:  # no logp's log-probs: the update's forward pass gives them
+        algorithm |= {"proximal_logp": "trainer"}
     if bonus:  # the entropy's gradient through the sharded output layer; and dual clip
         algorithm |= {"entropy_coef": 0.01, "clip_ratio_c": 3.0}
     if replay:
@@ -77,9 +85,14 @@ _MOE_ROUTES = (2, 4, 2)
 
 
 def _lease(
-    seed: int = 0, groups: int = _GROUPS, responses: int = _RESPONSES, routes: bool = False
+    seed: int = 0,
+    groups: int = _GROUPS,
+    responses: int = _RESPONSES,
+    routes: bool = False,
+    logp: bool = True,
 ) -> p.Lease:
-    """``routes``: each group carries random routes (router replay), per row its prompt's."""
+    """``routes``: each group carries random routes (router replay), per row its prompt's.
+    ``logp``: each carries logp's log-probs."""
     rng = np.random.default_rng(seed)
     items = []
     for gid in range(groups):
@@ -100,6 +113,8 @@ def _lease(
             Role.LOGP.value: {"logprobs": logprobs - 0.01, "version": 0},
             Role.REWARD.value: {"rewards": rng.integers(0, 2, responses).astype(np.float32)},
         }
+        if not logp:
+            del data[Role.LOGP.value]
         if routes:
             data[Role.GENERATE.value] |= {
                 "routes": _drawn_routes(rng, responses, longest),
@@ -124,6 +139,7 @@ def _one_rank(
     updates: bool = False,
     bonus: bool = False,
     replay: bool = False,
+    own_proximal: bool = False,
 ):
     torch.manual_seed(0)
     model, codec = load_model(path)
@@ -131,7 +147,7 @@ def _one_rank(
     if lora:
         torch.manual_seed(0)  # the adapters' first values, as the group's ranks make them
         add_adapters(model, _config(lora).model.lora)
-    learner = Learner(model, _config(lora, updates, bonus, replay), codec.pad_id)
+    learner = Learner(model, _config(lora, updates, bonus, replay, own_proximal), codec.pad_id)
     stats = learner.step([Group.of(item) for item in lease.items])
     return stats, {name: t.clone() for name, t in learner.full_weights().items()}
 
@@ -154,9 +170,11 @@ def _rank_main(rank: int, port: int, mode: str, path: str, results) -> None:
         updates = mode == "mini-batches"
         bonus = mode.endswith("entropy-bonus")
         replay = mode == "moe-router-replay"
-        learner = Learner(model, _config(lora, updates, bonus, replay), codec.pad_id, group_size=2)
+        own = mode == "proximal-from-trainer"
+        config = _config(lora, updates, bonus, replay, own)
+        learner = Learner(model, config, codec.pad_id, group_size=2)
         if rank == 0:
-            lease = _lease(routes=replay)
+            lease = _lease(routes=replay, logp=not own)
             gang.order(Order.STEP, pack_lease(lease))
         else:
             order, body = gang.next_order()
@@ -202,6 +220,9 @@ MODES = [
     # A mixture of experts (its experts' layers in FSDP's units) routing every token by a
     # record: the routers trained through the replayed experts' gate weights.
     "moe-router-replay",
+    # No logp's log-probs: each rank's forward passes give them, and the corrections'
+    # measures are summed over the ranks' micro-batches.
+    "proximal-from-trainer",
 ]
 
 
@@ -229,15 +250,20 @@ def test_two_ranks_train_like_one_on_the_same_batch(mode: str, tmp_path: Path) -
     lora = mode == "lora"
     updates = mode == "mini-batches"
     bonus = mode.endswith("entropy-bonus")
+    own = mode == "proximal-from-trainer"
     expected, expected_weights = _one_rank(
-        _lease(routes=replay), False, path, lora, updates, bonus, replay
+        _lease(routes=replay, logp=not own), False, path, lora, updates, bonus, replay, own
     )
     assert expected.metrics["updates"] == (10 if updates else 1)
     assert tokens == expected.tokens
     assert metrics["loss"] == pytest.approx(expected.metrics["loss"], abs=1e-5)
     assert expected.metrics["entropy"] > 0.0
-    for name in ("clip_frac", "ratio_mean", "offpolicy_weight_max", "entropy", "dual_clip_frac"):
+    measures = ("clip_frac", "ratio_mean", "offpolicy_weight_max", "entropy", "dual_clip_frac")
+    for name in (*measures, "offpolicy_weight_mean"):
         assert metrics[name] == pytest.approx(expected.metrics[name], abs=1e-5)
+    if own:  # the forward's own log-probs: a ratio of exactly 1, the behaviour's weighed
+        assert metrics["ratio_mean"] == pytest.approx(1.0) and metrics["clip_frac"] == 0.0
+        assert metrics["offpolicy_weight_mean"] != pytest.approx(1.0, abs=1e-3)
     assert grad_norm == pytest.approx(expected.grad_norm, rel=1e-5)
     weights = {name: torch.from_numpy(a) for name, a in weights.items()}
     assert set(weights) == set(expected_weights)

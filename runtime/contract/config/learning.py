@@ -233,14 +233,17 @@ class AlgorithmSection:
             "their group's advantages still count them"
         ),
     )
-    proximal_logp: Literal["auto", "recompute"] = field(
+    proximal_logp: Literal["auto", "recompute", "trainer"] = field(
         default="auto",
         metadata=doc(
             "auto: logp reuses the generator's log-probs for a group generated wholly by the "
             "version it holds (same model code and weights: they agree to about 1e-7), and "
             "scores the rest; with backends.generate or backends.train other than torch it "
             "always scores; "
-            "recompute: always score"
+            "recompute: always score; "
+            "trainer: no logp stage runs, the proximal policy is the trainer's weights as "
+            "its step begins, read from the update's own forward pass (one update per step, "
+            "no rejection, torch generating and training in one dtype)"
         ),
     )
     max_grad_norm: float = field(default=1.0, metadata=doc("gradient norm clip", exclusive_min=0))

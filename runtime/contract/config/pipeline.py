@@ -11,6 +11,9 @@ stay registered to serve and follow versions, and are leased nothing.
 With ``algorithm.estimator: gae`` the table has a learned critic (``Pipeline.with_critic``):
 the ``critic``'s step before the train step, which makes the values in its update's
 forward pass, or, with ``critic.values: stage``, a ``values`` branch beside logp.
+
+With ``algorithm.proximal_logp: trainer`` no ``logp`` stage runs either: the trainer reads
+the proximal log-probs from its own update's forward pass.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def pipeline_for(cfg: RunConfig) -> Pipeline:
         table = table.with_critic(values_stage=cfg.critic.values == "stage")
     if cfg.algorithm.kl_coef == 0:
         table = table.without(Role.REF_LOGP)
+    if cfg.algorithm.proximal_logp == "trainer":
+        table = table.without(Role.LOGP)
     return table
 
 

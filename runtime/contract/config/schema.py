@@ -290,6 +290,7 @@ class RunConfig:
         _check_overlong(self.algorithm, self.model)
         _check_lora_engines(self)
         _check_mini_batches(self.algorithm, self.pipeline)
+        _check_proximal_from_trainer(self)
 
 
 def _check_filter_groups(algorithm: AlgorithmSection, data: DataSection) -> None:
@@ -320,6 +321,45 @@ def _check_mini_batches(algorithm: AlgorithmSection, pipeline: PipelineSection) 
             f"algorithm.mini_batches: got {algorithm.mini_batches}, which does not divide "
             f"pipeline.train_batch_groups={pipeline.train_batch_groups}; allowed: a divisor "
             "of the groups per train step"
+        )
+
+
+def _check_proximal_from_trainer(cfg: RunConfig) -> None:
+    """``algorithm.proximal_logp: trainer`` reads the proximal log-probs from the update's
+    forward pass, which are the step's starting weights' only in the first update, and
+    which come after the corrections must know what they reject; and it takes the
+    generator's log-probs as its own numbers, as logp's reuse does."""
+    a = cfg.algorithm
+    if a.proximal_logp != "trainer":
+        return
+    needs = []
+    if a.mini_batches * a.epochs != 1:
+        needs.append(
+            f"one update per step (algorithm.mini_batches={a.mini_batches}, "
+            f"algorithm.epochs={a.epochs}; both 1)"
+        )
+    rejecting = [
+        f"algorithm.correction.{name}.reject={part.reject}"
+        for name, part in (("offpolicy", a.correction.offpolicy), ("engine", a.correction.engine))
+        if part.reject != "none"
+    ]
+    if rejecting:
+        needs.append(f"no rejection ({', '.join(rejecting)}; none)")
+    if cfg.backends.generate != "torch" or cfg.backends.train != "torch":
+        needs.append(
+            f"the torch engine generating and training (backends.generate="
+            f"{cfg.backends.generate}, backends.train={cfg.backends.train})"
+        )
+    if cfg.model.generator_dtype != cfg.model.dtype:
+        needs.append(
+            f"one dtype (model.generate_dtype={cfg.model.generator_dtype}, "
+            f"model.dtype={cfg.model.dtype})"
+        )
+    if needs:
+        raise ValueError(
+            "algorithm.proximal_logp: got 'trainer', which needs "
+            + "; ".join(needs)
+            + "; allowed otherwise: auto or recompute (a logp stage scores the groups)"
         )
 
 

@@ -424,6 +424,8 @@ def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
     # The critic's step makes the values (critic.values: step): no values workers, and
     # the train step reads the critic's result for them.
     assert roles["critic"] == 1 and "values" not in roles
+    # The trainer's update reads the proximal log-probs from its own forward pass.
+    assert cfg.algorithm.proximal_logp == "trainer" and "logp" not in roles
     table = pipeline_for(cfg)
     rows = {s.role: (s.source.value, s.target.value) for s in table.stages}
     assert rows["critic"] == ("ready", "critic_trained") and "values" not in rows
@@ -435,6 +437,34 @@ def test_the_ppo_config_runs_a_critic_beside_the_policy() -> None:
     rows = {s.role: (s.source.value, s.target.value) for s in pipeline_for(staged).stages}
     assert rows["values"] == ("generated", "ready")
     assert "values" in (pipeline_for(staged).gated(Gate.STEP).reads or ())
+
+
+def test_proximal_logprobs_from_the_trainer_run_no_logp_stage() -> None:
+    cfg = load_config(None, ["algorithm.proximal_logp=trainer"])
+    table = pipeline_for(cfg)
+    assert "logp" not in table.worker_roles and "logp" not in workers_to_start(cfg)
+    assert "logp" not in (table.gated(Gate.STEP).reads or ())
+    assert "logp" in workers_to_start(load_config(None))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["algorithm.mini_batches=2"], r"one update per step \(algorithm\.mini_batches=2"),
+        (["algorithm.epochs=2"], r"algorithm\.epochs=2"),
+        (
+            ["algorithm.correction.offpolicy.reject=token"],
+            r"no rejection \(algorithm\.correction\.offpolicy\.reject=token",
+        ),
+        (["backends.generate=vllm"], r"backends\.generate=vllm"),
+        (["model.generate_dtype=bfloat16"], r"model\.generate_dtype=bfloat16"),
+    ],
+)
+def test_proximal_logprobs_from_the_trainer_name_what_they_need(
+    overrides: list[str], named: str
+) -> None:
+    with pytest.raises(ValueError, match=r"algorithm\.proximal_logp: got 'trainer'.*" + named):
+        load_config(None, ["algorithm.proximal_logp=trainer", *overrides])
 
 
 def test_the_critic_may_run_as_a_group_of_ranks() -> None:
