@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 STEPS = 4
-PLACEMENT = {"h1": "dataloader,generate,logp,reward,critic,train", "h2": "values"}
+PLACEMENT = {"h1": "dataloader,generate,reward,critic,train", "h2": "values"}
 
 
 def test_a_values_worker_on_another_host_scores_with_critic_versions_it_fetched(
