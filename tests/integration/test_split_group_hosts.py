@@ -112,4 +112,7 @@ def test_a_scoring_group_split_over_two_hosts_takes_each_version(tmp_path: Path)
     run.check_exactly_once(steps)
     assert _started(run, "h2", "logp-1") == 1 and _started(run, "h1", "logp-0") == 1
     loads = [m for m in lines(run.run_dir / "weights.jsonl") if m["worker"] == "logp-0"]
-    assert loads and max(m["version"] for m in loads) >= steps - 2, loads
+    # The last step's groups came from version steps - 1 - max_staleness (2) or newer,
+    # and logp scored them under the newest it held, no older: a fast run may have made
+    # and scored them all before a later version came out, so no newer is owed.
+    assert loads and max(m["version"] for m in loads) >= steps - 1 - 2, loads
