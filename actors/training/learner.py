@@ -352,13 +352,14 @@ class Learner(LearnerState):
     def _own_correction(self, groups: list[Group], logp: torch.Tensor, packed) -> CorrectionStats:
         """What the corrections did to a micro-batch's rows, whose proximal log-probs are
         the forward pass's ``logp`` (``algorithm.proximal_logp: trainer``)."""
-        width = packed.mask.shape[1]
+        # On the forward's device: no copy of its log-probs to the host per micro-batch.
+        width, d = packed.mask.shape[1], logp.device
         c = self.loss_config
         return correct(
-            logp.detach().float().cpu(),
-            _rows(groups, lambda g: g.rollouts.logprobs, width),
-            _rows(groups, engine_tokens, width) > 0.5,
-            packed.mask.cpu(),
+            logp.detach(),
+            _rows(groups, lambda g: g.rollouts.logprobs, width).to(d),
+            (_rows(groups, engine_tokens, width) > 0.5).to(d),
+            packed.mask.to(d),
             c.offpolicy,
             c.engine,
         ).stats
@@ -371,7 +372,7 @@ class Learner(LearnerState):
         if taken:
             merged = merge_correction_stats(taken)
         else:  # a rank with no micro-batch of its own: neutral
-            merged = CorrectionStats(**{name: torch.zeros(()) for name in names})
+            merged = CorrectionStats(**{n: torch.zeros((), device=self.device) for n in names})
         if self.parts == 1:
             return merged
         maxima = [n for n in names if n.endswith("_max")]
@@ -380,7 +381,7 @@ class Learner(LearnerState):
         for chosen, op in ((sums, dist.ReduceOp.SUM), (maxima, dist.ReduceOp.MAX)):
             values = torch.stack([getattr(merged, n).float() for n in chosen]).to(self.device)
             dist.all_reduce(values, op=op, group=self.stats_group)
-            reduced.update(zip(chosen, values.cpu(), strict=True))
+            reduced.update(zip(chosen, values, strict=True))
         return CorrectionStats(**reduced)
 
     def _autocast(self):
